@@ -1,0 +1,155 @@
+"""The ``foldsweep`` command: parse arguments, call the pipeline, map failures to exit codes.
+
+Exit codes: 0 the command did its job (a sweep whose trials partly failed still completed),
+2 bad input (spec, data, experiment, URI), 1 an internal error.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+# TensorFlow's C++ start-up chatter (oneDNN, CUDA probing on CPU-only machines) would bury the
+# command's own output; set before anything imports TensorFlow, and only if the user has not.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from pipeline.errors import InputError  # noqa: E402
+
+app = typer.Typer(
+    help="Hyperparameter sweeps with k-fold cross-validation of Keras CNNs on Ray Tune, tracked in MLflow.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+errors = Console(stderr=True)
+
+DEFAULT_UI_PORT = 5000
+TrackingUriOption = typer.Option(None, "--tracking-uri", help="MLflow tracking URI [default: the spec's tracking.uri, or sqlite:///mlflow.db]")
+
+
+def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Bad input -> one message and exit 2; anything unexpected -> traceback and exit 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except InputError as exc:
+            errors.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(code=2) from None
+        except typer.Exit:
+            raise
+        except KeyboardInterrupt:
+            errors.print("interrupted")
+            raise typer.Exit(code=130) from None
+        except Exception:
+            errors.print("[bold red]internal error[/] (please report it with the traceback below)")
+            errors.print(traceback.format_exc(), markup=False, highlight=False)
+            raise typer.Exit(code=1) from None
+
+    return wrapper
+
+
+@app.command()
+@exit_codes
+def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None:
+    """Check a spec completely (keys, types, ranges, experiment, data, folds) without running it."""
+    from pipeline.spec import load_spec
+    from pipeline.sweep import prepare
+
+    prepared = prepare(load_spec(spec))
+    folds = prepared.folds.manifest()["folds"]
+    console.print(
+        f"[green]ok[/] {spec}: experiment {prepared.spec.experiment}, dataset {prepared.dataset.name} "
+        f"{prepared.dataset.x.shape}, {len(folds)} folds "
+        f"(val sizes {', '.join(str(f['val_size']) for f in folds)}), "
+        f"{len(prepared.param_space)} hyperparameters, {prepared.num_samples} samples",
+        highlight=False,
+    )
+
+
+@app.command()
+@exit_codes
+def run(
+    spec: Path = typer.Argument(..., help="Sweep spec (YAML)"),
+    tracking_uri: Optional[str] = TrackingUriOption,
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Override search.num_samples"),
+) -> None:
+    """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
+    from pipeline.report import leaderboard_table
+    from pipeline.spec import load_spec
+    from pipeline.sweep import prepare, run_sweep
+
+    prepared = prepare(load_spec(spec), tracking_uri=tracking_uri, num_samples=num_samples)
+    sweep_spec = prepared.spec
+    objective = sweep_spec.objective
+    console.print(
+        f"sweep [bold]{sweep_spec.name}[/]: {prepared.num_samples} samples x {len(prepared.folds)} folds, "
+        f"{sweep_spec.train.epochs} epochs, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
+        f"tracking {prepared.tracking_uri}", highlight=False,
+    )
+
+    def trial_done(record: Any) -> None:
+        score = record.metrics.get(objective)
+        shown = f"{objective} {score:.4f}" if score is not None else "no score"
+        console.print(f"  trial {record.run_name}: {record.status} ({shown})", highlight=False)
+
+    outcome = run_sweep(prepared, on_trial_done=trial_done)
+    console.print(leaderboard_table(outcome.records, objective, sweep_spec.train.mode,
+                                    title=f"{sweep_spec.name}: leaderboard"))
+    console.print(f"{len(outcome.records)} trials in {outcome.wall_s:.0f} s; sweep run {outcome.parent_run_id}",
+                  highlight=False)
+    console.print(f"Open the MLflow UI: [bold]{ui_command(prepared.tracking_uri)}[/] "
+                  f"then browse http://127.0.0.1:{DEFAULT_UI_PORT}", highlight=False)
+
+
+def ui_command(tracking_uri: str) -> str:
+    """The exact command that opens the UI on this store, as the user can paste it."""
+    program = "foldsweep"
+    invoked = Path(sys.argv[0])
+    on_path = shutil.which("foldsweep")
+    if invoked.name == "foldsweep" and (on_path is None or Path(on_path).resolve() != invoked.resolve()):
+        program = os.path.relpath(invoked) if not invoked.is_absolute() or invoked.is_relative_to(Path.cwd()) \
+            else str(invoked)
+    return f"{shlex.quote(program)} ui --tracking-uri {shlex.quote(tracking_uri)}"
+
+
+@app.command()
+@exit_codes
+def ui(
+    tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
+    port: int = typer.Option(DEFAULT_UI_PORT, "--port", help="Port on 127.0.0.1"),
+) -> None:
+    """Start the MLflow UI on 127.0.0.1 for a tracking store."""
+    from pipeline.tracking import check_tracking_uri
+
+    check_tracking_uri(tracking_uri)
+    if not 0 < port < 65536:
+        raise InputError(f"--port must be between 1 and 65535, got {port}")
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri,
+               "--host", "127.0.0.1", "--port", str(port)]
+    console.print(f"MLflow UI for {tracking_uri} at http://127.0.0.1:{port} (Ctrl-C stops it)", highlight=False)
+    try:
+        completed = subprocess.run(command, check=False)
+    except KeyboardInterrupt:
+        return
+    raise typer.Exit(code=completed.returncode)
+
+
+def main() -> None:  # pragma: no cover - entry point for `python -m pipeline.cli`
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

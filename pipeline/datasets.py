@@ -1,0 +1,249 @@
+"""Datasets: built-in generators and user files -> one ``Dataset`` with a content fingerprint.
+
+Nothing here splits data: cross-validation runs on ``x``/``y`` (the CV training split), and
+``x_test``/``y_test`` stay held out for scoring a refit model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from pipeline.errors import DataError
+from pipeline.spec import DatasetSpec
+
+DATA_DIR_ENV = "FOLDSWEEP_DATA_DIR"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Arrays for one sweep. ``x`` has a channel axis (samples, steps, channels) for CNNs."""
+
+    name: str
+    x: np.ndarray
+    y: np.ndarray
+    x_test: np.ndarray | None = None
+    y_test: np.ndarray | None = None
+    groups: np.ndarray | None = None
+
+    @property
+    def n_classes(self) -> int:
+        return int(self.y.max()) + 1
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint_arrays(self.arrays())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        named = {"x": self.x, "y": self.y, "x_test": self.x_test, "y_test": self.y_test, "groups": self.groups}
+        return {key: value for key, value in named.items() if value is not None}
+
+
+def fingerprint_arrays(arrays: Mapping[str, np.ndarray]) -> str:
+    """sha256 over names, dtypes, shapes and bytes: equal fingerprints mean equal data."""
+    digest = hashlib.sha256()
+    for key in sorted(arrays):
+        array = np.ascontiguousarray(arrays[key])
+        digest.update(f"{key}:{array.dtype.str}:{array.shape};".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get(DATA_DIR_ENV, "data"))
+
+
+def load_dataset(spec: DatasetSpec, *, base_dir: Path | None = None) -> Dataset:
+    """Load the dataset a spec names.
+
+    Args:
+        spec: the spec's ``dataset`` entry.
+        base_dir: where a relative file path is looked for after the working directory.
+
+    Raises:
+        DataError: unknown built-in, bad generator options, missing or malformed file.
+    """
+    if spec.name is not None:
+        builtin = BUILTINS.get(spec.name)
+        if builtin is None:
+            raise DataError(
+                f"dataset: unknown built-in dataset {spec.name!r}; built-ins: {', '.join(sorted(BUILTINS))} "
+                "(a file path must end in .npz)")
+        return builtin.load(spec.options)
+    return _load_npz(_resolve(spec.path, base_dir), spec.options)
+
+
+def _resolve(path: str, base_dir: Path | None) -> Path:
+    candidate = Path(path)
+    if candidate.is_absolute() or candidate.exists() or base_dir is None:
+        return candidate
+    return base_dir / candidate if (base_dir / candidate).exists() else candidate
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A dataset generated locally from options, cached under the data directory."""
+
+    name: str
+    defaults: Mapping[str, Any]
+    generate: Callable[[Mapping[str, Any]], dict[str, np.ndarray]]
+    validate: Callable[[Mapping[str, Any]], None]
+
+    def load(self, options: Mapping[str, Any]) -> Dataset:
+        for key in options:
+            if key not in self.defaults:
+                raise DataError(
+                    f"dataset.{key}: not an option of built-in dataset {self.name!r}, got {options[key]!r}; "
+                    f"options: {', '.join(self.defaults)}")
+        resolved = {**self.defaults, **options}
+        self.validate(resolved)
+        cache = data_dir() / f"{self.name}-{_options_key(resolved)}.npz"
+        arrays = _read_cache(cache)
+        if arrays is None:
+            arrays = self.generate(resolved)
+            _write_cache(cache, arrays)
+        return Dataset(name=self.name, **arrays)
+
+
+def _options_key(options: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _read_cache(path: Path) -> dict[str, np.ndarray] | None:
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            return {key: stored[key] for key in stored.files}
+    except (OSError, ValueError):
+        return None  # a damaged cache is regenerated, not trusted
+
+
+def _write_cache(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    # Written to a temporary file and renamed so that concurrent sweeps never read half a file.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            np.savez(out, **arrays)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _validate_mnist1d(options: Mapping[str, Any]) -> None:
+    num_samples = options["num_samples"]
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 100:
+        raise DataError(f"dataset.num_samples must be an integer >= 100, got {num_samples!r}")
+    seed = options["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise DataError(f"dataset.seed must be an integer >= 0, got {seed!r}")
+    split = options["train_split"]
+    if isinstance(split, bool) or not isinstance(split, (int, float)) or not 0 < split < 1:
+        raise DataError(f"dataset.train_split must be a number between 0 and 1 (exclusive), got {split!r}")
+
+
+def _generate_mnist1d(options: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """MNIST-1D regenerated from its templates (the package's own generator, no download)."""
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples = options["num_samples"]
+    args.seed = options["seed"]
+    args.train_split = options["train_split"]
+    # make_dataset seeds NumPy's and random's global generators; put them back afterwards.
+    numpy_state = np.random.get_state()
+    import random
+
+    python_state = random.getstate()
+    try:
+        generated = make_dataset(args)
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+    return {
+        "x": generated["x"].astype(np.float32)[..., None],
+        "y": generated["y"].astype(np.int32),
+        "x_test": generated["x_test"].astype(np.float32)[..., None],
+        "y_test": generated["y_test"].astype(np.int32),
+    }
+
+
+BUILTINS: dict[str, Builtin] = {
+    "mnist1d": Builtin(
+        name="mnist1d",
+        defaults={"num_samples": 5000, "seed": 42, "train_split": 0.8},
+        generate=_generate_mnist1d,
+        validate=_validate_mnist1d,
+    ),
+}
+
+
+def _load_npz(path: Path, options: Mapping[str, Any]) -> Dataset:
+    if options:
+        raise DataError(f"dataset: file datasets take no options, got {dict(options)!r}")
+    if path.suffix != ".npz":
+        raise DataError(f"dataset: a data file must be a .npz archive, got {str(path)!r}")
+    if not path.is_file():
+        raise DataError(f"dataset: data file not found: {str(path)!r}")
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            arrays = {key: stored[key] for key in stored.files}
+    except (OSError, ValueError) as exc:
+        raise DataError(f"dataset: cannot read {str(path)!r} as .npz: {exc}") from None
+    for required in ("x", "y"):
+        if required not in arrays:
+            raise DataError(f"dataset: {str(path)!r} has no array {required!r}; arrays found: {', '.join(arrays) or 'none'}")
+    known = {"x", "y", "x_test", "y_test", "groups"}
+    dataset = Dataset(name=path.stem, **{key: value for key, value in arrays.items() if key in known})
+    check_arrays(dataset, source=str(path))
+    if dataset.x.ndim == 2:
+        dataset = _with_channel_axis(dataset)
+    return dataset
+
+
+def _with_channel_axis(dataset: Dataset) -> Dataset:
+    test = dataset.x_test[..., None] if dataset.x_test is not None else None
+    return Dataset(dataset.name, dataset.x[..., None], dataset.y, test, dataset.y_test, dataset.groups)
+
+
+def check_arrays(dataset: Dataset, *, source: str) -> None:
+    """Refuse data that would silently train on garbage: shapes, dtypes, labels, NaN/Inf."""
+    pairs = [("x", "y", dataset.x, dataset.y)]
+    if (dataset.x_test is None) != (dataset.y_test is None):
+        raise DataError(f"dataset: {source} must have both x_test and y_test or neither")
+    if dataset.x_test is not None:
+        pairs.append(("x_test", "y_test", dataset.x_test, dataset.y_test))
+    for x_name, y_name, x, y in pairs:
+        if x.dtype.kind not in "fiu":
+            raise DataError(f"dataset: {source} array {x_name} must be numeric, got dtype {x.dtype}")
+        if x.ndim < 2:
+            raise DataError(f"dataset: {source} array {x_name} must have shape (samples, ...), got {x.shape}")
+        if y.ndim != 1 or y.dtype.kind not in "iu":
+            raise DataError(
+                f"dataset: {source} array {y_name} must be 1-D integer class labels, got dtype {y.dtype} shape {y.shape}")
+        if len(x) != len(y):
+            raise DataError(f"dataset: {source} arrays {x_name} and {y_name} differ in length: {len(x)} vs {len(y)}")
+        if len(y) and y.min() < 0:
+            raise DataError(f"dataset: {source} array {y_name} has negative labels, e.g. {int(y.min())}")
+        bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if x.dtype.kind == "f" else np.zeros(len(x), bool)
+        if bad.any():
+            raise DataError(
+                f"dataset: {source} array {x_name} has {int(bad.sum())} samples with NaN/Inf, "
+                f"first at index {int(np.argmax(bad))}")
+    if dataset.x_test is not None and dataset.x_test.shape[1:] != dataset.x.shape[1:]:
+        raise DataError(f"dataset: {source} x_test samples have shape {dataset.x_test.shape[1:]}, x has {dataset.x.shape[1:]}")
+    if dataset.groups is not None and len(dataset.groups) != len(dataset.y):
+        raise DataError(f"dataset: {source} arrays groups and y differ in length: {len(dataset.groups)} vs {len(dataset.y)}")

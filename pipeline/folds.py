@@ -1,0 +1,81 @@
+"""Folds: a seeded scikit-learn splitter run once per sweep, and the manifest that pins it."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sklearn.model_selection import KFold, StratifiedKFold
+
+from pipeline.datasets import Dataset
+from pipeline.errors import DataError
+from pipeline.spec import CVSpec
+
+
+@dataclass(frozen=True)
+class Fold:
+    train: np.ndarray
+    val: np.ndarray
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """The index arrays every trial of a sweep trains and validates on."""
+
+    cv: CVSpec
+    folds: tuple[Fold, ...]
+    dataset_fingerprint: str
+
+    def __len__(self) -> int:
+        return len(self.folds)
+
+    def manifest(self) -> dict[str, Any]:
+        """What identifies these folds: sizes and a hash of each fold's index arrays."""
+        return {
+            "splitter": self.cv.splitter,
+            "n_splits": self.cv.n_splits,
+            "seed": self.cv.seed,
+            "dataset_fingerprint": self.dataset_fingerprint,
+            "n_samples": int(sum(len(fold.val) for fold in self.folds)),
+            "folds": [
+                {
+                    "fold": k,
+                    "train_size": int(len(fold.train)),
+                    "val_size": int(len(fold.val)),
+                    "train_sha256": _hash_indices(fold.train),
+                    "val_sha256": _hash_indices(fold.val),
+                }
+                for k, fold in enumerate(self.folds)
+            ],
+        }
+
+
+def _hash_indices(indices: np.ndarray) -> str:
+    return hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()
+
+
+def make_folds(cv: CVSpec, dataset: Dataset) -> FoldPlan:
+    """Split the dataset's CV training split.
+
+    Raises:
+        DataError: more splits than samples, or (stratified) than members of the smallest class.
+    """
+    n_samples = len(dataset.y)
+    if cv.n_splits > n_samples:
+        raise DataError(f"cv.n_splits must be <= the number of samples ({n_samples}), got {cv.n_splits}")
+    if cv.splitter == "stratified":
+        counts = np.bincount(dataset.y)
+        smallest = int(counts[counts > 0].min())
+        if cv.n_splits > smallest:
+            raise DataError(
+                f"cv.n_splits must be <= the smallest class size ({smallest}) for stratified CV, got {cv.n_splits}")
+        splitter = StratifiedKFold(n_splits=cv.n_splits, shuffle=True, random_state=cv.seed)
+    else:
+        splitter = KFold(n_splits=cv.n_splits, shuffle=True, random_state=cv.seed)
+    folds = tuple(
+        Fold(train=train.astype(np.int64), val=val.astype(np.int64))
+        for train, val in splitter.split(np.zeros(n_samples), dataset.y)
+    )
+    return FoldPlan(cv=cv, folds=folds, dataset_fingerprint=dataset.fingerprint)

@@ -1,0 +1,397 @@
+"""Sweep specs: load a YAML file into typed, frozen objects, checking every rule on the way.
+
+This module imports no heavy library so that ``foldsweep validate`` answers at once. Every
+failure is a ``SpecError`` whose message names the file, the YAML key, the rule and the value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+from pipeline.errors import SpecError
+
+SplitterName = Literal["kfold", "stratified"]
+SPLITTERS: tuple[str, ...] = ("kfold", "stratified")
+SEARCH_ALGORITHMS: tuple[str, ...] = ("random",)
+METRICS: tuple[str, ...] = ("accuracy", "loss")
+MODES: tuple[str, ...] = ("max", "min")
+OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "rmsprop")
+PARAM_KINDS: tuple[str, ...] = ("choice", "grid", "uniform", "loguniform", "randint", "qrandint")
+
+# Training hyperparameters foldsweep itself applies; every other name in `search.space` must be
+# a hyperparameter that the experiment's build(hp) asks for.
+TRAINING_DEFAULTS: Mapping[str, Any] = {"batch_size": 32, "learning_rate": 1e-3, "optimizer": "adam"}
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One entry of `search.space`: a fixed value or a distribution with its arguments."""
+
+    kind: Literal["fixed", "choice", "grid", "uniform", "loguniform", "randint", "qrandint"]
+    args: tuple[Any, ...]
+
+    def values(self) -> tuple[Any, ...]:
+        """The finite set of values this entry can take (fixed, choice, grid); else empty."""
+        if self.kind == "fixed":
+            return self.args
+        if self.kind in ("choice", "grid"):
+            return self.args
+        return ()
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A built-in dataset (``name`` with generator ``options``) or a file (``path``)."""
+
+    name: str | None = None
+    path: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else str(self.path)
+
+
+@dataclass(frozen=True)
+class CVSpec:
+    splitter: SplitterName = "stratified"
+    n_splits: int = 5
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    algorithm: str = "random"
+    num_samples: int = 1
+    seed: int = 0
+    space: Mapping[str, ParamSpec] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    epochs: int = 10
+    metric: str = "accuracy"
+    mode: Literal["max", "min"] = "max"
+    seed: int = 0
+    from_logits: bool = False
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    cpu: float = 1.0
+    gpu: float = 0.0
+    max_concurrent: int | None = None
+
+
+@dataclass(frozen=True)
+class TrackingSpec:
+    uri: str = DEFAULT_TRACKING_URI
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated sweep spec. ``source_text`` is the YAML as written, kept for MLflow."""
+
+    name: str
+    experiment: str
+    dataset: DatasetSpec
+    cv: CVSpec
+    search: SearchSpec
+    train: TrainSpec
+    resources: ResourcesSpec
+    tracking: TrackingSpec
+    source_path: Path
+    source_text: str
+
+    @property
+    def experiment_path(self) -> Path:
+        return Path(self.experiment.rsplit(":", 1)[0])
+
+    @property
+    def experiment_attr(self) -> str:
+        return self.experiment.rsplit(":", 1)[1] if ":" in self.experiment else "build"
+
+    @property
+    def objective(self) -> str:
+        """The reported key schedulers and the leaderboard rank on."""
+        return f"mean_val_{self.train.metric}"
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a sweep spec file.
+
+    Raises:
+        SpecError: the file is missing or not YAML, or any key breaks a rule.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: spec file not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
+    return parse_spec(data, source_path=path, source_text=text)
+
+
+def parse_spec(data: Any, *, source_path: Path, source_text: str = "") -> SweepSpec:
+    """Validate an already-parsed YAML document (see ``load_spec``)."""
+    root = _Section(data, "", str(source_path))
+    name = root.string("name", required=True, pattern_hint="a non-empty name")
+    experiment = root.string("experiment", required=True)
+    if not experiment.rsplit(":", 1)[0].endswith(".py"):
+        root.fail("experiment", "must be a path to a .py file, optionally followed by :function", experiment)
+    dataset = _parse_dataset(root)
+    cv = _parse_cv(root.section("cv"))
+    search = _parse_search(root.section("search"))
+    train = _parse_train(root.section("train"))
+    resources = _parse_resources(root.section("resources"))
+    tracking = TrackingSpec(uri=root.section("tracking").done_with(
+        lambda s: s.string("uri", default=DEFAULT_TRACKING_URI)))
+    root.finish()
+    return SweepSpec(
+        name=name, experiment=experiment, dataset=dataset, cv=cv, search=search, train=train,
+        resources=resources, tracking=tracking, source_path=source_path, source_text=source_text,
+    )
+
+
+def _parse_dataset(root: _Section) -> DatasetSpec:
+    raw = root.peek("dataset")
+    if raw is None:
+        root.fail("dataset", "is required: a built-in name (e.g. mnist1d), a file path, or a mapping with name or path", None)
+    if isinstance(raw, str):
+        root.take("dataset")
+        if not raw.strip():
+            root.fail("dataset", "must not be empty", raw)
+        looks_like_file = "/" in raw or "." in Path(raw).name
+        return DatasetSpec(path=raw) if looks_like_file else DatasetSpec(name=raw)
+    section = root.section("dataset")
+    name = section.string("name")
+    file = section.string("path")
+    if (name is None) == (file is None):
+        section.fail("name", "exactly one of dataset.name and dataset.path must be given", {"name": name, "path": file})
+    options = {key: section.take(key) for key in list(section.remaining())}
+    for key, value in options.items():
+        if not isinstance(value, (int, float, str, bool)):
+            section.fail(key, "must be a number, string or boolean", value)
+    return DatasetSpec(name=name, path=file, options=options)
+
+
+def _parse_cv(section: _Section) -> CVSpec:
+    splitter = section.one_of("splitter", SPLITTERS, default="stratified")
+    n_splits = section.integer("n_splits", default=5, minimum=2)
+    seed = section.integer("seed", default=0, minimum=0)
+    section.finish()
+    return CVSpec(splitter=splitter, n_splits=n_splits, seed=seed)
+
+
+def _parse_search(section: _Section) -> SearchSpec:
+    algorithm = section.one_of("algorithm", SEARCH_ALGORITHMS, default="random")
+    num_samples = section.integer("num_samples", default=1, minimum=1)
+    seed = section.integer("seed", default=0, minimum=0)
+    space_section = section.section("space")
+    space = {key: _parse_param(space_section, key) for key in list(space_section.remaining())}
+    section.finish()
+    return SearchSpec(algorithm=algorithm, num_samples=num_samples, seed=seed, space=space)
+
+
+def _parse_param(section: _Section, key: str) -> ParamSpec:
+    raw = section.take(key)
+    where = section.key_path(key)
+    if isinstance(raw, Mapping):
+        if len(raw) != 1:
+            section.fail(key, f"must be a fixed value or a mapping with exactly one of {', '.join(PARAM_KINDS)}", raw)
+        kind, args = next(iter(raw.items()))
+        if kind not in PARAM_KINDS:
+            section.fail(key, f"distribution must be one of {', '.join(PARAM_KINDS)}{_suggest(kind, PARAM_KINDS)}", kind)
+        param = _parse_distribution(section.file, f"{where}.{kind}", kind, args)
+    elif isinstance(raw, list):
+        section.fail(key, "a list is ambiguous: write {choice: [...]} or {grid: [...]}", raw)
+    elif raw is None:
+        section.fail(key, "must have a value", raw)
+    else:
+        param = ParamSpec("fixed", (raw,))
+    if key in TRAINING_DEFAULTS:
+        _check_training_param(section.file, where, key, param)
+    return param
+
+
+def _parse_distribution(file: str, where: str, kind: str, args: Any) -> ParamSpec:
+    def fail(rule: str) -> None:
+        raise SpecError(f"{file}: {where} {rule}, got {args!r}")
+
+    if kind in ("choice", "grid"):
+        if not isinstance(args, list) or not args:
+            fail("must be a non-empty list of values")
+        if any(isinstance(value, (list, Mapping)) or value is None for value in args):
+            fail("values must be numbers, strings or booleans")
+        return ParamSpec(kind, tuple(args))
+    arity = 3 if kind == "qrandint" else 2
+    shape = "[low, high, q]" if kind == "qrandint" else "[low, high]"
+    if not isinstance(args, list) or len(args) != arity:
+        fail(f"must be a list {shape}")
+    integral = kind in ("randint", "qrandint")
+    for value in args:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            fail(f"must be finite numbers {shape}")
+        if integral and not float(value).is_integer():
+            fail(f"must be integers {shape}")
+    low, high = args[0], args[1]
+    if low >= high:
+        fail(f"needs low < high")
+    if kind == "loguniform" and low <= 0:
+        fail("needs low > 0 (log scale)")
+    if kind == "qrandint" and args[2] <= 0:
+        fail("needs q > 0")
+    if integral:
+        return ParamSpec(kind, tuple(int(value) for value in args))
+    return ParamSpec(kind, tuple(float(value) for value in args))
+
+
+def _check_training_param(file: str, where: str, name: str, param: ParamSpec) -> None:
+    """Range rules of the training hyperparameters, on every value they can take."""
+    values = param.values()
+    bounds = param.args[:2] if not values else ()
+    if name == "batch_size":
+        if param.kind in ("uniform", "loguniform"):
+            raise SpecError(f"{file}: {where} must take integer values (use choice, grid, randint or qrandint), got {param.kind}")
+        for value in (*values, *bounds):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"{file}: {where} batch sizes must be positive integers, got {value!r}")
+    elif name == "learning_rate":
+        for value in (*values, *bounds):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise SpecError(f"{file}: {where} learning rates must be numbers > 0, got {value!r}")
+    elif name == "optimizer":
+        if not values:
+            raise SpecError(f"{file}: {where} must be a fixed value or a choice/grid of {', '.join(OPTIMIZERS)}, got {param.kind}")
+        for value in values:
+            if value not in OPTIMIZERS:
+                raise SpecError(f"{file}: {where} must be one of {', '.join(OPTIMIZERS)}{_suggest(value, OPTIMIZERS)}, got {value!r}")
+
+
+def _parse_train(section: _Section) -> TrainSpec:
+    epochs = section.integer("epochs", default=10, minimum=1)
+    metric = section.one_of("metric", METRICS, default="accuracy")
+    default_mode = "min" if metric == "loss" else "max"
+    mode = section.one_of("mode", MODES, default=default_mode)
+    seed = section.integer("seed", default=0, minimum=0)
+    from_logits = section.boolean("from_logits", default=False)
+    section.finish()
+    return TrainSpec(epochs=epochs, metric=metric, mode=mode, seed=seed, from_logits=from_logits)
+
+
+def _parse_resources(section: _Section) -> ResourcesSpec:
+    cpu = section.number("cpu", default=1.0, minimum=0.0, strict=True)
+    gpu = section.number("gpu", default=0.0, minimum=0.0)
+    max_concurrent = section.integer("max_concurrent", default=None, minimum=1)
+    section.finish()
+    return ResourcesSpec(cpu=cpu, gpu=gpu, max_concurrent=max_concurrent)
+
+
+def _suggest(value: Any, choices: tuple[str, ...] | list[str]) -> str:
+    close = difflib.get_close_matches(str(value), list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class _Section:
+    """Reads one YAML mapping key by key; whatever is left at ``finish()`` is an unknown key."""
+
+    def __init__(self, data: Any, path: str, file: str, known: tuple[str, ...] = ()):
+        self.file = file
+        self.path = path
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            label = path or "the spec"
+            raise SpecError(f"{file}: {label} must be a mapping of keys to values, got {data!r}")
+        self._data = dict(data)
+        self._seen: list[str] = []
+
+    def key_path(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else str(key)
+
+    def fail(self, key: str, rule: str, value: Any) -> None:
+        raise SpecError(f"{self.file}: {self.key_path(key)} {rule}, got {value!r}")
+
+    def peek(self, key: str) -> Any:
+        return self._data.get(key)
+
+    def take(self, key: str) -> Any:
+        self._seen.append(key)
+        return self._data.pop(key, None)
+
+    def remaining(self) -> list[str]:
+        return list(self._data)
+
+    def section(self, key: str) -> _Section:
+        return _Section(self.take(key), self.key_path(key), self.file)
+
+    def done_with(self, read: Any) -> Any:
+        value = read(self)
+        self.finish()
+        return value
+
+    def finish(self) -> None:
+        for key in self._data:
+            known = tuple(k for k in self._seen if isinstance(k, str))
+            hint = _suggest(key, known)
+            expected = f"; known keys: {', '.join(sorted(set(known)))}" if known else ""
+            raise SpecError(f"{self.file}: unknown key {self.key_path(key)!r}{hint}{expected}")
+
+    def string(self, key: str, *, default: str | None = None, required: bool = False,
+               pattern_hint: str = "a string") -> str | None:
+        value = self.take(key)
+        if value is None:
+            if required:
+                self.fail(key, f"is required ({pattern_hint})", value)
+            return default
+        if not isinstance(value, str) or not value.strip():
+            self.fail(key, f"must be {pattern_hint}", value)
+        return value
+
+    def one_of(self, key: str, choices: tuple[str, ...], *, default: str) -> str:
+        value = self.take(key)
+        if value is None:
+            return default
+        if value not in choices:
+            self.fail(key, f"must be one of {', '.join(choices)}{_suggest(value, choices)}", value)
+        return value
+
+    def integer(self, key: str, *, default: int | None, minimum: int | None = None) -> int | None:
+        value = self.take(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, "must be an integer", value)
+        if minimum is not None and value < minimum:
+            self.fail(key, f"must be an integer >= {minimum}", value)
+        return value
+
+    def number(self, key: str, *, default: float, minimum: float, strict: bool = False) -> float:
+        value = self.take(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.fail(key, "must be a number", value)
+        if value < minimum or (strict and value == minimum):
+            self.fail(key, f"must be a number {'>' if strict else '>='} {minimum:g}", value)
+        return float(value)
+
+    def boolean(self, key: str, *, default: bool) -> bool:
+        value = self.take(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.fail(key, "must be true or false", value)
+        return value

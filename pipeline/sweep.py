@@ -1,0 +1,183 @@
+"""A sweep from a validated spec: prepare everything that can fail on input, then run Ray Tune.
+
+``prepare`` does every check that needs no Ray and writes nothing to MLflow, so bad input is
+refused before a cluster starts. ``run_sweep`` is the only place that builds a Tuner.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.datasets import Dataset, load_dataset
+from pipeline.errors import DataError
+from pipeline.folds import FoldPlan, make_folds
+from pipeline.spec import SweepSpec
+from pipeline.tracking import Tracker, TrialRecord, check_tracking_uri
+
+RAY_RESULTS_DIR = "ray_results"
+
+
+@dataclass(frozen=True)
+class PreparedSweep:
+    """A sweep whose inputs have all been checked: spec, experiment, data, folds, space."""
+
+    spec: SweepSpec
+    experiment_path: Path
+    dataset: Dataset
+    folds: FoldPlan
+    param_space: dict[str, Any]
+    tracking_uri: str
+    num_samples: int
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    parent_run_id: str
+    experiment_name: str
+    records: list[TrialRecord]
+    wall_s: float
+
+
+def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None) -> PreparedSweep:
+    """Check everything a sweep needs without starting Ray or writing to the tracking store.
+
+    Raises:
+        InputError: the experiment, dataset, folds or tracking URI cannot work as asked.
+    """
+    from pipeline.hypermodel import load_experiment
+    from pipeline.space import param_space
+
+    uri = tracking_uri or spec.tracking.uri
+    check_tracking_uri(uri)
+    if num_samples is not None and num_samples < 1:
+        raise DataError(f"--num-samples must be >= 1, got {num_samples}")
+    base_dir = spec.source_path.parent
+    experiment_path = _resolve(spec.experiment_path, base_dir)
+    experiment = load_experiment(experiment_path, spec.experiment_attr, reference=spec.experiment)
+    space = param_space(spec, experiment.hyperparameters)
+    dataset = load_dataset(spec.dataset, base_dir=base_dir)
+    _check_model_fits_data(spec, experiment, dataset)
+    folds = make_folds(spec.cv, dataset)
+    return PreparedSweep(
+        spec=spec, experiment_path=experiment_path.resolve(), dataset=dataset, folds=folds,
+        param_space=space, tracking_uri=uri, num_samples=num_samples or spec.search.num_samples,
+    )
+
+
+def _resolve(path: Path, base_dir: Path) -> Path:
+    """Spec paths are relative to the working directory, or else to the spec's directory."""
+    if path.is_absolute() or path.exists():
+        return path
+    beside_spec = base_dir / path
+    return beside_spec if beside_spec.exists() else path
+
+
+def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset) -> None:
+    expected = tuple(experiment.input_shape)
+    if expected and any(a is not None and a != b for a, b in zip(expected, dataset.input_shape)) \
+            or len(expected) != len(dataset.input_shape):
+        raise DataError(
+            f"dataset: samples of {dataset.name!r} have shape {dataset.input_shape}, but the model of "
+            f"{spec.experiment} expects inputs of shape {expected}")
+    if dataset.n_classes > experiment.output_units:
+        raise DataError(
+            f"dataset: labels of {dataset.name!r} go up to {dataset.n_classes - 1}, but the model of "
+            f"{spec.experiment} has only {experiment.output_units} outputs")
+
+
+def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord], None] | None = None) -> SweepOutcome:
+    """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Ray Tune's own CSV/JSON/TensorBoard loggers duplicate what MLflow records.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    import ray
+    from ray import tune
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    from pipeline.trial import FoldTrainable, TrialSettings
+
+    spec = prepared.spec
+    started = time.perf_counter()
+    tracker = Tracker(prepared.tracking_uri)
+    parent_run_id = tracker.start_sweep(
+        name=spec.name, spec_text=spec.source_text, manifest=prepared.folds.manifest(),
+        params=_sweep_params(prepared),
+    )
+    callback = tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, on_recorded=on_trial_done)
+
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    status = "error"
+    try:
+        settings = TrialSettings(
+            experiment_path=str(prepared.experiment_path), experiment_attr=spec.experiment_attr,
+            epochs=spec.train.epochs, seed=spec.train.seed, from_logits=spec.train.from_logits,
+            cpus=spec.resources.cpu,
+        )
+        data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
+        trainable = tune.with_resources(
+            tune.with_parameters(FoldTrainable, data=data, folds=prepared.folds.folds, settings=settings),
+            {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
+        )
+        tuner = tune.Tuner(
+            trainable,
+            param_space=prepared.param_space,
+            tune_config=tune.TuneConfig(
+                metric=spec.objective,
+                mode=spec.train.mode,
+                num_samples=prepared.num_samples,
+                search_alg=BasicVariantGenerator(random_state=spec.search.seed),
+                max_concurrent_trials=spec.resources.max_concurrent,
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(
+                name=f"{spec.name}-{parent_run_id[:8]}",
+                storage_path=str(Path(RAY_RESULTS_DIR).resolve()),
+                callbacks=[callback],
+                verbose=0,
+            ),
+        )
+        tuner.fit()
+        status = "ok"
+    finally:
+        if started_ray:
+            ray.shutdown()
+        records = tracker.trial_records(parent_run_id)
+        tracker.end_sweep(parent_run_id, status=status, summary=_sweep_summary(records, spec))
+    return SweepOutcome(parent_run_id, spec.name, records, time.perf_counter() - started)
+
+
+def _sweep_params(prepared: PreparedSweep) -> dict[str, Any]:
+    spec = prepared.spec
+    return {
+        "experiment": spec.experiment,
+        "dataset": spec.dataset.label,
+        "dataset_fingerprint": prepared.dataset.fingerprint,
+        "n_train_samples": len(prepared.dataset.y),
+        **{f"cv.{key}": value for key, value in asdict(spec.cv).items()},
+        "search.algorithm": spec.search.algorithm,
+        "search.num_samples": prepared.num_samples,
+        "search.seed": spec.search.seed,
+        **{f"train.{key}": value for key, value in asdict(spec.train).items()},
+    }
+
+
+def _sweep_summary(records: list[TrialRecord], spec: SweepSpec) -> dict[str, float | str]:
+    from pipeline.report import ranked
+
+    summary: dict[str, float | str] = {
+        "n_trials": float(len(records)),
+        "n_failed": float(sum(record.status != "ok" for record in records)),
+    }
+    ranking = ranked(records, spec.objective, spec.train.mode)
+    if ranking:
+        best = ranking[0]
+        summary["foldsweep.best_run_id"] = best.run_id
+        summary[f"best_{spec.objective}"] = best.metrics[spec.objective]
+    return summary

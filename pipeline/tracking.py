@@ -1,0 +1,248 @@
+"""MLflow: the sweep's parent run, a child run per trial, and queries back. The only mlflow importer.
+
+There is a single writer, on the driver: a Ray Tune callback turns trial events into MLflow
+calls, so workers never talk to the tracking store.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from urllib.parse import urlparse
+
+from ray.tune import Callback
+
+from pipeline.errors import TrackingError
+
+ROLE_TAG = "foldsweep.role"
+STATUS_TAG = "foldsweep.status"
+SWEEP_TAG = "foldsweep.sweep"
+TRIAL_ID_TAG = "foldsweep.trial_id"
+ERROR_TAG = "foldsweep.error"
+PARENT_TAG = "mlflow.parentRunId"
+# Keys of a trial's epoch result that are metrics of the trial (the rest is Ray bookkeeping).
+TRIAL_METRIC = re.compile(r"^(split\d+|mean|std)_(val|train)_\w+$")
+MAX_TAG_LENGTH = 5000
+
+
+def check_tracking_uri(uri: str) -> None:
+    """Refuse a tracking URI that cannot work, before anything starts.
+
+    Raises:
+        TrackingError: unsupported scheme, or a SQLite file whose directory is missing.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":
+        database = _sqlite_path(uri)
+        if database is not None and not database.parent.is_dir():
+            raise TrackingError(
+                f"tracking.uri: the directory of the SQLite file must exist, got {uri!r} "
+                f"(no directory {str(database.parent)!r})")
+    elif parsed.scheme not in ("http", "https", "file", "postgresql", "mysql", "databricks"):
+        raise TrackingError(
+            f"tracking.uri must be sqlite:///FILE, http(s)://HOST:PORT or another MLflow store URI, got {uri!r}")
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+    if not path or path == ":memory:":
+        return None
+    return Path(path).resolve()
+
+
+def _quiet_mlflow() -> None:
+    # Schema migrations of a new SQLite store log a dozen INFO lines; users need none of them.
+    for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking", "mlflow.store"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """A trial as MLflow holds it: what the leaderboard and reports read."""
+
+    run_id: str
+    run_name: str
+    trial_id: str
+    state: str
+    status: str
+    params: Mapping[str, str]
+    metrics: Mapping[str, float]
+
+
+class Tracker:
+    """Writes and reads one tracking store."""
+
+    def __init__(self, uri: str):
+        _quiet_mlflow()
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+
+    def experiment_id(self, name: str) -> str:
+        """The MLflow experiment named ``name``, created on first use."""
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        return self.client.create_experiment(name, artifact_location=self._artifact_location(name))
+
+    def _artifact_location(self, name: str) -> str | None:
+        # Artifacts of a SQLite store live beside the database file rather than in whatever
+        # directory the command happened to run from.
+        database = _sqlite_path(self.uri)
+        if database is None:
+            return None
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+        return (database.parent / "mlartifacts" / safe).as_uri()
+
+    def start_sweep(self, *, name: str, spec_text: str, manifest: Mapping[str, Any],
+                    params: Mapping[str, Any]) -> str:
+        """Create the parent run of a sweep with its spec and fold manifest; returns its id."""
+        from mlflow.entities import Param
+
+        run = self.client.create_run(
+            self.experiment_id(name), run_name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            tags={ROLE_TAG: "sweep", SWEEP_TAG: name, STATUS_TAG: "running"},
+        )
+        run_id = run.info.run_id
+        self.client.log_batch(run_id, params=[Param(key, _param_text(value)) for key, value in params.items()])
+        self.client.log_text(run_id, spec_text, "spec.yaml")
+        self.client.log_dict(run_id, dict(manifest), "fold_manifest.json")
+        return run_id
+
+    def end_sweep(self, run_id: str, *, status: str, summary: Mapping[str, float | str]) -> None:
+        for key, value in summary.items():
+            if isinstance(value, str):
+                self.client.set_tag(run_id, key, value)
+            elif math.isfinite(value):
+                self.client.log_metric(run_id, key, value)
+        self.client.set_tag(run_id, STATUS_TAG, status)
+        self.client.set_terminated(run_id, "FINISHED" if status == "ok" else "FAILED")
+
+    def trial_records(self, parent_run_id: str) -> list[TrialRecord]:
+        """Every trial run of a sweep, oldest first."""
+        parent = self.client.get_run(parent_run_id)
+        runs = self.client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`{ROLE_TAG}` = 'trial'",
+            order_by=["attributes.start_time ASC"],
+            max_results=50000,
+        )
+        return [_record(run) for run in runs]
+
+    def trial_record(self, run_id: str) -> TrialRecord:
+        return _record(self.client.get_run(run_id))
+
+    def callback(self, *, parent_run_id: str, sweep_name: str,
+                 on_recorded: Callable[[TrialRecord], None] | None = None) -> "MlflowTrialCallback":
+        return MlflowTrialCallback(self.uri, parent_run_id=parent_run_id, sweep_name=sweep_name,
+                                   on_recorded=on_recorded)
+
+
+def _record(run: Any) -> TrialRecord:
+    return TrialRecord(
+        run_id=run.info.run_id,
+        run_name=run.info.run_name,
+        trial_id=run.data.tags.get(TRIAL_ID_TAG, ""),
+        state=run.info.status,
+        status=run.data.tags.get(STATUS_TAG, ""),
+        params=dict(run.data.params),
+        metrics=dict(run.data.metrics),
+    )
+
+
+def _param_text(value: Any) -> str:
+    return str(value)[:6000]
+
+
+class MlflowTrialCallback(Callback):
+    """Ray Tune events -> MLflow child runs, written from the driver."""
+
+    def __init__(self, uri: str, *, parent_run_id: str, sweep_name: str,
+                 on_recorded: Callable[[TrialRecord], None] | None = None):
+        self.uri = uri
+        self.parent_run_id = parent_run_id
+        self.sweep_name = sweep_name
+        self.on_recorded = on_recorded
+        self._run_ids: dict[str, str] = {}
+        self._tracker: Tracker | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Ray pickles callbacks with the experiment state; a live client does not pickle.
+        state = dict(self.__dict__)
+        state["_tracker"] = None
+        state["on_recorded"] = None
+        return state
+
+    @property
+    def tracker(self) -> Tracker:
+        if self._tracker is None:
+            self._tracker = Tracker(self.uri)
+        return self._tracker
+
+    def run_id(self, trial: Any) -> str | None:
+        return self._run_ids.get(trial.trial_id)
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        from mlflow.entities import Param
+
+        client = self.tracker.client
+        parent = client.get_run(self.parent_run_id)
+        run = client.create_run(
+            parent.info.experiment_id, run_name=trial.trial_id,
+            tags={
+                PARENT_TAG: self.parent_run_id, ROLE_TAG: "trial", SWEEP_TAG: self.sweep_name,
+                TRIAL_ID_TAG: trial.trial_id, STATUS_TAG: "running",
+            },
+        )
+        self._run_ids[trial.trial_id] = run.info.run_id
+        params = [Param(key, _param_text(value)) for key, value in sorted(trial.config.items())]
+        client.log_batch(run.info.run_id, params=params)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        from mlflow.entities import Metric
+
+        run_id = self.run_id(trial)
+        if run_id is None:
+            return
+        step = int(result.get("training_iteration", 0))
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(key, float(value), now, step)
+            for key, value in result.items()
+            if TRIAL_METRIC.match(key) and isinstance(value, (int, float))
+        ]
+        self.tracker.client.log_batch(run_id, metrics=metrics)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._finish(trial, status="ok", state="FINISHED")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._finish(trial, status="error", state="FAILED", error=_error_text(trial))
+
+    def _finish(self, trial: Any, *, status: str, state: str, error: str | None = None) -> None:
+        run_id = self._run_ids.pop(trial.trial_id, None)
+        if run_id is None:
+            return
+        client = self.tracker.client
+        wall = (trial.last_result or {}).get("time_total_s")
+        if wall is not None:
+            client.log_metric(run_id, "trial_wall_s", float(wall))
+        client.set_tag(run_id, STATUS_TAG, status)
+        if error:
+            client.set_tag(run_id, ERROR_TAG, error[-MAX_TAG_LENGTH:])
+        client.set_terminated(run_id, state)
+        if self.on_recorded is not None:
+            self.on_recorded(self.tracker.trial_record(run_id))
+
+
+def _error_text(trial: Any) -> str:
+    error_file = getattr(trial, "error_file", None)
+    if error_file and Path(error_file).is_file():
+        return Path(error_file).read_text(errors="replace").strip()
+    return str(getattr(trial, "error_msg", "") or "unknown error")

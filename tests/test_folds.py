@@ -1,0 +1,69 @@
+"""Folds are made once, cover every sample exactly once, and are identical for the same seed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.datasets import Dataset
+from pipeline.errors import DataError
+from pipeline.folds import make_folds
+from pipeline.spec import CVSpec
+
+
+def dataset(n: int = 103, classes: int = 3) -> Dataset:
+    rng = np.random.default_rng(7)
+    return Dataset(name="toy", x=rng.normal(size=(n, 8, 1)).astype(np.float32),
+                   y=(np.arange(n) % classes).astype(np.int32))
+
+
+@pytest.mark.parametrize("splitter", ["kfold", "stratified"])
+def test_every_sample_is_validated_exactly_once(splitter):
+    data = dataset()
+    plan = make_folds(CVSpec(splitter=splitter, n_splits=4, seed=3), data)
+    counts = np.bincount(np.concatenate([fold.val for fold in plan.folds]), minlength=len(data.y))
+    assert counts.tolist() == [1] * len(data.y)
+    for fold in plan.folds:
+        assert np.intersect1d(fold.train, fold.val).size == 0
+        assert len(fold.train) + len(fold.val) == len(data.y)
+
+
+@pytest.mark.parametrize("splitter", ["kfold", "stratified"])
+def test_same_seed_same_folds_other_seed_other_folds(splitter):
+    data = dataset()
+    first = make_folds(CVSpec(splitter=splitter, n_splits=3, seed=11), data)
+    again = make_folds(CVSpec(splitter=splitter, n_splits=3, seed=11), data)
+    other = make_folds(CVSpec(splitter=splitter, n_splits=3, seed=12), data)
+    for a, b in zip(first.folds, again.folds):
+        np.testing.assert_array_equal(a.val, b.val)
+        np.testing.assert_array_equal(a.train, b.train)
+    assert first.manifest() == again.manifest()
+    assert first.manifest()["folds"] != other.manifest()["folds"]
+
+
+def test_stratified_folds_keep_class_proportions():
+    data = dataset(n=300, classes=3)
+    plan = make_folds(CVSpec(splitter="stratified", n_splits=5, seed=0), data)
+    for fold in plan.folds:
+        assert np.bincount(data.y[fold.val]).tolist() == [20, 20, 20]
+
+
+def test_manifest_records_sizes_hashes_and_the_data():
+    data = dataset()
+    manifest = make_folds(CVSpec(splitter="kfold", n_splits=3, seed=0), data).manifest()
+    assert manifest["dataset_fingerprint"] == data.fingerprint
+    assert manifest["n_samples"] == 103
+    assert [fold["val_size"] for fold in manifest["folds"]] == [35, 34, 34]
+    assert all(len(fold["val_sha256"]) == 64 for fold in manifest["folds"])
+    assert len({fold["val_sha256"] for fold in manifest["folds"]}) == 3
+
+
+def test_more_splits_than_samples_is_refused():
+    with pytest.raises(DataError, match=r"cv.n_splits must be <= the number of samples \(6\), got 7"):
+        make_folds(CVSpec(splitter="kfold", n_splits=7, seed=0), dataset(n=6))
+
+
+def test_more_splits_than_the_smallest_class_is_refused_for_stratified():
+    data = Dataset(name="toy", x=np.zeros((20, 4, 1), np.float32), y=np.array([0] * 17 + [1] * 3, np.int32))
+    with pytest.raises(DataError, match=r"smallest class size \(3\) for stratified CV, got 4"):
+        make_folds(CVSpec(splitter="stratified", n_splits=4, seed=0), data)

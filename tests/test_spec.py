@@ -1,0 +1,113 @@
+"""Every spec rule refuses bad input with a message naming the key, the rule and the value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import DELETE
+from pipeline.errors import SpecError
+from pipeline.spec import ParamSpec, load_spec
+
+BAD_SPECS = [
+    # (overrides, expected message fragment)
+    ({"name": DELETE}, "name is required"),
+    ({"name": ""}, "name must be a non-empty name, got ''"),
+    ({"experiment": "experiments/model.txt:build"}, "experiment must be a path to a .py file"),
+    ({"experiment": 5}, "experiment must be a string, got 5"),
+    ({"dataset": DELETE}, "dataset is required"),
+    ({"dataset": ""}, "dataset must not be empty"),
+    ({"dataset": {"name": "mnist1d", "path": "x.npz"}}, "exactly one of dataset.name and dataset.path"),
+    ({"dataset": {"name": "mnist1d", "num_samples": [1]}}, "dataset.num_samples must be a number, string or boolean"),
+    ({"trian": {"epochs": 1}}, "unknown key 'trian' (did you mean 'train'?)"),
+    ({"cv": {"n_split": 3}}, "unknown key 'cv.n_split' (did you mean 'n_splits'?)"),
+    ({"cv": "kfold"}, "cv must be a mapping of keys to values, got 'kfold'"),
+    ({"cv": {"splitter": "kfolds"}}, "cv.splitter must be one of kfold, stratified (did you mean 'kfold'?), got 'kfolds'"),
+    ({"cv": {"n_splits": 1}}, "cv.n_splits must be an integer >= 2, got 1"),
+    ({"cv": {"n_splits": 2.5}}, "cv.n_splits must be an integer, got 2.5"),
+    ({"cv": {"n_splits": True}}, "cv.n_splits must be an integer, got True"),
+    ({"cv": {"seed": -1}}, "cv.seed must be an integer >= 0, got -1"),
+    ({"search": {"num_samples": 0}}, "search.num_samples must be an integer >= 1, got 0"),
+    ({"search": {"seed": "zero"}}, "search.seed must be an integer, got 'zero'"),
+    ({"search": {"algorithm": "bayes"}}, "search.algorithm must be one of random"),
+    ({"search": {"space": {"filters": {"choice": []}}}}, "search.space.filters.choice must be a non-empty list of values, got []"),
+    ({"search": {"space": {"filters": {"choice": 16}}}}, "search.space.filters.choice must be a non-empty list of values, got 16"),
+    ({"search": {"space": {"dropout": {"uniform": [0.5, 0.1]}}}}, "search.space.dropout.uniform needs low < high, got [0.5, 0.1]"),
+    ({"search": {"space": {"dropout": {"uniform": [0.1]}}}}, "search.space.dropout.uniform must be a list [low, high], got [0.1]"),
+    ({"search": {"space": {"learning_rate": {"loguniform": [0, 0.1]}}}}, "search.space.learning_rate.loguniform needs low > 0 (log scale), got [0, 0.1]"),
+    ({"search": {"space": {"filters": {"randint": [8, 16.5]}}}}, "search.space.filters.randint must be integers [low, high], got [8, 16.5]"),
+    ({"search": {"space": {"filters": {"qrandint": [8, 64, 0]}}}}, "search.space.filters.qrandint needs q > 0, got [8, 64, 0]"),
+    ({"search": {"space": {"filters": {"normal": [0, 1]}}}}, "search.space.filters distribution must be one of"),
+    ({"search": {"space": {"filters": {"choice": [8], "grid": [8]}}}}, "search.space.filters must be a fixed value or a mapping with exactly one of"),
+    ({"search": {"space": {"filters": [8, 16]}}}, "search.space.filters a list is ambiguous: write {choice: [...]} or {grid: [...]}"),
+    ({"search": {"space": {"filters": None}}}, "search.space.filters must have a value, got None"),
+    ({"search": {"space": {"batch_size": 0}}}, "search.space.batch_size batch sizes must be positive integers, got 0"),
+    ({"search": {"space": {"batch_size": {"choice": [8, -4]}}}}, "search.space.batch_size batch sizes must be positive integers, got -4"),
+    ({"search": {"space": {"batch_size": {"uniform": [4, 64]}}}}, "search.space.batch_size must take integer values"),
+    ({"search": {"space": {"learning_rate": -0.1}}}, "search.space.learning_rate learning rates must be numbers > 0, got -0.1"),
+    ({"search": {"space": {"optimizer": "adamm"}}}, "search.space.optimizer must be one of adam, adamw, sgd, rmsprop (did you mean 'adam'?), got 'adamm'"),
+    ({"search": {"space": {"optimizer": {"uniform": [0, 1]}}}}, "search.space.optimizer must be a fixed value or a choice/grid"),
+    ({"train": {"epochs": 0}}, "train.epochs must be an integer >= 1, got 0"),
+    ({"train": {"metric": "acc"}}, "train.metric must be one of accuracy, loss"),
+    ({"train": {"mode": "maximize"}}, "train.mode must be one of max, min"),
+    ({"train": {"from_logits": "yes"}}, "train.from_logits must be true or false, got 'yes'"),
+    ({"resources": {"cpu": 0}}, "resources.cpu must be a number > 0, got 0"),
+    ({"resources": {"gpu": -0.5}}, "resources.gpu must be a number >= 0, got -0.5"),
+    ({"resources": {"max_concurrent": 0}}, "resources.max_concurrent must be an integer >= 1, got 0"),
+    ({"tracking": {"uri": 42}}, "tracking.uri must be a string, got 42"),
+    ({"tracking": {"url": "sqlite:///x.db"}}, "unknown key 'tracking.url' (did you mean 'uri'?)"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_SPECS, ids=[m[:48] for _, m in BAD_SPECS])
+def test_bad_spec_is_refused_with_its_rule(write_spec, overrides, message):
+    path = write_spec(overrides)
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    assert message in str(caught.value)
+    assert str(caught.value).startswith(f"{path}: ")
+
+
+def test_missing_file_is_named(tmp_path: Path):
+    with pytest.raises(SpecError, match="spec file not found"):
+        load_spec(tmp_path / "nope.yaml")
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path: Path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\ncv:\n  n_splits: [3\n")
+    with pytest.raises(SpecError, match=r"not valid YAML at line \d+"):
+        load_spec(path)
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(SpecError, match="the spec must be a mapping"):
+        load_spec(path)
+
+
+def test_valid_spec_fills_defaults(write_spec):
+    spec = load_spec(write_spec({"cv": {"splitter": DELETE}, "train": {"mode": DELETE, "metric": "loss"}}))
+    assert spec.name == "tiny"
+    assert spec.cv.splitter == "stratified"
+    assert spec.cv.n_splits == 2
+    assert spec.train.mode == "min"  # the natural direction of the chosen metric
+    assert spec.objective == "mean_val_loss"
+    assert spec.resources.gpu == 0.0
+    assert spec.experiment_attr == "build"
+    assert spec.search.space["kernel_size"] == ParamSpec("choice", (3, 5))
+    assert spec.search.space["filters"] == ParamSpec("fixed", (16,))
+    assert spec.dataset.name == "mnist1d" and spec.dataset.options == {"num_samples": 400}
+    assert "name: tiny" in spec.source_text
+
+
+def test_string_dataset_is_a_name_or_a_file(write_spec):
+    assert load_spec(write_spec({"dataset": "mnist1d"})).dataset.name == "mnist1d"
+    assert load_spec(write_spec({"dataset": "data/mine.npz"})).dataset.path == "data/mine.npz"
+
+
+def test_integer_bounds_are_kept_as_integers(write_spec):
+    spec = load_spec(write_spec({"search": {"space": {"filters": {"qrandint": [8, 64, 8]}}}}))
+    assert spec.search.space["filters"] == ParamSpec("qrandint", (8, 64, 8))
