@@ -103,7 +103,9 @@ def run(
     def trial_done(record: Any) -> None:
         score = record.metrics.get(objective)
         shown = f"{objective} {score:.4f}" if score is not None else "no score"
-        console.print(f"  trial {record.run_name}: {record.status} ({shown})", highlight=False)
+        reason = record.error.strip().splitlines()[-1] if record.error.strip() else ""
+        console.print(f"  trial {record.run_name}: {record.status} ({shown}){' - ' + reason if reason else ''}",
+                      highlight=False)
 
     outcome = run_sweep(prepared, on_trial_done=trial_done)
     console.print(leaderboard_table(outcome.records, objective, sweep_spec.train.mode,

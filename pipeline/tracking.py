@@ -72,6 +72,7 @@ class TrialRecord:
     status: str
     params: Mapping[str, str]
     metrics: Mapping[str, float]
+    error: str = ""
 
 
 class Tracker:
@@ -153,6 +154,7 @@ def _record(run: Any) -> TrialRecord:
         status=run.data.tags.get(STATUS_TAG, ""),
         params=dict(run.data.params),
         metrics=dict(run.data.metrics),
+        error=run.data.tags.get(ERROR_TAG, ""),
     )
 
 
@@ -189,7 +191,15 @@ class MlflowTrialCallback(Callback):
         return self._run_ids.get(trial.trial_id)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._ensure_run(trial)
+
+    def _ensure_run(self, trial: Any) -> str:
+        """The trial's child run; created here if Ray reports the trial before it ever started
+        (a trial whose worker fails while being set up gets an error but no start event)."""
         from mlflow.entities import Param
+
+        if trial.trial_id in self._run_ids:
+            return self._run_ids[trial.trial_id]
 
         client = self.tracker.client
         parent = client.get_run(self.parent_run_id)
@@ -203,6 +213,7 @@ class MlflowTrialCallback(Callback):
         self._run_ids[trial.trial_id] = run.info.run_id
         params = [Param(key, _param_text(value)) for key, value in sorted(trial.config.items())]
         client.log_batch(run.info.run_id, params=params)
+        return run.info.run_id
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         from mlflow.entities import Metric
@@ -226,9 +237,8 @@ class MlflowTrialCallback(Callback):
         self._finish(trial, status="error", state="FAILED", error=_error_text(trial))
 
     def _finish(self, trial: Any, *, status: str, state: str, error: str | None = None) -> None:
-        run_id = self._run_ids.pop(trial.trial_id, None)
-        if run_id is None:
-            return
+        run_id = self._ensure_run(trial)
+        del self._run_ids[trial.trial_id]
         client = self.tracker.client
         wall = (trial.last_result or {}).get("time_total_s")
         if wall is not None:

@@ -37,11 +37,16 @@ def _data_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``overrides`` into a copy of ``base``; a value of ``DELETE`` removes the key."""
+    """Deep-merge ``overrides`` into a copy of ``base``.
+
+    A value of ``DELETE`` removes the key; ``Replace(value)`` sets it without merging.
+    """
     result = copy.deepcopy(base)
     for key, value in overrides.items():
         if value is DELETE:
             result.pop(key, None)
+        elif isinstance(value, Replace):
+            result[key] = value.value
         elif isinstance(value, dict) and isinstance(result.get(key), dict):
             result[key] = merged(result[key], value)
         else:
@@ -50,6 +55,11 @@ def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 DELETE = object()
+
+
+class Replace:
+    def __init__(self, value: Any):
+        self.value = value
 
 
 @pytest.fixture

@@ -1,0 +1,95 @@
+"""The command line: bad input is one message and exit 2, before Ray starts or MLflow is touched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app, ui_command
+
+runner = CliRunner()
+
+BROKEN_BUILD = "def build(hp):\n    raise ValueError('no such layer')\n"
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_validate_accepts_a_good_spec(write_spec):
+    result = invoke("validate", str(write_spec()))
+    assert result.exit_code == 0, result.output
+    assert "ok" in result.output and "2 folds" in result.output and "(200, 200)" not in result.output
+    assert "val sizes 160, 160" in result.output
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"cv": {"n_splits": 1}}, "cv.n_splits must be an integer >= 2, got 1"),
+    ({"train": {"epoch": 3}}, "unknown key 'train.epoch' (did you mean 'epochs'?)"),
+    ({"cv": {"n_splits": 41}}, "cv.n_splits must be <= the smallest class size"),
+    ({"dataset": "mnist2d"}, "unknown built-in dataset 'mnist2d'"),
+    ({"dataset": {"name": "mnist1d", "num_samples": 5}}, "dataset.num_samples must be an integer >= 100, got 5"),
+    ({"dataset": "missing/data.npz"}, "data file not found: 'missing/data.npz'"),
+    ({"search": {"space": {"fliters": 8}}}, "search.space.fliters is not a hyperparameter"),
+    ({"experiment": "nowhere/model.py:build"}, "experiment: file not found: 'nowhere/model.py'"),
+    ({"tracking": {"uri": "sqlite:////no/such/dir/mlflow.db"}}, "the directory of the SQLite file must exist"),
+    ({"tracking": {"uri": "ftp://example/x"}}, "tracking.uri must be sqlite:///FILE"),
+])
+def test_bad_input_exits_2_with_one_message_and_writes_nothing(tmp_path, write_spec, overrides, message):
+    spec = write_spec(overrides)
+    for command in ("validate", "run"):
+        result = invoke(command, str(spec))
+        assert result.exit_code == 2, result.output
+        assert message in result.output.replace("\n", " ")
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "mlflow.db").exists()
+    assert not (tmp_path / "ray_results").exists()
+
+
+def test_broken_experiment_is_refused_by_run(tmp_path, write_spec, write_experiment):
+    experiment = write_experiment(BROKEN_BUILD)
+    result = invoke("run", str(write_spec({"experiment": f"{experiment}:build"})))
+    assert result.exit_code == 2
+    assert "raised ValueError when built with default hyperparameters: no such layer" in result.output
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_model_output_must_cover_the_labels(write_spec, write_experiment):
+    experiment = write_experiment(
+        "import keras\n"
+        "def build(hp):\n"
+        "    i = keras.Input((40, 1))\n"
+        "    return keras.Model(i, keras.layers.Dense(3, activation='softmax')(keras.layers.Flatten()(i)))\n")
+    result = invoke("validate", str(write_spec({"experiment": f"{experiment}:build", "search": {"space": None}})))
+    assert result.exit_code == 2
+    assert "labels of 'mnist1d' go up to 9, but the model" in result.output.replace("\n", " ")
+
+
+def test_num_samples_override_must_be_positive(write_spec):
+    result = invoke("run", str(write_spec()), "--num-samples", "0")
+    assert result.exit_code == 2
+    assert "--num-samples must be >= 1, got 0" in result.output
+
+
+def test_the_installed_command_exits_2_on_a_bad_spec(write_spec):
+    spec = write_spec({"cv": {"splitter": "kfolds"}})
+    command = Path(sys.executable).parent / "foldsweep"
+    completed = subprocess.run([str(command), "validate", str(spec)], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2
+    assert "cv.splitter must be one of kfold, stratified (did you mean 'kfold'?), got 'kfolds'" in \
+        completed.stderr.replace("\n", " ")
+
+
+def test_help_lists_every_command():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("run", "validate", "ui"):
+        assert command in result.output
+
+
+def test_ui_command_is_pasteable():
+    assert ui_command("sqlite:///mlflow.db").endswith("ui --tracking-uri sqlite:///mlflow.db")

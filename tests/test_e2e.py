@@ -1,0 +1,147 @@
+"""End to end: `foldsweep run` with real Ray, real TensorFlow and a real MLflow store in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from conftest import Replace
+from pipeline.cli import app
+from pipeline.datasets import load_dataset
+from pipeline.folds import make_folds
+from pipeline.spec import load_spec
+
+pytestmark = pytest.mark.e2e
+
+ALL_HYPERPARAMETERS = {"batch_size", "learning_rate", "optimizer", "conv_layers", "filters", "kernel_size", "dropout"}
+
+FAILS_ON_BAD = '''
+import keras
+
+def build(hp):
+    if hp.Choice("mode", ["ok", "bad"]) == "bad":
+        raise RuntimeError("this config cannot be built")
+    inputs = keras.Input((40, 1))
+    x = keras.layers.Conv1D(4, 3, activation="relu")(inputs)
+    outputs = keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(x))
+    return keras.Model(inputs, outputs)
+'''
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def runs_of(tracking_uri: str, experiment: str):
+    client = MlflowClient(tracking_uri)
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    runs = client.search_runs([experiment_id], max_results=1000)
+    parents = [run for run in runs if run.data.tags.get("foldsweep.role") == "sweep"]
+    trials = [run for run in runs if run.data.tags.get("foldsweep.role") == "trial"]
+    return client, parents, trials
+
+
+def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tmp_path, write_spec, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec_path = write_spec()
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    result = CliRunner().invoke(app, ["run", str(spec_path)])
+
+    assert result.exit_code == 0, result.output
+    assert "leaderboard" in result.output
+    assert f"ui --tracking-uri {tracking_uri}" in result.output.replace("\n", "")
+    client, parents, trials = runs_of(tracking_uri, "tiny")
+    assert len(parents) == 1 and len(trials) == 2
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["foldsweep.status"] == "ok"
+    assert parent.data.metrics["n_trials"] == 2 and parent.data.metrics["n_failed"] == 0
+
+    artifacts = {artifact.path for artifact in client.list_artifacts(parent.info.run_id)}
+    assert {"spec.yaml", "fold_manifest.json"} <= artifacts
+    manifest = json.loads(Path(client.download_artifacts(parent.info.run_id, "fold_manifest.json", str(tmp_path))).read_text())
+    spec = load_spec(spec_path)
+    expected = make_folds(spec.cv, load_dataset(spec.dataset)).manifest()
+    assert manifest == expected
+
+    scores = []
+    for trial in trials:
+        assert trial.info.status == "FINISHED"
+        assert trial.data.tags["foldsweep.status"] == "ok"
+        assert trial.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert set(trial.data.params) == ALL_HYPERPARAMETERS
+        assert trial.data.params["filters"] == "16" and trial.data.params["kernel_size"] in {"3", "5"}
+        history = {key: client.get_metric_history(trial.info.run_id, key)
+                   for key in ("mean_val_accuracy", "split0_val_accuracy", "split1_val_accuracy")}
+        assert [m.step for m in history["mean_val_accuracy"]] == [1, 2]
+        for epoch in range(2):
+            folds = [history[f"split{k}_val_accuracy"][epoch].value for k in range(2)]
+            assert history["mean_val_accuracy"][epoch].value == pytest.approx(np.mean(folds))
+        assert "std_val_accuracy" in trial.data.metrics and "mean_train_loss" in trial.data.metrics
+        scores.append(trial.data.metrics["mean_val_accuracy"])
+    assert parent.data.metrics["best_mean_val_accuracy"] == pytest.approx(max(scores))
+    assert parent.data.tags["foldsweep.best_run_id"] in {trial.info.run_id for trial in trials}
+
+
+def test_a_failing_trial_is_recorded_and_the_sweep_completes(ray_cluster, tmp_path, write_spec, write_experiment,
+                                                            monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    experiment = write_experiment(FAILS_ON_BAD)
+    spec_path = write_spec({"experiment": f"{experiment}:build", "name": "failing",
+                            "search": {"num_samples": 1, "space": Replace({"mode": {"grid": ["ok", "bad"]}})}})
+
+    result = CliRunner().invoke(app, ["run", str(spec_path)])
+
+    assert result.exit_code == 0, result.output
+    client, parents, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "failing")
+    by_mode = {trial.data.params["mode"]: trial for trial in trials}
+    assert set(by_mode) == {"ok", "bad"}
+    assert by_mode["ok"].info.status == "FINISHED" and by_mode["ok"].data.tags["foldsweep.status"] == "ok"
+    assert by_mode["bad"].info.status == "FAILED" and by_mode["bad"].data.tags["foldsweep.status"] == "error"
+    assert "this config cannot be built" in by_mode["bad"].data.tags["foldsweep.error"]
+    assert parents[0].data.metrics["n_failed"] == 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_ui_serves_the_store_on_loopback(tmp_path):
+    tracking_uri = f"sqlite:///{tmp_path / 'ui.db'}"
+    MlflowClient(tracking_uri).create_experiment("shown-in-ui", artifact_location=(tmp_path / "a").as_uri())
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "foldsweep"), "ui", "--tracking-uri", tracking_uri, "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=shown-in-ui"
+    try:
+        deadline = time.monotonic() + 120
+        body = None
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    body = json.loads(response.read())
+                break
+            except OSError:
+                time.sleep(0.5)  # waiting for the server to listen, not timing anything
+        assert body is not None, process.stdout.read().decode() if process.poll() is not None else "UI did not start"
+        assert body["experiment"]["name"] == "shown-in-ui"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

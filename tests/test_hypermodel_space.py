@@ -1,0 +1,95 @@
+"""KerasTuner hypermodels run unchanged: their space is discovered, and trials build with fixed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from ray import tune
+
+from conftest import MNIST1D_EXPERIMENT
+from pipeline.errors import ExperimentError, SpecError
+from pipeline.hypermodel import load_experiment
+from pipeline.space import hp_domain, param_space, split_config
+from pipeline.spec import load_spec
+
+KT_HYPERMODEL = '''
+import keras
+import keras_tuner
+
+class Model(keras_tuner.HyperModel):
+    def build(self, hp):
+        inputs = keras.Input(shape=(12, 1))
+        x = keras.layers.Conv1D(hp.Int("filters", 4, 12, step=4), 3)(inputs)
+        if hp.Boolean("pool"):
+            x = keras.layers.MaxPooling1D(2)(x)
+        x = keras.layers.Flatten()(x)
+        x = keras.layers.Dropout(hp.Float("dropout", 1e-3, 0.5, sampling="log"))(x)
+        outputs = keras.layers.Dense(3, activation=hp.Choice("act", ["softmax"]))(x)
+        return keras.Model(inputs, outputs)
+'''
+
+
+def test_discovers_the_mnist1d_space_and_builds_with_given_values():
+    experiment = load_experiment(MNIST1D_EXPERIMENT, "build")
+    names = {hp.name for hp in experiment.hyperparameters.space}
+    assert names == {"conv_layers", "filters", "kernel_size", "dropout"}
+    assert experiment.input_shape == (40, 1) and experiment.output_units == 10
+    model = experiment.build({"conv_layers": 3, "filters": 48, "kernel_size": 7, "dropout": 0.2})
+    convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv1D)]
+    assert len(convs) == 3
+    assert {conv.filters for conv in convs} == {48}
+    assert convs[0].kernel_size == (7,)
+
+
+def test_a_keras_tuner_hypermodel_class_maps_to_equivalent_ray_domains(write_experiment):
+    experiment = load_experiment(write_experiment(KT_HYPERMODEL), "Model")
+    domains = {hp.name: hp_domain(hp) for hp in experiment.hyperparameters.space}
+    assert domains["filters"].categories == [4, 8, 12]  # KerasTuner's step counts from min_value
+    assert domains["pool"].categories == [True, False]
+    assert isinstance(domains["dropout"].get_sampler(), tune.search.sample.Float._LogUniform)
+    assert (domains["dropout"].lower, domains["dropout"].upper) == (1e-3, 0.5)
+    model = experiment.build({"filters": 8, "pool": True, "dropout": 0.1, "act": "softmax"})
+    assert model.layers[1].filters == 8
+    assert any(isinstance(layer, keras.layers.MaxPooling1D) for layer in model.layers)
+
+
+def test_spec_entries_override_the_hypermodel_and_fill_training_defaults(write_spec):
+    spec = load_spec(write_spec({"search": {"space": {"batch_size": {"grid": [8, 16]}, "kernel_size": 5}}}))
+    experiment = load_experiment(MNIST1D_EXPERIMENT, "build")
+    space = param_space(spec, experiment.hyperparameters)
+    assert space["kernel_size"] == 5
+    assert space["filters"] == 16  # from the tiny spec
+    assert space["batch_size"] == {"grid_search": [8, 16]}
+    assert space["learning_rate"] == 1e-3 and space["optimizer"] == "adam"
+    assert space["dropout"].categories == [0.0, 0.1, 0.2, 0.3, 0.4]  # no 0.30000000000000004
+
+
+def test_spec_entry_the_hypermodel_never_asks_for_is_refused(write_spec):
+    spec = load_spec(write_spec({"search": {"space": {"fliters": 8}}}))
+    experiment = load_experiment(MNIST1D_EXPERIMENT, "build")
+    with pytest.raises(SpecError, match=r"search.space.fliters is not a hyperparameter of .* never asks for it"):
+        param_space(spec, experiment.hyperparameters)
+
+
+def test_split_config_separates_training_and_model_values():
+    training, model = split_config({"batch_size": 8, "filters": 16, "dropout": 0.1})
+    assert training == {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam"}
+    assert model == {"filters": 16, "dropout": 0.1}
+
+
+@pytest.mark.parametrize(("source", "attr", "message"), [
+    (None, "build", "experiment: file not found"),
+    ("import not_a_module_anywhere\n", "build", "importing .* failed: ModuleNotFoundError"),
+    ("x = 1 / 0\n", "build", "importing .* failed: ZeroDivisionError"),
+    ("def make(hp):\n    pass\n", "build", "has no 'build'; callables found: make"),
+    ("build = 3\n", "build", "must be a build\\(hp\\) function or a keras_tuner.HyperModel, got int"),
+    ("def build(hp):\n    raise RuntimeError('boom')\n", "build", "raised RuntimeError when built .*: boom"),
+    ("def build(hp):\n    return 'model'\n", "build", "must return a keras.Model, got str"),
+])
+def test_broken_experiments_are_refused(tmp_path: Path, write_experiment, source, attr, message):
+    path = write_experiment(source) if source is not None else tmp_path / "absent.py"
+    with pytest.raises(ExperimentError, match=message):
+        load_experiment(path, attr)

@@ -1,0 +1,74 @@
+"""The fold trainer: lockstep epochs, CV summaries, determinism, and checkpoint state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import MNIST1D_EXPERIMENT
+from pipeline.datasets import load_dataset
+from pipeline.folds import make_folds
+from pipeline.hypermodel import load_builder
+from pipeline.spec import CVSpec, DatasetSpec
+from pipeline.training import FoldTrainer, TrainingParams, cv_summary, fold_seed
+
+MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.1}
+
+
+@pytest.fixture(scope="module")
+def data_and_folds():
+    data = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 300}))
+    return data, make_folds(CVSpec(splitter="stratified", n_splits=2, seed=0), data).folds
+
+
+def trainer(data_and_folds, seed=0, batch_size=32):
+    data, folds = data_and_folds
+    return FoldTrainer(load_builder(MNIST1D_EXPERIMENT, "build"), MODEL,
+                       TrainingParams(batch_size=batch_size, learning_rate=1e-3, optimizer="adam"),
+                       x=data.x, y=data.y, folds=folds, seed=seed)
+
+
+def test_cv_summary_uses_sklearn_vocabulary_and_population_std():
+    summary = cv_summary([{"val_accuracy": 0.5}, {"val_accuracy": 0.7}, {"val_accuracy": 0.9}])
+    assert summary["split0_val_accuracy"] == 0.5 and summary["split2_val_accuracy"] == 0.9
+    assert summary["mean_val_accuracy"] == pytest.approx(0.7)
+    assert summary["std_val_accuracy"] == pytest.approx(np.std([0.5, 0.7, 0.9]))
+
+
+def test_fold_seeds_differ_per_fold_and_repeat_per_seed():
+    assert fold_seed(0, 0) != fold_seed(0, 1)
+    assert fold_seed(3, 1) == fold_seed(3, 1)
+
+
+def test_an_epoch_reports_every_fold_and_the_cv_mean(data_and_folds):
+    result = trainer(data_and_folds).run_epoch()
+    assert result["epoch"] == 1
+    for key in ("val_accuracy", "val_loss", "train_loss"):
+        folds = [result[f"split{k}_{key}"] for k in range(2)]
+        assert result[f"mean_{key}"] == pytest.approx(np.mean(folds))
+    assert 0.0 <= result["mean_val_accuracy"] <= 1.0
+
+
+def test_same_seed_gives_the_same_fold_losses(data_and_folds):
+    first, second = trainer(data_and_folds, seed=4), trainer(data_and_folds, seed=4)
+    runs = [[t.run_epoch() for _ in range(2)] for t in (first, second)]
+    for a, b in zip(*runs):
+        for k in range(2):
+            assert a[f"split{k}_val_loss"] == pytest.approx(b[f"split{k}_val_loss"], rel=1e-5)
+            assert a[f"split{k}_train_loss"] == pytest.approx(b[f"split{k}_train_loss"], rel=1e-5)
+    other = trainer(data_and_folds, seed=5).run_epoch()
+    assert other["split0_val_loss"] != pytest.approx(runs[0][0]["split0_val_loss"], rel=1e-6)
+
+
+def test_state_round_trip_resumes_the_same_training(data_and_folds):
+    original = trainer(data_and_folds, seed=1)
+    original.run_epoch()
+    state = original.state()
+    restored = trainer(data_and_folds, seed=2)  # different init, overwritten by the state
+    restored.load_state(state)
+    assert restored.epoch == 1
+    for a, b in zip(original.models, restored.models):
+        for wa, wb in zip(a.weights, b.weights):
+            np.testing.assert_array_equal(np.asarray(wa), np.asarray(wb))
+        for va, vb in zip(a.optimizer.variables, b.optimizer.variables):
+            np.testing.assert_array_equal(np.asarray(va), np.asarray(vb))
