@@ -81,6 +81,7 @@ class TrainSpec:
     mode: Literal["max", "min"] = "max"
     seed: int = 0
     from_logits: bool = False
+    jit_compile: Literal["auto", "on", "off"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -287,8 +288,13 @@ def _parse_train(section: _Section) -> TrainSpec:
     mode = section.one_of("mode", MODES, default=default_mode)
     seed = section.integer("seed", default=0, minimum=0)
     from_logits = section.boolean("from_logits", default=False)
+    jit = section.take("jit_compile")
+    if jit is not None and jit != "auto" and not isinstance(jit, bool):
+        section.fail("jit_compile", "must be auto, true or false", jit)
+    jit_compile = "auto" if jit in (None, "auto") else ("on" if jit else "off")
     section.finish()
-    return TrainSpec(epochs=epochs, metric=metric, mode=mode, seed=seed, from_logits=from_logits)
+    return TrainSpec(epochs=epochs, metric=metric, mode=mode, seed=seed, from_logits=from_logits,
+                     jit_compile=jit_compile)
 
 
 def _parse_resources(section: _Section) -> ResourcesSpec:

@@ -117,8 +117,9 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     try:
         settings = TrialSettings(
             experiment_path=str(prepared.experiment_path), experiment_attr=spec.experiment_attr,
-            epochs=spec.train.epochs, seed=spec.train.seed, from_logits=spec.train.from_logits,
-            cpus=spec.resources.cpu,
+            dataset_fingerprint=prepared.dataset.fingerprint, epochs=spec.train.epochs, seed=spec.train.seed,
+            from_logits=spec.train.from_logits, jit_compile=spec.train.jit_compile,
+            cpus=spec.resources.cpu, gpus=spec.resources.gpu,
         )
         data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
         trainable = tune.with_resources(

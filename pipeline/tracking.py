@@ -26,7 +26,11 @@ TRIAL_ID_TAG = "foldsweep.trial_id"
 ERROR_TAG = "foldsweep.error"
 PARENT_TAG = "mlflow.parentRunId"
 # Keys of a trial's epoch result that are metrics of the trial (the rest is Ray bookkeeping).
-TRIAL_METRIC = re.compile(r"^(split\d+|mean|std)_(val|train)_\w+$")
+TRIAL_METRIC = re.compile(
+    r"^((split\d+|mean|std)_(val|train)_\w+"
+    r"|(split\d+_)?(train_samples_per_s|compile_s)|eval_samples_per_s)$")
+# Result fields that say where a trial ran; recorded as tags `foldsweep.<field>`.
+PLACEMENT_FIELDS = ("device", "device_notice", "gpu_ids", "jit_compile", "pid", "node_ip", "data_transfers")
 MAX_TAG_LENGTH = 5000
 
 
@@ -216,7 +220,7 @@ class MlflowTrialCallback(Callback):
         return run.info.run_id
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric, RunTag
 
         run_id = self.run_id(trial)
         if run_id is None:
@@ -226,9 +230,10 @@ class MlflowTrialCallback(Callback):
         metrics = [
             Metric(key, float(value), now, step)
             for key, value in result.items()
-            if TRIAL_METRIC.match(key) and isinstance(value, (int, float))
+            if TRIAL_METRIC.match(key) and isinstance(value, (int, float)) and math.isfinite(value)
         ]
-        self.tracker.client.log_batch(run_id, metrics=metrics)
+        tags = [RunTag(f"foldsweep.{field}", str(result[field])) for field in PLACEMENT_FIELDS if field in result]
+        self.tracker.client.log_batch(run_id, metrics=metrics, tags=tags)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._finish(trial, status="ok", state="FINISHED")

@@ -25,10 +25,13 @@ class TrialSettings:
 
     experiment_path: str
     experiment_attr: str
+    dataset_fingerprint: str
     epochs: int
     seed: int
     from_logits: bool
+    jit_compile: str
     cpus: float
+    gpus: float
 
 
 class FoldTrainable(tune.Trainable):
@@ -36,10 +39,15 @@ class FoldTrainable(tune.Trainable):
 
     def setup(self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold],
               settings: TrialSettings) -> None:
+        # Device memory settings must precede anything that initialises TensorFlow's devices.
+        from pipeline.resident import configure_devices
+
+        self._device_notice = configure_devices(settings.gpus)
         _limit_threads(settings.cpus)
         from pipeline.hypermodel import load_builder
+        from pipeline.resident import resident_data
 
-        self._x, self._y = data["x"], data["y"]
+        self._data = resident_data(settings.dataset_fingerprint, data["x"], data["y"])
         self._folds = folds
         self._settings = settings
         self._build_fn = load_builder(Path(settings.experiment_path), settings.experiment_attr)
@@ -52,13 +60,22 @@ class FoldTrainable(tune.Trainable):
         training, model_values = split_config(config)
         self._trainer = FoldTrainer(
             self._build_fn, model_values, TrainingParams(**training),
-            x=self._x, y=self._y, folds=self._folds, seed=self._settings.seed,
-            from_logits=self._settings.from_logits,
+            data=self._data, folds=self._folds, seed=self._settings.seed,
+            from_logits=self._settings.from_logits, jit_compile=self._settings.jit_compile,
         )
 
     def step(self) -> dict[str, Any]:
+        from pipeline.resident import transfers
+
         result = self._trainer.run_epoch()
         result["done"] = self._trainer.epoch >= self._settings.epochs
+        # Where the trial ran, for the record: device, GPU slot, and how often this worker
+        # process has copied the dataset to its device so far.
+        result["device"] = self._data.device
+        result["device_notice"] = self._device_notice
+        result["gpu_ids"] = ",".join(str(i) for i in _assigned_gpu_ids())
+        result["jit_compile"] = self._trainer.jit_compile
+        result["data_transfers"] = transfers()
         return result
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
@@ -84,6 +101,14 @@ class FoldTrainable(tune.Trainable):
 
     def cleanup(self) -> None:
         self._trainer = None
+
+
+def _assigned_gpu_ids() -> list[str]:
+    import ray
+
+    if not ray.is_initialized():
+        return []
+    return [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
 
 
 def _limit_threads(cpus: float) -> None:

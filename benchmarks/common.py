@@ -1,0 +1,81 @@
+"""What the benchmarks share: the workloads, and the naive workflow foldsweep replaces."""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Any
+
+import keras
+import numpy as np
+
+from pipeline.datasets import Dataset, load_dataset
+from pipeline.spec import DatasetSpec
+
+AMINO_ACIDS = 20
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def mnist1d() -> Dataset:
+    return load_dataset(DatasetSpec(name="mnist1d"))
+
+
+def windows(n_windows: int, width: int = 15, seed: int = 0) -> Dataset:
+    """Sliding windows over random residue sequences, one-hot (20 amino acids + padding), shaped
+    like the protein-window scenario; labels are a noisy function of the centre residues so that
+    a CNN has something to learn. A stand-in until the built-in protein dataset exists."""
+    rng = np.random.default_rng(seed)
+    residues = rng.integers(0, AMINO_ACIDS, size=n_windows + width)
+    padded = np.concatenate([np.full(width // 2, AMINO_ACIDS), residues, np.full(width // 2, AMINO_ACIDS)])
+    index = np.arange(n_windows)[:, None] + np.arange(width)[None, :]
+    x = np.eye(AMINO_ACIDS + 1, dtype=np.float32)[padded[index]]
+    centre = padded[index[:, width // 2]]
+    y = ((centre % 3) + (rng.random(n_windows) < 0.2)).astype(np.int32) % 3
+    return Dataset(name=f"windows{n_windows // 1000}k", x=x, y=y)
+
+
+def cnn_builder(input_shape: tuple[int, ...], n_classes: int):
+    """The 3-conv 1D CNN of the design notes, as a build(hp) function."""
+
+    def build(hp: Any) -> keras.Model:
+        inputs = keras.Input(shape=input_shape)
+        x = inputs
+        for filters in (32, 32, 32):
+            x = keras.layers.Conv1D(filters, 3, padding="same", activation="relu")(x)
+        x = keras.layers.GlobalMaxPooling1D()(x)
+        x = keras.layers.Dense(64, activation="relu")(x)
+        outputs = keras.layers.Dense(n_classes, activation="softmax")(x)
+        return keras.Model(inputs, outputs)
+
+    return build
+
+
+class EpochTimes(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: list[float] = []
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._started = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.seconds.append(time.perf_counter() - self._started)
+
+
+def naive_fold_fit(build, x_train, y_train, x_val, y_val, *, batch_size: int, epochs: int,
+                   learning_rate: float = 1e-3, seed: int = 0) -> tuple[list[float], float]:
+    """The researcher's loop body today: a fresh model, default compile, `fit` on NumPy arrays.
+    Returns the per-epoch training seconds and the final validation accuracy."""
+    keras.utils.set_random_seed(seed)
+    model = build(None)
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    times = EpochTimes()
+    model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=[times])
+    accuracy = model.evaluate(x_val, y_val, batch_size=1024, verbose=0, return_dict=True)["accuracy"]
+    keras.backend.clear_session()
+    return times.seconds, float(accuracy)
