@@ -107,7 +107,8 @@ def run(
         console.print(f"  trial {record.run_name}: {record.status} ({shown}){' - ' + reason if reason else ''}",
                       highlight=False)
 
-    outcome = run_sweep(prepared, on_trial_done=trial_done)
+    outcome = run_sweep(prepared, on_trial_done=trial_done,
+                        notify=lambda line: console.print(f"[yellow]{line}[/]", highlight=False))
     console.print(leaderboard_table(outcome.records, objective, sweep_spec.train.mode,
                                     title=f"{sweep_spec.name}: leaderboard"))
     console.print(f"{len(outcome.records)} trials in {outcome.wall_s:.0f} s; sweep run {outcome.parent_run_id}",

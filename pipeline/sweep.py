@@ -89,7 +89,8 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset) -
             f"{spec.experiment} has only {experiment.output_units} outputs")
 
 
-def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord], None] | None = None) -> SweepOutcome:
+def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord], None] | None = None,
+              notify: Callable[[str], None] = print) -> SweepOutcome:
     """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Ray Tune's own CSV/JSON/TensorBoard loggers duplicate what MLflow records.
@@ -122,9 +123,13 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
             cpus=spec.resources.cpu, gpus=spec.resources.gpu,
         )
         data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
+        gpu = spec.resources.gpu
+        if gpu > 0 and not ray.cluster_resources().get("GPU", 0):
+            notify(f"notice: resources.gpu={gpu:g} but the Ray cluster has no GPU: trials run on CPU")
+            gpu = 0.0
         trainable = tune.with_resources(
             tune.with_parameters(FoldTrainable, data=data, folds=prepared.folds.folds, settings=settings),
-            {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
+            {"cpu": spec.resources.cpu, "gpu": gpu},
         )
         tuner = tune.Tuner(
             trainable,

@@ -29,7 +29,9 @@ EVAL_BATCH_SIZE = 2048
 # On CPU, XLA wins big while per-step overhead dominates (bs 8: 3-4x over the same loop
 # without it) and stops paying around bs 256-512, where it was measured equal or up to 25%
 # slower depending on the model (`python -m benchmarks.cv_throughput --variants
-# engine-xla,engine-noxla`); above this batch size the step runs without XLA.
+# engine-xla,engine-noxla`); above this batch size the step runs without XLA. Random layers
+# (Dropout, GaussianNoise, ...) turn it around: their random-number ops under XLA on CPU made
+# the MNIST-1D CNN's step 4-5x slower (7.4k vs 41k samples/s at bs 16, one thread).
 XLA_MAX_BATCH_ON_CPU = 256
 JitChoice = Literal["auto", "on", "off"]
 
@@ -53,11 +55,19 @@ def make_optimizer(params: TrainingParams) -> keras.optimizers.Optimizer:
     raise ValueError(f"unknown optimizer {params.optimizer!r}")
 
 
-def use_xla(choice: JitChoice, *, batch_size: int, device: str) -> bool:
-    """Whether to XLA-compile the train step: forced by the spec, else by device and batch size."""
+def use_xla(choice: JitChoice, *, batch_size: int, device: str, stochastic: bool = False) -> bool:
+    """Whether to XLA-compile the train step: forced by the spec, else by device, batch size and
+    whether the model draws random numbers in training."""
     if choice != "auto":
         return choice == "on"
-    return "GPU" in device or batch_size <= XLA_MAX_BATCH_ON_CPU
+    if "GPU" in device:
+        return True
+    return batch_size <= XLA_MAX_BATCH_ON_CPU and not stochastic
+
+
+def has_random_layers(model: keras.Model) -> bool:
+    """Layers that draw random numbers when training carry a Keras seed generator."""
+    return any(hasattr(layer, "seed_generator") for layer in model._flatten_layers())
 
 
 def fold_seed(trial_seed: int, fold: int) -> int:
@@ -218,11 +228,14 @@ class FoldTrainer:
     ):
         self.params = params
         self.epoch = 0
-        self.jit_compile = use_xla(jit_compile, batch_size=params.batch_size, device=data.device)
         self.engines: list[FoldEngine] = []
-        for k, fold in enumerate(folds):
+        models = []
+        for k in range(len(folds)):
             keras.utils.set_random_seed(fold_seed(seed, k))
-            model = build_model(build_fn, model_values)
+            models.append(build_model(build_fn, model_values))
+        self.jit_compile = use_xla(jit_compile, batch_size=params.batch_size, device=data.device,
+                                   stochastic=has_random_layers(models[0]))
+        for k, (fold, model) in enumerate(zip(folds, models)):
             self.engines.append(FoldEngine(
                 model, make_optimizer(params), data, fold, batch_size=params.batch_size,
                 seed=fold_seed(seed, k), jit_compile=self.jit_compile, from_logits=from_logits, eager=eager,

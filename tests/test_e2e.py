@@ -93,6 +93,7 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tm
             folds = [history[f"split{k}_val_accuracy"][epoch].value for k in range(2)]
             assert history["mean_val_accuracy"][epoch].value == pytest.approx(np.mean(folds))
         assert "std_val_accuracy" in trial.data.metrics and "mean_train_loss" in trial.data.metrics
+        assert trial.data.metrics["train_samples_per_s"] > 0 and trial.data.metrics["trial_wall_s"] > 0
         scores.append(trial.data.metrics["mean_val_accuracy"])
     assert parent.data.metrics["best_mean_val_accuracy"] == pytest.approx(max(scores))
     assert parent.data.tags["foldsweep.best_run_id"] in {trial.info.run_id for trial in trials}
@@ -145,3 +146,17 @@ def test_ui_serves_the_store_on_loopback(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_gpu_request_on_a_cluster_without_gpus_runs_on_cpu_with_a_notice(ray_cluster, tmp_path, write_spec,
+                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec_path = write_spec({"name": "nogpu", "resources": {"gpu": 0.5}, "search": {"num_samples": 1},
+                            "train": {"epochs": 1}})
+
+    result = CliRunner().invoke(app, ["run", str(spec_path)])
+
+    assert result.exit_code == 0, result.output
+    assert "notice: resources.gpu=0.5 but the Ray cluster has no GPU: trials run on CPU" in result.output.replace("\n", " ")
+    _, _, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "nogpu")
+    assert [trial.info.status for trial in trials] == ["FINISHED"]

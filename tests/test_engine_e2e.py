@@ -1,0 +1,89 @@
+"""The engine under Ray: data copied once per worker process, reused processes give the same
+results as fresh ones, and fractional GPU slots bound concurrency (with Ray's logical GPUs)."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from conftest import DELETE, Replace
+from pipeline.cli import app
+
+pytestmark = pytest.mark.e2e
+
+
+def trial_runs(tracking_uri: str, experiment: str):
+    client = MlflowClient(tracking_uri)
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    runs = client.search_runs([experiment_id], filter_string="tags.`foldsweep.role` = 'trial'",
+                              order_by=["attributes.start_time ASC"])
+    return client, runs
+
+
+def loss_history(client: MlflowClient, run_id: str, folds: int = 2) -> list[float]:
+    """Per-fold, per-epoch validation losses, flattened fold by fold."""
+    return [m.value for k in range(folds) for m in client.get_metric_history(run_id, f"split{k}_val_loss")]
+
+
+@pytest.fixture
+def one_cpu_cluster():
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def logical_gpu_cluster():
+    import ray
+
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def test_reused_worker_copies_data_once_and_matches_a_fresh_one(one_cpu_cluster, tmp_path, write_spec, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # Three trials of one identical config on one CPU: the first runs in a fresh worker process,
+    # the next two in the same process, reused through reset_config.
+    spec = write_spec({"name": "reuse", "search": {"num_samples": 3, "space": Replace(
+        {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.2, "batch_size": 16})}})
+
+    result = CliRunner().invoke(app, ["run", str(spec)])
+
+    assert result.exit_code == 0, result.output
+    client, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "reuse")
+    assert len(runs) == 3
+    assert len({run.data.tags["foldsweep.pid"] for run in runs}) == 1, "one worker process ran every trial"
+    assert [run.data.tags["foldsweep.data_transfers"] for run in runs] == ["1", "1", "1"]
+    fresh = loss_history(client, runs[0].info.run_id)
+    for reused in runs[1:]:
+        assert loss_history(client, reused.info.run_id) == pytest.approx(fresh, rel=1e-5)
+    for run in runs:
+        metrics = run.data.metrics
+        assert metrics["train_samples_per_s"] > 0 and metrics["eval_samples_per_s"] > 0
+        assert metrics["compile_s"] >= 0 and metrics["split1_train_samples_per_s"] > 0
+        assert run.data.tags["foldsweep.device"] == "/CPU:0"
+        assert run.data.tags["foldsweep.jit_compile"] == "False"  # dropout on CPU: no XLA by rule
+
+
+def test_half_gpu_slots_run_at_most_two_trials_at_once(logical_gpu_cluster, tmp_path, write_spec, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec({"name": "slots", "resources": {"cpu": 0.5, "gpu": 0.5, "max_concurrent": DELETE},
+                       "search": {"num_samples": 4}})
+
+    result = CliRunner().invoke(app, ["run", str(spec)])
+
+    assert result.exit_code == 0, result.output
+    _, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "slots")
+    assert len(runs) == 4 and all(run.info.status == "FINISHED" for run in runs)
+    intervals = [(run.info.start_time, run.info.end_time) for run in runs]
+    most_at_once = max(sum(start <= moment < end for start, end in intervals) for moment, _ in intervals)
+    assert most_at_once <= 2
+    for run in runs:
+        assert run.data.tags["foldsweep.gpu_ids"] == "0"  # the slot Ray assigned: logical GPU 0
+        assert "training on CPU" in run.data.tags["foldsweep.device_notice"]
+
+
