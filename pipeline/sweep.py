@@ -78,8 +78,9 @@ def _resolve(path: Path, base_dir: Path) -> Path:
 
 def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset) -> None:
     expected = tuple(experiment.input_shape)
-    if expected and any(a is not None and a != b for a, b in zip(expected, dataset.input_shape)) \
-            or len(expected) != len(dataset.input_shape):
+    mismatched = len(expected) != len(dataset.input_shape) or any(
+        want is not None and want != have for want, have in zip(expected, dataset.input_shape))
+    if mismatched:
         raise DataError(
             f"dataset: samples of {dataset.name!r} have shape {dataset.input_shape}, but the model of "
             f"{spec.experiment} expects inputs of shape {expected}")

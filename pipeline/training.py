@@ -13,8 +13,8 @@ XLA-compiled where that is faster (see ``use_xla``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import keras
