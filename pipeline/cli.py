@@ -74,7 +74,8 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
         f"[green]ok[/] {spec}: experiment {prepared.spec.experiment}, dataset {prepared.dataset.name} "
         f"{prepared.dataset.x.shape}, {len(folds)} folds "
         f"(val sizes {', '.join(str(f['val_size']) for f in folds)}), "
-        f"{len(prepared.param_space)} hyperparameters, {prepared.num_samples} samples",
+        f"{len(prepared.space.domains)} hyperparameters, {prepared.spec.search.algorithm} search, "
+        f"{prepared.space.trial_count(prepared.num_samples)} trials",
         highlight=False,
     )
 
@@ -95,7 +96,8 @@ def run(
     sweep_spec = prepared.spec
     objective = sweep_spec.objective
     console.print(
-        f"sweep [bold]{sweep_spec.name}[/]: {prepared.num_samples} samples x {len(prepared.folds)} folds, "
+        f"sweep [bold]{sweep_spec.name}[/]: {prepared.space.trial_count(prepared.num_samples)} trials x "
+        f"{len(prepared.folds)} folds, "
         f"{sweep_spec.train.epochs} epochs, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
         f"tracking {prepared.tracking_uri}", highlight=False,
     )

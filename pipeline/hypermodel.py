@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 
 import keras
 import keras_tuner
+from keras_tuner.src.engine.hyperparameters import hp_types
 
 from pipeline.errors import ExperimentError
 
@@ -52,19 +53,58 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
     reference = reference or f"{path}:{attr}"
     build_fn = load_builder(path, attr, reference=reference)
     hp = keras_tuner.HyperParameters()
+    model = _checked_build(build_fn, hp, reference, "default hyperparameters")
+    input_shape = tuple(model.inputs[0].shape[1:]) if model.inputs else ()
+    output_units = int(model.outputs[0].shape[-1]) if model.outputs else 0
+    _discover_conditional(build_fn, hp, reference)
+    keras.backend.clear_session()
+    return Experiment(reference, build_fn, hp, input_shape, output_units)
+
+
+MAX_DISCOVERY_BUILDS = 64
+
+
+def _discover_conditional(build_fn: Callable[[Any], Any], space: keras_tuner.HyperParameters, reference: str) -> None:
+    """Grow ``space`` with hyperparameters that only the other branches of a choice ask for.
+
+    A build with defaults registers only the hyperparameters on the default path; those in a
+    conditional scope of another value of a Choice or Boolean appear only when that value is
+    taken. Each such value is built once, until no build adds a name. A branch that fails to
+    build is skipped here: it fails its own trials, which the sweep records, as KerasTuner would.
+    """
+    tried: set[tuple[str, Any]] = set()
+    for _ in range(MAX_DISCOVERY_BUILDS):
+        untried = [(hp.name, value) for hp in space.space if isinstance(hp, (hp_types.Choice, hp_types.Boolean))
+                   for value in _choice_values(hp) if (hp.name, value) not in tried]
+        if not untried:
+            return
+        name, value = untried[0]
+        tried.add((name, value))
+        branch = keras_tuner.HyperParameters()
+        branch.values = {name: value}
+        try:
+            build_fn(branch)
+        except Exception:
+            continue
+        space.merge([hp for hp in branch.space if not space._exists(hp.name, hp.conditions)])
+
+
+def _choice_values(hp: Any) -> list[Any]:
+    return [True, False] if isinstance(hp, hp_types.Boolean) else list(hp.values)
+
+
+def _checked_build(build_fn: Callable[[Any], Any], hp: keras_tuner.HyperParameters, reference: str,
+                   with_what: str) -> keras.Model:
     try:
         model = build_fn(hp)
     except Exception as exc:
         raise ExperimentError(
-            f"experiment: {reference} raised {type(exc).__name__} when built with default "
-            f"hyperparameters: {exc}\n{_last_frame(exc)}") from None
+            f"experiment: {reference} raised {type(exc).__name__} when built with {with_what}: "
+            f"{exc}\n{_last_frame(exc)}") from None
     if not isinstance(model, keras.Model):
         raise ExperimentError(
             f"experiment: {reference} must return a keras.Model, got {type(model).__name__}")
-    input_shape = tuple(model.inputs[0].shape[1:]) if model.inputs else ()
-    output_units = int(model.outputs[0].shape[-1]) if model.outputs else 0
-    keras.backend.clear_session()
-    return Experiment(reference, build_fn, hp, input_shape, output_units)
+    return model
 
 
 def load_builder(path: Path, attr: str, *, reference: str | None = None) -> Callable[[Any], Any]:

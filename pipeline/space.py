@@ -4,26 +4,63 @@ Names in ``search.space`` are either training hyperparameters that foldsweep app
 (``TRAINING_DEFAULTS``) or hyperparameters that the experiment's ``build(hp)`` asks for; a spec
 entry overrides the range the hypermodel declared. Hypermodel hyperparameters the spec does not
 mention are searched over the range the hypermodel declares.
+
+Two hyperparameters only count under a condition: ``clip_threshold`` when ``clipping`` is not
+``none``, and a hypermodel hyperparameter declared in a KerasTuner conditional scope when its
+parent has one of the scope's values. ``resolve_config`` turns a sampled config into the values
+a trial actually uses (and records); Optuna is given a define-by-run space that does not even
+suggest the inactive ones.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import keras_tuner
 from keras_tuner.src.engine.hyperparameters import hp_types
 from ray import tune
+from ray.tune.search import sample
 
 from pipeline.errors import SpecError
 from pipeline.spec import TRAINING_DEFAULTS, ParamSpec, SweepSpec
 
+# A grid over (clipping, clip_threshold) pairs is one config key, so that `none` is not repeated
+# once per threshold.
+CLIP_PAIR = "clipping+threshold"
 
-def param_space(spec: SweepSpec, hyperparameters: keras_tuner.HyperParameters) -> dict[str, Any]:
-    """The Ray Tune ``param_space`` of a sweep.
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the Tuner samples, and how to read a sampled config back."""
+
+    param_space: dict[str, Any]
+    conditions: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    domains: Mapping[str, Any] = field(default_factory=dict)
+
+    def trial_count(self, num_samples: int) -> int:
+        """Trials a sweep runs: every grid point, num_samples times (Ray Tune's semantics)."""
+        points = 1
+        for domain in self.param_space.values():
+            points *= len(domain["grid_search"]) if _is_grid(domain) else 1
+        return points * num_samples
+
+    def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        return resolve_config(config, self.conditions)
+
+    def optuna_define_by_run(self) -> Callable[[Any], dict[str, Any]]:
+        """Optuna's define-by-run space: suggests only what is active given earlier answers."""
+        return _OptunaSpace(dict(self.domains), dict(self.conditions))
+
+
+def build_space(spec: SweepSpec, hyperparameters: keras_tuner.HyperParameters, *,
+                default_epochs: int | None = None) -> SearchSpace:
+    """The sweep's search space for its search algorithm.
 
     Raises:
         SpecError: a ``search.space`` entry names neither a training hyperparameter nor one the
-            experiment asks for.
+            experiment asks for; or a grid search meets a continuous hyperparameter.
     """
     discovered = {hp.name: hp for hp in hyperparameters.space}
     for name in spec.search.space:
@@ -32,10 +69,21 @@ def param_space(spec: SweepSpec, hyperparameters: keras_tuner.HyperParameters) -
             raise SpecError(
                 f"{spec.source_path}: search.space.{name} is not a hyperparameter of {spec.experiment} "
                 f"(its build(hp) never asks for it) nor a training hyperparameter; known: {', '.join(known)}")
-    space: dict[str, Any] = {name: value for name, value in TRAINING_DEFAULTS.items()}
-    space.update({name: hp_domain(hp) for name, hp in discovered.items()})
-    space.update({name: spec_domain(param) for name, param in spec.search.space.items()})
-    return space
+    domains: dict[str, Any] = dict(TRAINING_DEFAULTS)
+    domains["epochs"] = default_epochs if default_epochs is not None else spec.train.epochs
+    domains.update({name: hp_domain(hp) for name, hp in discovered.items()})
+    domains.update({name: spec_domain(param) for name, param in spec.search.space.items()})
+    conditions = {name: tuple(hp.conditions) for name, hp in discovered.items() if hp.conditions}
+
+    if spec.search.algorithm == "grid":
+        domains = {name: _as_grid(spec, name, domain) for name, domain in domains.items()}
+    param_space = dict(domains)
+    if spec.search.algorithm != "optuna" and _is_grid(domains["clipping"]) and _is_finite(domains["clip_threshold"]):
+        param_space.pop("clipping")
+        param_space.pop("clip_threshold")
+        param_space[CLIP_PAIR] = tune.grid_search(
+            _clip_pairs(_values(domains["clipping"]), _values(domains["clip_threshold"])))
+    return SearchSpace(param_space=param_space, conditions=conditions, domains=domains)
 
 
 def spec_domain(param: ParamSpec) -> Any:
@@ -84,8 +132,91 @@ def _tidy(value: Any) -> Any:
     return round(value, 10) if isinstance(value, float) else value
 
 
+def _is_grid(domain: Any) -> bool:
+    return isinstance(domain, dict) and "grid_search" in domain
+
+
+def _is_finite(domain: Any) -> bool:
+    return _is_grid(domain) or isinstance(domain, sample.Categorical) or not isinstance(domain, sample.Domain)
+
+
+def _values(domain: Any) -> list[Any]:
+    if _is_grid(domain):
+        return list(domain["grid_search"])
+    if isinstance(domain, sample.Categorical):
+        return list(domain.categories)
+    return [domain]
+
+
+def _as_grid(spec: SweepSpec, name: str, domain: Any) -> Any:
+    if _is_grid(domain) or not isinstance(domain, sample.Domain):
+        return domain
+    if isinstance(domain, sample.Categorical):
+        return tune.grid_search(list(domain.categories))
+    if isinstance(domain, sample.Integer) and not isinstance(domain.get_sampler(), sample.Quantized):
+        return tune.grid_search(list(range(domain.lower, domain.upper)))
+    raise SpecError(
+        f"{spec.source_path}: search.algorithm grid needs finite values, but hyperparameter {name!r} of "
+        f"{spec.experiment} is continuous; fix it in search.space (a value, choice or grid)")
+
+
+def _clip_pairs(kinds: list[Any], thresholds: list[Any]) -> list[dict[str, Any]]:
+    pairs: list[dict[str, Any]] = []
+    for kind, threshold in itertools.product(kinds, thresholds):
+        pair = {"clipping": kind, "clip_threshold": None if kind == "none" else threshold}
+        if pair not in pairs:
+            pairs.append(pair)
+    return pairs
+
+
+def resolve_config(config: Mapping[str, Any], conditions: Mapping[str, tuple[Any, ...]] = {}) -> dict[str, Any]:
+    """The values a trial uses: clipping pairs unpacked, the threshold dropped when clipping is
+    off, and hypermodel hyperparameters dropped when their conditional scope is inactive."""
+    values = {key: value for key, value in config.items() if key != CLIP_PAIR}
+    values.update(config.get(CLIP_PAIR) or {})
+    if values.get("clipping", "none") == "none":
+        values["clip_threshold"] = None
+    return {key: value for key, value in values.items()
+            if all(condition.is_active(values) for condition in conditions.get(key, ()))}
+
+
 def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A trial's config as (training hyperparameters, model hyperparameters)."""
+    """A resolved config as (training hyperparameters, model hyperparameters)."""
     training = {name: config.get(name, default) for name, default in TRAINING_DEFAULTS.items()}
     model = {name: value for name, value in config.items() if name not in TRAINING_DEFAULTS}
     return training, model
+
+
+class _OptunaSpace:
+    """A picklable define-by-run function over Ray Tune domains (see ``optuna_define_by_run``)."""
+
+    def __init__(self, domains: dict[str, Any], conditions: dict[str, tuple[Any, ...]]):
+        self.domains = domains
+        self.conditions = conditions
+
+    def __call__(self, trial: Any) -> dict[str, Any]:
+        from ray.tune.search.optuna import OptunaSearch
+
+        values: dict[str, Any] = {}
+        constants: dict[str, Any] = {}
+        for name, domain in self.domains.items():
+            if name == "clip_threshold" and values.get("clipping", constants.get("clipping")) == "none":
+                continue
+            if not all(condition.is_active({**constants, **values}) for condition in self.conditions.get(name, ())):
+                continue
+            if not isinstance(domain, sample.Domain):
+                constants[name] = domain
+                continue
+            distribution = OptunaSearch.convert_search_space({name: domain})[name]
+            values[name] = _suggest(trial, name, distribution)
+        return constants
+
+
+def _suggest(trial: Any, name: str, distribution: Any) -> Any:
+    import optuna
+
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return trial.suggest_categorical(name, distribution.choices)
+    if isinstance(distribution, optuna.distributions.IntDistribution):
+        return trial.suggest_int(name, distribution.low, distribution.high, step=distribution.step, log=distribution.log)
+    return trial.suggest_float(name, distribution.low, distribution.high, step=distribution.step, log=distribution.log)

@@ -18,15 +18,21 @@ from pipeline.errors import SpecError
 
 SplitterName = Literal["kfold", "stratified"]
 SPLITTERS: tuple[str, ...] = ("kfold", "stratified")
-SEARCH_ALGORITHMS: tuple[str, ...] = ("random",)
+SEARCH_ALGORITHMS: tuple[str, ...] = ("random", "grid", "optuna")
+SCHEDULERS: tuple[str, ...] = ("fifo", "asha", "median")
+CLIPPING_KINDS: tuple[str, ...] = ("none", "norm", "value", "global_norm")
 METRICS: tuple[str, ...] = ("accuracy", "loss")
 MODES: tuple[str, ...] = ("max", "min")
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "rmsprop")
 PARAM_KINDS: tuple[str, ...] = ("choice", "grid", "uniform", "loguniform", "randint", "qrandint")
 
 # Training hyperparameters foldsweep itself applies; every other name in `search.space` must be
-# a hyperparameter that the experiment's build(hp) asks for.
-TRAINING_DEFAULTS: Mapping[str, Any] = {"batch_size": 32, "learning_rate": 1e-3, "optimizer": "adam"}
+# a hyperparameter that the experiment's build(hp) asks for. `epochs` defaults to train.epochs;
+# `clip_threshold` only counts when `clipping` is not none.
+TRAINING_DEFAULTS: Mapping[str, Any] = {
+    "batch_size": 32, "learning_rate": 1e-3, "optimizer": "adam", "epochs": None,
+    "clipping": "none", "clip_threshold": 1.0,
+}
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
@@ -67,11 +73,22 @@ class CVSpec:
 
 
 @dataclass(frozen=True)
+class SchedulerSpec:
+    """Early stopping on the per-epoch CV mean: fifo (none), asha, or median stopping."""
+
+    name: str = "fifo"
+    grace_period: int = 1
+    reduction_factor: int = 3
+    min_samples_required: int = 3
+
+
+@dataclass(frozen=True)
 class SearchSpec:
     algorithm: str = "random"
     num_samples: int = 1
     seed: int = 0
     space: Mapping[str, ParamSpec] = field(default_factory=dict)
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
 
 
 @dataclass(frozen=True)
@@ -202,8 +219,31 @@ def _parse_search(section: _Section) -> SearchSpec:
     seed = section.integer("seed", default=0, minimum=0)
     space_section = section.section("space")
     space = {key: _parse_param(space_section, key) for key in list(space_section.remaining())}
+    for key, param in space.items():
+        if algorithm == "grid" and param.kind not in ("fixed", "choice", "grid"):
+            space_section.fail(key, "must be a fixed value, choice or grid when search.algorithm is grid", param.kind)
+        if algorithm == "optuna" and param.kind == "grid":
+            space_section.fail(key, "cannot be a grid with search.algorithm optuna (use choice)", param.kind)
+    scheduler = _parse_scheduler(section)
     section.finish()
-    return SearchSpec(algorithm=algorithm, num_samples=num_samples, seed=seed, space=space)
+    return SearchSpec(algorithm=algorithm, num_samples=num_samples, seed=seed, space=space, scheduler=scheduler)
+
+
+def _parse_scheduler(search: _Section) -> SchedulerSpec:
+    raw = search.peek("scheduler")
+    if raw is None or isinstance(raw, str):
+        name = search.one_of("scheduler", SCHEDULERS, default="fifo")
+        return SchedulerSpec(name=name)
+    section = search.section("scheduler")
+    name = section.one_of("name", SCHEDULERS, default="fifo")
+    scheduler = SchedulerSpec(
+        name=name,
+        grace_period=section.integer("grace_period", default=1, minimum=1),
+        reduction_factor=section.integer("reduction_factor", default=3, minimum=2),
+        min_samples_required=section.integer("min_samples_required", default=3, minimum=1),
+    )
+    section.finish()
+    return scheduler
 
 
 def _parse_param(section: _Section, key: str) -> ParamSpec:
@@ -273,12 +313,23 @@ def _check_training_param(file: str, where: str, name: str, param: ParamSpec) ->
         for value in (*values, *bounds):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise SpecError(f"{file}: {where} learning rates must be numbers > 0, got {value!r}")
-    elif name == "optimizer":
+    elif name in ("optimizer", "clipping"):
+        allowed = OPTIMIZERS if name == "optimizer" else CLIPPING_KINDS
         if not values:
-            raise SpecError(f"{file}: {where} must be a fixed value or a choice/grid of {', '.join(OPTIMIZERS)}, got {param.kind}")
+            raise SpecError(f"{file}: {where} must be a fixed value or a choice/grid of {', '.join(allowed)}, got {param.kind}")
         for value in values:
-            if value not in OPTIMIZERS:
-                raise SpecError(f"{file}: {where} must be one of {', '.join(OPTIMIZERS)}{_suggest(value, OPTIMIZERS)}, got {value!r}")
+            if value not in allowed:
+                raise SpecError(f"{file}: {where} must be one of {', '.join(allowed)}{_suggest(value, allowed)}, got {value!r}")
+    elif name == "clip_threshold":
+        for value in (*values, *bounds):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise SpecError(f"{file}: {where} clipping thresholds must be numbers > 0, got {value!r}")
+    elif name == "epochs":
+        if param.kind in ("uniform", "loguniform"):
+            raise SpecError(f"{file}: {where} must take integer values (use choice, grid, randint or qrandint), got {param.kind}")
+        for value in (*values, *bounds):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"{file}: {where} epochs must be positive integers, got {value!r}")
 
 
 def _parse_train(section: _Section) -> TrainSpec:
@@ -306,7 +357,10 @@ def _parse_resources(section: _Section) -> ResourcesSpec:
 
 
 def _suggest(value: Any, choices: tuple[str, ...] | list[str]) -> str:
-    close = difflib.get_close_matches(str(value), list(choices), n=1)
+    text = str(value)
+    close = difflib.get_close_matches(text, list(choices), n=1)
+    # Abbreviations ("grace" for "grace_period") score low on similarity but are the usual typo.
+    close = close or [choice for choice in choices if len(text) >= 3 and choice.startswith(text)][:1]
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from pipeline.datasets import Dataset, load_dataset
 from pipeline.errors import DataError
 from pipeline.folds import FoldPlan, make_folds
+from pipeline.space import SearchSpace
 from pipeline.spec import SweepSpec
 from pipeline.tracking import Tracker, TrialRecord, check_tracking_uri
 
@@ -29,7 +30,7 @@ class PreparedSweep:
     experiment_path: Path
     dataset: Dataset
     folds: FoldPlan
-    param_space: dict[str, Any]
+    space: SearchSpace
     tracking_uri: str
     num_samples: int
 
@@ -49,7 +50,7 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
         InputError: the experiment, dataset, folds or tracking URI cannot work as asked.
     """
     from pipeline.hypermodel import load_experiment
-    from pipeline.space import param_space
+    from pipeline.space import build_space
 
     uri = tracking_uri or spec.tracking.uri
     check_tracking_uri(uri)
@@ -58,13 +59,13 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     base_dir = spec.source_path.parent
     experiment_path = _resolve(spec.experiment_path, base_dir)
     experiment = load_experiment(experiment_path, spec.experiment_attr, reference=spec.experiment)
-    space = param_space(spec, experiment.hyperparameters)
+    space = build_space(spec, experiment.hyperparameters)
     dataset = load_dataset(spec.dataset, base_dir=base_dir)
     _check_model_fits_data(spec, experiment, dataset)
     folds = make_folds(spec.cv, dataset)
     return PreparedSweep(
         spec=spec, experiment_path=experiment_path.resolve(), dataset=dataset, folds=folds,
-        param_space=space, tracking_uri=uri, num_samples=num_samples or spec.search.num_samples,
+        space=space, tracking_uri=uri, num_samples=num_samples or spec.search.num_samples,
     )
 
 
@@ -99,7 +100,6 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
     from ray import tune
-    from ray.tune.search.basic_variant import BasicVariantGenerator
 
     from pipeline.trial import FoldTrainable, TrialSettings
 
@@ -110,7 +110,8 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
         name=spec.name, spec_text=spec.source_text, manifest=prepared.folds.manifest(),
         params=_sweep_params(prepared),
     )
-    callback = tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, on_recorded=on_trial_done)
+    callback = tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, on_recorded=on_trial_done,
+                                conditions=prepared.space.conditions)
 
     started_ray = not ray.is_initialized()
     if started_ray:
@@ -121,7 +122,7 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
             experiment_path=str(prepared.experiment_path), experiment_attr=spec.experiment_attr,
             dataset_fingerprint=prepared.dataset.fingerprint, epochs=spec.train.epochs, seed=spec.train.seed,
             from_logits=spec.train.from_logits, jit_compile=spec.train.jit_compile,
-            cpus=spec.resources.cpu, gpus=spec.resources.gpu,
+            cpus=spec.resources.cpu, gpus=spec.resources.gpu, conditions=dict(prepared.space.conditions),
         )
         data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
         gpu = spec.resources.gpu
@@ -132,14 +133,16 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
             tune.with_parameters(FoldTrainable, data=data, folds=prepared.folds.folds, settings=settings),
             {"cpu": spec.resources.cpu, "gpu": gpu},
         )
+        optuna = spec.search.algorithm == "optuna"
         tuner = tune.Tuner(
             trainable,
-            param_space=prepared.param_space,
+            param_space={} if optuna else prepared.space.param_space,
             tune_config=tune.TuneConfig(
                 metric=spec.objective,
                 mode=spec.train.mode,
                 num_samples=prepared.num_samples,
-                search_alg=BasicVariantGenerator(random_state=spec.search.seed),
+                search_alg=make_searcher(spec, prepared.space),
+                scheduler=make_scheduler(spec),
                 max_concurrent_trials=spec.resources.max_concurrent,
                 reuse_actors=True,
             ),
@@ -160,6 +163,41 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     return SweepOutcome(parent_run_id, spec.name, records, time.perf_counter() - started)
 
 
+def make_searcher(spec: SweepSpec, space: SearchSpace) -> Any:
+    """Random and grid search sample the param space; Optuna TPE runs a define-by-run space, so
+    that a hyperparameter that does not apply (a threshold without clipping) is never suggested."""
+    if spec.search.algorithm == "optuna":
+        import optuna
+        from ray.tune.search.optuna import OptunaSearch
+
+        return OptunaSearch(space=space.optuna_define_by_run(), metric=spec.objective, mode=spec.train.mode,
+                            sampler=optuna.samplers.TPESampler(seed=spec.search.seed))
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    return BasicVariantGenerator(random_state=spec.search.seed)
+
+
+def make_scheduler(spec: SweepSpec) -> Any:
+    """Early stopping on the per-epoch CV mean that every trial reports."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
+
+    scheduler = spec.search.scheduler
+    if scheduler.name == "asha":
+        return ASHAScheduler(time_attr="training_iteration", max_t=_max_epochs(spec),
+                             grace_period=scheduler.grace_period, reduction_factor=scheduler.reduction_factor)
+    if scheduler.name == "median":
+        return MedianStoppingRule(time_attr="training_iteration", grace_period=scheduler.grace_period,
+                                  min_samples_required=scheduler.min_samples_required)
+    return FIFOScheduler()
+
+
+def _max_epochs(spec: SweepSpec) -> int:
+    declared = spec.search.space.get("epochs")
+    if declared is None:
+        return spec.train.epochs
+    return int(max(declared.values()) if declared.values() else declared.args[1])
+
+
 def _sweep_params(prepared: PreparedSweep) -> dict[str, Any]:
     spec = prepared.spec
     return {
@@ -169,6 +207,7 @@ def _sweep_params(prepared: PreparedSweep) -> dict[str, Any]:
         "n_train_samples": len(prepared.dataset.y),
         **{f"cv.{key}": value for key, value in asdict(spec.cv).items()},
         "search.algorithm": spec.search.algorithm,
+        "search.scheduler": spec.search.scheduler.name,
         "search.num_samples": prepared.num_samples,
         "search.seed": spec.search.seed,
         **{f"train.{key}": value for key, value in asdict(spec.train).items()},

@@ -144,9 +144,10 @@ class Tracker:
         return _record(self.client.get_run(run_id))
 
     def callback(self, *, parent_run_id: str, sweep_name: str,
-                 on_recorded: Callable[[TrialRecord], None] | None = None) -> "MlflowTrialCallback":
+                 on_recorded: Callable[[TrialRecord], None] | None = None,
+                 conditions: Mapping[str, Any] | None = None) -> "MlflowTrialCallback":
         return MlflowTrialCallback(self.uri, parent_run_id=parent_run_id, sweep_name=sweep_name,
-                                   on_recorded=on_recorded)
+                                   on_recorded=on_recorded, conditions=conditions)
 
 
 def _record(run: Any) -> TrialRecord:
@@ -170,11 +171,13 @@ class MlflowTrialCallback(Callback):
     """Ray Tune events -> MLflow child runs, written from the driver."""
 
     def __init__(self, uri: str, *, parent_run_id: str, sweep_name: str,
-                 on_recorded: Callable[[TrialRecord], None] | None = None):
+                 on_recorded: Callable[[TrialRecord], None] | None = None,
+                 conditions: Mapping[str, Any] | None = None):
         self.uri = uri
         self.parent_run_id = parent_run_id
         self.sweep_name = sweep_name
         self.on_recorded = on_recorded
+        self.conditions = dict(conditions or {})
         self._run_ids: dict[str, str] = {}
         self._tracker: Tracker | None = None
 
@@ -214,8 +217,12 @@ class MlflowTrialCallback(Callback):
                 TRIAL_ID_TAG: trial.trial_id, STATUS_TAG: "running",
             },
         )
+        from pipeline.space import resolve_config
+
         self._run_ids[trial.trial_id] = run.info.run_id
-        params = [Param(key, _param_text(value)) for key, value in sorted(trial.config.items())]
+        # The values the trial uses: no threshold without clipping, no inactive conditional hp.
+        used = resolve_config(trial.config, self.conditions)
+        params = [Param(key, _param_text(value)) for key, value in sorted(used.items()) if value is not None]
         client.log_batch(run.info.run_id, params=params)
         return run.info.run_id
 
@@ -233,10 +240,17 @@ class MlflowTrialCallback(Callback):
             if TRIAL_METRIC.match(key) and isinstance(value, (int, float)) and math.isfinite(value)
         ]
         tags = [RunTag(f"foldsweep.{field}", str(result[field])) for field in PLACEMENT_FIELDS if field in result]
+        if "n_params" in result:
+            metrics.append(Metric("n_params", float(result["n_params"]), now, step))
         self.tracker.client.log_batch(run_id, metrics=metrics, tags=tags)
+        if result.get("model_summary"):
+            self.tracker.client.log_text(run_id, result["model_summary"], "model_summary.txt")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._finish(trial, status="ok", state="FINISHED")
+        last = trial.last_result or {}
+        # A trial that completes before its planned epochs was stopped by the scheduler.
+        stopped_early = last.get("epoch", 0) < last.get("epochs_planned", 0)
+        self._finish(trial, status="pruned" if stopped_early else "ok", state="FINISHED")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._finish(trial, status="error", state="FAILED", error=_error_text(trial))

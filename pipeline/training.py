@@ -36,22 +36,32 @@ XLA_MAX_BATCH_ON_CPU = 256
 JitChoice = Literal["auto", "on", "off"]
 
 
+# Spec name of a clipping kind -> the Keras optimizer argument that applies it.
+CLIPPING_ARGUMENTS: Mapping[str, str] = {"norm": "clipnorm", "value": "clipvalue", "global_norm": "global_clipnorm"}
+
+
 @dataclass(frozen=True)
 class TrainingParams:
     batch_size: int
     learning_rate: float
     optimizer: str
+    clipping: str = "none"
+    clip_threshold: float | None = None
 
 
 def make_optimizer(params: TrainingParams) -> keras.optimizers.Optimizer:
+    """The Keras optimizer, with gradient clipping through its own clipping argument."""
+    kwargs: dict[str, Any] = {"learning_rate": params.learning_rate}
+    if params.clipping != "none":
+        kwargs[CLIPPING_ARGUMENTS[params.clipping]] = params.clip_threshold
     if params.optimizer == "adam":
-        return keras.optimizers.Adam(learning_rate=params.learning_rate)
+        return keras.optimizers.Adam(**kwargs)
     if params.optimizer == "adamw":
-        return keras.optimizers.AdamW(learning_rate=params.learning_rate)
+        return keras.optimizers.AdamW(**kwargs)
     if params.optimizer == "sgd":
-        return keras.optimizers.SGD(learning_rate=params.learning_rate, momentum=0.9)
+        return keras.optimizers.SGD(momentum=0.9, **kwargs)
     if params.optimizer == "rmsprop":
-        return keras.optimizers.RMSprop(learning_rate=params.learning_rate)
+        return keras.optimizers.RMSprop(**kwargs)
     raise ValueError(f"unknown optimizer {params.optimizer!r}")
 
 

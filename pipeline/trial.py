@@ -7,7 +7,7 @@ the next trial in the same process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -31,6 +31,7 @@ class TrialSettings:
     jit_compile: str
     cpus: float
     gpus: float
+    conditions: Mapping[str, Any] = field(default_factory=dict)
 
 
 class FoldTrainable(tune.Trainable):
@@ -53,10 +54,11 @@ class FoldTrainable(tune.Trainable):
         self._start(config)
 
     def _start(self, config: Mapping[str, Any]) -> None:
-        from pipeline.space import split_config
+        from pipeline.space import resolve_config, split_config
         from pipeline.training import FoldTrainer, TrainingParams
 
-        training, model_values = split_config(config)
+        training, model_values = split_config(resolve_config(config, self._settings.conditions))
+        self._epochs = training.pop("epochs") or self._settings.epochs
         self._trainer = FoldTrainer(
             self._build_fn, model_values, TrainingParams(**training),
             data=self._data, folds=self._folds, seed=self._settings.seed,
@@ -67,7 +69,14 @@ class FoldTrainable(tune.Trainable):
         from pipeline.resident import transfers
 
         result = self._trainer.run_epoch()
-        result["done"] = self._trainer.epoch >= self._settings.epochs
+        result["epochs_planned"] = self._epochs
+        result["done"] = self._trainer.epoch >= self._epochs
+        if self._trainer.epoch == 1:
+            model = self._trainer.models[0]
+            result["n_params"] = model.count_params()
+            lines: list[str] = []
+            model.summary(print_fn=lambda line, *args, **kwargs: lines.append(line))
+            result["model_summary"] = "\n".join(lines)
         # Where the trial ran, for the record: device, GPU slot, and how often this worker
         # process has copied the dataset to its device so far.
         result["device"] = self._data.device

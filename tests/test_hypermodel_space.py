@@ -12,7 +12,7 @@ from ray import tune
 from conftest import MNIST1D_EXPERIMENT
 from pipeline.errors import ExperimentError, SpecError
 from pipeline.hypermodel import load_experiment
-from pipeline.space import hp_domain, param_space, split_config
+from pipeline.space import build_space, hp_domain, resolve_config, split_config
 from pipeline.spec import load_spec
 
 KT_HYPERMODEL = '''
@@ -59,7 +59,7 @@ def test_a_keras_tuner_hypermodel_class_maps_to_equivalent_ray_domains(write_exp
 def test_spec_entries_override_the_hypermodel_and_fill_training_defaults(write_spec):
     spec = load_spec(write_spec({"search": {"space": {"batch_size": {"grid": [8, 16]}, "kernel_size": 5}}}))
     experiment = load_experiment(MNIST1D_EXPERIMENT, "build")
-    space = param_space(spec, experiment.hyperparameters)
+    space = build_space(spec, experiment.hyperparameters).param_space
     assert space["kernel_size"] == 5
     assert space["filters"] == 16  # from the tiny spec
     assert space["batch_size"] == {"grid_search": [8, 16]}
@@ -71,12 +71,13 @@ def test_spec_entry_the_hypermodel_never_asks_for_is_refused(write_spec):
     spec = load_spec(write_spec({"search": {"space": {"fliters": 8}}}))
     experiment = load_experiment(MNIST1D_EXPERIMENT, "build")
     with pytest.raises(SpecError, match=r"search.space.fliters is not a hyperparameter of .* never asks for it"):
-        param_space(spec, experiment.hyperparameters)
+        build_space(spec, experiment.hyperparameters)
 
 
 def test_split_config_separates_training_and_model_values():
     training, model = split_config({"batch_size": 8, "filters": 16, "dropout": 0.1})
-    assert training == {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam"}
+    assert training == {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", "epochs": None,
+                        "clipping": "none", "clip_threshold": 1.0}
     assert model == {"filters": 16, "dropout": 0.1}
 
 
