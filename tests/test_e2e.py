@@ -23,7 +23,8 @@ from pipeline.spec import load_spec
 
 pytestmark = pytest.mark.e2e
 
-ALL_HYPERPARAMETERS = {"batch_size", "learning_rate", "optimizer", "conv_layers", "filters", "kernel_size", "dropout"}
+ALL_HYPERPARAMETERS = {"batch_size", "learning_rate", "optimizer", "epochs", "clipping",
+                       "conv_layers", "filters", "kernel_size", "dropout"}  # no clip_threshold: clipping is off
 
 FAILS_ON_BAD = '''
 import keras
