@@ -113,7 +113,9 @@ class Builtin:
         if arrays is None:
             arrays = self.generate(resolved)
             _write_cache(cache, arrays)
-        return Dataset(name=self.name, **arrays)
+        dataset = Dataset(name=self.name, **arrays)
+        check_arrays(dataset, source=f"built-in {self.name!r}")
+        return dataset
 
 
 def _options_key(options: Mapping[str, Any]) -> str:

@@ -99,6 +99,7 @@ class TrainSpec:
     seed: int = 0
     from_logits: bool = False
     jit_compile: Literal["auto", "on", "off"] = "auto"
+    refit: bool = True
 
 
 @dataclass(frozen=True)
@@ -343,9 +344,10 @@ def _parse_train(section: _Section) -> TrainSpec:
     if jit is not None and jit != "auto" and not isinstance(jit, bool):
         section.fail("jit_compile", "must be auto, true or false", jit)
     jit_compile = "auto" if jit in (None, "auto") else ("on" if jit else "off")
+    refit = section.boolean("refit", default=True)
     section.finish()
     return TrainSpec(epochs=epochs, metric=metric, mode=mode, seed=seed, from_logits=from_logits,
-                     jit_compile=jit_compile)
+                     jit_compile=jit_compile, refit=refit)
 
 
 def _parse_resources(section: _Section) -> ResourcesSpec:

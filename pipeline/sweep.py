@@ -153,14 +153,53 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
                 verbose=0,
             ),
         )
-        tuner.fit()
+        results = tuner.fit()
+        configs = {result.metrics.get("trial_id"): result.config for result in results}
         status = "ok"
     finally:
         if started_ray:
             ray.shutdown()
         records = tracker.trial_records(parent_run_id)
-        tracker.end_sweep(parent_run_id, status=status, summary=_sweep_summary(records, spec))
+        summary = _sweep_summary(records, spec)
+        if status == "ok":
+            from pipeline.report import publish
+
+            publish(tracker, parent_run_id, records, spec.objective)
+            if spec.train.refit:
+                summary.update(_refit_best(prepared, tracker, parent_run_id, records, configs, notify))
+        tracker.end_sweep(parent_run_id, status=status, summary=summary)
     return SweepOutcome(parent_run_id, spec.name, records, time.perf_counter() - started)
+
+
+def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, records: list[TrialRecord],
+                configs: dict[str, dict[str, Any]], notify: Callable[[str], None]) -> dict[str, float | str]:
+    """Train the best config on the whole CV training split; score it on the held-out test split."""
+    import tempfile
+
+    from pipeline.hypermodel import load_builder
+    from pipeline.refit import refit, refit_scores
+    from pipeline.report import ranked
+
+    spec, dataset = prepared.spec, prepared.dataset
+    ranking = ranked(records, spec.objective, spec.train.mode)
+    if dataset.x_test is None:
+        notify("refit skipped: the dataset has no held-out test split")
+        return {"foldsweep.refit": "skipped: no test split"}
+    if not ranking or ranking[0].trial_id not in configs:
+        notify("refit skipped: no trial finished with a finite score")
+        return {"foldsweep.refit": "skipped: no finished trial"}
+    best = ranking[0]
+    epochs = int(best.params.get("epochs", spec.train.epochs))
+    with tempfile.TemporaryDirectory(prefix="foldsweep-refit-") as directory:
+        result = refit(load_builder(prepared.experiment_path, spec.experiment_attr), configs[best.trial_id], dataset,
+                       epochs=epochs, seed=spec.train.seed, from_logits=spec.train.from_logits,
+                       jit_compile=spec.train.jit_compile, conditions=prepared.space.conditions,
+                       directory=Path(directory))
+        tracker.client.log_artifact(parent_run_id, str(result.model_path))
+    scores = refit_scores(result)
+    notify(f"refit of {best.run_name} on all {len(dataset.y)} training samples ({epochs} epochs): "
+           + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
+    return {**scores, "foldsweep.refit": "ok", "foldsweep.refit_of": best.run_id}
 
 
 def make_searcher(spec: SweepSpec, space: SearchSpace) -> Any:
@@ -219,7 +258,9 @@ def _sweep_summary(records: list[TrialRecord], spec: SweepSpec) -> dict[str, flo
 
     summary: dict[str, float | str] = {
         "n_trials": float(len(records)),
-        "n_failed": float(sum(record.status != "ok" for record in records)),
+        "n_failed": float(sum(record.status == "error" for record in records)),
+        "n_nan": float(sum(record.status == "nan" for record in records)),
+        "n_pruned": float(sum(record.status == "pruned" for record in records)),
     }
     ranking = ranked(records, spec.objective, spec.train.mode)
     if ranking:

@@ -10,7 +10,7 @@ import logging
 import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import urlparse
@@ -29,8 +29,14 @@ PARENT_TAG = "mlflow.parentRunId"
 TRIAL_METRIC = re.compile(
     r"^((split\d+|mean|std)_(val|train)_\w+"
     r"|(split\d+_)?(train_samples_per_s|compile_s)|eval_samples_per_s)$")
-# Result fields that say where a trial ran; recorded as tags `foldsweep.<field>`.
-PLACEMENT_FIELDS = ("device", "device_notice", "gpu_ids", "jit_compile", "pid", "node_ip", "data_transfers")
+THROUGHPUT_METRIC = re.compile(r"^(split\d+_)?(train_samples_per_s|compile_s|eval_samples_per_s)$")
+# Result fields that say where and how a trial ran, and where it went NaN; recorded as tags
+# `foldsweep.<field>`.
+RECORDED_FIELDS = ("device", "device_notice", "gpu_ids", "jit_compile", "pid", "node_ip", "hostname",
+                   "data_transfers", "tensorflow_version", "keras_version", "ray_version", "python_version",
+                   "nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm")
+SCALAR_METRICS = ("n_params", "nan_failures")
+HISTORY_ARTIFACT = "history.csv"
 MAX_TAG_LENGTH = 5000
 
 
@@ -77,6 +83,7 @@ class TrialRecord:
     params: Mapping[str, str]
     metrics: Mapping[str, float]
     error: str = ""
+    tags: Mapping[str, str] = field(default_factory=dict)
 
 
 class Tracker:
@@ -129,6 +136,38 @@ class Tracker:
         self.client.set_tag(run_id, STATUS_TAG, status)
         self.client.set_terminated(run_id, "FINISHED" if status == "ok" else "FAILED")
 
+    def find_sweep(self, sweep: str | None = None) -> Any:
+        """A sweep's parent run: by run id, by sweep (experiment) name, or the latest of all.
+
+        Raises:
+            TrackingError: no such sweep in this store.
+        """
+        from mlflow.exceptions import MlflowException
+
+        role = f"tags.`{ROLE_TAG}` = 'sweep'"
+        if sweep is not None and re.fullmatch(r"[0-9a-f]{32}", sweep):
+            try:
+                run = self.client.get_run(sweep)
+            except MlflowException:
+                raise TrackingError(f"SWEEP: no run with id {sweep!r} in {self.uri}") from None
+            if run.data.tags.get(ROLE_TAG) != "sweep":
+                raise TrackingError(f"SWEEP: run {sweep!r} is not a foldsweep sweep (tag {ROLE_TAG}="
+                                    f"{run.data.tags.get(ROLE_TAG)!r})")
+            return run
+        if sweep is not None:
+            experiment = self.client.get_experiment_by_name(sweep)
+            if experiment is None:
+                raise TrackingError(f"SWEEP: no sweep named {sweep!r} in {self.uri}")
+            experiment_ids = [experiment.experiment_id]
+        else:
+            experiment_ids = [e.experiment_id for e in self.client.search_experiments()]
+        runs = self.client.search_runs(experiment_ids, filter_string=role, order_by=["attributes.start_time DESC"],
+                                       max_results=1) if experiment_ids else []
+        if not runs:
+            where = f"named {sweep!r} " if sweep else ""
+            raise TrackingError(f"SWEEP: no sweep {where}in {self.uri}")
+        return runs[0]
+
     def trial_records(self, parent_run_id: str) -> list[TrialRecord]:
         """Every trial run of a sweep, oldest first."""
         parent = self.client.get_run(parent_run_id)
@@ -139,6 +178,27 @@ class Tracker:
             max_results=50000,
         )
         return [_record(run) for run in runs]
+
+    def history_csv(self, run_id: str) -> str:
+        """The run's per-epoch metrics as CSV, one row per epoch (what MLflow holds, so a restored
+        sweep writes the same file as an uninterrupted one)."""
+        import csv
+        import io
+
+        run = self.client.get_run(run_id)
+        keys = sorted(key for key in run.data.metrics if TRIAL_METRIC.match(key))
+        rows: dict[int, dict[str, float]] = {}
+        for key in keys:
+            for metric in self.client.get_metric_history(run_id, key):
+                rows.setdefault(metric.step, {})[key] = metric.value
+        if not rows:
+            return ""
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=["epoch", *keys])
+        writer.writeheader()
+        for epoch in sorted(rows):
+            writer.writerow({"epoch": epoch, **rows[epoch]})
+        return out.getvalue()
 
     def trial_record(self, run_id: str) -> TrialRecord:
         return _record(self.client.get_run(run_id))
@@ -160,6 +220,8 @@ def _record(run: Any) -> TrialRecord:
         params=dict(run.data.params),
         metrics=dict(run.data.metrics),
         error=run.data.tags.get(ERROR_TAG, ""),
+        tags={key.removeprefix("foldsweep."): value for key, value in run.data.tags.items()
+              if key.startswith("foldsweep.")},
     )
 
 
@@ -234,20 +296,25 @@ class MlflowTrialCallback(Callback):
             return
         step = int(result.get("training_iteration", 0))
         now = int(time.time() * 1000)
+        # A fold's NaN is recorded as NaN (it is the finding); a throughput not yet measurable
+        # (compilation time before a second epoch) is left out.
         metrics = [
             Metric(key, float(value), now, step)
             for key, value in result.items()
-            if TRIAL_METRIC.match(key) and isinstance(value, (int, float)) and math.isfinite(value)
+            if TRIAL_METRIC.match(key) and isinstance(value, (int, float))
+            and (math.isfinite(value) or not THROUGHPUT_METRIC.match(key))
         ]
-        tags = [RunTag(f"foldsweep.{field}", str(result[field])) for field in PLACEMENT_FIELDS if field in result]
-        if "n_params" in result:
-            metrics.append(Metric("n_params", float(result["n_params"]), now, step))
+        tags = [RunTag(f"foldsweep.{field}", str(result[field])) for field in RECORDED_FIELDS if field in result]
+        metrics += [Metric(key, float(result[key]), now, step) for key in SCALAR_METRICS if key in result]
         self.tracker.client.log_batch(run_id, metrics=metrics, tags=tags)
         if result.get("model_summary"):
             self.tracker.client.log_text(run_id, result["model_summary"], "model_summary.txt")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         last = trial.last_result or {}
+        if last.get("nan_failures", 0) > 0:
+            self._finish(trial, status="nan", state="FAILED")
+            return
         # A trial that completes before its planned epochs was stopped by the scheduler.
         stopped_early = last.get("epoch", 0) < last.get("epochs_planned", 0)
         self._finish(trial, status="pruned" if stopped_early else "ok", state="FINISHED")
@@ -265,6 +332,9 @@ class MlflowTrialCallback(Callback):
         client.set_tag(run_id, STATUS_TAG, status)
         if error:
             client.set_tag(run_id, ERROR_TAG, error[-MAX_TAG_LENGTH:])
+        history = self.tracker.history_csv(run_id)
+        if history:
+            client.log_text(run_id, history, HISTORY_ARTIFACT)
         client.set_terminated(run_id, state)
         if self.on_recorded is not None:
             self.on_recorded(self.tracker.trial_record(run_id))

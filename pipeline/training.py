@@ -13,6 +13,7 @@ XLA-compiled where that is faster (see ``use_xla``).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence
@@ -86,16 +87,39 @@ def fold_seed(trial_seed: int, fold: int) -> int:
 
 
 def cv_summary(per_fold: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Per-fold results -> split{k}_<key>, mean_<key>, std_<key> (population std, as sklearn)."""
+    """Per-fold results -> split{k}_<key>, mean_<key>, std_<key> (population std, as sklearn).
+
+    A non-finite fold value stays as it is in split{k}_<key> and counts as the worst score
+    (``NAN_FOLD_SCORES``) in the mean and std, which therefore stay finite.
+    """
     summary: dict[str, float] = {}
     for key in per_fold[0]:
         values = np.array([fold[key] for fold in per_fold], dtype=np.float64)
         for k, value in enumerate(values):
             summary[f"split{k}_{key}"] = float(value)
-        summary[f"mean_{key}"] = float(values.mean())
-        summary[f"std_{key}"] = float(values.std())
+        scored = np.where(np.isfinite(values), values, NAN_FOLD_SCORES.get(key, np.nan))
+        summary[f"mean_{key}"] = float(scored.mean())
+        summary[f"std_{key}"] = float(scored.std())
     return summary
 
+
+
+EVAL_STEP = -1  # a NanEvent step: found by validation, not by a training step
+# What a fold that went NaN counts as in a trial's CV mean and std: the worst score, finite, so
+# that no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
+NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "train_loss": 1e6}
+
+
+@dataclass(frozen=True)
+class NanEvent:
+    """Where a fold first went non-finite: epoch (1-based), step within that epoch (0-based;
+    EVAL_STEP when validation found it), the last finite training loss and the gradient global
+    norm of that last good step."""
+
+    epoch: int
+    step: int
+    last_finite_loss: float
+    grad_norm: float
 
 
 class _Timer:
@@ -145,6 +169,7 @@ class FoldEngine:
         self._val_indices = np.asarray(fold.val, dtype=np.int32)
         self.train_timer = _Timer()
         self.eval_timer = _Timer()
+        self.failure: NanEvent | None = None
         optimizer.build(model.trainable_variables)
         features, labels = data.x, data.y
         mean_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits)
@@ -159,17 +184,40 @@ class FoldEngine:
                 if model.losses:
                     loss = loss + tf.add_n(model.losses)
             gradients = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            return loss
+            norm = tf.linalg.global_norm([g for g in gradients if g is not None])
+            # A scalar test per step: a non-finite loss or gradient is never applied, so the fold
+            # stops with the weights of its last good step.
+            healthy = tf.math.is_finite(loss) & tf.math.is_finite(norm)
+            if healthy:
+                optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss, norm, healthy
 
         def train_epoch(full_batches, remainder):
-            # The whole epoch is one execution: a graph loop over the epoch's index batches.
+            # The whole epoch is one execution: a graph loop over the epoch's index batches,
+            # left at the first step whose loss or gradient is not finite.
             loss_sum = tf.constant(0.0)
+            trained = tf.constant(0)
+            failed_at = tf.constant(-1)
+            last_loss = tf.constant(float("nan"))
+            last_norm = tf.constant(float("nan"))
             for k in tf.range(tf.shape(full_batches)[0]):
-                loss_sum += step(full_batches[k]) * batch_size
+                loss, norm, healthy = step(full_batches[k])
+                if not healthy:
+                    failed_at = k
+                    break
+                loss_sum += loss * batch_size
+                trained += batch_size
+                last_loss, last_norm = loss, norm
             if remainder.shape[0]:
-                loss_sum += step(remainder) * remainder.shape[0]
-            return loss_sum / float(full_batches.shape[0] * batch_size + remainder.shape[0])
+                if failed_at < 0:
+                    loss, norm, healthy = step(remainder)
+                    if healthy:
+                        loss_sum += loss * remainder.shape[0]
+                        trained += remainder.shape[0]
+                        last_loss, last_norm = loss, norm
+                    else:
+                        failed_at = tf.shape(full_batches)[0]
+            return loss_sum / tf.cast(trained, tf.float32), failed_at, last_loss, last_norm
 
         def evaluate_batch(indices):
             y = tf.gather(labels, indices)
@@ -201,11 +249,14 @@ class FoldEngine:
             full = tf.constant(order[: steps * self.batch_size].reshape(steps, self.batch_size))
             remainder = tf.constant(order[steps * self.batch_size:])
         started = time.perf_counter()
-        loss = float(self._train_epoch(full, remainder))
+        loss, failed_at, last_loss, last_norm = self._train_epoch(full, remainder)
         self.train_timer.add(time.perf_counter() - started, len(order))
-        return loss
+        if int(failed_at) >= 0:
+            self.failure = NanEvent(epoch=epoch + 1, step=int(failed_at), last_finite_loss=float(last_loss),
+                                    grad_norm=float(last_norm))
+        return float(loss)
 
-    def evaluate(self) -> tuple[float, float]:
+    def evaluate(self, epoch: int) -> tuple[float, float]:
         import tensorflow as tf
 
         started = time.perf_counter()
@@ -217,7 +268,11 @@ class FoldEngine:
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
         self.eval_timer.add(time.perf_counter() - started, len(self._val_indices))
-        return loss_sum / len(self._val_indices), correct / len(self._val_indices)
+        loss, accuracy = loss_sum / len(self._val_indices), correct / len(self._val_indices)
+        if not math.isfinite(loss) and self.failure is None:
+            self.failure = NanEvent(epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"),
+                                    grad_norm=float("nan"))
+        return loss, accuracy
 
 
 class FoldTrainer:
@@ -260,11 +315,25 @@ class FoldTrainer:
         throughput so far."""
         per_fold = []
         for engine in self.engines:
+            if engine.failure is not None:  # frozen since it went NaN; the other folds train on
+                per_fold.append({"train_loss": math.nan, "val_loss": math.nan, "val_accuracy": math.nan})
+                continue
             train_loss = engine.train_epoch(self.epoch)
-            val_loss, val_accuracy = engine.evaluate()
+            val_loss, val_accuracy = engine.evaluate(self.epoch)
+            if engine.failure is not None:
+                val_loss = val_accuracy = math.nan
             per_fold.append({"train_loss": train_loss, "val_loss": val_loss, "val_accuracy": val_accuracy})
         self.epoch += 1
-        return {"epoch": self.epoch, **cv_summary(per_fold), **self.throughput()}
+        return {"epoch": self.epoch, **cv_summary(per_fold), **self.throughput(), **self.nan_report()}
+
+    def nan_report(self) -> dict[str, float | int]:
+        """How many folds went NaN, and where the first of them (by epoch, then fold) did."""
+        failed = [(engine.failure, k) for k, engine in enumerate(self.engines) if engine.failure is not None]
+        if not failed:
+            return {"nan_failures": 0}
+        first, fold = min(failed, key=lambda pair: (pair[0].epoch, pair[1]))
+        return {"nan_failures": len(failed), "nan_fold": fold, "nan_epoch": first.epoch, "nan_step": first.step,
+                "nan_last_finite_loss": first.last_finite_loss, "nan_grad_norm": first.grad_norm}
 
     def throughput(self) -> dict[str, float]:
         """Training and evaluation samples/s with compilation excluded, and compilation seconds,

@@ -70,8 +70,11 @@ class FoldTrainable(tune.Trainable):
 
         result = self._trainer.run_epoch()
         result["epochs_planned"] = self._epochs
-        result["done"] = self._trainer.epoch >= self._epochs
+        # A trial whose every fold went NaN has nothing left to train.
+        all_failed = result["nan_failures"] == len(self._trainer.engines)
+        result["done"] = self._trainer.epoch >= self._epochs or all_failed
         if self._trainer.epoch == 1:
+            result.update(_system_info())
             model = self._trainer.models[0]
             result["n_params"] = model.count_params()
             lines: list[str] = []
@@ -109,6 +112,18 @@ class FoldTrainable(tune.Trainable):
 
     def cleanup(self) -> None:
         self._trainer = None
+
+
+def _system_info() -> dict[str, str]:
+    import platform
+
+    import keras
+    import ray
+    import tensorflow as tf
+
+    return {"tensorflow_version": tf.__version__, "keras_version": keras.__version__,
+            "ray_version": ray.__version__, "python_version": platform.python_version(),
+            "hostname": platform.node()}
 
 
 def _assigned_gpu_ids() -> list[str]:
