@@ -1,0 +1,178 @@
+"""The full record of a sweep with a diverging config: NaN trials, cv_results, plots, refit, report."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from conftest import Replace
+from pipeline.cli import app
+from pipeline.datasets import load_dataset
+from pipeline.report import PLOTS
+from pipeline.spec import DatasetSpec
+
+pytestmark = pytest.mark.e2e
+
+DIVERGING_SPACE = {
+    "conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.0, "optimizer": "sgd", "batch_size": 8,
+    "learning_rate": {"grid": [0.01, 50.0]}, "clipping": {"grid": ["none", "global_norm"]}, "clip_threshold": 0.1,
+}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def diverging_sweep(ray_cluster, tmp_path_factory):
+    """One sweep run once for the tests of this module: lr 50 without clipping diverges."""
+    import yaml
+
+    from conftest import TINY_SPEC, merged
+
+    directory = tmp_path_factory.mktemp("diverging")
+    spec = merged(TINY_SPEC, {"name": "diverging", "search": {"num_samples": 1, "space": Replace(DIVERGING_SPACE)},
+                              "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"}})
+    path = directory / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(app, ["run", str(path)])
+    return directory, result
+
+
+def store(directory: Path):
+    client = MlflowClient(f"sqlite:///{directory / 'mlflow.db'}")
+    experiment_id = client.get_experiment_by_name("diverging").experiment_id
+    runs = client.search_runs([experiment_id])
+    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
+    trials = [run for run in runs if run.data.tags["foldsweep.role"] == "trial"]
+    return client, parent, trials
+
+
+def test_a_diverging_trial_is_recorded_as_nan_and_the_sweep_completes(diverging_sweep):
+    directory, result = diverging_sweep
+    assert result.exit_code == 0, result.output
+    _, parent, trials = store(directory)
+    assert len(trials) == 4
+    by_config = {(run.data.params["learning_rate"], run.data.params["clipping"]): run for run in trials}
+    nan_trial = by_config[("50.0", "none")]
+    assert nan_trial.info.status == "FAILED"
+    assert nan_trial.data.tags["foldsweep.status"] == "nan"
+    assert nan_trial.data.metrics["nan_failures"] >= 1
+    assert nan_trial.data.tags["foldsweep.nan_fold"] in {"0", "1"}
+    assert nan_trial.data.tags["foldsweep.nan_epoch"] == "1"
+    assert int(nan_trial.data.tags["foldsweep.nan_step"]) >= 0
+    for key in ("nan_last_finite_loss", "nan_grad_norm"):
+        assert math.isfinite(float(nan_trial.data.tags[f"foldsweep.{key}"]))
+    for config in [("0.01", "none"), ("0.01", "global_norm"), ("50.0", "global_norm")]:
+        assert by_config[config].info.status == "FINISHED" and by_config[config].data.tags["foldsweep.status"] == "ok"
+    # What the scheduler and searcher saw is finite for every trial, the NaN one included.
+    assert all(math.isfinite(run.data.metrics["mean_val_accuracy"]) for run in trials)
+    assert parent.data.metrics["n_nan"] == 1 and parent.data.metrics["n_failed"] == 0
+    assert "nan (fold" in result.output
+
+
+def test_the_trial_record_has_history_summary_and_system_info(diverging_sweep):
+    directory, _ = diverging_sweep
+    client, _, trials = store(directory)
+    run = next(run for run in trials if run.data.tags["foldsweep.status"] == "ok")
+    assert {"history.csv", "model_summary.txt"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    history = list(csv.DictReader(open(client.download_artifacts(run.info.run_id, "history.csv", str(directory)))))
+    assert [row["epoch"] for row in history] == ["1", "2"]
+    assert float(history[1]["mean_val_accuracy"]) == pytest.approx(run.data.metrics["mean_val_accuracy"])
+    for tag in ("tensorflow_version", "keras_version", "ray_version", "device"):
+        assert run.data.tags[f"foldsweep.{tag}"]
+    assert run.data.tags["foldsweep.tensorflow_version"] == __import__("tensorflow").__version__
+    for metric in ("train_samples_per_s", "compile_s", "eval_samples_per_s", "trial_wall_s", "mean_train_loss"):
+        assert metric in run.data.metrics
+
+
+def test_the_parent_run_holds_cv_results_plots_and_a_ranking(diverging_sweep):
+    directory, _ = diverging_sweep
+    client, parent, trials = store(directory)
+    root = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    assert {"cv_results.csv", "nan_summary.csv", "spec.yaml", "fold_manifest.json", "refit_model.keras"} <= root
+    assert plots == {f"plots/{name}" for name in PLOTS}
+    for name in PLOTS:
+        png = Path(client.download_artifacts(parent.info.run_id, f"plots/{name}", str(directory)))
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "cv_results.csv", str(directory)))))
+    assert len(rows) == 4
+    for column in ("param_batch_size", "param_clipping", "split0_val_accuracy", "split1_val_accuracy",
+                   "mean_val_accuracy", "std_val_accuracy", "rank_val_accuracy", "status", "train_samples_per_s"):
+        assert column in rows[0]
+    ranked = sorted((row for row in rows if row["status"] == "ok"), key=lambda row: int(row["rank_val_accuracy"]))
+    assert [int(row["rank_val_accuracy"]) for row in ranked] == [1, 2, 3]
+    assert float(ranked[0]["mean_val_accuracy"]) >= float(ranked[-1]["mean_val_accuracy"])
+    assert next(row for row in rows if row["status"] == "nan")["rank_val_accuracy"] == ""
+    best = next(run for run in trials if run.info.run_id == ranked[0]["run_id"])
+    assert parent.data.tags["foldsweep.best_run_id"] == best.info.run_id
+    assert parent.data.metrics["best_mean_val_accuracy"] == pytest.approx(best.data.metrics["mean_val_accuracy"])
+    nan_rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "nan_summary.csv", str(directory)))))
+    assert {(row["clipping"], row["trials"], row["nan"]) for row in nan_rows} == {("none", "2", "1"), ("global_norm", "2", "0")}
+
+
+def test_refit_scores_the_best_config_on_the_held_out_test_split(diverging_sweep):
+    directory, _ = diverging_sweep
+    client, parent, _ = store(directory)
+    assert parent.data.tags["foldsweep.refit_of"] == parent.data.tags["foldsweep.best_run_id"]
+    model = keras.models.load_model(client.download_artifacts(parent.info.run_id, "refit_model.keras", str(directory)))
+    data = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
+    accuracy = float(np.mean(np.argmax(model.predict(data.x_test, verbose=0), axis=-1) == data.y_test))
+    assert parent.data.metrics["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    assert 0 < parent.data.metrics["test_loss"] < 10
+
+
+def test_report_prints_the_tables_and_refreshes_the_plots(diverging_sweep):
+    directory, _ = diverging_sweep
+    client, parent, _ = store(directory)
+    before = {a.path: a.file_size for a in client.list_artifacts(parent.info.run_id, "plots")}
+    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    for sweep in (None, "diverging", parent.info.run_id):
+        result = CliRunner().invoke(app, ["report", *([sweep] if sweep else []), "--tracking-uri", uri])
+        assert result.exit_code == 0, result.output
+        assert "diverging: leaderboard" in result.output
+        assert "NaN failures by batch size and clipping" in result.output
+        assert "throughput by batch size" in result.output
+        assert "test_accuracy" in result.output
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} == set(before)
+    missing = CliRunner().invoke(app, ["report", "nosuch", "--tracking-uri", uri])
+    assert missing.exit_code == 2 and "no sweep named 'nosuch'" in missing.output
+    trial_id = store(directory)[2][0].info.run_id
+    not_sweep = CliRunner().invoke(app, ["report", trial_id, "--tracking-uri", uri])
+    assert not_sweep.exit_code == 2 and "is not a foldsweep sweep" in not_sweep.output
+
+
+def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(ray_cluster, tmp_path, write_spec,
+                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    space = {**DIVERGING_SPACE, "learning_rate": {"choice": [0.01, 50.0]}, "clipping": "none"}
+    spec = write_spec({"name": "optuna-nan", "train": {"refit": False, "epochs": 3},
+                       "search": {"algorithm": "optuna", "num_samples": 4, "seed": 1, "scheduler": "asha",
+                                  "space": Replace(space)}})
+
+    result = CliRunner().invoke(app, ["run", str(spec)])
+
+    assert result.exit_code == 0, result.output
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("optuna-nan").experiment_id])
+    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
+    trials = [run for run in runs if run.data.tags["foldsweep.role"] == "trial"]
+    assert len(trials) == 4
+    assert "nan" in {run.data.tags["foldsweep.status"] for run in trials}
+    assert all(math.isfinite(run.data.metrics["mean_val_accuracy"]) for run in trials)
+    assert "test_accuracy" not in parent.data.metrics
+    assert "refit_model.keras" not in {a.path for a in client.list_artifacts(parent.info.run_id)}
