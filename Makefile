@@ -6,13 +6,20 @@ STAMP := $(VENV)/.foldsweep-installed
 SPEC ?= sweeps/quickstart.yaml
 PYTEST_ARGS ?=
 
-.PHONY: sweep test ui install clean
+.PHONY: sweep test ui install clean chromium
 
 sweep: $(STAMP)
 	$(BIN)/foldsweep run $(SPEC)
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The UI test drives the MLflow UI in headless Chromium, from Debian's package.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	@command -v chromium >/dev/null || { \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
 ui: $(STAMP)
 	$(BIN)/foldsweep ui

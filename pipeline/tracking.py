@@ -101,7 +101,10 @@ class Tracker:
         experiment = self.client.get_experiment_by_name(name)
         if experiment is not None:
             return experiment.experiment_id
-        return self.client.create_experiment(name, artifact_location=self._artifact_location(name))
+        # The MLflow UI opens an experiment on the view its kind names; CV sweeps are model
+        # training, not GenAI traces.
+        return self.client.create_experiment(name, artifact_location=self._artifact_location(name),
+                                             tags={"mlflow.experimentKind": "custom_model_development"})
 
     def _artifact_location(self, name: str) -> str | None:
         # Artifacts of a SQLite store live beside the database file rather than in whatever

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from pathlib import Path
 
 import keras
@@ -176,3 +177,64 @@ def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(ray_cl
     assert all(math.isfinite(run.data.metrics["mean_val_accuracy"]) for run in trials)
     assert "test_accuracy" not in parent.data.metrics
     assert "refit_model.keras" not in {a.path for a in client.list_artifacts(parent.info.run_id)}
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--virtual-time-budget=30000", "--window-size=1600,1000"]
+
+
+def rendered(chromium: str, url: str, profile: Path) -> str:
+    """The page's DOM after its scripts ran, from headless Chromium."""
+    import subprocess
+
+    completed = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
+                               capture_output=True, text=True, timeout=120)
+    return completed.stdout
+
+
+def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import urllib.request
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: `make test` installs it (Debian package chromium)")
+        pytest.skip("chromium is not installed; `make test` installs it")
+    directory, _ = diverging_sweep
+    client, parent, trials = store(directory)
+    experiment_id = parent.info.experiment_id
+    from test_e2e import free_port
+
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "foldsweep"), "ui", "--tracking-uri",
+               f"sqlite:///{directory / 'mlflow.db'}", "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):  # waiting for the server to listen, not timing anything
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None, "foldsweep ui exited"
+                __import__("time").sleep(0.5)
+        runs_page = rendered(chromium, f"{base}/#/experiments/{experiment_id}/runs", tmp_path / "profile1")
+        assert "Training runs" in runs_page
+        assert parent.info.run_name in runs_page
+        visible_text = re.sub(r"<[^>]+>", " ", runs_page)
+        assert re.search(rf"\b{1 + len(trials)}\s+matching runs", visible_text)
+        nan_trial = next(run for run in trials if run.data.tags["foldsweep.status"] == "nan")
+        trial_page = rendered(chromium, f"{base}/#/experiments/{experiment_id}/runs/{nan_trial.info.run_id}",
+                              tmp_path / "profile2")
+        assert nan_trial.info.run_name in trial_page
+        assert parent.info.run_name in trial_page  # shown as its parent run
+        for text in ("mean_val_accuracy", "nan_failures", "foldsweep.status", "foldsweep.nan_epoch"):
+            assert text in trial_page
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
