@@ -152,6 +152,120 @@ def report(
                   f"on it. Browse: {ui_command(tracking_uri)}", highlight=False)
 
 
+FoldOption = typer.Option(None, "--fold", help="Only this fold (0-based)")
+EpochsOption = typer.Option(None, "--epochs", min=1, help="Train this many epochs instead")
+EagerOption = typer.Option(False, "--eager", help="Run eagerly (no tf.function), for debugging")
+NumericsOption = typer.Option(False, "--check-numerics",
+                              help="TensorFlow numeric checking: stop at the first NaN/Inf and name its op and layer")
+SetOption = typer.Option([], "--set", help="name=value: change one hyperparameter (repeatable)")
+
+
+@app.command()
+@exit_codes
+def trial(
+    spec: Path = typer.Argument(..., help="Sweep spec (YAML)"),
+    set_values: list[str] = SetOption,
+    fold: Optional[int] = FoldOption,
+    epochs: Optional[int] = EpochsOption,
+    eager: bool = EagerOption,
+    check_numerics: bool = NumericsOption,
+) -> None:
+    """Run one config of a spec in this process (no search, no Ray), printing each epoch."""
+    from pipeline.rerun import check_fold, parse_assignments, single_config
+    from pipeline.spec import load_spec
+    from pipeline.sweep import prepare
+
+    prepared = prepare(load_spec(spec))
+    config = single_config(prepared.spec, prepared.space.domains, prepared.experiment.hyperparameters,
+                           _known_overrides(parse_assignments(set_values), prepared.space.domains))
+    fold_ids = check_fold(fold, len(prepared.folds))
+    console.print(f"trial of {spec}: " + " ".join(f"{k}={v}" for k, v in sorted(prepared.space.resolve(config).items())
+                                                   if v is not None), highlight=False)
+    _run_here(prepared.spec, prepared.experiment_path, prepared.dataset, prepared.folds, config,
+              prepared.space.conditions, fold_ids, epochs, eager, check_numerics, tracking=None)
+
+
+def _known_overrides(overrides: dict[str, Any], domains: Any) -> dict[str, Any]:
+    from pipeline.rerun import apply_overrides
+
+    return apply_overrides({}, overrides, set(domains))
+
+
+@app.command()
+@exit_codes
+def rerun(
+    run_id: str = typer.Argument(..., help="MLflow run id of a trial"),
+    tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
+    fold: Optional[int] = FoldOption,
+    epochs: Optional[int] = EpochsOption,
+    eager: bool = EagerOption,
+    check_numerics: bool = NumericsOption,
+    set_values: list[str] = SetOption,
+    no_track: bool = typer.Option(False, "--no-track", help="Do not record the rerun in MLflow"),
+) -> None:
+    """Rerun one recorded trial in this process, with its config, data and folds."""
+    from pipeline.hypermodel import load_experiment
+    from pipeline.rerun import apply_overrides, check_fold, load_recorded_trial, parse_assignments, recorded_folds
+    from pipeline.space import build_space
+    from pipeline.tracking import Tracker, check_tracking_uri
+
+    check_tracking_uri(tracking_uri)
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        raise InputError(f"--tracking-uri: no MLflow store at {tracking_uri!r}")
+    tracker = Tracker(tracking_uri)
+    recorded = load_recorded_trial(tracker, run_id)
+    fold_ids = check_fold(fold, recorded.spec.cv.n_splits)
+    overrides = parse_assignments(set_values)
+    experiment = load_experiment(recorded.experiment_path, recorded.spec.experiment_attr)
+    space = build_space(recorded.spec, experiment.hyperparameters)
+    config = apply_overrides(recorded.config, overrides, set(space.domains) | set(recorded.config))
+    dataset, plan = recorded_folds(recorded)
+    console.print(f"rerun of trial {recorded.run_name} ({run_id}) of sweep run {recorded.parent_run_id}"
+                  + (f", with {' '.join(set_values)}" if set_values else ""), highlight=False)
+    tracking = None if no_track else (tracker, recorded, config)
+    _run_here(recorded.spec, recorded.experiment_path, dataset, plan, config, space.conditions, fold_ids, epochs,
+              eager, check_numerics, tracking=tracking)
+
+
+def _run_here(spec: Any, experiment_path: Path, dataset: Any, plan: Any, config: dict[str, Any], conditions: Any,
+              fold_ids: list[int], epochs: Optional[int], eager: bool, check_numerics: bool, *, tracking: Any) -> None:
+    """The in-process trial both `trial` and `rerun` run, printing each epoch as it ends."""
+    from pipeline.rerun import RERUN_OF_TAG, epoch_line, run_in_process
+    from pipeline.space import resolve_config
+
+    run_id = None
+    if tracking is not None:
+        tracker, recorded, _ = tracking
+        run_id = tracker.start_trial_run(
+            parent_run_id=recorded.parent_run_id, run_name=f"rerun-{recorded.run_name}", role="rerun",
+            config=resolve_config(config, conditions), tags={RERUN_OF_TAG: recorded.run_id})
+
+    def on_epoch(result: dict[str, Any]) -> None:
+        console.print(epoch_line(result, fold_ids, spec.train.metric), highlight=False)
+        if run_id is not None:
+            tracker.log_trial_result(run_id, result, step=result["epoch"])
+
+    try:
+        status, finding, _ = run_in_process(
+            spec=spec, experiment_path=experiment_path, dataset=dataset, plan=plan, config=config,
+            conditions=conditions, fold_ids=fold_ids, epochs=epochs, eager=eager, check_numerics=check_numerics,
+            on_epoch=on_epoch)
+    except BaseException as exc:
+        if run_id is not None:
+            tracker.finish_trial_run(run_id, status="killed" if isinstance(exc, KeyboardInterrupt) else "error",
+                                     error=traceback.format_exc())
+        raise
+    if finding is not None:
+        console.print(f"[bold red]first non-finite value:[/] {finding.describe()}", highlight=False)
+    console.print(f"status: {status}", highlight=False)
+    if run_id is not None:
+        tags = {} if finding is None else {"foldsweep.numerics_op": finding.op_type,
+                                           "foldsweep.numerics_node": finding.node,
+                                           "foldsweep.numerics_layer": finding.layer}
+        tracker.finish_trial_run(run_id, status=status, tags=tags)
+        console.print(f"recorded as run {run_id} (tag {RERUN_OF_TAG}={tracking[1].run_id})", highlight=False)
+
+
 def ui_command(tracking_uri: str) -> str:
     """The exact command that opens the UI on this store, as the user can paste it."""
     program = "foldsweep"

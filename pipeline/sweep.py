@@ -28,6 +28,7 @@ class PreparedSweep:
 
     spec: SweepSpec
     experiment_path: Path
+    experiment: Any
     dataset: Dataset
     folds: FoldPlan
     space: SearchSpace
@@ -64,7 +65,7 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     _check_model_fits_data(spec, experiment, dataset)
     folds = make_folds(spec.cv, dataset)
     return PreparedSweep(
-        spec=spec, experiment_path=experiment_path.resolve(), dataset=dataset, folds=folds,
+        spec=spec, experiment_path=experiment_path.resolve(), experiment=experiment, dataset=dataset, folds=folds,
         space=space, tracking_uri=uri, num_samples=num_samples or spec.search.num_samples,
     )
 
@@ -241,6 +242,7 @@ def _sweep_params(prepared: PreparedSweep) -> dict[str, Any]:
     spec = prepared.spec
     return {
         "experiment": spec.experiment,
+        "experiment_path": str(prepared.experiment_path),
         "dataset": spec.dataset.label,
         "dataset_fingerprint": prepared.dataset.fingerprint,
         "n_train_samples": len(prepared.dataset.y),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ RECORDED_FIELDS = ("device", "device_notice", "gpu_ids", "jit_compile", "pid", "
                    "nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm")
 SCALAR_METRICS = ("n_params", "nan_failures")
 HISTORY_ARTIFACT = "history.csv"
+TRIAL_CONFIG_ARTIFACT = "trial_config.json"
 MAX_TAG_LENGTH = 5000
 
 
@@ -66,6 +68,8 @@ def _sqlite_path(uri: str) -> Path | None:
 
 
 def _quiet_mlflow() -> None:
+    # Artifact downloads (reruns read the spec and config back) would draw progress bars.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # Schema migrations of a new SQLite store log a dozen INFO lines; users need none of them.
     for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking", "mlflow.store"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -182,6 +186,55 @@ class Tracker:
         )
         return [_record(run) for run in runs]
 
+    def start_trial_run(self, *, parent_run_id: str, run_name: str, role: str, config: Mapping[str, Any],
+                        tags: Mapping[str, str]) -> str:
+        """A child run of the sweep for one trial (or a rerun of one), with the config it uses as
+        params and as ``trial_config.json`` (typed, for reruns)."""
+        from mlflow.entities import Param
+
+        parent = self.client.get_run(parent_run_id)
+        run = self.client.create_run(
+            parent.info.experiment_id, run_name=run_name,
+            tags={PARENT_TAG: parent_run_id, ROLE_TAG: role, STATUS_TAG: "running", **tags},
+        )
+        run_id = run.info.run_id
+        params = [Param(key, _param_text(value)) for key, value in sorted(config.items()) if value is not None]
+        self.client.log_batch(run_id, params=params)
+        self.client.log_dict(run_id, dict(config), TRIAL_CONFIG_ARTIFACT)
+        return run_id
+
+    def log_trial_result(self, run_id: str, result: Mapping[str, Any], *, step: int) -> None:
+        """One epoch's result: metrics at ``step`` = epoch, where-it-ran and NaN tags, summary."""
+        from mlflow.entities import Metric, RunTag
+
+        now = int(time.time() * 1000)
+        # A fold's NaN is recorded as NaN (it is the finding); a throughput not yet measurable
+        # (compilation time before a second epoch) is left out.
+        metrics = [
+            Metric(key, float(value), now, step)
+            for key, value in result.items()
+            if TRIAL_METRIC.match(key) and isinstance(value, (int, float))
+            and (math.isfinite(value) or not THROUGHPUT_METRIC.match(key))
+        ]
+        metrics += [Metric(key, float(result[key]), now, step) for key in SCALAR_METRICS if key in result]
+        tags = [RunTag(f"foldsweep.{field}", str(result[field])) for field in RECORDED_FIELDS if field in result]
+        self.client.log_batch(run_id, metrics=metrics, tags=tags)
+        if result.get("model_summary"):
+            self.client.log_text(run_id, result["model_summary"], "model_summary.txt")
+
+    def finish_trial_run(self, run_id: str, *, status: str, error: str | None = None,
+                         wall_s: float | None = None, tags: Mapping[str, str] | None = None) -> None:
+        if wall_s is not None:
+            self.client.log_metric(run_id, "trial_wall_s", float(wall_s))
+        for key, value in {STATUS_TAG: status, **(tags or {})}.items():
+            self.client.set_tag(run_id, key, value)
+        if error:
+            self.client.set_tag(run_id, ERROR_TAG, error[-MAX_TAG_LENGTH:])
+        history = self.history_csv(run_id)
+        if history:
+            self.client.log_text(run_id, history, HISTORY_ARTIFACT)
+        self.client.set_terminated(run_id, STATUS_STATES[status])
+
     def history_csv(self, run_id: str) -> str:
         """The run's per-epoch metrics as CSV, one row per epoch (what MLflow holds, so a restored
         sweep writes the same file as an uninterrupted one)."""
@@ -232,6 +285,16 @@ def _param_text(value: Any) -> str:
     return str(value)[:6000]
 
 
+def trial_status(result: Mapping[str, Any]) -> str:
+    """ok, nan, or pruned (stopped before its planned epochs) from a trial's last result."""
+    if result.get("nan_failures", 0) > 0:
+        return "nan"
+    return "pruned" if result.get("epoch", 0) < result.get("epochs_planned", 0) else "ok"
+
+
+STATUS_STATES = {"ok": "FINISHED", "pruned": "FINISHED", "nan": "FAILED", "error": "FAILED", "killed": "KILLED"}
+
+
 class MlflowTrialCallback(Callback):
     """Ray Tune events -> MLflow child runs, written from the driver."""
 
@@ -268,77 +331,33 @@ class MlflowTrialCallback(Callback):
     def _ensure_run(self, trial: Any) -> str:
         """The trial's child run; created here if Ray reports the trial before it ever started
         (a trial whose worker fails while being set up gets an error but no start event)."""
-        from mlflow.entities import Param
-
-        if trial.trial_id in self._run_ids:
-            return self._run_ids[trial.trial_id]
-
-        client = self.tracker.client
-        parent = client.get_run(self.parent_run_id)
-        run = client.create_run(
-            parent.info.experiment_id, run_name=trial.trial_id,
-            tags={
-                PARENT_TAG: self.parent_run_id, ROLE_TAG: "trial", SWEEP_TAG: self.sweep_name,
-                TRIAL_ID_TAG: trial.trial_id, STATUS_TAG: "running",
-            },
-        )
         from pipeline.space import resolve_config
 
-        self._run_ids[trial.trial_id] = run.info.run_id
-        # The values the trial uses: no threshold without clipping, no inactive conditional hp.
-        used = resolve_config(trial.config, self.conditions)
-        params = [Param(key, _param_text(value)) for key, value in sorted(used.items()) if value is not None]
-        client.log_batch(run.info.run_id, params=params)
-        return run.info.run_id
+        if trial.trial_id not in self._run_ids:
+            # The values the trial uses: no threshold without clipping, no inactive conditional hp.
+            self._run_ids[trial.trial_id] = self.tracker.start_trial_run(
+                parent_run_id=self.parent_run_id, run_name=trial.trial_id, role="trial",
+                config=resolve_config(trial.config, self.conditions),
+                tags={SWEEP_TAG: self.sweep_name, TRIAL_ID_TAG: trial.trial_id},
+            )
+        return self._run_ids[trial.trial_id]
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        from mlflow.entities import Metric, RunTag
-
         run_id = self.run_id(trial)
-        if run_id is None:
-            return
-        step = int(result.get("training_iteration", 0))
-        now = int(time.time() * 1000)
-        # A fold's NaN is recorded as NaN (it is the finding); a throughput not yet measurable
-        # (compilation time before a second epoch) is left out.
-        metrics = [
-            Metric(key, float(value), now, step)
-            for key, value in result.items()
-            if TRIAL_METRIC.match(key) and isinstance(value, (int, float))
-            and (math.isfinite(value) or not THROUGHPUT_METRIC.match(key))
-        ]
-        tags = [RunTag(f"foldsweep.{field}", str(result[field])) for field in RECORDED_FIELDS if field in result]
-        metrics += [Metric(key, float(result[key]), now, step) for key in SCALAR_METRICS if key in result]
-        self.tracker.client.log_batch(run_id, metrics=metrics, tags=tags)
-        if result.get("model_summary"):
-            self.tracker.client.log_text(run_id, result["model_summary"], "model_summary.txt")
+        if run_id is not None:
+            self.tracker.log_trial_result(run_id, result, step=int(result.get("training_iteration", 0)))
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        last = trial.last_result or {}
-        if last.get("nan_failures", 0) > 0:
-            self._finish(trial, status="nan", state="FAILED")
-            return
-        # A trial that completes before its planned epochs was stopped by the scheduler.
-        stopped_early = last.get("epoch", 0) < last.get("epochs_planned", 0)
-        self._finish(trial, status="pruned" if stopped_early else "ok", state="FINISHED")
+        self._finish(trial, status=trial_status(trial.last_result or {}))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._finish(trial, status="error", state="FAILED", error=_error_text(trial))
+        self._finish(trial, status="error", error=_error_text(trial))
 
-    def _finish(self, trial: Any, *, status: str, state: str, error: str | None = None) -> None:
+    def _finish(self, trial: Any, *, status: str, error: str | None = None) -> None:
         run_id = self._ensure_run(trial)
         del self._run_ids[trial.trial_id]
-        client = self.tracker.client
-        wall = (trial.last_result or {}).get("time_total_s")
-        if wall is not None:
-            client.log_metric(run_id, "trial_wall_s", float(wall))
-        client.set_tag(run_id, STATUS_TAG, status)
-        if error:
-            client.set_tag(run_id, ERROR_TAG, error[-MAX_TAG_LENGTH:])
-        history = self.tracker.history_csv(run_id)
-        if history:
-            client.log_text(run_id, history, HISTORY_ARTIFACT)
-        client.set_terminated(run_id, state)
+        self.tracker.finish_trial_run(run_id, status=status, error=error,
+                                      wall_s=(trial.last_result or {}).get("time_total_s"))
         if self.on_recorded is not None:
             self.on_recorded(self.tracker.trial_record(run_id))
 

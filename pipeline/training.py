@@ -86,7 +86,7 @@ def fold_seed(trial_seed: int, fold: int) -> int:
     return int(np.random.SeedSequence([trial_seed, fold]).generate_state(1)[0])
 
 
-def cv_summary(per_fold: Sequence[Mapping[str, float]]) -> dict[str, float]:
+def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] | None = None) -> dict[str, float]:
     """Per-fold results -> split{k}_<key>, mean_<key>, std_<key> (population std, as sklearn).
 
     A non-finite fold value stays as it is in split{k}_<key> and counts as the worst score
@@ -95,7 +95,7 @@ def cv_summary(per_fold: Sequence[Mapping[str, float]]) -> dict[str, float]:
     summary: dict[str, float] = {}
     for key in per_fold[0]:
         values = np.array([fold[key] for fold in per_fold], dtype=np.float64)
-        for k, value in enumerate(values):
+        for k, value in zip(fold_ids if fold_ids is not None else range(len(values)), values):
             summary[f"split{k}_{key}"] = float(value)
         scored = np.where(np.isfinite(values), values, NAN_FOLD_SCORES.get(key, np.nan))
         summary[f"mean_{key}"] = float(scored.mean())
@@ -198,8 +198,10 @@ class FoldEngine:
             loss_sum = tf.constant(0.0)
             trained = tf.constant(0)
             failed_at = tf.constant(-1)
-            last_loss = tf.constant(float("nan"))
-            last_norm = tf.constant(float("nan"))
+            # Zeros, not NaN, so that TensorFlow's numeric checking (rerun --check-numerics) only
+            # ever stops at a value the model produced.
+            last_loss = tf.constant(0.0)
+            last_norm = tf.constant(0.0)
             for k in tf.range(tf.shape(full_batches)[0]):
                 loss, norm, healthy = step(full_batches[k])
                 if not healthy:
@@ -217,7 +219,7 @@ class FoldEngine:
                         last_loss, last_norm = loss, norm
                     else:
                         failed_at = tf.shape(full_batches)[0]
-            return loss_sum / tf.cast(trained, tf.float32), failed_at, last_loss, last_norm
+            return loss_sum / tf.cast(tf.maximum(trained, 1), tf.float32), failed_at, trained, last_loss, last_norm
 
         def evaluate_batch(indices):
             y = tf.gather(labels, indices)
@@ -249,11 +251,14 @@ class FoldEngine:
             full = tf.constant(order[: steps * self.batch_size].reshape(steps, self.batch_size))
             remainder = tf.constant(order[steps * self.batch_size:])
         started = time.perf_counter()
-        loss, failed_at, last_loss, last_norm = self._train_epoch(full, remainder)
+        loss, failed_at, trained, last_loss, last_norm = self._train_epoch(full, remainder)
         self.train_timer.add(time.perf_counter() - started, len(order))
         if int(failed_at) >= 0:
-            self.failure = NanEvent(epoch=epoch + 1, step=int(failed_at), last_finite_loss=float(last_loss),
-                                    grad_norm=float(last_norm))
+            good = int(trained) > 0
+            self.failure = NanEvent(epoch=epoch + 1, step=int(failed_at),
+                                    last_finite_loss=float(last_loss) if good else math.nan,
+                                    grad_norm=float(last_norm) if good else math.nan)
+            return float(loss) if good else math.nan
         return float(loss)
 
     def evaluate(self, epoch: int) -> tuple[float, float]:
@@ -290,17 +295,20 @@ class FoldTrainer:
         from_logits: bool = False,
         jit_compile: JitChoice = "auto",
         eager: bool = False,
+        fold_ids: Sequence[int] | None = None,
     ):
         self.params = params
         self.epoch = 0
+        # The folds' numbers in the sweep: a rerun of one fold still reports split{k} as k.
+        self.fold_ids = list(fold_ids) if fold_ids is not None else list(range(len(folds)))
         self.engines: list[FoldEngine] = []
         models = []
-        for k in range(len(folds)):
+        for k in self.fold_ids:
             keras.utils.set_random_seed(fold_seed(seed, k))
             models.append(build_model(build_fn, model_values))
         self.jit_compile = use_xla(jit_compile, batch_size=params.batch_size, device=data.device,
                                    stochastic=has_random_layers(models[0]))
-        for k, (fold, model) in enumerate(zip(folds, models)):
+        for k, fold, model in zip(self.fold_ids, folds, models):
             self.engines.append(FoldEngine(
                 model, make_optimizer(params), data, fold, batch_size=params.batch_size,
                 seed=fold_seed(seed, k), jit_compile=self.jit_compile, from_logits=from_logits, eager=eager,
@@ -324,11 +332,12 @@ class FoldTrainer:
                 val_loss = val_accuracy = math.nan
             per_fold.append({"train_loss": train_loss, "val_loss": val_loss, "val_accuracy": val_accuracy})
         self.epoch += 1
-        return {"epoch": self.epoch, **cv_summary(per_fold), **self.throughput(), **self.nan_report()}
+        return {"epoch": self.epoch, **cv_summary(per_fold, self.fold_ids), **self.throughput(),
+                **self.nan_report()}
 
     def nan_report(self) -> dict[str, float | int]:
         """How many folds went NaN, and where the first of them (by epoch, then fold) did."""
-        failed = [(engine.failure, k) for k, engine in enumerate(self.engines) if engine.failure is not None]
+        failed = [(engine.failure, k) for k, engine in zip(self.fold_ids, self.engines) if engine.failure is not None]
         if not failed:
             return {"nan_failures": 0}
         first, fold = min(failed, key=lambda pair: (pair[0].epoch, pair[1]))
@@ -339,7 +348,7 @@ class FoldTrainer:
         """Training and evaluation samples/s with compilation excluded, and compilation seconds,
         per fold (``split{k}_...``) and for the trial (all folds)."""
         result: dict[str, float] = {}
-        for k, engine in enumerate(self.engines):
+        for k, engine in zip(self.fold_ids, self.engines):
             result[f"split{k}_train_samples_per_s"] = engine.train_timer.samples_per_s()
             result[f"split{k}_compile_s"] = engine.train_timer.compile_s()
         result["train_samples_per_s"] = _combined_rate([engine.train_timer for engine in self.engines])

@@ -34,8 +34,58 @@ class TrialSettings:
     conditions: Mapping[str, Any] = field(default_factory=dict)
 
 
+class TrialRunner:
+    """One trial, one config over its folds, one epoch per ``step``, without Ray.
+
+    ``FoldTrainable`` runs it in a Ray worker; ``foldsweep trial`` and ``foldsweep rerun`` run
+    it in their own process, so a debugging rerun executes exactly the sweep's trial code.
+    """
+
+    def __init__(self, config: Mapping[str, Any], *, data: Any, folds: Sequence[Fold], settings: TrialSettings,
+                 build_fn: Any, fold_ids: Sequence[int] | None = None, epochs: int | None = None,
+                 eager: bool = False, jit_compile: str | None = None, device_notice: str = ""):
+        from pipeline.space import resolve_config, split_config
+        from pipeline.training import FoldTrainer, TrainingParams
+
+        self.config = resolve_config(config, settings.conditions)
+        training, model_values = split_config(self.config)
+        self.epochs = epochs or training.pop("epochs") or settings.epochs
+        training.pop("epochs", None)
+        self._data = data
+        self._device_notice = device_notice
+        self.trainer = FoldTrainer(
+            build_fn, model_values, TrainingParams(**training), data=data, folds=folds, seed=settings.seed,
+            from_logits=settings.from_logits, jit_compile=jit_compile or settings.jit_compile, eager=eager,
+            fold_ids=fold_ids,
+        )
+
+    def step(self) -> dict[str, Any]:
+        from pipeline.resident import transfers
+
+        result = self.trainer.run_epoch()
+        result["epochs_planned"] = self.epochs
+        # A trial whose every fold went NaN has nothing left to train.
+        all_failed = result["nan_failures"] == len(self.trainer.engines)
+        result["done"] = self.trainer.epoch >= self.epochs or all_failed
+        if self.trainer.epoch == 1:
+            result.update(_system_info())
+            model = self.trainer.models[0]
+            result["n_params"] = model.count_params()
+            lines: list[str] = []
+            model.summary(print_fn=lambda line, *args, **kwargs: lines.append(line))
+            result["model_summary"] = "\n".join(lines)
+        # Where the trial ran, for the record: device, GPU slot, and how often this process has
+        # copied the dataset to its device so far.
+        result["device"] = self._data.device
+        result["device_notice"] = self._device_notice
+        result["gpu_ids"] = ",".join(str(i) for i in _assigned_gpu_ids())
+        result["jit_compile"] = self.trainer.jit_compile
+        result["data_transfers"] = transfers()
+        return result
+
+
 class FoldTrainable(tune.Trainable):
-    """Trains one config over all folds; each ``step`` is one epoch of every fold."""
+    """The Ray Tune face of ``TrialRunner``: each ``step`` is one epoch of every fold."""
 
     def setup(self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold],
               settings: TrialSettings) -> None:
@@ -43,7 +93,7 @@ class FoldTrainable(tune.Trainable):
         from pipeline.resident import configure_devices
 
         self._device_notice = configure_devices(settings.gpus)
-        _limit_threads(settings.cpus)
+        limit_threads(settings.cpus)
         from pipeline.hypermodel import load_builder
         from pipeline.resident import resident_data
 
@@ -54,47 +104,18 @@ class FoldTrainable(tune.Trainable):
         self._start(config)
 
     def _start(self, config: Mapping[str, Any]) -> None:
-        from pipeline.space import resolve_config, split_config
-        from pipeline.training import FoldTrainer, TrainingParams
-
-        training, model_values = split_config(resolve_config(config, self._settings.conditions))
-        self._epochs = training.pop("epochs") or self._settings.epochs
-        self._trainer = FoldTrainer(
-            self._build_fn, model_values, TrainingParams(**training),
-            data=self._data, folds=self._folds, seed=self._settings.seed,
-            from_logits=self._settings.from_logits, jit_compile=self._settings.jit_compile,
-        )
+        self._runner = TrialRunner(config, data=self._data, folds=self._folds, settings=self._settings,
+                                   build_fn=self._build_fn, device_notice=self._device_notice)
 
     def step(self) -> dict[str, Any]:
-        from pipeline.resident import transfers
-
-        result = self._trainer.run_epoch()
-        result["epochs_planned"] = self._epochs
-        # A trial whose every fold went NaN has nothing left to train.
-        all_failed = result["nan_failures"] == len(self._trainer.engines)
-        result["done"] = self._trainer.epoch >= self._epochs or all_failed
-        if self._trainer.epoch == 1:
-            result.update(_system_info())
-            model = self._trainer.models[0]
-            result["n_params"] = model.count_params()
-            lines: list[str] = []
-            model.summary(print_fn=lambda line, *args, **kwargs: lines.append(line))
-            result["model_summary"] = "\n".join(lines)
-        # Where the trial ran, for the record: device, GPU slot, and how often this worker
-        # process has copied the dataset to its device so far.
-        result["device"] = self._data.device
-        result["device_notice"] = self._device_notice
-        result["gpu_ids"] = ",".join(str(i) for i in _assigned_gpu_ids())
-        result["jit_compile"] = self._trainer.jit_compile
-        result["data_transfers"] = transfers()
-        return result
+        return self._runner.step()
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         import keras
 
         # Nothing of the previous trial (models, optimizers, traced graphs) may survive into
         # the next one: dropping the references and clearing Keras' global state does that.
-        self._trainer = None
+        self._runner = None
         keras.backend.clear_session()
         self._start(new_config)
         return True
@@ -102,16 +123,16 @@ class FoldTrainable(tune.Trainable):
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         import numpy as np
 
-        np.savez(Path(checkpoint_dir) / CHECKPOINT_FILE, **self._trainer.state())
+        np.savez(Path(checkpoint_dir) / CHECKPOINT_FILE, **self._runner.trainer.state())
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         import numpy as np
 
         with np.load(Path(checkpoint_dir) / CHECKPOINT_FILE) as arrays:
-            self._trainer.load_state(arrays)
+            self._runner.trainer.load_state(arrays)
 
     def cleanup(self) -> None:
-        self._trainer = None
+        self._runner = None
 
 
 def _system_info() -> dict[str, str]:
@@ -134,7 +155,7 @@ def _assigned_gpu_ids() -> list[str]:
     return [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
 
 
-def _limit_threads(cpus: float) -> None:
+def limit_threads(cpus: float) -> None:
     """Keep TensorFlow inside the trial's CPU share, so concurrent trials do not oversubscribe."""
     # One thread per CPU of the trial: with these small ops, 2 threads were measured 2x slower
     # than 1 for a single trial, so concurrent trials are the better use of the cores.

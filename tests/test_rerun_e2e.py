@@ -1,0 +1,166 @@
+"""`foldsweep rerun` and `foldsweep trial`: one trial in-process, reproducing what the sweep recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from conftest import TINY_SPEC, Replace, merged
+from pipeline.cli import app
+from pipeline.datasets import load_dataset
+from pipeline.spec import DatasetSpec
+
+pytestmark = pytest.mark.e2e
+
+SPACE = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.1, "optimizer": "sgd", "batch_size": 8,
+         "learning_rate": {"grid": [0.01, 50.0]}}
+
+
+@pytest.fixture(scope="module")
+def recorded_sweep(tmp_path_factory):
+    """A sweep on a data file (so that the data can later change): one good trial, one NaN trial."""
+    import ray
+    import yaml
+
+    directory = tmp_path_factory.mktemp("rerun")
+    source = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
+    np.savez(directory / "data.npz", x=source.x, y=source.y, x_test=source.x_test, y_test=source.y_test)
+    spec = merged(TINY_SPEC, {"name": "rerun", "dataset": str(directory / "data.npz"),
+                              "search": {"num_samples": 1, "space": Replace(SPACE)},
+                              "train": {"refit": False},
+                              "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"}})
+    (directory / "spec.yaml").write_text(yaml.safe_dump(spec))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
+    finally:
+        ray.shutdown()
+    assert result.exit_code == 0, result.output
+    client = MlflowClient(f"sqlite:///{directory / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("rerun").experiment_id])
+    trials = {run.data.params["learning_rate"]: run for run in runs if run.data.tags["foldsweep.role"] == "trial"}
+    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
+    return directory, client, trials, parent
+
+
+def rerun(directory: Path, *args: str):
+    return CliRunner().invoke(app, ["rerun", *args, "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}"])
+
+
+def history(client, run_id, key):
+    return [metric.value for metric in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+
+
+def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_apart(recorded_sweep):
+    directory, client, trials, parent = recorded_sweep
+    original = trials["0.01"]
+    assert original.info.status == "FINISHED"
+    runs_before = len(client.search_runs([parent.info.experiment_id]))
+
+    result = rerun(directory, original.info.run_id)
+
+    assert result.exit_code == 0, result.output
+    assert "epoch 1: fold 0" in result.output and "epoch 2: fold 0" in result.output
+    reruns = client.search_runs([parent.info.experiment_id],
+                                filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")
+    assert len(reruns) == 1
+    again = reruns[0]
+    assert again.info.status == "FINISHED" and again.data.tags["foldsweep.role"] == "rerun"
+    for k in (0, 1):
+        for key in (f"split{k}_val_loss", f"split{k}_val_accuracy", f"split{k}_train_loss"):
+            assert history(client, again.info.run_id, key) == pytest.approx(
+                history(client, original.info.run_id, key), rel=1e-4, abs=1e-6)
+    # The original is untouched, and nothing but the rerun was added.
+    assert client.get_run(original.info.run_id).data.metrics == original.data.metrics
+    assert len(client.search_runs([parent.info.experiment_id])) == runs_before + 1
+
+
+def test_rerun_one_fold_with_fewer_epochs_without_tracking(recorded_sweep):
+    directory, client, trials, parent = recorded_sweep
+    original = trials["0.01"]
+    runs_before = len(client.search_runs([parent.info.experiment_id]))
+    result = rerun(directory, original.info.run_id, "--fold", "1", "--epochs", "1", "--no-track", "--eager")
+    assert result.exit_code == 0, result.output
+    assert "epoch 1: fold 1 " in result.output and "fold 0" not in result.output and "epoch 2" not in result.output
+    assert len(client.search_runs([parent.info.experiment_id])) == runs_before
+    recorded = history(client, original.info.run_id, "split1_val_loss")[0]
+    shown = float(result.output.split("val_loss ")[1].split()[0])
+    assert shown == pytest.approx(recorded, rel=1e-3)
+
+
+def test_check_numerics_names_the_op_and_layer_of_a_nan_trial(recorded_sweep):
+    directory, client, trials, _ = recorded_sweep
+    nan_trial = trials["50.0"]
+    assert nan_trial.data.tags["foldsweep.status"] == "nan"
+
+    result = rerun(directory, nan_trial.info.run_id, "--check-numerics")
+
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if "first non-finite value" in line)
+    op = line.split("op ")[1].split()[0]
+    assert op not in ("?", "Placeholder") and "in layer" in line and "layer ?" not in line
+    again = client.search_runs([nan_trial.info.experiment_id],
+                               filter_string=f"tags.`foldsweep.rerun_of` = '{nan_trial.info.run_id}'")[0]
+    assert again.data.tags["foldsweep.status"] == "nan" and again.data.tags["foldsweep.numerics_op"] == op
+
+
+def test_set_reruns_the_nan_trial_with_clipping(recorded_sweep):
+    directory, client, trials, _ = recorded_sweep
+    nan_trial = trials["50.0"]
+    result = rerun(directory, nan_trial.info.run_id, "--set", "clipping=global_norm", "--set", "clip_threshold=0.1")
+    assert result.exit_code == 0, result.output
+    assert "status: ok" in result.output
+    again = client.search_runs([nan_trial.info.experiment_id],
+                               filter_string=f"tags.`foldsweep.rerun_of` = '{nan_trial.info.run_id}' "
+                                             f"and params.clipping = 'global_norm'")[0]
+    assert again.data.params["clip_threshold"] == "0.1" and again.data.params["learning_rate"] == "50.0"
+    assert again.data.tags["foldsweep.status"] == "ok"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["0123456789abcdef0123456789abcdef"], "RUN_ID: no run with id '0123456789abcdef0123456789abcdef'"),
+    (["PARENT"], "is not a foldsweep trial (tag foldsweep.role='sweep')"),
+    (["TRIAL", "--fold", "2"], "--fold must be between 0 and 1 (the sweep has 2 folds), got 2"),
+    (["TRIAL", "--set", "fliters=3"], "--set fliters: not a hyperparameter of this trial"),
+    (["TRIAL", "--set", "filters"], "--set must be name=value, got 'filters'"),
+])
+def test_bad_rerun_requests_exit_2(recorded_sweep, args, message):
+    directory, _, trials, parent = recorded_sweep
+    args = [{"PARENT": parent.info.run_id, "TRIAL": trials["0.01"].info.run_id}.get(arg, arg) for arg in args]
+    result = rerun(directory, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output.replace("\n", " ")
+
+
+def test_changed_data_is_refused(recorded_sweep):
+    directory, _, trials, _ = recorded_sweep
+    path = directory / "data.npz"
+    original = path.read_bytes()
+    with np.load(path) as stored:
+        arrays = {key: stored[key] for key in stored.files}
+    arrays["x"][0, 0, 0] += 1.0
+    try:
+        np.savez(path, **arrays)
+        result = rerun(directory, trials["0.01"].info.run_id)
+    finally:
+        path.write_bytes(original)
+    assert result.exit_code == 2, result.output
+    assert "no longer matches the data of sweep run" in result.output.replace("\n", " ")
+
+
+def test_trial_runs_one_config_of_a_spec_in_process(write_spec, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec({"search": {"space": {"learning_rate": {"loguniform": [1e-4, 1e-2]}}}, "train": {"epochs": 1}})
+    refused = CliRunner().invoke(app, ["trial", str(spec)])
+    assert refused.exit_code == 2
+    assert "needs one value for learning_rate (loguniform in the spec), kernel_size (choice in the spec)" in \
+        refused.output.replace("\n", " ")
+    result = CliRunner().invoke(app, ["trial", str(spec), "--set", "learning_rate=0.003", "--set", "kernel_size=5"])
+    assert result.exit_code == 0, result.output
+    assert "learning_rate=0.003" in result.output and "kernel_size=5" in result.output
+    assert "epoch 1: fold 0" in result.output and "fold 1" in result.output and "status: ok" in result.output
+    assert not (tmp_path / "ray_results").exists()
