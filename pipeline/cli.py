@@ -87,13 +87,15 @@ def run(
     spec: Path = typer.Argument(..., help="Sweep spec (YAML)"),
     tracking_uri: Optional[str] = TrackingUriOption,
     num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Override search.num_samples"),
+    address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster (host:port) instead of "
+                                          "starting a local one [default: resources.address]"),
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
     from pipeline.report import leaderboard_table
     from pipeline.spec import load_spec
     from pipeline.sweep import prepare, run_sweep
 
-    prepared = prepare(load_spec(spec), tracking_uri=tracking_uri, num_samples=num_samples)
+    prepared = prepare(load_spec(spec), tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     sweep_spec = prepared.spec
     objective = sweep_spec.objective
     console.print(

@@ -46,6 +46,17 @@ class SearchSpace:
             points *= len(domain["grid_search"]) if _is_grid(domain) else 1
         return points * num_samples
 
+    def largest_value(self, name: str) -> Any:
+        """The largest value a numeric hyperparameter can take (None for unknown names)."""
+        domain = self.domains.get(name)
+        if domain is None:
+            return None
+        if isinstance(domain, sample.Integer):
+            return domain.upper - (0 if isinstance(domain.get_sampler(), sample.Quantized) else 1)
+        if isinstance(domain, sample.Float):
+            return domain.upper
+        return max(_values(domain))
+
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
         return resolve_config(config, self.conditions)
 

@@ -107,6 +107,8 @@ class ResourcesSpec:
     cpu: float = 1.0
     gpu: float = 0.0
     max_concurrent: int | None = None
+    max_failures: int = 0
+    address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -354,8 +356,10 @@ def _parse_resources(section: _Section) -> ResourcesSpec:
     cpu = section.number("cpu", default=1.0, minimum=0.0, strict=True)
     gpu = section.number("gpu", default=0.0, minimum=0.0)
     max_concurrent = section.integer("max_concurrent", default=None, minimum=1)
+    max_failures = section.integer("max_failures", default=0, minimum=0)
+    address = section.string("address", pattern_hint="a Ray address such as 127.0.0.1:6379 or auto")
     section.finish()
-    return ResourcesSpec(cpu=cpu, gpu=gpu, max_concurrent=max_concurrent)
+    return ResourcesSpec(cpu=cpu, gpu=gpu, max_concurrent=max_concurrent, max_failures=max_failures, address=address)
 
 
 def _suggest(value: Any, choices: tuple[str, ...] | list[str]) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.datasets import Dataset, load_dataset
-from pipeline.errors import DataError
+from pipeline.errors import DataError, InputError, SpecError
 from pipeline.folds import FoldPlan, make_folds
 from pipeline.space import SearchSpace
 from pipeline.spec import SweepSpec
@@ -34,6 +34,7 @@ class PreparedSweep:
     space: SearchSpace
     tracking_uri: str
     num_samples: int
+    address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class SweepOutcome:
     wall_s: float
 
 
-def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None) -> PreparedSweep:
+def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None,
+            address: str | None = None) -> PreparedSweep:
     """Check everything a sweep needs without starting Ray or writing to the tracking store.
 
     Raises:
@@ -64,10 +66,25 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     dataset = load_dataset(spec.dataset, base_dir=base_dir)
     _check_model_fits_data(spec, experiment, dataset)
     folds = make_folds(spec.cv, dataset)
+    _check_batch_fits_folds(spec, space, folds)
+    address = address or spec.resources.address
+    if address is not None:
+        check_ray_address(address)
+    if address is None and spec.resources.cpu > (os.cpu_count() or 1):
+        raise SpecError(f"{spec.source_path}: resources.cpu must be <= the CPUs of this machine "
+                        f"({os.cpu_count()}), got {spec.resources.cpu:g}")
     return PreparedSweep(
         spec=spec, experiment_path=experiment_path.resolve(), experiment=experiment, dataset=dataset, folds=folds,
-        space=space, tracking_uri=uri, num_samples=num_samples or spec.search.num_samples,
+        space=space, tracking_uri=uri, num_samples=num_samples or spec.search.num_samples, address=address,
     )
+
+
+def _check_batch_fits_folds(spec: SweepSpec, space: SearchSpace, folds: FoldPlan) -> None:
+    smallest = min(len(fold.train) for fold in folds.folds)
+    largest = space.largest_value("batch_size")
+    if largest is not None and largest > smallest:
+        raise SpecError(f"{spec.source_path}: search.space.batch_size must be <= the smallest training fold "
+                        f"({smallest} samples), got {largest}")
 
 
 def _resolve(path: Path, base_dir: Path) -> Path:
@@ -106,6 +123,15 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
 
     spec = prepared.spec
     started = time.perf_counter()
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        connect_ray(prepared.address)
+    try:
+        gpu = check_cluster_resources(spec, ray.cluster_resources(), notify)
+    except BaseException:
+        if started_ray:
+            ray.shutdown()
+        raise
     tracker = Tracker(prepared.tracking_uri)
     parent_run_id = tracker.start_sweep(
         name=spec.name, spec_text=spec.source_text, manifest=prepared.folds.manifest(),
@@ -113,10 +139,6 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     )
     callback = tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, on_recorded=on_trial_done,
                                 conditions=prepared.space.conditions)
-
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     status = "error"
     try:
         settings = TrialSettings(
@@ -126,10 +148,6 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
             cpus=spec.resources.cpu, gpus=spec.resources.gpu, conditions=dict(prepared.space.conditions),
         )
         data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
-        gpu = spec.resources.gpu
-        if gpu > 0 and not ray.cluster_resources().get("GPU", 0):
-            notify(f"notice: resources.gpu={gpu:g} but the Ray cluster has no GPU: trials run on CPU")
-            gpu = 0.0
         trainable = tune.with_resources(
             tune.with_parameters(FoldTrainable, data=data, folds=prepared.folds.folds, settings=settings),
             {"cpu": spec.resources.cpu, "gpu": gpu},
@@ -151,6 +169,10 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
                 name=f"{spec.name}-{parent_run_id[:8]}",
                 storage_path=str(Path(RAY_RESULTS_DIR).resolve()),
                 callbacks=[callback],
+                failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
+                # A checkpoint per epoch (the fold models' weights and optimizer state, small next
+                # to an epoch's work) lets a retried or resumed trial go on from its last epoch.
+                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
                 verbose=0,
             ),
         )
@@ -201,6 +223,67 @@ def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, r
     notify(f"refit of {best.run_name} on all {len(dataset.y)} training samples ({epochs} epochs): "
            + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
     return {**scores, "foldsweep.refit": "ok", "foldsweep.refit_of": best.run_id}
+
+
+def check_ray_address(address: str) -> None:
+    """Refuse a Ray address where nothing listens, at once: ray.init would wait minutes for it.
+
+    Raises:
+        InputError: malformed address, or no answer on its port.
+    """
+    import socket
+
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"resources.address / --address must be host:port (e.g. 127.0.0.1:6379), got {address!r}")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    except OSError as exc:
+        raise InputError(f"resources.address / --address: no Ray cluster answers at {address!r}: "
+                         f"{exc.strerror or exc}") from None
+
+
+def connect_ray(address: str | None) -> None:
+    """Start a local Ray, or join the cluster at ``address``.
+
+    Raises:
+        InputError: nothing answers at ``address``.
+    """
+    import ray
+
+    kwargs = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+    if address is None:
+        ray.init(**kwargs)
+        return
+    kwargs.pop("include_dashboard")
+    try:
+        ray.init(address=address, **kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise InputError(f"resources.address / --address: cannot connect to a Ray cluster at {address!r}: "
+                         f"{str(exc).splitlines()[0]}") from None
+
+
+def check_cluster_resources(spec: SweepSpec, cluster: dict[str, float], notify: Callable[[str], None]) -> float:
+    """The GPU share per trial to request; refuses a trial larger than the cluster.
+
+    Raises:
+        SpecError: resources.cpu (or gpu) per trial exceeds what the cluster has.
+    """
+    cpus, gpus = cluster.get("CPU", 0), cluster.get("GPU", 0)
+    if spec.resources.cpu > cpus:
+        raise SpecError(f"{spec.source_path}: resources.cpu must be <= the CPUs of the Ray cluster ({cpus:g}), "
+                        f"got {spec.resources.cpu:g}")
+    gpu = spec.resources.gpu
+    if gpu > 0 and not gpus:
+        notify(f"notice: resources.gpu={gpu:g} but the Ray cluster has no GPU: trials run on CPU")
+        return 0.0
+    if gpu > gpus:
+        raise SpecError(f"{spec.source_path}: resources.gpu must be <= the GPUs of the Ray cluster ({gpus:g}), "
+                        f"got {gpu:g}")
+    return gpu
 
 
 def make_searcher(spec: SweepSpec, space: SearchSpace) -> Any:

@@ -25,6 +25,7 @@ STATUS_TAG = "foldsweep.status"
 SWEEP_TAG = "foldsweep.sweep"
 TRIAL_ID_TAG = "foldsweep.trial_id"
 ERROR_TAG = "foldsweep.error"
+RETRIES_TAG = "foldsweep.retries"
 PARENT_TAG = "mlflow.parentRunId"
 # Keys of a trial's epoch result that are metrics of the trial (the rest is Ray bookkeeping).
 TRIAL_METRIC = re.compile(
@@ -33,7 +34,7 @@ TRIAL_METRIC = re.compile(
 THROUGHPUT_METRIC = re.compile(r"^(split\d+_)?(train_samples_per_s|compile_s|eval_samples_per_s)$")
 # Result fields that say where and how a trial ran, and where it went NaN; recorded as tags
 # `foldsweep.<field>`.
-RECORDED_FIELDS = ("device", "device_notice", "gpu_ids", "jit_compile", "pid", "node_ip", "hostname",
+RECORDED_FIELDS = ("device", "device_notice", "gpu_ids", "jit_compile", "pid", "node_ip", "node_id", "hostname",
                    "data_transfers", "tensorflow_version", "keras_version", "ray_version", "python_version",
                    "nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm")
 SCALAR_METRICS = ("n_params", "nan_failures")
@@ -55,9 +56,25 @@ def check_tracking_uri(uri: str) -> None:
             raise TrackingError(
                 f"tracking.uri: the directory of the SQLite file must exist, got {uri!r} "
                 f"(no directory {str(database.parent)!r})")
-    elif parsed.scheme not in ("http", "https", "file", "postgresql", "mysql", "databricks"):
+    elif parsed.scheme in ("http", "https"):
+        _check_server(uri)
+    elif parsed.scheme not in ("file", "postgresql", "mysql", "databricks"):
         raise TrackingError(
             f"tracking.uri must be sqlite:///FILE, http(s)://HOST:PORT or another MLflow store URI, got {uri!r}")
+
+
+def _check_server(uri: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=10) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        raise TrackingError(f"tracking.uri: {uri!r} answered HTTP {exc.code} at /health: is it an MLflow server?") from None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise TrackingError(f"tracking.uri: cannot reach an MLflow server at {uri!r}: {reason}") from None
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -307,6 +324,7 @@ class MlflowTrialCallback(Callback):
         self.on_recorded = on_recorded
         self.conditions = dict(conditions or {})
         self._run_ids: dict[str, str] = {}
+        self._retries: dict[str, int] = {}
         self._tracker: Tracker | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -352,6 +370,13 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._finish(trial, status="error", error=_error_text(trial))
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        """A worker died and Ray Tune retries the trial (resources.max_failures): count it."""
+        run_id = self._ensure_run(trial)
+        self._retries[trial.trial_id] = self._retries.get(trial.trial_id, 0) + 1
+        self.tracker.client.set_tag(run_id, RETRIES_TAG, str(self._retries[trial.trial_id]))
+        self.tracker.client.log_metric(run_id, "retries", float(self._retries[trial.trial_id]))
 
     def _finish(self, trial: Any, *, status: str, error: str | None = None) -> None:
         run_id = self._ensure_run(trial)

@@ -366,6 +366,10 @@ class FoldTrainer:
                 arrays[f"fold{k}/weight{i}"] = np.asarray(variable)
             for i, variable in enumerate(self.engines[k].optimizer.variables):
                 arrays[f"fold{k}/optimizer{i}"] = np.asarray(variable)
+            failure = self.engines[k].failure
+            if failure is not None:
+                arrays[f"fold{k}/failure"] = np.array(
+                    [failure.epoch, failure.step, failure.last_finite_loss, failure.grad_norm], dtype=np.float64)
         return arrays
 
     def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -376,6 +380,10 @@ class FoldTrainer:
                 variable.assign(arrays[f"fold{k}/weight{i}"])
             for i, variable in enumerate(engine.optimizer.variables):
                 variable.assign(arrays[f"fold{k}/optimizer{i}"])
+            if f"fold{k}/failure" in arrays:
+                epoch, step, loss, norm = arrays[f"fold{k}/failure"]
+                engine.failure = NanEvent(epoch=int(epoch), step=int(step), last_finite_loss=float(loss),
+                                          grad_norm=float(norm))
 
 
 def _combined_rate(timers: Sequence[_Timer]) -> float:

@@ -79,6 +79,7 @@ class TrialRunner:
         result["device"] = self._data.device
         result["device_notice"] = self._device_notice
         result["gpu_ids"] = ",".join(str(i) for i in _assigned_gpu_ids())
+        result["node_id"] = _node_id()
         result["jit_compile"] = self.trainer.jit_compile
         result["data_transfers"] = transfers()
         return result
@@ -145,6 +146,12 @@ def _system_info() -> dict[str, str]:
     return {"tensorflow_version": tf.__version__, "keras_version": keras.__version__,
             "ray_version": ray.__version__, "python_version": platform.python_version(),
             "hostname": platform.node()}
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 
 def _assigned_gpu_ids() -> list[str]:

@@ -38,6 +38,17 @@ def test_validate_accepts_a_good_spec(write_spec):
     ({"experiment": "nowhere/model.py:build"}, "experiment: file not found: 'nowhere/model.py'"),
     ({"tracking": {"uri": "sqlite:////no/such/dir/mlflow.db"}}, "the directory of the SQLite file must exist"),
     ({"tracking": {"uri": "ftp://example/x"}}, "tracking.uri must be sqlite:///FILE"),
+    ({"tracking": {"uri": "http://127.0.0.1:9"}}, "tracking.uri: cannot reach an MLflow server at 'http://127.0.0.1:9'"),
+    ({"search": {"space": {"batch_size": {"choice": [8, 512]}}}},
+     "search.space.batch_size must be <= the smallest training fold (160 samples), got 512"),
+    ({"search": {"space": {"batch_size": -8}}}, "batch sizes must be positive integers, got -8"),
+    ({"train": {"epochs": 0}}, "train.epochs must be an integer >= 1, got 0"),
+    ({"search": {"space": {"dropout": {"uniform": [0.5, 0.2]}}}}, "search.space.dropout.uniform needs low < high"),
+    ({"search": {"space": {"kernel_size": {"choice": []}}}}, "search.space.kernel_size.choice must be a non-empty list"),
+    ({"resources": {"cpu": 64}}, "resources.cpu must be <= the CPUs of this machine"),
+    ({"resources": {"address": "127.0.0.1:9"}}, "no Ray cluster answers at '127.0.0.1:9'"),
+    ({"resources": {"address": "nowhere"}}, "must be host:port (e.g. 127.0.0.1:6379), got 'nowhere'"),
+    ({"resources": {"max_failures": -1}}, "resources.max_failures must be an integer >= 0, got -1"),
 ])
 def test_bad_input_exits_2_with_one_message_and_writes_nothing(tmp_path, write_spec, overrides, message):
     spec = write_spec(overrides)
@@ -48,6 +59,22 @@ def test_bad_input_exits_2_with_one_message_and_writes_nothing(tmp_path, write_s
         assert "Traceback" not in result.output
     assert not (tmp_path / "mlflow.db").exists()
     assert not (tmp_path / "ray_results").exists()
+
+
+def test_missing_spec_and_yaml_errors_exit_2(tmp_path):
+    missing = invoke("run", str(tmp_path / "absent.yaml"))
+    assert missing.exit_code == 2 and "spec file not found" in missing.output
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\ncv: {n_splits: 3\n")
+    result = invoke("run", str(broken))
+    assert result.exit_code == 2 and "not valid YAML at line" in result.output
+
+
+def test_a_ray_address_that_does_not_answer_is_refused_from_the_command_line(write_spec, tmp_path):
+    result = invoke("run", str(write_spec()), "--address", "127.0.0.1:9")
+    assert result.exit_code == 2
+    assert "no Ray cluster answers at '127.0.0.1:9'" in result.output
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 def test_broken_experiment_is_refused_by_run(tmp_path, write_spec, write_experiment):

@@ -1,0 +1,156 @@
+"""Worker faults, a two-node Ray cluster on 127.0.0.1, and an MLflow server over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from conftest import TINY_SPEC, merged
+from pipeline.cli import app
+
+pytestmark = pytest.mark.e2e
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition, *, seconds: float, what: str):
+    """Poll until ``condition()`` is truthy (waiting on other processes, not timing anything)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def trial_runs(uri: str, experiment: str):
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([found.experiment_id]) if found else []
+    trials = [run for run in runs if run.data.tags.get("foldsweep.role") == "trial"]
+    parents = [run for run in runs if run.data.tags.get("foldsweep.role") == "sweep"]
+    return client, trials, parents
+
+
+def worker_pid(database: Path) -> int | None:
+    """The pid a running trial reported, read straight from the SQLite store."""
+    if not database.exists():
+        return None
+    try:
+        with sqlite3.connect(database, timeout=5) as connection:
+            row = connection.execute(
+                "select t.value from tags t join metrics m on m.run_uuid = t.run_uuid "
+                "where t.key = 'foldsweep.pid' and m.key = 'mean_val_accuracy' limit 1").fetchone()
+    except sqlite3.OperationalError:
+        return None
+    return int(row[0]) if row else None
+
+
+def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path):
+    spec = merged(TINY_SPEC, {"name": "faults", "dataset": {"num_samples": 1500},
+                              "search": {"num_samples": 1, "space": {"kernel_size": 3, "batch_size": 8}},
+                              "train": {"epochs": 30, "refit": False},
+                              "resources": {"max_failures": 2},
+                              "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    sweep = subprocess.Popen([str(BIN / "foldsweep"), "run", "spec.yaml"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        pid = wait_for(lambda: worker_pid(tmp_path / "mlflow.db"), seconds=180, what="a trial's first epoch")
+        os.kill(pid, signal.SIGKILL)
+        output, _ = sweep.communicate(timeout=600)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 0, output
+    _, trials, _ = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "faults")
+    assert len(trials) == 1
+    trial = trials[0]
+    assert trial.info.status == "FINISHED" and trial.data.tags["foldsweep.status"] == "ok"
+    assert trial.data.tags["foldsweep.retries"] == "1" and trial.data.metrics["retries"] == 1
+    assert int(trial.data.tags["foldsweep.pid"]) != pid  # finished in a new worker process
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path, monkeypatch):
+    # Ray 2.60's `ray start` clusters authenticate with a token (~/.ray/auth_token); every
+    # process that joins, the sweep's driver included, must say so.
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    port = free_port()
+    env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token"}
+    ray = str(BIN / "ray")
+    head = subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                           "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=180)
+    assert head.returncode == 0, head.stderr
+    try:
+        worker = subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
+                                 "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=180)
+        assert worker.returncode == 0, worker.stderr
+        yield f"127.0.0.1:{port}"
+    finally:
+        stopped = subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, text=True, timeout=180)
+        assert stopped.returncode == 0, stopped.stderr
+
+
+def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = write_spec({"name": "cluster", "search": {"num_samples": 4}, "train": {"epochs": 3, "refit": False},
+                       "resources": {"max_concurrent": 2}})
+
+    result = CliRunner().invoke(app, ["run", str(spec), "--address", two_node_cluster])
+
+    assert result.exit_code == 0, result.output
+    _, trials, _ = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "cluster")
+    assert len(trials) == 4 and all(run.info.status == "FINISHED" for run in trials)
+    assert len({run.data.tags["foldsweep.node_id"] for run in trials}) == 2, "trials ran on both nodes"
+
+
+def test_a_sweep_records_to_an_mlflow_server_over_http(tmp_path, write_spec, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                               f"sqlite:///{tmp_path / 'server.db'}", "--host", "127.0.0.1", "--port", str(port)],
+                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        def healthy():
+            assert server.poll() is None, "mlflow server exited"
+            try:
+                return urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, seconds=120, what="the MLflow server")
+        spec = write_spec({"name": "server", "search": {"num_samples": 2}})
+        result = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
+        assert result.exit_code == 0, result.output
+        client, trials, parents = trial_runs(uri, "server")
+        assert len(parents) == 1 and len(trials) == 2
+        assert all(run.info.status == "FINISHED" for run in trials)
+        artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+        assert {"cv_results.csv", "spec.yaml", "refit_model.keras"} <= artifacts
+        assert "history.csv" in {a.path for a in client.list_artifacts(trials[0].info.run_id)}
+        assert not (tmp_path / "mlflow.db").exists()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
