@@ -89,6 +89,8 @@ def run(
     num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Override search.num_samples"),
     address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster (host:port) instead of "
                                           "starting a local one [default: resources.address]"),
+    resume: bool = typer.Option(False, "--resume", help="Continue the latest sweep of this spec (after Ctrl-C or "
+                                "a killed driver): finished trials are kept, unfinished ones go on"),
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
     from pipeline.report import leaderboard_table
@@ -112,8 +114,16 @@ def run(
         console.print(f"  trial {record.run_name}: {record.status} ({shown}){' - ' + reason if reason else ''}",
                       highlight=False)
 
-    outcome = run_sweep(prepared, on_trial_done=trial_done,
-                        notify=lambda line: console.print(f"[yellow]{line}[/]", highlight=False))
+    from pipeline.sweep import SweepInterrupted
+
+    try:
+        outcome = run_sweep(prepared, on_trial_done=trial_done, resume=resume,
+                            notify=lambda line: console.print(f"[yellow]{line}[/]", highlight=False))
+    except SweepInterrupted as interrupted:
+        again = " ".join(shlex.quote(arg) for arg in ["foldsweep", *sys.argv[1:]] if arg != "--resume")
+        errors.print(f"interrupted: sweep run {interrupted.parent_run_id} stopped, unfinished trials marked KILLED. "
+                     f"Resume with: {again} --resume", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=130) from None
     console.print(leaderboard_table(outcome.records, objective, sweep_spec.train.mode,
                                     title=f"{sweep_spec.name}: leaderboard"))
     console.print(f"{len(outcome.records)} trials in {outcome.wall_s:.0f} s; sweep run {outcome.parent_run_id}",

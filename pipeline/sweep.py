@@ -20,6 +20,7 @@ from pipeline.spec import SweepSpec
 from pipeline.tracking import Tracker, TrialRecord, check_tracking_uri
 
 RAY_RESULTS_DIR = "ray_results"
+RAY_PATH_TAG = "foldsweep.ray_experiment_path"
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,25 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset) -
             f"{spec.experiment} has only {experiment.output_units} outputs")
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """The sweep was stopped (Ctrl-C); its parent run is marked KILLED and can be resumed."""
+
+    def __init__(self, parent_run_id: str):
+        super().__init__(parent_run_id)
+        self.parent_run_id = parent_run_id
+
+
 def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord], None] | None = None,
-              notify: Callable[[str], None] = print) -> SweepOutcome:
-    """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials."""
+              notify: Callable[[str], None] = print, resume: bool = False) -> SweepOutcome:
+    """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials.
+
+    With ``resume``, continue the latest sweep of this spec's name through Ray Tune's restore:
+    finished trials stay as they are, unfinished ones go on from their last checkpoint, and the
+    same MLflow parent run and trial runs are continued.
+
+    Raises:
+        SweepInterrupted: Ctrl-C; what ran is recorded, unfinished trials as KILLED.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Ray Tune's own CSV/JSON/TensorBoard loggers duplicate what MLflow records.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
@@ -123,6 +140,8 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
 
     spec = prepared.spec
     started = time.perf_counter()
+    tracker = Tracker(prepared.tracking_uri)
+    resumable = tracker.resumable_sweep(spec.name) if resume else None
     started_ray = not ray.is_initialized()
     if started_ray:
         connect_ray(prepared.address)
@@ -132,11 +151,15 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
         if started_ray:
             ray.shutdown()
         raise
-    tracker = Tracker(prepared.tracking_uri)
-    parent_run_id = tracker.start_sweep(
-        name=spec.name, spec_text=spec.source_text, manifest=prepared.folds.manifest(),
-        params=_sweep_params(prepared),
-    )
+    if resumable is not None:
+        parent_run_id, ray_path = tracker.reopen_sweep(resumable)
+    else:
+        parent_run_id = tracker.start_sweep(
+            name=spec.name, spec_text=spec.source_text, manifest=prepared.folds.manifest(),
+            params=_sweep_params(prepared),
+        )
+        ray_path = str(Path(RAY_RESULTS_DIR).resolve() / f"{spec.name}-{parent_run_id[:8]}")
+        tracker.client.set_tag(parent_run_id, RAY_PATH_TAG, ray_path)
     callback = tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, on_recorded=on_trial_done,
                                 conditions=prepared.space.conditions)
     status = "error"
@@ -153,35 +176,50 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
             {"cpu": spec.resources.cpu, "gpu": gpu},
         )
         optuna = spec.search.algorithm == "optuna"
-        tuner = tune.Tuner(
-            trainable,
-            param_space={} if optuna else prepared.space.param_space,
-            tune_config=tune.TuneConfig(
-                metric=spec.objective,
-                mode=spec.train.mode,
-                num_samples=prepared.num_samples,
-                search_alg=make_searcher(spec, prepared.space),
-                scheduler=make_scheduler(spec),
-                max_concurrent_trials=spec.resources.max_concurrent,
-                reuse_actors=True,
-            ),
-            run_config=tune.RunConfig(
-                name=f"{spec.name}-{parent_run_id[:8]}",
-                storage_path=str(Path(RAY_RESULTS_DIR).resolve()),
-                callbacks=[callback],
-                failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
-                # A checkpoint per epoch (the fold models' weights and optimizer state, small next
-                # to an epoch's work) lets a retried or resumed trial go on from its last epoch.
-                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
-                verbose=0,
-            ),
-        )
+        param_space = {} if optuna else prepared.space.param_space
+        if resume:
+            tuner = _restored_tuner(ray_path, trainable, param_space, callback)
+        else:
+            tuner = tune.Tuner(
+                trainable,
+                param_space=param_space,
+                tune_config=tune.TuneConfig(
+                    metric=spec.objective,
+                    mode=spec.train.mode,
+                    num_samples=prepared.num_samples,
+                    search_alg=make_searcher(spec, prepared.space),
+                    scheduler=make_scheduler(spec),
+                    max_concurrent_trials=spec.resources.max_concurrent,
+                    reuse_actors=True,
+                ),
+                run_config=tune.RunConfig(
+                    name=Path(ray_path).name,
+                    storage_path=str(Path(ray_path).parent),
+                    callbacks=[callback],
+                    failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
+                    # A checkpoint per epoch (the fold models' weights and optimizer state, small
+                    # next to an epoch's work) lets a retried or resumed trial go on from its last
+                    # epoch.
+                    checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
+                    verbose=0,
+                ),
+            )
         results = tuner.fit()
+        # Ray Tune ends fit() early, without an exception, on Ctrl-C: fewer trials than planned
+        # have ended in the record.
+        ended = sum(record.state != "RUNNING" for record in tracker.trial_records(parent_run_id))
+        if ended < prepared.space.trial_count(prepared.num_samples):
+            status = "interrupted"
+            raise SweepInterrupted(parent_run_id)
         configs = {result.metrics.get("trial_id"): result.config for result in results}
         status = "ok"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise SweepInterrupted(parent_run_id) from None
     finally:
         if started_ray:
             ray.shutdown()
+        tracker.close_open_trial_runs(parent_run_id, status="killed" if status != "ok" else None)
         records = tracker.trial_records(parent_run_id)
         summary = _sweep_summary(records, spec)
         if status == "ok":
@@ -244,6 +282,20 @@ def check_ray_address(address: str) -> None:
     except OSError as exc:
         raise InputError(f"resources.address / --address: no Ray cluster answers at {address!r}: "
                          f"{exc.strerror or exc}") from None
+
+
+def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], callback: Any) -> Any:
+    """Ray Tune's restore of an interrupted experiment, writing to this process's MLflow callback."""
+    from ray import tune
+
+    if not tune.Tuner.can_restore(ray_path):
+        raise InputError(f"--resume: Ray Tune has no saved state to resume at {ray_path!r}")
+    tuner = tune.Tuner.restore(ray_path, trainable, resume_unfinished=True, resume_errored=False,
+                               param_space=param_space or None)
+    # The restored run config carries the callback pickled by the interrupted driver, which has
+    # lost its link to this process (the progress printer); swap in this process's callback.
+    tuner._local_tuner.get_run_config().callbacks = [callback]
+    return tuner
 
 
 def connect_ray(address: str | None) -> None:

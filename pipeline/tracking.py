@@ -158,8 +158,51 @@ class Tracker:
             elif math.isfinite(value):
                 self.client.log_metric(run_id, key, value)
         self.client.set_tag(run_id, STATUS_TAG, status)
-        self.client.set_terminated(run_id, "FINISHED" if status == "ok" else "FAILED")
+        self.client.set_terminated(run_id, {"ok": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED"))
 
+    def resumable_sweep(self, name: str) -> Any:
+        """The latest sweep named ``name``, if it can be resumed (read only).
+
+        Raises:
+            TrackingError: no such sweep, or it finished and has nothing to resume.
+        """
+        parent = self.find_sweep(name)
+        status = parent.data.tags.get(STATUS_TAG)
+        if status == "ok":
+            raise TrackingError(f"--resume: the latest sweep {name!r} (run {parent.info.run_id}) finished; "
+                                "nothing to resume (run without --resume for a new sweep)")
+        ray_path = parent.data.tags.get("foldsweep.ray_experiment_path")
+        if not ray_path:
+            raise TrackingError(f"--resume: sweep run {parent.info.run_id} has no Ray experiment path to resume from")
+        return parent
+
+    def reopen_sweep(self, parent: Any) -> tuple[str, str]:
+        """Set a resumable sweep (``resumable_sweep``) running again: (run id, Ray path)."""
+        ray_path = parent.data.tags["foldsweep.ray_experiment_path"]
+        self.client.update_run(parent.info.run_id, status="RUNNING")
+        self.client.set_tag(parent.info.run_id, STATUS_TAG, "running")
+        resumes = int(parent.data.tags.get("foldsweep.resumes", "0")) + 1
+        self.client.set_tag(parent.info.run_id, "foldsweep.resumes", str(resumes))
+        return parent.info.run_id, ray_path
+
+    def find_trial_run(self, parent_run_id: str, trial_id: str) -> Any:
+        """The run already recorded for a Ray trial of this sweep, if any (a resume reuses it)."""
+        parent = self.client.get_run(parent_run_id)
+        runs = self.client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=(f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`{ROLE_TAG}` = 'trial' "
+                           f"and tags.`{TRIAL_ID_TAG}` = '{trial_id}'"),
+            max_results=1)
+        return runs[0] if runs else None
+
+    def close_open_trial_runs(self, parent_run_id: str, *, status: str | None) -> None:
+        """Trial runs left RUNNING (a stopped sweep, or a driver killed before it closed them)
+        end as ``status``; with None, nothing is expected to be open and nothing is done."""
+        if status is None:
+            return
+        for record in self.trial_records(parent_run_id):
+            if record.state == "RUNNING":
+                self.finish_trial_run(record.run_id, status=status)
     def find_sweep(self, sweep: str | None = None) -> Any:
         """A sweep's parent run: by run id, by sweep (experiment) name, or the latest of all.
 
@@ -352,6 +395,14 @@ class MlflowTrialCallback(Callback):
         from pipeline.space import resolve_config
 
         if trial.trial_id not in self._run_ids:
+            # A resumed sweep continues the run its trial already has: one run per trial.
+            existing = self.tracker.find_trial_run(self.parent_run_id, trial.trial_id)
+            if existing is not None:
+                if existing.info.status != "RUNNING":
+                    self.tracker.client.update_run(existing.info.run_id, status="RUNNING")
+                    self.tracker.client.set_tag(existing.info.run_id, STATUS_TAG, "running")
+                self._run_ids[trial.trial_id] = existing.info.run_id
+                return existing.info.run_id
             # The values the trial uses: no threshold without clipping, no inactive conditional hp.
             self._run_ids[trial.trial_id] = self.tracker.start_trial_run(
                 parent_run_id=self.parent_run_id, run_name=trial.trial_id, role="trial",

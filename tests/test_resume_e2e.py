@@ -1,0 +1,108 @@
+"""Ctrl-C or a killed driver, then `foldsweep run --resume`: every trial ends exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from conftest import TINY_SPEC, merged
+
+pytestmark = pytest.mark.e2e
+
+TRIALS = 6
+
+
+def finished_trials(database: Path) -> int:
+    if not database.exists():
+        return 0
+    try:
+        with sqlite3.connect(database, timeout=5) as connection:
+            return connection.execute(
+                "select count(*) from runs r join tags t on t.run_uuid = r.run_uuid "
+                "where t.key = 'foldsweep.role' and t.value = 'trial' and r.status = 'FINISHED'").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+def runs(directory: Path):
+    client = MlflowClient(f"sqlite:///{directory / 'mlflow.db'}")
+    found = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
+    parents = [run for run in found if run.data.tags["foldsweep.role"] == "sweep"]
+    trials = [run for run in found if run.data.tags["foldsweep.role"] == "trial"]
+    return client, parents, trials
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(tmp_path, stop):
+    spec = merged(TINY_SPEC, {"name": "resume", "dataset": {"num_samples": 1500},
+                              "search": {"num_samples": TRIALS, "space": {"kernel_size": 3, "batch_size": 8}},
+                              "train": {"epochs": 12, "refit": False},
+                              "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    command = [str(Path(sys.executable).parent / "foldsweep"), "run", "spec.yaml"]
+    sweep = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while finished_trials(tmp_path / "mlflow.db") < 2:  # waiting for progress, not timing anything
+            assert time.monotonic() < deadline and sweep.poll() is None, "the sweep made no progress"
+            time.sleep(0.5)
+        os.kill(sweep.pid, stop)
+        output, _ = sweep.communicate(timeout=300)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+
+    client, parents, trials = runs(tmp_path)
+    assert len(parents) == 1
+    parent_id = parents[0].info.run_id
+    done_before = {run.info.run_id: (run.info.end_time, len(client.get_metric_history(run.info.run_id, "mean_val_loss")))
+                   for run in trials if run.info.status == "FINISHED"}
+    assert 2 <= len(done_before) < TRIALS
+    if stop == signal.SIGINT:
+        assert sweep.returncode == 130, output
+        assert "--resume" in output
+        assert parents[0].info.status == "KILLED" and parents[0].data.tags["foldsweep.status"] == "interrupted"
+        assert all(run.info.status in ("FINISHED", "KILLED") for run in trials)
+
+    resumed = subprocess.run([*command, "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    client, parents, trials = runs(tmp_path)
+    assert [parent.info.run_id for parent in parents] == [parent_id]
+    assert parents[0].info.status == "FINISHED" and parents[0].data.tags["foldsweep.resumes"] == "1"
+    assert len(trials) == TRIALS
+    assert len({run.data.tags["foldsweep.trial_id"] for run in trials}) == TRIALS
+    assert all(run.info.status == "FINISHED" and run.data.tags["foldsweep.status"] == "ok" for run in trials)
+    for run in trials:
+        history = client.get_metric_history(run.info.run_id, "mean_val_loss")
+        assert sorted(metric.step for metric in history) == list(range(1, 13)), "each epoch recorded once"
+        if run.info.run_id in done_before:  # finished before the stop: not trained again
+            assert (run.info.end_time, len(history)) == done_before[run.info.run_id]
+
+
+def test_resume_refuses_a_finished_sweep(tmp_path, write_spec, monkeypatch):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from pipeline.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec({"name": "done"})
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent = tracker.start_sweep(name="done", spec_text="", manifest={}, params={})
+    tracker.end_sweep(parent, status="ok", summary={})
+    result = CliRunner().invoke(app, ["run", str(spec), "--resume"])
+    assert result.exit_code == 2
+    assert "finished; nothing to resume" in result.output
+    assert not (tmp_path / "ray_results").exists()
+    nothing = CliRunner().invoke(app, ["run", str(write_spec({"name": "never-ran"})), "--resume"])
+    assert nothing.exit_code == 2 and "no sweep named 'never-ran'" in nothing.output
