@@ -10,6 +10,7 @@ import functools
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import traceback
@@ -301,14 +302,28 @@ def ui(
     check_tracking_uri(tracking_uri)
     if not 0 < port < 65536:
         raise InputError(f"--port must be between 1 and 65535, got {port}")
+    # One worker process is plenty for one researcher's browser (MLflow's default is four).
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri,
-               "--host", "127.0.0.1", "--port", str(port)]
+               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     console.print(f"MLflow UI for {tracking_uri} at http://127.0.0.1:{port} (Ctrl-C stops it)", highlight=False)
+    # MLflow's UI runs a server with worker processes of its own; in a session of its own the
+    # whole group can be stopped, so that stopping `foldsweep ui` leaves nothing running.
+    server = subprocess.Popen(command, start_new_session=True)
+
+    def stop(signum: int = signal.SIGTERM, frame: Any = None) -> None:
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, stop)
     try:
-        completed = subprocess.run(command, check=False)
+        code = server.wait()
     except KeyboardInterrupt:
+        stop()
+        server.wait()
         return
-    raise typer.Exit(code=completed.returncode)
+    raise typer.Exit(code=code)
 
 
 def main() -> None:  # pragma: no cover - entry point for `python -m pipeline.cli`

@@ -147,6 +147,16 @@ def test_ui_serves_the_store_on_loopback(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=30)
+    # Stopping `foldsweep ui` stops MLflow's server and its workers too: the port closes.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # waiting for the processes to exit, not timing anything
+        try:
+            urllib.request.urlopen(url, timeout=2)
+        except OSError:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("the MLflow UI still answers after foldsweep ui was stopped")
 
 
 def test_gpu_request_on_a_cluster_without_gpus_runs_on_cpu_with_a_notice(ray_cluster, tmp_path, write_spec,

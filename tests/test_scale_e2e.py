@@ -130,7 +130,8 @@ def test_a_sweep_records_to_an_mlflow_server_over_http(tmp_path, write_spec, mon
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
                                f"sqlite:///{tmp_path / 'server.db'}", "--host", "127.0.0.1", "--port", str(port)],
-                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     try:
         def healthy():
@@ -152,5 +153,5 @@ def test_a_sweep_records_to_an_mlflow_server_over_http(tmp_path, write_spec, mon
         assert "history.csv" in {a.path for a in client.list_artifacts(trials[0].info.run_id)}
         assert not (tmp_path / "mlflow.db").exists()
     finally:
-        server.terminate()
+        os.killpg(server.pid, signal.SIGTERM)  # the server and the worker processes it started
         server.wait(timeout=30)
