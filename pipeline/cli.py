@@ -84,6 +84,26 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
 
 @app.command()
 @exit_codes
+def datasets() -> None:
+    """List the built-in datasets with their shapes and sizes (generating any not yet cached)."""
+    from rich.table import Table
+
+    from pipeline.datasets import BUILTIN_DESCRIPTIONS, BUILTINS, load_dataset
+    from pipeline.spec import DatasetSpec
+
+    table = Table(title="built-in datasets (default options)")
+    for column in ("name", "CV samples", "test samples", "sample shape", "classes", "groups", "what"):
+        table.add_column(column)
+    for name in BUILTINS:
+        data = load_dataset(DatasetSpec(name=name))
+        groups = str(len(set(data.groups.tolist()))) if data.groups is not None else "-"
+        table.add_row(name, str(len(data.y)), str(len(data.y_test)) if data.y_test is not None else "-",
+                      str(data.input_shape), str(data.n_classes), groups, BUILTIN_DESCRIPTIONS.get(name, ""))
+    console.print(table)
+
+
+@app.command()
+@exit_codes
 def run(
     spec: Path = typer.Argument(..., help="Sweep spec (YAML)"),
     tracking_uri: Optional[str] = TrackingUriOption,

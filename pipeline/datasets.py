@@ -79,9 +79,9 @@ def load_dataset(spec: DatasetSpec, *, base_dir: Path | None = None) -> Dataset:
         if builtin is None:
             raise DataError(
                 f"dataset: unknown built-in dataset {spec.name!r}; built-ins: {', '.join(sorted(BUILTINS))} "
-                "(a file path must end in .npz)")
+                "(a data file is a .npz archive or a directory of .npy files)")
         return builtin.load(spec.options)
-    return _load_npz(_resolve(spec.path, base_dir), spec.options)
+    return _load_file(_resolve(spec.path, base_dir), spec.options)
 
 
 def _resolve(path: str, base_dir: Path | None) -> Path:
@@ -183,6 +183,36 @@ def _generate_mnist1d(options: Mapping[str, Any]) -> dict[str, np.ndarray]:
     }
 
 
+def _validate_digits(options: Mapping[str, Any]) -> None:
+    split = options["test_fraction"]
+    if isinstance(split, bool) or not isinstance(split, (int, float)) or not 0 < split < 1:
+        raise DataError(f"dataset.test_fraction must be a number between 0 and 1 (exclusive), got {split!r}")
+    seed = options["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise DataError(f"dataset.seed must be an integer >= 0, got {seed!r}")
+
+
+def _generate_digits(options: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits (no download), scaled to [0, 1], with a seeded,
+    stratified held-out test split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = (digits.images / 16.0).astype(np.float32)[..., None]
+    y = digits.target.astype(np.int32)
+    x, x_test, y, y_test = train_test_split(x, y, test_size=options["test_fraction"], stratify=y,
+                                            random_state=options["seed"])
+    return {"x": x, "y": y, "x_test": x_test, "y_test": y_test}
+
+
+def _protein_builtin() -> Builtin:
+    from pipeline import protein
+
+    return Builtin(name="protein_windows", defaults=protein.DEFAULTS, generate=protein.generate,
+                   validate=protein.validate)
+
+
 BUILTINS: dict[str, Builtin] = {
     "mnist1d": Builtin(
         name="mnist1d",
@@ -190,30 +220,85 @@ BUILTINS: dict[str, Builtin] = {
         generate=_generate_mnist1d,
         validate=_validate_mnist1d,
     ),
+    "digits": Builtin(
+        name="digits",
+        defaults={"test_fraction": 0.2, "seed": 0},
+        generate=_generate_digits,
+        validate=_validate_digits,
+    ),
+    "protein_windows": _protein_builtin(),
+}
+
+BUILTIN_DESCRIPTIONS: Mapping[str, str] = {
+    "mnist1d": "MNIST-1D signals (40 steps, 10 classes), regenerated with the mnist1d package",
+    "digits": "scikit-learn's bundled 8x8 handwritten digits (10 classes), for 2D CNNs",
+    "protein_windows": "sliding windows over synthetic proteins (one-hot residues, helix/strand/coil), "
+                       "groups = protein id; segments drawn with Chou-Fasman propensities",
 }
 
 
-def _load_npz(path: Path, options: Mapping[str, Any]) -> Dataset:
-    if options:
-        raise DataError(f"dataset: file datasets take no options, got {dict(options)!r}")
-    if path.suffix != ".npz":
-        raise DataError(f"dataset: a data file must be a .npz archive, got {str(path)!r}")
-    if not path.is_file():
+ARRAY_ROLES: tuple[str, ...] = ("x", "y", "groups", "x_test", "y_test")
+
+
+def _load_file(path: Path, options: Mapping[str, Any]) -> Dataset:
+    """A ``.npz`` archive, or a directory of ``.npy`` files (memory-mapped, not copied).
+
+    ``options`` may rename the arrays: ``{x: features, y: labels, groups: protein_id}``.
+    """
+    for key, value in options.items():
+        if key not in ARRAY_ROLES:
+            raise DataError(f"dataset.{key}: not an option of a data file; options name its arrays: "
+                            f"{', '.join(ARRAY_ROLES)}, got {value!r}")
+        if not isinstance(value, str):
+            raise DataError(f"dataset.{key} must be the name of an array in the file, got {value!r}")
+    names = {role: options.get(role, role) for role in ARRAY_ROLES}
+    if path.is_dir():
+        arrays = _read_npy_directory(path, names)
+    elif path.suffix != ".npz":
+        raise DataError(f"dataset: a data file must be a .npz archive or a directory of .npy files, got {str(path)!r}")
+    elif not path.is_file():
         raise DataError(f"dataset: data file not found: {str(path)!r}")
-    try:
-        with np.load(path, allow_pickle=False) as stored:
-            arrays = {key: stored[key] for key in stored.files}
-    except (OSError, ValueError) as exc:
-        raise DataError(f"dataset: cannot read {str(path)!r} as .npz: {exc}") from None
-    for required in ("x", "y"):
-        if required not in arrays:
-            raise DataError(f"dataset: {str(path)!r} has no array {required!r}; arrays found: {', '.join(arrays) or 'none'}")
-    known = {"x", "y", "x_test", "y_test", "groups"}
-    dataset = Dataset(name=path.stem, **{key: value for key, value in arrays.items() if key in known})
+    else:
+        arrays = _read_npz(path, names)
+    for role in ("x", "y"):
+        if role not in arrays:
+            raise DataError(f"dataset: {str(path)!r} has no array {names[role]!r} (for {role})")
+    dataset = Dataset(name=path.stem, **arrays)
     check_arrays(dataset, source=str(path))
     if dataset.x.ndim == 2:
         dataset = _with_channel_axis(dataset)
     return dataset
+
+
+def _read_npz(path: Path, names: Mapping[str, str]) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            return {role: stored[name] for role, name in names.items() if name in stored.files}
+    except ValueError as exc:
+        raise DataError(f"dataset: cannot read {str(path)!r}: {_array_problem(exc)}") from None
+    except OSError as exc:
+        raise DataError(f"dataset: cannot read {str(path)!r} as .npz: {exc}") from None
+
+
+def _read_npy_directory(path: Path, names: Mapping[str, str]) -> dict[str, np.ndarray]:
+    arrays = {}
+    for role, name in names.items():
+        file = path / f"{name}.npy"
+        if not file.is_file():
+            continue
+        try:
+            arrays[role] = np.load(file, mmap_mode="r", allow_pickle=False)
+        except ValueError as exc:
+            raise DataError(f"dataset: cannot read {str(file)!r}: {_array_problem(exc)}") from None
+        except OSError as exc:
+            raise DataError(f"dataset: cannot read {str(file)!r} as .npy: {exc}") from None
+    return arrays
+
+
+def _array_problem(exc: ValueError) -> str:
+    if "allow_pickle" in str(exc):
+        return "it holds an object array (ragged shapes?); store each array as one rectangular numeric array"
+    return str(exc)
 
 
 def _with_channel_axis(dataset: Dataset) -> Dataset:

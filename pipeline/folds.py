@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.model_selection import KFold, StratifiedKFold
+from sklearn.model_selection import GroupKFold, KFold, StratifiedGroupKFold, StratifiedKFold
 
 from pipeline.datasets import Dataset
 from pipeline.errors import DataError
@@ -57,25 +57,37 @@ def _hash_indices(indices: np.ndarray) -> str:
 
 
 def make_folds(cv: CVSpec, dataset: Dataset) -> FoldPlan:
-    """Split the dataset's CV training split.
+    """Split the dataset's CV training split with a seeded scikit-learn splitter.
 
     Raises:
-        DataError: more splits than samples, or (stratified) than members of the smallest class.
+        DataError: more splits than samples, (stratified) than members of the smallest class,
+            or (grouped) than groups; grouped CV on data without groups.
     """
     n_samples = len(dataset.y)
     if cv.n_splits > n_samples:
         raise DataError(f"cv.n_splits must be <= the number of samples ({n_samples}), got {cv.n_splits}")
-    if cv.splitter == "stratified":
+    stratified = cv.splitter in ("stratified", "stratified_group")
+    grouped = cv.splitter in ("group", "stratified_group")
+    if stratified:
         counts = np.bincount(dataset.y)
         smallest = int(counts[counts > 0].min())
         if cv.n_splits > smallest:
             raise DataError(
-                f"cv.n_splits must be <= the smallest class size ({smallest}) for stratified CV, got {cv.n_splits}")
-        splitter = StratifiedKFold(n_splits=cv.n_splits, shuffle=True, random_state=cv.seed)
-    else:
-        splitter = KFold(n_splits=cv.n_splits, shuffle=True, random_state=cv.seed)
+                f"cv.n_splits must be <= the smallest class size ({smallest}) for {cv.splitter} CV, got {cv.n_splits}")
+    groups = None
+    if grouped:
+        if dataset.groups is None:
+            raise DataError(f"cv.splitter {cv.splitter} needs groups, but dataset {dataset.name!r} has none "
+                            "(a groups array in the data file)")
+        groups = np.asarray(dataset.groups)
+        n_groups = len(np.unique(groups))
+        if cv.n_splits > n_groups:
+            raise DataError(f"cv.n_splits must be <= the number of groups ({n_groups}), got {cv.n_splits}")
+    splitter = {
+        "kfold": KFold, "stratified": StratifiedKFold, "group": GroupKFold, "stratified_group": StratifiedGroupKFold,
+    }[cv.splitter](n_splits=cv.n_splits, shuffle=True, random_state=cv.seed)
     folds = tuple(
         Fold(train=train.astype(np.int64), val=val.astype(np.int64))
-        for train, val in splitter.split(np.zeros(n_samples), dataset.y)
+        for train, val in splitter.split(np.zeros(n_samples), dataset.y, groups)
     )
     return FoldPlan(cv=cv, folds=folds, dataset_fingerprint=dataset.fingerprint)

@@ -16,8 +16,8 @@ import yaml
 
 from pipeline.errors import SpecError
 
-SplitterName = Literal["kfold", "stratified"]
-SPLITTERS: tuple[str, ...] = ("kfold", "stratified")
+SplitterName = Literal["kfold", "stratified", "group", "stratified_group"]
+SPLITTERS: tuple[str, ...] = ("kfold", "stratified", "group", "stratified_group")
 SEARCH_ALGORITHMS: tuple[str, ...] = ("random", "grid", "optuna")
 SCHEDULERS: tuple[str, ...] = ("fifo", "asha", "median")
 CLIPPING_KINDS: tuple[str, ...] = ("none", "norm", "value", "global_norm")

@@ -107,7 +107,7 @@ def test_the_installed_command_exits_2_on_a_bad_spec(write_spec):
     command = Path(sys.executable).parent / "foldsweep"
     completed = subprocess.run([str(command), "validate", str(spec)], capture_output=True, text=True, timeout=120)
     assert completed.returncode == 2
-    assert "cv.splitter must be one of kfold, stratified (did you mean 'kfold'?), got 'kfolds'" in \
+    assert "cv.splitter must be one of kfold, stratified, group, stratified_group (did you mean 'kfold'?), got 'kfolds'" in \
         completed.stderr.replace("\n", " ")
 
 

@@ -23,7 +23,7 @@ BAD_SPECS = [
     ({"trian": {"epochs": 1}}, "unknown key 'trian' (did you mean 'train'?)"),
     ({"cv": {"n_split": 3}}, "unknown key 'cv.n_split' (did you mean 'n_splits'?)"),
     ({"cv": "kfold"}, "cv must be a mapping of keys to values, got 'kfold'"),
-    ({"cv": {"splitter": "kfolds"}}, "cv.splitter must be one of kfold, stratified (did you mean 'kfold'?), got 'kfolds'"),
+    ({"cv": {"splitter": "kfolds"}}, "cv.splitter must be one of kfold, stratified, group, stratified_group (did you mean 'kfold'?), got 'kfolds'"),
     ({"cv": {"n_splits": 1}}, "cv.n_splits must be an integer >= 2, got 1"),
     ({"cv": {"n_splits": 2.5}}, "cv.n_splits must be an integer, got 2.5"),
     ({"cv": {"n_splits": True}}, "cv.n_splits must be an integer, got True"),
