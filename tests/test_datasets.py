@@ -67,7 +67,7 @@ def test_bad_generator_options_are_refused(options, message):
 
 
 def test_unknown_builtin_is_refused():
-    with pytest.raises(DataError, match="unknown built-in dataset 'mnist2d'; built-ins: mnist1d"):
+    with pytest.raises(DataError, match="unknown built-in dataset 'mnist2d'; built-ins: digits, mnist1d, protein_windows"):
         load_dataset(DatasetSpec(name="mnist2d"))
 
 
