@@ -373,7 +373,7 @@ def _suggest(value: Any, choices: tuple[str, ...] | list[str]) -> str:
 class _Section:
     """Reads one YAML mapping key by key; whatever is left at ``finish()`` is an unknown key."""
 
-    def __init__(self, data: Any, path: str, file: str, known: tuple[str, ...] = ()):
+    def __init__(self, data: Any, path: str, file: str):
         self.file = file
         self.path = path
         if data is None:
