@@ -292,7 +292,7 @@ def _parse_distribution(file: str, where: str, kind: str, args: Any) -> ParamSpe
             fail(f"must be integers {shape}")
     low, high = args[0], args[1]
     if low >= high:
-        fail(f"needs low < high")
+        fail("needs low < high")
     if kind == "loguniform" and low <= 0:
         fail("needs low > 0 (log scale)")
     if kind == "qrandint" and args[2] <= 0:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -84,3 +87,29 @@ def write_experiment(tmp_path: Path) -> Callable[[str, str], Path]:
         return path
 
     return write
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], Any], *, seconds: float, what: str) -> Any:
+    """Poll until ``condition()`` is truthy (waiting on other processes, not timing anything)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def answers(url: str) -> bytes | None:
+    """The body at ``url``, or None while nothing listens there."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read() or b" "
+    except OSError:
+        return None

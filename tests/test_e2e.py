@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import Replace
+from conftest import Replace, answers, free_port, wait_for
 from pipeline.cli import app
 from pipeline.datasets import load_dataset
 from pipeline.folds import make_folds
@@ -119,12 +116,6 @@ def test_a_failing_trial_is_recorded_and_the_sweep_completes(ray_cluster, tmp_pa
     assert parents[0].data.metrics["n_failed"] == 1
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_ui_serves_the_store_on_loopback(tmp_path):
     tracking_uri = f"sqlite:///{tmp_path / 'ui.db'}"
     MlflowClient(tracking_uri).create_experiment("shown-in-ui", artifact_location=(tmp_path / "a").as_uri())
@@ -133,41 +124,14 @@ def test_ui_serves_the_store_on_loopback(tmp_path):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=shown-in-ui"
     try:
-        deadline = time.monotonic() + 120
-        body = None
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    body = json.loads(response.read())
-                break
-            except OSError:
-                time.sleep(0.5)  # waiting for the server to listen, not timing anything
-        assert body is not None, process.stdout.read().decode() if process.poll() is not None else "UI did not start"
+        def listening():
+            assert process.poll() is None, process.stdout.read().decode()
+            return answers(url)
+
+        body = json.loads(wait_for(listening, seconds=120, what="the MLflow UI"))
         assert body["experiment"]["name"] == "shown-in-ui"
     finally:
         process.terminate()
         process.wait(timeout=30)
     # Stopping `foldsweep ui` stops MLflow's server and its workers too: the port closes.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # waiting for the processes to exit, not timing anything
-        try:
-            urllib.request.urlopen(url, timeout=2)
-        except OSError:
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError("the MLflow UI still answers after foldsweep ui was stopped")
-
-
-def test_gpu_request_on_a_cluster_without_gpus_runs_on_cpu_with_a_notice(ray_cluster, tmp_path, write_spec,
-                                                                         monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    spec_path = write_spec({"name": "nogpu", "resources": {"gpu": 0.5}, "search": {"num_samples": 1},
-                            "train": {"epochs": 1}})
-
-    result = CliRunner().invoke(app, ["run", str(spec_path)])
-
-    assert result.exit_code == 0, result.output
-    assert "notice: resources.gpu=0.5 but the Ray cluster has no GPU: trials run on CPU" in result.output.replace("\n", " ")
-    _, _, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "nogpu")
-    assert [trial.info.status for trial in trials] == ["FINISHED"]
+    wait_for(lambda: answers(url) is None, seconds=60, what="the MLflow UI to stop answering")

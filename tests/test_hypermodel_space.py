@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import keras
-import numpy as np
 import pytest
 from ray import tune
 
 from conftest import MNIST1D_EXPERIMENT
 from pipeline.errors import ExperimentError, SpecError
 from pipeline.hypermodel import load_experiment
-from pipeline.space import build_space, hp_domain, resolve_config, split_config
+from pipeline.space import build_space, hp_domain, split_config
 from pipeline.spec import load_spec
 
 KT_HYPERMODEL = '''

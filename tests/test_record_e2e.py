@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import io
 import math
 import re
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import Replace
+from conftest import Replace, answers, free_port, wait_for
 from pipeline.cli import app
 from pipeline.datasets import load_dataset
 from pipeline.report import PLOTS
@@ -198,7 +197,6 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_pa
     import shutil
     import subprocess
     import sys
-    import urllib.request
 
     chromium = shutil.which("chromium")
     if chromium is None:
@@ -208,21 +206,17 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_pa
     directory, _ = diverging_sweep
     client, parent, trials = store(directory)
     experiment_id = parent.info.experiment_id
-    from test_e2e import free_port
-
     port = free_port()
     command = [str(Path(sys.executable).parent / "foldsweep"), "ui", "--tracking-uri",
                f"sqlite:///{directory / 'mlflow.db'}", "--port", str(port)]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(240):  # waiting for the server to listen, not timing anything
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None, "foldsweep ui exited"
-                __import__("time").sleep(0.5)
+        def listening():
+            assert server.poll() is None, "foldsweep ui exited"
+            return answers(f"{base}/health")
+
+        wait_for(listening, seconds=120, what="the MLflow UI")
         runs_page = rendered(chromium, f"{base}/#/experiments/{experiment_id}/runs", tmp_path / "profile1")
         assert "Training runs" in runs_page
         assert parent.info.run_name in runs_page

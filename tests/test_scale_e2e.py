@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,29 +14,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import TINY_SPEC, merged
+from conftest import TINY_SPEC, answers, free_port, merged, wait_for
 from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(condition, *, seconds: float, what: str):
-    """Poll until ``condition()`` is truthy (waiting on other processes, not timing anything)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def trial_runs(uri: str, experiment: str):
@@ -136,10 +116,7 @@ def test_a_sweep_records_to_an_mlflow_server_over_http(tmp_path, write_spec, mon
     try:
         def healthy():
             assert server.poll() is None, "mlflow server exited"
-            try:
-                return urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200
-            except OSError:
-                return False
+            return answers(f"{uri}/health")
 
         wait_for(healthy, seconds=120, what="the MLflow server")
         spec = write_spec({"name": "server", "search": {"num_samples": 2}})
