@@ -161,11 +161,9 @@ def report(
 ) -> None:
     """Print a recorded sweep's leaderboard, NaN and throughput tables; refresh its plots."""
     from pipeline.report import leaderboard_table, nan_table_rows, publish, rows_table, throughput_rows
-    from pipeline.tracking import Tracker, check_tracking_uri
+    from pipeline.tracking import Tracker
 
-    check_tracking_uri(tracking_uri)
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
-        raise InputError(f"--tracking-uri: no MLflow store at {tracking_uri!r}")
+    _check_existing_store(tracking_uri)
     tracker = Tracker(tracking_uri)
     parent = tracker.find_sweep(sweep)
     params = parent.data.params
@@ -240,11 +238,9 @@ def rerun(
     from pipeline.hypermodel import load_experiment
     from pipeline.rerun import apply_overrides, check_fold, load_recorded_trial, parse_assignments, recorded_folds
     from pipeline.space import build_space
-    from pipeline.tracking import Tracker, check_tracking_uri
+    from pipeline.tracking import Tracker
 
-    check_tracking_uri(tracking_uri)
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
-        raise InputError(f"--tracking-uri: no MLflow store at {tracking_uri!r}")
+    _check_existing_store(tracking_uri)
     tracker = Tracker(tracking_uri)
     recorded = load_recorded_trial(tracker, run_id)
     fold_ids = check_fold(fold, recorded.spec.cv.n_splits)
@@ -255,9 +251,8 @@ def rerun(
     dataset, plan = recorded_folds(recorded)
     console.print(f"rerun of trial {recorded.run_name} ({run_id}) of sweep run {recorded.parent_run_id}"
                   + (f", with {' '.join(set_values)}" if set_values else ""), highlight=False)
-    tracking = None if no_track else (tracker, recorded, config)
     _run_here(recorded.spec, recorded.experiment_path, dataset, plan, config, space.conditions, fold_ids, epochs,
-              eager, check_numerics, tracking=tracking)
+              eager, check_numerics, tracking=None if no_track else (tracker, recorded))
 
 
 def _run_here(spec: Any, experiment_path: Path, dataset: Any, plan: Any, config: dict[str, Any], conditions: Any,
@@ -268,7 +263,7 @@ def _run_here(spec: Any, experiment_path: Path, dataset: Any, plan: Any, config:
 
     run_id = None
     if tracking is not None:
-        tracker, recorded, _ = tracking
+        tracker, recorded = tracking
         run_id = tracker.start_trial_run(
             parent_run_id=recorded.parent_run_id, run_name=f"rerun-{recorded.run_name}", role="rerun",
             config=resolve_config(config, conditions), tags={RERUN_OF_TAG: recorded.run_id})
@@ -296,7 +291,17 @@ def _run_here(spec: Any, experiment_path: Path, dataset: Any, plan: Any, config:
                                            "foldsweep.numerics_node": finding.node,
                                            "foldsweep.numerics_layer": finding.layer}
         tracker.finish_trial_run(run_id, status=status, tags=tags)
-        console.print(f"recorded as run {run_id} (tag {RERUN_OF_TAG}={tracking[1].run_id})", highlight=False)
+        console.print(f"recorded as run {run_id} (tag {RERUN_OF_TAG}={recorded.run_id})", highlight=False)
+
+
+def _check_existing_store(tracking_uri: str) -> None:
+    """Commands that read a recorded sweep refuse a store that does not exist (rather than
+    creating an empty one)."""
+    from pipeline.tracking import check_tracking_uri
+
+    check_tracking_uri(tracking_uri)
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        raise InputError(f"--tracking-uri: no MLflow store at {tracking_uri!r}")
 
 
 def ui_command(tracking_uri: str) -> str:

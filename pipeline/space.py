@@ -202,24 +202,29 @@ class _OptunaSpace:
     """A picklable define-by-run function over Ray Tune domains (see ``optuna_define_by_run``)."""
 
     def __init__(self, domains: dict[str, Any], conditions: dict[str, tuple[Any, ...]]):
-        self.domains = domains
+        from ray.tune.search.optuna import OptunaSearch
+
+        self.constants = {name: value for name, value in domains.items() if not isinstance(value, sample.Domain)}
+        # Converted once here, not at every suggestion; the order of `domains` is kept so that a
+        # parent (clipping, a conditional scope's Choice) is answered before what depends on it.
+        searched = {name: value for name, value in domains.items() if isinstance(value, sample.Domain)}
+        self.distributions = OptunaSearch.convert_search_space(searched) if searched else {}
+        self.order = list(domains)
         self.conditions = conditions
 
     def __call__(self, trial: Any) -> dict[str, Any]:
-        from ray.tune.search.optuna import OptunaSearch
-
         values: dict[str, Any] = {}
         constants: dict[str, Any] = {}
-        for name, domain in self.domains.items():
-            if name == "clip_threshold" and values.get("clipping", constants.get("clipping")) == "none":
+        for name in self.order:
+            known = {**constants, **values}
+            if name == "clip_threshold" and known.get("clipping") == "none":
                 continue
-            if not all(condition.is_active({**constants, **values}) for condition in self.conditions.get(name, ())):
+            if not all(condition.is_active(known) for condition in self.conditions.get(name, ())):
                 continue
-            if not isinstance(domain, sample.Domain):
-                constants[name] = domain
-                continue
-            distribution = OptunaSearch.convert_search_space({name: domain})[name]
-            values[name] = _suggest(trial, name, distribution)
+            if name in self.constants:
+                constants[name] = self.constants[name]
+            else:
+                values[name] = _suggest(trial, name, self.distributions[name])
         return constants
 
 

@@ -49,8 +49,8 @@ class TrialRunner:
 
         self.config = resolve_config(config, settings.conditions)
         training, model_values = split_config(self.config)
-        self.epochs = epochs or training.pop("epochs") or settings.epochs
-        training.pop("epochs", None)
+        planned = training.pop("epochs")
+        self.epochs = epochs or planned or settings.epochs
         self._data = data
         self._device_notice = device_notice
         self.trainer = FoldTrainer(
