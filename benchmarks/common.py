@@ -7,13 +7,9 @@ import time
 from typing import Any
 
 import keras
-import numpy as np
 
 from pipeline.datasets import Dataset, load_dataset
 from pipeline.spec import DatasetSpec
-
-AMINO_ACIDS = 20
-
 
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far (Linux reports KiB)."""
@@ -24,18 +20,11 @@ def mnist1d() -> Dataset:
     return load_dataset(DatasetSpec(name="mnist1d"))
 
 
-def windows(n_windows: int, width: int = 15, seed: int = 0) -> Dataset:
-    """Sliding windows over random residue sequences, one-hot (20 amino acids + padding), shaped
-    like the protein-window scenario; labels are a noisy function of the centre residues so that
-    a CNN has something to learn. A stand-in until the built-in protein dataset exists."""
-    rng = np.random.default_rng(seed)
-    residues = rng.integers(0, AMINO_ACIDS, size=n_windows + width)
-    padded = np.concatenate([np.full(width // 2, AMINO_ACIDS), residues, np.full(width // 2, AMINO_ACIDS)])
-    index = np.arange(n_windows)[:, None] + np.arange(width)[None, :]
-    x = np.eye(AMINO_ACIDS + 1, dtype=np.float32)[padded[index]]
-    centre = padded[index[:, width // 2]]
-    y = ((centre % 3) + (rng.random(n_windows) < 0.2)).astype(np.int32) % 3
-    return Dataset(name=f"windows{n_windows // 1000}k", x=x, y=y)
+def protein_windows(n_proteins: int) -> Dataset:
+    """The built-in protein-window dataset (15 x 21 one-hot windows, 3 classes), sized by the
+    number of proteins: ~190 gives ~36K CV training windows, ~48 about 9K."""
+    data = load_dataset(DatasetSpec(name="protein_windows", options={"n_proteins": n_proteins}))
+    return Dataset(name=f"protein{len(data.y) // 1000}k", x=data.x, y=data.y)
 
 
 def cnn_builder(input_shape: tuple[int, ...], n_classes: int):

@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 
-from benchmarks.common import cnn_builder, mnist1d, naive_fold_fit, peak_rss_mb, windows  # noqa: E402
+from benchmarks.common import cnn_builder, mnist1d, naive_fold_fit, peak_rss_mb, protein_windows  # noqa: E402
 from pipeline.folds import make_folds  # noqa: E402
 from pipeline.resident import resident_data  # noqa: E402
 from pipeline.spec import CVSpec  # noqa: E402
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     epochs = 2 if args.quick else 3
-    workloads = [mnist1d(), windows(9_000 if args.quick else 36_000)]
+    workloads = [mnist1d(), protein_windows(48 if args.quick else 190)]
     if args.quick:
         workloads[0] = workloads[0].__class__(name="mnist1d", x=workloads[0].x[:2400], y=workloads[0].y[:2400])
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
