@@ -114,7 +114,7 @@ def test_the_installed_command_exits_2_on_a_bad_spec(write_spec):
 def test_help_lists_every_command():
     result = invoke("--help")
     assert result.exit_code == 0
-    for command in ("run", "validate", "ui"):
+    for command in ("run", "validate", "ui", "report", "rerun", "trial", "datasets"):
         assert command in result.output
 
 
