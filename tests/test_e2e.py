@@ -135,3 +135,17 @@ def test_ui_serves_the_store_on_loopback(tmp_path):
         process.wait(timeout=30)
     # Stopping `foldsweep ui` stops MLflow's server and its workers too: the port closes.
     wait_for(lambda: answers(url) is None, seconds=60, what="the MLflow UI to stop answering")
+
+
+def test_gpu_request_on_a_cluster_without_gpus_runs_on_cpu_with_a_notice(ray_cluster, tmp_path, write_spec,
+                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec_path = write_spec({"name": "nogpu", "resources": {"gpu": 0.5}, "search": {"num_samples": 1},
+                            "train": {"epochs": 1}})
+
+    result = CliRunner().invoke(app, ["run", str(spec_path)])
+
+    assert result.exit_code == 0, result.output
+    assert "notice: resources.gpu=0.5 but the Ray cluster has no GPU: trials run on CPU" in result.output.replace("\n", " ")
+    _, _, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "nogpu")
+    assert [trial.info.status for trial in trials] == ["FINISHED"]
