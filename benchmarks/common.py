@@ -27,8 +27,9 @@ def protein_windows(n_proteins: int) -> Dataset:
     return Dataset(name=f"protein{len(data.y) // 1000}k", x=data.x, y=data.y)
 
 
-def cnn_builder(input_shape: tuple[int, ...], n_classes: int):
-    """The 3-conv 1D CNN of the design notes, as a build(hp) function."""
+def cnn_builder(input_shape: tuple[int, ...], n_classes: int, dropout: float = 0.0):
+    """The 3-conv 1D CNN of the design notes, as a build(hp) function (optionally with Dropout
+    before the head, to measure models with random layers)."""
 
     def build(hp: Any) -> keras.Model:
         inputs = keras.Input(shape=input_shape)
@@ -36,6 +37,8 @@ def cnn_builder(input_shape: tuple[int, ...], n_classes: int):
         for filters in (32, 32, 32):
             x = keras.layers.Conv1D(filters, 3, padding="same", activation="relu")(x)
         x = keras.layers.GlobalMaxPooling1D()(x)
+        if dropout:
+            x = keras.layers.Dropout(dropout)(x)
         x = keras.layers.Dense(64, activation="relu")(x)
         outputs = keras.layers.Dense(n_classes, activation="softmax")(x)
         return keras.Model(inputs, outputs)

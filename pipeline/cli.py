@@ -269,6 +269,8 @@ def _run_here(spec: Any, experiment_path: Path, dataset: Any, plan: Any, config:
             config=resolve_config(config, conditions), tags={RERUN_OF_TAG: recorded.run_id})
 
     def on_epoch(result: dict[str, Any]) -> None:
+        if result["epoch"] == 1:
+            console.print(result["fused_reason"], highlight=False)
         console.print(epoch_line(result, fold_ids, spec.train.metric), highlight=False)
         if run_id is not None:
             tracker.log_trial_result(run_id, result, step=result["epoch"])

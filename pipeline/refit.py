@@ -32,7 +32,8 @@ def refit(build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs:
     """
     from pipeline.resident import resident_data
     from pipeline.space import resolve_config, split_config
-    from pipeline.training import FoldTrainer, TrainingParams
+    from pipeline.trainer import FoldTrainer
+    from pipeline.training import TrainingParams
 
     x = np.concatenate([dataset.x, dataset.x_test])
     y = np.concatenate([dataset.y, dataset.y_test])

@@ -136,7 +136,7 @@ def run_in_process(*, spec: SweepSpec, experiment_path: Path, dataset: Any, plan
         experiment_path=str(experiment_path), experiment_attr=spec.experiment_attr,
         dataset_fingerprint=dataset.fingerprint, epochs=spec.train.epochs, seed=spec.train.seed,
         from_logits=spec.train.from_logits, jit_compile=spec.train.jit_compile, cpus=spec.resources.cpu,
-        gpus=spec.resources.gpu, conditions=dict(conditions),
+        gpus=spec.resources.gpu, conditions=dict(conditions), fused=spec.train.fused,
     )
     runner = TrialRunner(
         config, data=resident_data(dataset.fingerprint, dataset.x, dataset.y),

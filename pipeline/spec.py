@@ -99,6 +99,7 @@ class TrainSpec:
     seed: int = 0
     from_logits: bool = False
     jit_compile: Literal["auto", "on", "off"] = "auto"
+    fused: Literal["auto", "on", "off"] = "auto"
     refit: bool = True
 
 
@@ -342,14 +343,20 @@ def _parse_train(section: _Section) -> TrainSpec:
     mode = section.one_of("mode", MODES, default=default_mode)
     seed = section.integer("seed", default=0, minimum=0)
     from_logits = section.boolean("from_logits", default=False)
-    jit = section.take("jit_compile")
-    if jit is not None and jit != "auto" and not isinstance(jit, bool):
-        section.fail("jit_compile", "must be auto, true or false", jit)
-    jit_compile = "auto" if jit in (None, "auto") else ("on" if jit else "off")
+    jit_compile = _auto_or_boolean(section, "jit_compile")
+    fused = _auto_or_boolean(section, "fused")
     refit = section.boolean("refit", default=True)
     section.finish()
     return TrainSpec(epochs=epochs, metric=metric, mode=mode, seed=seed, from_logits=from_logits,
-                     jit_compile=jit_compile, refit=refit)
+                     jit_compile=jit_compile, fused=fused, refit=refit)
+
+
+def _auto_or_boolean(section: _Section, key: str) -> Literal["auto", "on", "off"]:
+    """A switch foldsweep decides by default and the spec can force: auto | true | false."""
+    value = section.take(key)
+    if value is not None and value != "auto" and not isinstance(value, bool):
+        section.fail(key, "must be auto, true or false", value)
+    return "auto" if value in (None, "auto") else ("on" if value else "off")
 
 
 def _parse_resources(section: _Section) -> ResourcesSpec:

@@ -1,14 +1,11 @@
-"""Train the k fold models of one trial in lockstep, one epoch at a time, fast.
-
-Each call to ``FoldTrainer.run_epoch`` trains every fold model for one epoch and returns the
-epoch's results in scikit-learn's vocabulary (``split{k}_val_<metric>``, ``mean_val_<metric>``,
-``std_val_<metric>``), the same keys Ray Tune, MLflow and ``cv_results.csv`` use.
+"""One fold's training engine: its model, optimizer and compiled epoch loop, fast.
 
 Where the time goes at small batch sizes is fixed per-step cost, not arithmetic, so the engine
 removes it: batches are index vectors gathered from device-resident tensors inside the compiled
 step, a whole epoch runs as one execution (a loop inside one ``tf.function``, what Keras calls
 ``steps_per_execution`` = steps per epoch), there are no per-batch callbacks, and the step is
-XLA-compiled where that is faster (see ``use_xla``).
+XLA-compiled where that is faster (see ``use_xla``). ``pipeline.fused`` compiles the steps of
+several engines into one; ``pipeline.trainer`` runs the k folds of a trial.
 """
 
 from __future__ import annotations
@@ -16,13 +13,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping
 
 import keras
 import numpy as np
 
 from pipeline.folds import Fold
-from pipeline.hypermodel import build_model
 from pipeline.resident import ResidentData
 
 METRIC_NAMES: tuple[str, ...] = ("loss", "accuracy")
@@ -86,28 +82,7 @@ def fold_seed(trial_seed: int, fold: int) -> int:
     return int(np.random.SeedSequence([trial_seed, fold]).generate_state(1)[0])
 
 
-def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] | None = None) -> dict[str, float]:
-    """Per-fold results -> split{k}_<key>, mean_<key>, std_<key> (population std, as sklearn).
-
-    A non-finite fold value stays as it is in split{k}_<key> and counts as the worst score
-    (``NAN_FOLD_SCORES``) in the mean and std, which therefore stay finite.
-    """
-    summary: dict[str, float] = {}
-    for key in per_fold[0]:
-        values = np.array([fold[key] for fold in per_fold], dtype=np.float64)
-        for k, value in zip(fold_ids if fold_ids is not None else range(len(values)), values):
-            summary[f"split{k}_{key}"] = float(value)
-        scored = np.where(np.isfinite(values), values, NAN_FOLD_SCORES.get(key, np.nan))
-        summary[f"mean_{key}"] = float(scored.mean())
-        summary[f"std_{key}"] = float(scored.std())
-    return summary
-
-
-
 EVAL_STEP = -1  # a NanEvent step: found by validation, not by a training step
-# What a fold that went NaN counts as in a trial's CV mean and std: the worst score, finite, so
-# that no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
-NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "train_loss": 1e6}
 
 
 @dataclass(frozen=True)
@@ -122,7 +97,28 @@ class NanEvent:
     grad_norm: float
 
 
-class _Timer:
+@dataclass(frozen=True)
+class EpochTally:
+    """What one fold's training steps of an epoch add up to: summed loss over trained samples,
+    the step that failed (-1 if none) and the last good step's loss and gradient norm."""
+
+    loss_sum: float
+    trained: int
+    failed_at: int
+    last_loss: float
+    last_norm: float
+
+    def then(self, later: EpochTally, *, steps_before: int) -> EpochTally:
+        """This tally followed by ``later``, whose steps came after ``steps_before`` steps."""
+        if self.failed_at >= 0:
+            return self
+        moved = later.trained > 0
+        return EpochTally(self.loss_sum + later.loss_sum, self.trained + later.trained,
+                          later.failed_at + steps_before if later.failed_at >= 0 else -1,
+                          later.last_loss if moved else self.last_loss, later.last_norm if moved else self.last_norm)
+
+
+class CallTimer:
     """Execution times of one compiled function; the first call carries tracing and compilation."""
 
     def __init__(self) -> None:
@@ -167,15 +163,15 @@ class FoldEngine:
         self.device = data.device
         self._train_indices = np.asarray(fold.train, dtype=np.int32)
         self._val_indices = np.asarray(fold.val, dtype=np.int32)
-        self.train_timer = _Timer()
-        self.eval_timer = _Timer()
+        self.train_timer = CallTimer()
+        self.eval_timer = CallTimer()
         self.failure: NanEvent | None = None
         optimizer.build(model.trainable_variables)
         features, labels = data.x, data.y
         mean_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits)
         summed_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits, reduction="sum")
 
-        def train_step(indices):
+        def train_step(indices, enabled=True):
             x = tf.gather(features, indices)
             y = tf.gather(labels, indices)
             with tf.GradientTape() as tape:
@@ -188,7 +184,7 @@ class FoldEngine:
             # A scalar test per step: a non-finite loss or gradient is never applied, so the fold
             # stops with the weights of its last good step.
             healthy = tf.math.is_finite(loss) & tf.math.is_finite(norm)
-            if healthy:
+            if healthy & enabled:
                 optimizer.apply_gradients(zip(gradients, model.trainable_variables))
             return loss, norm, healthy
 
@@ -219,7 +215,7 @@ class FoldEngine:
                         last_loss, last_norm = loss, norm
                     else:
                         failed_at = tf.shape(full_batches)[0]
-            return loss_sum / tf.cast(tf.maximum(trained, 1), tf.float32), failed_at, trained, last_loss, last_norm
+            return loss_sum, trained, failed_at, last_loss, last_norm
 
         def evaluate_batch(indices):
             y = tf.gather(labels, indices)
@@ -227,6 +223,8 @@ class FoldEngine:
             correct = tf.reduce_sum(tf.cast(tf.argmax(predictions, -1, output_type=tf.int32) == y, tf.float32))
             return summed_loss(y, predictions), correct
 
+        # The uncompiled step, for the fused trainer to compile together with other folds' steps.
+        self.train_step = train_step
         if eager:
             step, self._train_epoch, self._evaluate_batch = train_step, train_epoch, evaluate_batch
         else:
@@ -239,27 +237,39 @@ class FoldEngine:
         can be replayed exactly, in a fresh process or after a restore."""
         return np.random.default_rng([self.seed, epoch]).permutation(self._train_indices)
 
-    def train_epoch(self, epoch: int) -> float:
+    def epoch_batches(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """This epoch's index batches: the full ones as a [steps, batch_size] array, and the
+        remainder (shorter than a batch, possibly empty)."""
+        order = self.epoch_order(epoch)
+        steps = len(order) // self.batch_size
+        return order[: steps * self.batch_size].reshape(steps, self.batch_size), order[steps * self.batch_size:]
+
+    def run_batches(self, full: np.ndarray, remainder: np.ndarray) -> EpochTally:
+        """Train on these index batches in one execution, stopping at the first non-finite step."""
         import tensorflow as tf
 
         # Index batches go to the device as one small int tensor per epoch; the features never
         # leave it. (A tf.data iterator consumed inside the compiled loop was measured at
         # ~15k samples/s whatever the batch size on the 2-core CPU; this reaches 37k-100k.)
-        order = self.epoch_order(epoch)
-        steps = len(order) // self.batch_size
         with tf.device(self.device):
-            full = tf.constant(order[: steps * self.batch_size].reshape(steps, self.batch_size))
-            remainder = tf.constant(order[steps * self.batch_size:])
+            full_tensor, remainder_tensor = tf.constant(full), tf.constant(remainder)
+        loss_sum, trained, failed_at, last_loss, last_norm = self._train_epoch(full_tensor, remainder_tensor)
+        return EpochTally(float(loss_sum), int(trained), int(failed_at), float(last_loss), float(last_norm))
+
+    def train_epoch(self, epoch: int) -> float:
         started = time.perf_counter()
-        loss, failed_at, trained, last_loss, last_norm = self._train_epoch(full, remainder)
-        self.train_timer.add(time.perf_counter() - started, len(order))
-        if int(failed_at) >= 0:
-            good = int(trained) > 0
-            self.failure = NanEvent(epoch=epoch + 1, step=int(failed_at),
-                                    last_finite_loss=float(last_loss) if good else math.nan,
-                                    grad_norm=float(last_norm) if good else math.nan)
-            return float(loss) if good else math.nan
-        return float(loss)
+        tally = self.run_batches(*self.epoch_batches(epoch))
+        self.train_timer.add(time.perf_counter() - started, len(self._train_indices))
+        return self.close_epoch(epoch, tally)
+
+    def close_epoch(self, epoch: int, tally: EpochTally) -> float:
+        """The epoch's mean training loss; records where the fold failed if it did."""
+        good = tally.trained > 0
+        if tally.failed_at >= 0:
+            self.failure = NanEvent(epoch=epoch + 1, step=tally.failed_at,
+                                    last_finite_loss=tally.last_loss if good else math.nan,
+                                    grad_norm=tally.last_norm if good else math.nan)
+        return tally.loss_sum / tally.trained if good else math.nan
 
     def evaluate(self, epoch: int) -> tuple[float, float]:
         import tensorflow as tf
@@ -278,120 +288,3 @@ class FoldEngine:
             self.failure = NanEvent(epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"),
                                     grad_norm=float("nan"))
         return loss, accuracy
-
-
-class FoldTrainer:
-    """The k fold models of one trial, trained in lockstep on device-resident data."""
-
-    def __init__(
-        self,
-        build_fn: Callable[[Any], keras.Model],
-        model_values: Mapping[str, Any],
-        params: TrainingParams,
-        *,
-        data: ResidentData,
-        folds: Sequence[Fold],
-        seed: int,
-        from_logits: bool = False,
-        jit_compile: JitChoice = "auto",
-        eager: bool = False,
-        fold_ids: Sequence[int] | None = None,
-    ):
-        self.params = params
-        self.epoch = 0
-        # The folds' numbers in the sweep: a rerun of one fold still reports split{k} as k.
-        self.fold_ids = list(fold_ids) if fold_ids is not None else list(range(len(folds)))
-        self.engines: list[FoldEngine] = []
-        models = []
-        for k in self.fold_ids:
-            keras.utils.set_random_seed(fold_seed(seed, k))
-            models.append(build_model(build_fn, model_values))
-        self.jit_compile = use_xla(jit_compile, batch_size=params.batch_size, device=data.device,
-                                   stochastic=has_random_layers(models[0]))
-        for k, fold, model in zip(self.fold_ids, folds, models):
-            self.engines.append(FoldEngine(
-                model, make_optimizer(params), data, fold, batch_size=params.batch_size,
-                seed=fold_seed(seed, k), jit_compile=self.jit_compile, from_logits=from_logits, eager=eager,
-            ))
-
-    @property
-    def models(self) -> list[keras.Model]:
-        return [engine.model for engine in self.engines]
-
-    def run_epoch(self) -> dict[str, float]:
-        """Train every fold one more epoch, then validate each; returns the CV summary and
-        throughput so far."""
-        per_fold = []
-        for engine in self.engines:
-            if engine.failure is not None:  # frozen since it went NaN; the other folds train on
-                per_fold.append({"train_loss": math.nan, "val_loss": math.nan, "val_accuracy": math.nan})
-                continue
-            train_loss = engine.train_epoch(self.epoch)
-            val_loss, val_accuracy = engine.evaluate(self.epoch)
-            if engine.failure is not None:
-                val_loss = val_accuracy = math.nan
-            per_fold.append({"train_loss": train_loss, "val_loss": val_loss, "val_accuracy": val_accuracy})
-        self.epoch += 1
-        return {"epoch": self.epoch, **cv_summary(per_fold, self.fold_ids), **self.throughput(),
-                **self.nan_report()}
-
-    def nan_report(self) -> dict[str, float | int]:
-        """How many folds went NaN, and where the first of them (by epoch, then fold) did."""
-        failed = [(engine.failure, k) for k, engine in zip(self.fold_ids, self.engines) if engine.failure is not None]
-        if not failed:
-            return {"nan_failures": 0}
-        first, fold = min(failed, key=lambda pair: (pair[0].epoch, pair[1]))
-        return {"nan_failures": len(failed), "nan_fold": fold, "nan_epoch": first.epoch, "nan_step": first.step,
-                "nan_last_finite_loss": first.last_finite_loss, "nan_grad_norm": first.grad_norm}
-
-    def throughput(self) -> dict[str, float]:
-        """Training and evaluation samples/s with compilation excluded, and compilation seconds,
-        per fold (``split{k}_...``) and for the trial (all folds)."""
-        result: dict[str, float] = {}
-        for k, engine in zip(self.fold_ids, self.engines):
-            result[f"split{k}_train_samples_per_s"] = engine.train_timer.samples_per_s()
-            result[f"split{k}_compile_s"] = engine.train_timer.compile_s()
-        result["train_samples_per_s"] = _combined_rate([engine.train_timer for engine in self.engines])
-        result["eval_samples_per_s"] = _combined_rate([engine.eval_timer for engine in self.engines])
-        result["compile_s"] = float(sum(engine.train_timer.compile_s() + _zero_if_nan(engine.eval_timer.compile_s())
-                                        for engine in self.engines))
-        return result
-
-    def state(self) -> dict[str, np.ndarray]:
-        """Variables (weights and random-generator state), optimizer state and epoch of every
-        fold model, as plain arrays."""
-        arrays = {"epoch": np.array(self.epoch)}
-        for k, model in enumerate(self.models):
-            for i, variable in enumerate(model.variables):
-                arrays[f"fold{k}/weight{i}"] = np.asarray(variable)
-            for i, variable in enumerate(self.engines[k].optimizer.variables):
-                arrays[f"fold{k}/optimizer{i}"] = np.asarray(variable)
-            failure = self.engines[k].failure
-            if failure is not None:
-                arrays[f"fold{k}/failure"] = np.array(
-                    [failure.epoch, failure.step, failure.last_finite_loss, failure.grad_norm], dtype=np.float64)
-        return arrays
-
-    def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Restore what ``state`` returned; the models must have been built from the same config."""
-        self.epoch = int(arrays["epoch"])
-        for k, engine in enumerate(self.engines):
-            for i, variable in enumerate(engine.model.variables):
-                variable.assign(arrays[f"fold{k}/weight{i}"])
-            for i, variable in enumerate(engine.optimizer.variables):
-                variable.assign(arrays[f"fold{k}/optimizer{i}"])
-            if f"fold{k}/failure" in arrays:
-                epoch, step, loss, norm = arrays[f"fold{k}/failure"]
-                engine.failure = NanEvent(epoch=int(epoch), step=int(step), last_finite_loss=float(loss),
-                                          grad_norm=float(norm))
-
-
-def _combined_rate(timers: Sequence[_Timer]) -> float:
-    """All folds together at their steady rates: total samples over total time."""
-    samples = sum(timer.steady_samples or timer.first_samples for timer in timers)
-    seconds = sum(timer.steady_s if timer.steady_samples else timer.first_s for timer in timers)
-    return samples / seconds if seconds > 0 else float("nan")
-
-
-def _zero_if_nan(value: float) -> float:
-    return 0.0 if value != value else value

@@ -32,6 +32,7 @@ class TrialSettings:
     cpus: float
     gpus: float
     conditions: Mapping[str, Any] = field(default_factory=dict)
+    fused: str = "auto"
 
 
 class TrialRunner:
@@ -45,7 +46,8 @@ class TrialRunner:
                  build_fn: Any, fold_ids: Sequence[int] | None = None, epochs: int | None = None,
                  eager: bool = False, jit_compile: str | None = None, device_notice: str = ""):
         from pipeline.space import resolve_config, split_config
-        from pipeline.training import FoldTrainer, TrainingParams
+        from pipeline.trainer import FoldTrainer
+        from pipeline.training import TrainingParams
 
         self.config = resolve_config(config, settings.conditions)
         training, model_values = split_config(self.config)
@@ -56,7 +58,7 @@ class TrialRunner:
         self.trainer = FoldTrainer(
             build_fn, model_values, TrainingParams(**training), data=data, folds=folds, seed=settings.seed,
             from_logits=settings.from_logits, jit_compile=jit_compile or settings.jit_compile, eager=eager,
-            fold_ids=fold_ids,
+            fold_ids=fold_ids, fused=settings.fused,
         )
 
     def step(self) -> dict[str, Any]:
@@ -81,6 +83,8 @@ class TrialRunner:
         result["gpu_ids"] = ",".join(str(i) for i in _assigned_gpu_ids())
         result["node_id"] = _node_id()
         result["jit_compile"] = self.trainer.jit_compile
+        result["fused"] = self.trainer.fusion.enabled
+        result["fused_reason"] = self.trainer.fusion.reason
         result["data_transfers"] = transfers()
         return result
 

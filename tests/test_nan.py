@@ -13,7 +13,8 @@ from pipeline.folds import make_folds
 from pipeline.hypermodel import load_builder
 from pipeline.resident import resident_data
 from pipeline.spec import CVSpec, DatasetSpec
-from pipeline.training import EVAL_STEP, NAN_FOLD_SCORES, FoldTrainer, NanEvent, TrainingParams, cv_summary
+from pipeline.trainer import NAN_FOLD_SCORES, FoldTrainer, cv_summary
+from pipeline.training import EVAL_STEP, NanEvent, TrainingParams
 
 MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.0}
 

@@ -65,6 +65,7 @@ def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_ap
 
     assert result.exit_code == 0, result.output
     assert "epoch 1: fold 0" in result.output and "epoch 2: fold 0" in result.output
+    assert "fused: 2 folds in one compiled step" in result.output
     reruns = client.search_runs([parent.info.experiment_id],
                                 filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")
     assert len(reruns) == 1
@@ -86,6 +87,8 @@ def test_rerun_one_fold_with_fewer_epochs_without_tracking(recorded_sweep):
     result = rerun(directory, original.info.run_id, "--fold", "1", "--epochs", "1", "--no-track", "--eager")
     assert result.exit_code == 0, result.output
     assert "epoch 1: fold 1 " in result.output and "fold 0" not in result.output and "epoch 2" not in result.output
+    assert "unfused: one fold to train" in result.output
+    # The sweep trained the folds fused; this single fold, eager and unfused, still matches it.
     assert len(client.search_runs([parent.info.experiment_id])) == runs_before
     recorded = history(client, original.info.run_id, "split1_val_loss")[0]
     shown = float(result.output.split("val_loss ")[1].split()[0])

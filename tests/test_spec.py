@@ -53,6 +53,7 @@ BAD_SPECS = [
     ({"train": {"mode": "maximize"}}, "train.mode must be one of max, min"),
     ({"train": {"from_logits": "yes"}}, "train.from_logits must be true or false, got 'yes'"),
     ({"train": {"jit_compile": "sometimes"}}, "train.jit_compile must be auto, true or false, got 'sometimes'"),
+    ({"train": {"fused": "yes"}}, "train.fused must be auto, true or false, got 'yes'"),
     ({"resources": {"cpu": 0}}, "resources.cpu must be a number > 0, got 0"),
     ({"resources": {"gpu": -0.5}}, "resources.gpu must be a number >= 0, got -0.5"),
     ({"resources": {"max_concurrent": 0}}, "resources.max_concurrent must be an integer >= 1, got 0"),
@@ -115,5 +116,6 @@ def test_integer_bounds_are_kept_as_integers(write_spec):
 
 
 @pytest.mark.parametrize(("value", "expected"), [("auto", "auto"), (True, "on"), (False, "off")])
-def test_jit_compile_can_be_forced(write_spec, value, expected):
+def test_jit_compile_and_fusion_can_be_forced(write_spec, value, expected):
     assert load_spec(write_spec({"train": {"jit_compile": value}})).train.jit_compile == expected
+    assert load_spec(write_spec({"train": {"fused": value}})).train.fused == expected

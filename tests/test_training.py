@@ -11,7 +11,8 @@ from pipeline.folds import make_folds
 from pipeline.hypermodel import load_builder
 from pipeline.resident import resident_data
 from pipeline.spec import CVSpec, DatasetSpec
-from pipeline.training import FoldTrainer, TrainingParams, cv_summary, fold_seed
+from pipeline.trainer import FoldTrainer, cv_summary
+from pipeline.training import TrainingParams, fold_seed
 
 MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.1}
 

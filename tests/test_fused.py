@@ -1,0 +1,160 @@
+"""Fold-fused training: the same per-fold results as separate training, folds independent."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import MNIST1D_EXPERIMENT
+from pipeline.datasets import load_dataset
+from pipeline.folds import Fold, make_folds
+from pipeline.fused import FUSED_MAX_BATCH_ON_CPU, FusedFolds, decide_fusion
+from pipeline.hypermodel import load_builder
+from pipeline.resident import resident_data
+from pipeline.spec import CVSpec, DatasetSpec
+from pipeline.trainer import FoldTrainer
+from pipeline.training import TrainingParams
+
+MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3}
+HISTORY_KEYS = ("train_loss", "val_loss", "val_accuracy")
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
+
+
+@pytest.fixture(scope="module")
+def folds(dataset):
+    return make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), dataset).folds
+
+
+def train(x, y, folds, *, fused, epochs=2, fingerprint=None, dropout=0.0, jit_compile="auto", **params):
+    """Per-fold history {fold: {key: [value per epoch]}} and the trainer."""
+    settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
+    fingerprint = fingerprint or f"test-fused-{len(y)}"
+    trainer = FoldTrainer(load_builder(MNIST1D_EXPERIMENT, "build"), {**MODEL, "dropout": dropout},
+                          TrainingParams(**settings), data=resident_data(fingerprint, x, y), folds=folds, seed=0,
+                          jit_compile=jit_compile, fused=fused)
+    history: dict[int, dict[str, list[float]]] = {k: {key: [] for key in HISTORY_KEYS} for k in range(len(folds))}
+    for _ in range(epochs):
+        result = trainer.run_epoch()
+        for k in range(len(folds)):
+            for key in HISTORY_KEYS:
+                history[k][key].append(result[f"split{k}_{key}"])
+    return history, trainer
+
+
+def with_extra_sample(dataset, folds, sample: np.ndarray, name: str):
+    """The dataset plus one sample that only fold 0 trains on (the other folds never see it)."""
+    x = np.concatenate([dataset.x, sample[None]]).astype(np.float32)
+    y = np.concatenate([dataset.y, dataset.y[:1]])
+    extra = len(dataset.y)
+    changed = [Fold(train=np.append(folds[0].train, extra), val=folds[0].val), *folds[1:]]
+    return x, y, changed, f"test-fused-{name}"
+
+
+@pytest.mark.parametrize("dropout, jit", [(0.0, "auto"), (0.2, "off")])
+def test_fused_and_unfused_per_fold_histories_match(dataset, folds, dropout, jit):
+    # Folds of 266-267 training samples: 33 full batches of 8 each, remainders of 2 and 3, so
+    # the fused loop and the per-fold tails both run.
+    fused, fused_trainer = train(dataset.x, dataset.y, folds, fused="on", dropout=dropout, jit_compile=jit)
+    unfused, unfused_trainer = train(dataset.x, dataset.y, folds, fused="off", dropout=dropout, jit_compile=jit)
+    assert fused_trainer.fusion.enabled and not unfused_trainer.fusion.enabled
+    for k in range(len(folds)):
+        for key in HISTORY_KEYS:
+            np.testing.assert_allclose(fused[k][key], unfused[k][key], rtol=1e-4, err_msg=f"fold {k} {key}")
+    # The folds differ from each other, so matching fold by fold is not matching by accident.
+    assert len({round(fused[k]["val_loss"][-1], 6) for k in range(len(folds))}) == len(folds)
+    for fused_model, unfused_model in zip(fused_trainer.models, unfused_trainer.models):
+        for a, b in zip(fused_model.get_weights(), unfused_model.get_weights()):
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(dataset, folds):
+    poisoned = np.full(dataset.x.shape[1:], np.nan, dtype=np.float32)
+    x, y, changed, name = with_extra_sample(dataset, folds, poisoned, "nan")
+    with_nan, trainer = train(x, y, changed, fused="on", fingerprint=name, epochs=3)
+    x_clean, y_clean, _, clean_name = with_extra_sample(dataset, folds, dataset.x[0], "clean")
+    clean, _ = train(x_clean, y_clean, changed, fused="on", fingerprint=clean_name, epochs=3)
+
+    failure = trainer.engines[0].failure
+    assert failure is not None and failure.epoch == 1
+    # The step that failed is the batch holding the poisoned sample in fold 0's first-epoch order.
+    order = trainer.engines[0].epoch_order(0)
+    assert failure.step == int(np.flatnonzero(order == len(dataset.y))[0]) // 8
+    assert all(math.isnan(value) for value in with_nan[0]["val_loss"])
+    for k in (1, 2):
+        assert trainer.engines[k].failure is None
+        for key in HISTORY_KEYS:
+            np.testing.assert_allclose(with_nan[k][key], clean[k][key], rtol=1e-6, err_msg=f"fold {k} {key}")
+
+
+@pytest.mark.parametrize("clipping", ["global_norm", "norm"])
+def test_clipping_is_applied_per_fold(dataset, folds, clipping):
+    # Fold 0 alone trains on a sample scaled 1e4: its gradients are huge. Were the norm taken
+    # across folds, the other folds' updates would be clipped by fold 0's gradients.
+    x, y, changed, name = with_extra_sample(dataset, folds, dataset.x[0] * 1e4, f"huge-{clipping}")
+    x_calm, y_calm, _, calm_name = with_extra_sample(dataset, folds, dataset.x[0], f"calm-{clipping}")
+    clip = {"clipping": clipping, "clip_threshold": 0.5, "learning_rate": 3e-3}
+    huge, trainer = train(x, y, changed, fused="on", fingerprint=name, **clip)
+    calm, _ = train(x_calm, y_calm, changed, fused="on", fingerprint=calm_name, **clip)
+    unclipped, _ = train(x_calm, y_calm, changed, fused="on", fingerprint=calm_name, learning_rate=3e-3)
+
+    assert trainer.fusion.enabled
+    assert not np.allclose(huge[0]["train_loss"], calm[0]["train_loss"], rtol=1e-3)  # fold 0 did see it
+    for k in (1, 2):
+        for key in HISTORY_KEYS:
+            np.testing.assert_allclose(huge[k][key], calm[k][key], rtol=1e-6, err_msg=f"fold {k} {key}")
+        # ... and the clipping is on in those folds: without it they train differently.
+        assert not np.allclose(calm[k]["train_loss"], unclipped[k]["train_loss"], rtol=1e-4)
+
+
+def test_fusion_decision_and_its_reasons():
+    def decide(choice="auto", **overrides):
+        arguments = {"n_folds": 3, "batch_size": 8, "device": "/CPU:0", "eager": False, **overrides}
+        return decide_fusion(choice, **arguments)
+
+    assert decide().enabled and decide().reason == "fused: 3 folds in one compiled step"
+    big = FUSED_MAX_BATCH_ON_CPU * 2
+    assert decide(batch_size=big) == decide_fusion(
+        "auto", n_folds=3, batch_size=big, device="/CPU:0", eager=False)
+    assert not decide(batch_size=big).enabled and f"batch_size {big} > {FUSED_MAX_BATCH_ON_CPU}" in decide(
+        batch_size=big).reason
+    assert decide(batch_size=big, device="/GPU:0").enabled
+    assert decide("on", batch_size=big).enabled
+    assert decide("off").reason == "unfused: train.fused is false"
+    assert decide("on", n_folds=1).reason == "unfused: one fold to train"
+    assert "eager" in decide("on", eager=True).reason
+    assert "share 4 variables" in decide("on", shared_variables=4).reason
+
+
+def test_fold_models_sharing_layers_are_not_fused(dataset, folds):
+    shared = keras.layers.Dense(10, activation="softmax")
+
+    def build(hp):
+        inputs = keras.Input(shape=dataset.input_shape)
+        return keras.Model(inputs, shared(keras.layers.Flatten()(inputs)))
+
+    trainer = FoldTrainer(build, {}, TrainingParams(batch_size=8, learning_rate=1e-3, optimizer="adam"),
+                          data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds, seed=0)
+    assert not trainer.fusion.enabled
+    assert "share 2 variables" in trainer.fusion.reason
+
+
+def test_a_fused_step_that_cannot_compile_falls_back_with_its_reason(dataset, folds, monkeypatch):
+    def cannot_compile(self, engines):
+        raise NotImplementedError("op Foo has no fused form\nsecond line")
+
+    monkeypatch.setattr(FusedFolds, "_compile", cannot_compile)
+    fell_back, trainer = train(dataset.x, dataset.y, folds, fused="auto", epochs=1)
+    unfused, _ = train(dataset.x, dataset.y, folds, fused="off", epochs=1)
+    assert not trainer.fusion.enabled
+    assert trainer.fusion.reason == ("unfused: the fused step could not be compiled "
+                                     "(NotImplementedError: op Foo has no fused form)")
+    np.testing.assert_allclose(fell_back[1]["val_loss"], unfused[1]["val_loss"], rtol=1e-6)
+    with pytest.raises(NotImplementedError):  # forced fusion does not fall back
+        train(dataset.x, dataset.y, folds, fused="on", epochs=1)
