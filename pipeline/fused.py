@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from pipeline.spec import AutoSwitch
 from pipeline.training import EpochTally, FoldEngine
 
-FusionChoice = Literal["auto", "on", "off"]
 # On the 2-core CPU, fused steps were measured faster than separate fold loops up to batch 128
 # (1.1-1.5x, with and without XLA) and up to 18% slower at 256 for the MNIST-1D CNN
 # (`python -m benchmarks.cv_throughput --variants engine,fused [--dropout]`); above this batch
@@ -38,7 +38,7 @@ class Fusion:
     reason: str
 
 
-def decide_fusion(choice: FusionChoice, *, n_folds: int, batch_size: int, device: str, eager: bool,
+def decide_fusion(choice: AutoSwitch, *, n_folds: int, batch_size: int, device: str, eager: bool,
                   shared_variables: int = 0) -> Fusion:
     """Fuse when the spec says so, else when the folds can be replicated and it is faster.
 

@@ -91,6 +91,10 @@ class SearchSpec:
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
 
 
+# A switch foldsweep decides by default and a spec can force (YAML auto | true | false).
+AutoSwitch = Literal["auto", "on", "off"]
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     epochs: int = 10
@@ -98,8 +102,8 @@ class TrainSpec:
     mode: Literal["max", "min"] = "max"
     seed: int = 0
     from_logits: bool = False
-    jit_compile: Literal["auto", "on", "off"] = "auto"
-    fused: Literal["auto", "on", "off"] = "auto"
+    jit_compile: AutoSwitch = "auto"
+    fused: AutoSwitch = "auto"
     refit: bool = True
 
 
@@ -303,20 +307,25 @@ def _parse_distribution(file: str, where: str, kind: str, args: Any) -> ParamSpe
     return ParamSpec(kind, tuple(float(value) for value in args))
 
 
+# Training hyperparameters ruled by sign and type, with the plural their error messages use.
+POSITIVE_INTEGER_PARAMS: Mapping[str, str] = {"batch_size": "batch sizes", "epochs": "epochs"}
+POSITIVE_NUMBER_PARAMS: Mapping[str, str] = {"learning_rate": "learning rates", "clip_threshold": "clipping thresholds"}
+
+
 def _check_training_param(file: str, where: str, name: str, param: ParamSpec) -> None:
     """Range rules of the training hyperparameters, on every value they can take."""
     values = param.values()
     bounds = param.args[:2] if not values else ()
-    if name == "batch_size":
+    if name in POSITIVE_INTEGER_PARAMS:
         if param.kind in ("uniform", "loguniform"):
             raise SpecError(f"{file}: {where} must take integer values (use choice, grid, randint or qrandint), got {param.kind}")
         for value in (*values, *bounds):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"{file}: {where} batch sizes must be positive integers, got {value!r}")
-    elif name == "learning_rate":
+                raise SpecError(f"{file}: {where} {POSITIVE_INTEGER_PARAMS[name]} must be positive integers, got {value!r}")
+    elif name in POSITIVE_NUMBER_PARAMS:
         for value in (*values, *bounds):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise SpecError(f"{file}: {where} learning rates must be numbers > 0, got {value!r}")
+                raise SpecError(f"{file}: {where} {POSITIVE_NUMBER_PARAMS[name]} must be numbers > 0, got {value!r}")
     elif name in ("optimizer", "clipping"):
         allowed = OPTIMIZERS if name == "optimizer" else CLIPPING_KINDS
         if not values:
@@ -324,16 +333,6 @@ def _check_training_param(file: str, where: str, name: str, param: ParamSpec) ->
         for value in values:
             if value not in allowed:
                 raise SpecError(f"{file}: {where} must be one of {', '.join(allowed)}{_suggest(value, allowed)}, got {value!r}")
-    elif name == "clip_threshold":
-        for value in (*values, *bounds):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise SpecError(f"{file}: {where} clipping thresholds must be numbers > 0, got {value!r}")
-    elif name == "epochs":
-        if param.kind in ("uniform", "loguniform"):
-            raise SpecError(f"{file}: {where} must take integer values (use choice, grid, randint or qrandint), got {param.kind}")
-        for value in (*values, *bounds):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"{file}: {where} epochs must be positive integers, got {value!r}")
 
 
 def _parse_train(section: _Section) -> TrainSpec:
@@ -351,8 +350,7 @@ def _parse_train(section: _Section) -> TrainSpec:
                      jit_compile=jit_compile, fused=fused, refit=refit)
 
 
-def _auto_or_boolean(section: _Section, key: str) -> Literal["auto", "on", "off"]:
-    """A switch foldsweep decides by default and the spec can force: auto | true | false."""
+def _auto_or_boolean(section: _Section, key: str) -> AutoSwitch:
     value = section.take(key)
     if value is not None and value != "auto" and not isinstance(value, bool):
         section.fail(key, "must be auto, true or false", value)

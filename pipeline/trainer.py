@@ -15,10 +15,11 @@ import keras
 import numpy as np
 
 from pipeline.folds import Fold
-from pipeline.fused import Fusion, FusedFolds, FusionChoice, decide_fusion, shared_variable_count
+from pipeline.fused import Fusion, FusedFolds, decide_fusion, shared_variable_count
 from pipeline.hypermodel import build_model
 from pipeline.resident import ResidentData
-from pipeline.training import (FoldEngine, JitChoice, NanEvent, TrainingParams, CallTimer, fold_seed, has_random_layers,
+from pipeline.spec import AutoSwitch
+from pipeline.training import (CallTimer, FoldEngine, NanEvent, TrainingParams, fold_seed, has_random_layers,
                                make_optimizer, use_xla)
 
 # What a fold that went NaN counts as in a trial's CV mean and std: the worst score, finite, so
@@ -61,10 +62,10 @@ class FoldTrainer:
         folds: Sequence[Fold],
         seed: int,
         from_logits: bool = False,
-        jit_compile: JitChoice = "auto",
+        jit_compile: AutoSwitch = "auto",
         eager: bool = False,
         fold_ids: Sequence[int] | None = None,
-        fused: FusionChoice = "auto",
+        fused: AutoSwitch = "auto",
     ):
         self.params = params
         self.epoch = 0
@@ -94,11 +95,10 @@ class FoldTrainer:
     def run_epoch(self) -> dict[str, float]:
         """Train every fold one more epoch, then validate each; returns the CV summary and
         throughput so far."""
-        live = [i for i, engine in enumerate(self.engines) if engine.failure is None]
         train_losses = self._train_live_folds()
         per_fold = []
         for i, engine in enumerate(self.engines):
-            if i not in live:  # frozen since it went NaN; the other folds train on
+            if i not in train_losses:  # frozen since it went NaN; the other folds train on
                 per_fold.append({"train_loss": math.nan, "val_loss": math.nan, "val_accuracy": math.nan})
                 continue
             val_loss, val_accuracy = engine.evaluate(self.epoch)

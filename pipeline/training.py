@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import keras
 import numpy as np
 
 from pipeline.folds import Fold
 from pipeline.resident import ResidentData
+from pipeline.spec import AutoSwitch
 
 METRIC_NAMES: tuple[str, ...] = ("loss", "accuracy")
 EVAL_BATCH_SIZE = 2048
@@ -30,7 +31,6 @@ EVAL_BATCH_SIZE = 2048
 # (Dropout, GaussianNoise, ...) turn it around: their random-number ops under XLA on CPU made
 # the MNIST-1D CNN's step 4-5x slower (7.4k vs 41k samples/s at bs 16, one thread).
 XLA_MAX_BATCH_ON_CPU = 256
-JitChoice = Literal["auto", "on", "off"]
 
 
 # Spec name of a clipping kind -> the Keras optimizer argument that applies it.
@@ -62,7 +62,7 @@ def make_optimizer(params: TrainingParams) -> keras.optimizers.Optimizer:
     raise ValueError(f"unknown optimizer {params.optimizer!r}")
 
 
-def use_xla(choice: JitChoice, *, batch_size: int, device: str, stochastic: bool = False) -> bool:
+def use_xla(choice: AutoSwitch, *, batch_size: int, device: str, stochastic: bool = False) -> bool:
     """Whether to XLA-compile the train step: forced by the spec, else by device, batch size and
     whether the model draws random numbers in training."""
     if choice != "auto":

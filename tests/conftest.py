@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import signal
 import socket
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import yaml
@@ -113,3 +116,21 @@ def answers(url: str) -> bytes | None:
             return response.read() or b" "
     except OSError:
         return None
+
+
+@contextlib.contextmanager
+def serving(command: list[str], *, url: str, what: str, **popen: Any) -> Iterator[subprocess.Popen]:
+    """A server started in its own session and answering at ``url``/health; on exit, stopped
+    with every process it started."""
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True, **popen)
+    try:
+        def listening() -> bytes | None:
+            assert server.poll() is None, f"{what} exited"
+            return answers(f"{url}/health")
+
+        wait_for(listening, seconds=120, what=what)
+        yield server
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

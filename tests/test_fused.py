@@ -120,8 +120,6 @@ def test_fusion_decision_and_its_reasons():
 
     assert decide().enabled and decide().reason == "fused: 3 folds in one compiled step"
     big = FUSED_MAX_BATCH_ON_CPU * 2
-    assert decide(batch_size=big) == decide_fusion(
-        "auto", n_folds=3, batch_size=big, device="/CPU:0", eager=False)
     assert not decide(batch_size=big).enabled and f"batch_size {big} > {FUSED_MAX_BATCH_ON_CPU}" in decide(
         batch_size=big).reason
     assert decide(batch_size=big, device="/GPU:0").enabled

@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import Replace, answers, free_port, wait_for
+from conftest import Replace, free_port, serving
 from pipeline.cli import app
 from pipeline.datasets import load_dataset
 from pipeline.report import PLOTS
@@ -195,7 +195,6 @@ def rendered(chromium: str, url: str, profile: Path) -> str:
 def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_path):
     import os
     import shutil
-    import subprocess
     import sys
 
     chromium = shutil.which("chromium")
@@ -209,14 +208,8 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_pa
     port = free_port()
     command = [str(Path(sys.executable).parent / "foldsweep"), "ui", "--tracking-uri",
                f"sqlite:///{directory / 'mlflow.db'}", "--port", str(port)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    try:
-        def listening():
-            assert server.poll() is None, "foldsweep ui exited"
-            return answers(f"{base}/health")
-
-        wait_for(listening, seconds=120, what="the MLflow UI")
+    with serving(command, url=base, what="the MLflow UI"):
         runs_page = rendered(chromium, f"{base}/#/experiments/{experiment_id}/runs", tmp_path / "profile1")
         assert "Training runs" in runs_page
         assert parent.info.run_name in runs_page
@@ -229,6 +222,3 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_pa
         assert parent.info.run_name in trial_page  # shown as its parent run
         for text in ("mean_val_accuracy", "nan_failures", "foldsweep.status", "foldsweep.nan_epoch"):
             assert text in trial_page
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

@@ -14,7 +14,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import TINY_SPEC, answers, free_port, merged, wait_for
+from conftest import TINY_SPEC, free_port, merged, serving, wait_for
 from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e
@@ -108,17 +108,9 @@ def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, tm
 def test_a_sweep_records_to_an_mlflow_server_over_http(tmp_path, write_spec, monkeypatch):
     monkeypatch.chdir(tmp_path)
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                               f"sqlite:///{tmp_path / 'server.db'}", "--host", "127.0.0.1", "--port", str(port)],
-                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
-    try:
-        def healthy():
-            assert server.poll() is None, "mlflow server exited"
-            return answers(f"{uri}/health")
-
-        wait_for(healthy, seconds=120, what="the MLflow server")
+    with serving([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                  "--host", "127.0.0.1", "--port", str(port)], url=uri, what="the MLflow server", cwd=tmp_path):
         spec = write_spec({"name": "server", "search": {"num_samples": 2}})
         result = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
         assert result.exit_code == 0, result.output
@@ -129,6 +121,3 @@ def test_a_sweep_records_to_an_mlflow_server_over_http(tmp_path, write_spec, mon
         assert {"cv_results.csv", "spec.yaml", "refit_model.keras"} <= artifacts
         assert "history.csv" in {a.path for a in client.list_artifacts(trials[0].info.run_id)}
         assert not (tmp_path / "mlflow.db").exists()
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the server and the worker processes it started
-        server.wait(timeout=30)
