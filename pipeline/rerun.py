@@ -137,13 +137,14 @@ def run_in_process(*, spec: SweepSpec, experiment_path: Path, dataset: Any, plan
         dataset_fingerprint=dataset.fingerprint, epochs=spec.train.epochs, seed=spec.train.seed,
         from_logits=spec.train.from_logits, jit_compile=spec.train.jit_compile, cpus=spec.resources.cpu,
         gpus=spec.resources.gpu, conditions=dict(conditions), fused=spec.train.fused,
+        steps_per_launch=spec.train.steps_per_launch,
     )
     runner = TrialRunner(
         config, data=resident_data(dataset.fingerprint, dataset.x, dataset.y),
         folds=[plan.folds[k] for k in fold_ids], fold_ids=fold_ids, settings=settings,
         build_fn=load_builder(experiment_path, spec.experiment_attr), epochs=epochs, eager=eager,
         # XLA-compiled steps are opaque to TensorFlow's numeric checking.
-        jit_compile="off" if check_numerics or eager else None, device_notice=notice,
+        jit_compile="off" if check_numerics or eager else None, device_notice=notice, check_numerics=check_numerics,
     )
     if check_numerics:
         tf.debugging.enable_check_numerics()

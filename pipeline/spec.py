@@ -104,6 +104,7 @@ class TrainSpec:
     from_logits: bool = False
     jit_compile: AutoSwitch = "auto"
     fused: AutoSwitch = "auto"
+    steps_per_launch: int | Literal["auto"] = "auto"
     refit: bool = True
 
 
@@ -344,10 +345,11 @@ def _parse_train(section: _Section) -> TrainSpec:
     from_logits = section.boolean("from_logits", default=False)
     jit_compile = _auto_or_boolean(section, "jit_compile")
     fused = _auto_or_boolean(section, "fused")
+    steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch")
     refit = section.boolean("refit", default=True)
     section.finish()
     return TrainSpec(epochs=epochs, metric=metric, mode=mode, seed=seed, from_logits=from_logits,
-                     jit_compile=jit_compile, fused=fused, refit=refit)
+                     jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, refit=refit)
 
 
 def _auto_or_boolean(section: _Section, key: str) -> AutoSwitch:
@@ -355,6 +357,15 @@ def _auto_or_boolean(section: _Section, key: str) -> AutoSwitch:
     if value is not None and value != "auto" and not isinstance(value, bool):
         section.fail(key, "must be auto, true or false", value)
     return "auto" if value in (None, "auto") else ("on" if value else "off")
+
+
+def _auto_or_positive_integer(section: _Section, key: str) -> int | Literal["auto"]:
+    value = section.take(key)
+    if value in (None, "auto"):
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        section.fail(key, "must be auto or an integer >= 1", value)
+    return value
 
 
 def _parse_resources(section: _Section) -> ResourcesSpec:

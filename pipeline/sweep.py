@@ -169,7 +169,7 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
             dataset_fingerprint=prepared.dataset.fingerprint, epochs=spec.train.epochs, seed=spec.train.seed,
             from_logits=spec.train.from_logits, jit_compile=spec.train.jit_compile,
             cpus=spec.resources.cpu, gpus=spec.resources.gpu, conditions=dict(prepared.space.conditions),
-            fused=spec.train.fused,
+            fused=spec.train.fused, steps_per_launch=spec.train.steps_per_launch,
         )
         data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
         trainable = tune.with_resources(

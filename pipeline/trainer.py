@@ -9,18 +9,18 @@ fused (``pipeline.fused``) or each in its own compiled loop (``pipeline.training
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import keras
 import numpy as np
 
 from pipeline.folds import Fold
-from pipeline.fused import Fusion, FusedFolds, decide_fusion, shared_variable_count
+from pipeline.fused import FusedFolds, decide_fusion, shared_variable_count
 from pipeline.hypermodel import build_model
 from pipeline.resident import ResidentData
 from pipeline.spec import AutoSwitch
-from pipeline.training import (CallTimer, FoldEngine, NanEvent, TrainingParams, fold_seed, has_random_layers,
-                               make_optimizer, use_xla)
+from pipeline.training import (CallTimer, FoldEngine, NanEvent, TrainingParams, decide_steps_per_launch, fold_seed,
+                               has_random_layers, make_optimizer, use_xla)
 
 # What a fold that went NaN counts as in a trial's CV mean and std: the worst score, finite, so
 # that no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
@@ -66,6 +66,9 @@ class FoldTrainer:
         eager: bool = False,
         fold_ids: Sequence[int] | None = None,
         fused: AutoSwitch = "auto",
+        steps_per_launch: int | Literal["auto"] = "auto",
+        planned_epochs: int = 1,
+        check_numerics: bool = False,
     ):
         self.params = params
         self.epoch = 0
@@ -78,15 +81,18 @@ class FoldTrainer:
             models.append(build_model(build_fn, model_values))
         self.jit_compile = use_xla(jit_compile, batch_size=params.batch_size, device=data.device,
                                    stochastic=has_random_layers(models[0]))
+        planned_steps = planned_epochs * min(len(fold.train) for fold in folds) // params.batch_size
+        self.steps_per_launch = decide_steps_per_launch(steps_per_launch, jit_compile=self.jit_compile and not eager,
+                                                        planned_steps=planned_steps)
         for k, fold, model in zip(self.fold_ids, folds, models):
             self.engines.append(FoldEngine(
                 model, make_optimizer(params), data, fold, batch_size=params.batch_size,
                 seed=fold_seed(seed, k), jit_compile=self.jit_compile, from_logits=from_logits, eager=eager,
+                steps_per_launch=self.steps_per_launch,
             ))
-        self._fused_choice = fused
-        self.fusion = decide_fusion(fused, n_folds=len(models), batch_size=params.batch_size, device=data.device,
-                                    eager=eager, shared_variables=shared_variable_count(models))
-        self._fused = FusedFolds(self.engines, jit_compile=self.jit_compile) if self.fusion.enabled else None
+        self.fusion = decide_fusion(fused, n_folds=len(models), eager=eager, check_numerics=check_numerics,
+                                    shared_variables=shared_variable_count(models))
+        self._fused = FusedFolds(self.engines) if self.fusion.enabled else None
 
     @property
     def models(self) -> list[keras.Model]:
@@ -110,25 +116,9 @@ class FoldTrainer:
                 **self.nan_report()}
 
     def _train_live_folds(self) -> dict[int, float]:
-        if self._fused is None:
-            return {i: engine.train_epoch(self.epoch) for i, engine in enumerate(self.engines)
-                    if engine.failure is None}
-        if self._fused_choice == "on":
+        if self._fused is not None:
             return self._fused.train_epoch(self.epoch)
-        import tensorflow as tf
-
-        iterations = [int(engine.optimizer.iterations) for engine in self.engines]
-        try:
-            return self._fused.train_epoch(self.epoch)
-        except (tf.errors.OpError, TypeError, ValueError, NotImplementedError, LookupError, RuntimeError) as error:
-            # A model that trains alone but not inside a fused step (found while tracing or
-            # compiling it, before any update) falls back; an error after updates is real.
-            if [int(engine.optimizer.iterations) for engine in self.engines] != iterations:
-                raise
-            self._fused = None
-            self.fusion = Fusion(False, f"unfused: the fused step could not be compiled "
-                                        f"({type(error).__name__}: {_first_line(error)})")
-            return self._train_live_folds()
+        return {i: engine.train_epoch(self.epoch) for i, engine in enumerate(self.engines) if engine.failure is None}
 
     def nan_report(self) -> dict[str, float | int]:
         """How many folds went NaN, and where the first of them (by epoch, then fold) did."""
@@ -191,6 +181,3 @@ def _combined_rate(timers: Sequence[CallTimer]) -> float:
 def _zero_if_nan(value: float) -> float:
     return 0.0 if value != value else value
 
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [""])[0][:200]

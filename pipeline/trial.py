@@ -33,6 +33,7 @@ class TrialSettings:
     gpus: float
     conditions: Mapping[str, Any] = field(default_factory=dict)
     fused: str = "auto"
+    steps_per_launch: int | str = "auto"
 
 
 class TrialRunner:
@@ -44,7 +45,8 @@ class TrialRunner:
 
     def __init__(self, config: Mapping[str, Any], *, data: Any, folds: Sequence[Fold], settings: TrialSettings,
                  build_fn: Any, fold_ids: Sequence[int] | None = None, epochs: int | None = None,
-                 eager: bool = False, jit_compile: str | None = None, device_notice: str = ""):
+                 eager: bool = False, jit_compile: str | None = None, device_notice: str = "",
+                 check_numerics: bool = False):
         from pipeline.space import resolve_config, split_config
         from pipeline.trainer import FoldTrainer
         from pipeline.training import TrainingParams
@@ -58,7 +60,8 @@ class TrialRunner:
         self.trainer = FoldTrainer(
             build_fn, model_values, TrainingParams(**training), data=data, folds=folds, seed=settings.seed,
             from_logits=settings.from_logits, jit_compile=jit_compile or settings.jit_compile, eager=eager,
-            fold_ids=fold_ids, fused=settings.fused,
+            fold_ids=fold_ids, fused=settings.fused, steps_per_launch=settings.steps_per_launch,
+            planned_epochs=self.epochs, check_numerics=check_numerics,
         )
 
     def step(self) -> dict[str, Any]:
@@ -85,6 +88,7 @@ class TrialRunner:
         result["jit_compile"] = self.trainer.jit_compile
         result["fused"] = self.trainer.fusion.enabled
         result["fused_reason"] = self.trainer.fusion.reason
+        result["steps_per_launch"] = self.trainer.steps_per_launch
         result["data_transfers"] = transfers()
         return result
 

@@ -68,7 +68,8 @@ def test_reused_worker_copies_data_once_and_matches_a_fresh_one(one_cpu_cluster,
         assert run.data.tags["foldsweep.device"] == "/CPU:0"
         assert run.data.tags["foldsweep.jit_compile"] == "False"  # dropout on CPU: no XLA by rule
         assert run.data.tags["foldsweep.fused"] == "True"  # batch 16 on CPU: folds fused by rule
-        assert run.data.tags["foldsweep.fused_reason"].startswith("fused: 2 folds in one compiled step")
+        assert run.data.tags["foldsweep.fused_reason"] == "fused: 2 folds in one execution"
+        assert run.data.tags["foldsweep.steps_per_launch"] == "1"  # no XLA: nothing to unroll
 
 
 def test_half_gpu_slots_run_at_most_two_trials_at_once(logical_gpu_cluster, tmp_path, write_spec, monkeypatch):

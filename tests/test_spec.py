@@ -54,6 +54,8 @@ BAD_SPECS = [
     ({"train": {"from_logits": "yes"}}, "train.from_logits must be true or false, got 'yes'"),
     ({"train": {"jit_compile": "sometimes"}}, "train.jit_compile must be auto, true or false, got 'sometimes'"),
     ({"train": {"fused": "yes"}}, "train.fused must be auto, true or false, got 'yes'"),
+    ({"train": {"steps_per_launch": 0}}, "train.steps_per_launch must be auto or an integer >= 1, got 0"),
+    ({"train": {"steps_per_launch": "many"}}, "train.steps_per_launch must be auto or an integer >= 1, got 'many'"),
     ({"resources": {"cpu": 0}}, "resources.cpu must be a number > 0, got 0"),
     ({"resources": {"gpu": -0.5}}, "resources.gpu must be a number >= 0, got -0.5"),
     ({"resources": {"max_concurrent": 0}}, "resources.max_concurrent must be an integer >= 1, got 0"),
@@ -119,3 +121,9 @@ def test_integer_bounds_are_kept_as_integers(write_spec):
 def test_jit_compile_and_fusion_can_be_forced(write_spec, value, expected):
     assert load_spec(write_spec({"train": {"jit_compile": value}})).train.jit_compile == expected
     assert load_spec(write_spec({"train": {"fused": value}})).train.fused == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, "auto"), ("auto", "auto"), (8, 8)])
+def test_steps_per_launch_is_auto_or_a_number(write_spec, value, expected):
+    train = {} if value is None else {"steps_per_launch": value}
+    assert load_spec(write_spec({"train": train})).train.steps_per_launch == expected
