@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller data and fewer epochs (under two minutes)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this path")
     parser.add_argument("--batch-sizes", default="8,64,256")
+    parser.add_argument("--datasets", default="mnist1d,protein",
+                        help="comma list of mnist1d, protein (TensorFlow keeps every compiled XLA program until "
+                             "the process ends, so long runs can be split by dataset and batch size)")
     parser.add_argument("--repeats", type=int, help="measurements per variant, interleaved; the median is kept "
                                                     "(default 3, 1 with --quick)")
     parser.add_argument("--variants", default="naive,engine,fused,engine-x8,fused-x8",
@@ -82,9 +85,14 @@ def main(argv: list[str] | None = None) -> int:
 
     epochs = 2 if args.quick else 3
     repeats = args.repeats or (1 if args.quick else 3)
-    workloads = [mnist1d(), protein_windows(48 if args.quick else 190)]
-    if args.quick:
-        workloads[0] = workloads[0].__class__(name="mnist1d", x=workloads[0].x[:2400], y=workloads[0].y[:2400])
+    chosen = args.datasets.split(",")
+    workloads = []
+    if "mnist1d" in chosen:
+        workloads.append(mnist1d())
+        if args.quick:
+            workloads[0] = workloads[0].__class__(name="mnist1d", x=workloads[0].x[:2400], y=workloads[0].y[:2400])
+    if "protein" in chosen:
+        workloads.append(protein_windows(48 if args.quick else 190))
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     variants = args.variants.split(",")
     rows = []
