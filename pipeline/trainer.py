@@ -83,7 +83,7 @@ class FoldTrainer:
                                    stochastic=has_random_layers(models[0]))
         planned_steps = planned_epochs * min(len(fold.train) for fold in folds) // params.batch_size
         self.steps_per_launch = decide_steps_per_launch(steps_per_launch, jit_compile=self.jit_compile and not eager,
-                                                        planned_steps=planned_steps)
+                                                        batch_size=params.batch_size, planned_steps=planned_steps)
         for k, fold, model in zip(self.fold_ids, folds, models):
             self.engines.append(FoldEngine(
                 model, make_optimizer(params), data, fold, batch_size=params.batch_size,

@@ -73,23 +73,28 @@ def use_xla(choice: AutoSwitch, *, batch_size: int, device: str, stochastic: boo
     return batch_size <= XLA_MAX_BATCH_ON_CPU and not stochastic
 
 
-# Unrolling steps into one XLA launch removes most of the per-launch cost left at small batches
-# (3 folds one after another, MNIST-1D CNN, 2-core CPU: 13k -> 34k samples/s at batch 8 with 8
-# steps per launch, 41k -> 60k at 64, 56k -> 70k at 256 with 4; `python -m
-# benchmarks.cv_throughput --variants engine,engine-x8`), but each unrolled step is compiled:
-# 8 steps took 4.5 s to compile against 1.2 s for one. Auto mode unrolls only where a fold has enough steps
-# planned to win that back (a saving of ~0.2-0.4 ms per step: break-even near 10k steps).
+# Unrolling 8 steps into one XLA launch removes most of the per-launch cost left at small
+# batches: 3 folds, 2-core CPU, fused, batch 8: 36k -> 83k samples/s (protein windows), 34k ->
+# 52k (MNIST-1D); batch 64: 134k -> 148k; but at batch 256 it was up to 21% slower unfused
+# (`python -m benchmarks.cv_throughput --variants engine,fused,engine-x8,fused-x8`). Each
+# unrolled step is compiled too: a 3-fold trial compiled for ~25 s instead of ~8 s. Auto mode
+# unrolls only up to batch 64 and where a fold has enough steps planned to win that back
+# (~10-15 us saved per sample at batch 8: break-even near 50k steps per fold).
 UNROLLED_STEPS = 8
-UNROLL_MIN_PLANNED_STEPS = 10_000
+UNROLL_MAX_BATCH = 64
+UNROLL_MIN_PLANNED_STEPS = 50_000
 
 
-def decide_steps_per_launch(choice: int | Literal["auto"], *, jit_compile: bool, planned_steps: int) -> int:
+def decide_steps_per_launch(choice: int | Literal["auto"], *, jit_compile: bool, batch_size: int,
+                            planned_steps: int) -> int:
     """Training steps per compiled launch: the spec's number, else unrolled where it pays."""
     if not jit_compile:
         return 1
     if choice != "auto":
         return int(choice)
-    return UNROLLED_STEPS if planned_steps >= UNROLL_MIN_PLANNED_STEPS else 1
+    if batch_size > UNROLL_MAX_BATCH or planned_steps < UNROLL_MIN_PLANNED_STEPS:
+        return 1
+    return UNROLLED_STEPS
 
 
 def has_random_layers(model: keras.Model) -> bool:

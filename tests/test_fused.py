@@ -17,7 +17,8 @@ from pipeline.hypermodel import load_builder
 from pipeline.resident import resident_data
 from pipeline.spec import CVSpec, DatasetSpec
 from pipeline.trainer import FoldTrainer
-from pipeline.training import UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS, TrainingParams, decide_steps_per_launch
+from pipeline.training import (UNROLL_MAX_BATCH, UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS, TrainingParams,
+                               decide_steps_per_launch)
 
 MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3}
 HISTORY_KEYS = ("train_loss", "val_loss", "val_accuracy")
@@ -152,10 +153,16 @@ def test_fusion_decision_and_its_reasons():
 
 def test_steps_per_launch_decision():
     enough, too_few = UNROLL_MIN_PLANNED_STEPS, UNROLL_MIN_PLANNED_STEPS - 1
-    assert decide_steps_per_launch("auto", jit_compile=True, planned_steps=enough) == UNROLLED_STEPS
-    assert decide_steps_per_launch("auto", jit_compile=True, planned_steps=too_few) == 1
-    assert decide_steps_per_launch(3, jit_compile=True, planned_steps=too_few) == 3
-    assert decide_steps_per_launch(3, jit_compile=False, planned_steps=enough) == 1  # nothing to unroll
+
+    def decide(choice="auto", jit_compile=True, batch_size=8, planned_steps=enough):
+        return decide_steps_per_launch(choice, jit_compile=jit_compile, batch_size=batch_size,
+                                       planned_steps=planned_steps)
+
+    assert decide() == UNROLLED_STEPS and decide(batch_size=UNROLL_MAX_BATCH) == UNROLLED_STEPS
+    assert decide(planned_steps=too_few) == 1
+    assert decide(batch_size=UNROLL_MAX_BATCH + 1) == 1
+    assert decide(3, planned_steps=too_few, batch_size=256) == 3
+    assert decide(3, jit_compile=False) == 1  # nothing to unroll
 
 
 def test_fold_models_sharing_layers_are_not_fused(dataset, folds):
