@@ -270,8 +270,7 @@ def _run_here(spec: Any, experiment_path: Path, dataset: Any, plan: Any, config:
 
     def on_epoch(result: dict[str, Any]) -> None:
         if result["epoch"] == 1:
-            console.print(f"{result['fused_reason']}; {result['steps_per_launch']} training steps per launch",
-                          highlight=False)
+            console.print(f"{result['fused_reason']}; steps per launch: {result['steps_per_launch']}", highlight=False)
         console.print(epoch_line(result, fold_ids, spec.train.metric), highlight=False)
         if run_id is not None:
             tracker.log_trial_result(run_id, result, step=result["epoch"])
