@@ -75,13 +75,10 @@ class FusedFolds:
         # One compiled function per set of live folds: a fold that went NaN leaves the execution.
         self._compiled: dict[tuple[int, ...], Any] = {}
 
-    def train_epoch(self, epoch: int) -> dict[int, float]:
-        """Train every live fold one epoch; returns the mean training loss by engine position."""
+    def train_epoch(self, epoch: int, live: tuple[int, ...]) -> dict[int, float]:
+        """Train the engines at positions ``live`` one epoch; returns their mean training loss."""
         import tensorflow as tf
 
-        live = tuple(i for i, engine in enumerate(self._engines) if engine.failure is None)
-        if len(live) < 2:
-            return {i: self._engines[i].train_epoch(epoch) for i in live}
         if live not in self._compiled:
             loops = [self._engines[i].epoch_loop for i in live]
             self._compiled[live] = tf.function(lambda batches: [loop(*pair) for loop, pair in zip(loops, batches)])

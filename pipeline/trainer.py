@@ -27,8 +27,6 @@ from pipeline.training import (CallTimer, FoldEngine, NanEvent, TrainingParams, 
 NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "train_loss": 1e6}
 
 
-
-
 def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] | None = None) -> dict[str, float]:
     """Per-fold results -> split{k}_<key>, mean_<key>, std_<key> (population std, as sklearn).
 
@@ -44,9 +42,6 @@ def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] 
         summary[f"mean_{key}"] = float(scored.mean())
         summary[f"std_{key}"] = float(scored.std())
     return summary
-
-
-
 
 
 class FoldTrainer:
@@ -116,9 +111,10 @@ class FoldTrainer:
                 **self.nan_report()}
 
     def _train_live_folds(self) -> dict[int, float]:
-        if self._fused is not None:
-            return self._fused.train_epoch(self.epoch)
-        return {i: engine.train_epoch(self.epoch) for i, engine in enumerate(self.engines) if engine.failure is None}
+        live = tuple(i for i, engine in enumerate(self.engines) if engine.failure is None)
+        if self._fused is not None and len(live) > 1:
+            return self._fused.train_epoch(self.epoch, live)
+        return {i: self.engines[i].train_epoch(self.epoch) for i in live}
 
     def nan_report(self) -> dict[str, float | int]:
         """How many folds went NaN, and where the first of them (by epoch, then fold) did."""
@@ -180,4 +176,3 @@ def _combined_rate(timers: Sequence[CallTimer]) -> float:
 
 def _zero_if_nan(value: float) -> float:
     return 0.0 if value != value else value
-

@@ -210,35 +210,25 @@ class FoldEngine:
                 optimizer.apply_gradients(zip(gradients, model.trainable_variables))
             return loss, norm, healthy
 
-        def train_steps(batches):
-            # Several steps per launch, unrolled (batches is [steps, batch] with a static number
-            # of steps): once one step fails, the steps after it in the launch apply nothing.
-            enabled = tf.constant(True)
-            losses, norms, healthy = [], [], []
-            for j in range(batches.shape[0]):
-                loss, norm, step_healthy = train_step(batches[j], enabled)
-                enabled = enabled & step_healthy
-                losses.append(loss)
-                norms.append(norm)
-                healthy.append(step_healthy)
-            return tf.stack(losses), tf.stack(norms), tf.stack(healthy)
-
-        def tally_steps(batches, first_step, tally):
+        def train_steps(batches, first_step, tally):
+            # One compiled launch: the steps of ``batches`` ([steps, batch], a static number of
+            # steps, unrolled), each adding to the epoch's tally inside the launch. Once a step
+            # fails, the steps after it in the launch apply nothing.
             loss_sum, trained, failed_at, last_loss, last_norm = tally
-            losses, norms, healthy = steps(batches)
-            good = tf.reduce_sum(tf.math.cumprod(tf.cast(healthy, tf.int32)))
-            size = tf.shape(batches)[1]
-            loss_sum += tf.reduce_sum(losses[:good]) * tf.cast(size, tf.float32)
-            trained += good * size
-            if good > 0:
-                last_loss, last_norm = losses[good - 1], norms[good - 1]
-            if good < tf.shape(batches)[0]:
-                failed_at = first_step + good
+            size = batches.shape[1]
+            for j in range(batches.shape[0]):
+                loss, norm, healthy = train_step(batches[j], failed_at < 0)
+                applied = healthy & (failed_at < 0)
+                failed_at = tf.where((failed_at < 0) & ~healthy, first_step + j, failed_at)
+                loss_sum += tf.where(applied, loss * size, 0.0)
+                trained += tf.where(applied, size, 0)
+                last_loss = tf.where(applied, loss, last_loss)
+                last_norm = tf.where(applied, norm, last_norm)
             return loss_sum, trained, failed_at, last_loss, last_norm
 
         def train_epoch(full_batches, remainder):
             # The whole epoch is one execution: a graph loop over the epoch's index batches,
-            # steps_per_launch of them per compiled step, left at the first step whose loss or
+            # steps_per_launch of them per compiled launch, left at the first step whose loss or
             # gradient is not finite. Full batches that do not fill a launch and the remainder
             # go one per launch.
             # Zeros, not NaN, for the last loss and norm, so that TensorFlow's numeric checking
@@ -248,18 +238,20 @@ class FoldEngine:
             launched = n_full // steps_per_launch * steps_per_launch
             launches = tf.reshape(full_batches[:launched], [-1, steps_per_launch, batch_size])
             for launch in tf.range(tf.shape(launches)[0]):
-                tally = tally_steps(launches[launch], launch * steps_per_launch, tally)
-                if tally[2] >= 0:
+                tally = steps(launches[launch], launch * steps_per_launch, tally)
+                if failed(tally):
                     break
-            if tally[2] < 0:
-                for first in tf.range(launched, n_full):
-                    tally = tally_steps(full_batches[first][tf.newaxis], first, tally)
-                    if tally[2] >= 0:
-                        break
+            for first in tf.range(launched, n_full):
+                if failed(tally):
+                    break
+                tally = steps(full_batches[first][tf.newaxis], first, tally)
             if remainder.shape[0]:
-                if tally[2] < 0:
-                    tally = tally_steps(remainder[tf.newaxis], n_full, tally)
+                if not failed(tally):
+                    tally = steps(remainder[tf.newaxis], n_full, tally)
             return tally
+
+        def failed(tally):
+            return tally[2] >= 0
 
         def evaluate_batch(indices):
             y = tf.gather(labels, indices)
@@ -267,10 +259,6 @@ class FoldEngine:
             correct = tf.reduce_sum(tf.cast(tf.argmax(predictions, -1, output_type=tf.int32) == y, tf.float32))
             return summed_loss(y, predictions), correct
 
-        # Unrolling pays only where the step is XLA-compiled: without XLA a compiled step is
-        # inlined into the epoch loop, and eager runs op by op anyway.
-        steps_per_launch = steps_per_launch if jit_compile and not eager else 1
-        self.steps_per_launch = steps_per_launch
         if eager:
             steps, self._train_epoch, self._evaluate_batch = train_steps, train_epoch, evaluate_batch
         else:
