@@ -2,12 +2,18 @@
 unfused (one compiled loop per fold) and fused (all folds in one execution), one training step
 per compiled launch or 8 unrolled (`-x8`).
 
-Same process, same data, same folds, same model and epochs. samples/s counts the CV training
+Same data, same folds, same model and epochs. samples/s counts the CV training
 samples of all folds per second with compilation excluded: for every variant the first epoch
 (tracing and compilation) is timed apart and the rate comes from the epochs after it. Run-to-run
 noise on a shared 2-core machine reaches 30%, so the variants are measured in turn, --repeats
 times, and each row is the median. `vs unfused` compares a fused variant with the unfused one of
-the same launch size (fused-x8 with engine-x8); compile_s is the trial's compilation seconds.
+the same launch size (fused-x8 with engine-x8); compile_s is the trial's compilation seconds;
+cores is the CPU time over the wall time of the timed epochs (how many cores the variant kept busy).
+
+Each measurement runs in a fresh process, with TensorFlow's threads sized as a sweep worker sizes
+them for that variant (`--cpus` = the trial's resources.cpu; unfused trials get one inter-op
+thread, fused ones one per fold) and the naive workflow with TensorFlow's defaults. A fresh
+process also keeps the compiled XLA programs of one measurement from piling up in the next.
 
     .venv/bin/python -m benchmarks.cv_throughput [--quick] [--json PATH]
 """
@@ -17,26 +23,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
-from functools import partial
+import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import cnn_builder, mnist1d, naive_fold_fit, peak_rss_mb, protein_windows  # noqa: E402
 from pipeline.folds import make_folds  # noqa: E402
+from pipeline.fused import side_by_side_loops  # noqa: E402
 from pipeline.resident import resident_data  # noqa: E402
 from pipeline.spec import CVSpec  # noqa: E402
 from pipeline.trainer import FoldTrainer  # noqa: E402
+from pipeline.trial import configure_threads, configured_threads  # noqa: E402
 from pipeline.training import TrainingParams  # noqa: E402
 
 N_SPLITS = 3
 
 
-def measure_naive(dataset, folds, build, batch_size: int, epochs: int) -> tuple[float, float]:
+def measure_naive(dataset, folds, build, batch_size: int, epochs: int) -> dict[str, float]:
     samples = seconds = 0.0
     for k, fold in enumerate(folds):
         epoch_seconds, _ = naive_fold_fit(build, dataset.x[fold.train], dataset.y[fold.train],
@@ -44,7 +53,7 @@ def measure_naive(dataset, folds, build, batch_size: int, epochs: int) -> tuple[
                                           batch_size=batch_size, epochs=epochs, seed=k)
         samples += len(fold.train) * (epochs - 1)
         seconds += sum(epoch_seconds[1:])
-    return samples / seconds, float("nan")
+    return {"rate": samples / seconds, "compile_s": float("nan"), "cores": float("nan")}
 
 
 # variant -> (train.jit_compile, train.fused, train.steps_per_launch)
@@ -54,16 +63,59 @@ ENGINE_VARIANTS = {"engine": ("auto", "off", 1), "fused": ("auto", "on", 1), "au
                    "fused-xla": ("on", "on", 1), "fused-noxla": ("off", "on", 1)}
 
 
-def measure_engine(dataset, folds, build, batch_size: int, epochs: int, variant: str) -> tuple[float, float]:
+def measure_engine(dataset, folds, build, batch_size: int, epochs: int, variant: str) -> dict[str, float]:
     jit_compile, fused, steps_per_launch = ENGINE_VARIANTS[variant]
     trainer = FoldTrainer(build, {}, TrainingParams(batch_size=batch_size, learning_rate=1e-3, optimizer="adam"),
                           data=resident_data(dataset.fingerprint, dataset.x, dataset.y), folds=folds, seed=0,
                           jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch,
                           planned_epochs=epochs)
-    for _ in range(epochs):
+    result = trainer.run_epoch()  # tracing and compilation: timed apart by the trainer
+    wall, cpu = time.perf_counter(), _cpu_seconds()
+    for _ in range(epochs - 1):
         result = trainer.run_epoch()
-    keras.backend.clear_session()
-    return result["train_samples_per_s"], result["compile_s"]
+    cores = (_cpu_seconds() - cpu) / (time.perf_counter() - wall)
+    return {"rate": result["train_samples_per_s"], "compile_s": result["compile_s"], "cores": cores}
+
+
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def load_workload(name: str, quick: bool):
+    if name == "mnist1d":
+        dataset = mnist1d()
+        return dataset.__class__(name="mnist1d", x=dataset.x[:2400], y=dataset.y[:2400]) if quick else dataset
+    if name == "protein":
+        return protein_windows(48 if quick else 190)
+    raise SystemExit(f"--datasets: unknown dataset {name!r}; known: mnist1d, protein")
+
+
+def measure_here(args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement in this process, sized as a sweep worker would size it."""
+    variant, epochs = args.measure, 2 if args.quick else 3
+    if variant != "naive":
+        fused = ENGINE_VARIANTS[variant][1]
+        configure_threads(args.cpus, side_by_side_loops(fused, n_folds=N_SPLITS))
+    dataset = load_workload(args.datasets, args.quick)
+    folds = make_folds(CVSpec(splitter="stratified", n_splits=N_SPLITS, seed=0), dataset).folds
+    build = cnn_builder(dataset.input_shape, dataset.n_classes, dropout=0.2 if args.dropout else 0.0)
+    batch_size = int(args.batch_sizes)
+    if variant == "naive":
+        measured = measure_naive(dataset, folds, build, batch_size, epochs)
+    else:
+        measured = measure_engine(dataset, folds, build, batch_size, epochs, variant)
+    return {**measured, "dataset": dataset.name, "threads": configured_threads(), "peak_rss_mb": peak_rss_mb()}
+
+
+def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, variant: str) -> dict[str, Any]:
+    command = [sys.executable, "-m", "benchmarks.cv_throughput", "--measure", variant, "--datasets", dataset,
+               "--batch-sizes", str(batch_size), "--cpus", str(args.cpus)]
+    command += ["--quick"] * args.quick + ["--dropout"] * args.dropout
+    finished = subprocess.run(command, capture_output=True, text=True)
+    if finished.returncode != 0:
+        raise SystemExit(f"{variant} on {dataset} at batch {batch_size} failed:\n{finished.stderr[-3000:]}")
+    return json.loads(finished.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,9 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller data and fewer epochs (under two minutes)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this path")
     parser.add_argument("--batch-sizes", default="8,64,256")
-    parser.add_argument("--datasets", default="mnist1d,protein",
-                        help="comma list of mnist1d, protein (TensorFlow keeps every compiled XLA program until "
-                             "the process ends, so long runs can be split by dataset and batch size)")
+    parser.add_argument("--datasets", default="mnist1d,protein", help="comma list of mnist1d, protein")
     parser.add_argument("--repeats", type=int, help="measurements per variant, interleaved; the median is kept "
                                                     "(default 3, 1 with --quick)")
     parser.add_argument("--variants", default="naive,engine,fused,engine-x8,fused-x8",
@@ -81,48 +131,47 @@ def main(argv: list[str] | None = None) -> int:
                              "what a sweep picks; -xla/-noxla force XLA on or off)")
     parser.add_argument("--dropout", action="store_true",
                         help="add a Dropout layer to the CNN (random layers: XLA off on CPU)")
+    parser.add_argument("--cpus", type=int, default=os.cpu_count(),
+                        help="the trial's resources.cpu, which sizes TensorFlow's threads (default: every CPU)")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)  # one measurement, run by the parent process
     args = parser.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure_here(args)))
+        return 0
 
-    epochs = 2 if args.quick else 3
     repeats = args.repeats or (1 if args.quick else 3)
-    chosen = args.datasets.split(",")
-    workloads = []
-    if "mnist1d" in chosen:
-        workloads.append(mnist1d())
-        if args.quick:
-            workloads[0] = workloads[0].__class__(name="mnist1d", x=workloads[0].x[:2400], y=workloads[0].y[:2400])
-    if "protein" in chosen:
-        workloads.append(protein_windows(48 if args.quick else 190))
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     variants = args.variants.split(",")
+    unknown = [variant for variant in variants if variant != "naive" and variant not in ENGINE_VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {', '.join(unknown)}")
     rows = []
     print(f"{'dataset':<12}{'batch':>6}{'variant':>14}{'samples/s':>12}{'vs first':>10}{'vs engine':>11}"
-          f"{'vs unfused':>12}{'compile_s':>11}{'peak RSS MB':>13}", flush=True)
-    for dataset in workloads:
-        folds = make_folds(CVSpec(splitter="stratified", n_splits=N_SPLITS, seed=0), dataset).folds
-        build = cnn_builder(dataset.input_shape, dataset.n_classes, dropout=0.2 if args.dropout else 0.0)
-        for batch_size in batch_sizes:
-            measured: dict[str, list[tuple[float, float]]] = {variant: [] for variant in variants}
+          f"{'vs unfused':>12}{'compile_s':>11}{'cores':>7}{'peak RSS MB':>13}  TensorFlow threads", flush=True)
+    for dataset in args.datasets.split(","):
+        for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
+            measured: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
             for _ in range(repeats):
                 for variant in variants:
-                    measure = measure_naive if variant == "naive" else partial(measure_engine, variant=variant)
-                    measured[variant].append(measure(dataset, folds, build, batch_size, epochs))
-            rates = {variant: float(np.median([rate for rate, _ in runs])) for variant, runs in measured.items()}
+                    measured[variant].append(measure_apart(args, dataset, batch_size, variant))
+            rates = {variant: float(np.median([run["rate"] for run in runs])) for variant, runs in measured.items()}
             for variant, rate in rates.items():
+                runs = measured[variant]
                 first = rates[variants[0]]
                 versus_engine = rate / rates["engine"] if "engine" in rates else float("nan")
                 unfused = variant.replace("fused", "engine", 1) if variant.startswith("fused") else None
                 versus_unfused = rate / rates[unfused] if unfused in rates else float("nan")
-                compile_s = float(np.median([seconds for _, seconds in measured[variant]]))
-                row = {"dataset": dataset.name, "batch_size": batch_size, "variant": variant,
-                       "samples_per_s": round(rate, 1), "runs": [round(value, 1) for value, _ in measured[variant]],
+                row = {"dataset": runs[0]["dataset"], "batch_size": batch_size, "variant": variant,
+                       "samples_per_s": round(rate, 1), "runs": [round(run["rate"], 1) for run in runs],
                        "vs_first": round(rate / first, 3), "vs_engine": round(versus_engine, 3),
-                       "vs_unfused": round(versus_unfused, 3), "compile_s": round(compile_s, 2),
-                       "peak_rss_mb": round(peak_rss_mb(), 1)}
+                       "vs_unfused": round(versus_unfused, 3),
+                       "compile_s": round(float(np.median([run["compile_s"] for run in runs])), 2),
+                       "cores": round(float(np.median([run["cores"] for run in runs])), 2),
+                       "peak_rss_mb": round(max(run["peak_rss_mb"] for run in runs), 1),
+                       "threads": runs[0]["threads"], "cpus": args.cpus}
                 rows.append(row)
-                print(f"{dataset.name:<12}{batch_size:>6}{variant:>14}{rate:>12.0f}{rate / first:>9.2f}x"
-                      f"{versus_engine:>10.2f}x{versus_unfused:>11.2f}x{compile_s:>11.1f}{row['peak_rss_mb']:>13.0f}",
-                      flush=True)
+                print(f"{row['dataset']:<12}{batch_size:>6}{variant:>14}{rate:>12.0f}{rate / first:>9.2f}x"
+                      f"{versus_engine:>10.2f}x{versus_unfused:>11.2f}x{row['compile_s']:>11.1f}{row['cores']:>7.2f}"
+                      f"{row['peak_rss_mb']:>13.0f}  {row['threads']}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

@@ -4,8 +4,8 @@ The k fold models share an architecture and a batch size, and nothing else: each
 researcher's ``build(hp)`` model, built once per fold, with its own weights, optimizer state (so
 ``global_clipnorm`` sees only its own gradients), random generator and health check. So one
 compiled function holds all k folds' epoch loops, each the fold's own compiled loop over its own
-index batches, and TensorFlow's executor runs the folds' independent steps concurrently on the
-device's threads. A fold whose update is not finite leaves its own loop at that step, exactly
+index batches, and TensorFlow's executor runs the folds' independent steps concurrently, each
+fold loop on an executor thread of its own (``trial.thread_counts`` sizes the pool). A fold whose update is not finite leaves its own loop at that step, exactly
 where it would alone, and the others train on untouched.
 
 Why side by side rather than merged into one XLA program per step: at small batches a fold's
@@ -56,6 +56,13 @@ def decide_fusion(choice: AutoSwitch, *, n_folds: int, eager: bool, shared_varia
     if choice == "on":
         return Fusion(True, f"fused: {n_folds} folds in one execution (train.fused is true)")
     return Fusion(True, f"fused: {n_folds} folds in one execution")
+
+
+def side_by_side_loops(choice: AutoSwitch, *, n_folds: int, eager: bool = False, check_numerics: bool = False) -> int:
+    """How many fold loops a trial may run at once, known before any model is built (to size
+    TensorFlow's threads): its folds when they may be fused, else one."""
+    may_fuse = decide_fusion(choice, n_folds=n_folds, eager=eager, check_numerics=check_numerics).enabled
+    return n_folds if may_fuse else 1
 
 
 def shared_variable_count(models: Sequence[Any]) -> int:

@@ -126,12 +126,14 @@ def run_in_process(*, spec: SweepSpec, experiment_path: Path, dataset: Any, plan
     """Run one trial here through ``TrialRunner``; returns (status, numerics finding, last result)."""
     import tensorflow as tf
 
+    from pipeline.fused import side_by_side_loops
     from pipeline.hypermodel import load_builder
     from pipeline.resident import configure_devices, resident_data
-    from pipeline.trial import TrialRunner, TrialSettings, limit_threads
+    from pipeline.trial import TrialRunner, TrialSettings, configure_threads
 
     notice = configure_devices(spec.resources.gpu)
-    limit_threads(spec.resources.cpu)
+    configure_threads(spec.resources.cpu, side_by_side_loops(spec.train.fused, n_folds=len(fold_ids), eager=eager,
+                                                             check_numerics=check_numerics))
     settings = TrialSettings(
         experiment_path=str(experiment_path), experiment_attr=spec.experiment_attr,
         dataset_fingerprint=dataset.fingerprint, epochs=spec.train.epochs, seed=spec.train.seed,

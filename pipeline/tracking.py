@@ -35,7 +35,8 @@ THROUGHPUT_METRIC = re.compile(r"^(split\d+_)?(train_samples_per_s|compile_s|eva
 # Result fields that say where and how a trial ran, and where it went NaN; recorded as tags
 # `foldsweep.<field>`.
 RECORDED_FIELDS = ("device", "device_notice", "gpu_ids", "jit_compile", "fused", "fused_reason", "steps_per_launch",
-                   "pid", "node_ip", "node_id", "hostname", "data_transfers", "tensorflow_version", "keras_version", "ray_version", "python_version",
+                   "pid", "node_ip", "node_id", "hostname", "data_transfers", "tf_threads", "tensorflow_version",
+                   "keras_version", "ray_version", "python_version",
                    "nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm")
 SCALAR_METRICS = ("n_params", "nan_failures")
 HISTORY_ARTIFACT = "history.csv"

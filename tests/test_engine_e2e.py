@@ -36,6 +36,15 @@ def one_cpu_cluster():
 
 
 @pytest.fixture
+def two_cpu_cluster():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
 def logical_gpu_cluster():
     import ray
 
@@ -70,6 +79,7 @@ def test_reused_worker_copies_data_once_and_matches_a_fresh_one(one_cpu_cluster,
         assert run.data.tags["foldsweep.fused"] == "True"  # batch 16 on CPU: folds fused by rule
         assert run.data.tags["foldsweep.fused_reason"] == "fused: 2 folds in one execution"
         assert run.data.tags["foldsweep.steps_per_launch"] == "1"  # no XLA: nothing to unroll
+        assert run.data.tags["foldsweep.tf_threads"] == "intra-op 1, inter-op 1"  # one CPU: folds take turns
 
 
 def test_half_gpu_slots_run_at_most_two_trials_at_once(logical_gpu_cluster, tmp_path, write_spec, monkeypatch):
@@ -90,3 +100,18 @@ def test_half_gpu_slots_run_at_most_two_trials_at_once(logical_gpu_cluster, tmp_
         assert "training on CPU" in run.data.tags["foldsweep.device_notice"]
 
 
+
+
+def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(two_cpu_cluster, tmp_path, write_spec,
+                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec({"name": "threads", "cv": {"n_splits": 3}, "resources": {"cpu": 2, "max_concurrent": 1},
+                       "search": {"num_samples": 1}, "train": {"epochs": 1}})
+
+    result = CliRunner().invoke(app, ["run", str(spec)])
+
+    assert result.exit_code == 0, result.output
+    _, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "threads")
+    assert [run.data.tags["foldsweep.fused_reason"] for run in runs] == ["fused: 3 folds in one execution"]
+    # Two CPUs for compute, and each of the three fold loops an executor thread of its own.
+    assert runs[0].data.tags["foldsweep.tf_threads"] == "intra-op 2, inter-op 3"

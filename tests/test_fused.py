@@ -12,11 +12,12 @@ import pytest
 from conftest import MNIST1D_EXPERIMENT
 from pipeline.datasets import load_dataset
 from pipeline.folds import Fold, make_folds
-from pipeline.fused import decide_fusion
+from pipeline.fused import decide_fusion, side_by_side_loops
 from pipeline.hypermodel import load_builder
 from pipeline.resident import resident_data
 from pipeline.spec import CVSpec, DatasetSpec
 from pipeline.trainer import FoldTrainer
+from pipeline.trial import thread_counts
 from pipeline.training import (UNROLL_MAX_BATCH, UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS, TrainingParams,
                                decide_steps_per_launch)
 
@@ -149,6 +150,18 @@ def test_fusion_decision_and_its_reasons():
     assert "eager" in decide("on", eager=True).reason
     assert "numeric checking" in decide("on", check_numerics=True).reason
     assert "share 4 variables" in decide("on", shared_variables=4).reason
+
+
+def test_threads_give_each_fused_fold_loop_an_executor_thread_within_the_trials_cpus():
+    assert side_by_side_loops("auto", n_folds=3) == 3 and side_by_side_loops("on", n_folds=5) == 5
+    assert side_by_side_loops("off", n_folds=3) == 1
+    assert side_by_side_loops("auto", n_folds=1) == 1
+    assert side_by_side_loops("auto", n_folds=3, eager=True) == 1
+    assert side_by_side_loops("auto", n_folds=3, check_numerics=True) == 1
+    # (intra-op, inter-op): compute threads follow resources.cpu; executor threads follow the loops.
+    assert thread_counts(2, 3) == (2, 3) and thread_counts(4, 5) == (4, 5)
+    assert thread_counts(2, 1) == (2, 1)  # unfused: one loop, one executor thread
+    assert thread_counts(1, 3) == (1, 1) and thread_counts(0.5, 3) == (1, 1)  # one CPU: folds take turns
 
 
 def test_steps_per_launch_decision():
