@@ -43,6 +43,7 @@ from pipeline.trial import configure_threads, configured_threads  # noqa: E402
 from pipeline.training import TrainingParams  # noqa: E402
 
 N_SPLITS = 3
+DATASETS = ("mnist1d", "protein")
 
 
 def measure_naive(dataset, folds, build, batch_size: int, epochs: int) -> dict[str, float]:
@@ -86,9 +87,7 @@ def load_workload(name: str, quick: bool):
     if name == "mnist1d":
         dataset = mnist1d()
         return dataset.__class__(name="mnist1d", x=dataset.x[:2400], y=dataset.y[:2400]) if quick else dataset
-    if name == "protein":
-        return protein_windows(48 if quick else 190)
-    raise SystemExit(f"--datasets: unknown dataset {name!r}; known: mnist1d, protein")
+    return protein_windows(48 if quick else 190)
 
 
 def measure_here(args: argparse.Namespace) -> dict[str, Any]:
@@ -120,7 +119,7 @@ def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, varia
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller data and fewer epochs (under two minutes)")
+    parser.add_argument("--quick", action="store_true", help="smaller data and fewer epochs")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this path")
     parser.add_argument("--batch-sizes", default="8,64,256")
     parser.add_argument("--datasets", default="mnist1d,protein", help="comma list of mnist1d, protein")
@@ -144,10 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [variant for variant in variants if variant != "naive" and variant not in ENGINE_VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {', '.join(unknown)}")
+    datasets = args.datasets.split(",")
+    unknown = [name for name in datasets if name not in DATASETS]
+    if unknown:
+        raise SystemExit(f"--datasets: unknown {', '.join(unknown)}; known: {', '.join(DATASETS)}")
     rows = []
     print(f"{'dataset':<12}{'batch':>6}{'variant':>14}{'samples/s':>12}{'vs first':>10}{'vs engine':>11}"
           f"{'vs unfused':>12}{'compile_s':>11}{'cores':>7}{'peak RSS MB':>13}  TensorFlow threads", flush=True)
-    for dataset in args.datasets.split(","):
+    for dataset in datasets:
         for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
             measured: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
             for _ in range(repeats):

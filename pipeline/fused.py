@@ -5,8 +5,9 @@ researcher's ``build(hp)`` model, built once per fold, with its own weights, opt
 ``global_clipnorm`` sees only its own gradients), random generator and health check. So one
 compiled function holds all k folds' epoch loops, each the fold's own compiled loop over its own
 index batches, and TensorFlow's executor runs the folds' independent steps concurrently, each
-fold loop on an executor thread of its own (``trial.thread_counts`` sizes the pool). A fold whose update is not finite leaves its own loop at that step, exactly
-where it would alone, and the others train on untouched.
+fold loop on an executor thread of its own (``trial.thread_counts`` sizes the pool). A fold
+whose update is not finite leaves its own loop at that step, exactly where it would alone, and
+the others train on untouched.
 
 Why side by side rather than merged into one XLA program per step: at small batches a fold's
 step leaves most of a CPU idle, and merging the folds' ops into one program kept them on one

@@ -177,8 +177,8 @@ def thread_counts(cpus: float, fold_loops: int) -> tuple[int, int]:
     # Intra-op threads split big ops: one per CPU of the trial. Inter-op threads run the graph,
     # and an XLA launch holds one while it computes, so a fold loop trains fastest on a thread
     # of its own: an unfused trial at batch 8 ran 1.1-1.4x faster with 1 inter-op thread than
-    # with 2 (work hopping between threads), and fused folds ran up to 2x faster with one
-    # thread per fold than with 2 for 3 folds (a fold waited for a thread while a core idled).
+    # with 2 (work hopping between threads), and 3 fused folds ran 1.2x (MNIST-1D) to 2x
+    # (protein) faster on 3 than on 2 (a fold waited for a thread while a core idled).
     # With one CPU the folds take turns on one thread rather than compute on several cores.
     compute = max(1, int(cpus))
     return compute, fold_loops if compute >= 2 else 1

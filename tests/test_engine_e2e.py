@@ -100,8 +100,6 @@ def test_half_gpu_slots_run_at_most_two_trials_at_once(logical_gpu_cluster, tmp_
         assert "training on CPU" in run.data.tags["foldsweep.device_notice"]
 
 
-
-
 def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(two_cpu_cluster, tmp_path, write_spec,
                                                                       monkeypatch):
     monkeypatch.chdir(tmp_path)
