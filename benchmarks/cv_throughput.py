@@ -1,6 +1,7 @@
 """CV training throughput: the naive per-fold `model.fit` workflow vs the foldsweep engine,
-unfused (one compiled loop per fold) and fused (all folds in one execution), one training step
-per compiled launch or 8 unrolled (`-x8`).
+unfused (one compiled loop per fold) and fused (all folds in one execution: `fused` in the layout
+a sweep picks for `--cpus`, `stacked` or `side` forced), one training step per compiled launch or
+8 unrolled (`-x8`).
 
 Same data, same folds, same model and epochs. samples/s counts the CV training
 samples of all folds per second with compilation excluded: for every variant the first epoch
@@ -57,25 +58,30 @@ def measure_naive(dataset, folds, build, batch_size: int, epochs: int) -> dict[s
     return {"rate": samples / seconds, "compile_s": float("nan"), "cores": float("nan")}
 
 
-# variant -> (train.jit_compile, train.fused, train.steps_per_launch)
-ENGINE_VARIANTS = {"engine": ("auto", "off", 1), "fused": ("auto", "on", 1), "auto": ("auto", "auto", "auto"),
-                   "engine-x8": ("auto", "off", 8), "fused-x8": ("auto", "on", 8),
-                   "engine-xla": ("on", "off", 1), "engine-noxla": ("off", "off", 1),
-                   "fused-xla": ("on", "on", 1), "fused-noxla": ("off", "on", 1)}
+# variant -> (train.jit_compile, train.fused, train.steps_per_launch, fused layout)
+ENGINE_VARIANTS = {"engine": ("auto", "off", 1, "auto"), "fused": ("auto", "on", 1, "auto"),
+                   "auto": ("auto", "auto", "auto", "auto"),
+                   "engine-x8": ("auto", "off", 8, "auto"), "fused-x8": ("auto", "on", 8, "auto"),
+                   "stacked": ("auto", "on", 1, "stacked"), "stacked-x8": ("auto", "on", 8, "stacked"),
+                   "side": ("auto", "on", 1, "side_by_side"), "side-x8": ("auto", "on", 8, "side_by_side"),
+                   "engine-xla": ("on", "off", 1, "auto"), "engine-noxla": ("off", "off", 1, "auto"),
+                   "fused-xla": ("on", "on", 1, "auto"), "fused-noxla": ("off", "on", 1, "auto")}
+FUSED_VARIANTS = ("fused", "stacked", "side")
 
 
 def measure_engine(dataset, folds, build, batch_size: int, epochs: int, variant: str) -> dict[str, float]:
-    jit_compile, fused, steps_per_launch = ENGINE_VARIANTS[variant]
+    jit_compile, fused, steps_per_launch, layout = ENGINE_VARIANTS[variant]
     trainer = FoldTrainer(build, {}, TrainingParams(batch_size=batch_size, learning_rate=1e-3, optimizer="adam"),
                           data=resident_data(dataset.fingerprint, dataset.x, dataset.y), folds=folds, seed=0,
                           jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch,
-                          planned_epochs=epochs)
+                          planned_epochs=epochs, fused_layout=layout)
     result = trainer.run_epoch()  # tracing and compilation: timed apart by the trainer
     wall, cpu = time.perf_counter(), _cpu_seconds()
     for _ in range(epochs - 1):
         result = trainer.run_epoch()
     cores = (_cpu_seconds() - cpu) / (time.perf_counter() - wall)
-    return {"rate": result["train_samples_per_s"], "compile_s": result["compile_s"], "cores": cores}
+    return {"rate": result["train_samples_per_s"], "compile_s": result["compile_s"], "cores": cores,
+            "fusion": trainer.fusion.reason}
 
 
 def _cpu_seconds() -> float:
@@ -94,8 +100,9 @@ def measure_here(args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in this process, sized as a sweep worker would size it."""
     variant, epochs = args.measure, 2 if args.quick else 3
     if variant != "naive":
-        fused = ENGINE_VARIANTS[variant][1]
-        configure_threads(args.cpus, side_by_side_loops(fused, n_folds=N_SPLITS))
+        _, fused, _, layout = ENGINE_VARIANTS[variant]
+        loops = 1 if layout == "stacked" else side_by_side_loops(fused, n_folds=N_SPLITS)
+        configure_threads(args.cpus, loops)
     dataset = load_workload(args.datasets, args.quick)
     folds = make_folds(CVSpec(splitter="stratified", n_splits=N_SPLITS, seed=0), dataset).folds
     build = cnn_builder(dataset.input_shape, dataset.n_classes, dropout=0.2 if args.dropout else 0.0)
@@ -161,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs = measured[variant]
                 first = rates[variants[0]]
                 versus_engine = rate / rates["engine"] if "engine" in rates else float("nan")
-                unfused = variant.replace("fused", "engine", 1) if variant.startswith("fused") else None
+                fused_kind = variant.split("-")[0]
+                unfused = variant.replace(fused_kind, "engine", 1) if fused_kind in FUSED_VARIANTS else None
                 versus_unfused = rate / rates[unfused] if unfused in rates else float("nan")
                 row = {"dataset": runs[0]["dataset"], "batch_size": batch_size, "variant": variant,
                        "samples_per_s": round(rate, 1), "runs": [round(run["rate"], 1) for run in runs],
@@ -170,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                        "compile_s": round(float(np.median([run["compile_s"] for run in runs])), 2),
                        "cores": round(float(np.median([run["cores"] for run in runs])), 2),
                        "peak_rss_mb": round(max(run["peak_rss_mb"] for run in runs), 1),
-                       "threads": runs[0]["threads"], "cpus": args.cpus}
+                       "threads": runs[0]["threads"], "cpus": args.cpus, "fusion": runs[0].get("fusion", "")}
                 rows.append(row)
                 print(f"{row['dataset']:<12}{batch_size:>6}{variant:>14}{rate:>12.0f}{rate / first:>9.2f}x"
                       f"{versus_engine:>10.2f}x{versus_unfused:>11.2f}x{row['compile_s']:>11.1f}{row['cores']:>7.2f}"

@@ -15,7 +15,8 @@ import keras
 import numpy as np
 
 from pipeline.folds import Fold
-from pipeline.fused import FusedFolds, decide_fusion, shared_variable_count
+from pipeline.fused import (FusedFolds, FusedLayout, arrange, compute_threads, decide_fusion, shared_variable_count,
+                            wants_stacking)
 from pipeline.hypermodel import build_model
 from pipeline.resident import ResidentData
 from pipeline.spec import AutoSwitch
@@ -64,6 +65,7 @@ class FoldTrainer:
         steps_per_launch: int | Literal["auto"] = "auto",
         planned_epochs: int = 1,
         check_numerics: bool = False,
+        fused_layout: FusedLayout = "auto",
     ):
         self.params = params
         self.epoch = 0
@@ -85,9 +87,27 @@ class FoldTrainer:
                 seed=fold_seed(seed, k), jit_compile=self.jit_compile, from_logits=from_logits, eager=eager,
                 steps_per_launch=self.steps_per_launch,
             ))
-        self.fusion = decide_fusion(fused, n_folds=len(models), eager=eager, check_numerics=check_numerics,
-                                    shared_variables=shared_variable_count(models))
-        self._fused = FusedFolds(self.engines) if self.fusion.enabled else None
+        fusion = decide_fusion(fused, n_folds=len(models), eager=eager, check_numerics=check_numerics,
+                               shared_variables=shared_variable_count(models))
+        threads = compute_threads()
+        blocker = None
+        if fusion.enabled and wants_stacking(fused_layout, compute_threads=threads, device=data.device):
+            from pipeline.stacked import stacking_blocker
+
+            blocker = stacking_blocker(models, data, [fold.train for fold in folds], batch_size=params.batch_size,
+                                       jit_compile=self.jit_compile)
+            stacked = blocker is None
+        else:
+            stacked = False
+        self.fusion = arrange(fusion, stacked=stacked, compute_threads=threads, blocker=blocker)
+        self._fused: Any = None
+        if self.fusion.stacked:
+            from pipeline.stacked import StackedFolds
+
+            self._fused = StackedFolds(self.engines, params, data=data, from_logits=from_logits,
+                                       steps_per_launch=self.steps_per_launch)
+        elif self.fusion.enabled:
+            self._fused = FusedFolds(self.engines)
 
     @property
     def models(self) -> list[keras.Model]:

@@ -77,7 +77,8 @@ def test_reused_worker_copies_data_once_and_matches_a_fresh_one(one_cpu_cluster,
         assert run.data.tags["foldsweep.device"] == "/CPU:0"
         assert run.data.tags["foldsweep.jit_compile"] == "False"  # dropout on CPU: no XLA by rule
         assert run.data.tags["foldsweep.fused"] == "True"  # batch 16 on CPU: folds fused by rule
-        assert run.data.tags["foldsweep.fused_reason"] == "fused: 2 folds in one execution"
+        assert run.data.tags["foldsweep.fused_reason"] == (
+            "fused: 2 folds in one execution, side by side (not stacked: the step runs without XLA)")
         assert run.data.tags["foldsweep.steps_per_launch"] == "1"  # no XLA: nothing to unroll
         assert run.data.tags["foldsweep.tf_threads"] == "intra-op 1, inter-op 1"  # one CPU: folds take turns
 
@@ -110,6 +111,28 @@ def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(two_cpu_cl
 
     assert result.exit_code == 0, result.output
     _, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "threads")
-    assert [run.data.tags["foldsweep.fused_reason"] for run in runs] == ["fused: 3 folds in one execution"]
+    assert [run.data.tags["foldsweep.fused_reason"] for run in runs] == [
+        "fused: 3 folds in one execution, side by side (2 compute threads)"]
     # Two CPUs for compute, and each of the three fold loops an executor thread of its own.
     assert runs[0].data.tags["foldsweep.tf_threads"] == "intra-op 2, inter-op 3"
+
+
+def test_a_one_cpu_trial_trains_its_folds_stacked_with_the_unfused_results(one_cpu_cluster, tmp_path, write_spec,
+                                                                           monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    space = Replace({"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.0, "batch_size": 8})
+    for fused in (True, False):
+        spec = write_spec({"name": f"stacked-{fused}", "train": {"epochs": 2, "fused": fused},
+                           "search": {"num_samples": 1, "space": space}}, name=f"{fused}.yaml")
+        result = CliRunner().invoke(app, ["run", str(spec)])
+        assert result.exit_code == 0, result.output
+
+    client, (stacked,) = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "stacked-True")
+    _, (unfused,) = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "stacked-False")
+    # One compute thread: side-by-side loops would only take turns, so the folds are stacked.
+    assert stacked.data.tags["foldsweep.fused_reason"] == (
+        "fused: 2 folds in one execution (train.fused is true), stacked into one XLA program per step")
+    assert stacked.data.tags["foldsweep.tf_threads"] == "intra-op 1, inter-op 1"
+    assert unfused.data.tags["foldsweep.fused"] == "False"
+    assert loss_history(client, stacked.info.run_id) == pytest.approx(loss_history(client, unfused.info.run_id),
+                                                                      rel=1e-4)

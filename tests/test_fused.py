@@ -12,10 +12,11 @@ import pytest
 from conftest import MNIST1D_EXPERIMENT
 from pipeline.datasets import load_dataset
 from pipeline.folds import Fold, make_folds
-from pipeline.fused import decide_fusion, side_by_side_loops
+from pipeline.fused import Fusion, arrange, decide_fusion, side_by_side_loops, wants_stacking
 from pipeline.hypermodel import load_builder
 from pipeline.resident import resident_data
 from pipeline.spec import CVSpec, DatasetSpec
+from pipeline.stacked import forward_matches, model_blocker, steps_blocker
 from pipeline.trainer import FoldTrainer
 from pipeline.trial import thread_counts
 from pipeline.training import (UNROLL_MAX_BATCH, UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS, TrainingParams,
@@ -36,13 +37,14 @@ def folds(dataset):
 
 
 def train(x, y, folds, *, fused, epochs=2, fingerprint=None, dropout=0.0, jit_compile="auto", steps_per_launch=1,
-          **params):
+          layout="side_by_side", **params):
     """Per-fold history {fold: {key: [value per epoch]}} and the trainer."""
     settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
     fingerprint = fingerprint or f"test-fused-{len(y)}"
     trainer = FoldTrainer(load_builder(MNIST1D_EXPERIMENT, "build"), {**MODEL, "dropout": dropout},
                           TrainingParams(**settings), data=resident_data(fingerprint, x, y), folds=folds, seed=0,
-                          jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch)
+                          jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch,
+                          fused_layout=layout)
     history: dict[int, dict[str, list[float]]] = {k: {key: [] for key in HISTORY_KEYS} for k in range(len(folds))}
     for _ in range(epochs):
         result = trainer.run_epoch()
@@ -61,15 +63,18 @@ def with_extra_sample(dataset, folds, sample: np.ndarray, name: str):
     return x, y, changed, f"test-fused-{name}"
 
 
-@pytest.mark.parametrize("dropout, jit, steps_per_launch", [(0.0, "auto", 1), (0.0, "auto", 4), (0.2, "off", 1)])
-def test_fused_and_unfused_per_fold_histories_match(dataset, folds, dropout, jit, steps_per_launch):
+@pytest.mark.parametrize("dropout, jit, steps_per_launch, layout", [
+    (0.0, "auto", 1, "side_by_side"), (0.0, "auto", 4, "side_by_side"), (0.2, "off", 1, "side_by_side"),
+    (0.0, "auto", 1, "stacked"), (0.0, "auto", 4, "stacked")])
+def test_fused_and_unfused_per_fold_histories_match(dataset, folds, dropout, jit, steps_per_launch, layout):
     # Folds of 266-267 training samples: 33 full batches of 8 each, remainders of 2 and 3 (with
     # 4 steps per launch: 8 launches, one batch alone, then the remainder).
     fused, fused_trainer = train(dataset.x, dataset.y, folds, fused="on", dropout=dropout, jit_compile=jit,
-                                 steps_per_launch=steps_per_launch)
+                                 steps_per_launch=steps_per_launch, layout=layout)
     unfused, unfused_trainer = train(dataset.x, dataset.y, folds, fused="off", dropout=dropout, jit_compile=jit,
                                      steps_per_launch=steps_per_launch)
     assert fused_trainer.fusion.enabled and not unfused_trainer.fusion.enabled
+    assert fused_trainer.fusion.stacked == (layout == "stacked")
     assert fused_trainer.steps_per_launch == steps_per_launch
     for k in range(len(folds)):
         for key in HISTORY_KEYS:
@@ -90,14 +95,17 @@ def test_unrolled_steps_train_as_one_step_per_launch(dataset, folds):
             np.testing.assert_allclose(unrolled[k][key], single[k][key], rtol=1e-4, err_msg=f"fold {k} {key}")
 
 
-@pytest.mark.parametrize("steps_per_launch", [1, 3])
-def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(dataset, folds, steps_per_launch):
+@pytest.mark.parametrize("steps_per_launch, layout", [(1, "side_by_side"), (3, "side_by_side"), (1, "stacked"),
+                                                      (3, "stacked")])
+def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(dataset, folds, steps_per_launch, layout):
     poisoned = np.full(dataset.x.shape[1:], np.nan, dtype=np.float32)
     x, y, changed, name = with_extra_sample(dataset, folds, poisoned, "nan")
-    with_nan, trainer = train(x, y, changed, fused="on", fingerprint=name, epochs=3, steps_per_launch=steps_per_launch)
+    with_nan, trainer = train(x, y, changed, fused="on", fingerprint=name, epochs=3, steps_per_launch=steps_per_launch,
+                              layout=layout)
     x_clean, y_clean, _, clean_name = with_extra_sample(dataset, folds, dataset.x[0], "clean")
     clean, _ = train(x_clean, y_clean, changed, fused="on", fingerprint=clean_name, epochs=3,
-                     steps_per_launch=steps_per_launch)
+                     steps_per_launch=steps_per_launch, layout=layout)
+    assert trainer.fusion.stacked == (layout == "stacked")
 
     failure = trainer.engines[0].failure
     assert failure is not None and failure.epoch == 1
@@ -113,24 +121,27 @@ def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(dataset, folds, s
         # The failed fold keeps the weights of its last good step: the steps after the failing
         # one in the same launch applied nothing.
         assert failure.step % steps_per_launch < steps_per_launch - 1  # steps did follow it in its launch
-        _, one_per_launch = train(x, y, changed, fused="on", fingerprint=name, epochs=1)
+        _, one_per_launch = train(x, y, changed, fused="on", fingerprint=name, epochs=1, layout=layout)
         assert one_per_launch.engines[0].failure == failure
         for a, b in zip(trainer.models[0].get_weights(), one_per_launch.models[0].get_weights()):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("clipping", ["global_norm", "norm"])
-def test_clipping_is_applied_per_fold(dataset, folds, clipping):
+@pytest.mark.parametrize("clipping, layout", [("global_norm", "side_by_side"), ("norm", "side_by_side"),
+                                              ("global_norm", "stacked"), ("norm", "stacked"), ("value", "stacked")])
+def test_clipping_is_applied_per_fold(dataset, folds, clipping, layout):
     # Fold 0 alone trains on a sample scaled 1e4: its gradients are huge. Were the norm taken
     # across folds, the other folds' updates would be clipped by fold 0's gradients.
     x, y, changed, name = with_extra_sample(dataset, folds, dataset.x[0] * 1e4, f"huge-{clipping}")
     x_calm, y_calm, _, calm_name = with_extra_sample(dataset, folds, dataset.x[0], f"calm-{clipping}")
-    clip = {"clipping": clipping, "clip_threshold": 0.5, "learning_rate": 3e-3}
-    huge, trainer = train(x, y, changed, fused="on", fingerprint=name, **clip)
-    calm, _ = train(x_calm, y_calm, changed, fused="on", fingerprint=calm_name, **clip)
-    unclipped, _ = train(x_calm, y_calm, changed, fused="on", fingerprint=calm_name, learning_rate=3e-3)
+    # Elementwise clipping needs a lower threshold to change these gradients at all.
+    clip = {"clipping": clipping, "clip_threshold": 0.01 if clipping == "value" else 0.5, "learning_rate": 3e-3}
+    huge, trainer = train(x, y, changed, fused="on", fingerprint=name, layout=layout, **clip)
+    calm, _ = train(x_calm, y_calm, changed, fused="on", fingerprint=calm_name, layout=layout, **clip)
+    unclipped, _ = train(x_calm, y_calm, changed, fused="on", fingerprint=calm_name, layout=layout,
+                         learning_rate=3e-3)
 
-    assert trainer.fusion.enabled
+    assert trainer.fusion.enabled and trainer.fusion.stacked == (layout == "stacked")
     assert not np.allclose(huge[0]["train_loss"], calm[0]["train_loss"], rtol=1e-3)  # fold 0 did see it
     for k in (1, 2):
         for key in HISTORY_KEYS:
@@ -189,3 +200,82 @@ def test_fold_models_sharing_layers_are_not_fused(dataset, folds):
                           data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds, seed=0)
     assert not trainer.fusion.enabled
     assert "share 2 variables" in trainer.fusion.reason
+
+
+def test_fused_layout_decision_and_its_reasons():
+    # Side by side needs a core per loop; with one compute thread, or on a GPU, folds are stacked.
+    assert wants_stacking("auto", compute_threads=1, device="/CPU:0")
+    assert not wants_stacking("auto", compute_threads=2, device="/CPU:0")
+    assert wants_stacking("auto", compute_threads=8, device="/GPU:0")
+    assert wants_stacking("stacked", compute_threads=2, device="/CPU:0")
+    assert not wants_stacking("side_by_side", compute_threads=1, device="/GPU:0")
+    fused = decide_fusion("auto", n_folds=3, eager=False)
+    assert arrange(fused, stacked=True, compute_threads=1) == Fusion(
+        True, "fused: 3 folds in one execution, stacked into one XLA program per step", stacked=True)
+    assert arrange(fused, stacked=False, compute_threads=2).reason == (
+        "fused: 3 folds in one execution, side by side (2 compute threads)")
+    assert arrange(fused, stacked=False, compute_threads=1, blocker="BatchNormalization layers have no stacked "
+                   "form").reason == ("fused: 3 folds in one execution, side by side (not stacked: "
+                                      "BatchNormalization layers have no stacked form)")
+    unfused = decide_fusion("off", n_folds=3, eager=False)
+    assert arrange(unfused, stacked=True, compute_threads=1) == unfused
+    # Stacked folds step in lockstep: as many steps per epoch in every fold.
+    assert steps_blocker([266, 267, 267], 8) is None  # 33 full batches and a remainder each
+    assert steps_blocker([264, 265], 8) == "folds take 33 to 34 steps per epoch at batch 8"
+
+
+def _three_models(build):
+    models = []
+    for seed in range(3):
+        keras.utils.set_random_seed(seed)
+        models.append(build())
+    return models
+
+
+@pytest.mark.parametrize("layers, shape", [
+    ([keras.layers.Conv1D(6, 3, strides=2, padding="same", activation="relu"), keras.layers.GlobalMaxPooling1D()],
+     (11, 2)),
+    ([keras.layers.Conv1D(5, 3, dilation_rate=2, padding="valid", use_bias=False), keras.layers.Flatten()], (12, 3)),
+    ([keras.layers.Conv2D(4, (3, 2), strides=(2, 1), padding="same", activation="tanh"),
+      keras.layers.MaxPooling2D(2), keras.layers.Flatten(), keras.layers.Dense(3, activation="softmax")], (9, 8, 2)),
+    ([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)], (5, 3)),  # Dense on each of 5 steps
+])
+def test_the_stacked_forward_pass_reproduces_each_fold_models_outputs(layers, shape):
+    def build():
+        inputs = keras.Input(shape=shape)
+        x = inputs
+        for layer in layers:
+            x = layer.__class__.from_config(layer.get_config())(x)
+        return keras.Model(inputs, x)
+
+    models = _three_models(build)
+    assert model_blocker(models[0]) is None
+    samples = np.random.default_rng(0).normal(size=(3 * 4, *shape)).astype(np.float32)  # 4 per fold
+    assert forward_matches(models, samples)
+
+
+def test_a_layer_that_mixes_samples_fails_the_forward_check():
+    def build():
+        inputs = keras.Input(shape=(4,))
+        centred = keras.layers.Lambda(lambda x: x - keras.ops.mean(x, axis=0, keepdims=True))(inputs)
+        return keras.Model(inputs, keras.layers.Dense(2)(centred))
+
+    models = _three_models(build)
+    assert model_blocker(models[0]) is None  # no weights in the Lambda: only the forward check can tell
+    samples = np.random.default_rng(0).normal(size=(3 * 4, 4)).astype(np.float32)
+    assert not forward_matches(models, samples)
+
+
+def test_fold_models_without_a_stacked_form_train_side_by_side(dataset, folds):
+    def build(hp):
+        inputs = keras.Input(shape=dataset.input_shape)
+        x = keras.layers.BatchNormalization()(keras.layers.Conv1D(4, 3)(inputs))
+        return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(x)))
+
+    trainer = FoldTrainer(build, {}, TrainingParams(batch_size=8, learning_rate=1e-3, optimizer="adam"),
+                          data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds, seed=0,
+                          fused_layout="stacked")
+    assert trainer.fusion.enabled and not trainer.fusion.stacked
+    assert trainer.fusion.reason.endswith("side by side (not stacked: 2 non-trainable variables (layer state))")
+    result = trainer.run_epoch()
+    assert all(math.isfinite(result[f"split{k}_val_loss"]) for k in range(3))
