@@ -64,7 +64,14 @@ def decide_fusion(choice: AutoSwitch, *, n_folds: int, eager: bool, shared_varia
 FusedLayout = Literal["auto", "stacked", "side_by_side"]
 
 
-def wants_stacking(layout: FusedLayout, *, compute_threads: int, device: str) -> bool:
+# Stacked convolutions are products of patches, slower than the backend's convolutions once a
+# batch has enough work: 3 folds with one compute thread, stacked against unfused (MNIST-1D /
+# protein windows): batch 8 1.45x / 1.84x, 16 1.26x / 1.46x, 32 0.87x / 1.11x, 64 0.69x / 0.97x,
+# 256 0.56x / 0.60x (`python -m benchmarks.cv_throughput --variants engine,fused --cpus 1`).
+STACK_MAX_BATCH = 16
+
+
+def wants_stacking(layout: FusedLayout, *, compute_threads: int, device: str, batch_size: int) -> bool:
     """Whether fused folds should be stacked (``pipeline.stacked``) rather than run side by side.
 
     Side by side, each fold loop needs a core of its own to gain: 3 folds with 2 compute threads
@@ -75,16 +82,22 @@ def wants_stacking(layout: FusedLayout, *, compute_threads: int, device: str) ->
     """
     if layout != "auto":
         return layout == "stacked"
-    return "GPU" in device or compute_threads < 2
+    return batch_size <= STACK_MAX_BATCH and ("GPU" in device or compute_threads < 2)
 
 
-def arrange(fusion: Fusion, *, stacked: bool, compute_threads: int, blocker: str | None = None) -> Fusion:
+def arrange(fusion: Fusion, *, stacked: bool, compute_threads: int, batch_size: int,
+            blocker: str | None = None) -> Fusion:
     """The fusion decision with its layout, in the one-line reason."""
     if not fusion.enabled:
         return fusion
     if stacked:
         return Fusion(True, f"{fusion.reason}, stacked into one XLA program per step", stacked=True)
-    why = f"not stacked: {blocker}" if blocker else f"{compute_threads} compute threads"
+    if blocker:
+        why = f"not stacked: {blocker}"
+    elif compute_threads >= 2 or batch_size <= STACK_MAX_BATCH:
+        why = f"{compute_threads} compute thread{'s' if compute_threads != 1 else ''}"
+    else:
+        why = f"batch {batch_size}: stacking pays up to batch {STACK_MAX_BATCH}"
     return Fusion(True, f"{fusion.reason}, side by side ({why})")
 
 

@@ -41,7 +41,7 @@ def model_blocker(model: keras.Model) -> str | None:
     if model.non_trainable_variables:
         return f"{len(model.non_trainable_variables)} non-trainable variables (layer state)"
     if _graph(model) is None:
-        return f"{type(model).__name__} is not a Functional or Sequential model"
+        return "the model has no layer graph (a subclassed model, or a Sequential without an Input)"
     for layer in model._flatten_layers(include_self=False, recursive=True):
         if isinstance(layer, keras.Model):
             return f"nested model {layer.name!r}"

@@ -91,7 +91,8 @@ class FoldTrainer:
                                shared_variables=shared_variable_count(models))
         threads = compute_threads()
         blocker = None
-        if fusion.enabled and wants_stacking(fused_layout, compute_threads=threads, device=data.device):
+        if fusion.enabled and wants_stacking(fused_layout, compute_threads=threads, device=data.device,
+                                             batch_size=params.batch_size):
             from pipeline.stacked import stacking_blocker
 
             blocker = stacking_blocker(models, data, [fold.train for fold in folds], batch_size=params.batch_size,
@@ -99,7 +100,8 @@ class FoldTrainer:
             stacked = blocker is None
         else:
             stacked = False
-        self.fusion = arrange(fusion, stacked=stacked, compute_threads=threads, blocker=blocker)
+        self.fusion = arrange(fusion, stacked=stacked, compute_threads=threads, batch_size=params.batch_size,
+                              blocker=blocker)
         self._fused: Any = None
         if self.fusion.stacked:
             from pipeline.stacked import StackedFolds

@@ -12,7 +12,7 @@ import pytest
 from conftest import MNIST1D_EXPERIMENT
 from pipeline.datasets import load_dataset
 from pipeline.folds import Fold, make_folds
-from pipeline.fused import Fusion, arrange, decide_fusion, side_by_side_loops, wants_stacking
+from pipeline.fused import STACK_MAX_BATCH, Fusion, arrange, decide_fusion, side_by_side_loops, wants_stacking
 from pipeline.hypermodel import load_builder
 from pipeline.resident import resident_data
 from pipeline.spec import CVSpec, DatasetSpec
@@ -203,22 +203,26 @@ def test_fold_models_sharing_layers_are_not_fused(dataset, folds):
 
 
 def test_fused_layout_decision_and_its_reasons():
-    # Side by side needs a core per loop; with one compute thread, or on a GPU, folds are stacked.
-    assert wants_stacking("auto", compute_threads=1, device="/CPU:0")
-    assert not wants_stacking("auto", compute_threads=2, device="/CPU:0")
-    assert wants_stacking("auto", compute_threads=8, device="/GPU:0")
-    assert wants_stacking("stacked", compute_threads=2, device="/CPU:0")
-    assert not wants_stacking("side_by_side", compute_threads=1, device="/GPU:0")
+    # Side by side needs a core per loop; with one compute thread, or on a GPU, small batches
+    # are stacked (beyond STACK_MAX_BATCH stacked convolutions were measured slower).
+    def wants(layout="auto", threads=1, device="/CPU:0", batch_size=8):
+        return wants_stacking(layout, compute_threads=threads, device=device, batch_size=batch_size)
+
+    assert wants() and wants(batch_size=STACK_MAX_BATCH) and wants(threads=8, device="/GPU:0")
+    assert not wants(threads=2) and not wants(batch_size=STACK_MAX_BATCH + 1)
+    assert wants("stacked", threads=2, batch_size=256) and not wants("side_by_side")
     fused = decide_fusion("auto", n_folds=3, eager=False)
-    assert arrange(fused, stacked=True, compute_threads=1) == Fusion(
+    assert arrange(fused, stacked=True, compute_threads=1, batch_size=8) == Fusion(
         True, "fused: 3 folds in one execution, stacked into one XLA program per step", stacked=True)
-    assert arrange(fused, stacked=False, compute_threads=2).reason == (
+    assert arrange(fused, stacked=False, compute_threads=2, batch_size=8).reason == (
         "fused: 3 folds in one execution, side by side (2 compute threads)")
-    assert arrange(fused, stacked=False, compute_threads=1, blocker="BatchNormalization layers have no stacked "
-                   "form").reason == ("fused: 3 folds in one execution, side by side (not stacked: "
-                                      "BatchNormalization layers have no stacked form)")
+    assert arrange(fused, stacked=False, compute_threads=1, batch_size=64).reason == (
+        "fused: 3 folds in one execution, side by side (batch 64: stacking pays up to batch 16)")
+    assert arrange(fused, stacked=False, compute_threads=1, batch_size=8, blocker="BatchNormalization layers have "
+                   "no stacked form").reason == ("fused: 3 folds in one execution, side by side (not stacked: "
+                                                 "BatchNormalization layers have no stacked form)")
     unfused = decide_fusion("off", n_folds=3, eager=False)
-    assert arrange(unfused, stacked=True, compute_threads=1) == unfused
+    assert arrange(unfused, stacked=True, compute_threads=1, batch_size=8) == unfused
     # Stacked folds step in lockstep: as many steps per epoch in every fold.
     assert steps_blocker([266, 267, 267], 8) is None  # 33 full batches and a remainder each
     assert steps_blocker([264, 265], 8) == "folds take 33 to 34 steps per epoch at batch 8"
