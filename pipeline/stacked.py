@@ -131,10 +131,7 @@ def _dense(layer, fold_weights, inputs, n_folds):
 
     x = _per_fold(inputs, n_folds)
     outputs = tf.einsum("kb...i,kio->kb...o", x, fold_weights(layer.kernel))
-    if layer.use_bias:
-        bias = fold_weights(layer.bias)
-        outputs += tf.reshape(bias, [n_folds] + [1] * (outputs.shape.rank - 2) + [bias.shape[-1]])
-    return layer.activation(_merged(outputs))
+    return _bias_and_activation(layer, fold_weights, outputs)
 
 
 def _convolution(layer, fold_weights, inputs, n_folds):
@@ -166,10 +163,28 @@ def _convolution(layer, fold_weights, inputs, n_folds):
     kernel = fold_weights(layer.kernel)
     kernel = tf.reshape(kernel, [n_folds, -1, kernel.shape[-1]])  # [k, taps * channels, filters]
     outputs = tf.einsum("kb...c,kcf->kb...f", patches, kernel)
+    return _bias_and_activation(layer, fold_weights, outputs)
+
+
+def _bias_and_activation(layer, fold_weights, outputs):
+    """The layer's bias (each fold's own) and activation on [k, b, ..., units] outputs."""
     if layer.use_bias:
-        bias = fold_weights(layer.bias)
-        outputs += tf.reshape(bias, [n_folds] + [1] * (outputs.shape.rank - 2) + [bias.shape[-1]])
+        outputs += _over_folds(fold_weights(layer.bias), outputs.shape.rank)
     return layer.activation(_merged(outputs))
+
+
+def _over_folds(values, rank):
+    """[k, *trailing] per-fold values (a mask, a scale, a bias) shaped to broadcast against a
+    rank-``rank`` tensor whose first axis is the fold axis and whose last axes are ``trailing``."""
+    import tensorflow as tf
+
+    return tf.reshape(values, [values.shape[0]] + [1] * (rank - values.shape.rank) + list(values.shape[1:]))
+
+
+def stacked_weights(models: Sequence[keras.Model]) -> list[np.ndarray]:
+    """The models' trainable variables, each stacked along a leading fold axis."""
+    return [np.stack([np.asarray(weight) for weight in weights])
+            for weights in zip(*(model.trainable_variables for model in models))]
 
 
 def forward_matches(model_list: Sequence[keras.Model], samples: Any) -> bool:
@@ -177,13 +192,26 @@ def forward_matches(model_list: Sequence[keras.Model], samples: Any) -> bool:
     folds' batches merged fold-major, different per fold so that mixing across folds shows."""
     import tensorflow as tf
 
-    per_fold = zip(*(model.trainable_variables for model in model_list))
-    stacked = [tf.stack([np.asarray(weight) for weight in weights]) for weights in per_fold]
+    stacked = [tf.constant(weights) for weights in stacked_weights(model_list)]
     outputs = np.asarray(stacked_forward(model_list[0], stacked, samples, len(model_list)))
     batches = np.split(np.asarray(samples), len(model_list))
     own = np.concatenate([np.asarray(model(batch, training=True)) for model, batch in zip(model_list, batches)])
     return outputs.shape == own.shape and np.allclose(outputs, own, rtol=FORWARD_CHECK_RTOL,
                                                       atol=FORWARD_CHECK_ATOL)
+
+
+def fold_square_sums(gradient):
+    """[k]: each fold's sum of squares of one stacked gradient."""
+    import tensorflow as tf
+
+    return tf.reduce_sum(tf.square(gradient), axis=list(range(1, gradient.shape.rank)))
+
+
+def fold_norms(gradients):
+    """[k]: each fold's global norm over all its gradient slices."""
+    import tensorflow as tf
+
+    return tf.sqrt(tf.add_n([fold_square_sums(gradient) for gradient in gradients]))
 
 
 def clip_per_fold(params: TrainingParams) -> Callable[[list[Any]], list[Any]]:
@@ -193,22 +221,19 @@ def clip_per_fold(params: TrainingParams) -> Callable[[list[Any]], list[Any]]:
 
     threshold = params.clip_threshold
 
-    def per_fold_sum(gradient):
-        return tf.reduce_sum(tf.square(gradient), axis=list(range(1, gradient.shape.rank)), keepdims=True)
-
     def by_norm(gradients):  # keras BaseOptimizer._clip_by_norm, per fold
         clipped = []
         for gradient in gradients:
-            l2sum = per_fold_sum(gradient)
+            l2sum = _over_folds(fold_square_sums(gradient), gradient.shape.rank)
             positive = l2sum > 0
             l2norm = tf.where(positive, tf.sqrt(tf.where(positive, l2sum, tf.ones_like(l2sum))), l2sum)
             clipped.append(gradient * threshold / tf.maximum(l2norm, threshold))
         return clipped
 
     def by_global_norm(gradients):  # keras clip_by_global_norm, per fold
-        norm = tf.sqrt(tf.add_n([tf.reshape(per_fold_sum(gradient), [-1]) for gradient in gradients]))
+        norm = fold_norms(gradients)
         scale = threshold * tf.minimum(1.0 / norm, 1.0 / threshold) + (norm - norm)
-        return [g * tf.reshape(scale, [-1] + [1] * (g.shape.rank - 1)) for g in gradients]
+        return [g * _over_folds(scale, g.shape.rank) for g in gradients]
 
     def by_value(gradients):
         return [tf.clip_by_value(g, -threshold, threshold) for g in gradients]
@@ -233,8 +258,9 @@ class StackedFolds:
         self._batch_size = params.batch_size
         n_folds = len(engines)
         template = engines[0].model
-        self._variables = [keras.Variable(np.stack([np.asarray(v) for v in weights]), name=weights[0].name)
-                           for weights in zip(*(engine.model.trainable_variables for engine in engines))]
+        self._models = [engine.model for engine in engines]
+        self._variables = [keras.Variable(weights, name=variable.name) for weights, variable
+                           in zip(stacked_weights(self._models), template.trainable_variables)]
         # Clipping is done per fold before the optimizer sees the gradients; everything the
         # optimizers below do is elementwise, so each fold's slice is updated on its own.
         self._optimizer = make_optimizer(replace(params, clipping="none"))
@@ -244,12 +270,12 @@ class StackedFolds:
             if tuple(stacked.shape) not in (tuple(per_fold[0].shape), (n_folds, *per_fold[0].shape)):
                 raise ValueError(f"optimizer variable {stacked.name!r}: stacked shape {tuple(stacked.shape)} "
                                  f"does not match a fold's {tuple(per_fold[0].shape)}")
+        # What a fold that does not apply a step keeps: its slices of the weights and of the
+        # optimizer's per-variable state (the step count and learning rate are shared scalars).
+        kept = self._variables + [stacked for stacked, _ in self._state_pairs if stacked.shape.rank]
         clip = clip_per_fold(params)
         features, labels = data.x, data.y
         variables, optimizer = self._variables, self._optimizer
-
-        def fold_shaped(mask, variable):
-            return tf.reshape(mask, [-1] + [1] * (variable.shape.rank - 1))
 
         def train_step(indices, weights, active):
             # indices, weights: [k, batch]; a weight of 0 pads a fold's short last batch.
@@ -263,16 +289,14 @@ class StackedFolds:
                 losses = tf.reduce_sum(per_sample * weights, axis=1) / tf.maximum(counts, 1.0)
                 total = tf.reduce_sum(losses)  # each fold's slices get its own loss' gradient only
             gradients = tape.gradient(total, variables)
-            norms = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g), axis=list(range(1, g.shape.rank)))
-                                      for g in gradients]))
+            norms = fold_norms(gradients)
             healthy = tf.math.is_finite(losses) & tf.math.is_finite(norms)
             applied = healthy & active
-            kept = variables + [s for s, _ in self._state_pairs if s.shape.rank]
             previous = [tf.identity(v.value) for v in kept]
             optimizer.apply_gradients(zip(clip(gradients), variables))
             # A fold not applying this step keeps its slices of the weights and optimizer state.
             for variable, before in zip(kept, previous):
-                variable.assign(tf.where(fold_shaped(applied, variable), variable.value, before))
+                variable.assign(tf.where(_over_folds(applied, variable.shape.rank), variable.value, before))
             return losses, norms, healthy, counts
 
         def train_steps(indices, weights, live, first_step, tally):
@@ -350,8 +374,8 @@ class StackedFolds:
 
     def _load(self, live: tuple[int, ...]) -> None:
         """Stack the engines' weights and optimizer state (they may have been restored)."""
-        for stacked, weights in zip(self._variables, zip(*(e.model.trainable_variables for e in self._engines))):
-            stacked.assign(np.stack([np.asarray(w) for w in weights]))
+        for stacked, weights in zip(self._variables, stacked_weights(self._models)):
+            stacked.assign(weights)
         for stacked, per_fold in self._state_pairs:
             if stacked.shape.rank:
                 stacked.assign(np.stack([np.asarray(v) for v in per_fold]))
@@ -359,7 +383,7 @@ class StackedFolds:
                 stacked.assign(np.asarray(per_fold[live[0]]))
 
     def _store(self, live: tuple[int, ...]) -> None:
-        for stacked, weights in zip(self._variables, zip(*(e.model.trainable_variables for e in self._engines))):
+        for stacked, weights in zip(self._variables, zip(*(model.trainable_variables for model in self._models))):
             values = np.asarray(stacked)
             for i in live:
                 weights[i].assign(values[i])

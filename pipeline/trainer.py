@@ -90,7 +90,7 @@ class FoldTrainer:
         fusion = decide_fusion(fused, n_folds=len(models), eager=eager, check_numerics=check_numerics,
                                shared_variables=shared_variable_count(models))
         threads = compute_threads()
-        blocker = None
+        blocker, stacked = None, False
         if fusion.enabled and wants_stacking(fused_layout, compute_threads=threads, device=data.device,
                                              batch_size=params.batch_size):
             from pipeline.stacked import stacking_blocker
@@ -98,8 +98,6 @@ class FoldTrainer:
             blocker = stacking_blocker(models, data, [fold.train for fold in folds], batch_size=params.batch_size,
                                        jit_compile=self.jit_compile)
             stacked = blocker is None
-        else:
-            stacked = False
         self.fusion = arrange(fusion, stacked=stacked, compute_threads=threads, batch_size=params.batch_size,
                               blocker=blocker)
         self._fused: Any = None
