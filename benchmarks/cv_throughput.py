@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -124,6 +125,20 @@ def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, varia
     return json.loads(finished.stdout.strip().splitlines()[-1])
 
 
+def _known(value: float | None) -> float | None:
+    """None (JSON null) for what a variant does not have: a ratio to a variant that was not run,
+    the naive workflow's separate compile time."""
+    return None if value is None or math.isnan(value) else value
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if _known(value) is None else round(value, digits)
+
+
+def _cell(value: float | None, spec: str, unit: str = "") -> str:
+    return "-" if _known(value) is None else f"{value:{spec}}{unit}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller data and fewer epochs")
@@ -167,21 +182,22 @@ def main(argv: list[str] | None = None) -> int:
             for variant, rate in rates.items():
                 runs = measured[variant]
                 first = rates[variants[0]]
-                versus_engine = rate / rates["engine"] if "engine" in rates else float("nan")
+                versus_engine = rate / rates["engine"] if "engine" in rates else None
                 fused_kind = variant.split("-")[0]
                 unfused = variant.replace(fused_kind, "engine", 1) if fused_kind in FUSED_VARIANTS else None
-                versus_unfused = rate / rates[unfused] if unfused in rates else float("nan")
+                versus_unfused = rate / rates[unfused] if unfused in rates else None
                 row = {"dataset": runs[0]["dataset"], "batch_size": batch_size, "variant": variant,
                        "samples_per_s": round(rate, 1), "runs": [round(run["rate"], 1) for run in runs],
-                       "vs_first": round(rate / first, 3), "vs_engine": round(versus_engine, 3),
-                       "vs_unfused": round(versus_unfused, 3),
-                       "compile_s": round(float(np.median([run["compile_s"] for run in runs])), 2),
-                       "cores": round(float(np.median([run["cores"] for run in runs])), 2),
+                       "vs_first": round(rate / first, 3), "vs_engine": _rounded(versus_engine, 3),
+                       "vs_unfused": _rounded(versus_unfused, 3),
+                       "compile_s": _rounded(float(np.median([run["compile_s"] for run in runs])), 2),
+                       "cores": _rounded(float(np.median([run["cores"] for run in runs])), 2),
                        "peak_rss_mb": round(max(run["peak_rss_mb"] for run in runs), 1),
                        "threads": runs[0]["threads"], "cpus": args.cpus, "fusion": runs[0].get("fusion", "")}
                 rows.append(row)
                 print(f"{row['dataset']:<12}{batch_size:>6}{variant:>14}{rate:>12.0f}{rate / first:>9.2f}x"
-                      f"{versus_engine:>10.2f}x{versus_unfused:>11.2f}x{row['compile_s']:>11.1f}{row['cores']:>7.2f}"
+                      f"{_cell(versus_engine, '.2f', 'x'):>11}{_cell(versus_unfused, '.2f', 'x'):>12}"
+                      f"{_cell(row['compile_s'], '.1f'):>11}{_cell(row['cores'], '.2f'):>7}"
                       f"{row['peak_rss_mb']:>13.0f}  {row['threads']}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
