@@ -142,12 +142,19 @@ class FusedFolds:
         batches = [self._engines[i].epoch_batch_tensors(epoch) for i in live]
         started = time.perf_counter()
         tallies = [EpochTally.of(outputs) for outputs in self._compiled[live](batches)]
-        # The folds ran concurrently: each is charged an equal share of the wall time, so that
-        # the trial's rate (all samples over all fold seconds) is the rate the trial trained at.
-        seconds = (time.perf_counter() - started) / len(live)
-        losses = {}
-        for i, tally in zip(live, tallies):
-            engine = self._engines[i]
-            engine.train_timer.add(seconds, engine.train_samples)
-            losses[i] = engine.close_epoch(epoch, tally)
-        return losses
+        return close_fused_epoch(self._engines, live, epoch, time.perf_counter() - started, tallies)
+
+
+def close_fused_epoch(engines: Sequence[FoldEngine], live: tuple[int, ...], epoch: int, seconds: float,
+                      tallies: Sequence[EpochTally]) -> dict[int, float]:
+    """Charge the live engines for an epoch trained together in ``seconds`` and close it with
+    each one's tally; returns their mean training loss."""
+    # The folds trained together: each is charged an equal share of the wall time, so that the
+    # trial's rate (all samples over all fold seconds) is the rate the trial trained at.
+    share = seconds / len(live)
+    losses = {}
+    for i, tally in zip(live, tallies):
+        engine = engines[i]
+        engine.train_timer.add(share, engine.train_samples)
+        losses[i] = engine.close_epoch(epoch, tally)
+    return losses

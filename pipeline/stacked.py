@@ -19,14 +19,16 @@ not finite keeps its slices as they were (the folds' steps are masked, not skipp
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import keras
 import numpy as np
 
+from pipeline.fused import close_fused_epoch
 from pipeline.resident import ResidentData
-from pipeline.training import EpochTally, FoldEngine, TrainingParams, has_random_layers, make_optimizer
+from pipeline.training import EpochTally, FoldEngine, TrainingParams, has_random_layers, make_optimizer, tally_step
 
 STACKED_LAYERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D)
 # The stacked forward pass must give each fold model's own outputs up to float rounding
@@ -214,14 +216,15 @@ def fold_norms(gradients):
     return tf.sqrt(tf.add_n([fold_square_sums(gradient) for gradient in gradients]))
 
 
-def clip_per_fold(params: TrainingParams) -> Callable[[list[Any]], list[Any]]:
+def clip_per_fold(params: TrainingParams) -> Callable[[list[Any], Any], list[Any]]:
     """Keras' clipping by the optimizer argument of ``params.clipping``, on each fold's slices:
-    ``norm`` per variable slice, ``global_norm`` over one fold's slices, ``value`` elementwise."""
+    ``norm`` per variable slice, ``global_norm`` over one fold's slices (``fold_norms``, which the
+    step has already computed for its health check), ``value`` elementwise."""
     import tensorflow as tf
 
     threshold = params.clip_threshold
 
-    def by_norm(gradients):  # keras BaseOptimizer._clip_by_norm, per fold
+    def by_norm(gradients, _):  # keras BaseOptimizer._clip_by_norm, per fold
         clipped = []
         for gradient in gradients:
             l2sum = _over_folds(fold_square_sums(gradient), gradient.shape.rank)
@@ -230,15 +233,14 @@ def clip_per_fold(params: TrainingParams) -> Callable[[list[Any]], list[Any]]:
             clipped.append(gradient * threshold / tf.maximum(l2norm, threshold))
         return clipped
 
-    def by_global_norm(gradients):  # keras clip_by_global_norm, per fold
-        norm = fold_norms(gradients)
+    def by_global_norm(gradients, norm):  # keras clip_by_global_norm, per fold
         scale = threshold * tf.minimum(1.0 / norm, 1.0 / threshold) + (norm - norm)
         return [g * _over_folds(scale, g.shape.rank) for g in gradients]
 
-    def by_value(gradients):
+    def by_value(gradients, _):
         return [tf.clip_by_value(g, -threshold, threshold) for g in gradients]
 
-    return {"none": lambda gradients: gradients, "norm": by_norm, "global_norm": by_global_norm,
+    return {"none": lambda gradients, _: gradients, "norm": by_norm, "global_norm": by_global_norm,
             "value": by_value}[params.clipping]
 
 
@@ -293,26 +295,24 @@ class StackedFolds:
             healthy = tf.math.is_finite(losses) & tf.math.is_finite(norms)
             applied = healthy & active
             previous = [tf.identity(v.value) for v in kept]
-            optimizer.apply_gradients(zip(clip(gradients), variables))
+            optimizer.apply_gradients(zip(clip(gradients, norms), variables))
             # A fold not applying this step keeps its slices of the weights and optimizer state.
             for variable, before in zip(kept, previous):
                 variable.assign(tf.where(_over_folds(applied, variable.shape.rank), variable.value, before))
             return losses, norms, healthy, counts
 
         def train_steps(indices, weights, live, first_step, tally):
-            loss_sum, trained, failed_at, last_loss, last_norm = tally
             for j in range(indices.shape[0]):
-                active = live & (failed_at < 0)
+                active = live & (tally[2] < 0)
                 losses, norms, healthy, counts = train_step(indices[j], weights[j], active)
-                applied = healthy & active
-                failed_at = tf.where(active & ~healthy, first_step + j, failed_at)
-                loss_sum += tf.where(applied, losses * counts, 0.0)
-                trained += tf.where(applied, tf.cast(counts, tf.int32), 0)
-                last_loss = tf.where(applied, losses, last_loss)
-                last_norm = tf.where(applied, norms, last_norm)
-            return loss_sum, trained, failed_at, last_loss, last_norm
+                tally = tally_step(tally, step=first_step + j, loss=losses, norm=norms, healthy=healthy,
+                                   active=active, samples=counts)
+            return tally
 
         steps = tf.function(train_steps, jit_compile=True)
+
+        def stopped(tally, live):
+            return tf.reduce_all(~live | (tally[2] >= 0))
 
         def train_epoch(indices, weights, live):
             # indices, weights: [steps, k, batch]; the epoch's steps, steps_per_launch per launch.
@@ -324,10 +324,10 @@ class StackedFolds:
             launches, launch_weights = tf.reshape(indices[:launched], shape), tf.reshape(weights[:launched], shape)
             for launch in tf.range(tf.shape(launches)[0]):
                 tally = steps(launches[launch], launch_weights[launch], live, launch * steps_per_launch, tally)
-                if tf.reduce_all(~live | (tally[2] >= 0)):
+                if stopped(tally, live):
                     break
             for step in tf.range(launched, n_steps):
-                if tf.reduce_all(~live | (tally[2] >= 0)):
+                if stopped(tally, live):
                     break
                 tally = steps(indices[step][tf.newaxis], weights[step][tf.newaxis], live, step, tally)
             return tally
@@ -352,8 +352,6 @@ class StackedFolds:
 
     def train_epoch(self, epoch: int, live: tuple[int, ...]) -> dict[int, float]:
         """Train the engines at positions ``live`` one epoch; returns their mean training loss."""
-        import time
-
         import tensorflow as tf
 
         self._load(live)
@@ -363,14 +361,10 @@ class StackedFolds:
             arguments = tf.constant(indices), tf.constant(weights), tf.constant(mask)
         started = time.perf_counter()
         tally = [np.asarray(value) for value in self._train_epoch(*arguments)]
-        seconds = (time.perf_counter() - started) / len(live)
+        seconds = time.perf_counter() - started
         self._store(live)
-        losses = {}
-        for i in live:
-            engine = self._engines[i]
-            engine.train_timer.add(seconds, engine.train_samples)
-            losses[i] = engine.close_epoch(epoch, EpochTally.of([value[i] for value in tally]))
-        return losses
+        return close_fused_epoch(self._engines, live, epoch, seconds,
+                                 [EpochTally.of([value[i] for value in tally]) for i in live])
 
     def _load(self, live: tuple[int, ...]) -> None:
         """Stack the engines' weights and optimizer state (they may have been restored)."""

@@ -140,6 +140,22 @@ class EpochTally:
         return cls(float(loss_sum), int(trained), int(failed_at), float(last_loss), float(last_norm))
 
 
+def tally_step(tally: tuple[Any, ...], *, step: Any, loss: Any, norm: Any, healthy: Any, active: Any,
+               samples: Any) -> tuple[Any, ...]:
+    """The epoch tally after one training step (inside the compiled launch; per fold when the
+    arguments carry a fold axis): a step that was active adds its loss and samples if healthy,
+    else records where the fold failed."""
+    import tensorflow as tf
+
+    loss_sum, trained, failed_at, last_loss, last_norm = tally
+    applied = healthy & active
+    return (loss_sum + tf.where(applied, loss * tf.cast(samples, loss.dtype), 0.0),
+            trained + tf.where(applied, tf.cast(samples, trained.dtype), 0),
+            tf.where(active & ~healthy, step, failed_at),
+            tf.where(applied, loss, last_loss),
+            tf.where(applied, norm, last_norm))
+
+
 class CallTimer:
     """Execution times of one compiled function; the first call carries tracing and compilation."""
 
@@ -214,17 +230,12 @@ class FoldEngine:
             # One compiled launch: the steps of ``batches`` ([steps, batch], a static number of
             # steps, unrolled), each adding to the epoch's tally inside the launch. Once a step
             # fails, the steps after it in the launch apply nothing.
-            loss_sum, trained, failed_at, last_loss, last_norm = tally
-            size = batches.shape[1]
             for j in range(batches.shape[0]):
-                loss, norm, healthy = train_step(batches[j], failed_at < 0)
-                applied = healthy & (failed_at < 0)
-                failed_at = tf.where((failed_at < 0) & ~healthy, first_step + j, failed_at)
-                loss_sum += tf.where(applied, loss * size, 0.0)
-                trained += tf.where(applied, size, 0)
-                last_loss = tf.where(applied, loss, last_loss)
-                last_norm = tf.where(applied, norm, last_norm)
-            return loss_sum, trained, failed_at, last_loss, last_norm
+                active = tally[2] < 0
+                loss, norm, healthy = train_step(batches[j], active)
+                tally = tally_step(tally, step=first_step + j, loss=loss, norm=norm, healthy=healthy, active=active,
+                                   samples=batches.shape[1])
+            return tally
 
         def train_epoch(full_batches, remainder):
             # The whole epoch is one execution: a graph loop over the epoch's index batches,
