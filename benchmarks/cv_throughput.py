@@ -5,10 +5,12 @@ a sweep picks for `--cpus`, `stacked` or `side` forced), one training step per c
 
 Same data, same folds, same model and epochs. samples/s counts the CV training
 samples of all folds per second with compilation excluded: for every variant the first epoch
-(tracing and compilation) is timed apart and the rate comes from the epochs after it. Run-to-run
+(tracing and compilation) is timed apart and the rate comes from the --epochs after it. Run-to-run
 noise on a shared 2-core machine reaches 30%, so the variants are measured in turn, --repeats
-times, and each row is the median. `vs unfused` compares a fused variant with the unfused one of
-the same launch size (fused-x8 with engine-x8); compile_s is the trial's compilation seconds;
+times, and each row is the median. The ratios are medians of each round's ratio (variants of one
+round ran back to back, so a slow spell of the machine cancels out) rather than ratios of medians.
+`vs unfused` compares a fused variant with the unfused one of the same launch size (fused-x8 with
+engine-x8); compile_s is the trial's compilation seconds;
 cores is the CPU time over the wall time of the timed epochs (how many cores the variant kept busy).
 
 Each measurement runs in a fresh process, with TensorFlow's threads sized as a sweep worker sizes
@@ -99,7 +101,7 @@ def load_workload(name: str, quick: bool):
 
 def measure_here(args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in this process, sized as a sweep worker would size it."""
-    variant, epochs = args.measure, 2 if args.quick else 3
+    variant, epochs = args.measure, 1 + args.epochs
     if variant != "naive":
         _, fused, _, layout = ENGINE_VARIANTS[variant]
         loops = 1 if layout == "stacked" else side_by_side_loops(fused, n_folds=N_SPLITS)
@@ -117,12 +119,19 @@ def measure_here(args: argparse.Namespace) -> dict[str, Any]:
 
 def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, variant: str) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.cv_throughput", "--measure", variant, "--datasets", dataset,
-               "--batch-sizes", str(batch_size), "--cpus", str(args.cpus)]
+               "--batch-sizes", str(batch_size), "--cpus", str(args.cpus), "--epochs", str(args.epochs)]
     command += ["--quick"] * args.quick + ["--dropout"] * args.dropout
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0:
         raise SystemExit(f"{variant} on {dataset} at batch {batch_size} failed:\n{finished.stderr[-3000:]}")
     return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
+def paired_ratio(runs: list[dict[str, Any]], baseline: list[dict[str, Any]] | None) -> float | None:
+    """The median over rounds of a variant's rate over the baseline's rate in the same round."""
+    if baseline is None:
+        return None
+    return float(np.median([run["rate"] / base["rate"] for run, base in zip(runs, baseline)]))
 
 
 def _known(value: float | None) -> float | None:
@@ -145,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this path")
     parser.add_argument("--batch-sizes", default="8,64,256")
     parser.add_argument("--datasets", default="mnist1d,protein", help="comma list of mnist1d, protein")
+    parser.add_argument("--epochs", type=int, help="timed epochs per measurement, after the compiling one "
+                                                   "(default 6, 1 with --quick)")
     parser.add_argument("--repeats", type=int, help="measurements per variant, interleaved; the median is kept "
                                                     "(default 3, 1 with --quick)")
     parser.add_argument("--variants", default="naive,engine,fused,engine-x8,fused-x8",
@@ -161,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     repeats = args.repeats or (1 if args.quick else 3)
+    args.epochs = args.epochs or (1 if args.quick else 6)
     variants = args.variants.split(",")
     unknown = [variant for variant in variants if variant != "naive" and variant not in ENGINE_VARIANTS]
     if unknown:
@@ -181,21 +193,21 @@ def main(argv: list[str] | None = None) -> int:
             rates = {variant: float(np.median([run["rate"] for run in runs])) for variant, runs in measured.items()}
             for variant, rate in rates.items():
                 runs = measured[variant]
-                first = rates[variants[0]]
-                versus_engine = rate / rates["engine"] if "engine" in rates else None
+                versus_first = paired_ratio(runs, measured[variants[0]])
+                versus_engine = paired_ratio(runs, measured.get("engine"))
                 fused_kind = variant.split("-")[0]
                 unfused = variant.replace(fused_kind, "engine", 1) if fused_kind in FUSED_VARIANTS else None
-                versus_unfused = rate / rates[unfused] if unfused in rates else None
+                versus_unfused = paired_ratio(runs, measured.get(unfused))
                 row = {"dataset": runs[0]["dataset"], "batch_size": batch_size, "variant": variant,
                        "samples_per_s": round(rate, 1), "runs": [round(run["rate"], 1) for run in runs],
-                       "vs_first": round(rate / first, 3), "vs_engine": _rounded(versus_engine, 3),
+                       "vs_first": round(versus_first, 3), "vs_engine": _rounded(versus_engine, 3),
                        "vs_unfused": _rounded(versus_unfused, 3),
                        "compile_s": _rounded(float(np.median([run["compile_s"] for run in runs])), 2),
                        "cores": _rounded(float(np.median([run["cores"] for run in runs])), 2),
                        "peak_rss_mb": round(max(run["peak_rss_mb"] for run in runs), 1),
                        "threads": runs[0]["threads"], "cpus": args.cpus, "fusion": runs[0].get("fusion", "")}
                 rows.append(row)
-                print(f"{row['dataset']:<12}{batch_size:>6}{variant:>14}{rate:>12.0f}{rate / first:>9.2f}x"
+                print(f"{row['dataset']:<12}{batch_size:>6}{variant:>14}{rate:>12.0f}{versus_first:>9.2f}x"
                       f"{_cell(versus_engine, '.2f', 'x'):>11}{_cell(versus_unfused, '.2f', 'x'):>12}"
                       f"{_cell(row['compile_s'], '.1f'):>11}{_cell(row['cores'], '.2f'):>7}"
                       f"{row['peak_rss_mb']:>13.0f}  {row['threads']}", flush=True)
