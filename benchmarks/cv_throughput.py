@@ -171,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure_here(args)))
         return 0
 
-    repeats = args.repeats or (1 if args.quick else 3)
-    args.epochs = args.epochs or (1 if args.quick else 6)
+    repeats = (1 if args.quick else 3) if args.repeats is None else args.repeats
+    args.epochs = (1 if args.quick else 6) if args.epochs is None else args.epochs
+    for flag, value in (("--repeats", repeats), ("--epochs", args.epochs)):
+        if value < 1:
+            raise SystemExit(f"{flag}: must be at least 1, got {value}")
     variants = args.variants.split(",")
     unknown = [variant for variant in variants if variant != "naive" and variant not in ENGINE_VARIANTS]
     if unknown:

@@ -183,10 +183,14 @@ def _over_folds(values, rank):
     return tf.reshape(values, [values.shape[0]] + [1] * (rank - values.shape.rank) + list(values.shape[1:]))
 
 
+def over_folds(per_fold: Sequence[Any]) -> np.ndarray:
+    """One variable's per-fold values, stacked along a leading fold axis."""
+    return np.stack([np.asarray(value) for value in per_fold])
+
+
 def stacked_weights(models: Sequence[keras.Model]) -> list[np.ndarray]:
     """The models' trainable variables, each stacked along a leading fold axis."""
-    return [np.stack([np.asarray(weight) for weight in weights])
-            for weights in zip(*(model.trainable_variables for model in models))]
+    return [over_folds(weights) for weights in zip(*(model.trainable_variables for model in models))]
 
 
 def forward_matches(model_list: Sequence[keras.Model], samples: Any) -> bool:
@@ -260,21 +264,25 @@ class StackedFolds:
         self._batch_size = params.batch_size
         n_folds = len(engines)
         template = engines[0].model
-        self._models = [engine.model for engine in engines]
+        models = [engine.model for engine in engines]
         self._variables = [keras.Variable(weights, name=variable.name) for weights, variable
-                           in zip(stacked_weights(self._models), template.trainable_variables)]
+                           in zip(stacked_weights(models), template.trainable_variables)]
         # Clipping is done per fold before the optimizer sees the gradients; everything the
         # optimizers below do is elementwise, so each fold's slice is updated on its own.
         self._optimizer = make_optimizer(replace(params, clipping="none"))
         self._optimizer.build(self._variables)
-        self._state_pairs = list(zip(self._optimizer.variables, zip(*(e.optimizer.variables for e in engines))))
-        for stacked, per_fold in self._state_pairs:
+        state_pairs = list(zip(self._optimizer.variables, zip(*(e.optimizer.variables for e in engines))))
+        for stacked, per_fold in state_pairs:
             if tuple(stacked.shape) not in (tuple(per_fold[0].shape), (n_folds, *per_fold[0].shape)):
                 raise ValueError(f"optimizer variable {stacked.name!r}: stacked shape {tuple(stacked.shape)} "
                                  f"does not match a fold's {tuple(per_fold[0].shape)}")
+        # Each stacked variable with the folds' own: weights always carry the fold axis, optimizer
+        # state too except the shared scalars (step count, learning rate).
+        self._pairs = (list(zip(self._variables, zip(*(model.trainable_variables for model in models))))
+                       + state_pairs)
         # What a fold that does not apply a step keeps: its slices of the weights and of the
         # optimizer's per-variable state (the step count and learning rate are shared scalars).
-        kept = self._variables + [stacked for stacked, _ in self._state_pairs if stacked.shape.rank]
+        kept = [stacked for stacked, _ in self._pairs if stacked.shape.rank]
         clip = clip_per_fold(params)
         features, labels = data.x, data.y
         variables, optimizer = self._variables, self._optimizer
@@ -368,20 +376,14 @@ class StackedFolds:
 
     def _load(self, live: tuple[int, ...]) -> None:
         """Stack the engines' weights and optimizer state (they may have been restored)."""
-        for stacked, weights in zip(self._variables, stacked_weights(self._models)):
-            stacked.assign(weights)
-        for stacked, per_fold in self._state_pairs:
+        for stacked, per_fold in self._pairs:
             if stacked.shape.rank:
-                stacked.assign(np.stack([np.asarray(v) for v in per_fold]))
+                stacked.assign(over_folds(per_fold))
             else:  # the step count and learning rate, the same in every fold that trains on
                 stacked.assign(np.asarray(per_fold[live[0]]))
 
     def _store(self, live: tuple[int, ...]) -> None:
-        for stacked, weights in zip(self._variables, zip(*(model.trainable_variables for model in self._models))):
-            values = np.asarray(stacked)
-            for i in live:
-                weights[i].assign(values[i])
-        for stacked, per_fold in self._state_pairs:
+        for stacked, per_fold in self._pairs:
             values = np.asarray(stacked)
             for i in live:
                 per_fold[i].assign(values[i] if stacked.shape.rank else values)
