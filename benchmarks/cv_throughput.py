@@ -39,11 +39,11 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import cnn_builder, mnist1d, naive_fold_fit, peak_rss_mb, protein_windows  # noqa: E402
 from pipeline.folds import make_folds  # noqa: E402
-from pipeline.fused import side_by_side_loops  # noqa: E402
+from pipeline.plan import ExecutionChoices, plan_threads  # noqa: E402
 from pipeline.resident import resident_data  # noqa: E402
 from pipeline.spec import CVSpec  # noqa: E402
-from pipeline.trainer import FoldTrainer  # noqa: E402
-from pipeline.trial import configure_threads, configured_threads  # noqa: E402
+from pipeline.trainer import build_trainer, threads_in_effect  # noqa: E402
+from pipeline.trial import configure_threads  # noqa: E402
 from pipeline.training import TrainingParams  # noqa: E402
 
 N_SPLITS = 3
@@ -72,19 +72,22 @@ ENGINE_VARIANTS = {"engine": ("auto", "off", 1, "auto"), "fused": ("auto", "on",
 FUSED_VARIANTS = ("fused", "stacked", "side")
 
 
-def measure_engine(dataset, folds, build, batch_size: int, epochs: int, variant: str) -> dict[str, float]:
+def variant_choices(variant: str) -> ExecutionChoices:
     jit_compile, fused, steps_per_launch, layout = ENGINE_VARIANTS[variant]
-    trainer = FoldTrainer(build, {}, TrainingParams(batch_size=batch_size, learning_rate=1e-3, optimizer="adam"),
-                          data=resident_data(dataset.fingerprint, dataset.x, dataset.y), folds=folds, seed=0,
-                          jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch,
-                          planned_epochs=epochs, fused_layout=layout)
+    return ExecutionChoices(jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, layout=layout)
+
+
+def measure_engine(dataset, folds, build, batch_size: int, epochs: int, variant: str) -> dict[str, float]:
+    trainer = build_trainer(build, {}, TrainingParams(batch_size=batch_size, learning_rate=1e-3, optimizer="adam"),
+                            data=resident_data(dataset.fingerprint, dataset.x, dataset.y), folds=folds, seed=0,
+                            choices=variant_choices(variant), planned_epochs=epochs)
     result = trainer.run_epoch()  # tracing and compilation: timed apart by the trainer
     wall, cpu = time.perf_counter(), _cpu_seconds()
     for _ in range(epochs - 1):
         result = trainer.run_epoch()
     cores = (_cpu_seconds() - cpu) / (time.perf_counter() - wall)
-    return {"rate": result["train_samples_per_s"], "compile_s": result["compile_s"], "cores": cores,
-            "fusion": trainer.fusion.reason}
+    return {"rate": result.throughput.train_samples_per_s, "compile_s": result.throughput.compile_s, "cores": cores,
+            "fusion": trainer.plan.reason}
 
 
 def _cpu_seconds() -> float:
@@ -103,9 +106,7 @@ def measure_here(args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in this process, sized as a sweep worker would size it."""
     variant, epochs = args.measure, 1 + args.epochs
     if variant != "naive":
-        _, fused, _, layout = ENGINE_VARIANTS[variant]
-        loops = 1 if layout == "stacked" else side_by_side_loops(fused, n_folds=N_SPLITS)
-        configure_threads(args.cpus, loops)
+        configure_threads(plan_threads(variant_choices(variant), cpus=args.cpus, n_folds=N_SPLITS))
     dataset = load_workload(args.datasets, args.quick)
     folds = make_folds(CVSpec(splitter="stratified", n_splits=N_SPLITS, seed=0), dataset).folds
     build = cnn_builder(dataset.input_shape, dataset.n_classes, dropout=0.2 if args.dropout else 0.0)
@@ -114,7 +115,7 @@ def measure_here(args: argparse.Namespace) -> dict[str, Any]:
         measured = measure_naive(dataset, folds, build, batch_size, epochs)
     else:
         measured = measure_engine(dataset, folds, build, batch_size, epochs, variant)
-    return {**measured, "dataset": dataset.name, "threads": configured_threads(), "peak_rss_mb": peak_rss_mb()}
+    return {**measured, "dataset": dataset.name, "threads": threads_in_effect().describe(), "peak_rss_mb": peak_rss_mb()}
 
 
 def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, variant: str) -> dict[str, Any]:

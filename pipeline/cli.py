@@ -120,7 +120,7 @@ def run(
 
     prepared = prepare(load_spec(spec), tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     sweep_spec = prepared.spec
-    objective = sweep_spec.objective
+    objective = sweep_spec.objective.key
     console.print(
         f"sweep [bold]{sweep_spec.name}[/]: {prepared.space.trial_count(prepared.num_samples)} trials x "
         f"{len(prepared.folds)} folds, "
@@ -145,8 +145,7 @@ def run(
         errors.print(f"interrupted: sweep run {interrupted.parent_run_id} stopped, unfinished trials marked KILLED. "
                      f"Resume with: {again} --resume", highlight=False, soft_wrap=True)
         raise typer.Exit(code=130) from None
-    console.print(leaderboard_table(outcome.records, objective, sweep_spec.train.mode,
-                                    title=f"{sweep_spec.name}: leaderboard"))
+    console.print(leaderboard_table(outcome.records, sweep_spec.objective, title=f"{sweep_spec.name}: leaderboard"))
     console.print(f"{len(outcome.records)} trials in {outcome.wall_s:.0f} s; sweep run {outcome.parent_run_id}",
                   highlight=False)
     console.print(f"Open the MLflow UI: [bold]{ui_command(prepared.tracking_uri)}[/] "
@@ -166,20 +165,16 @@ def report(
     _check_existing_store(tracking_uri)
     tracker = Tracker(tracking_uri)
     parent = tracker.find_sweep(sweep)
-    params = parent.data.params
-    metric, mode = params.get("train.metric", "accuracy"), params.get("train.mode", "max")
-    objective = f"mean_val_{metric}"
-    records = tracker.trial_records(parent.info.run_id)
-    name = parent.data.tags.get("foldsweep.sweep", parent.info.run_name)
-    console.print(leaderboard_table(records, objective, mode, title=f"{name}: leaderboard"))
+    records = tracker.trial_records(parent.run_id)
+    console.print(leaderboard_table(records, parent.objective, title=f"{parent.name}: leaderboard"))
     console.print(rows_table(nan_table_rows(records), "NaN failures by batch size and clipping"))
     console.print(rows_table(throughput_rows(records), "throughput by batch size (medians)"))
-    test_scores = {key: value for key, value in parent.data.metrics.items() if key.startswith("test_")}
+    test_scores = {key: value for key, value in parent.metrics.items() if key.startswith("test_")}
     if test_scores:
         console.print("refit on the held-out test split: " +
                       ", ".join(f"{key} {value:.4f}" for key, value in sorted(test_scores.items())), highlight=False)
-    publish(tracker, parent.info.run_id, records, objective)
-    console.print(f"{len(records)} trials of sweep run {parent.info.run_id}; cv_results.csv and plots refreshed "
+    publish(tracker, parent.run_id, records, parent.objective)
+    console.print(f"{len(records)} trials of sweep run {parent.run_id}; cv_results.csv and plots refreshed "
                   f"on it. Browse: {ui_command(tracking_uri)}", highlight=False)
 
 
@@ -258,22 +253,24 @@ def rerun(
 def _run_here(spec: Any, experiment_path: Path, dataset: Any, plan: Any, config: dict[str, Any], conditions: Any,
               fold_ids: list[int], epochs: Optional[int], eager: bool, check_numerics: bool, *, tracking: Any) -> None:
     """The in-process trial both `trial` and `rerun` run, printing each epoch as it ends."""
-    from pipeline.rerun import RERUN_OF_TAG, epoch_line, run_in_process
+    from pipeline.rerun import epoch_line, run_in_process
+    from pipeline.results import EPOCH, TrialStatus
     from pipeline.space import resolve_config
+    from pipeline.tracking import Tag
 
-    run_id = None
+    recorder = None
     if tracking is not None:
         tracker, recorded = tracking
-        run_id = tracker.start_trial_run(
+        recorder = tracker.trial_recorder(
             parent_run_id=recorded.parent_run_id, run_name=f"rerun-{recorded.run_name}", role="rerun",
-            config=resolve_config(config, conditions), tags={RERUN_OF_TAG: recorded.run_id})
+            config=resolve_config(config, conditions), tags={Tag.RERUN_OF: recorded.run_id})
 
-    def on_epoch(result: dict[str, Any]) -> None:
-        if result["epoch"] == 1:
-            console.print(f"{result['fused_reason']}; steps per launch: {result['steps_per_launch']}", highlight=False)
-        console.print(epoch_line(result, fold_ids, spec.train.metric), highlight=False)
-        if run_id is not None:
-            tracker.log_trial_result(run_id, result, step=result["epoch"])
+    def on_epoch(report: dict[str, Any]) -> None:
+        if report[EPOCH] == 1:
+            console.print(f"{report['fused_reason']}; steps per launch: {report['steps_per_launch']}", highlight=False)
+        console.print(epoch_line(report, spec.train.metric), highlight=False)
+        if recorder is not None:
+            recorder.log_epoch(report)
 
     try:
         status, finding, _ = run_in_process(
@@ -281,19 +278,18 @@ def _run_here(spec: Any, experiment_path: Path, dataset: Any, plan: Any, config:
             conditions=conditions, fold_ids=fold_ids, epochs=epochs, eager=eager, check_numerics=check_numerics,
             on_epoch=on_epoch)
     except BaseException as exc:
-        if run_id is not None:
-            tracker.finish_trial_run(run_id, status="killed" if isinstance(exc, KeyboardInterrupt) else "error",
-                                     error=traceback.format_exc())
+        if recorder is not None:
+            recorder.finish(TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt) else TrialStatus.ERROR,
+                            error=traceback.format_exc())
         raise
     if finding is not None:
         console.print(f"[bold red]first non-finite value:[/] {finding.describe()}", highlight=False)
-    console.print(f"status: {status}", highlight=False)
-    if run_id is not None:
-        tags = {} if finding is None else {"foldsweep.numerics_op": finding.op_type,
-                                           "foldsweep.numerics_node": finding.node,
-                                           "foldsweep.numerics_layer": finding.layer}
-        tracker.finish_trial_run(run_id, status=status, tags=tags)
-        console.print(f"recorded as run {run_id} (tag {RERUN_OF_TAG}={recorded.run_id})", highlight=False)
+    console.print(f"status: {status.value}", highlight=False)
+    if recorder is not None:
+        tags = {} if finding is None else {Tag.NUMERICS_OP: finding.op_type, Tag.NUMERICS_NODE: finding.node,
+                                           Tag.NUMERICS_LAYER: finding.layer}
+        recorder.finish(status, tags=tags)
+        console.print(f"recorded as run {recorder.run_id} (tag {Tag.RERUN_OF}={recorded.run_id})", highlight=False)
 
 
 def _check_existing_store(tracking_uri: str) -> None:

@@ -6,6 +6,7 @@ Nothing here splits data: cross-validation runs on ``x``/``y`` (the CV training 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -41,8 +42,9 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[1:])
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
+        """Hashes every array: computed once per dataset (the arrays are never changed)."""
         return fingerprint_arrays(self.arrays())
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -64,12 +66,9 @@ def data_dir() -> Path:
     return Path(os.environ.get(DATA_DIR_ENV, "data"))
 
 
-def load_dataset(spec: DatasetSpec, *, base_dir: Path | None = None) -> Dataset:
-    """Load the dataset a spec names.
-
-    Args:
-        spec: the spec's ``dataset`` entry.
-        base_dir: where a relative file path is looked for after the working directory.
+def load_dataset(spec: DatasetSpec) -> Dataset:
+    """Load the dataset a spec names (a file path as given: ``SweepSpec.resolved_dataset``
+    resolves one relative to the spec).
 
     Raises:
         DataError: unknown built-in, bad generator options, missing or malformed file.
@@ -81,14 +80,7 @@ def load_dataset(spec: DatasetSpec, *, base_dir: Path | None = None) -> Dataset:
                 f"dataset: unknown built-in dataset {spec.name!r}; built-ins: {', '.join(sorted(BUILTINS))} "
                 "(a data file is a .npz archive or a directory of .npy files)")
         return builtin.load(spec.options)
-    return _load_file(_resolve(spec.path, base_dir), spec.options)
-
-
-def _resolve(path: str, base_dir: Path | None) -> Path:
-    candidate = Path(path)
-    if candidate.is_absolute() or candidate.exists() or base_dir is None:
-        return candidate
-    return base_dir / candidate if (base_dir / candidate).exists() else candidate
+    return _load_file(Path(spec.path), spec.options)
 
 
 @dataclass(frozen=True)

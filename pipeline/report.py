@@ -17,7 +17,8 @@ from typing import Any, Sequence
 
 from rich.table import Table
 
-from pipeline.tracking import TrialRecord
+from pipeline.spec import Objective
+from pipeline.tracking import Tracker, TrialRecord
 
 METRICS = ("accuracy", "loss")
 THROUGHPUT_COLUMNS = ("train_samples_per_s", "eval_samples_per_s", "compile_s", "trial_wall_s")
@@ -26,37 +27,37 @@ NAN_TAGS = ("nan_fold", "nan_epoch", "nan_step")
 PLOTS = ("score_vs_batch_size.png", "nan_rate_heatmap.png", "throughput_vs_batch_size.png")
 
 
-def _score(record: TrialRecord, objective: str) -> float | None:
-    value = record.metrics.get(objective)
+def _score(record: TrialRecord, key: str) -> float | None:
+    value = record.metrics.get(key)
     return value if value is not None and math.isfinite(value) else None
 
 
-def ranked(records: Sequence[TrialRecord], objective: str, mode: str) -> list[TrialRecord]:
+def ranked(records: Sequence[TrialRecord], objective: Objective) -> list[TrialRecord]:
     """Trials that finished all their epochs with a finite score, best first (ties keep the
     order trials started). Pruned, NaN and failed trials are not ranked."""
-    scored = [record for record in records if record.status == "ok" and _score(record, objective) is not None]
-    sign = -1.0 if mode == "max" else 1.0
-    return sorted(scored, key=lambda record: sign * _score(record, objective))
+    scored = [record for record in records if record.status == "ok" and _score(record, objective.key) is not None]
+    return sorted(scored, key=lambda record: objective.sort_key(_score(record, objective.key)))
 
 
-def leaderboard_table(records: Sequence[TrialRecord], objective: str, mode: str, *, title: str = "") -> Table:
+def leaderboard_table(records: Sequence[TrialRecord], objective: Objective, *, title: str = "") -> Table:
     """Rank, mean +- std of the objective over the folds, the params that differ; unranked last.
 
     Params every trial shares go in the caption, so the rows show only what was searched.
     """
-    spread = objective.replace("mean_", "std_", 1)
     varying, shared = split_params(records)
     caption = " ".join(f"{key}={_short(value)}" for key, value in sorted(shared.items()))
-    table = Table(title=title or f"leaderboard ({objective}, {'higher' if mode == 'max' else 'lower'} is better)",
+    better = "higher" if objective.mode == "max" else "lower"
+    table = Table(title=title or f"leaderboard ({objective.key}, {better} is better)",
                   caption=f"all trials: {caption}" if caption else None)
     table.add_column("rank", justify="right")
     table.add_column("trial")
-    table.add_column(objective.removeprefix("mean_"), justify="right")
+    table.add_column(f"val_{objective.metric}", justify="right")
     table.add_column("status")
     table.add_column("params")
-    ordered = ranked(records, objective, mode)
+    ordered = ranked(records, objective)
     for rank, record in enumerate(ordered, start=1):
-        score = f"{record.metrics[objective]:.4f} ± {record.metrics.get(spread, float('nan')):.4f}"
+        score = (f"{record.metrics[objective.key]:.4f} ± "
+                 f"{record.metrics.get(objective.spread_key, float('nan')):.4f}")
         table.add_row(str(rank), record.run_name, score, record.status, _params_text(record, varying))
     for record in records:
         if record not in ordered:
@@ -100,8 +101,7 @@ def cv_results(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
     param_names = sorted({key for record in records for key in record.params})
     n_splits = 1 + max((int(match.group(1)) for record in records for key in record.metrics
                         if (match := re.match(r"split(\d+)_val_", key))), default=-1)
-    ranks = {metric: _ranks(records, f"mean_val_{metric}", "max" if metric == "accuracy" else "min")
-             for metric in METRICS}
+    ranks = {metric: _ranks(records, Objective.for_metric(metric)) for metric in METRICS}
     rows = []
     for record in records:
         row: dict[str, Any] = {"run_id": record.run_id, "trial_id": record.trial_id, "status": record.status}
@@ -120,13 +120,13 @@ def cv_results(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
     return rows
 
 
-def _ranks(records: Sequence[TrialRecord], objective: str, mode: str) -> dict[str, int]:
+def _ranks(records: Sequence[TrialRecord], objective: Objective) -> dict[str, int]:
     """scikit-learn's ranking: 1 is best, equal scores share the lower rank."""
-    ordered = ranked(records, objective, mode)
+    ordered = ranked(records, objective)
     ranks: dict[str, int] = {}
     for position, record in enumerate(ordered, start=1):
         previous = ordered[position - 2] if position > 1 else None
-        tied = previous is not None and previous.metrics[objective] == record.metrics[objective]
+        tied = previous is not None and previous.metrics[objective.key] == record.metrics[objective.key]
         ranks[record.run_id] = ranks[previous.run_id] if tied else position
     return ranks
 
@@ -192,8 +192,9 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def write_plots(records: Sequence[TrialRecord], objective: str, directory: Path) -> list[Path]:
+def write_plots(records: Sequence[TrialRecord], objective: Objective, directory: Path) -> list[Path]:
     """The three sweep plots as PNG files in ``directory``; returns their paths."""
+    key = objective.key
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,15 +209,15 @@ def write_plots(records: Sequence[TrialRecord], objective: str, directory: Path)
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for kind in kinds:
         members = [r for r in records if _group(r)[1] == kind and r.status in ("ok", "pruned")
-                   and _score(r, objective) is not None and _group(r)[0] is not None]
-        axes.scatter([_group(r)[0] for r in members], [r.metrics[objective] for r in members], label=kind, alpha=0.8)
+                   and _score(r, key) is not None and _group(r)[0] is not None]
+        axes.scatter([_group(r)[0] for r in members], [r.metrics[key] for r in members], label=kind, alpha=0.8)
     failed = [r for r in records if r.status == "nan" and _group(r)[0] is not None]
     if failed:
-        bottom = min((r.metrics.get(objective, 0.0) for r in records if _score(r, objective) is not None), default=0.0)
+        bottom = min((r.metrics.get(key, 0.0) for r in records if _score(r, key) is not None), default=0.0)
         axes.scatter([_group(r)[0] for r in failed], [bottom] * len(failed), marker="x", color="red", label="NaN")
     _batch_axis(axes, batches)
-    axes.set_ylabel(objective)
-    axes.set_title(f"{objective} vs batch size, by gradient clipping")
+    axes.set_ylabel(key)
+    axes.set_title(f"{key} vs batch size, by gradient clipping")
     axes.legend(title="clipping")
     figure.tight_layout()
     figure.savefig(paths[0], dpi=100)
@@ -265,12 +266,11 @@ def _batch_axis(axes: Any, batches: Sequence[int]) -> None:
     axes.set_xlabel("batch size")
 
 
-def publish(tracker: Any, parent_run_id: str, records: Sequence[TrialRecord], objective: str) -> None:
+def publish(tracker: Tracker, parent_run_id: str, records: Sequence[TrialRecord], objective: Objective) -> None:
     """Write (or refresh) the sweep's tables and plots as artifacts of its parent run."""
     import tempfile
 
-    tracker.client.log_text(parent_run_id, to_csv(cv_results(records)), "cv_results.csv")
-    tracker.client.log_text(parent_run_id, to_csv(nan_table_rows(records)), "nan_summary.csv")
+    texts = {"cv_results.csv": to_csv(cv_results(records)), "nan_summary.csv": to_csv(nan_table_rows(records))}
     with tempfile.TemporaryDirectory() as directory:
-        for path in write_plots(records, objective, Path(directory)):
-            tracker.client.log_artifact(parent_run_id, str(path), "plots")
+        plots = write_plots(records, objective, Path(directory))
+        tracker.publish_sweep_files(parent_run_id, texts=texts, files={path: "plots" for path in plots})

@@ -3,23 +3,20 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
 from pipeline.datasets import load_dataset
-from pipeline.errors import DataError, InputError, TrackingError
+from pipeline.errors import DataError, InputError
 from pipeline.folds import FoldPlan, make_folds
-from pipeline.spec import TRAINING_DEFAULTS, SweepSpec, parse_spec
-from pipeline.tracking import PARENT_TAG, ROLE_TAG, TRIAL_CONFIG_ARTIFACT, Tracker, trial_status
-
-RERUN_OF_TAG = "foldsweep.rerun_of"
+from pipeline.results import DONE, EpochResult, TrialStatus
+from pipeline.spec import TRAINING_DEFAULTS, DatasetSpec, Objective, SweepSpec, parse_spec
+from pipeline.tracking import Tracker
 
 
 @dataclass(frozen=True)
@@ -33,6 +30,7 @@ class RecordedTrial:
     config: dict[str, Any]
     manifest: dict[str, Any]
     experiment_path: Path
+    dataset: DatasetSpec
 
 
 @dataclass(frozen=True)
@@ -64,25 +62,15 @@ def load_recorded_trial(tracker: Tracker, run_id: str) -> RecordedTrial:
     Raises:
         TrackingError: unknown run id, or a run that is not a foldsweep trial.
     """
-    from mlflow.exceptions import MlflowException
-
-    try:
-        run = tracker.client.get_run(run_id)
-    except MlflowException:
-        raise TrackingError(f"RUN_ID: no run with id {run_id!r} in {tracker.uri}") from None
-    if run.data.tags.get(ROLE_TAG) not in ("trial", "rerun"):
-        raise TrackingError(f"RUN_ID: run {run_id!r} is not a foldsweep trial (tag {ROLE_TAG}="
-                            f"{run.data.tags.get(ROLE_TAG)!r})")
-    parent_id = run.data.tags[PARENT_TAG]
-    with tempfile.TemporaryDirectory() as directory:
-        config = json.loads(Path(tracker.client.download_artifacts(run_id, TRIAL_CONFIG_ARTIFACT, directory)).read_text())
-        spec_text = Path(tracker.client.download_artifacts(parent_id, "spec.yaml", directory)).read_text()
-        manifest = json.loads(Path(tracker.client.download_artifacts(parent_id, "fold_manifest.json", directory)).read_text())
-    parent = tracker.client.get_run(parent_id)
-    spec = parse_spec(yaml.safe_load(spec_text), source_path=Path(f"spec.yaml of sweep run {parent_id}"),
-                      source_text=spec_text)
-    experiment_path = Path(parent.data.params.get("experiment_path", spec.experiment_path))
-    return RecordedTrial(run_id, run.info.run_name, parent_id, spec, config, manifest, experiment_path)
+    run = tracker.recorded_trial_run(run_id)
+    spec = parse_spec(yaml.safe_load(run.spec_text), source_path=Path(f"spec.yaml of sweep run {run.parent_run_id}"),
+                      source_text=run.spec_text)
+    experiment_path = Path(run.sweep_params.get("experiment_path", spec.experiment_path))
+    # The data file as the sweep resolved it, so that a rerun from another directory finds it.
+    dataset = replace(spec.dataset, path=run.sweep_params["dataset_path"]) if "dataset_path" in run.sweep_params \
+        else spec.dataset
+    return RecordedTrial(run.run_id, run.run_name, run.parent_run_id, spec, run.config, run.manifest,
+                         experiment_path, dataset)
 
 
 def recorded_folds(recorded: RecordedTrial) -> tuple[Any, FoldPlan]:
@@ -91,11 +79,11 @@ def recorded_folds(recorded: RecordedTrial) -> tuple[Any, FoldPlan]:
     Raises:
         DataError: the data's fingerprint or the folds' index hashes differ from the record.
     """
-    dataset = load_dataset(recorded.spec.dataset)
+    dataset = load_dataset(recorded.dataset)
     expected = recorded.manifest["dataset_fingerprint"]
     if dataset.fingerprint != expected:
         raise DataError(
-            f"dataset: {recorded.spec.dataset.label!r} no longer matches the data of sweep run "
+            f"dataset: {recorded.dataset.label!r} no longer matches the data of sweep run "
             f"{recorded.parent_run_id}: fingerprint {dataset.fingerprint[:16]}... now, {expected[:16]}... recorded")
     plan = make_folds(recorded.spec.cv, dataset)
     if plan.manifest()["folds"] != recorded.manifest["folds"]:
@@ -122,47 +110,34 @@ def check_fold(fold: int | None, n_splits: int) -> list[int]:
 
 def run_in_process(*, spec: SweepSpec, experiment_path: Path, dataset: Any, plan: FoldPlan, config: Mapping[str, Any],
                    conditions: Mapping[str, Any], fold_ids: Sequence[int], epochs: int | None, eager: bool,
-                   check_numerics: bool, on_epoch: Callable[[dict[str, Any]], None]) -> tuple[str, NumericsFinding | None, dict]:
-    """Run one trial here through ``TrialRunner``; returns (status, numerics finding, last result)."""
+                   check_numerics: bool, on_epoch: Callable[[dict[str, Any]], None],
+                   ) -> tuple[TrialStatus, NumericsFinding | None, dict[str, Any]]:
+    """Run one trial here through ``TrialRunner``, calling ``on_epoch`` with each epoch's report;
+    returns (status, numerics finding, last report)."""
+    from pipeline.trial import TrialRunner, TrialSettings, set_up_worker
+
+    settings = TrialSettings.from_spec(spec, experiment_path=experiment_path, dataset_fingerprint=dataset.fingerprint,
+                                       conditions=conditions, eager=eager, check_numerics=check_numerics)
+    worker = set_up_worker(settings, x=dataset.x, y=dataset.y, n_folds=len(fold_ids))
     import tensorflow as tf
 
-    from pipeline.fused import side_by_side_loops
-    from pipeline.hypermodel import load_builder
-    from pipeline.resident import configure_devices, resident_data
-    from pipeline.trial import TrialRunner, TrialSettings, configure_threads
-
-    notice = configure_devices(spec.resources.gpu)
-    configure_threads(spec.resources.cpu, side_by_side_loops(spec.train.fused, n_folds=len(fold_ids), eager=eager,
-                                                             check_numerics=check_numerics))
-    settings = TrialSettings(
-        experiment_path=str(experiment_path), experiment_attr=spec.experiment_attr,
-        dataset_fingerprint=dataset.fingerprint, epochs=spec.train.epochs, seed=spec.train.seed,
-        from_logits=spec.train.from_logits, jit_compile=spec.train.jit_compile, cpus=spec.resources.cpu,
-        gpus=spec.resources.gpu, conditions=dict(conditions), fused=spec.train.fused,
-        steps_per_launch=spec.train.steps_per_launch,
-    )
-    runner = TrialRunner(
-        config, data=resident_data(dataset.fingerprint, dataset.x, dataset.y),
-        folds=[plan.folds[k] for k in fold_ids], fold_ids=fold_ids, settings=settings,
-        build_fn=load_builder(experiment_path, spec.experiment_attr), epochs=epochs, eager=eager,
-        # XLA-compiled steps are opaque to TensorFlow's numeric checking.
-        jit_compile="off" if check_numerics or eager else None, device_notice=notice, check_numerics=check_numerics,
-    )
+    runner = TrialRunner(config, worker=worker, folds=[plan.folds[k] for k in fold_ids], fold_ids=fold_ids,
+                         settings=settings, epochs=epochs)
     if check_numerics:
         tf.debugging.enable_check_numerics()
-    result: dict[str, Any] = {}
+    report: dict[str, Any] = {}
     try:
-        while not result.get("done"):
-            result = runner.step()
-            on_epoch(result)
+        while not report.get(DONE):
+            report = runner.step()
+            on_epoch(report)
     except tf.errors.InvalidArgumentError as exc:
         if not check_numerics:
             raise
-        return "nan", numerics_finding(str(exc), runner.trainer.models), result
+        return TrialStatus.NAN, numerics_finding(str(exc), runner.trainer.models), report
     finally:
         if check_numerics:
             tf.debugging.disable_check_numerics()
-    return trial_status(result), None, result
+    return EpochResult.from_report(report).status(), None, report
 
 
 def numerics_finding(message: str, models: Sequence[Any]) -> NumericsFinding:
@@ -182,17 +157,20 @@ def numerics_finding(message: str, models: Sequence[Any]) -> NumericsFinding:
     return NumericsFinding(op_type=op.group(1) if op else "?", node=node_name or "?", layer=layer)
 
 
-def epoch_line(result: Mapping[str, Any], fold_ids: Sequence[int], metric: str) -> str:
+def epoch_line(report: Mapping[str, Any], metric: str) -> str:
     """`epoch 3: fold 0 val_loss 0.4123 val_accuracy 0.8812 | fold 1 ... | mean_val_accuracy 0.87`"""
     def number(value: Any) -> str:
         return "nan" if isinstance(value, float) and math.isnan(value) else f"{value:.4f}"
 
+    result = EpochResult.from_report(report)
     folds = " | ".join(
-        f"fold {k} train_loss {number(result[f'split{k}_train_loss'])} val_loss {number(result[f'split{k}_val_loss'])} "
-        f"val_accuracy {number(result[f'split{k}_val_accuracy'])}" for k in fold_ids)
-    line = f"epoch {result['epoch']}: {folds} | mean_val_{metric} {number(result[f'mean_val_{metric}'])}"
-    if result.get("nan_failures"):
-        line += (f" | NaN in fold {result['nan_fold']} at epoch {result['nan_epoch']}, step {result['nan_step']}")
+        f"fold {k} train_loss {number(scores.train_loss)} val_loss {number(scores.val_loss)} "
+        f"val_accuracy {number(scores.val_accuracy)}" for k, scores in zip(result.fold_ids, result.folds))
+    objective = Objective(metric=metric)
+    line = f"epoch {result.epoch}: {folds} | {objective.key} {number(result.cv_summary()[objective.key])}"
+    if result.nan.event is not None:
+        event = result.nan.event
+        line += f" | NaN in fold {result.nan.fold} at epoch {event.epoch}, step {event.step}"
     return line
 
 

@@ -5,9 +5,9 @@ Names in ``search.space`` are either training hyperparameters that foldsweep app
 entry overrides the range the hypermodel declared. Hypermodel hyperparameters the spec does not
 mention are searched over the range the hypermodel declares.
 
-Two hyperparameters only count under a condition: ``clip_threshold`` when ``clipping`` is not
-``none``, and a hypermodel hyperparameter declared in a KerasTuner conditional scope when its
-parent has one of the scope's values. ``resolve_config`` turns a sampled config into the values
+Some hyperparameters only count under a condition: ``clip_threshold`` when ``clipping`` is not
+``none`` (``TRAINING_CONDITIONS``), and a hypermodel hyperparameter declared in a KerasTuner
+conditional scope when its parent has one of the scope's values. ``resolve_config`` turns a sampled config into the values
 a trial actually uses (and records); Optuna is given a define-by-run space that does not even
 suggest the inactive ones.
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import keras_tuner
+from keras_tuner.src.engine import conditions as conditions_module
 from keras_tuner.src.engine.hyperparameters import hp_types
 from ray import tune
 from ray.tune.search import sample
@@ -29,6 +30,11 @@ from pipeline.spec import TRAINING_DEFAULTS, ParamSpec, SweepSpec
 # A grid over (clipping, clip_threshold) pairs is one config key, so that `none` is not repeated
 # once per threshold.
 CLIP_PAIR = "clipping+threshold"
+# Training hyperparameters that only count under a condition, as KerasTuner conditions: the same
+# rule as a hypermodel's conditional scopes, so one mechanism drops, records and suggests both.
+TRAINING_CONDITIONS: Mapping[str, tuple[Any, ...]] = {
+    "clip_threshold": (conditions_module.Parent("clipping", ["norm", "value", "global_norm"]),),
+}
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,8 @@ def build_space(spec: SweepSpec, hyperparameters: keras_tuner.HyperParameters, *
     domains["epochs"] = default_epochs if default_epochs is not None else spec.train.epochs
     domains.update({name: hp_domain(hp) for name, hp in discovered.items()})
     domains.update({name: spec_domain(param) for name, param in spec.search.space.items()})
-    conditions = {name: tuple(hp.conditions) for name, hp in discovered.items() if hp.conditions}
+    conditions = {**TRAINING_CONDITIONS,
+                  **{name: tuple(hp.conditions) for name, hp in discovered.items() if hp.conditions}}
 
     if spec.search.algorithm == "grid":
         domains = {name: _as_grid(spec, name, domain) for name, domain in domains.items()}
@@ -174,19 +181,20 @@ def _as_grid(spec: SweepSpec, name: str, domain: Any) -> Any:
 def _clip_pairs(kinds: list[Any], thresholds: list[Any]) -> list[dict[str, Any]]:
     pairs: list[dict[str, Any]] = []
     for kind, threshold in itertools.product(kinds, thresholds):
-        pair = {"clipping": kind, "clip_threshold": None if kind == "none" else threshold}
+        active = all(condition.is_active({"clipping": kind}) for condition in TRAINING_CONDITIONS["clip_threshold"])
+        pair = {"clipping": kind, "clip_threshold": threshold if active else None}
         if pair not in pairs:
             pairs.append(pair)
     return pairs
 
 
 def resolve_config(config: Mapping[str, Any], conditions: Mapping[str, tuple[Any, ...]] = {}) -> dict[str, Any]:
-    """The values a trial uses: clipping pairs unpacked, the threshold dropped when clipping is
-    off, and hypermodel hyperparameters dropped when their conditional scope is inactive."""
+    """The values a trial uses: clipping pairs unpacked, and hyperparameters whose condition is
+    inactive dropped (the threshold when clipping is off, a hypermodel's conditional scopes)."""
     values = {key: value for key, value in config.items() if key != CLIP_PAIR}
     values.update(config.get(CLIP_PAIR) or {})
-    if values.get("clipping", "none") == "none":
-        values["clip_threshold"] = None
+    values.setdefault("clipping", "none")
+    conditions = {**TRAINING_CONDITIONS, **conditions}
     return {key: value for key, value in values.items()
             if all(condition.is_active(values) for condition in conditions.get(key, ()))}
 
@@ -217,8 +225,6 @@ class _OptunaSpace:
         constants: dict[str, Any] = {}
         for name in self.order:
             known = {**constants, **values}
-            if name == "clip_threshold" and known.get("clipping") == "none":
-                continue
             if not all(condition.is_active(known) for condition in self.conditions.get(name, ())):
                 continue
             if name in self.constants:

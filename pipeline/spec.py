@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -91,6 +91,35 @@ class SearchSpec:
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
 
 
+@dataclass(frozen=True)
+class Objective:
+    """The CV score trials are ranked on: ``mean_val_<metric>``, higher or lower is better."""
+
+    metric: str = "accuracy"
+    mode: Literal["max", "min"] = "max"
+
+    @classmethod
+    def for_metric(cls, metric: str) -> Objective:
+        """The metric with its natural direction (loss: lower is better)."""
+        return cls(metric=metric, mode="min" if metric == "loss" else "max")
+
+    @property
+    def key(self) -> str:
+        """The reported key schedulers and the leaderboard rank on."""
+        return f"mean_val_{self.metric}"
+
+    @property
+    def spread_key(self) -> str:
+        return f"std_val_{self.metric}"
+
+    def sort_key(self, value: float) -> float:
+        """Ascending sort key: best first."""
+        return -value if self.mode == "max" else value
+
+    def better(self, value: float, than: float) -> bool:
+        return self.sort_key(value) < self.sort_key(than)
+
+
 # A switch foldsweep decides by default and a spec can force (YAML auto | true | false).
 AutoSwitch = Literal["auto", "on", "off"]
 
@@ -139,16 +168,32 @@ class SweepSpec:
 
     @property
     def experiment_path(self) -> Path:
+        """The experiment file as written in the spec (``resolve_path`` finds it)."""
         return Path(self.experiment.rsplit(":", 1)[0])
+
+    def resolve_path(self, path: str | Path) -> Path:
+        """A path of the spec, made absolute: relative paths are taken from the working
+        directory, or else from the spec's directory."""
+        path = Path(path)
+        if not path.is_absolute() and not path.exists() and (self.source_path.parent / path).exists():
+            path = self.source_path.parent / path
+        # A path found nowhere stays as written, so that the error names what the user wrote.
+        return path.resolve() if path.exists() else path
+
+    def resolved_dataset(self) -> DatasetSpec:
+        """The dataset entry with a file path made absolute (built-ins as they are)."""
+        if self.dataset.path is None:
+            return self.dataset
+        return replace(self.dataset, path=str(self.resolve_path(self.dataset.path)))
 
     @property
     def experiment_attr(self) -> str:
         return self.experiment.rsplit(":", 1)[1] if ":" in self.experiment else "build"
 
     @property
-    def objective(self) -> str:
-        """The reported key schedulers and the leaderboard rank on."""
-        return f"mean_val_{self.train.metric}"
+    def objective(self) -> Objective:
+        """What schedulers, searchers and the leaderboard rank on."""
+        return Objective(metric=self.train.metric, mode=self.train.mode)
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -339,8 +384,7 @@ def _check_training_param(file: str, where: str, name: str, param: ParamSpec) ->
 def _parse_train(section: _Section) -> TrainSpec:
     epochs = section.integer("epochs", default=10, minimum=1)
     metric = section.one_of("metric", METRICS, default="accuracy")
-    default_mode = "min" if metric == "loss" else "max"
-    mode = section.one_of("mode", MODES, default=default_mode)
+    mode = section.one_of("mode", MODES, default=Objective.for_metric(metric).mode)
     seed = section.integer("seed", default=0, minimum=0)
     from_logits = section.boolean("from_logits", default=False)
     jit_compile = _auto_or_boolean(section, "jit_compile")

@@ -5,7 +5,7 @@ Why: at small batches a CPU step costs mostly a fixed price per compiled kernel,
 (the MNIST-1D CNN's step runs ~120 kernels; 234 us at batch 2 against 308 us at batch 8, one
 thread). Stacked, each kernel runs once for all k folds: 3 folds on one core trained 1.4x faster
 than one fold after another (#9). Side-by-side loops (``pipeline.fused``) do better once a trial
-has a core per fold loop, so stacking is for trials with one compute thread, or a GPU.
+has a core per fold loop, so ``pipeline.plan`` stacks for trials with one compute thread, or a GPU.
 
 The researcher's ``build(hp)`` model is not rewritten: its graph is walked (``Functional``'s own
 walk) with each weighted layer swapped for its stacked form, and every other layer called as it
@@ -26,9 +26,9 @@ from typing import Any, Callable, Sequence
 import keras
 import numpy as np
 
-from pipeline.fused import close_fused_epoch
+from pipeline.plan import has_random_layers
 from pipeline.resident import ResidentData
-from pipeline.training import EpochTally, FoldEngine, TrainingParams, has_random_layers, make_optimizer, tally_step
+from pipeline.training import EpochTally, FoldEngine, TrainingParams, close_shared_epoch, make_optimizer, tally_step
 
 STACKED_LAYERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D)
 # The stacked forward pass must give each fold model's own outputs up to float rounding
@@ -371,7 +371,7 @@ class StackedFolds:
         tally = [np.asarray(value) for value in self._train_epoch(*arguments)]
         seconds = time.perf_counter() - started
         self._store(live)
-        return close_fused_epoch(self._engines, live, epoch, seconds,
+        return close_shared_epoch(self._engines, live, epoch, seconds,
                                  [EpochTally.of([value[i] for value in tally]) for i in live])
 
     def _load(self, live: tuple[int, ...]) -> None:

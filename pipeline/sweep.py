@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from pipeline.datasets import Dataset, load_dataset
 from pipeline.errors import DataError, InputError, SpecError
 from pipeline.folds import FoldPlan, make_folds
 from pipeline.space import SearchSpace
 from pipeline.spec import SweepSpec
-from pipeline.tracking import Tracker, TrialRecord, check_tracking_uri
+from pipeline.results import SweepStatus, TrialStatus
+from pipeline.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord, check_tracking_uri
+from pipeline.trial import TrialSettings
 
 RAY_RESULTS_DIR = "ray_results"
-RAY_PATH_TAG = "foldsweep.ray_experiment_path"
 
 
 @dataclass(frozen=True)
@@ -31,11 +33,16 @@ class PreparedSweep:
     experiment_path: Path
     experiment: Any
     dataset: Dataset
+    dataset_path: str | None  # a data file, absolute (None for a built-in)
     folds: FoldPlan
     space: SearchSpace
     tracking_uri: str
     num_samples: int
     address: str | None = None
+
+    def trial_settings(self) -> TrialSettings:
+        return TrialSettings.from_spec(self.spec, experiment_path=self.experiment_path,
+                                       dataset_fingerprint=self.dataset.fingerprint, conditions=self.space.conditions)
 
 
 @dataclass(frozen=True)
@@ -60,11 +67,11 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     check_tracking_uri(uri)
     if num_samples is not None and num_samples < 1:
         raise DataError(f"--num-samples must be >= 1, got {num_samples}")
-    base_dir = spec.source_path.parent
-    experiment_path = _resolve(spec.experiment_path, base_dir)
+    experiment_path = spec.resolve_path(spec.experiment_path)
     experiment = load_experiment(experiment_path, spec.experiment_attr, reference=spec.experiment)
     space = build_space(spec, experiment.hyperparameters)
-    dataset = load_dataset(spec.dataset, base_dir=base_dir)
+    dataset_spec = spec.resolved_dataset()
+    dataset = load_dataset(dataset_spec)
     _check_model_fits_data(spec, experiment, dataset)
     folds = make_folds(spec.cv, dataset)
     _check_batch_fits_folds(spec, space, folds)
@@ -75,10 +82,9 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
         raise SpecError(f"{spec.source_path}: resources.cpu must be <= the CPUs of this machine "
                         f"({os.cpu_count()}), got {spec.resources.cpu:g}")
     return PreparedSweep(
-        spec=spec, experiment_path=experiment_path.resolve(), experiment=experiment, dataset=dataset, folds=folds,
-        space=space, tracking_uri=uri, num_samples=num_samples or spec.search.num_samples, address=address,
+        spec=spec, experiment_path=experiment_path, experiment=experiment, dataset=dataset, dataset_path=dataset_spec.path,
+        folds=folds, space=space, tracking_uri=uri, num_samples=num_samples or spec.search.num_samples, address=address,
     )
-
 
 def _check_batch_fits_folds(spec: SweepSpec, space: SearchSpace, folds: FoldPlan) -> None:
     smallest = min(len(fold.train) for fold in folds.folds)
@@ -86,14 +92,6 @@ def _check_batch_fits_folds(spec: SweepSpec, space: SearchSpace, folds: FoldPlan
     if largest is not None and largest > smallest:
         raise SpecError(f"{spec.source_path}: search.space.batch_size must be <= the smallest training fold "
                         f"({smallest} samples), got {largest}")
-
-
-def _resolve(path: Path, base_dir: Path) -> Path:
-    """Spec paths are relative to the working directory, or else to the spec's directory."""
-    if path.is_absolute() or path.exists():
-        return path
-    beside_spec = base_dir / path
-    return beside_spec if beside_spec.exists() else path
 
 
 def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset) -> None:
@@ -122,6 +120,10 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
               notify: Callable[[str], None] = print, resume: bool = False) -> SweepOutcome:
     """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials.
 
+    Four steps: open the sweep (its parent run, or the one a resume continues), build the
+    tuner, fit it, and, once every trial has ended, publish the sweep's tables and refit the best
+    config. Whatever happens, the parent run ends in a final state.
+
     With ``resume``, continue the latest sweep of this spec's name through Ray Tune's restore:
     finished trials stay as they are, unfinished ones go on from their last checkpoint, and the
     same MLflow parent run and trial runs are continued.
@@ -134,103 +136,132 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
-    from ray import tune
 
-    from pipeline.trial import FoldTrainable, TrialSettings
-
-    spec = prepared.spec
     started = time.perf_counter()
     tracker = Tracker(prepared.tracking_uri)
-    resumable = tracker.resumable_sweep(spec.name) if resume else None
+    resumable = tracker.resumable_sweep(prepared.spec.name) if resume else None
     started_ray = not ray.is_initialized()
     if started_ray:
         connect_ray(prepared.address)
     try:
-        gpu = check_cluster_resources(spec, ray.cluster_resources(), notify)
-    except BaseException:
-        if started_ray:
-            ray.shutdown()
-        raise
-    if resumable is not None:
-        parent_run_id, ray_path = tracker.reopen_sweep(resumable)
-    else:
-        parent_run_id = tracker.start_sweep(
-            name=spec.name, spec_text=spec.source_text, manifest=prepared.folds.manifest(),
-            params=_sweep_params(prepared),
-        )
-        ray_path = str(Path(RAY_RESULTS_DIR).resolve() / f"{spec.name}-{parent_run_id[:8]}")
-        tracker.client.set_tag(parent_run_id, RAY_PATH_TAG, ray_path)
-    callback = tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, on_recorded=on_trial_done,
-                                conditions=prepared.space.conditions)
-    status = "error"
-    try:
-        settings = TrialSettings(
-            experiment_path=str(prepared.experiment_path), experiment_attr=spec.experiment_attr,
-            dataset_fingerprint=prepared.dataset.fingerprint, epochs=spec.train.epochs, seed=spec.train.seed,
-            from_logits=spec.train.from_logits, jit_compile=spec.train.jit_compile,
-            cpus=spec.resources.cpu, gpus=spec.resources.gpu, conditions=dict(prepared.space.conditions),
-            fused=spec.train.fused, steps_per_launch=spec.train.steps_per_launch,
-        )
-        data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
-        trainable = tune.with_resources(
-            tune.with_parameters(FoldTrainable, data=data, folds=prepared.folds.folds, settings=settings),
-            {"cpu": spec.resources.cpu, "gpu": gpu},
-        )
-        optuna = spec.search.algorithm == "optuna"
-        param_space = {} if optuna else prepared.space.param_space
-        if resume:
-            tuner = _restored_tuner(ray_path, trainable, param_space, callback)
-        else:
-            tuner = tune.Tuner(
-                trainable,
-                param_space=param_space,
-                tune_config=tune.TuneConfig(
-                    metric=spec.objective,
-                    mode=spec.train.mode,
-                    num_samples=prepared.num_samples,
-                    search_alg=make_searcher(spec, prepared.space),
-                    scheduler=make_scheduler(spec),
-                    max_concurrent_trials=spec.resources.max_concurrent,
-                    reuse_actors=True,
-                ),
-                run_config=tune.RunConfig(
-                    name=Path(ray_path).name,
-                    storage_path=str(Path(ray_path).parent),
-                    callbacks=[callback],
-                    failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
-                    # A checkpoint per epoch (the fold models' weights and optimizer state, small
-                    # next to an epoch's work) lets a retried or resumed trial go on from its last
-                    # epoch.
-                    checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
-                    verbose=0,
-                ),
-            )
-        results = tuner.fit()
-        # Ray Tune ends fit() early, without an exception, on Ctrl-C: fewer trials than planned
-        # have ended in the record.
-        ended = sum(record.state != "RUNNING" for record in tracker.trial_records(parent_run_id))
-        if ended < prepared.space.trial_count(prepared.num_samples):
-            status = "interrupted"
-            raise SweepInterrupted(parent_run_id)
-        configs = {result.metrics.get("trial_id"): result.config for result in results}
-        status = "ok"
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise SweepInterrupted(parent_run_id) from None
+        gpu = check_cluster_resources(prepared.spec, ray.cluster_resources(), notify)
+        parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable)
+        try:
+            tuner = _build_tuner(prepared, tracker, parent_run_id, ray_path, gpu=gpu, resume=resume,
+                                 on_trial_done=on_trial_done)
+            configs = _fit(tuner, prepared, tracker, parent_run_id)
+        except BaseException as exc:
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            _close_sweep(prepared, tracker, parent_run_id,
+                         SweepStatus.INTERRUPTED if interrupted else SweepStatus.ERROR,
+                         error=None if interrupted else traceback.format_exc())
+            if interrupted and not isinstance(exc, SweepInterrupted):
+                raise SweepInterrupted(parent_run_id) from None
+            raise
     finally:
         if started_ray:
             ray.shutdown()
-        tracker.close_open_trial_runs(parent_run_id, status="killed" if status != "ok" else None)
-        records = tracker.trial_records(parent_run_id)
-        summary = _sweep_summary(records, spec)
-        if status == "ok":
-            from pipeline.report import publish
+    records = _after_trials(prepared, tracker, parent_run_id, configs, notify)
+    return SweepOutcome(parent_run_id, prepared.spec.name, records, time.perf_counter() - started)
 
-            publish(tracker, parent_run_id, records, spec.objective)
-            if spec.train.refit:
-                summary.update(_refit_best(prepared, tracker, parent_run_id, records, configs, notify))
-        tracker.end_sweep(parent_run_id, status=status, summary=summary)
-    return SweepOutcome(parent_run_id, spec.name, records, time.perf_counter() - started)
+
+def _open_sweep(prepared: PreparedSweep, tracker: Tracker, resumable: SweepRecord | None) -> tuple[str, str]:
+    """The sweep's parent run and Ray Tune experiment path: new, or the resumed sweep's."""
+    if resumable is not None:
+        return tracker.reopen_sweep(resumable)
+    spec = prepared.spec
+    return tracker.start_sweep(
+        name=spec.name, spec_text=spec.source_text, manifest=prepared.folds.manifest(), params=_sweep_params(prepared),
+        ray_path_for=lambda run_id: str(Path(RAY_RESULTS_DIR).resolve() / f"{spec.name}-{run_id[:8]}"))
+
+
+def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, ray_path: str, *, gpu: float,
+                 resume: bool, on_trial_done: Callable[[TrialRecord], None] | None) -> Any:
+    """The sweep's Ray Tune Tuner (restored from ``ray_path`` on a resume), recording through
+    an MLflow callback."""
+    from ray import tune
+
+    from pipeline.trial import FoldTrainable
+
+    spec = prepared.spec
+    callback = tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, on_recorded=on_trial_done,
+                                conditions=prepared.space.conditions)
+    data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
+    trainable = tune.with_resources(
+        tune.with_parameters(FoldTrainable, data=data, folds=prepared.folds.folds, settings=prepared.trial_settings()),
+        {"cpu": spec.resources.cpu, "gpu": gpu},
+    )
+    param_space = {} if spec.search.algorithm == "optuna" else prepared.space.param_space
+    if resume:
+        return _restored_tuner(ray_path, trainable, param_space, callback)
+    return tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            metric=spec.objective.key,
+            mode=spec.objective.mode,
+            num_samples=prepared.num_samples,
+            search_alg=make_searcher(spec, prepared.space),
+            scheduler=make_scheduler(spec),
+            max_concurrent_trials=spec.resources.max_concurrent,
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=Path(ray_path).name,
+            storage_path=str(Path(ray_path).parent),
+            callbacks=[callback],
+            failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
+            # A checkpoint per epoch (the fold models' weights and optimizer state, small next to
+            # an epoch's work) lets a retried or resumed trial go on from its last epoch.
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
+            verbose=0,
+        ),
+    )
+
+
+def _fit(tuner: Any, prepared: PreparedSweep, tracker: Tracker, parent_run_id: str) -> dict[str, dict[str, Any]]:
+    """Run every trial; returns each trial's config by trial id.
+
+    Raises:
+        SweepInterrupted: Ray Tune ended ``fit`` early, as it does on Ctrl-C.
+    """
+    results = tuner.fit()
+    # Ray Tune ends fit() early, without an exception, on Ctrl-C: fewer trials than planned have
+    # ended in the record.
+    ended = sum(record.state != "RUNNING" for record in tracker.trial_records(parent_run_id))
+    if ended < prepared.space.trial_count(prepared.num_samples):
+        raise SweepInterrupted(parent_run_id)
+    return {result.metrics.get("trial_id"): result.config for result in results}
+
+
+def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, configs: dict[str, dict[str, Any]],
+                  notify: Callable[[str], None]) -> list[TrialRecord]:
+    """Every trial has ended: publish the sweep's tables and plots, refit the best config, and
+    close the parent run (FAILED, with the traceback, if either raises)."""
+    from pipeline.report import publish
+
+    spec = prepared.spec
+    records = tracker.trial_records(parent_run_id)
+    try:
+        publish(tracker, parent_run_id, records, spec.objective)
+        summary = _refit_best(prepared, tracker, parent_run_id, records, configs, notify) if spec.train.refit else {}
+    except Exception:
+        _close_sweep(prepared, tracker, parent_run_id, SweepStatus.ERROR, error=traceback.format_exc())
+        raise
+    _close_sweep(prepared, tracker, parent_run_id, SweepStatus.OK, extra=summary)
+    return records
+
+
+def _close_sweep(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, status: SweepStatus, *,
+                 error: str | None = None, extra: Mapping[str, float | str] = {}) -> None:
+    """End the parent run as ``status`` with the sweep's counts; trial runs still open (a
+    stopped sweep) end KILLED."""
+    if status != SweepStatus.OK:
+        tracker.close_open_trial_runs(parent_run_id, status=TrialStatus.KILLED)
+    summary = {**_sweep_summary(tracker.trial_records(parent_run_id), prepared.spec), **extra}
+    if error:
+        summary[Tag.ERROR] = error[-MAX_TAG_LENGTH:]
+    tracker.end_sweep(parent_run_id, status=status, summary=summary)
 
 
 def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, records: list[TrialRecord],
@@ -243,25 +274,23 @@ def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, r
     from pipeline.report import ranked
 
     spec, dataset = prepared.spec, prepared.dataset
-    ranking = ranked(records, spec.objective, spec.train.mode)
+    ranking = ranked(records, spec.objective)
     if dataset.x_test is None:
         notify("refit skipped: the dataset has no held-out test split")
-        return {"foldsweep.refit": "skipped: no test split"}
+        return {Tag.REFIT: "skipped: no test split"}
     if not ranking or ranking[0].trial_id not in configs:
         notify("refit skipped: no trial finished with a finite score")
-        return {"foldsweep.refit": "skipped: no finished trial"}
+        return {Tag.REFIT: "skipped: no finished trial"}
     best = ranking[0]
     epochs = int(best.params.get("epochs", spec.train.epochs))
     with tempfile.TemporaryDirectory(prefix="foldsweep-refit-") as directory:
         result = refit(load_builder(prepared.experiment_path, spec.experiment_attr), configs[best.trial_id], dataset,
-                       epochs=epochs, seed=spec.train.seed, from_logits=spec.train.from_logits,
-                       jit_compile=spec.train.jit_compile, conditions=prepared.space.conditions,
-                       directory=Path(directory))
-        tracker.client.log_artifact(parent_run_id, str(result.model_path))
+                       epochs=epochs, settings=prepared.trial_settings(), directory=Path(directory))
+        tracker.publish_sweep_files(parent_run_id, files={result.model_path: None})
     scores = refit_scores(result)
     notify(f"refit of {best.run_name} on all {len(dataset.y)} training samples ({epochs} epochs): "
            + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
-    return {**scores, "foldsweep.refit": "ok", "foldsweep.refit_of": best.run_id}
+    return {**scores, Tag.REFIT: "ok", Tag.REFIT_OF: best.run_id}
 
 
 def check_ray_address(address: str) -> None:
@@ -346,7 +375,7 @@ def make_searcher(spec: SweepSpec, space: SearchSpace) -> Any:
         import optuna
         from ray.tune.search.optuna import OptunaSearch
 
-        return OptunaSearch(space=space.optuna_define_by_run(), metric=spec.objective, mode=spec.train.mode,
+        return OptunaSearch(space=space.optuna_define_by_run(), metric=spec.objective.key, mode=spec.objective.mode,
                             sampler=optuna.samplers.TPESampler(seed=spec.search.seed))
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
@@ -380,6 +409,7 @@ def _sweep_params(prepared: PreparedSweep) -> dict[str, Any]:
         "experiment": spec.experiment,
         "experiment_path": str(prepared.experiment_path),
         "dataset": spec.dataset.label,
+        **({"dataset_path": prepared.dataset_path} if prepared.dataset_path else {}),
         "dataset_fingerprint": prepared.dataset.fingerprint,
         "n_train_samples": len(prepared.dataset.y),
         **{f"cv.{key}": value for key, value in asdict(spec.cv).items()},
@@ -400,9 +430,9 @@ def _sweep_summary(records: list[TrialRecord], spec: SweepSpec) -> dict[str, flo
         "n_nan": float(sum(record.status == "nan" for record in records)),
         "n_pruned": float(sum(record.status == "pruned" for record in records)),
     }
-    ranking = ranked(records, spec.objective, spec.train.mode)
+    ranking = ranked(records, spec.objective)
     if ranking:
         best = ranking[0]
-        summary["foldsweep.best_run_id"] = best.run_id
-        summary[f"best_{spec.objective}"] = best.metrics[spec.objective]
+        summary[Tag.BEST_RUN_ID] = best.run_id
+        summary[f"best_{spec.objective.key}"] = best.metrics[spec.objective.key]
     return summary

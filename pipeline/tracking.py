@@ -1,4 +1,5 @@
-"""MLflow: the sweep's parent run, a child run per trial, and queries back. The only mlflow importer.
+"""MLflow: the sweep's parent run, a child run per trial, and queries back. The only module that
+imports mlflow or holds its client; everything else speaks to it through ``Tracker``.
 
 There is a single writer, on the driver: a Ray Tune callback turns trial events into MLflow
 calls, so workers never talk to the tracking store.
@@ -6,6 +7,7 @@ calls, so workers never talk to the tracking store.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -19,28 +21,43 @@ from urllib.parse import urlparse
 from ray.tune import Callback
 
 from pipeline.errors import TrackingError
+from pipeline.results import (FOLD_IDS, NOT_IN_HISTORY, RETRIES, TRIAL_WALL_S, EpochResult, SweepStatus, TrialStatus,
+                              info_metrics, info_tags, info_texts)
+from pipeline.spec import Objective
 
-ROLE_TAG = "foldsweep.role"
-STATUS_TAG = "foldsweep.status"
-SWEEP_TAG = "foldsweep.sweep"
-TRIAL_ID_TAG = "foldsweep.trial_id"
-ERROR_TAG = "foldsweep.error"
-RETRIES_TAG = "foldsweep.retries"
-PARENT_TAG = "mlflow.parentRunId"
-# Keys of a trial's epoch result that are metrics of the trial (the rest is Ray bookkeeping).
-TRIAL_METRIC = re.compile(
-    r"^((split\d+|mean|std)_(val|train)_\w+"
-    r"|(split\d+_)?(train_samples_per_s|compile_s)|eval_samples_per_s)$")
-THROUGHPUT_METRIC = re.compile(r"^(split\d+_)?(train_samples_per_s|compile_s|eval_samples_per_s)$")
-# Result fields that say where and how a trial ran, and where it went NaN; recorded as tags
-# `foldsweep.<field>`.
-RECORDED_FIELDS = ("device", "device_notice", "gpu_ids", "jit_compile", "fused", "fused_reason", "steps_per_launch",
-                   "pid", "node_ip", "node_id", "hostname", "data_transfers", "tf_threads", "tensorflow_version",
-                   "keras_version", "ray_version", "python_version",
-                   "nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm")
-SCALAR_METRICS = ("n_params", "nan_failures")
+
+
+class Tag:
+    """The tag names foldsweep writes: its own under ``foldsweep.``, MLflow's where it has one."""
+
+    PREFIX = "foldsweep."
+    ROLE = "foldsweep.role"
+    STATUS = "foldsweep.status"
+    SWEEP = "foldsweep.sweep"
+    TRIAL_ID = "foldsweep.trial_id"
+    ERROR = "foldsweep.error"
+    RETRIES = "foldsweep.retries"
+    RERUN_OF = "foldsweep.rerun_of"
+    RAY_PATH = "foldsweep.ray_experiment_path"
+    RESUMES = "foldsweep.resumes"
+    BEST_RUN_ID = "foldsweep.best_run_id"
+    REFIT = "foldsweep.refit"
+    REFIT_OF = "foldsweep.refit_of"
+    NUMERICS_OP = "foldsweep.numerics_op"
+    NUMERICS_NODE = "foldsweep.numerics_node"
+    NUMERICS_LAYER = "foldsweep.numerics_layer"
+    PARENT = "mlflow.parentRunId"
+
+    @classmethod
+    def of(cls, field: str) -> str:
+        """The tag of a recorded result field (``device`` -> ``foldsweep.device``)."""
+        return f"{cls.PREFIX}{field}"
+
+
 HISTORY_ARTIFACT = "history.csv"
 TRIAL_CONFIG_ARTIFACT = "trial_config.json"
+SPEC_ARTIFACT = "spec.yaml"
+MANIFEST_ARTIFACT = "fold_manifest.json"
 MAX_TAG_LENGTH = 5000
 
 
@@ -108,25 +125,53 @@ class TrialRecord:
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SweepRecord:
+    """A sweep's parent run as MLflow holds it."""
+
+    run_id: str
+    name: str
+    params: Mapping[str, str]
+    metrics: Mapping[str, float]
+    tags: Mapping[str, str]
+
+    @property
+    def objective(self) -> Objective:
+        return Objective(metric=self.params.get("train.metric", "accuracy"), mode=self.params.get("train.mode", "max"))
+
+
+@dataclass(frozen=True)
+class RecordedTrialRun:
+    """What a rerun reads of a recorded trial: its config and its sweep's spec and folds."""
+
+    run_id: str
+    run_name: str
+    parent_run_id: str
+    config: dict[str, Any]
+    spec_text: str
+    manifest: dict[str, Any]
+    sweep_params: Mapping[str, str]
+
+
 class Tracker:
-    """Writes and reads one tracking store."""
+    """Writes and reads one tracking store: the only holder of an MLflow client."""
 
     def __init__(self, uri: str):
         _quiet_mlflow()
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        self._client = MlflowClient(tracking_uri=uri)
 
     def experiment_id(self, name: str) -> str:
         """The MLflow experiment named ``name``, created on first use."""
-        experiment = self.client.get_experiment_by_name(name)
+        experiment = self._client.get_experiment_by_name(name)
         if experiment is not None:
             return experiment.experiment_id
         # The MLflow UI opens an experiment on the view its kind names; CV sweeps are model
         # training, not GenAI traces.
-        return self.client.create_experiment(name, artifact_location=self._artifact_location(name),
-                                             tags={"mlflow.experimentKind": "custom_model_development"})
+        return self._client.create_experiment(name, artifact_location=self._artifact_location(name),
+                                              tags={"mlflow.experimentKind": "custom_model_development"})
 
     def _artifact_location(self, name: str) -> str | None:
         # Artifacts of a SQLite store live beside the database file rather than in whatever
@@ -137,74 +182,59 @@ class Tracker:
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
         return (database.parent / "mlartifacts" / safe).as_uri()
 
+    # -- sweeps ---------------------------------------------------------------------------------
+
     def start_sweep(self, *, name: str, spec_text: str, manifest: Mapping[str, Any],
-                    params: Mapping[str, Any]) -> str:
-        """Create the parent run of a sweep with its spec and fold manifest; returns its id."""
+                    params: Mapping[str, Any], ray_path_for: Callable[[str], str]) -> tuple[str, str]:
+        """Create the parent run of a sweep with its spec and fold manifest; returns its id and
+        the Ray Tune experiment path (``ray_path_for(run_id)``), recorded for a resume."""
         from mlflow.entities import Param
 
-        run = self.client.create_run(
+        run = self._client.create_run(
             self.experiment_id(name), run_name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
-            tags={ROLE_TAG: "sweep", SWEEP_TAG: name, STATUS_TAG: "running"},
+            tags={Tag.ROLE: "sweep", Tag.SWEEP: name, Tag.STATUS: SweepStatus.RUNNING.value},
         )
         run_id = run.info.run_id
-        self.client.log_batch(run_id, params=[Param(key, _param_text(value)) for key, value in params.items()])
-        self.client.log_text(run_id, spec_text, "spec.yaml")
-        self.client.log_dict(run_id, dict(manifest), "fold_manifest.json")
-        return run_id
+        ray_path = ray_path_for(run_id)
+        self._client.log_batch(run_id, params=[Param(key, _param_text(value)) for key, value in params.items()])
+        self._client.set_tag(run_id, Tag.RAY_PATH, ray_path)
+        self._client.log_text(run_id, spec_text, SPEC_ARTIFACT)
+        self._client.log_dict(run_id, dict(manifest), MANIFEST_ARTIFACT)
+        return run_id, ray_path
 
-    def end_sweep(self, run_id: str, *, status: str, summary: Mapping[str, float | str]) -> None:
+    def end_sweep(self, run_id: str, *, status: SweepStatus, summary: Mapping[str, float | str]) -> None:
+        """Close a sweep's parent run: summary metrics (finite ones) and tags, status, run state."""
         for key, value in summary.items():
             if isinstance(value, str):
-                self.client.set_tag(run_id, key, value)
+                self._client.set_tag(run_id, key, value)
             elif math.isfinite(value):
-                self.client.log_metric(run_id, key, value)
-        self.client.set_tag(run_id, STATUS_TAG, status)
-        self.client.set_terminated(run_id, {"ok": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED"))
+                self._client.log_metric(run_id, key, value)
+        self._client.set_tag(run_id, Tag.STATUS, status.value)
+        self._client.set_terminated(run_id, status.run_state)
 
-    def resumable_sweep(self, name: str) -> Any:
+    def resumable_sweep(self, name: str) -> SweepRecord:
         """The latest sweep named ``name``, if it can be resumed (read only).
 
         Raises:
             TrackingError: no such sweep, or it finished and has nothing to resume.
         """
         parent = self.find_sweep(name)
-        status = parent.data.tags.get(STATUS_TAG)
-        if status == "ok":
-            raise TrackingError(f"--resume: the latest sweep {name!r} (run {parent.info.run_id}) finished; "
+        if parent.tags.get(Tag.STATUS) == SweepStatus.OK.value:
+            raise TrackingError(f"--resume: the latest sweep {name!r} (run {parent.run_id}) finished; "
                                 "nothing to resume (run without --resume for a new sweep)")
-        ray_path = parent.data.tags.get("foldsweep.ray_experiment_path")
-        if not ray_path:
-            raise TrackingError(f"--resume: sweep run {parent.info.run_id} has no Ray experiment path to resume from")
+        if not parent.tags.get(Tag.RAY_PATH):
+            raise TrackingError(f"--resume: sweep run {parent.run_id} has no Ray experiment path to resume from")
         return parent
 
-    def reopen_sweep(self, parent: Any) -> tuple[str, str]:
+    def reopen_sweep(self, parent: SweepRecord) -> tuple[str, str]:
         """Set a resumable sweep (``resumable_sweep``) running again: (run id, Ray path)."""
-        ray_path = parent.data.tags["foldsweep.ray_experiment_path"]
-        self.client.update_run(parent.info.run_id, status="RUNNING")
-        self.client.set_tag(parent.info.run_id, STATUS_TAG, "running")
-        resumes = int(parent.data.tags.get("foldsweep.resumes", "0")) + 1
-        self.client.set_tag(parent.info.run_id, "foldsweep.resumes", str(resumes))
-        return parent.info.run_id, ray_path
+        self._client.update_run(parent.run_id, status="RUNNING")
+        self._client.set_tag(parent.run_id, Tag.STATUS, SweepStatus.RUNNING.value)
+        resumes = int(parent.tags.get(Tag.RESUMES, "0")) + 1
+        self._client.set_tag(parent.run_id, Tag.RESUMES, str(resumes))
+        return parent.run_id, parent.tags[Tag.RAY_PATH]
 
-    def find_trial_run(self, parent_run_id: str, trial_id: str) -> Any:
-        """The run already recorded for a Ray trial of this sweep, if any (a resume reuses it)."""
-        parent = self.client.get_run(parent_run_id)
-        runs = self.client.search_runs(
-            [parent.info.experiment_id],
-            filter_string=(f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`{ROLE_TAG}` = 'trial' "
-                           f"and tags.`{TRIAL_ID_TAG}` = '{trial_id}'"),
-            max_results=1)
-        return runs[0] if runs else None
-
-    def close_open_trial_runs(self, parent_run_id: str, *, status: str | None) -> None:
-        """Trial runs left RUNNING (a stopped sweep, or a driver killed before it closed them)
-        end as ``status``; with None, nothing is expected to be open and nothing is done."""
-        if status is None:
-            return
-        for record in self.trial_records(parent_run_id):
-            if record.state == "RUNNING":
-                self.finish_trial_run(record.run_id, status=status)
-    def find_sweep(self, sweep: str | None = None) -> Any:
+    def find_sweep(self, sweep: str | None = None) -> SweepRecord:
         """A sweep's parent run: by run id, by sweep (experiment) name, or the latest of all.
 
         Raises:
@@ -212,89 +242,125 @@ class Tracker:
         """
         from mlflow.exceptions import MlflowException
 
-        role = f"tags.`{ROLE_TAG}` = 'sweep'"
+        role = f"tags.`{Tag.ROLE}` = 'sweep'"
         if sweep is not None and re.fullmatch(r"[0-9a-f]{32}", sweep):
             try:
-                run = self.client.get_run(sweep)
+                run = self._client.get_run(sweep)
             except MlflowException:
                 raise TrackingError(f"SWEEP: no run with id {sweep!r} in {self.uri}") from None
-            if run.data.tags.get(ROLE_TAG) != "sweep":
-                raise TrackingError(f"SWEEP: run {sweep!r} is not a foldsweep sweep (tag {ROLE_TAG}="
-                                    f"{run.data.tags.get(ROLE_TAG)!r})")
-            return run
+            if run.data.tags.get(Tag.ROLE) != "sweep":
+                raise TrackingError(f"SWEEP: run {sweep!r} is not a foldsweep sweep (tag {Tag.ROLE}="
+                                    f"{run.data.tags.get(Tag.ROLE)!r})")
+            return _sweep_record(run)
         if sweep is not None:
-            experiment = self.client.get_experiment_by_name(sweep)
+            experiment = self._client.get_experiment_by_name(sweep)
             if experiment is None:
                 raise TrackingError(f"SWEEP: no sweep named {sweep!r} in {self.uri}")
             experiment_ids = [experiment.experiment_id]
         else:
-            experiment_ids = [e.experiment_id for e in self.client.search_experiments()]
-        runs = self.client.search_runs(experiment_ids, filter_string=role, order_by=["attributes.start_time DESC"],
-                                       max_results=1) if experiment_ids else []
+            experiment_ids = [e.experiment_id for e in self._client.search_experiments()]
+        runs = self._client.search_runs(experiment_ids, filter_string=role, order_by=["attributes.start_time DESC"],
+                                        max_results=1) if experiment_ids else []
         if not runs:
             where = f"named {sweep!r} " if sweep else ""
             raise TrackingError(f"SWEEP: no sweep {where}in {self.uri}")
-        return runs[0]
+        return _sweep_record(runs[0])
+
+    def publish_sweep_files(self, run_id: str, *, texts: Mapping[str, str] = {},
+                            files: Mapping[Path, str | None] = {}) -> None:
+        """Artifacts of a sweep's parent run: ``texts`` {artifact path: content}, ``files``
+        {local file: artifact directory (None: the top)}."""
+        for artifact, text in texts.items():
+            self._client.log_text(run_id, text, artifact)
+        for path, directory in files.items():
+            self._client.log_artifact(run_id, str(path), directory)
+
+    # -- trials ---------------------------------------------------------------------------------
 
     def trial_records(self, parent_run_id: str) -> list[TrialRecord]:
         """Every trial run of a sweep, oldest first."""
-        parent = self.client.get_run(parent_run_id)
-        runs = self.client.search_runs(
+        parent = self._client.get_run(parent_run_id)
+        runs = self._client.search_runs(
             [parent.info.experiment_id],
-            filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`{ROLE_TAG}` = 'trial'",
+            filter_string=f"tags.`{Tag.PARENT}` = '{parent_run_id}' and tags.`{Tag.ROLE}` = 'trial'",
             order_by=["attributes.start_time ASC"],
             max_results=50000,
         )
         return [_record(run) for run in runs]
 
-    def start_trial_run(self, *, parent_run_id: str, run_name: str, role: str, config: Mapping[str, Any],
-                        tags: Mapping[str, str]) -> str:
-        """A child run of the sweep for one trial (or a rerun of one), with the config it uses as
-        params and as ``trial_config.json`` (typed, for reruns)."""
+    def trial_record(self, run_id: str) -> TrialRecord:
+        return _record(self._client.get_run(run_id))
+
+    def close_open_trial_runs(self, parent_run_id: str, *, status: TrialStatus) -> None:
+        """Trial runs left RUNNING (a stopped sweep, or a driver killed before it closed them)
+        end as ``status``."""
+        for record in self.trial_records(parent_run_id):
+            if record.state == "RUNNING":
+                TrialRecorder(self, record.run_id).finish(status)
+
+    def trial_recorder(self, *, parent_run_id: str, run_name: str, role: str, config: Mapping[str, Any],
+                       tags: Mapping[str, str], trial_id: str | None = None) -> TrialRecorder:
+        """The recorder of a trial's run (or a rerun's): a new child run of the sweep with the
+        config it uses as params and as ``trial_config.json`` (typed, for reruns); for a Ray
+        trial that already has a run in this sweep (a resume), that run, set running again."""
         from mlflow.entities import Param
 
-        parent = self.client.get_run(parent_run_id)
-        run = self.client.create_run(
+        if trial_id is not None:
+            existing = self._find_trial_run(parent_run_id, trial_id)
+            if existing is not None:
+                if existing.info.status != "RUNNING":
+                    self._client.update_run(existing.info.run_id, status="RUNNING")
+                    self._client.set_tag(existing.info.run_id, Tag.STATUS, TrialStatus.RUNNING.value)
+                return TrialRecorder(self, existing.info.run_id)
+            tags = {**tags, Tag.TRIAL_ID: trial_id}
+        parent = self._client.get_run(parent_run_id)
+        run = self._client.create_run(
             parent.info.experiment_id, run_name=run_name,
-            tags={PARENT_TAG: parent_run_id, ROLE_TAG: role, STATUS_TAG: "running", **tags},
+            tags={Tag.PARENT: parent_run_id, Tag.ROLE: role, Tag.STATUS: TrialStatus.RUNNING.value, **tags},
         )
         run_id = run.info.run_id
         params = [Param(key, _param_text(value)) for key, value in sorted(config.items()) if value is not None]
-        self.client.log_batch(run_id, params=params)
-        self.client.log_dict(run_id, dict(config), TRIAL_CONFIG_ARTIFACT)
-        return run_id
+        self._client.log_batch(run_id, params=params)
+        self._client.log_dict(run_id, dict(config), TRIAL_CONFIG_ARTIFACT)
+        return TrialRecorder(self, run_id)
 
-    def log_trial_result(self, run_id: str, result: Mapping[str, Any], *, step: int) -> None:
-        """One epoch's result: metrics at ``step`` = epoch, where-it-ran and NaN tags, summary."""
-        from mlflow.entities import Metric, RunTag
+    def _find_trial_run(self, parent_run_id: str, trial_id: str) -> Any:
+        parent = self._client.get_run(parent_run_id)
+        runs = self._client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=(f"tags.`{Tag.PARENT}` = '{parent_run_id}' and tags.`{Tag.ROLE}` = 'trial' "
+                           f"and tags.`{Tag.TRIAL_ID}` = '{trial_id}'"),
+            max_results=1)
+        return runs[0] if runs else None
 
-        now = int(time.time() * 1000)
-        # A fold's NaN is recorded as NaN (it is the finding); a throughput not yet measurable
-        # (compilation time before a second epoch) is left out.
-        metrics = [
-            Metric(key, float(value), now, step)
-            for key, value in result.items()
-            if TRIAL_METRIC.match(key) and isinstance(value, (int, float))
-            and (math.isfinite(value) or not THROUGHPUT_METRIC.match(key))
-        ]
-        metrics += [Metric(key, float(result[key]), now, step) for key in SCALAR_METRICS if key in result]
-        tags = [RunTag(f"foldsweep.{field}", str(result[field])) for field in RECORDED_FIELDS if field in result]
-        self.client.log_batch(run_id, metrics=metrics, tags=tags)
-        if result.get("model_summary"):
-            self.client.log_text(run_id, result["model_summary"], "model_summary.txt")
+    def recorded_trial_run(self, run_id: str) -> RecordedTrialRun:
+        """A trial's config, and its sweep's spec text, fold manifest and params.
 
-    def finish_trial_run(self, run_id: str, *, status: str, error: str | None = None,
-                         wall_s: float | None = None, tags: Mapping[str, str] | None = None) -> None:
-        if wall_s is not None:
-            self.client.log_metric(run_id, "trial_wall_s", float(wall_s))
-        for key, value in {STATUS_TAG: status, **(tags or {})}.items():
-            self.client.set_tag(run_id, key, value)
-        if error:
-            self.client.set_tag(run_id, ERROR_TAG, error[-MAX_TAG_LENGTH:])
-        history = self.history_csv(run_id)
-        if history:
-            self.client.log_text(run_id, history, HISTORY_ARTIFACT)
-        self.client.set_terminated(run_id, STATUS_STATES[status])
+        Raises:
+            TrackingError: unknown run id, or a run that is not a foldsweep trial.
+        """
+        import tempfile
+
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self._client.get_run(run_id)
+        except MlflowException:
+            raise TrackingError(f"RUN_ID: no run with id {run_id!r} in {self.uri}") from None
+        if run.data.tags.get(Tag.ROLE) not in ("trial", "rerun"):
+            raise TrackingError(f"RUN_ID: run {run_id!r} is not a foldsweep trial (tag {Tag.ROLE}="
+                                f"{run.data.tags.get(Tag.ROLE)!r})")
+        parent_id = run.data.tags[Tag.PARENT]
+        with tempfile.TemporaryDirectory() as directory:
+            def text(of_run: str, artifact: str) -> str:
+                return Path(self._client.download_artifacts(of_run, artifact, directory)).read_text()
+
+            config = json.loads(text(run_id, TRIAL_CONFIG_ARTIFACT))
+            spec_text = text(parent_id, SPEC_ARTIFACT)
+            manifest = json.loads(text(parent_id, MANIFEST_ARTIFACT))
+        parent = self._client.get_run(parent_id)
+        return RecordedTrialRun(run_id=run_id, run_name=run.info.run_name, parent_run_id=parent_id, config=config,
+                                spec_text=spec_text, manifest=manifest, sweep_params=dict(parent.data.params))
 
     def history_csv(self, run_id: str) -> str:
         """The run's per-epoch metrics as CSV, one row per epoch (what MLflow holds, so a restored
@@ -302,11 +368,11 @@ class Tracker:
         import csv
         import io
 
-        run = self.client.get_run(run_id)
-        keys = sorted(key for key in run.data.metrics if TRIAL_METRIC.match(key))
+        run = self._client.get_run(run_id)
+        keys = sorted(key for key in run.data.metrics if key not in NOT_IN_HISTORY)
         rows: dict[int, dict[str, float]] = {}
         for key in keys:
-            for metric in self.client.get_metric_history(run_id, key):
+            for metric in self._client.get_metric_history(run_id, key):
                 rows.setdefault(metric.step, {})[key] = metric.value
         if not rows:
             return ""
@@ -317,9 +383,6 @@ class Tracker:
             writer.writerow({"epoch": epoch, **rows[epoch]})
         return out.getvalue()
 
-    def trial_record(self, run_id: str) -> TrialRecord:
-        return _record(self.client.get_run(run_id))
-
     def callback(self, *, parent_run_id: str, sweep_name: str,
                  on_recorded: Callable[[TrialRecord], None] | None = None,
                  conditions: Mapping[str, Any] | None = None) -> "MlflowTrialCallback":
@@ -327,33 +390,74 @@ class Tracker:
                                    on_recorded=on_recorded, conditions=conditions)
 
 
+class TrialRecorder:
+    """One trial run's life in MLflow: its epochs as they come, then its end. Serves the Ray
+    callback and in-process trials (``foldsweep trial``/``rerun``) alike."""
+
+    def __init__(self, tracker: Tracker, run_id: str):
+        self.tracker = tracker
+        self.run_id = run_id
+
+    @property
+    def _client(self) -> Any:
+        return self.tracker._client
+
+    def log_epoch(self, report: Mapping[str, Any]) -> None:
+        """One epoch's report (``EpochResult.report``): metrics at step = epoch; where and how it
+        ran as tags, the model summary and the plan as artifacts, when the report has them."""
+        from mlflow.entities import Metric, RunTag
+
+        result = EpochResult.from_report(report)
+        now = int(time.time() * 1000)
+        metrics = {**result.mlflow_metrics(), **info_metrics(report)}
+        tags = {**info_tags(report), **result.mlflow_tags()}
+        self._client.log_batch(self.run_id, metrics=[Metric(key, value, now, result.epoch)
+                                                     for key, value in metrics.items()],
+                               tags=[RunTag(Tag.of(key), value) for key, value in tags.items()])
+        for artifact, text in info_texts(report).items():
+            self._client.log_text(self.run_id, text, artifact)
+
+    def count_retry(self, retries: int) -> None:
+        self._client.set_tag(self.run_id, Tag.RETRIES, str(retries))
+        self._client.log_metric(self.run_id, RETRIES, float(retries))
+
+    def finish(self, status: TrialStatus, *, error: str | None = None, wall_s: float | None = None,
+               tags: Mapping[str, str] | None = None) -> None:
+        """End the run: status tag, error text, wall time, ``history.csv``, run state."""
+        if wall_s is not None:
+            self._client.log_metric(self.run_id, TRIAL_WALL_S, float(wall_s))
+        for key, value in {Tag.STATUS: status.value, **(tags or {})}.items():
+            self._client.set_tag(self.run_id, key, value)
+        if error:
+            self._client.set_tag(self.run_id, Tag.ERROR, error[-MAX_TAG_LENGTH:])
+        history = self.tracker.history_csv(self.run_id)
+        if history:
+            self._client.log_text(self.run_id, history, HISTORY_ARTIFACT)
+        self._client.set_terminated(self.run_id, status.run_state)
+
+
 def _record(run: Any) -> TrialRecord:
     return TrialRecord(
         run_id=run.info.run_id,
         run_name=run.info.run_name,
-        trial_id=run.data.tags.get(TRIAL_ID_TAG, ""),
+        trial_id=run.data.tags.get(Tag.TRIAL_ID, ""),
         state=run.info.status,
-        status=run.data.tags.get(STATUS_TAG, ""),
+        status=run.data.tags.get(Tag.STATUS, ""),
         params=dict(run.data.params),
         metrics=dict(run.data.metrics),
-        error=run.data.tags.get(ERROR_TAG, ""),
-        tags={key.removeprefix("foldsweep."): value for key, value in run.data.tags.items()
-              if key.startswith("foldsweep.")},
+        error=run.data.tags.get(Tag.ERROR, ""),
+        tags={key.removeprefix(Tag.PREFIX): value for key, value in run.data.tags.items()
+              if key.startswith(Tag.PREFIX)},
     )
+
+
+def _sweep_record(run: Any) -> SweepRecord:
+    return SweepRecord(run_id=run.info.run_id, name=run.data.tags.get(Tag.SWEEP, run.info.run_name),
+                       params=dict(run.data.params), metrics=dict(run.data.metrics), tags=dict(run.data.tags))
 
 
 def _param_text(value: Any) -> str:
     return str(value)[:6000]
-
-
-def trial_status(result: Mapping[str, Any]) -> str:
-    """ok, nan, or pruned (stopped before its planned epochs) from a trial's last result."""
-    if result.get("nan_failures", 0) > 0:
-        return "nan"
-    return "pruned" if result.get("epoch", 0) < result.get("epochs_planned", 0) else "ok"
-
-
-STATUS_STATES = {"ok": "FINISHED", "pruned": "FINISHED", "nan": "FAILED", "error": "FAILED", "killed": "KILLED"}
 
 
 class MlflowTrialCallback(Callback):
@@ -384,59 +488,46 @@ class MlflowTrialCallback(Callback):
             self._tracker = Tracker(self.uri)
         return self._tracker
 
-    def run_id(self, trial: Any) -> str | None:
-        return self._run_ids.get(trial.trial_id)
-
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._ensure_run(trial)
+        self._recorder(trial)
 
-    def _ensure_run(self, trial: Any) -> str:
-        """The trial's child run; created here if Ray reports the trial before it ever started
-        (a trial whose worker fails while being set up gets an error but no start event)."""
+    def _recorder(self, trial: Any) -> TrialRecorder:
+        """The trial's recorder; its run is created here if Ray reports the trial before it ever
+        started (a trial whose worker fails while being set up gets an error but no start event)."""
         from pipeline.space import resolve_config
 
         if trial.trial_id not in self._run_ids:
-            # A resumed sweep continues the run its trial already has: one run per trial.
-            existing = self.tracker.find_trial_run(self.parent_run_id, trial.trial_id)
-            if existing is not None:
-                if existing.info.status != "RUNNING":
-                    self.tracker.client.update_run(existing.info.run_id, status="RUNNING")
-                    self.tracker.client.set_tag(existing.info.run_id, STATUS_TAG, "running")
-                self._run_ids[trial.trial_id] = existing.info.run_id
-                return existing.info.run_id
             # The values the trial uses: no threshold without clipping, no inactive conditional hp.
-            self._run_ids[trial.trial_id] = self.tracker.start_trial_run(
+            recorder = self.tracker.trial_recorder(
                 parent_run_id=self.parent_run_id, run_name=trial.trial_id, role="trial",
-                config=resolve_config(trial.config, self.conditions),
-                tags={SWEEP_TAG: self.sweep_name, TRIAL_ID_TAG: trial.trial_id},
-            )
-        return self._run_ids[trial.trial_id]
+                config=resolve_config(trial.config, self.conditions), tags={Tag.SWEEP: self.sweep_name},
+                trial_id=trial.trial_id)
+            self._run_ids[trial.trial_id] = recorder.run_id
+        return TrialRecorder(self.tracker, self._run_ids[trial.trial_id])
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        run_id = self.run_id(trial)
-        if run_id is not None:
-            self.tracker.log_trial_result(run_id, result, step=int(result.get("training_iteration", 0)))
+        if trial.trial_id in self._run_ids:
+            self._recorder(trial).log_epoch(result)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._finish(trial, status=trial_status(trial.last_result or {}))
+        last = trial.last_result or {}
+        status = EpochResult.from_report(last).status() if FOLD_IDS in last else TrialStatus.OK
+        self._finish(trial, status=status)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._finish(trial, status="error", error=_error_text(trial))
+        self._finish(trial, status=TrialStatus.ERROR, error=_error_text(trial))
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """A worker died and Ray Tune retries the trial (resources.max_failures): count it."""
-        run_id = self._ensure_run(trial)
         self._retries[trial.trial_id] = self._retries.get(trial.trial_id, 0) + 1
-        self.tracker.client.set_tag(run_id, RETRIES_TAG, str(self._retries[trial.trial_id]))
-        self.tracker.client.log_metric(run_id, "retries", float(self._retries[trial.trial_id]))
+        self._recorder(trial).count_retry(self._retries[trial.trial_id])
 
-    def _finish(self, trial: Any, *, status: str, error: str | None = None) -> None:
-        run_id = self._ensure_run(trial)
+    def _finish(self, trial: Any, *, status: TrialStatus, error: str | None = None) -> None:
+        recorder = self._recorder(trial)
         del self._run_ids[trial.trial_id]
-        self.tracker.finish_trial_run(run_id, status=status, error=error,
-                                      wall_s=(trial.last_result or {}).get("time_total_s"))
+        recorder.finish(status, error=error, wall_s=(trial.last_result or {}).get("time_total_s"))
         if self.on_recorded is not None:
-            self.on_recorded(self.tracker.trial_record(run_id))
+            self.on_recorded(self.tracker.trial_record(recorder.run_id))
 
 
 def _error_text(trial: Any) -> str:

@@ -4,9 +4,10 @@ Where the time goes at small batch sizes is fixed per-step cost, not arithmetic,
 removes it: batches are index vectors gathered from device-resident tensors inside the compiled
 step, a whole epoch runs as one execution (a loop inside one ``tf.function``, what Keras calls
 ``steps_per_execution`` = steps per epoch), there are no per-batch callbacks, the step is
-XLA-compiled where that is faster (see ``use_xla``), and several steps can be unrolled into one
-compiled launch (see ``decide_steps_per_launch``). ``pipeline.fused`` runs several engines' epoch
-loops in one execution; ``pipeline.trainer`` runs the k folds of a trial.
+XLA-compiled where the trial's plan says so, and several steps can be unrolled into one compiled
+launch (``pipeline.plan`` decides both). A ``FoldExecutor`` trains a trial's engines one epoch at
+a time: ``SequentialFolds`` here, one after another; ``pipeline.fused`` side by side in one
+execution; ``pipeline.stacked`` stacked into one XLA program.
 """
 
 from __future__ import annotations
@@ -14,24 +15,17 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping, Protocol, Sequence
 
 import keras
 import numpy as np
 
 from pipeline.folds import Fold
 from pipeline.resident import ResidentData
-from pipeline.spec import AutoSwitch
+from pipeline.results import EVAL_STEP, NanEvent
 
 METRIC_NAMES: tuple[str, ...] = ("loss", "accuracy")
 EVAL_BATCH_SIZE = 2048
-# On CPU, XLA wins big while per-step overhead dominates (bs 8: 3-4x over the same loop
-# without it) and stops paying around bs 256-512, where it was measured equal or up to 25%
-# slower depending on the model (`python -m benchmarks.cv_throughput --variants
-# engine-xla,engine-noxla`); above this batch size the step runs without XLA. Random layers
-# (Dropout, GaussianNoise, ...) turn it around: their random-number ops under XLA on CPU made
-# the MNIST-1D CNN's step 4-5x slower (7.4k vs 41k samples/s at bs 16, one thread).
-XLA_MAX_BATCH_ON_CPU = 256
 
 
 # Spec name of a clipping kind -> the Keras optimizer argument that applies it.
@@ -63,63 +57,9 @@ def make_optimizer(params: TrainingParams) -> keras.optimizers.Optimizer:
     raise ValueError(f"unknown optimizer {params.optimizer!r}")
 
 
-def use_xla(choice: AutoSwitch, *, batch_size: int, device: str, stochastic: bool = False) -> bool:
-    """Whether to XLA-compile the train step: forced by the spec, else by device, batch size and
-    whether the model draws random numbers in training."""
-    if choice != "auto":
-        return choice == "on"
-    if "GPU" in device:
-        return True
-    return batch_size <= XLA_MAX_BATCH_ON_CPU and not stochastic
-
-
-# Unrolling 8 steps into one XLA launch removes most of the per-launch cost left at small
-# batches: 3 folds, 2-core CPU, fused, batch 8: 36k -> 83k samples/s (protein windows), 34k ->
-# 52k (MNIST-1D); batch 64: 134k -> 148k; but at batch 256 it was up to 21% slower unfused
-# (`python -m benchmarks.cv_throughput --variants engine,fused,engine-x8,fused-x8`). Each
-# unrolled step is compiled too: a 3-fold trial compiled for ~25 s instead of ~8 s. Auto mode
-# unrolls only up to batch 64 and where a fold has enough steps planned to win that back
-# (~10-15 us saved per sample at batch 8: break-even near 50k steps per fold).
-UNROLLED_STEPS = 8
-UNROLL_MAX_BATCH = 64
-UNROLL_MIN_PLANNED_STEPS = 50_000
-
-
-def decide_steps_per_launch(choice: int | Literal["auto"], *, jit_compile: bool, batch_size: int,
-                            planned_steps: int) -> int:
-    """Training steps per compiled launch: the spec's number, else unrolled where it pays."""
-    if not jit_compile:
-        return 1
-    if choice != "auto":
-        return int(choice)
-    if batch_size > UNROLL_MAX_BATCH or planned_steps < UNROLL_MIN_PLANNED_STEPS:
-        return 1
-    return UNROLLED_STEPS
-
-
-def has_random_layers(model: keras.Model) -> bool:
-    """Layers that draw random numbers when training carry a Keras seed generator."""
-    return any(hasattr(layer, "seed_generator") for layer in model._flatten_layers())
-
-
 def fold_seed(trial_seed: int, fold: int) -> int:
     """Each fold's initialisation and shuffling seed, independent of which trials ran before."""
     return int(np.random.SeedSequence([trial_seed, fold]).generate_state(1)[0])
-
-
-EVAL_STEP = -1  # a NanEvent step: found by validation, not by a training step
-
-
-@dataclass(frozen=True)
-class NanEvent:
-    """Where a fold first went non-finite: epoch (1-based), step within that epoch (0-based;
-    EVAL_STEP when validation found it), the last finite training loss and the gradient global
-    norm of that last good step."""
-
-    epoch: int
-    step: int
-    last_finite_loss: float
-    grad_norm: float
 
 
 @dataclass(frozen=True)
@@ -341,3 +281,36 @@ class FoldEngine:
             self.failure = NanEvent(epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"),
                                     grad_norm=float("nan"))
         return loss, accuracy
+
+
+class FoldExecutor(Protocol):
+    """Trains a trial's fold engines one epoch at a time, in one layout."""
+
+    def train_epoch(self, epoch: int, live: tuple[int, ...]) -> dict[int, float]:
+        """Train the engines at positions ``live`` one epoch; returns their mean training loss."""
+        ...
+
+
+class SequentialFolds:
+    """The unfused layout: each fold's compiled epoch loop, one after another."""
+
+    def __init__(self, engines: Sequence[FoldEngine]):
+        self._engines = list(engines)
+
+    def train_epoch(self, epoch: int, live: tuple[int, ...]) -> dict[int, float]:
+        return {i: self._engines[i].train_epoch(epoch) for i in live}
+
+
+def close_shared_epoch(engines: Sequence[FoldEngine], live: tuple[int, ...], epoch: int, seconds: float,
+                       tallies: Sequence[EpochTally]) -> dict[int, float]:
+    """Charge the live engines for an epoch trained together in ``seconds`` and close it with
+    each one's tally; returns their mean training loss."""
+    # The folds trained together: each is charged an equal share of the wall time, so that the
+    # trial's rate (all samples over all fold seconds) is the rate the trial trained at.
+    share = seconds / len(live)
+    losses = {}
+    for i, tally in zip(live, tallies):
+        engine = engines[i]
+        engine.train_timer.add(share, engine.train_samples)
+        losses[i] = engine.close_epoch(epoch, tally)
+    return losses

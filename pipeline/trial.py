@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ray import tune
 
 from pipeline.folds import Fold
+from pipeline.plan import ExecutionChoices, ThreadPlan, plan_threads
+from pipeline.results import EpochResult, TrialInfo
+from pipeline.spec import SweepSpec
 
 CHECKPOINT_FILE = "folds.npz"
 
@@ -28,12 +31,47 @@ class TrialSettings:
     epochs: int
     seed: int
     from_logits: bool
-    jit_compile: str
     cpus: float
     gpus: float
+    choices: ExecutionChoices = ExecutionChoices()
     conditions: Mapping[str, Any] = field(default_factory=dict)
-    fused: str = "auto"
-    steps_per_launch: int | str = "auto"
+
+    @classmethod
+    def from_spec(cls, spec: SweepSpec, *, experiment_path: Path, dataset_fingerprint: str,
+                  conditions: Mapping[str, Any], eager: bool = False, check_numerics: bool = False) -> TrialSettings:
+        train = spec.train
+        # XLA-compiled steps are opaque to TensorFlow's numeric checking, and eager runs op by op.
+        jit_compile = "off" if check_numerics or eager else train.jit_compile
+        choices = ExecutionChoices(jit_compile=jit_compile, fused=train.fused, steps_per_launch=train.steps_per_launch,
+                                   eager=eager, check_numerics=check_numerics)
+        return cls(experiment_path=str(experiment_path), experiment_attr=spec.experiment_attr,
+                   dataset_fingerprint=dataset_fingerprint, epochs=train.epochs, seed=train.seed,
+                   from_logits=train.from_logits, cpus=spec.resources.cpu, gpus=spec.resources.gpu, choices=choices,
+                   conditions=dict(conditions))
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A process set up to run trials: TensorFlow configured, data on the device, builder loaded."""
+
+    data: Any
+    build_fn: Callable[[Any], Any]
+    device_notice: str
+
+
+def set_up_worker(settings: TrialSettings, *, x: Any, y: Any, n_folds: int) -> Worker:
+    """Configure TensorFlow for this process's trials (before anything starts it), copy the data
+    to the device once, and load the experiment's builder."""
+    from pipeline.resident import configure_devices
+
+    notice = configure_devices(settings.gpus)
+    configure_threads(plan_threads(settings.choices, cpus=settings.cpus, n_folds=n_folds))
+    from pipeline.hypermodel import load_builder
+    from pipeline.resident import resident_data
+
+    return Worker(data=resident_data(settings.dataset_fingerprint, x, y),
+                  build_fn=load_builder(Path(settings.experiment_path), settings.experiment_attr),
+                  device_notice=notice)
 
 
 class TrialRunner:
@@ -43,54 +81,46 @@ class TrialRunner:
     it in their own process, so a debugging rerun executes exactly the sweep's trial code.
     """
 
-    def __init__(self, config: Mapping[str, Any], *, data: Any, folds: Sequence[Fold], settings: TrialSettings,
-                 build_fn: Any, fold_ids: Sequence[int] | None = None, epochs: int | None = None,
-                 eager: bool = False, jit_compile: str | None = None, device_notice: str = "",
-                 check_numerics: bool = False):
+    def __init__(self, config: Mapping[str, Any], *, worker: Worker, folds: Sequence[Fold], settings: TrialSettings,
+                 fold_ids: Sequence[int] | None = None, epochs: int | None = None):
         from pipeline.space import resolve_config, split_config
-        from pipeline.trainer import FoldTrainer
+        from pipeline.trainer import build_trainer
         from pipeline.training import TrainingParams
 
         self.config = resolve_config(config, settings.conditions)
         training, model_values = split_config(self.config)
         planned = training.pop("epochs")
         self.epochs = epochs or planned or settings.epochs
-        self._data = data
-        self._device_notice = device_notice
-        self.trainer = FoldTrainer(
-            build_fn, model_values, TrainingParams(**training), data=data, folds=folds, seed=settings.seed,
-            from_logits=settings.from_logits, jit_compile=jit_compile or settings.jit_compile, eager=eager,
-            fold_ids=fold_ids, fused=settings.fused, steps_per_launch=settings.steps_per_launch,
-            planned_epochs=self.epochs, check_numerics=check_numerics,
+        self._worker = worker
+        self._info_reported = False
+        self.trainer = build_trainer(
+            worker.build_fn, model_values, TrainingParams(**training), data=worker.data, folds=folds,
+            seed=settings.seed, choices=settings.choices, fold_ids=fold_ids, from_logits=settings.from_logits,
+            planned_epochs=self.epochs,
         )
 
+    def next_epoch(self) -> EpochResult:
+        return self.trainer.run_epoch().with_progress(epochs_planned=self.epochs)
+
     def step(self) -> dict[str, Any]:
+        """One epoch as Ray Tune's flat result; the first in this process says where it ran."""
+        result = self.next_epoch()
+        info = None if self._info_reported else self.info()
+        self._info_reported = True
+        return result.report(info)
+
+    def info(self) -> TrialInfo:
+        import platform
+
         from pipeline.resident import transfers
 
-        result = self.trainer.run_epoch()
-        result["epochs_planned"] = self.epochs
-        # A trial whose every fold went NaN has nothing left to train.
-        all_failed = result["nan_failures"] == len(self.trainer.engines)
-        result["done"] = self.trainer.epoch >= self.epochs or all_failed
-        if self.trainer.epoch == 1:
-            result.update(_system_info())
-            model = self.trainer.models[0]
-            result["n_params"] = model.count_params()
-            lines: list[str] = []
-            model.summary(print_fn=lambda line, *args, **kwargs: lines.append(line))
-            result["model_summary"] = "\n".join(lines)
-        # Where the trial ran, for the record: device, GPU slot, and how often this process has
-        # copied the dataset to its device so far.
-        result["device"] = self._data.device
-        result["device_notice"] = self._device_notice
-        result["gpu_ids"] = ",".join(str(i) for i in _assigned_gpu_ids())
-        result["node_id"] = _node_id()
-        result["jit_compile"] = self.trainer.jit_compile
-        result["fused"] = self.trainer.fusion.enabled
-        result["fused_reason"] = self.trainer.fusion.reason
-        result["steps_per_launch"] = self.trainer.steps_per_launch
-        result["data_transfers"] = transfers()
-        return result
+        model = self.trainer.models[0]
+        lines: list[str] = []
+        model.summary(print_fn=lambda line, *args, **kwargs: lines.append(line))
+        return TrialInfo(plan=self.trainer.plan, device_notice=self._worker.device_notice,
+                         gpu_ids=",".join(_assigned_gpu_ids()), node_id=_node_id(), hostname=platform.node(),
+                         data_transfers=transfers(), versions=_versions(), n_params=model.count_params(),
+                         model_summary="\n".join(lines))
 
 
 class FoldTrainable(tune.Trainable):
@@ -98,24 +128,13 @@ class FoldTrainable(tune.Trainable):
 
     def setup(self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold],
               settings: TrialSettings) -> None:
-        # Device memory settings must precede anything that initialises TensorFlow's devices.
-        from pipeline.fused import side_by_side_loops
-        from pipeline.resident import configure_devices
-
-        self._device_notice = configure_devices(settings.gpus)
-        configure_threads(settings.cpus, side_by_side_loops(settings.fused, n_folds=len(folds)))
-        from pipeline.hypermodel import load_builder
-        from pipeline.resident import resident_data
-
-        self._data = resident_data(settings.dataset_fingerprint, data["x"], data["y"])
+        self._worker = set_up_worker(settings, x=data["x"], y=data["y"], n_folds=len(folds))
         self._folds = folds
         self._settings = settings
-        self._build_fn = load_builder(Path(settings.experiment_path), settings.experiment_attr)
         self._start(config)
 
     def _start(self, config: Mapping[str, Any]) -> None:
-        self._runner = TrialRunner(config, data=self._data, folds=self._folds, settings=self._settings,
-                                   build_fn=self._build_fn, device_notice=self._device_notice)
+        self._runner = TrialRunner(config, worker=self._worker, folds=self._folds, settings=self._settings)
 
     def step(self) -> dict[str, Any]:
         return self._runner.step()
@@ -145,7 +164,7 @@ class FoldTrainable(tune.Trainable):
         self._runner = None
 
 
-def _system_info() -> dict[str, str]:
+def _versions() -> dict[str, str]:
     import platform
 
     import keras
@@ -153,8 +172,7 @@ def _system_info() -> dict[str, str]:
     import tensorflow as tf
 
     return {"tensorflow_version": tf.__version__, "keras_version": keras.__version__,
-            "ray_version": ray.__version__, "python_version": platform.python_version(),
-            "hostname": platform.node(), "tf_threads": configured_threads()}
+            "ray_version": ray.__version__, "python_version": platform.python_version()}
 
 
 def _node_id() -> str:
@@ -171,37 +189,13 @@ def _assigned_gpu_ids() -> list[str]:
     return [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
 
 
-def thread_counts(cpus: float, fold_loops: int) -> tuple[int, int]:
-    """TensorFlow's (intra-op, inter-op) threads for a trial of ``cpus`` CPUs that runs
-    ``fold_loops`` fold loops side by side (its folds when fused, else 1)."""
-    # Intra-op threads split big ops: one per CPU of the trial. Inter-op threads run the graph,
-    # and an XLA launch holds one while it computes, so a fold loop trains fastest on a thread
-    # of its own: an unfused trial at batch 8 ran 1.1-1.4x faster with 1 inter-op thread than
-    # with 2 (work hopping between threads), and 3 fused folds ran 1.2x (MNIST-1D) to 2x
-    # (protein) faster on 3 than on 2 (a fold waited for a thread while a core idled).
-    # With one CPU the folds take turns on one thread rather than compute on several cores.
-    compute = max(1, int(cpus))
-    return compute, fold_loops if compute >= 2 else 1
-
-
-def configure_threads(cpus: float, fold_loops: int) -> None:
-    """Size TensorFlow's thread pools for this trial; must precede TensorFlow's initialisation."""
+def configure_threads(threads: ThreadPlan) -> None:
+    """Size TensorFlow's thread pools for this process's trials; must precede TensorFlow's
+    initialisation."""
     import tensorflow as tf
 
-    intra, inter = thread_counts(cpus, fold_loops)
     try:
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
+        tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op)
+        tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
     except RuntimeError:
         pass  # TensorFlow already initialised in this process by an earlier trial
-
-
-def configured_threads() -> str:
-    """The thread pools TensorFlow runs with, for the record."""
-    import tensorflow as tf
-
-    def count(value: int) -> str:
-        return str(value) if value else "default"
-
-    return (f"intra-op {count(tf.config.threading.get_intra_op_parallelism_threads())}, "
-            f"inter-op {count(tf.config.threading.get_inter_op_parallelism_threads())}")

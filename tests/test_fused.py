@@ -12,15 +12,13 @@ import pytest
 from conftest import MNIST1D_EXPERIMENT
 from pipeline.datasets import load_dataset
 from pipeline.folds import Fold, make_folds
-from pipeline.fused import STACK_MAX_BATCH, Fusion, arrange, decide_fusion, side_by_side_loops, wants_stacking
 from pipeline.hypermodel import load_builder
+from pipeline.plan import ExecutionChoices
 from pipeline.resident import resident_data
 from pipeline.spec import CVSpec, DatasetSpec
 from pipeline.stacked import forward_matches, model_blocker, steps_blocker
-from pipeline.trainer import FoldTrainer
-from pipeline.trial import thread_counts
-from pipeline.training import (UNROLL_MAX_BATCH, UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS, TrainingParams,
-                               decide_steps_per_launch)
+from pipeline.trainer import build_trainer
+from pipeline.training import TrainingParams
 
 MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3}
 HISTORY_KEYS = ("train_loss", "val_loss", "val_accuracy")
@@ -41,13 +39,13 @@ def train(x, y, folds, *, fused, epochs=2, fingerprint=None, dropout=0.0, jit_co
     """Per-fold history {fold: {key: [value per epoch]}} and the trainer."""
     settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
     fingerprint = fingerprint or f"test-fused-{len(y)}"
-    trainer = FoldTrainer(load_builder(MNIST1D_EXPERIMENT, "build"), {**MODEL, "dropout": dropout},
-                          TrainingParams(**settings), data=resident_data(fingerprint, x, y), folds=folds, seed=0,
-                          jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch,
-                          fused_layout=layout)
+    choices = ExecutionChoices(jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, layout=layout)
+    trainer = build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"), {**MODEL, "dropout": dropout},
+                            TrainingParams(**settings), data=resident_data(fingerprint, x, y), folds=folds, seed=0,
+                            choices=choices)
     history: dict[int, dict[str, list[float]]] = {k: {key: [] for key in HISTORY_KEYS} for k in range(len(folds))}
     for _ in range(epochs):
-        result = trainer.run_epoch()
+        result = trainer.run_epoch().report()
         for k in range(len(folds)):
             for key in HISTORY_KEYS:
                 history[k][key].append(result[f"split{k}_{key}"])
@@ -87,9 +85,8 @@ def test_fused_and_unfused_per_fold_histories_match(dataset, folds, unfused_refe
     fused, fused_trainer = train(dataset.x, dataset.y, folds, fused="on", dropout=dropout, jit_compile=jit,
                                  steps_per_launch=steps_per_launch, layout=layout)
     unfused, unfused_trainer = unfused_reference(dropout, jit)
-    assert fused_trainer.fusion.enabled and not unfused_trainer.fusion.enabled
-    assert fused_trainer.fusion.stacked == (layout == "stacked")
-    assert fused_trainer.steps_per_launch == steps_per_launch and unfused_trainer.steps_per_launch == 1
+    assert fused_trainer.plan.layout == layout and unfused_trainer.plan.layout == "unfused"
+    assert fused_trainer.plan.steps_per_launch == steps_per_launch and unfused_trainer.plan.steps_per_launch == 1
     # Unrolled steps are compiled as one program, whose float rounding may differ in the last bits.
     rtol = 1e-5 if steps_per_launch == 1 else 1e-4
     for k in range(len(folds)):
@@ -112,7 +109,7 @@ def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(dataset, folds, s
     x_clean, y_clean, _, clean_name = with_extra_sample(dataset, folds, dataset.x[0], "clean")
     clean, _ = train(x_clean, y_clean, changed, fused="on", fingerprint=clean_name, epochs=3,
                      steps_per_launch=steps_per_launch, layout=layout)
-    assert trainer.fusion.stacked == (layout == "stacked")
+    assert trainer.plan.layout == layout
 
     failure = trainer.engines[0].failure
     assert failure is not None and failure.epoch == 1
@@ -148,52 +145,13 @@ def test_clipping_is_applied_per_fold(dataset, folds, clipping, layout):
     unclipped, _ = train(x_calm, y_calm, changed, fused="on", fingerprint=calm_name, layout=layout,
                          learning_rate=3e-3)
 
-    assert trainer.fusion.enabled and trainer.fusion.stacked == (layout == "stacked")
+    assert trainer.plan.layout == layout
     assert not np.allclose(huge[0]["train_loss"], calm[0]["train_loss"], rtol=1e-3)  # fold 0 did see it
     for k in (1, 2):
         for key in HISTORY_KEYS:
             np.testing.assert_allclose(huge[k][key], calm[k][key], rtol=1e-6, err_msg=f"fold {k} {key}")
         # ... and the clipping is on in those folds: without it they train differently.
         assert not np.allclose(calm[k]["train_loss"], unclipped[k]["train_loss"], rtol=1e-4)
-
-
-def test_fusion_decision_and_its_reasons():
-    def decide(choice="auto", **overrides):
-        return decide_fusion(choice, **{"n_folds": 3, "eager": False, **overrides})
-
-    assert decide().enabled and decide().reason == "fused: 3 folds in one execution"
-    assert decide("on").reason == "fused: 3 folds in one execution (train.fused is true)"
-    assert decide("off").reason == "unfused: train.fused is false"
-    assert decide("on", n_folds=1).reason == "unfused: one fold to train"
-    assert "eager" in decide("on", eager=True).reason
-    assert "numeric checking" in decide("on", check_numerics=True).reason
-    assert "share 4 variables" in decide("on", shared_variables=4).reason
-
-
-def test_threads_give_each_fused_fold_loop_an_executor_thread_within_the_trials_cpus():
-    assert side_by_side_loops("auto", n_folds=3) == 3 and side_by_side_loops("on", n_folds=5) == 5
-    assert side_by_side_loops("off", n_folds=3) == 1
-    assert side_by_side_loops("auto", n_folds=1) == 1
-    assert side_by_side_loops("auto", n_folds=3, eager=True) == 1
-    assert side_by_side_loops("auto", n_folds=3, check_numerics=True) == 1
-    # (intra-op, inter-op): compute threads follow resources.cpu; executor threads follow the loops.
-    assert thread_counts(2, 3) == (2, 3) and thread_counts(4, 5) == (4, 5)
-    assert thread_counts(2, 1) == (2, 1)  # unfused: one loop, one executor thread
-    assert thread_counts(1, 3) == (1, 1) and thread_counts(0.5, 3) == (1, 1)  # one CPU: folds take turns
-
-
-def test_steps_per_launch_decision():
-    enough, too_few = UNROLL_MIN_PLANNED_STEPS, UNROLL_MIN_PLANNED_STEPS - 1
-
-    def decide(choice="auto", jit_compile=True, batch_size=8, planned_steps=enough):
-        return decide_steps_per_launch(choice, jit_compile=jit_compile, batch_size=batch_size,
-                                       planned_steps=planned_steps)
-
-    assert decide() == UNROLLED_STEPS and decide(batch_size=UNROLL_MAX_BATCH) == UNROLLED_STEPS
-    assert decide(planned_steps=too_few) == 1
-    assert decide(batch_size=UNROLL_MAX_BATCH + 1) == 1
-    assert decide(3, planned_steps=too_few, batch_size=256) == 3
-    assert decide(3, jit_compile=False) == 1  # nothing to unroll
 
 
 def test_fold_models_sharing_layers_are_not_fused(dataset, folds):
@@ -203,34 +161,13 @@ def test_fold_models_sharing_layers_are_not_fused(dataset, folds):
         inputs = keras.Input(shape=dataset.input_shape)
         return keras.Model(inputs, shared(keras.layers.Flatten()(inputs)))
 
-    trainer = FoldTrainer(build, {}, TrainingParams(batch_size=8, learning_rate=1e-3, optimizer="adam"),
-                          data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds, seed=0)
-    assert not trainer.fusion.enabled
-    assert "share 2 variables" in trainer.fusion.reason
+    trainer = build_trainer(build, {}, TrainingParams(batch_size=8, learning_rate=1e-3, optimizer="adam"),
+                            data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds, seed=0)
+    assert trainer.plan.layout == "unfused"
+    assert "share 2 variables" in trainer.plan.reason
 
 
-def test_fused_layout_decision_and_its_reasons():
-    # Side by side needs a core per loop; with one compute thread, or on a GPU, small batches
-    # are stacked (beyond STACK_MAX_BATCH stacked convolutions were measured slower).
-    def wants(layout="auto", threads=1, device="/CPU:0", batch_size=8):
-        return wants_stacking(layout, compute_threads=threads, device=device, batch_size=batch_size)
-
-    assert wants() and wants(batch_size=STACK_MAX_BATCH) and wants(threads=8, device="/GPU:0")
-    assert not wants(threads=2) and not wants(batch_size=STACK_MAX_BATCH + 1)
-    assert wants("stacked", threads=2, batch_size=256) and not wants("side_by_side")
-    fused = decide_fusion("auto", n_folds=3, eager=False)
-    assert arrange(fused, stacked=True, compute_threads=1, batch_size=8) == Fusion(
-        True, "fused: 3 folds in one execution, stacked into one XLA program per step", stacked=True)
-    assert arrange(fused, stacked=False, compute_threads=2, batch_size=8).reason == (
-        "fused: 3 folds in one execution, side by side (2 compute threads)")
-    assert arrange(fused, stacked=False, compute_threads=1, batch_size=64).reason == (
-        "fused: 3 folds in one execution, side by side (batch 64: stacking pays up to batch 16)")
-    assert arrange(fused, stacked=False, compute_threads=1, batch_size=8, blocker="BatchNormalization layers have "
-                   "no stacked form").reason == ("fused: 3 folds in one execution, side by side (not stacked: "
-                                                 "BatchNormalization layers have no stacked form)")
-    unfused = decide_fusion("off", n_folds=3, eager=False)
-    assert arrange(unfused, stacked=True, compute_threads=1, batch_size=8) == unfused
-    # Stacked folds step in lockstep: as many steps per epoch in every fold.
+def test_stacked_folds_need_as_many_steps_per_epoch():
     assert steps_blocker([266, 267, 267], 8) is None  # 33 full batches and a remainder each
     assert steps_blocker([264, 265], 8) == "folds take 33 to 34 steps per epoch at batch 8"
 
@@ -283,10 +220,10 @@ def test_fold_models_without_a_stacked_form_train_side_by_side(dataset, folds):
         x = keras.layers.BatchNormalization()(keras.layers.Conv1D(4, 3)(inputs))
         return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(x)))
 
-    trainer = FoldTrainer(build, {}, TrainingParams(batch_size=8, learning_rate=1e-3, optimizer="adam"),
-                          data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds, seed=0,
-                          fused_layout="stacked")
-    assert trainer.fusion.enabled and not trainer.fusion.stacked
-    assert trainer.fusion.reason.endswith("side by side (not stacked: 2 non-trainable variables (layer state))")
+    trainer = build_trainer(build, {}, TrainingParams(batch_size=8, learning_rate=1e-3, optimizer="adam"),
+                            data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds, seed=0,
+                            choices=ExecutionChoices(layout="stacked"))
+    assert trainer.plan.layout == "side_by_side"
+    assert trainer.plan.reason.endswith("side by side (not stacked: 2 non-trainable variables (layer state))")
     result = trainer.run_epoch()
-    assert all(math.isfinite(result[f"split{k}_val_loss"]) for k in range(3))
+    assert all(math.isfinite(scores.val_loss) for scores in result.folds)

@@ -13,8 +13,10 @@ from pipeline.folds import make_folds
 from pipeline.hypermodel import load_builder
 from pipeline.resident import resident_data
 from pipeline.spec import CVSpec, DatasetSpec
-from pipeline.trainer import NAN_FOLD_SCORES, FoldTrainer, cv_summary
-from pipeline.training import EVAL_STEP, NanEvent, TrainingParams
+from pipeline.plan import ExecutionChoices
+from pipeline.results import EVAL_STEP, NAN_FOLD_SCORES, NanEvent, cv_summary
+from pipeline.trainer import build_trainer
+from pipeline.training import TrainingParams
 
 MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.0}
 
@@ -28,9 +30,9 @@ def data_and_folds():
 def trainer(data_and_folds, jit_compile="auto", **params):
     data, folds = data_and_folds
     settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
-    return FoldTrainer(load_builder(MNIST1D_EXPERIMENT, "build"), MODEL, TrainingParams(**settings),
-                       data=resident_data(data.fingerprint, data.x, data.y), folds=folds, seed=0,
-                       jit_compile=jit_compile)
+    return build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"), MODEL, TrainingParams(**settings),
+                         data=resident_data(data.fingerprint, data.x, data.y), folds=folds, seed=0,
+                         choices=ExecutionChoices(jit_compile=jit_compile))
 
 
 def test_a_nan_fold_stays_nan_in_its_split_and_counts_as_worst_in_the_mean():
@@ -44,8 +46,8 @@ def test_a_nan_fold_stays_nan_in_its_split_and_counts_as_worst_in_the_mean():
 @pytest.mark.parametrize("jit", ["on", "off"])
 def test_divergence_is_located_and_the_fold_frozen(data_and_folds, jit):
     diverging = trainer(data_and_folds, jit_compile=jit, optimizer="sgd", learning_rate=50.0)
-    assert diverging.jit_compile == (jit == "on")
-    first = diverging.run_epoch()
+    assert diverging.plan.jit_compile == (jit == "on")
+    first = diverging.run_epoch().report()
     assert first["nan_failures"] >= 1
     assert first["nan_epoch"] == 1 and first["nan_step"] >= 0
     assert math.isfinite(first["nan_last_finite_loss"]) and math.isfinite(first["nan_grad_norm"])
@@ -54,7 +56,7 @@ def test_divergence_is_located_and_the_fold_frozen(data_and_folds, jit):
     frozen = [np.asarray(v).copy() for v in diverging.engines[fold].model.trainable_variables]
     # The bad update was never applied: the frozen fold keeps finite weights, and trains no more.
     assert all(np.isfinite(v).all() for v in frozen)
-    second = diverging.run_epoch()
+    second = diverging.run_epoch().report()
     assert (second["nan_fold"], second["nan_epoch"], second["nan_step"]) == (fold, 1, first["nan_step"])
     for before, after in zip(frozen, diverging.engines[fold].model.trainable_variables):
         np.testing.assert_array_equal(before, np.asarray(after))
@@ -62,7 +64,7 @@ def test_divergence_is_located_and_the_fold_frozen(data_and_folds, jit):
 
 def test_clipping_keeps_the_same_config_finite(data_and_folds):
     clipped = trainer(data_and_folds, optimizer="sgd", learning_rate=50.0, clipping="global_norm", clip_threshold=0.1)
-    assert clipped.run_epoch()["nan_failures"] == 0
+    assert clipped.run_epoch().report()["nan_failures"] == 0
 
 
 def test_the_other_folds_train_on_exactly_as_without_the_nan_fold(data_and_folds):
@@ -70,7 +72,7 @@ def test_the_other_folds_train_on_exactly_as_without_the_nan_fold(data_and_folds
     with_failure = trainer(data_and_folds)
     with_failure.engines[1].failure = NanEvent(epoch=1, step=EVAL_STEP, last_finite_loss=math.nan, grad_norm=math.nan)
     for _ in range(2):
-        expected, got = reference.run_epoch(), with_failure.run_epoch()
+        expected, got = reference.run_epoch().report(), with_failure.run_epoch().report()
         assert math.isnan(got["split1_val_loss"])
         for k in (0, 2):
             assert got[f"split{k}_val_loss"] == pytest.approx(expected[f"split{k}_val_loss"], rel=1e-6)

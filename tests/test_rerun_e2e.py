@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import TINY_SPEC, Replace, merged
+from conftest import REPO, TINY_SPEC, Replace, merged
 from pipeline.cli import app
 from pipeline.datasets import load_dataset
 from pipeline.spec import DatasetSpec
@@ -171,3 +171,46 @@ def test_trial_runs_one_config_of_a_spec_in_process(write_spec, tmp_path, monkey
     assert "learning_rate=0.003" in result.output and "kernel_size=5" in result.output
     assert "epoch 1: fold 0" in result.output and "fold 1" in result.output and "status: ok" in result.output
     assert not (tmp_path / "ray_results").exists()
+
+
+def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(tmp_path, monkeypatch):
+    """The experiment and data file are named relative to the spec's directory; the sweep runs
+    from one working directory and the rerun from another."""
+    import shutil
+
+    import ray
+    import yaml
+
+    project, launch, elsewhere = (tmp_path / name for name in ("project", "launch", "elsewhere"))
+    for directory in (project, launch, elsewhere):
+        directory.mkdir()
+    source = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
+    np.savez(project / "data.npz", x=source.x, y=source.y)
+    shutil.copy(REPO / "experiments" / "mnist1d_cnn.py", project / "model.py")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = merged(TINY_SPEC, {"name": "relative", "experiment": "model.py:build", "dataset": "data.npz",
+                              "search": {"num_samples": 1, "space": {"kernel_size": 3}},
+                              "tracking": {"uri": store}})
+    (project / "spec.yaml").write_text(yaml.safe_dump(spec))
+
+    monkeypatch.chdir(launch)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        swept = CliRunner().invoke(app, ["run", "../project/spec.yaml"])
+    finally:
+        ray.shutdown()
+    assert swept.exit_code == 0, swept.output
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("relative").experiment_id])
+    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
+    trial = next(run for run in runs if run.data.tags["foldsweep.role"] == "trial")
+    assert parent.data.params["dataset_path"] == str(project / "data.npz")
+    assert parent.data.params["experiment_path"] == str(project / "model.py")
+
+    monkeypatch.chdir(elsewhere)
+    again = CliRunner().invoke(app, ["rerun", trial.info.run_id, "--tracking-uri", store, "--no-track"])
+    assert again.exit_code == 0, again.output
+    assert "epoch 2: fold 0" in again.output
+    recorded = history(client, trial.info.run_id, "split0_val_loss")
+    printed = [float(value) for value in re.findall(r"fold 0 train_loss \S+ val_loss (\S+)", again.output)]
+    assert printed == pytest.approx(recorded, rel=1e-3)

@@ -93,13 +93,15 @@ def test_resume_refuses_a_finished_sweep(tmp_path, write_spec, monkeypatch):
     from typer.testing import CliRunner
 
     from pipeline.cli import app
+    from pipeline.results import SweepStatus
     from pipeline.tracking import Tracker
 
     monkeypatch.chdir(tmp_path)
     spec = write_spec({"name": "done"})
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    parent = tracker.start_sweep(name="done", spec_text="", manifest={}, params={})
-    tracker.end_sweep(parent, status="ok", summary={})
+    parent, _ = tracker.start_sweep(name="done", spec_text="", manifest={}, params={},
+                                    ray_path_for=lambda run_id: str(tmp_path / "ray_results" / run_id))
+    tracker.end_sweep(parent, status=SweepStatus.OK, summary={})
     result = CliRunner().invoke(app, ["run", str(spec), "--resume"])
     assert result.exit_code == 2
     assert "finished; nothing to resume" in result.output

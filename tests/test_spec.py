@@ -98,7 +98,7 @@ def test_valid_spec_fills_defaults(write_spec):
     assert spec.cv.splitter == "stratified"
     assert spec.cv.n_splits == 2
     assert spec.train.mode == "min"  # the natural direction of the chosen metric
-    assert spec.objective == "mean_val_loss"
+    assert spec.objective.key == "mean_val_loss" and spec.objective.better(0.1, than=0.2)
     assert spec.resources.gpu == 0.0
     assert spec.experiment_attr == "build"
     assert spec.search.space["kernel_size"] == ParamSpec("choice", (3, 5))

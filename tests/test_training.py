@@ -11,7 +11,9 @@ from pipeline.folds import make_folds
 from pipeline.hypermodel import load_builder
 from pipeline.resident import resident_data
 from pipeline.spec import CVSpec, DatasetSpec
-from pipeline.trainer import FoldTrainer, cv_summary
+from pipeline.plan import ExecutionChoices
+from pipeline.results import cv_summary
+from pipeline.trainer import build_trainer
 from pipeline.training import TrainingParams, fold_seed
 
 MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.1}
@@ -25,10 +27,10 @@ def data_and_folds():
 
 def trainer(data_and_folds, seed=0, batch_size=32, jit_compile="auto"):
     data, folds = data_and_folds
-    return FoldTrainer(load_builder(MNIST1D_EXPERIMENT, "build"), MODEL,
-                       TrainingParams(batch_size=batch_size, learning_rate=1e-3, optimizer="adam"),
-                       data=resident_data(data.fingerprint, data.x, data.y), folds=folds, seed=seed,
-                       jit_compile=jit_compile)
+    return build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"), MODEL,
+                         TrainingParams(batch_size=batch_size, learning_rate=1e-3, optimizer="adam"),
+                         data=resident_data(data.fingerprint, data.x, data.y), folds=folds, seed=seed,
+                         choices=ExecutionChoices(jit_compile=jit_compile))
 
 
 def test_cv_summary_uses_sklearn_vocabulary_and_population_std():
@@ -44,7 +46,7 @@ def test_fold_seeds_differ_per_fold_and_repeat_per_seed():
 
 
 def test_an_epoch_reports_every_fold_and_the_cv_mean(data_and_folds):
-    result = trainer(data_and_folds).run_epoch()
+    result = trainer(data_and_folds).run_epoch().report()
     assert result["epoch"] == 1
     for key in ("val_accuracy", "val_loss", "train_loss"):
         folds = [result[f"split{k}_{key}"] for k in range(2)]
@@ -54,18 +56,18 @@ def test_an_epoch_reports_every_fold_and_the_cv_mean(data_and_folds):
 
 def test_same_seed_gives_the_same_fold_losses(data_and_folds):
     first, second = trainer(data_and_folds, seed=4), trainer(data_and_folds, seed=4)
-    runs = [[t.run_epoch() for _ in range(2)] for t in (first, second)]
+    runs = [[t.run_epoch().report() for _ in range(2)] for t in (first, second)]
     for a, b in zip(*runs):
         for k in range(2):
             assert a[f"split{k}_val_loss"] == pytest.approx(b[f"split{k}_val_loss"], rel=1e-5)
             assert a[f"split{k}_train_loss"] == pytest.approx(b[f"split{k}_train_loss"], rel=1e-5)
-    other = trainer(data_and_folds, seed=5).run_epoch()
+    other = trainer(data_and_folds, seed=5).run_epoch().report()
     assert other["split0_val_loss"] != pytest.approx(runs[0][0]["split0_val_loss"], rel=1e-6)
 
 
 def test_state_round_trip_resumes_the_same_training(data_and_folds):
     original = trainer(data_and_folds, seed=1)
-    original.run_epoch()
+    original.run_epoch().report()
     state = original.state()
     restored = trainer(data_and_folds, seed=1)
     restored.load_state(state)
@@ -76,5 +78,5 @@ def test_state_round_trip_resumes_the_same_training(data_and_folds):
         for va, vb in zip(a.optimizer.variables, b.optimizer.variables):
             np.testing.assert_array_equal(np.asarray(va), np.asarray(vb))
     # Both continue identically: the next epoch's shuffle depends on (seed, epoch) only.
-    after_original, after_restored = original.run_epoch(), restored.run_epoch()
+    after_original, after_restored = original.run_epoch().report(), restored.run_epoch().report()
     assert after_restored["split0_val_loss"] == pytest.approx(after_original["split0_val_loss"], rel=1e-5)

@@ -1,0 +1,231 @@
+"""How a trial executes, decided once: XLA or not, steps per launch, the folds' layout and its
+reason, TensorFlow's thread pools, the device. Every threshold of those decisions is here.
+
+Two moments: ``plan_threads`` before TensorFlow starts (thread pools cannot change afterwards),
+``plan_trial`` once the fold models exist (XLA, unrolling and layout depend on the model). The
+engines (``pipeline.training``, ``pipeline.fused``, ``pipeline.stacked``) only execute a
+``TrialPlan``; the plan is recorded with the trial (tags and ``trial_plan.json``), so that a
+rerun can execute exactly what the trial executed.
+
+Nothing here imports TensorFlow or Keras: models are only looked at, never built.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from pipeline.spec import AutoSwitch
+
+Layout = Literal["unfused", "side_by_side", "stacked"]
+ForcedLayout = Literal["auto", "stacked", "side_by_side"]
+
+# On CPU, XLA wins big while per-step overhead dominates (bs 8: 3-4x over the same loop
+# without it) and stops paying around bs 256-512, where it was measured equal or up to 25%
+# slower depending on the model (`python -m benchmarks.cv_throughput --variants
+# engine-xla,engine-noxla`); above this batch size the step runs without XLA. Random layers
+# (Dropout, GaussianNoise, ...) turn it around: their random-number ops under XLA on CPU made
+# the MNIST-1D CNN's step 4-5x slower (7.4k vs 41k samples/s at bs 16, one thread).
+XLA_MAX_BATCH_ON_CPU = 256
+
+# Unrolling 8 steps into one XLA launch removes most of the per-launch cost left at small
+# batches: 3 folds, 2-core CPU, fused, batch 8: 36k -> 83k samples/s (protein windows), 34k ->
+# 52k (MNIST-1D); batch 64: 134k -> 148k; but at batch 256 it was up to 21% slower unfused
+# (`python -m benchmarks.cv_throughput --variants engine,fused,engine-x8,fused-x8`). Each
+# unrolled step is compiled too: a 3-fold trial compiled for ~25 s instead of ~8 s. Auto mode
+# unrolls only up to batch 64 and where a fold has enough steps planned to win that back
+# (~10-15 us saved per sample at batch 8: break-even near 50k steps per fold).
+UNROLLED_STEPS = 8
+UNROLL_MAX_BATCH = 64
+UNROLL_MIN_PLANNED_STEPS = 50_000
+
+# Stacked convolutions are products of patches, slower than the backend's convolutions once a
+# batch has enough work: 3 folds with one compute thread, stacked against unfused (MNIST-1D /
+# protein windows): batch 8 1.45x / 1.84x, 16 1.26x / 1.46x, 32 0.87x / 1.11x, 64 0.69x / 0.97x,
+# 256 0.56x / 0.60x (`python -m benchmarks.cv_throughput --variants engine,fused --cpus 1`).
+STACK_MAX_BATCH = 16
+
+
+@dataclass(frozen=True)
+class ExecutionChoices:
+    """What the spec (or a debugging command) asks of execution; ``auto`` leaves it to the plan."""
+
+    jit_compile: AutoSwitch = "auto"
+    fused: AutoSwitch = "auto"
+    steps_per_launch: int | Literal["auto"] = "auto"
+    layout: ForcedLayout = "auto"
+    eager: bool = False
+    check_numerics: bool = False
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """TensorFlow's (intra-op, inter-op) thread pools; 0 is TensorFlow's default."""
+
+    intra_op: int
+    inter_op: int
+
+    def describe(self) -> str:
+        def count(value: int) -> str:
+            return str(value) if value else "default"
+
+        return f"intra-op {count(self.intra_op)}, inter-op {count(self.inter_op)}"
+
+    @property
+    def compute_threads(self) -> int:
+        return self.intra_op or os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """How one trial executes; frozen, recorded, and the engines' only instructions."""
+
+    jit_compile: bool
+    steps_per_launch: int
+    layout: Layout
+    reason: str
+    threads: ThreadPlan
+    device: str
+
+    @property
+    def fused(self) -> bool:
+        return self.layout != "unfused"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrialPlan:
+        return cls(**{**values, "threads": ThreadPlan(**values["threads"])})
+
+
+def plan_threads(choices: ExecutionChoices, *, cpus: float, n_folds: int) -> ThreadPlan:
+    """The thread pools of a trial of ``cpus`` CPUs over ``n_folds`` folds, known before any
+    model is built (TensorFlow cannot change them once started)."""
+    # Intra-op threads split big ops: one per CPU of the trial. Inter-op threads run the graph,
+    # and an XLA launch holds one while it computes, so a fold loop trains fastest on a thread
+    # of its own: an unfused trial at batch 8 ran 1.1-1.4x faster with 1 inter-op thread than
+    # with 2 (work hopping between threads), and 3 fused folds ran 1.2x (MNIST-1D) to 2x
+    # (protein) faster on 3 than on 2 (a fold waited for a thread while a core idled).
+    # With one CPU the folds stack or take turns on one thread rather than compute on several.
+    compute = max(1, int(cpus))
+    may_fuse = _unfused_reason(choices, n_folds=n_folds) is None and choices.layout != "stacked"
+    loops = n_folds if may_fuse else 1
+    return ThreadPlan(intra_op=compute, inter_op=loops if compute >= 2 else 1)
+
+
+def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: ThreadPlan, device: str,
+               batch_size: int, train_sizes: Sequence[int], planned_epochs: int,
+               stacking_blocker: Callable[[bool], str | None]) -> TrialPlan:
+    """The whole plan of a trial whose fold models are built.
+
+    Args:
+        models: one built model per fold (looked at, not run).
+        threads: the thread pools TensorFlow runs with in this process.
+        train_sizes: each fold's training samples.
+        stacking_blocker: why these models cannot train stacked with or without XLA (given as
+            its argument), or None; asked only when stacking is wanted (it runs the models).
+    """
+    jit_compile = _use_xla(choices.jit_compile, batch_size=batch_size, device=device,
+                           stochastic=has_random_layers(models[0]))
+    planned_steps = planned_epochs * min(train_sizes) // batch_size
+    steps = _steps_per_launch(choices.steps_per_launch, jit_compile=jit_compile and not choices.eager,
+                              batch_size=batch_size, planned_steps=planned_steps)
+    unfused = _unfused_reason(choices, n_folds=len(models), shared_variables=shared_variable_count(models))
+    if unfused is not None:
+        layout, reason = "unfused", unfused
+    else:
+        fused = f"fused: {len(models)} folds in one execution" + (" (train.fused is true)" if choices.fused == "on"
+                                                                     else "")
+        stack = _wants_stacking(choices.layout, compute_threads=threads.compute_threads, device=device,
+                                batch_size=batch_size)
+        blocker = stacking_blocker(jit_compile) if stack else None
+        if stack and blocker is None:
+            layout, reason = "stacked", f"{fused}, stacked into one XLA program per step"
+        else:
+            layout = "side_by_side"
+            reason = f"{fused}, side by side ({_side_by_side_why(threads.compute_threads, batch_size, blocker)})"
+    return TrialPlan(jit_compile=jit_compile, steps_per_launch=steps, layout=layout, reason=reason, threads=threads,
+                     device=device)
+
+
+def _use_xla(choice: AutoSwitch, *, batch_size: int, device: str, stochastic: bool) -> bool:
+    """Forced by the spec, else by device, batch size and whether the model draws random numbers
+    in training."""
+    if choice != "auto":
+        return choice == "on"
+    if "GPU" in device:
+        return True
+    return batch_size <= XLA_MAX_BATCH_ON_CPU and not stochastic
+
+
+def _steps_per_launch(choice: int | Literal["auto"], *, jit_compile: bool, batch_size: int,
+                      planned_steps: int) -> int:
+    """The spec's number, else unrolled where it pays; one without XLA (nothing to unroll)."""
+    if not jit_compile:
+        return 1
+    if choice != "auto":
+        return int(choice)
+    if batch_size > UNROLL_MAX_BATCH or planned_steps < UNROLL_MIN_PLANNED_STEPS:
+        return 1
+    return UNROLLED_STEPS
+
+
+def _unfused_reason(choices: ExecutionChoices, *, n_folds: int, shared_variables: int = 0) -> str | None:
+    """Why the folds train one after another, or None when they may be fused.
+
+    Reasons that hold whatever the spec says come first: one fold has nothing to fuse with,
+    eager debugging runs op by op, numeric checking must report the first non-finite value of
+    a well-defined order, and fold models that share variables would update each other's
+    weights while running side by side.
+    """
+    if n_folds < 2:
+        return "unfused: one fold to train"
+    if choices.eager:
+        return "unfused: eager execution (debugging) runs each fold op by op"
+    if choices.check_numerics:
+        return ("unfused: numeric checking runs the folds one after another, so that the first "
+                "non-finite value is the same in every run")
+    if shared_variables:
+        return (f"unfused: the fold models share {shared_variables} variables (build(hp) reuses layers between "
+                "calls), so they cannot be trained as independent replicas")
+    if choices.fused == "off":
+        return "unfused: train.fused is false"
+    return None
+
+
+def _wants_stacking(layout: ForcedLayout, *, compute_threads: int, device: str, batch_size: int) -> bool:
+    """Whether fused folds should be stacked rather than run side by side.
+
+    Side by side, each fold loop needs a core of its own to gain: 3 folds with 2 compute threads
+    trained 1.7-2.2x faster than one after another, stacked 1.4x (one XLA program runs on one
+    core). With one compute thread the side-by-side loops only take turns, while stacking still
+    saves each fold's fixed cost per kernel. On a GPU, stacking is what HFTA measured (one kernel
+    launch for all folds); side-by-side loops would queue on one stream.
+    """
+    if layout != "auto":
+        return layout == "stacked"
+    return batch_size <= STACK_MAX_BATCH and ("GPU" in device or compute_threads < 2)
+
+
+def _side_by_side_why(compute_threads: int, batch_size: int, blocker: str | None) -> str:
+    if blocker:
+        return f"not stacked: {blocker}"
+    if compute_threads >= 2 or batch_size <= STACK_MAX_BATCH:
+        return f"{compute_threads} compute thread{'s' if compute_threads != 1 else ''}"
+    return f"batch {batch_size}: stacking pays up to batch {STACK_MAX_BATCH}"
+
+
+def has_random_layers(model: Any) -> bool:
+    """Layers that draw random numbers when training carry a Keras seed generator."""
+    return any(hasattr(layer, "seed_generator") for layer in model._flatten_layers())
+
+
+def shared_variable_count(models: Sequence[Any]) -> int:
+    """How many variables belong to more than one of these models."""
+    owners: dict[int, int] = {}
+    for model in models:
+        for variable in {id(v): v for v in model.variables}:
+            owners[variable] = owners.get(variable, 0) + 1
+    return sum(1 for count in owners.values() if count > 1)

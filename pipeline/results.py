@@ -1,0 +1,306 @@
+"""A trial's results as types, and the one place that flattens them.
+
+A trial produces, per epoch, an ``EpochResult`` (each fold's scores, throughput, where a fold went
+NaN) and, once per process it runs in, a ``TrialInfo`` (its ``TrialPlan``, where it ran, the
+model). ``EpochResult.report`` gives the flat dict Ray Tune needs, in scikit-learn's vocabulary
+(``split{k}_val_loss``, ``mean_val_accuracy``...); ``EpochResult.from_report`` reads it back on
+the driver, and ``mlflow_metrics`` / ``mlflow_tags`` say what MLflow records of it. Every key
+a trial reports is either recorded or declared here as bookkeeping (``BOOKKEEPING_KEYS``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.plan import TrialPlan
+
+# Keys of a trial's report (ray.tune.result holds the ones Ray adds itself).
+EPOCH = "epoch"
+EPOCHS_PLANNED = "epochs_planned"
+DONE = "done"
+FOLD_IDS = "fold_ids"
+NAN_FAILURES = "nan_failures"
+N_PARAMS = "n_params"
+MODEL_SUMMARY = "model_summary"
+TRIAL_PLAN = "trial_plan"
+TRAIN_RATE = "train_samples_per_s"
+EVAL_RATE = "eval_samples_per_s"
+COMPILE_S = "compile_s"
+FOLD_SCORE_NAMES = ("train_loss", "val_loss", "val_accuracy")
+NAN_FIELDS = ("nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm")
+# Where and how the trial ran, reported once per process and recorded as tags.
+INFO_FIELDS = ("device", "device_notice", "gpu_ids", "node_id", "hostname", "data_transfers", "tf_threads",
+               "jit_compile", "fused", "fused_reason", "steps_per_launch", "tensorflow_version", "keras_version",
+               "ray_version", "python_version")
+# What Ray Tune adds to every result that says where the trial ran: recorded as tags too.
+RAY_PLACEMENT_FIELDS = ("pid", "node_ip")
+# Keys that steer Ray Tune or that it adds for itself; not findings, so never recorded.
+BOOKKEEPING_KEYS = frozenset({
+    DONE, EPOCH, EPOCHS_PLANNED, FOLD_IDS, "trial_id", "training_iteration", "time_this_iter_s", "time_total_s",
+    "timestamp", "date", "time_since_restore", "iterations_since_restore", "experiment_tag", "config",
+    "checkpoint_dir_name", "should_checkpoint", "timesteps_total", "episodes_total", "timesteps_since_restore",
+    "warmup_time",
+})
+# Recorded once a trial ends (not per epoch).
+TRIAL_WALL_S = "trial_wall_s"
+RETRIES = "retries"
+# Metrics recorded once per trial, or a count rather than a finding per epoch: not in history.csv.
+NOT_IN_HISTORY = frozenset({N_PARAMS, TRIAL_WALL_S, RETRIES, NAN_FAILURES})
+# A fold that went NaN counts as the worst score in its trial's CV mean and std, finite, so that
+# no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
+NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "train_loss": 1e6}
+
+
+def split_key(fold: int, name: str) -> str:
+    return f"split{fold}_{name}"
+
+
+class TrialStatus(str, Enum):
+    """A trial's outcome (tag ``foldsweep.status``) and the MLflow run state it ends in."""
+
+    RUNNING = "running"
+    OK = "ok"
+    PRUNED = "pruned"
+    NAN = "nan"
+    ERROR = "error"
+    KILLED = "killed"
+
+    @property
+    def run_state(self) -> str:
+        return {"running": "RUNNING", "ok": "FINISHED", "pruned": "FINISHED", "nan": "FAILED", "error": "FAILED",
+                "killed": "KILLED"}[self.value]
+
+
+class SweepStatus(str, Enum):
+    """A sweep's outcome (tag ``foldsweep.status`` of the parent run) and its run state."""
+
+    RUNNING = "running"
+    OK = "ok"
+    INTERRUPTED = "interrupted"
+    ERROR = "error"
+
+    @property
+    def run_state(self) -> str:
+        return {"running": "RUNNING", "ok": "FINISHED", "interrupted": "KILLED", "error": "FAILED"}[self.value]
+
+
+EVAL_STEP = -1  # a NanEvent step: found by validation, not by a training step
+
+
+@dataclass(frozen=True)
+class NanEvent:
+    """Where a fold first went non-finite: epoch (1-based), step within that epoch (0-based;
+    EVAL_STEP when validation found it), the last finite training loss and the gradient global
+    norm of that last good step."""
+
+    epoch: int
+    step: int
+    last_finite_loss: float
+    grad_norm: float
+
+
+@dataclass(frozen=True)
+class FoldScores:
+    train_loss: float
+    val_loss: float
+    val_accuracy: float
+
+    @classmethod
+    def frozen(cls) -> FoldScores:
+        """A fold that went NaN earlier: it trains no more, its scores are NaN."""
+        return cls(math.nan, math.nan, math.nan)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"train_loss": self.train_loss, "val_loss": self.val_loss, "val_accuracy": self.val_accuracy}
+
+
+@dataclass(frozen=True)
+class FoldThroughput:
+    train_samples_per_s: float
+    compile_s: float
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Samples/s with compilation excluded, and compilation seconds: per fold and for the trial."""
+
+    train_samples_per_s: float
+    eval_samples_per_s: float
+    compile_s: float
+    folds: tuple[FoldThroughput, ...]
+
+
+@dataclass(frozen=True)
+class NanReport:
+    """How many folds went NaN, and where the first of them (by epoch, then fold) did."""
+
+    failures: int = 0
+    fold: int | None = None
+    event: NanEvent | None = None
+
+    @classmethod
+    def of(cls, failures: Sequence[tuple[int, NanEvent]]) -> NanReport:
+        if not failures:
+            return cls()
+        fold, first = min(failures, key=lambda pair: (pair[1].epoch, pair[0]))
+        return cls(len(failures), fold, first)
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.event is None:
+            return {NAN_FAILURES: self.failures}
+        return {NAN_FAILURES: self.failures, "nan_fold": self.fold, "nan_epoch": self.event.epoch,
+                "nan_step": self.event.step, "nan_last_finite_loss": self.event.last_finite_loss,
+                "nan_grad_norm": self.event.grad_norm}
+
+
+@dataclass(frozen=True)
+class TrialInfo:
+    """Once per trial (and per process it runs in): its plan, where it ran, its model."""
+
+    plan: TrialPlan
+    device_notice: str = ""
+    gpu_ids: str = ""
+    node_id: str = ""
+    hostname: str = ""
+    data_transfers: int = 0
+    versions: Mapping[str, str] = field(default_factory=dict)
+    n_params: int = 0
+    model_summary: str = ""
+
+    def report(self) -> dict[str, Any]:
+        plan = self.plan
+        return {"device": plan.device, "device_notice": self.device_notice, "gpu_ids": self.gpu_ids,
+                "node_id": self.node_id, "hostname": self.hostname, "data_transfers": self.data_transfers,
+                "tf_threads": plan.threads.describe(), "jit_compile": plan.jit_compile, "fused": plan.fused,
+                "fused_reason": plan.reason, "steps_per_launch": plan.steps_per_launch, **self.versions,
+                N_PARAMS: self.n_params, MODEL_SUMMARY: self.model_summary,
+                TRIAL_PLAN: json.dumps(plan.as_dict(), sort_keys=True)}
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    """One epoch of every fold of a trial."""
+
+    epoch: int
+    fold_ids: tuple[int, ...]
+    folds: tuple[FoldScores, ...]
+    throughput: Throughput
+    nan: NanReport = NanReport()
+    epochs_planned: int = 0
+    done: bool = False
+
+    def with_progress(self, *, epochs_planned: int) -> EpochResult:
+        """Planned epochs known, and done when reached or when every fold went NaN."""
+        done = self.epoch >= epochs_planned or self.nan.failures == len(self.folds)
+        return replace(self, epochs_planned=epochs_planned, done=done)
+
+    def cv_summary(self) -> dict[str, float]:
+        return cv_summary([fold.as_dict() for fold in self.folds], self.fold_ids)
+
+    def status(self) -> TrialStatus:
+        """ok, nan, or pruned (stopped before its planned epochs)."""
+        if self.nan.failures > 0:
+            return TrialStatus.NAN
+        return TrialStatus.PRUNED if self.epoch < self.epochs_planned else TrialStatus.OK
+
+    def report(self, info: TrialInfo | None = None) -> dict[str, Any]:
+        """The flat dict a Ray Tune trainable returns (``info`` once per process)."""
+        return {EPOCH: self.epoch, EPOCHS_PLANNED: self.epochs_planned, DONE: self.done,
+                FOLD_IDS: list(self.fold_ids), **self.cv_summary(), **self.throughput_values(),
+                **self.nan.as_dict(), **(info.report() if info else {})}
+
+    def throughput_values(self) -> dict[str, float]:
+        throughput = self.throughput
+        values = {TRAIN_RATE: throughput.train_samples_per_s, EVAL_RATE: throughput.eval_samples_per_s,
+                  COMPILE_S: throughput.compile_s}
+        for k, fold in zip(self.fold_ids, throughput.folds):
+            values[split_key(k, TRAIN_RATE)] = fold.train_samples_per_s
+            values[split_key(k, COMPILE_S)] = fold.compile_s
+        return values
+
+    @classmethod
+    def from_report(cls, report: Mapping[str, Any]) -> EpochResult:
+        fold_ids = tuple(int(k) for k in report[FOLD_IDS])
+        folds = tuple(FoldScores(**{name: float(report[split_key(k, name)]) for name in FOLD_SCORE_NAMES})
+                      for k in fold_ids)
+        throughput = Throughput(
+            train_samples_per_s=report[TRAIN_RATE], eval_samples_per_s=report[EVAL_RATE],
+            compile_s=report[COMPILE_S],
+            folds=tuple(FoldThroughput(report[split_key(k, TRAIN_RATE)], report[split_key(k, COMPILE_S)])
+                        for k in fold_ids))
+        event = None
+        if report.get("nan_epoch") is not None:
+            event = NanEvent(epoch=int(report["nan_epoch"]), step=int(report["nan_step"]),
+                             last_finite_loss=float(report["nan_last_finite_loss"]),
+                             grad_norm=float(report["nan_grad_norm"]))
+        nan = NanReport(int(report.get(NAN_FAILURES, 0)), report.get("nan_fold"), event)
+        return cls(epoch=int(report[EPOCH]), fold_ids=fold_ids, folds=folds, throughput=throughput, nan=nan,
+                   epochs_planned=int(report.get(EPOCHS_PLANNED, 0)), done=bool(report.get(DONE, False)))
+
+    def mlflow_metrics(self) -> dict[str, float]:
+        """Metrics at step = epoch: a fold's NaN is recorded as NaN (it is the finding); a
+        throughput not yet measurable (compilation time before a second epoch) is left out."""
+        metrics = {**self.cv_summary(), NAN_FAILURES: float(self.nan.failures)}
+        metrics.update({key: float(value) for key, value in self.throughput_values().items() if math.isfinite(value)})
+        return metrics
+
+    def mlflow_tags(self) -> dict[str, str]:
+        """Fields recorded as tags ``foldsweep.<field>``: where a fold went NaN."""
+        return {key: str(value) for key, value in self.nan.as_dict().items() if key in NAN_FIELDS}
+
+
+def info_tags(report: Mapping[str, Any]) -> dict[str, str]:
+    """Fields of a report recorded as tags ``foldsweep.<field>``: where and how the trial ran."""
+    return {key: str(report[key]) for key in (*INFO_FIELDS, *RAY_PLACEMENT_FIELDS) if key in report}
+
+
+def info_metrics(report: Mapping[str, Any]) -> dict[str, float]:
+    return {N_PARAMS: float(report[N_PARAMS])} if N_PARAMS in report else {}
+
+
+def info_texts(report: Mapping[str, Any]) -> dict[str, str]:
+    """Artifacts from a report: the model summary and the trial's plan."""
+    texts = {}
+    if report.get(MODEL_SUMMARY):
+        texts["model_summary.txt"] = report[MODEL_SUMMARY]
+    if report.get(TRIAL_PLAN):
+        texts["trial_plan.json"] = report[TRIAL_PLAN]
+    return texts
+
+
+def recorded_keys(report: Mapping[str, Any]) -> set[str]:
+    """The keys of a report that MLflow records (as metrics, tags or artifacts), including a
+    throughput not yet measurable, which is left out only while it is NaN."""
+    result = EpochResult.from_report(report)
+    texts = {key for key in (MODEL_SUMMARY, TRIAL_PLAN) if key in report}
+    return {*result.mlflow_metrics(), *result.throughput_values(), *result.mlflow_tags(), *info_tags(report),
+            *info_metrics(report), *texts}
+
+
+def unrecorded_keys(report: Mapping[str, Any]) -> set[str]:
+    """Keys of a report that neither reach MLflow nor are declared bookkeeping: what would be
+    silently dropped (none may be)."""
+    return set(report) - recorded_keys(report) - BOOKKEEPING_KEYS
+
+
+def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] | None = None) -> dict[str, float]:
+    """Per-fold results -> split{k}_<key>, mean_<key>, std_<key> (population std, as sklearn).
+
+    A non-finite fold value stays as it is in split{k}_<key> and counts as the worst score
+    (``NAN_FOLD_SCORES``) in the mean and std, which therefore stay finite.
+    """
+    summary: dict[str, float] = {}
+    for key in per_fold[0]:
+        values = np.array([fold[key] for fold in per_fold], dtype=np.float64)
+        for k, value in zip(fold_ids if fold_ids is not None else range(len(values)), values):
+            summary[split_key(k, key)] = float(value)
+        scored = np.where(np.isfinite(values), values, NAN_FOLD_SCORES.get(key, np.nan))
+        summary[f"mean_{key}"] = float(scored.mean())
+        summary[f"std_{key}"] = float(scored.std())
+    return summary

@@ -1,0 +1,138 @@
+"""How a trial executes, decided once (``pipeline.plan``): XLA, steps per launch, the folds'
+layout and its reason, thread pools. Pure decisions: no Ray, no training."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.plan import (STACK_MAX_BATCH, UNROLL_MAX_BATCH, UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS,
+                           XLA_MAX_BATCH_ON_CPU, ExecutionChoices, ThreadPlan, TrialPlan, has_random_layers,
+                           plan_threads, plan_trial, shared_variable_count)
+
+
+class Layer:
+    pass
+
+
+class RandomLayer:
+    seed_generator = object()  # what Keras' random layers carry
+
+
+class Model:
+    """What the plan looks at of a model: its layers and its variables."""
+
+    def __init__(self, *layers, variables=None):
+        self.layers = layers or (Layer(),)
+        self.variables = variables if variables is not None else [object()]
+
+    def _flatten_layers(self):
+        return iter(self.layers)
+
+
+CPU, GPU = "/CPU:0", "/GPU:0"
+ONE_THREAD, TWO_THREADS = ThreadPlan(intra_op=1, inter_op=1), ThreadPlan(intra_op=2, inter_op=3)
+# 3 folds of 300 samples: 37 steps per epoch at batch 8, far below the unrolling threshold.
+SIZES = [300, 300, 300]
+
+
+def plan(choices=ExecutionChoices(), *, models=None, threads=ONE_THREAD, device=CPU, batch_size=8, epochs=2,
+         sizes=SIZES, blocker=None) -> TrialPlan:
+    asked = []
+
+    def stacking_blocker(jit_compile):
+        asked.append(jit_compile)
+        return blocker if jit_compile else "the step runs without XLA"
+
+    result = plan_trial(choices, models=models or [Model() for _ in sizes], threads=threads, device=device,
+                        batch_size=batch_size, train_sizes=sizes, planned_epochs=epochs,
+                        stacking_blocker=stacking_blocker)
+    # The blocker runs the models (a forward check): asked only when stacking is wanted.
+    assert len(asked) == (1 if result.layout == "stacked" or "not stacked" in result.reason else 0)
+    return result
+
+
+@pytest.mark.parametrize("choices, overrides, layout, reason", [
+    (ExecutionChoices(), {}, "stacked", "fused: 3 folds in one execution, stacked into one XLA program per step"),
+    (ExecutionChoices(fused="on"), {}, "stacked",
+     "fused: 3 folds in one execution (train.fused is true), stacked into one XLA program per step"),
+    (ExecutionChoices(), {"threads": TWO_THREADS}, "side_by_side",
+     "fused: 3 folds in one execution, side by side (2 compute threads)"),
+    (ExecutionChoices(), {"batch_size": 64}, "side_by_side",
+     f"fused: 3 folds in one execution, side by side (batch 64: stacking pays up to batch {STACK_MAX_BATCH})"),
+    (ExecutionChoices(), {"blocker": "BatchNormalization layers have no stacked form"}, "side_by_side",
+     "fused: 3 folds in one execution, side by side (not stacked: BatchNormalization layers have no stacked form)"),
+    (ExecutionChoices(), {"models": [Model(RandomLayer()) for _ in SIZES]}, "side_by_side",
+     "fused: 3 folds in one execution, side by side (not stacked: the step runs without XLA)"),
+    (ExecutionChoices(), {"threads": TWO_THREADS, "device": GPU}, "stacked",
+     "fused: 3 folds in one execution, stacked into one XLA program per step"),
+    (ExecutionChoices(layout="side_by_side"), {}, "side_by_side",
+     "fused: 3 folds in one execution, side by side (1 compute thread)"),
+    (ExecutionChoices(layout="stacked"), {"threads": TWO_THREADS, "batch_size": 256}, "stacked",
+     "fused: 3 folds in one execution, stacked into one XLA program per step"),
+    (ExecutionChoices(fused="off"), {}, "unfused", "unfused: train.fused is false"),
+    (ExecutionChoices(fused="on"), {"sizes": [300]}, "unfused", "unfused: one fold to train"),
+    (ExecutionChoices(fused="on", eager=True), {}, "unfused",
+     "unfused: eager execution (debugging) runs each fold op by op"),
+    (ExecutionChoices(fused="on", check_numerics=True), {}, "unfused",
+     "unfused: numeric checking runs the folds one after another, so that the first non-finite value is the same "
+     "in every run"),
+])
+def test_layout_decision_and_its_reason(choices, overrides, layout, reason):
+    decided = plan(choices, **overrides)
+    assert (decided.layout, decided.reason) == (layout, reason)
+    assert decided.fused == (layout != "unfused")
+
+
+def test_fold_models_sharing_variables_are_not_fused():
+    shared = [object(), object()]
+    models = [Model(variables=[*shared, object()]) for _ in SIZES]
+    assert shared_variable_count(models) == 2
+    decided = plan(ExecutionChoices(fused="on"), models=models)
+    assert decided.layout == "unfused" and "share 2 variables" in decided.reason
+
+
+def test_xla_follows_device_batch_size_and_random_layers_and_can_be_forced():
+    noisy = [Model(RandomLayer()) for _ in SIZES]
+    assert plan().jit_compile and plan(batch_size=XLA_MAX_BATCH_ON_CPU).jit_compile
+    assert not plan(batch_size=XLA_MAX_BATCH_ON_CPU * 2).jit_compile
+    assert plan(batch_size=1024, device=GPU).jit_compile
+    assert not plan(models=noisy).jit_compile and plan(models=noisy, device=GPU).jit_compile
+    assert not plan(ExecutionChoices(jit_compile="off")).jit_compile
+    assert plan(ExecutionChoices(jit_compile="on"), batch_size=1024, models=noisy).jit_compile
+    assert has_random_layers(noisy[0]) and not has_random_layers(Model())
+
+
+def test_steps_per_launch_unrolls_only_where_it_pays():
+    # planned steps per fold = epochs * smallest fold // batch size
+    enough = UNROLL_MIN_PLANNED_STEPS * 8 // 300 + 1
+    assert plan(epochs=enough).steps_per_launch == UNROLLED_STEPS
+    assert plan(epochs=enough - 2).steps_per_launch == 1
+    many = [UNROLL_MIN_PLANNED_STEPS * UNROLL_MAX_BATCH] * 3
+    assert plan(batch_size=UNROLL_MAX_BATCH, sizes=many, epochs=1).steps_per_launch == UNROLLED_STEPS
+    assert plan(batch_size=UNROLL_MAX_BATCH + 1, sizes=many, epochs=1).steps_per_launch == 1
+    assert plan(ExecutionChoices(steps_per_launch=3), batch_size=128).steps_per_launch == 3
+    assert plan(ExecutionChoices(steps_per_launch=3, jit_compile="off")).steps_per_launch == 1  # nothing to unroll
+    assert plan(ExecutionChoices(steps_per_launch=3, eager=True)).steps_per_launch == 1
+
+
+def test_threads_give_each_fused_fold_loop_an_executor_thread_within_the_trials_cpus():
+    def threads(cpus, n_folds=3, **choices):
+        planned = plan_threads(ExecutionChoices(**choices), cpus=cpus, n_folds=n_folds)
+        return planned.intra_op, planned.inter_op
+
+    # (intra-op, inter-op): compute threads follow resources.cpu; executor threads follow the loops.
+    assert threads(2) == (2, 3) and threads(4, n_folds=5) == (4, 5)
+    assert threads(2, fused="off") == (2, 1)  # unfused: one loop, one executor thread
+    assert threads(2, n_folds=1) == (2, 1)
+    assert threads(2, eager=True) == (2, 1) and threads(2, check_numerics=True) == (2, 1)
+    assert threads(2, layout="stacked") == (2, 1)  # one XLA program: one loop
+    assert threads(1) == (1, 1) and threads(0.5) == (1, 1)  # one CPU: folds stack or take turns
+
+
+def test_a_plan_survives_its_record():
+    decided = plan(threads=TWO_THREADS)
+    assert TrialPlan.from_dict(json.loads(json.dumps(decided.as_dict()))) == decided
+    assert decided.threads.describe() == "intra-op 2, inter-op 3"
+    assert ThreadPlan(0, 0).describe() == "intra-op default, inter-op default"

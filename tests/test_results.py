@@ -1,0 +1,120 @@
+"""Typed results and their one flattening: Ray Tune's report, read back on the driver, and what
+MLflow records of it. Every key a trial reports is recorded or declared bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from conftest import MNIST1D_EXPERIMENT
+from pipeline.datasets import load_dataset
+from pipeline.folds import make_folds
+from pipeline.plan import TrialPlan
+from pipeline.results import (BOOKKEEPING_KEYS, EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport,
+                              Throughput, TrialStatus, recorded_keys, unrecorded_keys)
+from pipeline.spec import CVSpec, DatasetSpec
+from pipeline.trial import TrialRunner, TrialSettings, set_up_worker
+
+
+def epoch_result(*, epoch=2, planned=3, nan=NanReport()) -> EpochResult:
+    return EpochResult(epoch=epoch, fold_ids=(0, 2), folds=(FoldScores(0.5, 0.6, 0.7), FoldScores(0.4, 0.5, 0.9)),
+                       throughput=Throughput(100.0, 200.0, 3.0, (FoldThroughput(50.0, 1.0), FoldThroughput(60.0, math.nan))),
+                       nan=nan, epochs_planned=planned)
+
+
+def test_a_report_reads_back_as_the_same_result():
+    nan = NanReport(1, 2, NanEvent(epoch=1, step=4, last_finite_loss=0.3, grad_norm=7.0))
+    for result in (epoch_result(), epoch_result(nan=nan)):
+        again = EpochResult.from_report(json.loads(json.dumps(result.report())))
+        assert json.dumps(again.report()) == json.dumps(result.report())  # NaN != NaN, so compared as text
+        assert again.nan == result.nan and again.folds == result.folds
+
+
+def test_the_report_speaks_scikit_learns_vocabulary():
+    report = epoch_result().report()
+    assert report["split2_val_accuracy"] == 0.9 and report["mean_val_accuracy"] == pytest.approx(0.8)
+    assert report["std_val_accuracy"] == pytest.approx(0.1)
+    assert report["split0_train_samples_per_s"] == 50.0 and report["train_samples_per_s"] == 100.0
+
+
+def test_mlflow_gets_nan_scores_but_no_unmeasured_throughput():
+    nan = NanReport(1, 2, NanEvent(epoch=1, step=4, last_finite_loss=0.3, grad_norm=7.0))
+    frozen = EpochResult(epoch=2, fold_ids=(0, 2), folds=(FoldScores(0.5, 0.6, 0.7), FoldScores.frozen()),
+                         throughput=epoch_result().throughput, nan=nan)
+    metrics = frozen.mlflow_metrics()
+    assert math.isnan(metrics["split2_val_loss"]) and metrics["mean_val_loss"] == pytest.approx((0.6 + 1e6) / 2)
+    assert "split2_compile_s" not in metrics and metrics["split0_compile_s"] == 1.0
+    assert frozen.mlflow_tags() == {"nan_fold": "2", "nan_epoch": "1", "nan_step": "4",
+                                    "nan_last_finite_loss": "0.3", "nan_grad_norm": "7.0"}
+
+
+def test_status_follows_nan_and_planned_epochs():
+    assert epoch_result(epoch=3, planned=3).status() is TrialStatus.OK
+    assert epoch_result(epoch=2, planned=3).status() is TrialStatus.PRUNED
+    nan = NanReport(1, 0, NanEvent(epoch=1, step=0, last_finite_loss=0.3, grad_norm=7.0))
+    assert epoch_result(nan=nan).status() is TrialStatus.NAN
+    assert [status.run_state for status in TrialStatus] == ["RUNNING", "FINISHED", "FINISHED", "FAILED", "FAILED",
+                                                              "KILLED"]
+
+
+def test_every_key_a_trial_reports_is_recorded_or_bookkeeping():
+    dataset = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 200}))
+    folds = make_folds(CVSpec(n_splits=2), dataset).folds
+    settings = TrialSettings(experiment_path=str(MNIST1D_EXPERIMENT), experiment_attr="build",
+                             dataset_fingerprint=dataset.fingerprint, epochs=2, seed=0, from_logits=False, cpus=1,
+                             gpus=0)
+    worker = set_up_worker(settings, x=dataset.x, y=dataset.y, n_folds=len(folds))
+    runner = TrialRunner({"conv_layers": 1, "filters": 8, "kernel_size": 3, "dropout": 0.0, "batch_size": 32},
+                         worker=worker, folds=folds, settings=settings)
+    first, second = runner.step(), runner.step()
+    assert "trial_plan" in first and "trial_plan" not in second  # once per process
+    assert TrialPlan.from_dict(json.loads(first["trial_plan"])) == runner.trainer.plan
+    assert second["done"] and not first["done"]
+    for report in (first, second):
+        assert unrecorded_keys(report) == set()
+    # What nobody declared is caught, not dropped in silence.
+    assert unrecorded_keys({**second, "mystery_score": 1.0}) == {"mystery_score"}
+    assert not recorded_keys(second) & BOOKKEEPING_KEYS
+
+
+@pytest.mark.e2e
+def test_what_ray_tune_delivers_reaches_mlflow(tmp_path, write_spec, monkeypatch):
+    """Through a real sweep: every result Ray Tune hands the driver (with the keys Ray adds) is
+    recorded or bookkeeping, and what is recorded is in the trial's run."""
+    import ray
+
+    from pipeline.cli import app
+    from pipeline.tracking import MlflowTrialCallback
+
+    delivered: list[dict] = []
+    original = MlflowTrialCallback.on_trial_result
+
+    def capture(self, iteration, trials, trial, result, **info):
+        delivered.append(dict(result))
+        original(self, iteration, trials, trial, result, **info)
+
+    monkeypatch.setattr(MlflowTrialCallback, "on_trial_result", capture)
+    spec = write_spec({"search": {"num_samples": 1, "space": {"kernel_size": 3}}, "train": {"refit": False}})
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        result = CliRunner().invoke(app, ["run", str(spec)])
+    finally:
+        ray.shutdown()
+    assert result.exit_code == 0, result.output
+    assert len(delivered) == 2
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = next(run for run in client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+               if run.data.tags["foldsweep.role"] == "trial")
+    for report in delivered:
+        assert unrecorded_keys(report) == set(), f"keys nobody records: {unrecorded_keys(report)}"
+    recorded = recorded_keys(delivered[0])
+    assert {"pid", "node_ip", "hostname", "tf_threads", "fused_reason"} <= recorded
+    for key in recorded:
+        assert (key in run.data.metrics or f"foldsweep.{key}" in run.data.tags
+                or key in ("model_summary", "trial_plan")), key
+    artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
+    assert {"model_summary.txt", "trial_plan.json", "history.csv", "trial_config.json"} <= artifacts
