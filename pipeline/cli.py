@@ -6,6 +6,7 @@ Exit codes: 0 the command did its job (a sweep whose trials partly failed still 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shlex
@@ -24,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from pipeline.errors import InputError  # noqa: E402
+from pipeline.errors import FoldsweepError, InputError  # noqa: E402
 
 app = typer.Typer(
     help="Hyperparameter sweeps with k-fold cross-validation of Keras CNNs on Ray Tune, tracked in MLflow.",
@@ -41,7 +42,8 @@ TrackingUriOption = typer.Option(None, "--tracking-uri", help="MLflow tracking U
 
 
 def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Bad input -> one message and exit 2; anything unexpected -> traceback and exit 1."""
+    """Bad input -> one message and exit 2; foldsweep's own other errors -> one message and exit 1;
+    anything unexpected -> traceback and exit 1."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -50,6 +52,9 @@ def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
         except InputError as exc:
             errors.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
             raise typer.Exit(code=2) from None
+        except FoldsweepError as exc:  # not the input's fault, yet nothing a traceback would explain
+            errors.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(code=1) from None
         except typer.Exit:
             raise
         except KeyboardInterrupt:
@@ -80,6 +85,28 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
         f"{prepared.space.trial_count(prepared.num_samples)} trials",
         highlight=False,
     )
+    for line in compile_notes(prepared.spec, prepared.experiment):
+        console.print(line, highlight=False)
+
+
+def compile_notes(spec: Any, experiment: Any) -> list[str]:
+    """What of a hypermodel's own compile and fit() the trials use, and what the spec replaces."""
+    notes = []
+    optimizer = experiment.compiled_optimizer
+    if optimizer is not None:
+        named = [name for name in ("optimizer", "learning_rate") if name in spec.search.space]
+        if "optimizer" in named:
+            notes.append(f"search.space.optimizer replaces the {optimizer} optimizer that {spec.experiment} compiles "
+                         "(its learning rate and settings too); the model's own loss is kept")
+        elif "learning_rate" in named:
+            notes.append(f"search.space.learning_rate replaces the learning rate of the {optimizer} optimizer that "
+                         f"{spec.experiment} compiles; its other settings and loss are kept")
+        else:
+            notes.append(f"the {optimizer} optimizer and loss that {spec.experiment} compiles are used, one copy per "
+                         "fold")
+    for name, source in experiment.fit_arguments.items():
+        notes.append(f"{name} comes from {spec.experiment}'s fit() (hyperparameter {source!r})")
+    return notes
 
 
 @app.command()
@@ -135,8 +162,9 @@ def run(
         console.print(f"  trial {record.run_name}: {record.status} ({shown}){' - ' + reason if reason else ''}",
                       highlight=False)
 
-    from pipeline.sweep import SweepInterrupted
+    from pipeline.sweep import AfterTrialsFailed, SweepInterrupted
 
+    failed: list[str] = []
     try:
         outcome = run_sweep(prepared, on_trial_done=trial_done, resume=resume,
                             notify=lambda line: console.print(f"[yellow]{line}[/]", highlight=False))
@@ -145,11 +173,18 @@ def run(
         errors.print(f"interrupted: sweep run {interrupted.parent_run_id} stopped, unfinished trials marked KILLED. "
                      f"Resume with: {again} --resume", highlight=False, soft_wrap=True)
         raise typer.Exit(code=130) from None
+    except AfterTrialsFailed as after:
+        outcome, failed = after.outcome, after.failed
     console.print(leaderboard_table(outcome.records, sweep_spec.objective, title=f"{sweep_spec.name}: leaderboard"))
     console.print(f"{len(outcome.records)} trials in {outcome.wall_s:.0f} s; sweep run {outcome.parent_run_id}",
                   highlight=False)
     console.print(f"Open the MLflow UI: [bold]{ui_command(prepared.tracking_uri)}[/] "
                   f"then browse http://127.0.0.1:{DEFAULT_UI_PORT}", highlight=False)
+    if failed:
+        for what in failed:
+            errors.print(f"[bold red]error:[/] every trial ended and is recorded, but {what}", highlight=False,
+                         soft_wrap=True)
+        raise typer.Exit(code=1)
 
 
 @app.command()
@@ -197,18 +232,26 @@ def trial(
     check_numerics: bool = NumericsOption,
 ) -> None:
     """Run one config of a spec in this process (no search, no Ray), printing each epoch."""
-    from pipeline.rerun import check_fold, parse_assignments, single_config
+    from pipeline.rerun import TrialRequest, check_fold, parse_assignments, single_config, spec_threads
     from pipeline.spec import load_spec
     from pipeline.sweep import prepare
+    from pipeline.trial import configure_tensorflow
 
-    prepared = prepare(load_spec(spec))
+    sweep_spec = load_spec(spec)
+    fold_ids = check_fold(fold, sweep_spec.cv.n_splits)
+    # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
+    threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
+    configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads)
+    prepared = prepare(sweep_spec)
     config = single_config(prepared.spec, prepared.space.domains, prepared.experiment.hyperparameters,
                            _known_overrides(parse_assignments(set_values), prepared.space.domains))
-    fold_ids = check_fold(fold, len(prepared.folds))
     console.print(f"trial of {spec}: " + " ".join(f"{k}={v}" for k, v in sorted(prepared.space.resolve(config).items())
                                                    if v is not None), highlight=False)
-    _run_here(prepared.spec, prepared.experiment_path, prepared.dataset, prepared.folds, config,
-              prepared.space.conditions, fold_ids, epochs, eager, check_numerics, tracking=None)
+    _run_here(TrialRequest(spec=prepared.spec, experiment_path=prepared.experiment_path, dataset=prepared.dataset,
+                           folds=prepared.folds, config=config, conditions=prepared.space.conditions,
+                           fold_ids=fold_ids, threads=threads, epochs=epochs, eager=eager,
+                           check_numerics=check_numerics, fit_arguments=prepared.experiment.fit_arguments),
+              tracking=None)
 
 
 def _known_overrides(overrides: dict[str, Any], domains: Any) -> dict[str, Any]:
@@ -229,32 +272,41 @@ def rerun(
     set_values: list[str] = SetOption,
     no_track: bool = typer.Option(False, "--no-track", help="Do not record the rerun in MLflow"),
 ) -> None:
-    """Rerun one recorded trial in this process, with its config, data and folds."""
+    """Rerun one recorded trial in this process, with its config, data, folds and execution plan."""
     from pipeline.hypermodel import load_experiment
-    from pipeline.rerun import apply_overrides, check_fold, load_recorded_trial, parse_assignments, recorded_folds
+    from pipeline.rerun import (TrialRequest, apply_overrides, check_fold, load_recorded_trial, parse_assignments,
+                                recorded_folds, rerun_changes)
     from pipeline.space import build_space
     from pipeline.tracking import Tracker
+    from pipeline.trial import configure_tensorflow
 
     _check_existing_store(tracking_uri)
     tracker = Tracker(tracking_uri)
     recorded = load_recorded_trial(tracker, run_id)
     fold_ids = check_fold(fold, recorded.spec.cv.n_splits)
     overrides = parse_assignments(set_values)
+    # Before anything here starts TensorFlow: the thread pools the trial ran with.
+    threads = recorded.threads(n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
+    configure_tensorflow(gpus=recorded.spec.resources.gpu, threads=threads)
     experiment = load_experiment(recorded.experiment_path, recorded.spec.experiment_attr)
-    space = build_space(recorded.spec, experiment.hyperparameters)
+    space = build_space(recorded.spec, experiment.hyperparameters,
+                        own_optimizer=experiment.compiled_optimizer is not None)
     config = apply_overrides(recorded.config, overrides, set(space.domains) | set(recorded.config))
-    dataset, plan = recorded_folds(recorded)
+    dataset, folds = recorded_folds(recorded)
     console.print(f"rerun of trial {recorded.run_name} ({run_id}) of sweep run {recorded.parent_run_id}"
                   + (f", with {' '.join(set_values)}" if set_values else ""), highlight=False)
-    _run_here(recorded.spec, recorded.experiment_path, dataset, plan, config, space.conditions, fold_ids, epochs,
-              eager, check_numerics, tracking=None if no_track else (tracker, recorded))
+    request = TrialRequest(spec=recorded.spec, experiment_path=recorded.experiment_path, dataset=dataset, folds=folds,
+                           config=config, conditions=space.conditions, fold_ids=fold_ids, threads=threads,
+                           epochs=epochs, eager=eager, check_numerics=check_numerics, replay=recorded.plan,
+                           fit_arguments=experiment.fit_arguments, changes=rerun_changes(recorded, overrides, eager=eager))
+    _run_here(request, tracking=None if no_track else (tracker, recorded))
 
 
-def _run_here(spec: Any, experiment_path: Path, dataset: Any, plan: Any, config: dict[str, Any], conditions: Any,
-              fold_ids: list[int], epochs: Optional[int], eager: bool, check_numerics: bool, *, tracking: Any) -> None:
-    """The in-process trial both `trial` and `rerun` run, printing each epoch as it ends."""
+def _run_here(request: Any, *, tracking: Any) -> None:
+    """The in-process trial both `trial` and `rerun` run, printing each epoch as it ends; a rerun
+    also says (and records) what makes it differ from the trial it reruns."""
     from pipeline.rerun import epoch_line, run_in_process
-    from pipeline.results import EPOCH, TrialStatus
+    from pipeline.results import TrialStatus
     from pipeline.space import resolve_config
     from pipeline.tracking import Tag
 
@@ -263,27 +315,32 @@ def _run_here(spec: Any, experiment_path: Path, dataset: Any, plan: Any, config:
         tracker, recorded = tracking
         recorder = tracker.trial_recorder(
             parent_run_id=recorded.parent_run_id, run_name=f"rerun-{recorded.run_name}", role="rerun",
-            config=resolve_config(config, conditions), tags={Tag.RERUN_OF: recorded.run_id})
+            config=resolve_config(request.config, request.conditions), tags={Tag.RERUN_OF: recorded.run_id})
+
+    def on_plan(plan: Any, differences: list[str]) -> None:
+        console.print(f"{plan.reason}; steps per launch: {plan.steps_per_launch}; threads: {plan.threads.describe()}",
+                      highlight=False, soft_wrap=True)
+        if differences:
+            differs = ", ".join(differences)
+            console.print(f"[yellow]differs from the trial: {differs}; numbers may differ from the recorded ones[/]",
+                          highlight=False, soft_wrap=True)
+            if recorder is not None:
+                recorder.set_tags({Tag.RERUN_DIFFERS: differs})
 
     def on_epoch(report: dict[str, Any]) -> None:
-        if report[EPOCH] == 1:
-            console.print(f"{report['fused_reason']}; steps per launch: {report['steps_per_launch']}", highlight=False)
-        console.print(epoch_line(report, spec.train.metric), highlight=False)
+        console.print(epoch_line(report, request.spec.train.metric), highlight=False, soft_wrap=True)
         if recorder is not None:
             recorder.log_epoch(report)
 
     try:
-        status, finding, _ = run_in_process(
-            spec=spec, experiment_path=experiment_path, dataset=dataset, plan=plan, config=config,
-            conditions=conditions, fold_ids=fold_ids, epochs=epochs, eager=eager, check_numerics=check_numerics,
-            on_epoch=on_epoch)
+        status, finding, _ = run_in_process(request, on_plan=on_plan, on_epoch=on_epoch)
     except BaseException as exc:
         if recorder is not None:
             recorder.finish(TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt) else TrialStatus.ERROR,
                             error=traceback.format_exc())
         raise
     if finding is not None:
-        console.print(f"[bold red]first non-finite value:[/] {finding.describe()}", highlight=False)
+        console.print(f"[bold red]first non-finite value:[/] {finding.describe()}", highlight=False, soft_wrap=True)
     console.print(f"status: {status.value}", highlight=False)
     if recorder is not None:
         tags = {} if finding is None else {Tag.NUMERICS_OP: finding.op_type, Tag.NUMERICS_NODE: finding.node,
@@ -325,28 +382,85 @@ def ui(
     check_tracking_uri(tracking_uri)
     if not 0 < port < 65536:
         raise InputError(f"--port must be between 1 and 65535, got {port}")
-    # One worker process is plenty for one researcher's browser (MLflow's default is four).
+    from pipeline.tracking import Tracker
+
+    Tracker(tracking_uri)  # a new store is created (or upgraded) here, not by two processes at once
+    # One worker process is plenty for one researcher's browser (MLflow's default is four), and
+    # MLflow's GenAI job runner (a job process and six task-queue consumers) has nothing to do
+    # for training runs.
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri,
                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     console.print(f"MLflow UI for {tracking_uri} at http://127.0.0.1:{port} (Ctrl-C stops it)", highlight=False)
     # MLflow's UI runs a server with worker processes of its own; in a session of its own the
     # whole group can be stopped, so that stopping `foldsweep ui` leaves nothing running.
-    server = subprocess.Popen(command, start_new_session=True)
+    server = subprocess.Popen(command, start_new_session=True, env=environment)
+    stopped = False
 
     def stop(signum: int = signal.SIGTERM, frame: Any = None) -> None:
-        try:
-            os.killpg(server.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        nonlocal stopped
+        stopped = True
+        stop_process_tree(server.pid)
 
-    signal.signal(signal.SIGTERM, stop)
+    # Ctrl-C, `kill`, a closed terminal or a process manager: each stops the server with it.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
     try:
         code = server.wait()
     except KeyboardInterrupt:
         stop()
         server.wait()
         return
-    raise typer.Exit(code=code)
+    if not stopped:
+        raise typer.Exit(code=code)
+
+
+def stop_process_tree(pid: int, *, grace_s: float = 10.0) -> None:
+    """SIGTERM a process group and every process descended from its leader (one that started a
+    session of its own too), then SIGKILL what is left after ``grace_s``."""
+    import time
+
+    family = [pid, *_descendants(pid)]
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    for member in family:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(member) for member in family):
+        time.sleep(0.1)
+    for member in family:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, their children...), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(parent, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        children = parents.get(frontier.pop(), [])
+        found += children
+        frontier += children
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def main() -> None:  # pragma: no cover - entry point for `python -m pipeline.cli`

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -262,14 +263,20 @@ def _load_file(path: Path, options: Mapping[str, Any]) -> Dataset:
     return dataset
 
 
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"
+
+
 def _read_npz(path: Path, names: Mapping[str, str]) -> dict[str, np.ndarray]:
+    _check_magic(path, ZIP_MAGIC, "a .npz archive (a zip of .npy arrays)")
     try:
         with np.load(path, allow_pickle=False) as stored:
             return {role: stored[name] for role, name in names.items() if name in stored.files}
     except ValueError as exc:
         raise DataError(f"dataset: cannot read {str(path)!r}: {_array_problem(exc)}") from None
-    except OSError as exc:
-        raise DataError(f"dataset: cannot read {str(path)!r} as .npz: {exc}") from None
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError) as exc:
+        raise DataError(f"dataset: {str(path)!r} is a damaged or truncated .npz archive: "
+                        f"{type(exc).__name__}: {exc}") from None
 
 
 def _read_npy_directory(path: Path, names: Mapping[str, str]) -> dict[str, np.ndarray]:
@@ -278,13 +285,26 @@ def _read_npy_directory(path: Path, names: Mapping[str, str]) -> dict[str, np.nd
         file = path / f"{name}.npy"
         if not file.is_file():
             continue
+        _check_magic(file, NPY_MAGIC, "a .npy array")
         try:
             arrays[role] = np.load(file, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
             raise DataError(f"dataset: cannot read {str(file)!r}: {_array_problem(exc)}") from None
-        except OSError as exc:
-            raise DataError(f"dataset: cannot read {str(file)!r} as .npy: {exc}") from None
+        except (EOFError, OSError) as exc:
+            raise DataError(f"dataset: {str(file)!r} is a damaged or truncated .npy array: "
+                            f"{type(exc).__name__}: {exc}") from None
     return arrays
+
+
+def _check_magic(path: Path, magic: bytes, what: str) -> None:
+    """Refuse a file that does not even start as ``what`` (numpy would try to unpickle it)."""
+    try:
+        with path.open("rb") as file:
+            start = file.read(len(magic))
+    except OSError as exc:
+        raise DataError(f"dataset: cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    if start != magic:
+        raise DataError(f"dataset: {str(path)!r} is not {what}: it starts with {start!r}, not {magic!r}")
 
 
 def _array_problem(exc: ValueError) -> str:

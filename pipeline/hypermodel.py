@@ -1,9 +1,20 @@
 """Experiments: load a researcher's KerasTuner hypermodel and build it for one trial.
 
 The contract is KerasTuner's: ``build(hp) -> keras.Model`` as a plain function, or a
-``keras_tuner.HyperModel`` (class or instance). foldsweep never asks the researcher to change it:
-the space is discovered by building once with a fresh ``HyperParameters``, and a trial builds
-with a ``HyperParameters`` whose values are pre-set, which KerasTuner returns instead of defaults.
+``keras_tuner.HyperModel`` (class or instance, optionally with a ``fit`` that tunes fit
+arguments). foldsweep never asks the researcher to change it:
+
+- the space is discovered by building with fresh ``HyperParameters``, again for every value of
+  each choice and at the bounds of each number, until no build adds a name (a loop over
+  ``num_layers`` asks for ``units_2`` only when it runs three times); a hyperparameter that only
+  some values of another ask for gets that condition, so trials record only what their model
+  asked for;
+- a model with no declared input (a ``Sequential`` without ``Input``, a subclassed model) is
+  built on the dataset's sample shape;
+- a model the hypermodel compiled keeps its optimizer and loss (``pipeline.training`` makes each
+  fold its own copy); an uncompiled one gets foldsweep's;
+- a ``HyperModel.fit`` that passes ``batch_size``/``epochs``/``shuffle`` to ``model.fit`` is read
+  once with a recording model: those become foldsweep's; one that does more is refused.
 """
 
 from __future__ import annotations
@@ -11,86 +22,286 @@ from __future__ import annotations
 import importlib.util
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import keras
 import keras_tuner
+import numpy as np
+from keras_tuner.src.engine import conditions as conditions_module
 from keras_tuner.src.engine.hyperparameters import hp_types
 
 from pipeline.errors import ExperimentError
 
+MAX_DISCOVERY_BUILDS = 64
+# A number hyperparameter with at most this many values is enumerated to find which of its
+# values ask for a name that its bounds revealed (the length of a loop, say).
+MAX_ENUMERATED_VALUES = 32
+# What foldsweep takes from a HyperModel.fit override's call to model.fit: its training
+# hyperparameters. Everything else there would be something foldsweep cannot reproduce.
+FIT_ARGUMENTS = ("batch_size", "epochs", "shuffle")
+QUIET_FIT_ARGUMENTS = ("verbose",)
+
 
 @dataclass(frozen=True)
 class Experiment:
-    """A loaded hypermodel and the hyperparameters its build asked for."""
+    """A loaded hypermodel: the hyperparameters its build (and fit) ask for, and what it declares."""
 
     reference: str
     build_fn: Callable[[keras_tuner.HyperParameters], Any]
     hyperparameters: keras_tuner.HyperParameters
-    input_shape: tuple[int | None, ...]
-    output_units: int
+    input_shape: tuple[int | None, ...] | None  # None: built on the data's shape
+    compiled_optimizer: str | None = None  # the optimizer class its build compiles, if any
+    # foldsweep's training hyperparameter -> the hyperparameter a fit() override feeds it from.
+    fit_arguments: Mapping[str, str] = field(default_factory=dict)
 
-    def build(self, values: Mapping[str, Any]) -> keras.Model:
-        return build_model(self.build_fn, values)
+    def build(self, values: Mapping[str, Any], input_shape: tuple[int, ...] | None = None) -> keras.Model:
+        return build_model(self.build_fn, values, input_shape=input_shape)
+
+    def output_units(self, input_shape: tuple[int, ...]) -> int:
+        """The classes the default model predicts for samples of ``input_shape``.
+
+        Raises:
+            ExperimentError: the model cannot be built on (or run on) samples of that shape.
+        """
+        try:
+            model = self.build({}, input_shape)
+            units = int(model.outputs[0].shape[-1]) if _declared_inputs(model) else \
+                int(model(np.zeros((1, *input_shape), np.float32)).shape[-1])
+        except ExperimentError:
+            raise
+        except Exception as exc:
+            declared = f" (it declares inputs of shape {self.input_shape})" if self.input_shape else ""
+            raise ExperimentError(
+                f"experiment: the model of {self.reference}{declared} cannot be built on the data's samples of shape "
+                f"{tuple(input_shape)}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        finally:
+            keras.backend.clear_session()
+        return units
 
 
-def build_model(build_fn: Callable[[keras_tuner.HyperParameters], Any], values: Mapping[str, Any]) -> keras.Model:
-    """Build with the given hyperparameter values; names the values leave unset take defaults."""
+def build_model(build_fn: Callable[[keras_tuner.HyperParameters], Any], values: Mapping[str, Any], *,
+                input_shape: tuple[int, ...] | None = None) -> keras.Model:
+    """Build with the given hyperparameter values (names they leave unset take defaults); a
+    model with no declared input is built on samples of ``input_shape``."""
     hp = keras_tuner.HyperParameters()
     hp.values = dict(values)
-    return build_fn(hp)
+    model = build_fn(hp)
+    if input_shape is not None and not _declared_inputs(model):
+        _build_on(model, input_shape)
+    return model
+
+
+def _build_on(model: keras.Model, input_shape: tuple[int, ...]) -> None:
+    """Build a model with no declared input on samples of ``input_shape``, with any batch size:
+    a Sequential gets its layer graph, as ``Input`` would have given it; a subclassed model is
+    called once on zeros, as Keras' first ``fit`` would."""
+    if isinstance(model, keras.Sequential):
+        model.build((None, *input_shape))
+    else:
+        model(np.zeros((1, *input_shape), np.float32))
+
+
+def _declared_inputs(model: keras.Model) -> bool:
+    try:
+        return bool(model.inputs)
+    except (AttributeError, ValueError):  # a Sequential without Input, a subclassed model
+        return False
 
 
 def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> Experiment:
-    """Import the experiment file, find its builder and build it once to discover its space.
+    """Import the experiment file, find its hypermodel and discover its space.
 
     Raises:
         ExperimentError: missing file, import failure, no such builder, build raising or
-            returning something that is not a Keras model.
+            returning something that is not a Keras model, a compile foldsweep cannot honour,
+            or a fit() override that does what foldsweep cannot reproduce.
     """
     reference = reference or f"{path}:{attr}"
-    build_fn = load_builder(path, attr, reference=reference)
+    hypermodel = load_hypermodel(path, attr, reference=reference)
+    build_fn = hypermodel.build
     hp = keras_tuner.HyperParameters()
     model = _checked_build(build_fn, hp, reference, "default hyperparameters")
-    input_shape = tuple(model.inputs[0].shape[1:]) if model.inputs else ()
-    output_units = int(model.outputs[0].shape[-1]) if model.outputs else 0
-    _discover_conditional(build_fn, hp, reference)
+    input_shape = tuple(model.inputs[0].shape[1:]) if _declared_inputs(model) else None
+    compiled = _compiled_optimizer(model, reference)
+    fit_arguments = _read_fit(hypermodel, model, hp, reference)
+    _discover(build_fn, hp)
     keras.backend.clear_session()
-    return Experiment(reference, build_fn, hp, input_shape, output_units)
+    return Experiment(reference, build_fn, hp, input_shape, compiled, fit_arguments)
 
 
-MAX_DISCOVERY_BUILDS = 64
+def _compiled_optimizer(model: keras.Model, reference: str) -> str | None:
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return None
+    loss = getattr(model, "loss", None)
+    if isinstance(loss, (dict, list, tuple)):
+        raise ExperimentError(f"experiment: {reference} compiles one loss per output ({type(loss).__name__}); "
+                              "foldsweep trains single-output classifiers: compile one loss")
+    return type(optimizer).__name__
 
 
-def _discover_conditional(build_fn: Callable[[Any], Any], space: keras_tuner.HyperParameters, reference: str) -> None:
-    """Grow ``space`` with hyperparameters that only the other branches of a choice ask for.
+def _discover(build_fn: Callable[[Any], Any], space: keras_tuner.HyperParameters) -> None:
+    """Grow ``space`` with the hyperparameters that builds with other values ask for.
 
     A build with defaults registers only the hyperparameters on the default path; those in a
-    conditional scope of another value of a Choice or Boolean appear only when that value is
-    taken. Each such value is built once, until no build adds a name. A branch that fails to
-    build is skipped here: it fails its own trials, which the sweep records, as KerasTuner would.
+    conditional scope of another value of a choice, or in a loop whose length is a number, appear
+    only when that value is taken. Each choice value and each number's bounds are built once,
+    until no build adds a name. A name revealed by some value of another hyperparameter gets
+    that condition (its values that ask for it, enumerated where there are few). A branch that
+    fails to build is skipped here: it fails its own trials, which the sweep records, as
+    KerasTuner would.
     """
     tried: set[tuple[str, Any]] = set()
-    for _ in range(MAX_DISCOVERY_BUILDS):
-        untried = [(hp.name, value) for hp in space.space if isinstance(hp, (hp_types.Choice, hp_types.Boolean))
-                   for value in _choice_values(hp) if (hp.name, value) not in tried]
+    builds = 0
+    while builds < MAX_DISCOVERY_BUILDS:
+        untried = [(hp, value) for hp in space.space for value in _probe_values(hp, bounds_only=True)
+                   if (hp.name, value) not in tried]
         if not untried:
             return
-        name, value = untried[0]
-        tried.add((name, value))
-        branch = keras_tuner.HyperParameters()
-        branch.values = {name: value}
-        try:
-            build_fn(branch)
-        except Exception:
+        hp, value = untried[0]
+        tried.add((hp.name, value))
+        builds += 1
+        asked = _asked_for(build_fn, _activating(hp, value))
+        known = {other.name for other in space.space}
+        new = [found for name, found in asked.items() if name not in known]
+        unconditioned = [found.name for found in new if not found.conditions]
+        activity = _values_asking(build_fn, hp, unconditioned, builds_left=MAX_DISCOVERY_BUILDS - builds) \
+            if unconditioned else {}
+        builds += len(activity)
+        for found in new:
+            active = [v for v, names in activity.items() if found.name in names]
+            if not found.conditions and active and len(active) < len(activity):
+                found.conditions = [conditions_module.Parent(hp.name, active)]
+            space.merge([found])
+
+
+def _probe_values(hp: Any, *, bounds_only: bool) -> list[Any]:
+    """The values of ``hp`` a discovery builds with: every choice; a number's bounds, or all its
+    values when it has few and ``bounds_only`` is off."""
+    if isinstance(hp, hp_types.Boolean):
+        return [True, False]
+    if isinstance(hp, hp_types.Choice):
+        return list(hp.values)
+    if not isinstance(hp, (hp_types.Int, hp_types.Float)):
+        return []
+    enumerable = isinstance(hp, hp_types.Int) or hp.step is not None
+    if not bounds_only and enumerable:
+        values = list(hp.values)
+        if len(values) <= MAX_ENUMERATED_VALUES:
+            return values
+    return [hp.min_value, hp.max_value]
+
+
+def _activating(hp: Any, value: Any) -> dict[str, Any]:
+    """Values that build ``hp`` at ``value``: its own, and those its conditions need."""
+    values = {condition.name: condition.values[0] for condition in hp.conditions
+              if isinstance(condition, conditions_module.Parent)}
+    return {**values, hp.name: value}
+
+
+def _asked_for(build_fn: Callable[[Any], Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The hyperparameters one build with ``values`` asks for (empty if the build fails)."""
+    branch = keras_tuner.HyperParameters()
+    branch.values = dict(values)
+    try:
+        build_fn(branch)
+    except Exception:
+        return {}
+    return {hp.name: hp for hp in branch.space}
+
+
+def _values_asking(build_fn: Callable[[Any], Any], hp: Any, names: list[str], *, builds_left: int) -> dict[Any, set[str]]:
+    """For each value of ``hp`` (enumerated), which of ``names`` a build with it asks for; empty
+    when ``hp`` has too many values to enumerate."""
+    values = _probe_values(hp, bounds_only=False)
+    if len(values) > min(builds_left, MAX_ENUMERATED_VALUES):
+        return {}
+    return {value: set(_asked_for(build_fn, _activating(hp, value))) & set(names) for value in values}
+
+
+class _RecordingFit:
+    """Stands in for ``model.fit`` while a HyperModel's fit override is read: records the call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append((args, kwargs))
+        return keras.callbacks.History()
+
+
+def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParameters, reference: str) -> dict[str, str]:
+    """What a HyperModel's ``fit`` override asks of training, read with a recording model.
+
+    The override is called as KerasTuner's tuner calls it (``x``, ``y``, ``validation_data``,
+    ``callbacks``); the hyperparameters it registers join ``hp``. It must pass them on to one
+    ``model.fit`` call unchanged, adding only ``batch_size``, ``epochs``, ``shuffle`` (and
+    ``verbose``). Returns foldsweep's training names -> the hyperparameters that feed them.
+
+    Raises:
+        ExperimentError: the override trains on its own, changes the data, or adds arguments or
+            callbacks that foldsweep cannot reproduce.
+    """
+    if not isinstance(hypermodel, keras_tuner.HyperModel) or type(hypermodel).fit is keras_tuner.HyperModel.fit:
+        return {}
+    where = f"experiment: {reference}: its HyperModel.fit"
+    recording = _RecordingFit()
+    x, y = np.zeros((2, 1), np.float32), np.zeros((2,), np.int32)
+    validation = (np.zeros((2, 1), np.float32), np.zeros((2,), np.int32))
+    callbacks: list[Any] = []
+    model.fit = recording
+    try:
+        hypermodel.fit(hp, model, x, y, validation_data=validation, callbacks=callbacks)
+    except Exception as exc:
+        raise ExperimentError(
+            f"{where} failed when called as KerasTuner calls it (x, y, validation_data=..., callbacks=[...]): "
+            f"{type(exc).__name__}: {exc}. foldsweep trains the model itself: keep fit() to "
+            f"`return model.fit(*args, batch_size=hp..., epochs=hp..., **kwargs)`") from None
+    finally:
+        del model.fit
+    if len(recording.calls) != 1:
+        raise ExperimentError(
+            f"{where} calls model.fit {len(recording.calls)} times; foldsweep trains the model itself and can "
+            "only take the fit arguments of one model.fit(*args, **kwargs) call: move a training loop of your own "
+            "out of the hypermodel")
+    args, kwargs = recording.calls[0]
+    given = {"x": args[0] if args else kwargs.pop("x", None), "y": args[1] if len(args) > 1 else kwargs.pop("y", None),
+             "validation_data": kwargs.pop("validation_data", None), "callbacks": kwargs.pop("callbacks", None)}
+    expected = {"x": x, "y": y, "validation_data": validation, "callbacks": callbacks}
+    changed = [name for name in expected if given[name] is not expected[name]]
+    if changed or len(args) > 2:
+        raise ExperimentError(
+            f"{where} passes model.fit other {', '.join(changed) or 'positional arguments'} than it was given "
+            "(preprocessing, callbacks or data of its own); foldsweep feeds the folds itself: move preprocessing "
+            "into build(hp) as layers or into the dataset, and leave callbacks out")
+    unknown = sorted(set(kwargs) - set(FIT_ARGUMENTS) - set(QUIET_FIT_ARGUMENTS))
+    if unknown:
+        raise ExperimentError(
+            f"{where} passes model.fit {', '.join(unknown)}, which foldsweep cannot reproduce; it takes "
+            f"{', '.join(FIT_ARGUMENTS)} from fit(): move the rest into build(hp) or the spec")
+    return _fit_sources(kwargs, hp, where)
+
+
+def _fit_sources(kwargs: Mapping[str, Any], hp: keras_tuner.HyperParameters, where: str) -> dict[str, str]:
+    """For each fit argument, the hyperparameter it came from (a constant becomes a fixed one)."""
+    sources = {}
+    for name in FIT_ARGUMENTS:
+        if name not in kwargs:
             continue
-        space.merge([hp for hp in branch.space if not space._exists(hp.name, hp.conditions)])
-
-
-def _choice_values(hp: Any) -> list[Any]:
-    return [True, False] if isinstance(hp, hp_types.Boolean) else list(hp.values)
+        value = kwargs[name]
+        matching = [candidate.name for candidate in hp.space if hp.values.get(candidate.name) == value]
+        if not matching:  # a constant: a fixed hyperparameter of that name
+            hp.Fixed(name, value)
+            matching = [name]
+        elif name in matching:
+            matching = [name]
+        elif len(matching) > 1:
+            raise ExperimentError(f"{where} passes {name}={value!r}, the value of several hyperparameters "
+                                  f"({', '.join(matching)}): name the one it comes from {name!r}")
+        sources[name] = matching[0]
+    return sources
 
 
 def _checked_build(build_fn: Callable[[Any], Any], hp: keras_tuner.HyperParameters, reference: str,
@@ -109,6 +320,19 @@ def _checked_build(build_fn: Callable[[Any], Any], hp: keras_tuner.HyperParamete
 
 def load_builder(path: Path, attr: str, *, reference: str | None = None) -> Callable[[Any], Any]:
     """Import the experiment file and return its build(hp) callable (no build, no discovery)."""
+    return load_hypermodel(path, attr, reference=reference).build
+
+
+class _BuildFunction:
+    """A plain build(hp) function with a HyperModel's face (``build``), and no fit override."""
+
+    def __init__(self, build: Callable[[Any], Any]):
+        self.build = build
+
+
+def load_hypermodel(path: Path, attr: str, *, reference: str | None = None) -> Any:
+    """Import the experiment file: its ``keras_tuner.HyperModel`` (instantiated), or its plain
+    build(hp) function behind the same ``build`` face."""
     reference = reference or f"{path}:{attr}"
     if not path.is_file():
         raise ExperimentError(f"experiment: file not found: {str(path)!r} (from {reference!r})")
@@ -135,11 +359,11 @@ def load_builder(path: Path, attr: str, *, reference: str | None = None) -> Call
         except Exception as exc:
             raise ExperimentError(f"experiment: {reference}: cannot instantiate the HyperModel: {exc}") from None
     if isinstance(target, keras_tuner.HyperModel):
-        return target.build
+        return target
     if not callable(target):
         raise ExperimentError(f"experiment: {reference} must be a build(hp) function or a keras_tuner.HyperModel, "
                               f"got {type(target).__name__}")
-    return target
+    return _BuildFunction(target)
 
 
 def _last_frame(exc: BaseException) -> str:

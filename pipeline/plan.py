@@ -150,6 +150,41 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
                      device=device)
 
 
+def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: bool = False) -> ExecutionChoices:
+    """The choices that make ``plan_trial`` decide again what a recorded plan decided, as far as
+    the debugging options allow (eager and numeric checking run without XLA, unfused)."""
+    return ExecutionChoices(
+        jit_compile="off" if eager or check_numerics else ("on" if recorded.jit_compile else "off"),
+        fused="on" if recorded.fused else "off", steps_per_launch=recorded.steps_per_launch,
+        layout="auto" if recorded.layout == "unfused" else recorded.layout, eager=eager,
+        check_numerics=check_numerics)
+
+
+def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
+    """What of ``now`` may make a trial walk another trajectory than ``recorded`` did.
+
+    One fold alone or side by side with others runs the same compiled steps on the same thread
+    pools, so unfused against side by side is no difference; stacked folds are one XLA program
+    whose float rounding differs from a fold's own.
+    """
+    differences = []
+    if now.jit_compile != recorded.jit_compile:
+        differences.append(f"jit_compile {recorded.jit_compile} -> {now.jit_compile}")
+    if now.steps_per_launch != recorded.steps_per_launch:
+        differences.append(f"steps per launch {recorded.steps_per_launch} -> {now.steps_per_launch}")
+    if now.layout != recorded.layout and "stacked" in (now.layout, recorded.layout):
+        differences.append(f"layout {recorded.layout} -> {now.layout}")
+    if now.threads != recorded.threads:
+        differences.append(f"threads {recorded.threads.describe()} -> {now.threads.describe()}")
+    if _device_kind(now.device) != _device_kind(recorded.device):
+        differences.append(f"device {recorded.device} -> {now.device}")
+    return differences
+
+
+def _device_kind(device: str) -> str:
+    return "GPU" if "GPU" in device else "CPU"
+
+
 def _use_xla(choice: AutoSwitch, *, batch_size: int, device: str, stochastic: bool) -> bool:
     """Forced by the spec, else by device, batch size and whether the model draws random numbers
     in training."""

@@ -33,19 +33,19 @@ def refit(build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs:
     model that never trained on it.
     """
     from pipeline.resident import resident_data
-    from pipeline.space import resolve_config, split_config
+    from pipeline.space import resolve_config
     from pipeline.trainer import build_trainer
-    from pipeline.training import TrainingParams
+    from pipeline.trial import trial_values
 
     x = np.concatenate([dataset.x, dataset.x_test])
     y = np.concatenate([dataset.y, dataset.y_test])
     n_train = len(dataset.y)
     fold = Fold(train=np.arange(n_train), val=np.arange(n_train, len(y)))
-    training, model_values = split_config(resolve_config(config, settings.conditions))
-    training.pop("epochs")
-    trainer = build_trainer(build_fn, model_values, TrainingParams(**training),
+    params, model_values, _ = trial_values(resolve_config(config, settings.conditions), settings)
+    trainer = build_trainer(build_fn, model_values, params,
                             data=resident_data(f"{dataset.fingerprint}+test", x, y), folds=[fold], seed=settings.seed,
-                            choices=settings.choices, from_logits=settings.from_logits, planned_epochs=epochs)
+                            choices=settings.choices, from_logits=settings.from_logits, planned_epochs=epochs,
+                            spec_names=settings.spec_names)
     for _ in range(epochs):
         result = trainer.run_epoch()
     path = directory / REFIT_MODEL_ARTIFACT

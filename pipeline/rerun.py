@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
 from pipeline.datasets import load_dataset
-from pipeline.errors import DataError, InputError
+from pipeline.errors import DataError, InputError, SpecError, TrackingError
 from pipeline.folds import FoldPlan, make_folds
+from pipeline.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads, replay_choices
 from pipeline.results import DONE, EpochResult, TrialStatus
 from pipeline.spec import TRAINING_DEFAULTS, DatasetSpec, Objective, SweepSpec, parse_spec
 from pipeline.tracking import Tracker
@@ -31,6 +32,13 @@ class RecordedTrial:
     manifest: dict[str, Any]
     experiment_path: Path
     dataset: DatasetSpec
+    plan: TrialPlan | None  # None for trials recorded before plans were
+
+    def threads(self, *, n_folds: int, eager: bool, check_numerics: bool) -> ThreadPlan:
+        """The thread pools the trial ran with (as the spec sizes them, for an older record)."""
+        if self.plan is not None:
+            return self.plan.threads
+        return spec_threads(self.spec, n_folds=self.spec.cv.n_splits, eager=eager, check_numerics=check_numerics)
 
 
 @dataclass(frozen=True)
@@ -63,14 +71,28 @@ def load_recorded_trial(tracker: Tracker, run_id: str) -> RecordedTrial:
         TrackingError: unknown run id, or a run that is not a foldsweep trial.
     """
     run = tracker.recorded_trial_run(run_id)
-    spec = parse_spec(yaml.safe_load(run.spec_text), source_path=Path(f"spec.yaml of sweep run {run.parent_run_id}"),
-                      source_text=run.spec_text)
+    source = Path(f"spec.yaml of sweep run {run.parent_run_id}")
+    try:
+        document = yaml.safe_load(run.spec_text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{source}: damaged, not valid YAML: {exc}") from None
+    spec = parse_spec(document, source_path=source, source_text=run.spec_text)
     experiment_path = Path(run.sweep_params.get("experiment_path", spec.experiment_path))
     # The data file as the sweep resolved it, so that a rerun from another directory finds it.
     dataset = replace(spec.dataset, path=run.sweep_params["dataset_path"]) if "dataset_path" in run.sweep_params \
         else spec.dataset
+    try:
+        plan = TrialPlan.from_dict(run.plan) if run.plan is not None else None
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise TrackingError(f"RUN_ID: trial_plan.json of run {run_id} is damaged: {exc}") from None
     return RecordedTrial(run.run_id, run.run_name, run.parent_run_id, spec, run.config, run.manifest,
-                         experiment_path, dataset)
+                         experiment_path, dataset, plan)
+
+
+def spec_threads(spec: SweepSpec, *, n_folds: int, eager: bool = False, check_numerics: bool = False) -> ThreadPlan:
+    """The thread pools a trial of ``spec`` over ``n_folds`` folds gets, as a sweep's worker sizes them."""
+    choices = ExecutionChoices(fused=spec.train.fused, eager=eager, check_numerics=check_numerics)
+    return plan_threads(choices, cpus=spec.resources.cpu, n_folds=n_folds)
 
 
 def recorded_folds(recorded: RecordedTrial) -> tuple[Any, FoldPlan]:
@@ -108,21 +130,50 @@ def check_fold(fold: int | None, n_splits: int) -> list[int]:
     return [fold]
 
 
-def run_in_process(*, spec: SweepSpec, experiment_path: Path, dataset: Any, plan: FoldPlan, config: Mapping[str, Any],
-                   conditions: Mapping[str, Any], fold_ids: Sequence[int], epochs: int | None, eager: bool,
-                   check_numerics: bool, on_epoch: Callable[[dict[str, Any]], None],
+@dataclass(frozen=True)
+class TrialRequest:
+    """One trial to run in this process, and how: on ``threads`` (configured before TensorFlow
+    started), executing ``replay`` (a recorded trial's plan) where the options allow."""
+
+    spec: SweepSpec
+    experiment_path: Path
+    dataset: Any
+    folds: FoldPlan
+    config: Mapping[str, Any]
+    conditions: Mapping[str, Any]
+    fold_ids: Sequence[int]
+    threads: ThreadPlan
+    epochs: int | None = None
+    eager: bool = False
+    check_numerics: bool = False
+    replay: TrialPlan | None = None
+    fit_arguments: Mapping[str, str] = field(default_factory=dict)
+    # What the request changes against a recorded trial, besides its plan (--set, --eager).
+    changes: tuple[str, ...] = ()
+
+
+def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[str]], None],
+                   on_epoch: Callable[[dict[str, Any]], None],
                    ) -> tuple[TrialStatus, NumericsFinding | None, dict[str, Any]]:
-    """Run one trial here through ``TrialRunner``, calling ``on_epoch`` with each epoch's report;
-    returns (status, numerics finding, last report)."""
+    """Run one trial here through ``TrialRunner``; calls ``on_plan`` with the plan executed and
+    what may make it walk another trajectory than the recorded trial (the request's changes and
+    the plan's differences), then ``on_epoch`` with each epoch's report. Returns (status,
+    numerics finding, last report)."""
     from pipeline.trial import TrialRunner, TrialSettings, set_up_worker
 
-    settings = TrialSettings.from_spec(spec, experiment_path=experiment_path, dataset_fingerprint=dataset.fingerprint,
-                                       conditions=conditions, eager=eager, check_numerics=check_numerics)
-    worker = set_up_worker(settings, x=dataset.x, y=dataset.y, n_folds=len(fold_ids))
+    eager, check_numerics, replay = request.eager, request.check_numerics, request.replay
+    settings = TrialSettings.from_spec(request.spec, experiment_path=request.experiment_path,
+                                       dataset_fingerprint=request.dataset.fingerprint, conditions=request.conditions,
+                                       fit_arguments=request.fit_arguments, eager=eager, check_numerics=check_numerics)
+    if replay is not None:
+        settings = replace(settings, choices=replay_choices(replay, eager=eager, check_numerics=check_numerics))
+    worker = set_up_worker(settings, x=request.dataset.x, y=request.dataset.y, threads=request.threads)
     import tensorflow as tf
 
-    runner = TrialRunner(config, worker=worker, folds=[plan.folds[k] for k in fold_ids], fold_ids=fold_ids,
-                         settings=settings, epochs=epochs)
+    runner = TrialRunner(request.config, worker=worker, folds=[request.folds.folds[k] for k in request.fold_ids],
+                         fold_ids=request.fold_ids, settings=settings, epochs=request.epochs, replay=replay)
+    executed = runner.trainer.plan
+    on_plan(executed, [*request.changes, *(plan_differences(replay, executed) if replay is not None else [])])
     if check_numerics:
         tf.debugging.enable_check_numerics()
     report: dict[str, Any] = {}
@@ -138,6 +189,16 @@ def run_in_process(*, spec: SweepSpec, experiment_path: Path, dataset: Any, plan
         if check_numerics:
             tf.debugging.disable_check_numerics()
     return EpochResult.from_report(report).status(), None, report
+
+
+def rerun_changes(recorded: RecordedTrial, overrides: Mapping[str, Any], *, eager: bool) -> tuple[str, ...]:
+    """What a rerun asks to change against its recorded trial, besides the plan."""
+    changes = [f"--set {name}={value}" for name, value in overrides.items() if recorded.config.get(name) != value]
+    if eager:
+        changes.append("--eager (op by op)")
+    if recorded.plan is None:
+        changes.append("no plan recorded with the trial (executed as the spec decides today)")
+    return tuple(changes)
 
 
 def numerics_finding(message: str, models: Sequence[Any]) -> NumericsFinding:

@@ -7,8 +7,6 @@ tensors on the device.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +14,6 @@ import numpy as np
 # How many host-to-device copies of a dataset this process has made (what the tests count).
 _transfers = 0
 _resident: dict[str, "ResidentData"] = {}
-_device_notice: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,48 +52,3 @@ def resident_data(fingerprint: str, x: np.ndarray, y: np.ndarray) -> ResidentDat
     _resident.clear()
     _resident[fingerprint] = ResidentData(fingerprint, device, features, labels)
     return _resident[fingerprint]
-
-
-def configure_devices(gpu_fraction: float) -> str:
-    """Set GPU memory behaviour before TensorFlow initialises its devices in this process.
-
-    A fractional slot (``gpu_fraction`` < 1) gets a memory limit of that fraction of the device
-    when the device size is known, else memory growth, so trials packed onto one GPU do not
-    take each other's memory. Returns a one-line notice of what was done.
-    """
-    global _device_notice
-    if _device_notice is not None:
-        return _device_notice
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        _device_notice = "no GPU visible to this worker: training on CPU"
-        return _device_notice
-    total_mb = _gpu_memory_mb()
-    try:
-        for gpu in gpus:
-            if 0 < gpu_fraction < 1 and total_mb:
-                limit = int(gpu_fraction * total_mb)
-                tf.config.set_logical_device_configuration(
-                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit)])
-                _device_notice = f"GPU slot: {gpu_fraction:g} of {total_mb} MB -> memory limit {limit} MB"
-            else:
-                tf.config.experimental.set_memory_growth(gpu, True)
-                _device_notice = "GPU with memory growth"
-    except RuntimeError:
-        _device_notice = "GPU already initialised in this process; memory settings unchanged"
-    return _device_notice
-
-
-def _gpu_memory_mb() -> int | None:
-    """Total memory of the first visible GPU, from nvidia-smi (which Ray's device mask respects)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    command = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
-    if visible:
-        command += ["-i", visible]
-    try:
-        output = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True).stdout
-        return int(output.strip().splitlines()[0])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None

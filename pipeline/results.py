@@ -29,6 +29,7 @@ NAN_FAILURES = "nan_failures"
 N_PARAMS = "n_params"
 MODEL_SUMMARY = "model_summary"
 TRIAL_PLAN = "trial_plan"
+PLAN_ARTIFACT = "trial_plan.json"
 TRAIN_RATE = "train_samples_per_s"
 EVAL_RATE = "eval_samples_per_s"
 COMPILE_S = "compile_s"
@@ -36,13 +37,21 @@ FOLD_SCORE_NAMES = ("train_loss", "val_loss", "val_accuracy")
 NAN_FIELDS = ("nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm")
 # Where and how the trial ran, reported once per process and recorded as tags.
 INFO_FIELDS = ("device", "device_notice", "gpu_ids", "node_id", "hostname", "data_transfers", "tf_threads",
-               "jit_compile", "fused", "fused_reason", "steps_per_launch", "tensorflow_version", "keras_version",
-               "ray_version", "python_version")
-# What Ray Tune adds to every result that says where the trial ran: recorded as tags too.
-RAY_PLACEMENT_FIELDS = ("pid", "node_ip")
+               "jit_compile", "fused", "fused_reason", "steps_per_launch", "compile_source", "loss", "tensorflow_version",
+               "keras_version", "ray_version", "python_version")
+# The optimizer and learning rate in effect (the hypermodel's own, or foldsweep's): recorded as
+# params where the trial's config does not already hold them.
+PARAMS_IN_EFFECT = "params_in_effect"
+# A worker process's life (pipeline.lifespan): which trial of its process this is (a tag), its
+# memory mappings after each epoch (a metric), and whether it retires after this trial.
+WORKER_TRIALS = "worker_trials"
+WORKER_MAPS = "worker_maps"
+WORKER_RETIRES = "worker_retires"
+# What says where the trial ran in every result (Ray Tune adds pid and node_ip): tags too.
+RAY_PLACEMENT_FIELDS = ("pid", "node_ip", WORKER_TRIALS)
 # Keys that steer Ray Tune or that it adds for itself; not findings, so never recorded.
 BOOKKEEPING_KEYS = frozenset({
-    DONE, EPOCH, EPOCHS_PLANNED, FOLD_IDS, "trial_id", "training_iteration", "time_this_iter_s", "time_total_s",
+    DONE, EPOCH, EPOCHS_PLANNED, FOLD_IDS, WORKER_RETIRES, "trial_id", "training_iteration", "time_this_iter_s", "time_total_s",
     "timestamp", "date", "time_since_restore", "iterations_since_restore", "experiment_tag", "config",
     "checkpoint_dir_name", "should_checkpoint", "timesteps_total", "episodes_total", "timesteps_since_restore",
     "warmup_time",
@@ -51,7 +60,7 @@ BOOKKEEPING_KEYS = frozenset({
 TRIAL_WALL_S = "trial_wall_s"
 RETRIES = "retries"
 # Metrics recorded once per trial, or a count rather than a finding per epoch: not in history.csv.
-NOT_IN_HISTORY = frozenset({N_PARAMS, TRIAL_WALL_S, RETRIES, NAN_FAILURES})
+NOT_IN_HISTORY = frozenset({N_PARAMS, TRIAL_WALL_S, RETRIES, NAN_FAILURES, WORKER_MAPS})
 # A fold that went NaN counts as the worst score in its trial's CV mean and std, finite, so that
 # no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
 NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "train_loss": 1e6}
@@ -164,6 +173,9 @@ class TrialInfo:
     """Once per trial (and per process it runs in): its plan, where it ran, its model."""
 
     plan: TrialPlan
+    compile_source: str = "default"
+    loss: str = ""
+    params_in_effect: Mapping[str, Any] = field(default_factory=dict)
     device_notice: str = ""
     gpu_ids: str = ""
     node_id: str = ""
@@ -178,7 +190,9 @@ class TrialInfo:
         return {"device": plan.device, "device_notice": self.device_notice, "gpu_ids": self.gpu_ids,
                 "node_id": self.node_id, "hostname": self.hostname, "data_transfers": self.data_transfers,
                 "tf_threads": plan.threads.describe(), "jit_compile": plan.jit_compile, "fused": plan.fused,
-                "fused_reason": plan.reason, "steps_per_launch": plan.steps_per_launch, **self.versions,
+                "fused_reason": plan.reason, "steps_per_launch": plan.steps_per_launch,
+                "compile_source": self.compile_source, "loss": self.loss, PARAMS_IN_EFFECT: dict(self.params_in_effect),
+                **self.versions,
                 N_PARAMS: self.n_params, MODEL_SUMMARY: self.model_summary,
                 TRIAL_PLAN: json.dumps(plan.as_dict(), sort_keys=True)}
 
@@ -260,8 +274,12 @@ def info_tags(report: Mapping[str, Any]) -> dict[str, str]:
     return {key: str(report[key]) for key in (*INFO_FIELDS, *RAY_PLACEMENT_FIELDS) if key in report}
 
 
+def info_params(report: Mapping[str, Any]) -> dict[str, str]:
+    return {key: str(value) for key, value in report.get(PARAMS_IN_EFFECT, {}).items()}
+
+
 def info_metrics(report: Mapping[str, Any]) -> dict[str, float]:
-    return {N_PARAMS: float(report[N_PARAMS])} if N_PARAMS in report else {}
+    return {key: float(report[key]) for key in (N_PARAMS, WORKER_MAPS) if key in report}
 
 
 def info_texts(report: Mapping[str, Any]) -> dict[str, str]:
@@ -270,7 +288,7 @@ def info_texts(report: Mapping[str, Any]) -> dict[str, str]:
     if report.get(MODEL_SUMMARY):
         texts["model_summary.txt"] = report[MODEL_SUMMARY]
     if report.get(TRIAL_PLAN):
-        texts["trial_plan.json"] = report[TRIAL_PLAN]
+        texts[PLAN_ARTIFACT] = report[TRIAL_PLAN]
     return texts
 
 
@@ -278,9 +296,9 @@ def recorded_keys(report: Mapping[str, Any]) -> set[str]:
     """The keys of a report that MLflow records (as metrics, tags or artifacts), including a
     throughput not yet measurable, which is left out only while it is NaN."""
     result = EpochResult.from_report(report)
-    texts = {key for key in (MODEL_SUMMARY, TRIAL_PLAN) if key in report}
+    artifacts_and_params = {key for key in (MODEL_SUMMARY, TRIAL_PLAN, PARAMS_IN_EFFECT) if key in report}
     return {*result.mlflow_metrics(), *result.throughput_values(), *result.mlflow_tags(), *info_tags(report),
-            *info_metrics(report), *texts}
+            *info_metrics(report), *artifacts_and_params}
 
 
 def unrecorded_keys(report: Mapping[str, Any]) -> set[str]:

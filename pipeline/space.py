@@ -30,6 +30,8 @@ from pipeline.spec import TRAINING_DEFAULTS, ParamSpec, SweepSpec
 # A grid over (clipping, clip_threshold) pairs is one config key, so that `none` is not repeated
 # once per threshold.
 CLIP_PAIR = "clipping+threshold"
+# What a hypermodel that compiles its own optimizer decides itself, unless the spec names it.
+OWN_OPTIMIZER_SETTINGS = ("optimizer", "learning_rate")
 # Training hyperparameters that only count under a condition, as KerasTuner conditions: the same
 # rule as a hypermodel's conditional scopes, so one mechanism drops, records and suggests both.
 TRAINING_CONDITIONS: Mapping[str, tuple[Any, ...]] = {
@@ -72,8 +74,11 @@ class SearchSpace:
 
 
 def build_space(spec: SweepSpec, hyperparameters: keras_tuner.HyperParameters, *,
-                default_epochs: int | None = None) -> SearchSpace:
+                default_epochs: int | None = None, own_optimizer: bool = False) -> SearchSpace:
     """The sweep's search space for its search algorithm.
+
+    With ``own_optimizer`` (the hypermodel compiles its model), foldsweep's ``optimizer`` and
+    ``learning_rate`` are in the space only where the spec names them: the compiled ones apply.
 
     Raises:
         SpecError: a ``search.space`` entry names neither a training hyperparameter nor one the
@@ -87,6 +92,9 @@ def build_space(spec: SweepSpec, hyperparameters: keras_tuner.HyperParameters, *
                 f"{spec.source_path}: search.space.{name} is not a hyperparameter of {spec.experiment} "
                 f"(its build(hp) never asks for it) nor a training hyperparameter; known: {', '.join(known)}")
     domains: dict[str, Any] = dict(TRAINING_DEFAULTS)
+    if own_optimizer:
+        for name in OWN_OPTIMIZER_SETTINGS:
+            domains.pop(name)
     domains["epochs"] = default_epochs if default_epochs is not None else spec.train.epochs
     domains.update({name: hp_domain(hp) for name, hp in discovered.items()})
     domains.update({name: spec_domain(param) for name, param in spec.search.space.items()})
@@ -200,10 +208,13 @@ def resolve_config(config: Mapping[str, Any], conditions: Mapping[str, tuple[Any
 
 
 def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A resolved config as (training hyperparameters, model hyperparameters)."""
+    """A resolved config as (training hyperparameters, the values a build(hp) gets).
+
+    The build gets every value: a hypermodel that asks for ``learning_rate`` or ``optimizer``
+    itself (to compile its model) gets the trial's, and it ignores the names it never asks for.
+    """
     training = {name: config.get(name, default) for name, default in TRAINING_DEFAULTS.items()}
-    model = {name: value for name, value in config.items() if name not in TRAINING_DEFAULTS}
-    return training, model
+    return training, dict(config)
 
 
 class _OptunaSpace:

@@ -144,6 +144,9 @@ class ResourcesSpec:
     max_concurrent: int | None = None
     max_failures: int = 0
     address: str | None = None
+    # Trials one worker process runs before a fresh one takes over; auto: as its memory
+    # mappings near the kernel's limit (pipeline.lifespan).
+    max_trials_per_worker: int | Literal["auto"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,13 @@ def load_spec(path: str | Path) -> SweepSpec:
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: spec file not found")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: a spec must be UTF-8 text (YAML); byte {exc.start} is {exc.object[exc.start]:#04x}, "
+                        "which is not UTF-8 (a binary file, or another encoding?)") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -418,8 +427,10 @@ def _parse_resources(section: _Section) -> ResourcesSpec:
     max_concurrent = section.integer("max_concurrent", default=None, minimum=1)
     max_failures = section.integer("max_failures", default=0, minimum=0)
     address = section.string("address", pattern_hint="a Ray address such as 127.0.0.1:6379 or auto")
+    max_trials_per_worker = _auto_or_positive_integer(section, "max_trials_per_worker")
     section.finish()
-    return ResourcesSpec(cpu=cpu, gpu=gpu, max_concurrent=max_concurrent, max_failures=max_failures, address=address)
+    return ResourcesSpec(cpu=cpu, gpu=gpu, max_concurrent=max_concurrent, max_failures=max_failures, address=address,
+                         max_trials_per_worker=max_trials_per_worker)
 
 
 def _suggest(value: Any, choices: tuple[str, ...] | list[str]) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import keras
@@ -28,9 +27,16 @@ import numpy as np
 
 from pipeline.plan import has_random_layers
 from pipeline.resident import ResidentData
-from pipeline.training import EpochTally, FoldEngine, TrainingParams, close_shared_epoch, make_optimizer, tally_step
+from pipeline.training import (EpochTally, FoldEngine, OptimizerRecipe, TrainingLoss, TrainingParams, close_shared_epoch,
+                               tally_step)
 
 STACKED_LAYERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D)
+# Optimizers whose update of a weight depends on that weight's own gradient and state only, so
+# that one optimizer over the stacked weights updates each fold's slice as the fold's own would
+# (Adafactor, say, factors its state over a weight's axes, the fold axis included).
+ELEMENTWISE_OPTIMIZERS = (keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.SGD, keras.optimizers.RMSprop,
+                          keras.optimizers.Nadam, keras.optimizers.Adamax, keras.optimizers.Adagrad,
+                          keras.optimizers.Lion)
 # The stacked forward pass must give each fold model's own outputs up to float rounding
 # (its convolutions are patch products, not the backend's convolution kernels).
 FORWARD_CHECK_RTOL, FORWARD_CHECK_ATOL = 1e-4, 1e-5
@@ -73,12 +79,14 @@ def steps_blocker(folds_train_sizes: Sequence[int], batch_size: int) -> str | No
 
 
 def stacking_blocker(models: Sequence[keras.Model], data: ResidentData, train_folds: Sequence[np.ndarray], *,
-                     batch_size: int, jit_compile: bool) -> str | None:
+                     batch_size: int, jit_compile: bool, optimizer: OptimizerRecipe) -> str | None:
     """Why these fold models cannot train stacked, or None (their stacked forward pass checked)."""
     import tensorflow as tf
 
     if not jit_compile:
         return "the step runs without XLA"
+    if optimizer.cls not in ELEMENTWISE_OPTIMIZERS:
+        return f"the {optimizer.cls.__name__} optimizer is not known to update each weight on its own"
     blocker = model_blocker(models[0]) or steps_blocker([len(train) for train in train_folds], batch_size)
     if blocker:
         return blocker
@@ -220,13 +228,11 @@ def fold_norms(gradients):
     return tf.sqrt(tf.add_n([fold_square_sums(gradient) for gradient in gradients]))
 
 
-def clip_per_fold(params: TrainingParams) -> Callable[[list[Any], Any], list[Any]]:
-    """Keras' clipping by the optimizer argument of ``params.clipping``, on each fold's slices:
+def clip_per_fold(kind: str, threshold: float | None) -> Callable[[list[Any], Any], list[Any]]:
+    """Keras' clipping by the optimizer argument of clipping ``kind``, on each fold's slices:
     ``norm`` per variable slice, ``global_norm`` over one fold's slices (``fold_norms``, which the
     step has already computed for its health check), ``value`` elementwise."""
     import tensorflow as tf
-
-    threshold = params.clip_threshold
 
     def by_norm(gradients, _):  # keras BaseOptimizer._clip_by_norm, per fold
         clipped = []
@@ -245,7 +251,7 @@ def clip_per_fold(params: TrainingParams) -> Callable[[list[Any], Any], list[Any
         return [tf.clip_by_value(g, -threshold, threshold) for g in gradients]
 
     return {"none": lambda gradients, _: gradients, "norm": by_norm, "global_norm": by_global_norm,
-            "value": by_value}[params.clipping]
+            "value": by_value}[kind]
 
 
 class StackedFolds:
@@ -257,7 +263,7 @@ class StackedFolds:
     """
 
     def __init__(self, engines: Sequence[FoldEngine], params: TrainingParams, *, data: ResidentData,
-                 from_logits: bool, steps_per_launch: int):
+                 loss: TrainingLoss, optimizer: OptimizerRecipe, steps_per_launch: int):
         import tensorflow as tf
 
         self._engines = list(engines)
@@ -269,7 +275,7 @@ class StackedFolds:
                            in zip(stacked_weights(models), template.trainable_variables)]
         # Clipping is done per fold before the optimizer sees the gradients; everything the
         # optimizers below do is elementwise, so each fold's slice is updated on its own.
-        self._optimizer = make_optimizer(replace(params, clipping="none"))
+        self._optimizer = optimizer.make(clipping=False)
         self._optimizer.build(self._variables)
         state_pairs = list(zip(self._optimizer.variables, zip(*(e.optimizer.variables for e in engines))))
         for stacked, per_fold in state_pairs:
@@ -283,7 +289,7 @@ class StackedFolds:
         # What a fold that does not apply a step keeps: its slices of the weights and of the
         # optimizer's per-variable state (the step count and learning rate are shared scalars).
         kept = [stacked for stacked, _ in self._pairs if stacked.shape.rank]
-        clip = clip_per_fold(params)
+        clip = clip_per_fold(*optimizer.clipping)
         features, labels = data.x, data.y
         variables, optimizer = self._variables, self._optimizer
 
@@ -294,8 +300,7 @@ class StackedFolds:
             counts = tf.reduce_sum(weights, axis=1)
             with tf.GradientTape() as tape:
                 predictions = stacked_forward(template, variables, x, n_folds)
-                per_sample = tf.reshape(keras.losses.sparse_categorical_crossentropy(
-                    y, predictions, from_logits=from_logits), [n_folds, -1])
+                per_sample = tf.reshape(loss.per_sample(y, predictions), [n_folds, -1])
                 losses = tf.reduce_sum(per_sample * weights, axis=1) / tf.maximum(counts, 1.0)
                 total = tf.reduce_sum(losses)  # each fold's slices get its own loss' gradient only
             gradients = tape.gradient(total, variables)

@@ -6,19 +6,20 @@ refused before a cluster starts. ``run_sweep`` is the only place that builds a T
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from pipeline.datasets import Dataset, load_dataset
-from pipeline.errors import DataError, InputError, SpecError
+from pipeline.errors import DataError, FoldsweepError, InputError, SpecError
 from pipeline.folds import FoldPlan, make_folds
 from pipeline.space import SearchSpace
 from pipeline.spec import SweepSpec
-from pipeline.results import SweepStatus, TrialStatus
+from pipeline.results import WORKER_RETIRES, SweepStatus, TrialStatus
 from pipeline.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord, check_tracking_uri
 from pipeline.trial import TrialSettings
 
@@ -42,7 +43,8 @@ class PreparedSweep:
 
     def trial_settings(self) -> TrialSettings:
         return TrialSettings.from_spec(self.spec, experiment_path=self.experiment_path,
-                                       dataset_fingerprint=self.dataset.fingerprint, conditions=self.space.conditions)
+                                       dataset_fingerprint=self.dataset.fingerprint, conditions=self.space.conditions,
+                                       fit_arguments=self.experiment.fit_arguments)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
         raise DataError(f"--num-samples must be >= 1, got {num_samples}")
     experiment_path = spec.resolve_path(spec.experiment_path)
     experiment = load_experiment(experiment_path, spec.experiment_attr, reference=spec.experiment)
-    space = build_space(spec, experiment.hyperparameters)
+    space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
     dataset_spec = spec.resolved_dataset()
     dataset = load_dataset(dataset_spec)
     _check_model_fits_data(spec, experiment, dataset)
@@ -95,17 +97,30 @@ def _check_batch_fits_folds(spec: SweepSpec, space: SearchSpace, folds: FoldPlan
 
 
 def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset) -> None:
-    expected = tuple(experiment.input_shape)
-    mismatched = len(expected) != len(dataset.input_shape) or any(
-        want is not None and want != have for want, have in zip(expected, dataset.input_shape))
-    if mismatched:
+    """The model takes the dataset's samples (built on their shape when it declares no input)
+    and has an output for every label."""
+    expected = experiment.input_shape
+    if expected is not None and (len(expected) != len(dataset.input_shape) or any(
+            want is not None and want != have for want, have in zip(expected, dataset.input_shape))):
         raise DataError(
             f"dataset: samples of {dataset.name!r} have shape {dataset.input_shape}, but the model of "
-            f"{spec.experiment} expects inputs of shape {expected}")
-    if dataset.n_classes > experiment.output_units:
+            f"{spec.experiment} expects inputs of shape {tuple(expected)}")
+    units = experiment.output_units(dataset.input_shape)
+    if dataset.n_classes > units:
         raise DataError(
             f"dataset: labels of {dataset.name!r} go up to {dataset.n_classes - 1}, but the model of "
-            f"{spec.experiment} has only {experiment.output_units} outputs")
+            f"{spec.experiment} has only {units} outputs")
+
+
+class AfterTrialsFailed(FoldsweepError):
+    """Every trial ended and is recorded, but what comes after them failed; the parent run is
+    closed (FAILED when publishing failed, FINISHED with ``foldsweep.refit=error`` when the refit
+    did)."""
+
+    def __init__(self, outcome: SweepOutcome, failed: list[str]):
+        super().__init__("; ".join(failed))
+        self.outcome = outcome
+        self.failed = failed
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -130,6 +145,7 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
 
     Raises:
         SweepInterrupted: Ctrl-C; what ran is recorded, unfinished trials as KILLED.
+        AfterTrialsFailed: the trials ended, but publishing or the refit failed.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Ray Tune's own CSV/JSON/TensorBoard loggers duplicate what MLflow records.
@@ -161,8 +177,7 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     finally:
         if started_ray:
             ray.shutdown()
-    records = _after_trials(prepared, tracker, parent_run_id, configs, notify)
-    return SweepOutcome(parent_run_id, prepared.spec.name, records, time.perf_counter() - started)
+    return _after_trials(prepared, tracker, parent_run_id, configs, notify, started)
 
 
 def _open_sweep(prepared: PreparedSweep, tracker: Tracker, resumable: SweepRecord | None) -> tuple[str, str]:
@@ -225,7 +240,8 @@ def _fit(tuner: Any, prepared: PreparedSweep, tracker: Tracker, parent_run_id: s
     Raises:
         SweepInterrupted: Ray Tune ended ``fit`` early, as it does on Ctrl-C.
     """
-    results = tuner.fit()
+    with _retiring_workers():
+        results = tuner.fit()
     # Ray Tune ends fit() early, without an exception, on Ctrl-C: fewer trials than planned have
     # ended in the record.
     ended = sum(record.state != "RUNNING" for record in tracker.trial_records(parent_run_id))
@@ -234,22 +250,66 @@ def _fit(tuner: Any, prepared: PreparedSweep, tracker: Tracker, parent_run_id: s
     return {result.metrics.get("trial_id"): result.config for result in results}
 
 
+@contextlib.contextmanager
+def _retiring_workers() -> Iterator[None]:
+    """Let a worker that says it should retire (``pipeline.lifespan``) end with its trial.
+
+    Ray Tune decides alone whether a finished trial's actor is kept for the next trial, and a
+    ``reset_config`` that refuses the next trial fails that trial. So a retiring worker says so in
+    its last result, and while this sweep runs, Ray Tune does not keep that actor: the next
+    trial starts in a fresh worker process, and no trial fails or retries for it.
+    """
+    from ray.tune.execution.tune_controller import TuneController
+
+    keep_for_reuse = TuneController._maybe_cache_trial_actor
+
+    def unless_retiring(controller: Any, trial: Any) -> bool:
+        if (trial.last_result or {}).get(WORKER_RETIRES):
+            return False
+        return keep_for_reuse(controller, trial)
+
+    TuneController._maybe_cache_trial_actor = unless_retiring
+    try:
+        yield
+    finally:
+        TuneController._maybe_cache_trial_actor = keep_for_reuse
+
+
 def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, configs: dict[str, dict[str, Any]],
-                  notify: Callable[[str], None]) -> list[TrialRecord]:
+                  notify: Callable[[str], None], started: float) -> SweepOutcome:
     """Every trial has ended: publish the sweep's tables and plots, refit the best config, and
-    close the parent run (FAILED, with the traceback, if either raises)."""
+    close the parent run, whatever fails: FAILED with the traceback if publishing does, FINISHED
+    with ``foldsweep.refit=error: ...`` if the refit does (the trials' results stand).
+
+    Raises:
+        AfterTrialsFailed: publishing or the refit failed (the parent run is closed).
+    """
     from pipeline.report import publish
 
     spec = prepared.spec
     records = tracker.trial_records(parent_run_id)
+    failed: list[str] = []
+    status, error, summary = SweepStatus.OK, None, {}
     try:
-        publish(tracker, parent_run_id, records, spec.objective)
-        summary = _refit_best(prepared, tracker, parent_run_id, records, configs, notify) if spec.train.refit else {}
-    except Exception:
-        _close_sweep(prepared, tracker, parent_run_id, SweepStatus.ERROR, error=traceback.format_exc())
-        raise
-    _close_sweep(prepared, tracker, parent_run_id, SweepStatus.OK, extra=summary)
-    return records
+        try:
+            publish(tracker, parent_run_id, records, spec.objective)
+        except Exception as exc:
+            status, error = SweepStatus.ERROR, traceback.format_exc()
+            failed.append(f"publishing cv_results.csv and the plots: {type(exc).__name__}: {exc}")
+        if spec.train.refit:
+            try:
+                summary = _refit_best(prepared, tracker, parent_run_id, records, configs, notify)
+            except Exception as exc:
+                summary = {Tag.REFIT: f"error: {type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH]}
+                failed.append(f"the refit: {type(exc).__name__}: {exc}")
+    except KeyboardInterrupt:
+        _close_sweep(prepared, tracker, parent_run_id, SweepStatus.INTERRUPTED)
+        raise SweepInterrupted(parent_run_id) from None
+    _close_sweep(prepared, tracker, parent_run_id, status, error=error, extra=summary)
+    outcome = SweepOutcome(parent_run_id, spec.name, records, time.perf_counter() - started)
+    if failed:
+        raise AfterTrialsFailed(outcome, failed)
+    return outcome
 
 
 def _close_sweep(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, status: SweepStatus, *,

@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 from ray.tune import Callback
 
 from pipeline.errors import TrackingError
-from pipeline.results import (FOLD_IDS, NOT_IN_HISTORY, RETRIES, TRIAL_WALL_S, EpochResult, SweepStatus, TrialStatus,
-                              info_metrics, info_tags, info_texts)
+from pipeline.results import (FOLD_IDS, NOT_IN_HISTORY, PLAN_ARTIFACT, RETRIES, TRIAL_WALL_S, EpochResult,
+                              SweepStatus, TrialStatus, info_metrics, info_params, info_tags, info_texts)
 from pipeline.spec import Objective
 
 
@@ -46,6 +46,7 @@ class Tag:
     NUMERICS_OP = "foldsweep.numerics_op"
     NUMERICS_NODE = "foldsweep.numerics_node"
     NUMERICS_LAYER = "foldsweep.numerics_layer"
+    RERUN_DIFFERS = "foldsweep.rerun_differs"
     PARENT = "mlflow.parentRunId"
 
     @classmethod
@@ -102,6 +103,33 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(path).resolve()
 
 
+# How often opening a store is tried while another process creates or upgrades it.
+STORE_OPEN_ATTEMPTS = 40
+
+
+def _ready_store(client: Any, uri: str) -> None:
+    """Create or upgrade a SQLite store before anything else here touches it, under a lock file
+    beside it, and wait out another process that is doing the same without the lock (the MLflow
+    UI, a script polling the runs): MLflow's schema migration of a new store fails when two
+    processes run it at once (``table _alembic_tmp_experiments already exists``)."""
+    import fcntl
+
+    database = _sqlite_path(uri)
+    if database is None:
+        return
+    with open(database.with_name(f"{database.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for attempt in range(STORE_OPEN_ATTEMPTS):
+            try:
+                client.search_experiments(max_results=1)
+                return
+            except Exception as exc:
+                busy = "already exists" in str(exc) or "database is locked" in str(exc)
+                if not busy or attempt == STORE_OPEN_ATTEMPTS - 1:
+                    raise
+                time.sleep(min(0.1 * (attempt + 1), 1.0))
+
+
 def _quiet_mlflow() -> None:
     # Artifact downloads (reruns read the spec and config back) would draw progress bars.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -151,6 +179,7 @@ class RecordedTrialRun:
     spec_text: str
     manifest: dict[str, Any]
     sweep_params: Mapping[str, str]
+    plan: dict[str, Any] | None  # trial_plan.json; None for trials recorded before plans were
 
 
 class Tracker:
@@ -162,6 +191,7 @@ class Tracker:
 
         self.uri = uri
         self._client = MlflowClient(tracking_uri=uri)
+        _ready_store(self._client, uri)
 
     def experiment_id(self, name: str) -> str:
         """The MLflow experiment named ``name``, created on first use."""
@@ -353,14 +383,26 @@ class Tracker:
         parent_id = run.data.tags[Tag.PARENT]
         with tempfile.TemporaryDirectory() as directory:
             def text(of_run: str, artifact: str) -> str:
-                return Path(self._client.download_artifacts(of_run, artifact, directory)).read_text()
+                try:
+                    return Path(self._client.download_artifacts(of_run, artifact, directory)).read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError, MlflowException) as exc:
+                    raise TrackingError(f"RUN_ID: cannot read {artifact} of run {of_run}: {exc}") from None
 
-            config = json.loads(text(run_id, TRIAL_CONFIG_ARTIFACT))
+            def document(of_run: str, artifact: str) -> Any:
+                try:
+                    return json.loads(text(of_run, artifact))
+                except json.JSONDecodeError as exc:
+                    raise TrackingError(f"RUN_ID: {artifact} of run {of_run} is damaged (not JSON: {exc})") from None
+
+            config = document(run_id, TRIAL_CONFIG_ARTIFACT)
             spec_text = text(parent_id, SPEC_ARTIFACT)
-            manifest = json.loads(text(parent_id, MANIFEST_ARTIFACT))
+            manifest = document(parent_id, MANIFEST_ARTIFACT)
+            artifacts = {item.path for item in self._client.list_artifacts(run_id)}
+            plan = document(run_id, PLAN_ARTIFACT) if PLAN_ARTIFACT in artifacts else None
         parent = self._client.get_run(parent_id)
         return RecordedTrialRun(run_id=run_id, run_name=run.info.run_name, parent_run_id=parent_id, config=config,
-                                spec_text=spec_text, manifest=manifest, sweep_params=dict(parent.data.params))
+                                spec_text=spec_text, manifest=manifest, sweep_params=dict(parent.data.params),
+                                plan=plan)
 
     def history_csv(self, run_id: str) -> str:
         """The run's per-epoch metrics as CSV, one row per epoch (what MLflow holds, so a restored
@@ -405,17 +447,26 @@ class TrialRecorder:
     def log_epoch(self, report: Mapping[str, Any]) -> None:
         """One epoch's report (``EpochResult.report``): metrics at step = epoch; where and how it
         ran as tags, the model summary and the plan as artifacts, when the report has them."""
-        from mlflow.entities import Metric, RunTag
+        from mlflow.entities import Metric, Param, RunTag
 
         result = EpochResult.from_report(report)
         now = int(time.time() * 1000)
         metrics = {**result.mlflow_metrics(), **info_metrics(report)}
         tags = {**info_tags(report), **result.mlflow_tags()}
+        params = info_params(report)
+        if params:  # what the trial's config did not hold already (MLflow params never change)
+            recorded = self._client.get_run(self.run_id).data.params
+            params = {key: value for key, value in params.items() if key not in recorded}
         self._client.log_batch(self.run_id, metrics=[Metric(key, value, now, result.epoch)
                                                      for key, value in metrics.items()],
+                               params=[Param(key, value) for key, value in params.items()],
                                tags=[RunTag(Tag.of(key), value) for key, value in tags.items()])
         for artifact, text in info_texts(report).items():
             self._client.log_text(self.run_id, text, artifact)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self._client.set_tag(self.run_id, key, value[:MAX_TAG_LENGTH])
 
     def count_retry(self, retries: int) -> None:
         self._client.set_tag(self.run_id, Tag.RETRIES, str(retries))

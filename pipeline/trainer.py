@@ -17,30 +17,34 @@ import numpy as np
 from pipeline.folds import Fold
 from pipeline.fused import FusedFolds
 from pipeline.hypermodel import build_model
-from pipeline.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_trial
+from pipeline.plan import ExecutionChoices, TrialPlan, plan_differences, plan_trial
 from pipeline.resident import ResidentData
 from pipeline.results import EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport, Throughput
-from pipeline.training import CallTimer, FoldEngine, FoldExecutor, SequentialFolds, TrainingParams, fold_seed, make_optimizer
+from pipeline.runtime import threads_in_effect
+from pipeline.training import (CallTimer, FoldEngine, FoldExecutor, OptimizerRecipe, SequentialFolds, TrainingLoss,
+                               TrainingParams, fold_seed, optimizer_recipe, training_loss)
 
 
 class FoldTrainer:
     """The k fold models of one trial, trained in lockstep on device-resident data."""
 
     def __init__(self, models: Sequence[keras.Model], params: TrainingParams, *, data: ResidentData,
-                 folds: Sequence[Fold], plan: TrialPlan, seed: int, fold_ids: Sequence[int], from_logits: bool = False,
-                 eager: bool = False):
+                 folds: Sequence[Fold], plan: TrialPlan, seed: int, fold_ids: Sequence[int], optimizer: OptimizerRecipe,
+                 loss: TrainingLoss, eager: bool = False):
         self.params = params
         self.plan = plan
+        self.optimizer = optimizer
+        self.loss = loss
         self.epoch = 0
         # The folds' numbers in the sweep: a rerun of one fold still reports split{k} as k.
         self.fold_ids = list(fold_ids)
         self.engines = [
-            FoldEngine(model, make_optimizer(params), data, fold, batch_size=params.batch_size,
-                       seed=fold_seed(seed, k), jit_compile=plan.jit_compile, from_logits=from_logits, eager=eager,
-                       steps_per_launch=plan.steps_per_launch)
+            FoldEngine(model, optimizer.make(), data, fold, batch_size=params.batch_size, seed=fold_seed(seed, k),
+                       jit_compile=plan.jit_compile, loss=loss, eager=eager, steps_per_launch=plan.steps_per_launch,
+                       shuffle=params.shuffle)
             for k, fold, model in zip(self.fold_ids, folds, models)
         ]
-        self._executor = _executor(plan, self.engines, params, data=data, from_logits=from_logits)
+        self._executor = _executor(plan, self.engines, params, data=data, loss=loss, optimizer=optimizer)
 
     @property
     def models(self) -> list[keras.Model]:
@@ -107,41 +111,45 @@ class FoldTrainer:
 def build_trainer(build_fn: Callable[[Any], keras.Model], model_values: Mapping[str, Any], params: TrainingParams,
                   *, data: ResidentData, folds: Sequence[Fold], seed: int, choices: ExecutionChoices = ExecutionChoices(),
                   fold_ids: Sequence[int] | None = None, from_logits: bool = False,
-                  planned_epochs: int = 1) -> FoldTrainer:
-    """Build a trial's fold models, plan how to train them, and the trainer that executes it."""
+                  planned_epochs: int = 1, replay: TrialPlan | None = None,
+                  spec_names: frozenset[str] = frozenset()) -> FoldTrainer:
+    """Build a trial's fold models, plan how to train them, and the trainer that executes it.
+
+    With ``replay`` (a recorded plan, whose choices ``choices`` then force), the recorded plan
+    itself is executed when the new decision comes to the same execution. A model its build
+    compiled keeps its optimizer and loss, with the training hyperparameters the spec's search
+    space names (``spec_names``) in place of the compiled ones.
+    """
     fold_ids = list(fold_ids) if fold_ids is not None else list(range(len(folds)))
+    input_shape = tuple(data.x.shape[1:])
     models = []
     for k in fold_ids:
         keras.utils.set_random_seed(fold_seed(seed, k))
-        models.append(build_model(build_fn, model_values))
+        models.append(build_model(build_fn, model_values, input_shape=input_shape))
+    optimizer = optimizer_recipe(models[0], params, spec_names=spec_names)
+    loss = training_loss(models[0], from_logits=from_logits)
 
     def stacking_blocker(jit_compile: bool) -> str | None:
         from pipeline.stacked import stacking_blocker
 
         return stacking_blocker(models, data, [fold.train for fold in folds], batch_size=params.batch_size,
-                                jit_compile=jit_compile)
+                                jit_compile=jit_compile, optimizer=optimizer)
 
     plan = plan_trial(choices, models=models, threads=threads_in_effect(), device=data.device,
                       batch_size=params.batch_size, train_sizes=[len(fold.train) for fold in folds],
                       planned_epochs=planned_epochs, stacking_blocker=stacking_blocker)
+    if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
+        plan = replay
     return FoldTrainer(models, params, data=data, folds=folds, plan=plan, seed=seed, fold_ids=fold_ids,
-                       from_logits=from_logits, eager=choices.eager)
-
-
-def threads_in_effect() -> ThreadPlan:
-    """The thread pools TensorFlow runs with in this process (0: TensorFlow's default)."""
-    import tensorflow as tf
-
-    return ThreadPlan(intra_op=tf.config.threading.get_intra_op_parallelism_threads(),
-                      inter_op=tf.config.threading.get_inter_op_parallelism_threads())
+                       optimizer=optimizer, loss=loss, eager=choices.eager)
 
 
 def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingParams, *, data: ResidentData,
-              from_logits: bool) -> FoldExecutor:
+              loss: TrainingLoss, optimizer: OptimizerRecipe) -> FoldExecutor:
     if plan.layout == "stacked":
         from pipeline.stacked import StackedFolds
 
-        return StackedFolds(engines, params, data=data, from_logits=from_logits,
+        return StackedFolds(engines, params, data=data, loss=loss, optimizer=optimizer,
                             steps_per_launch=plan.steps_per_launch)
     if plan.layout == "side_by_side":
         return FusedFolds(engines)

@@ -12,10 +12,11 @@ execution; ``pipeline.stacked`` stacked into one XLA program.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import keras
 import numpy as np
@@ -39,22 +40,131 @@ class TrainingParams:
     optimizer: str
     clipping: str = "none"
     clip_threshold: float | None = None
+    shuffle: bool = True
+
+
+# The optimizers foldsweep makes itself (spec name -> Keras class and fixed arguments).
+OPTIMIZERS: Mapping[str, tuple[type, Mapping[str, Any]]] = {
+    "adam": (keras.optimizers.Adam, {}), "adamw": (keras.optimizers.AdamW, {}),
+    "sgd": (keras.optimizers.SGD, {"momentum": 0.9}), "rmsprop": (keras.optimizers.RMSprop, {}),
+}
+
+
+@dataclass(frozen=True)
+class OptimizerRecipe:
+    """How to make a fold's optimizer: a Keras class and its configuration, gradient clipping
+    included; ``source`` says whose it is: ``hypermodel`` (its own compile), ``spec`` (foldsweep's,
+    named by the spec) or ``default``."""
+
+    cls: type
+    config: Mapping[str, Any]
+    source: str
+
+    def make(self, *, clipping: bool = True) -> keras.optimizers.Optimizer:
+        """A fresh optimizer (every fold has its own state); without its clipping when the
+        gradients are clipped before it (stacked folds clip each fold's slices themselves)."""
+        config = dict(self.config)
+        if not clipping:
+            config.update({argument: None for argument in CLIPPING_ARGUMENTS.values()})
+        return self.cls.from_config(config)
+
+    @property
+    def clipping(self) -> tuple[str, float | None]:
+        """The clipping kind and threshold in the configuration (Keras allows one at a time)."""
+        for kind, argument in CLIPPING_ARGUMENTS.items():
+            if self.config.get(argument) is not None:
+                return kind, self.config[argument]
+        return "none", None
+
+    @property
+    def name(self) -> str:
+        """The spec's name of the optimizer where it has one (adam, sgd...), else its class."""
+        return next((name for name, (cls, _) in OPTIMIZERS.items() if cls is self.cls), self.cls.__name__)
+
+    @property
+    def learning_rate(self) -> float | str:
+        """The learning rate in effect, as the optimizer holds it (float32: shown to 7 digits)."""
+        rate = self.config.get("learning_rate")
+        return float(f"{rate:.7g}") if isinstance(rate, (int, float)) else str(rate)
+
+
+def optimizer_recipe(model: keras.Model, params: TrainingParams, *, spec_names: frozenset[str] = frozenset()
+                     ) -> OptimizerRecipe:
+    """A fold model's optimizer: the one its build compiled, if any, else foldsweep's. The
+    spec's ``optimizer`` and ``learning_rate`` replace the compiled ones only where the spec's
+    search space names them (``spec_names``); the spec's clipping applies to either."""
+    compiled = getattr(model, "optimizer", None)
+    if compiled is not None and "optimizer" not in spec_names:
+        config = dict(compiled.get_config())
+        if "learning_rate" in spec_names:
+            config["learning_rate"] = params.learning_rate
+        recipe = OptimizerRecipe(type(compiled), config, "hypermodel")
+    else:
+        if params.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {params.optimizer!r}")
+        cls, fixed = OPTIMIZERS[params.optimizer]
+        config = cls(learning_rate=params.learning_rate, **fixed).get_config()
+        recipe = OptimizerRecipe(cls, config, "spec" if spec_names & {"optimizer", "learning_rate"} else "default")
+    if params.clipping != "none":
+        clip = {argument: None for argument in CLIPPING_ARGUMENTS.values()}
+        clip[CLIPPING_ARGUMENTS[params.clipping]] = params.clip_threshold
+        recipe = OptimizerRecipe(recipe.cls, {**recipe.config, **clip}, recipe.source)
+    return recipe
 
 
 def make_optimizer(params: TrainingParams) -> keras.optimizers.Optimizer:
-    """The Keras optimizer, with gradient clipping through its own clipping argument."""
-    kwargs: dict[str, Any] = {"learning_rate": params.learning_rate}
-    if params.clipping != "none":
-        kwargs[CLIPPING_ARGUMENTS[params.clipping]] = params.clip_threshold
-    if params.optimizer == "adam":
-        return keras.optimizers.Adam(**kwargs)
-    if params.optimizer == "adamw":
-        return keras.optimizers.AdamW(**kwargs)
-    if params.optimizer == "sgd":
-        return keras.optimizers.SGD(momentum=0.9, **kwargs)
-    if params.optimizer == "rmsprop":
-        return keras.optimizers.RMSprop(**kwargs)
-    raise ValueError(f"unknown optimizer {params.optimizer!r}")
+    """foldsweep's own optimizer for ``params``, with gradient clipping through its own argument."""
+    return optimizer_recipe(_UNCOMPILED, params).make()
+
+
+class _Uncompiled:
+    optimizer = None
+
+
+_UNCOMPILED = _Uncompiled()
+
+
+@dataclass(frozen=True)
+class TrainingLoss:
+    """The per-sample loss a trial trains and validates on, from integer labels: the hypermodel's
+    compiled loss, or sparse categorical cross-entropy. A loss that expects one-hot targets gets
+    them made on the device from the resident integer labels."""
+
+    fn: Callable[[Any, Any], Any]
+    one_hot: bool = False
+    name: str = "sparse_categorical_crossentropy"
+
+    def per_sample(self, labels: Any, predictions: Any) -> Any:
+        import tensorflow as tf
+
+        targets = tf.one_hot(labels, tf.shape(predictions)[-1], dtype=predictions.dtype) if self.one_hot else labels
+        return self.fn(targets, predictions)
+
+
+def training_loss(model: keras.Model, *, from_logits: bool) -> TrainingLoss:
+    """The loss a compiled model asks for (``train.from_logits`` applies to foldsweep's own)."""
+    compiled = getattr(model, "loss", None)
+    if compiled is None:
+        return TrainingLoss(functools.partial(keras.losses.sparse_categorical_crossentropy, from_logits=from_logits))
+    loss = keras.losses.get(compiled) if isinstance(compiled, str) else compiled
+    # A Loss object's call() gives per-sample values, unreduced; a loss function does too.
+    fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
+    name = getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__)
+    return TrainingLoss(fn, one_hot=_expects_one_hot(loss, fn, name), name=name)
+
+
+def _expects_one_hot(loss: Any, fn: Callable[[Any, Any], Any], name: str) -> bool:
+    """Keras' sparse losses take integer labels and its other classification losses one-hot
+    targets; a loss of the researcher's own is asked: integer labels first."""
+    if "sparse" in name.lower():
+        return False
+    if (getattr(loss, "__module__", "") or getattr(type(loss), "__module__", "")).startswith("keras"):
+        return True
+    try:
+        values = fn(np.array([0, 1], np.int32), np.full((2, 3), 1 / 3, np.float32))
+        return tuple(values.shape) != (2,)
+    except Exception:
+        return True
 
 
 def fold_seed(trial_seed: int, fold: int) -> int:
@@ -129,12 +239,14 @@ class FoldEngine:
     """One fold's model, optimizer and compiled epoch loop over device-resident data."""
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, data: ResidentData,
-                 fold: Fold, *, batch_size: int, seed: int, jit_compile: bool, from_logits: bool,
-                 eager: bool = False, steps_per_launch: int = 1):
+                 fold: Fold, *, batch_size: int, seed: int, jit_compile: bool, loss: TrainingLoss = TrainingLoss(
+                     keras.losses.sparse_categorical_crossentropy), eager: bool = False, steps_per_launch: int = 1,
+                 shuffle: bool = True):
         import tensorflow as tf
 
         self.model = model
         self.optimizer = optimizer
+        loss_of = loss
         self.batch_size = batch_size
         self.seed = seed
         self.jit_compile = jit_compile
@@ -146,15 +258,14 @@ class FoldEngine:
         self.failure: NanEvent | None = None
         optimizer.build(model.trainable_variables)
         features, labels = data.x, data.y
-        mean_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits)
-        summed_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits, reduction="sum")
+        self.shuffle = shuffle
 
         def train_step(indices, enabled):
             x = tf.gather(features, indices)
             y = tf.gather(labels, indices)
             with tf.GradientTape() as tape:
                 predictions = model(x, training=True)
-                loss = mean_loss(y, predictions)
+                loss = tf.reduce_mean(loss_of.per_sample(y, predictions))
                 if model.losses:
                     loss = loss + tf.add_n(model.losses)
             gradients = tape.gradient(loss, model.trainable_variables)
@@ -208,7 +319,7 @@ class FoldEngine:
             y = tf.gather(labels, indices)
             predictions = model(tf.gather(features, indices), training=False)
             correct = tf.reduce_sum(tf.cast(tf.argmax(predictions, -1, output_type=tf.int32) == y, tf.float32))
-            return summed_loss(y, predictions), correct
+            return tf.reduce_sum(loss_of.per_sample(y, predictions)), correct
 
         if eager:
             steps, self._train_epoch, self._evaluate_batch = train_steps, train_epoch, evaluate_batch
@@ -224,7 +335,10 @@ class FoldEngine:
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """This epoch's training order: a permutation drawn from (fold seed, epoch), so any epoch
-        can be replayed exactly, in a fresh process or after a restore."""
+        can be replayed exactly, in a fresh process or after a restore (the fold's own order when
+        a hypermodel's fit asks for ``shuffle=False``)."""
+        if not self.shuffle:
+            return self._train_indices
         return np.random.default_rng([self.seed, epoch]).permutation(self._train_indices)
 
     def epoch_batches(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:

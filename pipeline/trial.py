@@ -14,9 +14,11 @@ from typing import Any, Callable, Mapping, Sequence
 from ray import tune
 
 from pipeline.folds import Fold
-from pipeline.plan import ExecutionChoices, ThreadPlan, plan_threads
-from pipeline.results import EpochResult, TrialInfo
-from pipeline.spec import SweepSpec
+from pipeline.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_threads
+from pipeline.lifespan import Lifespan
+from pipeline.results import WORKER_MAPS, WORKER_RETIRES, WORKER_TRIALS, EpochResult, TrialInfo
+from pipeline.runtime import configure_devices, configure_threads
+from pipeline.spec import TRAINING_DEFAULTS, SweepSpec
 
 CHECKPOINT_FILE = "folds.npz"
 
@@ -35,10 +37,16 @@ class TrialSettings:
     gpus: float
     choices: ExecutionChoices = ExecutionChoices()
     conditions: Mapping[str, Any] = field(default_factory=dict)
+    # Training hyperparameters the spec's search space names: they replace a compiled model's own.
+    spec_names: frozenset[str] = frozenset()
+    # foldsweep's training hyperparameter -> the hypermodel's that a fit() override feeds it from.
+    fit_arguments: Mapping[str, str] = field(default_factory=dict)
+    max_trials_per_worker: int | str = "auto"
 
     @classmethod
     def from_spec(cls, spec: SweepSpec, *, experiment_path: Path, dataset_fingerprint: str,
-                  conditions: Mapping[str, Any], eager: bool = False, check_numerics: bool = False) -> TrialSettings:
+                  conditions: Mapping[str, Any], fit_arguments: Mapping[str, str] | None = None, eager: bool = False,
+                  check_numerics: bool = False) -> TrialSettings:
         train = spec.train
         # XLA-compiled steps are opaque to TensorFlow's numeric checking, and eager runs op by op.
         jit_compile = "off" if check_numerics or eager else train.jit_compile
@@ -47,7 +55,9 @@ class TrialSettings:
         return cls(experiment_path=str(experiment_path), experiment_attr=spec.experiment_attr,
                    dataset_fingerprint=dataset_fingerprint, epochs=train.epochs, seed=train.seed,
                    from_logits=train.from_logits, cpus=spec.resources.cpu, gpus=spec.resources.gpu, choices=choices,
-                   conditions=dict(conditions))
+                   conditions=dict(conditions), spec_names=frozenset(TRAINING_DEFAULTS).intersection(spec.search.space),
+                   fit_arguments=dict(fit_arguments or {}),
+                   max_trials_per_worker=spec.resources.max_trials_per_worker)
 
 
 @dataclass(frozen=True)
@@ -59,19 +69,41 @@ class Worker:
     device_notice: str
 
 
-def set_up_worker(settings: TrialSettings, *, x: Any, y: Any, n_folds: int) -> Worker:
+def configure_tensorflow(*, gpus: float, threads: ThreadPlan) -> str:
+    """TensorFlow's process-wide settings for trials of ``gpus`` GPUs each (device memory, thread
+    pools), before anything starts it in this process; returns the device notice.
+
+    Raises:
+        ThreadsError: TensorFlow already runs here with other thread pools.
+    """
+    notice = configure_devices(gpus)
+    configure_threads(threads)
+    return notice
+
+
+def set_up_worker(settings: TrialSettings, *, x: Any, y: Any, threads: ThreadPlan) -> Worker:
     """Configure TensorFlow for this process's trials (before anything starts it), copy the data
     to the device once, and load the experiment's builder."""
-    from pipeline.resident import configure_devices
-
-    notice = configure_devices(settings.gpus)
-    configure_threads(plan_threads(settings.choices, cpus=settings.cpus, n_folds=n_folds))
+    notice = configure_tensorflow(gpus=settings.gpus, threads=threads)
     from pipeline.hypermodel import load_builder
     from pipeline.resident import resident_data
 
     return Worker(data=resident_data(settings.dataset_fingerprint, x, y),
                   build_fn=load_builder(Path(settings.experiment_path), settings.experiment_attr),
                   device_notice=notice)
+
+
+def trial_values(config: Mapping[str, Any], settings: TrialSettings) -> tuple[Any, dict[str, Any], int | None]:
+    """A resolved config as (its training parameters, the values its build gets, its epochs), the
+    fit arguments of a HyperModel.fit taken from the hyperparameters that feed them."""
+    from pipeline.space import split_config
+    from pipeline.training import TrainingParams
+
+    training, model_values = split_config(config)
+    for name, source in settings.fit_arguments.items():
+        training[name] = config.get(source, training.get(name))
+    epochs = training.pop("epochs")
+    return TrainingParams(**training), model_values, epochs
 
 
 class TrialRunner:
@@ -82,21 +114,19 @@ class TrialRunner:
     """
 
     def __init__(self, config: Mapping[str, Any], *, worker: Worker, folds: Sequence[Fold], settings: TrialSettings,
-                 fold_ids: Sequence[int] | None = None, epochs: int | None = None):
-        from pipeline.space import resolve_config, split_config
+                 fold_ids: Sequence[int] | None = None, epochs: int | None = None, replay: TrialPlan | None = None):
+        from pipeline.space import resolve_config
         from pipeline.trainer import build_trainer
-        from pipeline.training import TrainingParams
 
         self.config = resolve_config(config, settings.conditions)
-        training, model_values = split_config(self.config)
-        planned = training.pop("epochs")
+        params, model_values, planned = trial_values(self.config, settings)
         self.epochs = epochs or planned or settings.epochs
         self._worker = worker
         self._info_reported = False
         self.trainer = build_trainer(
-            worker.build_fn, model_values, TrainingParams(**training), data=worker.data, folds=folds,
+            worker.build_fn, model_values, params, data=worker.data, folds=folds,
             seed=settings.seed, choices=settings.choices, fold_ids=fold_ids, from_logits=settings.from_logits,
-            planned_epochs=self.epochs,
+            planned_epochs=self.epochs, replay=replay, spec_names=settings.spec_names,
         )
 
     def next_epoch(self) -> EpochResult:
@@ -117,7 +147,10 @@ class TrialRunner:
         model = self.trainer.models[0]
         lines: list[str] = []
         model.summary(print_fn=lambda line, *args, **kwargs: lines.append(line))
+        optimizer = self.trainer.optimizer
         return TrialInfo(plan=self.trainer.plan, device_notice=self._worker.device_notice,
+                         compile_source=optimizer.source, loss=self.trainer.loss.name,
+                         params_in_effect={"optimizer": optimizer.name, "learning_rate": optimizer.learning_rate},
                          gpu_ids=",".join(_assigned_gpu_ids()), node_id=_node_id(), hostname=platform.node(),
                          data_transfers=transfers(), versions=_versions(), n_params=model.count_params(),
                          model_summary="\n".join(lines))
@@ -128,16 +161,22 @@ class FoldTrainable(tune.Trainable):
 
     def setup(self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold],
               settings: TrialSettings) -> None:
-        self._worker = set_up_worker(settings, x=data["x"], y=data["y"], n_folds=len(folds))
+        threads = plan_threads(settings.choices, cpus=settings.cpus, n_folds=len(folds))
+        self._worker = set_up_worker(settings, x=data["x"], y=data["y"], threads=threads)
+        self._lifespan = Lifespan(settings.max_trials_per_worker)
         self._folds = folds
         self._settings = settings
         self._start(config)
 
     def _start(self, config: Mapping[str, Any]) -> None:
+        self._lifespan.start_trial()
         self._runner = TrialRunner(config, worker=self._worker, folds=self._folds, settings=self._settings)
 
     def step(self) -> dict[str, Any]:
-        return self._runner.step()
+        # Every epoch says whether this process retires after the trial: the last one before a
+        # trial ends (finished, pruned or NaN) is the one Ray Tune acts on (pipeline.sweep).
+        return {**self._runner.step(), WORKER_TRIALS: self._lifespan.trials,
+                WORKER_MAPS: self._lifespan.observe(), WORKER_RETIRES: self._lifespan.should_retire()}
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         import keras
@@ -187,15 +226,3 @@ def _assigned_gpu_ids() -> list[str]:
     if not ray.is_initialized():
         return []
     return [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
-
-
-def configure_threads(threads: ThreadPlan) -> None:
-    """Size TensorFlow's thread pools for this process's trials; must precede TensorFlow's
-    initialisation."""
-    import tensorflow as tf
-
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op)
-        tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
-    except RuntimeError:
-        pass  # TensorFlow already initialised in this process by an earlier trial

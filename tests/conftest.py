@@ -8,8 +8,10 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -34,6 +36,20 @@ TINY_SPEC: dict[str, Any] = {
     "train": {"epochs": 2, "metric": "accuracy", "mode": "max", "seed": 0},
     "resources": {"cpu": 1, "max_concurrent": 2},
 }
+
+
+@dataclass(frozen=True)
+class Ran:
+    exit_code: int
+    output: str  # standard output, then standard error
+
+
+def foldsweep(*args: str, cwd: Path | str | None = None) -> Ran:
+    """The command in a fresh process, as a researcher runs it: TensorFlow not yet started there,
+    so a trial run in-process (`trial`, `rerun`) gets the thread pools it asks for."""
+    ran = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
+                         timeout=900, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
+    return Ran(ran.returncode, ran.stdout + ran.stderr)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -35,12 +35,12 @@ def folds(dataset):
 
 
 def train(x, y, folds, *, fused, epochs=2, fingerprint=None, dropout=0.0, jit_compile="auto", steps_per_launch=1,
-          layout="side_by_side", **params):
+          layout="side_by_side", build=None, **params):
     """Per-fold history {fold: {key: [value per epoch]}} and the trainer."""
     settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
     fingerprint = fingerprint or f"test-fused-{len(y)}"
     choices = ExecutionChoices(jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, layout=layout)
-    trainer = build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"), {**MODEL, "dropout": dropout},
+    trainer = build_trainer(build or load_builder(MNIST1D_EXPERIMENT, "build"), {**MODEL, "dropout": dropout},
                             TrainingParams(**settings), data=resident_data(fingerprint, x, y), folds=folds, seed=0,
                             choices=choices)
     history: dict[int, dict[str, list[float]]] = {k: {key: [] for key in HISTORY_KEYS} for k in range(len(folds))}
@@ -97,6 +97,31 @@ def test_fused_and_unfused_per_fold_histories_match(dataset, folds, unfused_refe
     for fused_model, unfused_model in zip(fused_trainer.models, unfused_trainer.models):
         for a, b in zip(fused_model.get_weights(), unfused_model.get_weights()):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def compiled_build(hp):
+    """The MNIST-1D CNN compiled by its hypermodel, as KerasTuner's guide does: its own optimizer
+    with a searched learning rate and its own clipping, and a loss on one-hot targets."""
+    model = load_builder(MNIST1D_EXPERIMENT, "build")(hp)
+    learning_rate = hp.Float("lr", 1e-4, 1e-2, sampling="log", default=3e-3)
+    model.compile(optimizer=keras.optimizers.RMSprop(learning_rate=learning_rate, clipnorm=0.5),
+                  loss="categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+@pytest.mark.parametrize("layout", ["side_by_side", "stacked"])
+def test_a_hypermodel_compiled_optimizer_trains_the_same_fused_and_unfused(dataset, folds, layout):
+    fused, trainer = train(dataset.x, dataset.y, folds, fused="on", layout=layout, build=compiled_build)
+    unfused, reference = train(dataset.x, dataset.y, folds, fused="off", build=compiled_build)
+    assert trainer.plan.layout == layout and trainer.optimizer.source == "hypermodel"
+    assert trainer.optimizer.cls is keras.optimizers.RMSprop and trainer.optimizer.clipping == ("norm", 0.5)
+    assert trainer.loss.one_hot and trainer.engines[0].optimizer is not trainer.engines[1].optimizer
+    for k in range(len(folds)):
+        for key in HISTORY_KEYS:
+            np.testing.assert_allclose(fused[k][key], unfused[k][key], rtol=1e-5, err_msg=f"fold {k} {key}")
+    # foldsweep's own Adam would train otherwise: the compiled optimizer is the one in use.
+    default, _ = train(dataset.x, dataset.y, folds, fused="off")
+    assert not np.allclose(default[0]["train_loss"], unfused[0]["train_loss"], rtol=1e-3)
 
 
 @pytest.mark.parametrize("steps_per_launch, layout", [(1, "side_by_side"), (3, "side_by_side"), (1, "stacked"),

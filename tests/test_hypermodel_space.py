@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import keras
 import pytest
 from ray import tune
 
-from conftest import MNIST1D_EXPERIMENT
+from conftest import MNIST1D_EXPERIMENT, Replace
 from pipeline.errors import ExperimentError, SpecError
 from pipeline.hypermodel import load_experiment
 from pipeline.space import build_space, hp_domain, split_config
@@ -35,7 +36,7 @@ def test_discovers_the_mnist1d_space_and_builds_with_given_values():
     experiment = load_experiment(MNIST1D_EXPERIMENT, "build")
     names = {hp.name for hp in experiment.hyperparameters.space}
     assert names == {"conv_layers", "filters", "kernel_size", "dropout"}
-    assert experiment.input_shape == (40, 1) and experiment.output_units == 10
+    assert experiment.input_shape == (40, 1) and experiment.output_units((40, 1)) == 10
     model = experiment.build({"conv_layers": 3, "filters": 48, "kernel_size": 7, "dropout": 0.2})
     convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv1D)]
     assert len(convs) == 3
@@ -73,11 +74,11 @@ def test_spec_entry_the_hypermodel_never_asks_for_is_refused(write_spec):
         build_space(spec, experiment.hyperparameters)
 
 
-def test_split_config_separates_training_and_model_values():
-    training, model = split_config({"batch_size": 8, "filters": 16, "dropout": 0.1})
-    assert training == {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", "epochs": None,
+def test_split_config_gives_training_values_and_the_build_every_value():
+    training, model = split_config({"batch_size": 8, "filters": 16, "dropout": 0.1, "learning_rate": 0.01})
+    assert training == {"batch_size": 8, "learning_rate": 0.01, "optimizer": "adam", "epochs": None,
                         "clipping": "none", "clip_threshold": 1.0}
-    assert model == {"filters": 16, "dropout": 0.1}
+    assert model == {"batch_size": 8, "filters": 16, "dropout": 0.1, "learning_rate": 0.01}
 
 
 @pytest.mark.parametrize(("source", "attr", "message"), [
@@ -93,3 +94,51 @@ def test_broken_experiments_are_refused(tmp_path: Path, write_experiment, source
     path = write_experiment(source) if source is not None else tmp_path / "absent.py"
     with pytest.raises(ExperimentError, match=message):
         load_experiment(path, attr)
+
+
+STYLES = Path(__file__).resolve().parent / "experiments" / "kerastuner_styles.py"
+
+
+def test_discovery_reaches_names_inside_a_loop_with_their_condition(write_spec):
+    experiment = load_experiment(STYLES, "sequential_no_input")
+    found = {hp.name: [(c.name, list(c.values)) for c in hp.conditions] for hp in experiment.hyperparameters.space}
+    assert found["units_0"] == [] and found["units_1"] == [("num_layers", [2, 3])]
+    assert found["units_2"] == [("num_layers", [3])]
+    assert experiment.input_shape is None and experiment.compiled_optimizer == "Adam"
+    spec = load_spec(write_spec({"experiment": f"{STYLES}:sequential_no_input", "search": {"space": Replace({})}}))
+    space = build_space(spec, experiment.hyperparameters, own_optimizer=True)
+    assert "learning_rate" not in space.domains and "optimizer" not in space.domains  # the hypermodel's own
+    one = space.resolve({"num_layers": 1, "units_0": 64, "units_1": 96, "units_2": 128})
+    assert "units_1" not in one and "units_2" not in one
+    assert space.resolve({"num_layers": 3, "units_0": 64, "units_1": 96, "units_2": 128})["units_2"] == 128
+    assert experiment.output_units((40, 1)) == 10  # built on the data's shape
+
+
+FIT_OVERRIDES = {
+    "its own loop": ("for _ in range(2):\n            model.fit(*args, **kwargs)", "calls model.fit 2 times"),
+    "callbacks": ("return model.fit(*args, callbacks=[keras.callbacks.EarlyStopping()], "
+                  "validation_data=kwargs['validation_data'])", "other callbacks than it was given"),
+    "sample weights": ("return model.fit(*args, sample_weight=None, **kwargs)", "passes model.fit sample_weight"),
+    "a loop of its own": ("model.train_on_batch(args[0], args[1])", "calls model.fit 0 times"),
+}
+
+
+@pytest.mark.parametrize("what", FIT_OVERRIDES)
+def test_a_fit_override_foldsweep_cannot_reproduce_is_refused(write_experiment, what):
+    body, message = FIT_OVERRIDES[what]
+    source = ("import keras\nimport keras_tuner\n\n"
+              "class Model(keras_tuner.HyperModel):\n"
+              "    def build(self, hp):\n"
+              "        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(10, activation='softmax')])\n"
+              "        model.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
+              "        return model\n\n"
+              "    def fit(self, hp, model, *args, **kwargs):\n"
+              f"        {body}\n")
+    with pytest.raises(ExperimentError, match=rf"Model: its HyperModel.fit .*{re.escape(message)}"):
+        load_experiment(write_experiment(source), "Model")
+
+
+def test_a_fit_override_that_tunes_fit_arguments_is_read():
+    experiment = load_experiment(STYLES, "TunedFit")
+    assert experiment.fit_arguments == {"batch_size": "batch_size", "shuffle": "shuffle"}
+    assert {hp.name for hp in experiment.hyperparameters.space} == {"units", "batch_size", "shuffle"}

@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, Replace, merged
+from conftest import REPO, TINY_SPEC, Replace, foldsweep, merged
 from pipeline.cli import app
 from pipeline.datasets import load_dataset
 from pipeline.spec import DatasetSpec
@@ -50,7 +50,7 @@ def recorded_sweep(tmp_path_factory):
 
 
 def rerun(directory: Path, *args: str):
-    return CliRunner().invoke(app, ["rerun", *args, "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}"])
+    return foldsweep("rerun", *args, "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}", cwd=directory)
 
 
 def history(client, run_id, key):
@@ -162,11 +162,11 @@ def test_changed_data_is_refused(recorded_sweep):
 def test_trial_runs_one_config_of_a_spec_in_process(write_spec, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = write_spec({"search": {"space": {"learning_rate": {"loguniform": [1e-4, 1e-2]}}}, "train": {"epochs": 1}})
-    refused = CliRunner().invoke(app, ["trial", str(spec)])
+    refused = foldsweep("trial", str(spec), cwd=tmp_path)
     assert refused.exit_code == 2
     assert "needs one value for learning_rate (loguniform in the spec), kernel_size (choice in the spec)" in \
         refused.output.replace("\n", " ")
-    result = CliRunner().invoke(app, ["trial", str(spec), "--set", "learning_rate=0.003", "--set", "kernel_size=5"])
+    result = foldsweep("trial", str(spec), "--set", "learning_rate=0.003", "--set", "kernel_size=5", cwd=tmp_path)
     assert result.exit_code == 0, result.output
     assert "learning_rate=0.003" in result.output and "kernel_size=5" in result.output
     assert "epoch 1: fold 0" in result.output and "fold 1" in result.output and "status: ok" in result.output
@@ -208,7 +208,7 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(tm
     assert parent.data.params["experiment_path"] == str(project / "model.py")
 
     monkeypatch.chdir(elsewhere)
-    again = CliRunner().invoke(app, ["rerun", trial.info.run_id, "--tracking-uri", store, "--no-track"])
+    again = foldsweep("rerun", trial.info.run_id, "--tracking-uri", store, "--no-track", cwd=elsewhere)
     assert again.exit_code == 0, again.output
     assert "epoch 2: fold 0" in again.output
     recorded = history(client, trial.info.run_id, "split0_val_loss")

@@ -19,7 +19,3 @@ def test_a_dataset_is_copied_to_the_device_once_per_process():
     np.testing.assert_array_equal(first.y.numpy(), y)
     resident.resident_data("fingerprint-b", x, y)
     assert resident.transfers() == before + 2
-
-
-def test_cpu_without_gpu_gets_a_notice():
-    assert "training on CPU" in resident.configure_devices(0.5)

@@ -17,7 +17,9 @@ from pipeline.plan import TrialPlan
 from pipeline.results import (BOOKKEEPING_KEYS, EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport,
                               Throughput, TrialStatus, recorded_keys, unrecorded_keys)
 from pipeline.spec import CVSpec, DatasetSpec
-from pipeline.trial import TrialRunner, TrialSettings, set_up_worker
+from pipeline.hypermodel import load_builder
+from pipeline.resident import resident_data
+from pipeline.trial import TrialRunner, TrialSettings, Worker
 
 
 def epoch_result(*, epoch=2, planned=3, nan=NanReport()) -> EpochResult:
@@ -67,7 +69,9 @@ def test_every_key_a_trial_reports_is_recorded_or_bookkeeping():
     settings = TrialSettings(experiment_path=str(MNIST1D_EXPERIMENT), experiment_attr="build",
                              dataset_fingerprint=dataset.fingerprint, epochs=2, seed=0, from_logits=False, cpus=1,
                              gpus=0)
-    worker = set_up_worker(settings, x=dataset.x, y=dataset.y, n_folds=len(folds))
+    # In this process TensorFlow already runs: the worker without configuring its threads.
+    worker = Worker(data=resident_data(dataset.fingerprint, dataset.x, dataset.y),
+                    build_fn=load_builder(MNIST1D_EXPERIMENT, "build"), device_notice="")
     runner = TrialRunner({"conv_layers": 1, "filters": 8, "kernel_size": 3, "dropout": 0.0, "batch_size": 32},
                          worker=worker, folds=folds, settings=settings)
     first, second = runner.step(), runner.step()
@@ -113,8 +117,9 @@ def test_what_ray_tune_delivers_reaches_mlflow(tmp_path, write_spec, monkeypatch
         assert unrecorded_keys(report) == set(), f"keys nobody records: {unrecorded_keys(report)}"
     recorded = recorded_keys(delivered[0])
     assert {"pid", "node_ip", "hostname", "tf_threads", "fused_reason"} <= recorded
-    for key in recorded:
+    for key in recorded - {"params_in_effect"}:
         assert (key in run.data.metrics or f"foldsweep.{key}" in run.data.tags
                 or key in ("model_summary", "trial_plan")), key
+    assert set(delivered[0]["params_in_effect"]) <= set(run.data.params)  # the optimizer and its learning rate
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
     assert {"model_summary.txt", "trial_plan.json", "history.csv", "trial_config.json"} <= artifacts

@@ -1,0 +1,108 @@
+"""KerasTuner hypermodels as researchers write them run unchanged: no Input layer, a subclassed
+model, their own compile (optimizer, searched learning rate, categorical loss on integer labels),
+hyperparameters inside a loop, and a HyperModel.fit that tunes the batch size."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from conftest import REPO, TINY_SPEC, Replace, merged
+from pipeline.cli import app
+
+pytestmark = pytest.mark.e2e
+
+STYLES = REPO / "tests" / "experiments" / "kerastuner_styles.py"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def sweep(tmp_path, name: str, attr: str, space: dict, num_samples: int = 1):
+    import yaml
+
+    spec = merged(TINY_SPEC, {"name": name, "experiment": f"{STYLES}:{attr}",
+                              "search": {"num_samples": num_samples, "space": Replace(space)},
+                              "train": {"refit": False}, "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    checked = CliRunner().invoke(app, ["validate", str(path)])
+    assert checked.exit_code == 0, checked.output
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 0, result.output
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    trials = client.search_runs([client.get_experiment_by_name(name).experiment_id],
+                                filter_string="tags.`foldsweep.role` = 'trial'", order_by=["attributes.start_time ASC"])
+    assert trials and all(run.info.status == "FINISHED" and run.data.tags["foldsweep.status"] == "ok"
+                          for run in trials), [run.data.tags.get("foldsweep.error") for run in trials]
+    return client, trials, checked.output
+
+
+def history(client, run_id, key):
+    return [metric.value for metric in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+
+
+def test_a_sequential_without_input_and_its_own_compile(ray_cluster, tmp_path):
+    space = {"num_layers": 1, "units_0": 32, "dropout": False, "lr": {"grid": [0.0001, 0.01]}}
+    client, trials, validated = sweep(tmp_path, "own-compile", "sequential_no_input", space)
+    assert "the Adam optimizer and loss that" in validated
+    assert len(trials) == 2
+    by_lr = {float(run.data.params["lr"]): run for run in trials}
+    for lr, run in by_lr.items():
+        # The learning rate recorded is the one the hypermodel's optimizer trained with.
+        assert float(run.data.params["learning_rate"]) == pytest.approx(lr, rel=1e-6)
+        assert run.data.params["optimizer"] == "adam"
+        assert run.data.tags["foldsweep.compile_source"] == "hypermodel"
+        assert run.data.tags["foldsweep.loss"] == "categorical_crossentropy"
+    slow, fast = (history(client, by_lr[lr].info.run_id, "split0_train_loss") for lr in (0.0001, 0.01))
+    assert slow != pytest.approx(fast, rel=1e-3), "the hypermodel's learning rate changes training"
+
+
+def test_a_spec_learning_rate_replaces_the_hypermodels_and_validate_says_so(ray_cluster, tmp_path):
+    space = {"num_layers": 1, "units_0": 32, "dropout": False, "lr": 0.0001, "learning_rate": 0.005}
+    _, trials, validated = sweep(tmp_path, "spec-lr", "sequential_no_input", space)
+    assert "search.space.learning_rate replaces the learning rate of the Adam optimizer" in validated.replace("\n", " ")
+    assert float(trials[0].data.params["learning_rate"]) == 0.005
+
+
+def test_units_inside_a_loop_are_searched_and_recorded_only_when_built(ray_cluster, tmp_path):
+    space = {"num_layers": {"grid": [1, 3]}, "dropout": False, "lr": 0.001}
+    client, trials, _ = sweep(tmp_path, "loop", "sequential_no_input", space)
+    by_layers = {run.data.params["num_layers"]: run for run in trials}
+    assert not {"units_1", "units_2"} & set(by_layers["1"].data.params)
+    deep = by_layers["3"]
+    units = [int(deep.data.params[f"units_{i}"]) for i in range(3)]
+    summary = client.download_artifacts(deep.info.run_id, "model_summary.txt")
+    widths = [int(width) for width in re.findall(r"Dense\)\s+│\s+\(None, (\d+)\)", open(summary).read())]
+    assert widths[:3] == units, "each hidden layer has its recorded width"
+
+
+def test_a_subclassed_model(ray_cluster, tmp_path):
+    _, trials, _ = sweep(tmp_path, "subclassed", "subclassed", {"units": 32, "batch_size": 8})
+    assert trials[0].data.tags["foldsweep.compile_source"] == "default"
+    # Its folds train side by side: a subclassed model has no layer graph to stack.
+    assert "side by side (not stacked: the model has no layer graph" in trials[0].data.tags["foldsweep.fused_reason"]
+
+
+def test_a_hypermodel_fit_that_tunes_the_batch_size(ray_cluster, tmp_path):
+    _, trials, validated = sweep(tmp_path, "fit", "TunedFit", {"units": 16}, num_samples=3)
+    assert "batch_size comes from" in validated
+    assert {run.data.params["batch_size"] for run in trials} <= {"8", "16"}
+    assert all(run.data.params["shuffle"] in ("True", "False") for run in trials)
+
+
+def test_a_fit_that_preprocesses_is_refused(tmp_path, write_spec):
+    spec = write_spec({"experiment": f"{STYLES}:Preprocessing", "search": {"space": Replace({})}})
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 2, result.output
+    assert "Preprocessing: its HyperModel.fit passes model.fit other x than it was given" in \
+        result.output.replace("\n", " ")

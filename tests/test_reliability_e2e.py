@@ -1,0 +1,214 @@
+"""Hundreds of trials without a crash, and every sweep ends cleanly: workers retire before the
+kernel's mapping limit, whatever fails after the trials closes the sweep, `foldsweep ui` stops
+with its server, a fresh store survives a second opener, damaged input is bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from conftest import REPO, TINY_SPEC, Replace, answers, free_port, merged, wait_for
+from pipeline.cli import _alive, _descendants, app
+
+pytestmark = pytest.mark.e2e
+
+GRID = {"conv_layers": 1, "dropout": 0.0, "kernel_size": {"grid": [3, 5, 7]}, "filters": {"grid": [16, 32]}}
+
+
+def runs_of(uri: str, name: str):
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
+    trials = [run for run in runs if run.data.tags["foldsweep.role"] == "trial"]
+    return client, parent, trials
+
+
+def write(tmp_path: Path, name: str, **overrides) -> Path:
+    spec = merged(TINY_SPEC, {"name": name, "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}, **overrides})
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture
+def one_cpu_ray():
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def test_workers_retire_after_their_trials_and_nothing_else_changes(one_cpu_ray, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    scores = {}
+    for name, per_worker in (("recycled", 2), ("kept", "auto")):
+        spec = write(tmp_path, name, search={"num_samples": 1, "space": Replace(GRID)},
+                     train={"epochs": 2, "refit": False}, resources={"max_concurrent": 1,
+                                                                     "max_trials_per_worker": per_worker})
+        result = CliRunner().invoke(app, ["run", str(spec)])
+        assert result.exit_code == 0, result.output
+        _, _, trials = runs_of(uri, name)
+        assert len(trials) == 6 and all(run.info.status == "FINISHED" for run in trials)
+        assert not any("foldsweep.retries" in run.data.tags for run in trials)
+        scores[name] = {(run.data.params["kernel_size"], run.data.params["filters"]): run for run in trials}
+        if name == "recycled":
+            pids = {run.data.tags["foldsweep.pid"] for run in trials}
+            assert len(pids) >= 3, "a fresh worker process every two trials"
+            assert sorted(run.data.tags["foldsweep.worker_trials"] for run in trials) == ["1", "1", "1", "2", "2", "2"]
+            # Each new process copied the data to its device once.
+            assert {run.data.tags["foldsweep.data_transfers"] for run in trials} == {"1"}
+            assert all(run.data.metrics["worker_maps"] > 0 for run in trials)
+    for key, run in scores["recycled"].items():
+        kept = scores["kept"][key]
+        assert run.data.metrics["mean_val_loss"] == pytest.approx(kept.data.metrics["mean_val_loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("what", ["refit", "publish"])
+def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(one_cpu_ray, tmp_path, monkeypatch, what):
+    import pipeline.refit
+    import pipeline.report
+
+    def broken(*args, **kwargs):
+        raise RuntimeError(f"{what} broke")
+
+    monkeypatch.setattr(pipeline.refit if what == "refit" else pipeline.report, what, broken)
+    spec = write(tmp_path, what, search={"num_samples": 1, "space": {"kernel_size": 3}}, train={"epochs": 1})
+    result = CliRunner().invoke(app, ["run", str(spec)])
+    assert result.exit_code == 1, result.output
+    assert f"every trial ended and is recorded, but" in result.output and f"{what} broke" in result.output
+    _, parent, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", what)
+    assert trials and all(run.info.status == "FINISHED" for run in trials)
+    if what == "refit":
+        assert parent.info.status == "FINISHED" and parent.data.tags["foldsweep.refit"].startswith("error: RuntimeError")
+    else:
+        assert parent.info.status == "FAILED" and "publish broke" in parent.data.tags["foldsweep.error"]
+
+
+def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(one_cpu_ray, tmp_path, monkeypatch):
+    from pipeline.tracking import MlflowTrialCallback
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("the store went away")
+
+    monkeypatch.setattr(MlflowTrialCallback, "on_trial_result", broken)
+    spec = write(tmp_path, "callback", search={"num_samples": 1, "space": {"kernel_size": 3}}, train={"epochs": 1})
+    result = CliRunner().invoke(app, ["run", str(spec)])
+    assert result.exit_code == 1, result.output
+    assert "the store went away" in result.output
+    _, parent, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "callback")
+    assert parent.info.status == "FAILED" and all(run.info.status != "RUNNING" for run in trials)
+
+
+def test_eight_concurrent_trials_record_every_epoch_once(tmp_path):
+    import ray
+
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        spec = write(tmp_path, "eight", search={"num_samples": 8, "space": {"kernel_size": 3}},
+                     train={"epochs": 2, "refit": False, "jit_compile": False}, resources={"max_concurrent": 8})
+        result = CliRunner().invoke(app, ["run", str(spec)])
+    finally:
+        ray.shutdown()
+    assert result.exit_code == 0, result.output
+    assert "locked" not in result.output
+    client, _, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "eight")
+    assert len(trials) == 8 and all(run.info.status == "FINISHED" for run in trials)
+    for run in trials:
+        steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "mean_val_loss")]
+        assert sorted(steps) == [1, 2]
+
+
+def test_a_fresh_store_opened_by_a_second_process_at_once(tmp_path):
+    spec = write(tmp_path, "fresh", search={"num_samples": 1, "space": {"kernel_size": 3}},
+                 train={"epochs": 1, "refit": False})
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    poller = ("import sys, mlflow\nclient = mlflow.MlflowClient(sys.argv[1])\n"
+              "for _ in range(20):\n    client.search_experiments()\n")
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    sweep = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(spec)], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
+    other = subprocess.Popen([sys.executable, "-c", poller, uri], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=environment)
+    output, _ = sweep.communicate(timeout=600)
+    other.wait(timeout=120)
+    assert sweep.returncode == 0, output
+    _, parent, trials = runs_of(uri, "fresh")
+    assert parent.info.status == "FINISHED" and len(trials) == 1
+
+
+def test_sigterm_stops_the_ui_and_everything_it_started(tmp_path):
+    port = free_port()
+    ui = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "ui", "--tracking-uri",
+                           f"sqlite:///{tmp_path / 'mlflow.db'}", "--port", str(port)], cwd=tmp_path,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/health"), seconds=120, what="the MLflow UI")
+        family = _descendants(ui.pid)
+        assert family, "the UI runs in a server process of its own"
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in family
+                    if _alive(pid)]
+        assert not [command for command in commands if "huey" in command or "job" in command], commands
+        ui.send_signal(signal.SIGTERM)
+        assert ui.wait(timeout=60) == 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(pid) for pid in family):
+            time.sleep(0.2)
+        assert not [pid for pid in family if _alive(pid)]
+        assert answers(f"http://127.0.0.1:{port}/health") is None
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+
+
+def damaged_inputs(directory: Path) -> dict[str, tuple[Path, dict]]:
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 8, 1)).astype(np.float32), np.arange(40) % 2
+    np.savez(directory / "good.npz", x=x, y=y)
+    good = (directory / "good.npz").read_bytes()
+    (directory / "truncated.npz").write_bytes(good[: len(good) // 2])
+    (directory / "random.npz").write_bytes(rng.bytes(2000))
+    for name in ("truncated_npy", "random_npy"):
+        (directory / name).mkdir()
+        np.save(directory / name / "y.npy", y)
+    np.save(directory / "truncated_npy" / "x.npy", x)
+    full = (directory / "truncated_npy" / "x.npy").read_bytes()
+    (directory / "truncated_npy" / "x.npy").write_bytes(full[: len(full) // 3])
+    (directory / "random_npy" / "x.npy").write_bytes(rng.bytes(500))
+    (directory / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    (directory / "binary.yaml").write_bytes(rng.bytes(300))
+    (directory / "not_python.py").write_text("def build(hp):\n    return keras.Sequential([\n")
+    return {
+        "truncated .npz": (directory / "truncated.npz", {"dataset": str(directory / "truncated.npz")}),
+        "random-byte .npz": (directory / "random.npz", {"dataset": str(directory / "random.npz")}),
+        "truncated .npy": (directory / "truncated_npy" / "x.npy", {"dataset": str(directory / "truncated_npy")}),
+        "random-byte .npy": (directory / "random_npy" / "x.npy", {"dataset": str(directory / "random_npy")}),
+        "non-UTF-8 spec": (directory / "latin1.yaml", {}),
+        "binary spec": (directory / "binary.yaml", {}),
+        "experiment that is not Python": (directory / "not_python.py",
+                                          {"experiment": f"{directory / 'not_python.py'}:build"}),
+    }
+
+
+@pytest.mark.parametrize("kind", ["truncated .npz", "random-byte .npz", "truncated .npy", "random-byte .npy",
+                                  "non-UTF-8 spec", "binary spec", "experiment that is not Python"])
+def test_damaged_input_is_bad_input_naming_the_file(tmp_path, write_spec, kind):
+    damaged, overrides = damaged_inputs(tmp_path)[kind]
+    spec = damaged if damaged.suffix == ".yaml" else write_spec(overrides)
+    for command in ("validate", "run"):
+        result = CliRunner().invoke(app, [command, str(spec)])
+        assert result.exit_code == 2, result.output
+        assert str(damaged) in result.output.replace("\n", ""), result.output
+        assert "Traceback" not in result.output and "internal error" not in result.output
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "ray_results").exists()

@@ -1,0 +1,147 @@
+"""A rerun walks its trial's trajectory: the recorded plan (threads, XLA, steps per launch, fold
+layout) executed again in a fresh process gives the recorded per-epoch, per-fold numbers; what a
+debugging option changes is said, printed and recorded."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from conftest import TINY_SPEC, Replace, foldsweep, merged
+from pipeline.cli import app
+
+pytestmark = pytest.mark.e2e
+
+EPOCHS = 10
+# One sweep per execution layout; the quickstart's resources (one CPU per trial) unless the
+# layout needs two compute threads.
+SWEEPS = {
+    "dropout": ({"dropout": 0.2, "batch_size": 32}, 1),
+    "stacked": ({"dropout": 0.0, "batch_size": 8}, 1),
+    "side_by_side": ({"dropout": 0.0, "batch_size": 8}, 2),
+    "nan": ({"dropout": 0.0, "batch_size": 8, "optimizer": "sgd", "learning_rate": 50.0}, 1),
+}
+EXECUTION_TAGS = ("foldsweep.tf_threads", "foldsweep.fused_reason", "foldsweep.jit_compile",
+                  "foldsweep.steps_per_launch", "foldsweep.fused", "foldsweep.device")
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    """Each layout's one-trial sweep, recorded in one store: {layout: trial run}."""
+    import ray
+
+    directory = tmp_path_factory.mktemp("fidelity")
+    store = f"sqlite:///{directory / 'mlflow.db'}"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        for name, (space, cpus) in SWEEPS.items():
+            spec = merged(TINY_SPEC, {
+                "name": name, "cv": {"n_splits": 3},
+                "search": {"num_samples": 1, "space": Replace({"conv_layers": 1, "filters": 16, "kernel_size": 3,
+                                                               **space})},
+                "train": {"epochs": EPOCHS, "refit": False}, "resources": {"cpu": cpus, "max_concurrent": 1},
+                "tracking": {"uri": store}})
+            (directory / f"{name}.yaml").write_text(yaml.safe_dump(spec))
+            result = CliRunner().invoke(app, ["run", str(directory / f"{name}.yaml")])
+            assert result.exit_code == 0, result.output
+    finally:
+        ray.shutdown()
+    client = MlflowClient(store)
+    trials = {}
+    for name in SWEEPS:
+        runs = client.search_runs([client.get_experiment_by_name(name).experiment_id],
+                                  filter_string="tags.`foldsweep.role` = 'trial'")
+        trials[name] = runs[0]
+    return directory, store, client, trials
+
+
+def history(client, run_id, key):
+    return [metric.value for metric in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+
+
+def the_rerun(client, original):
+    runs = client.search_runs([original.info.experiment_id],
+                              filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'",
+                              order_by=["attributes.start_time DESC"])
+    return runs[0]
+
+
+def assert_same_trajectory(client, original, again, folds, epochs=EPOCHS):
+    for k in folds:
+        for key in (f"split{k}_val_loss", f"split{k}_train_loss", f"split{k}_val_accuracy"):
+            recorded, rerun = history(client, original.info.run_id, key), history(client, again.info.run_id, key)
+            assert len(rerun) == epochs and recorded[:epochs] == pytest.approx(rerun, rel=1e-6, abs=0), key
+
+
+@pytest.mark.parametrize("layout, reason", [
+    ("dropout", "side by side (batch 32: stacking pays up to batch 16)"),
+    ("stacked", "stacked into one XLA program per step"),
+    ("side_by_side", "side by side (2 compute threads)"),
+])
+def test_a_rerun_reproduces_every_epoch_of_its_trial(sweeps, layout, reason):
+    directory, store, client, trials = sweeps
+    original = trials[layout]
+    assert original.data.tags["foldsweep.fused_reason"].endswith(reason)
+
+    result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
+
+    assert result.exit_code == 0, result.output
+    assert "differs from the trial" not in result.output
+    again = the_rerun(client, original)
+    assert_same_trajectory(client, original, again, folds=range(3))
+    for tag in EXECUTION_TAGS:
+        assert again.data.tags[tag] == original.data.tags[tag], tag
+    assert "foldsweep.rerun_differs" not in again.data.tags
+
+
+def test_a_nan_trial_goes_nan_again_at_the_recorded_fold_epoch_and_step(sweeps):
+    directory, store, client, trials = sweeps
+    original = trials["nan"]
+    assert original.data.tags["foldsweep.status"] == "nan"
+
+    result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
+
+    assert result.exit_code == 0, result.output
+    again = the_rerun(client, original)
+    assert again.data.tags["foldsweep.status"] == "nan"
+    for tag in ("nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm"):
+        assert again.data.tags[f"foldsweep.{tag}"] == original.data.tags[f"foldsweep.{tag}"], tag
+    where = (f"NaN in fold {original.data.tags['foldsweep.nan_fold']} at epoch "
+             f"{original.data.tags['foldsweep.nan_epoch']}, step {original.data.tags['foldsweep.nan_step']}")
+    assert where in " ".join(result.output.split())  # the console wraps long lines
+
+
+def test_check_numerics_says_that_it_changes_the_trajectory(sweeps):
+    directory, store, client, trials = sweeps
+    original = trials["nan"]
+    result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, "--check-numerics", cwd=directory)
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if "differs from the trial" in line)
+    assert "jit_compile True -> False" in line and "numbers may differ from the recorded ones" in line
+    assert "first non-finite value" in result.output
+    again = the_rerun(client, original)
+    assert "jit_compile True -> False" in again.data.tags["foldsweep.rerun_differs"]
+
+
+def test_one_fold_of_a_side_by_side_trial_is_that_fold_of_the_trial(sweeps):
+    directory, store, client, trials = sweeps
+    original = trials["side_by_side"]
+    result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, "--fold", "1", "--epochs", "4",
+                       cwd=directory)
+    assert result.exit_code == 0, result.output
+    assert "differs from the trial" not in result.output
+    assert_same_trajectory(client, original, the_rerun(client, original), folds=[1], epochs=4)
+
+
+def test_one_fold_of_a_stacked_trial_names_the_difference(sweeps):
+    directory, store, client, trials = sweeps
+    original = trials["stacked"]
+    result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, "--fold", "2", "--epochs", "1",
+                       "--set", "learning_rate=0.003", cwd=directory)
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if "differs from the trial" in line)
+    assert "layout stacked -> unfused" in line and "--set learning_rate=0.003" in line
+    differs = the_rerun(client, original).data.tags["foldsweep.rerun_differs"]
+    assert "layout stacked -> unfused" in differs and "learning_rate" in differs
