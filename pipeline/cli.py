@@ -165,8 +165,9 @@ def run(
     from pipeline.sweep import AfterTrialsFailed, SweepInterrupted
 
     failed: list[str] = []
+    progress = _progress(prepared)
     try:
-        outcome = run_sweep(prepared, on_trial_done=trial_done, resume=resume,
+        outcome = run_sweep(prepared, on_trial_done=trial_done, resume=resume, progress=progress,
                             notify=lambda line: console.print(f"[yellow]{line}[/]", highlight=False))
     except SweepInterrupted as interrupted:
         again = " ".join(shlex.quote(arg) for arg in ["foldsweep", *sys.argv[1:]] if arg != "--resume")
@@ -175,11 +176,12 @@ def run(
         raise typer.Exit(code=130) from None
     except AfterTrialsFailed as after:
         outcome, failed = after.outcome, after.failed
+    finally:
+        progress.close()
     console.print(leaderboard_table(outcome.records, sweep_spec.objective, title=f"{sweep_spec.name}: leaderboard"))
     console.print(f"{len(outcome.records)} trials in {outcome.wall_s:.0f} s; sweep run {outcome.parent_run_id}",
                   highlight=False)
-    console.print(f"Open the MLflow UI: [bold]{ui_command(prepared.tracking_uri)}[/] "
-                  f"then browse http://127.0.0.1:{DEFAULT_UI_PORT}", highlight=False)
+    _print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
     if failed:
         for what in failed:
             errors.print(f"[bold red]error:[/] every trial ended and is recorded, but {what}", highlight=False,
@@ -193,8 +195,10 @@ def report(
     sweep: Optional[str] = typer.Argument(None, help="Sweep name or parent run id [default: the latest sweep]"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
 ) -> None:
-    """Print a recorded sweep's leaderboard, NaN and throughput tables; refresh its plots."""
-    from pipeline.report import leaderboard_table, nan_table_rows, publish, rows_table, throughput_rows
+    """Print a recorded sweep's leaderboard, NaN and throughput tables; refresh its plots,
+    descriptions and its view in the MLflow UI."""
+    from pipeline.publish import publish
+    from pipeline.report import leaderboard_table, nan_table_rows, rows_table, throughput_rows
     from pipeline.tracking import Tracker
 
     _check_existing_store(tracking_uri)
@@ -208,9 +212,11 @@ def report(
     if test_scores:
         console.print("refit on the held-out test split: " +
                       ", ".join(f"{key} {value:.4f}" for key, value in sorted(test_scores.items())), highlight=False)
-    publish(tracker, parent.run_id, records, parent.objective)
-    console.print(f"{len(records)} trials of sweep run {parent.run_id}; cv_results.csv and plots refreshed "
-                  f"on it. Browse: {ui_command(tracking_uri)}", highlight=False)
+    ui_path = publish(tracker, parent.run_id, records, parent.objective, sweep_name=parent.name,
+                      test_scores=test_scores)
+    console.print(f"{len(records)} trials of sweep run {parent.run_id}; cv_results.csv, plots and descriptions "
+                  "refreshed on it.", highlight=False)
+    _print_ui_address(tracking_uri, ui_path, sweep=parent.name)
 
 
 FoldOption = typer.Option(None, "--fold", help="Only this fold (0-based)")
@@ -359,7 +365,33 @@ def _check_existing_store(tracking_uri: str) -> None:
         raise InputError(f"--tracking-uri: no MLflow store at {tracking_uri!r}")
 
 
-def ui_command(tracking_uri: str) -> str:
+def _progress(prepared: Any) -> Any:
+    """Live progress on a terminal; heartbeat lines in a log."""
+    from pipeline.progress import ProgressCallback, SweepProgress
+    from pipeline.space import resolve_config
+
+    spec = prepared.spec
+    searched = [name for name, param in spec.search.space.items() if param.kind != "fixed"]
+
+    def key_params(config: Any) -> str:
+        values = resolve_config(config, prepared.space.conditions)
+        return " ".join(f"{name}={_short_value(values[name])}" for name in searched if name in values)
+
+    progress = SweepProgress(spec.objective, trials_planned=prepared.space.trial_count(prepared.num_samples),
+                             epochs_per_trial=spec.train.epochs)
+    return ProgressCallback(progress, describe=key_params, console=console, live=sys.stdout.isatty())
+
+
+def _short_value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _print_ui_address(tracking_uri: str, ui_path: str, *, sweep: str, port: int = DEFAULT_UI_PORT) -> None:
+    console.print(f"Open the MLflow UI on this sweep: [bold]{ui_command(tracking_uri, sweep=sweep)}[/] "
+                  f"then browse http://127.0.0.1:{port}{ui_path}", highlight=False, soft_wrap=True)
+
+
+def ui_command(tracking_uri: str, *, sweep: str | None = None) -> str:
     """The exact command that opens the UI on this store, as the user can paste it."""
     program = "foldsweep"
     invoked = Path(sys.argv[0])
@@ -367,31 +399,44 @@ def ui_command(tracking_uri: str) -> str:
     if invoked.name == "foldsweep" and (on_path is None or Path(on_path).resolve() != invoked.resolve()):
         program = os.path.relpath(invoked) if not invoked.is_absolute() or invoked.is_relative_to(Path.cwd()) \
             else str(invoked)
-    return f"{shlex.quote(program)} ui --tracking-uri {shlex.quote(tracking_uri)}"
+    named = f" {shlex.quote(sweep)}" if sweep else ""
+    return f"{shlex.quote(program)} ui{named} --tracking-uri {shlex.quote(tracking_uri)}"
 
 
 @app.command()
 @exit_codes
 def ui(
+    sweep: Optional[str] = typer.Argument(None, help="Open on this sweep (name or parent run id) [default: the "
+                                          "latest sweep, if any]"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
     port: int = typer.Option(DEFAULT_UI_PORT, "--port", help="Port on 127.0.0.1"),
 ) -> None:
-    """Start the MLflow UI on 127.0.0.1 for a tracking store."""
-    from pipeline.tracking import check_tracking_uri
+    """Start the MLflow UI on 127.0.0.1 for a tracking store, opening on a sweep's trials."""
+    from pipeline.errors import TrackingError
+    from pipeline.report import split_params
+    from pipeline.tracking import Tracker, check_tracking_uri
 
     check_tracking_uri(tracking_uri)
     if not 0 < port < 65536:
         raise InputError(f"--port must be between 1 and 65535, got {port}")
-    from pipeline.tracking import Tracker
-
-    Tracker(tracking_uri)  # a new store is created (or upgraded) here, not by two processes at once
+    tracker = Tracker(tracking_uri)  # a new store is created (or upgraded) here, not by two processes at once
+    try:
+        parent = tracker.find_sweep(sweep)
+    except TrackingError:
+        if sweep is not None:
+            raise
+        parent = None
+    address = f"http://127.0.0.1:{port}"
+    if parent is not None:
+        varying, _ = split_params(tracker.trial_records(parent.run_id))
+        address += tracker.share_sweep_view(parent.run_id, objective=parent.objective, columns=varying)
     # One worker process is plenty for one researcher's browser (MLflow's default is four), and
     # MLflow's GenAI job runner (a job process and six task-queue consumers) has nothing to do
     # for training runs.
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri,
                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    console.print(f"MLflow UI for {tracking_uri} at http://127.0.0.1:{port} (Ctrl-C stops it)", highlight=False)
+    console.print(f"MLflow UI for {tracking_uri} at {address} (Ctrl-C stops it)", highlight=False, soft_wrap=True)
     # MLflow's UI runs a server with worker processes of its own; in a session of its own the
     # whole group can be stopped, so that stopping `foldsweep ui` leaves nothing running.
     server = subprocess.Popen(command, start_new_session=True, env=environment)

@@ -13,18 +13,18 @@ import io
 import math
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from rich.table import Table
 
 from pipeline.spec import Objective
-from pipeline.tracking import Tracker, TrialRecord
+from pipeline.tracking import TrialRecord
 
 METRICS = ("accuracy", "loss")
+DESCRIPTION_BUDGET = 7500  # characters of a run description (MLflow keeps 8,000 of a tag)
 THROUGHPUT_COLUMNS = ("train_samples_per_s", "eval_samples_per_s", "compile_s", "trial_wall_s")
 NAN_COLUMNS = ("nan_failures",)
 NAN_TAGS = ("nan_fold", "nan_epoch", "nan_step")
-PLOTS = ("score_vs_batch_size.png", "nan_rate_heatmap.png", "throughput_vs_batch_size.png")
 
 
 def _score(record: TrialRecord, key: str) -> float | None:
@@ -192,85 +192,51 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def write_plots(records: Sequence[TrialRecord], objective: Objective, directory: Path) -> list[Path]:
-    """The three sweep plots as PNG files in ``directory``; returns their paths."""
-    key = objective.key
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = [directory / name for name in PLOTS]
-    kinds = sorted({_group(record)[1] for record in records})
-    batches = sorted({b for b in (_group(record)[0] for record in records) if b is not None})
-
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for kind in kinds:
-        members = [r for r in records if _group(r)[1] == kind and r.status in ("ok", "pruned")
-                   and _score(r, key) is not None and _group(r)[0] is not None]
-        axes.scatter([_group(r)[0] for r in members], [r.metrics[key] for r in members], label=kind, alpha=0.8)
-    failed = [r for r in records if r.status == "nan" and _group(r)[0] is not None]
-    if failed:
-        bottom = min((r.metrics.get(key, 0.0) for r in records if _score(r, key) is not None), default=0.0)
-        axes.scatter([_group(r)[0] for r in failed], [bottom] * len(failed), marker="x", color="red", label="NaN")
-    _batch_axis(axes, batches)
-    axes.set_ylabel(key)
-    axes.set_title(f"{key} vs batch size, by gradient clipping")
-    axes.legend(title="clipping")
-    figure.tight_layout()
-    figure.savefig(paths[0], dpi=100)
-    plt.close(figure)
-
-    rates = np.full((len(kinds), max(len(batches), 1)), np.nan)
-    labels = [["" for _ in range(rates.shape[1])] for _ in kinds]
-    for row in nan_table_rows(records):
-        if row["batch_size"] is None:
-            continue
-        i, j = kinds.index(row["clipping"]), batches.index(row["batch_size"])
-        rates[i, j] = row["nan"] / row["trials"]
-        labels[i][j] = f"{row['nan']}/{row['trials']}"
-    figure, axes = plt.subplots(figsize=(7, 3.5))
-    image = axes.imshow(rates, cmap="Reds", vmin=0, vmax=1, aspect="auto")
-    axes.set_xticks(range(len(batches)), [str(b) for b in batches])
-    axes.set_yticks(range(len(kinds)), kinds)
-    for i in range(len(kinds)):
-        for j in range(len(batches)):
-            axes.text(j, i, labels[i][j], ha="center", va="center", fontsize=9)
-    axes.set_xlabel("batch size")
-    axes.set_ylabel("clipping")
-    axes.set_title("share of trials that went NaN")
-    figure.colorbar(image, ax=axes)
-    figure.tight_layout()
-    figure.savefig(paths[1], dpi=100)
-    plt.close(figure)
-
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    measured = [r for r in records if math.isfinite(r.metrics.get("train_samples_per_s", math.nan))
-                and _group(r)[0] is not None]
-    axes.scatter([_group(r)[0] for r in measured], [r.metrics["train_samples_per_s"] for r in measured], alpha=0.8)
-    _batch_axis(axes, batches)
-    axes.set_ylabel("training samples/s (all folds, compilation excluded)")
-    axes.set_title("training throughput vs batch size")
-    figure.tight_layout()
-    figure.savefig(paths[2], dpi=100)
-    plt.close(figure)
-    return paths
+def sweep_description(records: Sequence[TrialRecord], objective: Objective, *, sweep_name: str,
+                      test_scores: Mapping[str, float] = {}, rerun_command: str | None = None) -> str:
+    """The parent run's description, in Markdown: the leaderboard (the params that vary), the
+    NaN table (batch size x clipping), the refit's test scores and how to rerun the best trial."""
+    varying, shared = split_params(records)
+    better = "higher" if objective.mode == "max" else "lower"
+    lines = [f"## {sweep_name}: {len(records)} trials, ranked by {objective.key} ({better} is better)", "",
+             "| rank | trial | " + f"{objective.key} ± std | status | " + " | ".join(varying) + " |",
+             "|" + " --- |" * (4 + len(varying))]
+    ordered = ranked(records, objective)
+    rows = []
+    for position, record in enumerate([*ordered, *(r for r in records if r not in ordered)], start=1):
+        rank = str(position) if record in ordered else "-"
+        score = (f"{record.metrics[objective.key]:.4f} ± {record.metrics.get(objective.spread_key, math.nan):.4f}"
+                 if record in ordered else "-")
+        cells = [rank, record.run_name, score, _status_text(record),
+                 *(_short(record.params.get(name, "-")) for name in varying)]
+        rows.append("| " + " | ".join(cells) + " |")
+    # MLflow keeps at most 8,000 characters of a tag: the best rows fit, the rest is in cv_results.csv.
+    budget = DESCRIPTION_BUDGET - 2000  # room for the NaN table, refit and rerun sections
+    shown = 0
+    while shown < len(rows) and sum(len(row) + 1 for row in rows[:shown + 1]) < budget:
+        shown += 1
+    lines += rows[:shown]
+    if shown < len(rows):
+        lines.append(f"| … | {len(rows) - shown} more trials in `cv_results.csv` | | |" + " |" * len(varying))
+    if shared:
+        lines += ["", "All trials: " + ", ".join(f"`{key}={_short(value)}`" for key, value in sorted(shared.items()))]
+    nan_rows = nan_table_rows(records)
+    lines += ["", "### NaN failures by batch size and clipping", "", "| batch_size | clipping | trials | NaN |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| {row['batch_size']} | {row['clipping']} | {row['trials']} | {row['nan']} |" for row in nan_rows]
+    if test_scores:
+        lines += ["", "### Refit of the best trial on the held-out test split", "",
+                  ", ".join(f"{key} **{value:.4f}**" for key, value in sorted(test_scores.items()))]
+    if rerun_command:
+        lines += ["", "### Rerun the best trial", "", f"```\n{rerun_command}\n```"]
+    return ("\n".join(lines) + "\n")[:DESCRIPTION_BUDGET]
 
 
-def _batch_axis(axes: Any, batches: Sequence[int]) -> None:
-    axes.set_xscale("log", base=2)
-    axes.set_xticks(list(batches), [str(batch) for batch in batches])
-    axes.minorticks_off()
-    axes.set_xlabel("batch size")
-
-
-def publish(tracker: Tracker, parent_run_id: str, records: Sequence[TrialRecord], objective: Objective) -> None:
-    """Write (or refresh) the sweep's tables and plots as artifacts of its parent run."""
-    import tempfile
-
-    texts = {"cv_results.csv": to_csv(cv_results(records)), "nan_summary.csv": to_csv(nan_table_rows(records))}
-    with tempfile.TemporaryDirectory() as directory:
-        plots = write_plots(records, objective, Path(directory))
-        tracker.publish_sweep_files(parent_run_id, texts=texts, files={path: "plots" for path in plots})
+def trial_description(record: TrialRecord, records: Sequence[TrialRecord], objective: Objective) -> str:
+    """A trial run's description: its rank among the sweep's trials and its status."""
+    ordered = ranked(records, objective)
+    if record in ordered:
+        score = record.metrics[objective.key]
+        return (f"Rank **{ordered.index(record) + 1}** of {len(ordered)} ranked trials: {objective.key} "
+                f"{score:.4f} ± {record.metrics.get(objective.spread_key, math.nan):.4f}; status {record.status}.")
+    return f"Not ranked: status {_status_text(record)}."

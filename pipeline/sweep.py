@@ -53,6 +53,7 @@ class SweepOutcome:
     experiment_name: str
     records: list[TrialRecord]
     wall_s: float
+    ui_path: str = ""  # the MLflow UI's address path of the sweep's trials (pipeline.publish)
 
 
 def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None,
@@ -132,12 +133,14 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord], None] | None = None,
-              notify: Callable[[str], None] = print, resume: bool = False) -> SweepOutcome:
+              notify: Callable[[str], None] = print, resume: bool = False, progress: Any = None) -> SweepOutcome:
     """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials.
 
     Four steps: open the sweep (its parent run, or the one a resume continues), build the
     tuner, fit it, and, once every trial has ended, publish the sweep's tables and refit the best
     config. Whatever happens, the parent run ends in a final state.
+
+    ``progress`` is a Ray Tune callback that shows the sweep as it runs (``pipeline.progress``).
 
     With ``resume``, continue the latest sweep of this spec's name through Ray Tune's restore:
     finished trials stay as they are, unfinished ones go on from their last checkpoint, and the
@@ -164,7 +167,7 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
         parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable)
         try:
             tuner = _build_tuner(prepared, tracker, parent_run_id, ray_path, gpu=gpu, resume=resume,
-                                 on_trial_done=on_trial_done)
+                                 on_trial_done=on_trial_done, progress=progress)
             configs = _fit(tuner, prepared, tracker, parent_run_id)
         except BaseException as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
@@ -191,7 +194,7 @@ def _open_sweep(prepared: PreparedSweep, tracker: Tracker, resumable: SweepRecor
 
 
 def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, ray_path: str, *, gpu: float,
-                 resume: bool, on_trial_done: Callable[[TrialRecord], None] | None) -> Any:
+                 resume: bool, on_trial_done: Callable[[TrialRecord], None] | None, progress: Any = None) -> Any:
     """The sweep's Ray Tune Tuner (restored from ``ray_path`` on a resume), recording through
     an MLflow callback."""
     from ray import tune
@@ -199,8 +202,10 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
     from pipeline.trial import FoldTrainable
 
     spec = prepared.spec
-    callback = tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, on_recorded=on_trial_done,
-                                conditions=prepared.space.conditions)
+    callbacks = [tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, on_recorded=on_trial_done,
+                                  conditions=prepared.space.conditions)]
+    if progress is not None:
+        callbacks.append(progress)
     data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
     trainable = tune.with_resources(
         tune.with_parameters(FoldTrainable, data=data, folds=prepared.folds.folds, settings=prepared.trial_settings()),
@@ -208,7 +213,7 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
     )
     param_space = {} if spec.search.algorithm == "optuna" else prepared.space.param_space
     if resume:
-        return _restored_tuner(ray_path, trainable, param_space, callback)
+        return _restored_tuner(ray_path, trainable, param_space, callbacks)
     return tune.Tuner(
         trainable,
         param_space=param_space,
@@ -224,7 +229,7 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
         run_config=tune.RunConfig(
             name=Path(ray_path).name,
             storage_path=str(Path(ray_path).parent),
-            callbacks=[callback],
+            callbacks=callbacks,
             failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
             # A checkpoint per epoch (the fold models' weights and optimizer state, small next to
             # an epoch's work) lets a retried or resumed trial go on from its last epoch.
@@ -284,29 +289,31 @@ def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str,
     Raises:
         AfterTrialsFailed: publishing or the refit failed (the parent run is closed).
     """
-    from pipeline.report import publish
+    from pipeline.publish import publish
 
     spec = prepared.spec
     records = tracker.trial_records(parent_run_id)
     failed: list[str] = []
-    status, error, summary = SweepStatus.OK, None, {}
+    status, error, summary, ui_path = SweepStatus.OK, None, {}, ""
     try:
-        try:
-            publish(tracker, parent_run_id, records, spec.objective)
-        except Exception as exc:
-            status, error = SweepStatus.ERROR, traceback.format_exc()
-            failed.append(f"publishing cv_results.csv and the plots: {type(exc).__name__}: {exc}")
         if spec.train.refit:
             try:
                 summary = _refit_best(prepared, tracker, parent_run_id, records, configs, notify)
             except Exception as exc:
                 summary = {Tag.REFIT: f"error: {type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH]}
                 failed.append(f"the refit: {type(exc).__name__}: {exc}")
+        try:
+            test_scores = {key: value for key, value in summary.items() if key.startswith("test_")}
+            ui_path = publish(tracker, parent_run_id, records, spec.objective, sweep_name=spec.name,
+                              test_scores=test_scores)
+        except Exception as exc:
+            status, error = SweepStatus.ERROR, traceback.format_exc()
+            failed.append(f"publishing cv_results.csv, the plots and the descriptions: {type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
         _close_sweep(prepared, tracker, parent_run_id, SweepStatus.INTERRUPTED)
         raise SweepInterrupted(parent_run_id) from None
     _close_sweep(prepared, tracker, parent_run_id, status, error=error, extra=summary)
-    outcome = SweepOutcome(parent_run_id, spec.name, records, time.perf_counter() - started)
+    outcome = SweepOutcome(parent_run_id, spec.name, records, time.perf_counter() - started, ui_path)
     if failed:
         raise AfterTrialsFailed(outcome, failed)
     return outcome
@@ -374,8 +381,8 @@ def check_ray_address(address: str) -> None:
                          f"{exc.strerror or exc}") from None
 
 
-def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], callback: Any) -> Any:
-    """Ray Tune's restore of an interrupted experiment, writing to this process's MLflow callback."""
+def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], callbacks: list[Any]) -> Any:
+    """Ray Tune's restore of an interrupted experiment, reporting to this process's callbacks."""
     from ray import tune
 
     if not tune.Tuner.can_restore(ray_path):
@@ -383,8 +390,8 @@ def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], 
     tuner = tune.Tuner.restore(ray_path, trainable, resume_unfinished=True, resume_errored=False,
                                param_space=param_space or None)
     # The restored run config carries the callback pickled by the interrupted driver, which has
-    # lost its link to this process (the progress printer); swap in this process's callback.
-    tuner._local_tuner.get_run_config().callbacks = [callback]
+    # lost its link to this process (the progress printer); swap in this process's callbacks.
+    tuner._local_tuner.get_run_config().callbacks = callbacks
     return tuner
 
 

@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import urlparse
 
 from ray.tune import Callback
@@ -60,6 +60,9 @@ TRIAL_CONFIG_ARTIFACT = "trial_config.json"
 SPEC_ARTIFACT = "spec.yaml"
 MANIFEST_ARTIFACT = "fold_manifest.json"
 MAX_TAG_LENGTH = 5000
+# What the MLflow UI shows as a run's description, and the experiment tags its shared views use.
+DESCRIPTION_TAG = "mlflow.note.content"
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
 
 
 def check_tracking_uri(uri: str) -> None:
@@ -304,6 +307,33 @@ class Tracker:
             self._client.log_text(run_id, text, artifact)
         for path, directory in files.items():
             self._client.log_artifact(run_id, str(path), directory)
+
+    def describe_runs(self, descriptions: Mapping[str, str]) -> None:
+        """Runs' descriptions (what the MLflow UI shows on a run's page), in Markdown."""
+        for run_id, text in descriptions.items():
+            self._client.set_tag(run_id, DESCRIPTION_TAG, text)
+
+    def share_sweep_view(self, parent_run_id: str, *, objective: Objective, columns: Sequence[str] = ()) -> str:
+        """A view of a sweep's trials that the MLflow UI opens from a link: the trials listed flat,
+        best first by the objective, with the objective, its spread, the status and ``columns``
+        (params) shown. Stored as the experiment's shared view state (what the UI's own "share"
+        writes); returns the UI address path that opens it."""
+        parent = self._client.get_run(parent_run_id)
+        experiment_id = parent.info.experiment_id
+        key = f"foldsweep-{parent_run_id[:12]}"
+        state = {
+            "searchFilter": f"tags.`{Tag.PARENT}` = '{parent_run_id}' and tags.`{Tag.ROLE}` = 'trial'",
+            "orderByKey": f"metrics.`{objective.key}`", "orderByAsc": objective.mode == "min",
+            "selectedColumns": [f"metrics.`{objective.key}`", f"metrics.`{objective.spread_key}`",
+                                f"tags.`{Tag.STATUS}`", *(f"params.`{name}`" for name in columns)],
+        }
+        self._client.set_experiment_tag(experiment_id, f"{SHARED_VIEW_TAG}{key}", json.dumps(state))
+        return f"/#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
+
+    def metric_histories(self, run_ids: Sequence[str], key: str) -> dict[str, list[tuple[int, float]]]:
+        """One metric's (step, value) history of each run."""
+        return {run_id: [(metric.step, metric.value) for metric in self._client.get_metric_history(run_id, key)]
+                for run_id in run_ids}
 
     # -- trials ---------------------------------------------------------------------------------
 

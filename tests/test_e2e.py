@@ -63,7 +63,8 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tm
 
     assert result.exit_code == 0, result.output
     assert "leaderboard" in result.output
-    assert f"ui --tracking-uri {tracking_uri}" in result.output.replace("\n", "")
+    assert f"ui tiny --tracking-uri {tracking_uri}" in result.output.replace("\n", "")
+    assert "viewStateShareKey=" in result.output
     client, parents, trials = runs_of(tracking_uri, "tiny")
     assert len(parents) == 1 and len(trials) == 2
     parent = parents[0]

@@ -13,10 +13,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import Replace, free_port, serving
+from conftest import Replace, free_port
 from pipeline.cli import app
 from pipeline.datasets import load_dataset
-from pipeline.report import PLOTS
+from pipeline.plots import PLOTS
 from pipeline.spec import DatasetSpec
 
 pytestmark = pytest.mark.e2e
@@ -125,6 +125,48 @@ def test_the_parent_run_holds_cv_results_plots_and_a_ranking(diverging_sweep):
     assert {(row["clipping"], row["trials"], row["nan"]) for row in nan_rows} == {("none", "2", "1"), ("global_norm", "2", "0")}
 
 
+def test_the_sweep_describes_itself_in_mlflow(diverging_sweep):
+    directory, _ = diverging_sweep
+    client, parent, trials = store(directory)
+    note = parent.data.tags["mlflow.note.content"]
+    leaderboard = note.split("### NaN failures")[0]
+    ranked_rows = [line for line in leaderboard.splitlines() if line.startswith("| ")
+                   and line.split("|")[1].strip().isdigit()]
+    scores = {run.info.run_name: run.data.metrics.get("mean_val_accuracy") for run in trials
+              if run.data.tags["foldsweep.status"] == "ok"}
+    best = max(scores, key=scores.get)
+    assert ranked_rows[0].split("|")[2].strip() == best, "the best trial first"
+    assert len(ranked_rows) == len(scores)
+    best_run = next(run for run in trials if run.info.run_name == best)
+    assert f"foldsweep rerun {best_run.info.run_id} --tracking-uri" in note
+    assert "### NaN failures by batch size and clipping" in note and "| 8 | none | 2 | 1 |" in note
+    assert "test_accuracy" in note  # the refit's score
+    assert client.get_run(best_run.info.run_id).data.tags["mlflow.note.content"].startswith("Rank **1** of 3")
+    nan_trial = next(run for run in trials if run.data.tags["foldsweep.status"] == "nan")
+    assert client.get_run(nan_trial.info.run_id).data.tags["mlflow.note.content"].startswith("Not ranked: status nan")
+
+
+def test_the_new_plots_draw_every_trial(diverging_sweep):
+    from pipeline.plots import learning_curve_data, parallel_coordinates_data
+    from pipeline.spec import Objective
+    from pipeline.tracking import Tracker
+
+    directory, _ = diverging_sweep
+    tracker = Tracker(f"sqlite:///{directory / 'mlflow.db'}")
+    _, parent, trials = store(directory)
+    records = tracker.trial_records(parent.info.run_id)
+    objective = Objective("accuracy", "max")
+    curves = learning_curve_data(records, objective, tracker.metric_histories([r.run_id for r in records],
+                                                                               objective.key))
+    assert len(curves) == 4 and sorted(curve.rank for curve in curves) == [0, 1, 2, 3]
+    assert [curve.nan_at for curve in curves if curve.rank == 0] == [1]  # the NaN trial, marked where it stopped
+    assert all(len(curve.epochs) == 2 for curve in curves if curve.rank)
+    coordinates = parallel_coordinates_data(records, objective)
+    assert {"learning_rate", "clipping"} <= set(coordinates.axes)
+    assert len(coordinates.rows) == len(coordinates.scores) == 4  # the NaN trial's CV mean is finite (worst)
+    assert all(0.0 <= value <= 1.0 for row in coordinates.rows for value in row)
+
+
 def test_refit_scores_the_best_config_on_the_held_out_test_split(diverging_sweep):
     directory, _ = diverging_sweep
     client, parent, _ = store(directory)
@@ -195,7 +237,11 @@ def rendered(chromium: str, url: str, profile: Path) -> str:
 def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_path):
     import os
     import shutil
+    import signal
+    import subprocess
     import sys
+
+    from conftest import answers, wait_for
 
     chromium = shutil.which("chromium")
     if chromium is None:
@@ -204,21 +250,36 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_pa
         pytest.skip("chromium is not installed; `make test` installs it")
     directory, _ = diverging_sweep
     client, parent, trials = store(directory)
-    experiment_id = parent.info.experiment_id
     port = free_port()
-    command = [str(Path(sys.executable).parent / "foldsweep"), "ui", "--tracking-uri",
+    command = [str(Path(sys.executable).parent / "foldsweep"), "ui", "diverging", "--tracking-uri",
                f"sqlite:///{directory / 'mlflow.db'}", "--port", str(port)]
-    base = f"http://127.0.0.1:{port}"
-    with serving(command, url=base, what="the MLflow UI"):
-        runs_page = rendered(chromium, f"{base}/#/experiments/{experiment_id}/runs", tmp_path / "profile1")
-        assert "Training runs" in runs_page
-        assert parent.info.run_name in runs_page
-        visible_text = re.sub(r"<[^>]+>", " ", runs_page)
-        assert re.search(rf"\b{1 + len(trials)}\s+matching runs", visible_text)
+    ui = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        printed = ui.stdout.readline()
+        address = re.search(r"at (http://127\.0\.0\.1:\d+/\S+)", printed).group(1)
+        assert "viewStateShareKey=" in address
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/health"), seconds=120, what="the MLflow UI")
+        # A fresh browser profile, as a new user has: the printed address opens on the sweep's trials.
+        page = rendered(chromium, address, tmp_path / "fresh-profile")
+        visible = re.sub(r"<[^>]+>", " ", page)
+        for run in trials:
+            assert run.info.run_name in visible
+        assert "mean_val_accuracy" in visible and "Model training" in visible
+        assert re.search(rf"\b{len(trials)}\s+matching runs", visible), "the trials, flat, without the parent"
+        ok_scores = sorted(((run.data.metrics["mean_val_accuracy"], run.info.run_name) for run in trials
+                            if run.data.tags["foldsweep.status"] == "ok"), reverse=True)
+        positions = [visible.index(name) for _, name in ok_scores]
+        assert positions == sorted(positions), "best first"
+        screenshot = tmp_path / "sweep_in_the_ui.png"
+        subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'shot-profile'}",
+                        f"--screenshot={screenshot}", address], capture_output=True, timeout=120)
+        assert screenshot.stat().st_size > 10_000
         nan_trial = next(run for run in trials if run.data.tags["foldsweep.status"] == "nan")
-        trial_page = rendered(chromium, f"{base}/#/experiments/{experiment_id}/runs/{nan_trial.info.run_id}",
-                              tmp_path / "profile2")
+        trial_page = rendered(chromium, f"http://127.0.0.1:{port}/#/experiments/{parent.info.experiment_id}/runs/"
+                                        f"{nan_trial.info.run_id}", tmp_path / "profile2")
         assert nan_trial.info.run_name in trial_page
-        assert parent.info.run_name in trial_page  # shown as its parent run
         for text in ("mean_val_accuracy", "nan_failures", "foldsweep.status", "foldsweep.nan_epoch"):
             assert text in trial_page
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=60)

@@ -1,0 +1,222 @@
+"""The sweep's plots, drawn from recorded trials (what MLflow holds), as PNG artifacts.
+
+Besides the score, NaN and throughput plots against batch size: the CV mean of every trial
+against the epoch (``learning_curves.png``), and every searched hyperparameter as an axis with
+one line per trial coloured by its score (``parallel_coordinates.png``, as W&B sweeps draw it).
+The data behind the last two comes from ``learning_curve_data`` and
+``parallel_coordinates_data``, so what is drawn can be checked without reading pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pipeline.report import _group, _score, nan_table_rows, ranked, split_params
+from pipeline.spec import Objective
+from pipeline.tracking import TrialRecord
+
+PLOTS = ("score_vs_batch_size.png", "nan_rate_heatmap.png", "throughput_vs_batch_size.png", "learning_curves.png",
+         "parallel_coordinates.png")
+HIGHLIGHTED = 3  # the best trials drawn bold in the learning curves
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One trial's CV mean per epoch; ``rank`` 1 is the best (0: not ranked); ``nan_at`` the
+    epoch where it stopped on NaN."""
+
+    run_name: str
+    epochs: tuple[int, ...]
+    scores: tuple[float, ...]
+    rank: int = 0
+    nan_at: int | None = None
+
+
+def learning_curve_data(records: Sequence[TrialRecord], objective: Objective,
+                        histories: Mapping[str, Sequence[tuple[int, float]]]) -> list[Curve]:
+    """A curve per trial that recorded any epoch."""
+    ranks = {record.run_id: position for position, record in enumerate(ranked(records, objective), start=1)}
+    curves = []
+    for record in records:
+        points = sorted(histories.get(record.run_id, ()))
+        if not points:
+            continue
+        nan_at = int(record.tags.get("nan_epoch", points[-1][0])) if record.status == "nan" else None
+        curves.append(Curve(record.run_name, tuple(step for step, _ in points), tuple(value for _, value in points),
+                            ranks.get(record.run_id, 0), nan_at))
+    return curves
+
+
+@dataclass(frozen=True)
+class Coordinates:
+    """Every varying hyperparameter as an axis (values mapped to 0..1, categories in order),
+    one row per trial with a finite score."""
+
+    axes: tuple[str, ...]
+    ticks: tuple[tuple[str, ...], ...]
+    rows: tuple[tuple[float, ...], ...]
+    scores: tuple[float, ...]
+    run_names: tuple[str, ...]
+
+
+def parallel_coordinates_data(records: Sequence[TrialRecord], objective: Objective) -> Coordinates:
+    scored = [record for record in records if _score(record, objective.key) is not None]
+    axes, _ = split_params(scored)
+    positions: list[dict[str, float]] = []
+    ticks = []
+    for axis in axes:
+        values = sorted({record.params.get(axis, "-") for record in scored}, key=_sortable)
+        spread = max(len(values) - 1, 1)
+        positions.append({value: index / spread for index, value in enumerate(values)})
+        ticks.append(tuple(values))
+    rows = tuple(tuple(position[record.params.get(axis, "-")] for axis, position in zip(axes, positions))
+                 for record in scored)
+    return Coordinates(tuple(axes), tuple(ticks), rows, tuple(record.metrics[objective.key] for record in scored),
+                       tuple(record.run_name for record in scored))
+
+
+def _sortable(value: str) -> tuple[int, float, str]:
+    try:
+        return 0, float(value), ""
+    except ValueError:
+        return 1, 0.0, value
+
+
+def write_plots(records: Sequence[TrialRecord], objective: Objective, directory: Path,
+                histories: Mapping[str, Sequence[tuple[int, float]]]) -> list[Path]:
+    """The sweep's plots as PNG files in ``directory`` (``PLOTS``); returns their paths.
+    ``histories`` is each trial run's objective per epoch (``Tracker.metric_histories``)."""
+    key = objective.key
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / name for name in PLOTS]
+    kinds = sorted({_group(record)[1] for record in records})
+    batches = sorted({b for b in (_group(record)[0] for record in records) if b is not None})
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for kind in kinds:
+        members = [r for r in records if _group(r)[1] == kind and r.status in ("ok", "pruned")
+                   and _score(r, key) is not None and _group(r)[0] is not None]
+        axes.scatter([_group(r)[0] for r in members], [r.metrics[key] for r in members], label=kind, alpha=0.8)
+    failed = [r for r in records if r.status == "nan" and _group(r)[0] is not None]
+    if failed:
+        bottom = min((r.metrics.get(key, 0.0) for r in records if _score(r, key) is not None), default=0.0)
+        axes.scatter([_group(r)[0] for r in failed], [bottom] * len(failed), marker="x", color="red", label="NaN")
+    _batch_axis(axes, batches)
+    axes.set_ylabel(key)
+    axes.set_title(f"{key} vs batch size, by gradient clipping")
+    axes.legend(title="clipping")
+    figure.tight_layout()
+    figure.savefig(paths[0], dpi=100)
+    plt.close(figure)
+
+    rates = np.full((len(kinds), max(len(batches), 1)), np.nan)
+    labels = [["" for _ in range(rates.shape[1])] for _ in kinds]
+    for row in nan_table_rows(records):
+        if row["batch_size"] is None:
+            continue
+        i, j = kinds.index(row["clipping"]), batches.index(row["batch_size"])
+        rates[i, j] = row["nan"] / row["trials"]
+        labels[i][j] = f"{row['nan']}/{row['trials']}"
+    figure, axes = plt.subplots(figsize=(7, 3.5))
+    image = axes.imshow(rates, cmap="Reds", vmin=0, vmax=1, aspect="auto")
+    axes.set_xticks(range(len(batches)), [str(b) for b in batches])
+    axes.set_yticks(range(len(kinds)), kinds)
+    for i in range(len(kinds)):
+        for j in range(len(batches)):
+            axes.text(j, i, labels[i][j], ha="center", va="center", fontsize=9)
+    axes.set_xlabel("batch size")
+    axes.set_ylabel("clipping")
+    axes.set_title("share of trials that went NaN")
+    figure.colorbar(image, ax=axes)
+    figure.tight_layout()
+    figure.savefig(paths[1], dpi=100)
+    plt.close(figure)
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    measured = [r for r in records if math.isfinite(r.metrics.get("train_samples_per_s", math.nan))
+                and _group(r)[0] is not None]
+    axes.scatter([_group(r)[0] for r in measured], [r.metrics["train_samples_per_s"] for r in measured], alpha=0.8)
+    _batch_axis(axes, batches)
+    axes.set_ylabel("training samples/s (all folds, compilation excluded)")
+    axes.set_title("training throughput vs batch size")
+    figure.tight_layout()
+    figure.savefig(paths[2], dpi=100)
+    plt.close(figure)
+
+    _learning_curves(learning_curve_data(records, objective, histories), objective, paths[3])
+    _parallel_coordinates(parallel_coordinates_data(records, objective), objective, paths[4])
+    return paths
+
+
+def _batch_axis(axes: Any, batches: Sequence[int]) -> None:
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(list(batches), [str(batch) for batch in batches])
+    axes.minorticks_off()
+    axes.set_xlabel("batch size")
+
+
+def _batch_axis(axes: Any, batches: Sequence[int]) -> None:
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(list(batches), [str(batch) for batch in batches])
+    axes.minorticks_off()
+    axes.set_xlabel("batch size")
+
+
+def _learning_curves(curves: Sequence[Curve], objective: Objective, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    figure, axes = plt.subplots(figsize=(8, 4.8))
+    for curve in sorted(curves, key=lambda c: (0 < c.rank <= HIGHLIGHTED, -c.rank)):
+        best = 0 < curve.rank <= HIGHLIGHTED
+        axes.plot(curve.epochs, curve.scores, linewidth=2.2 if best else 0.8, alpha=1.0 if best else 0.35,
+                  color=None if best else "grey", label=f"#{curve.rank} {curve.run_name}" if best else None)
+        if curve.nan_at is not None:
+            stop = curve.epochs.index(curve.nan_at) if curve.nan_at in curve.epochs else -1
+            axes.scatter([curve.epochs[stop]], [curve.scores[stop]], marker="x", color="red", zorder=3)
+    if any(curve.nan_at is not None for curve in curves):
+        axes.scatter([], [], marker="x", color="red", label="went NaN")
+    axes.set_xlabel("epoch")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_ylabel(f"{objective.key} (CV mean)")
+    axes.set_title(f"learning curves: {len(curves)} trials, the {HIGHLIGHTED} best highlighted")
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _parallel_coordinates(data: Coordinates, objective: Objective, path: Path) -> None:
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from matplotlib import cm, colors
+
+    figure, axes = plt.subplots(figsize=(max(6, 1.6 * len(data.axes) + 2), 4.8))
+    if data.rows and data.axes:
+        norm = colors.Normalize(min(data.scores), max(data.scores))
+        cmap = matplotlib.colormaps["viridis" if objective.mode == "max" else "viridis_r"]
+        positions = range(len(data.axes))
+        for row, score in sorted(zip(data.rows, data.scores), key=lambda pair: objective.sort_key(pair[1]),
+                                 reverse=True):
+            axes.plot(positions, row, color=cmap(norm(score)), alpha=0.8)
+        for position, labels in zip(positions, data.ticks):
+            axes.axvline(position, color="black", linewidth=0.6)
+            for index, label in enumerate(labels):
+                axes.text(position, index / max(len(labels) - 1, 1), f" {label}", fontsize=7, va="center")
+        axes.set_xticks(list(positions), list(data.axes), rotation=20)
+        figure.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes, label=objective.key)
+    axes.set_yticks([])
+    axes.set_title(f"hyperparameters of {len(data.rows)} scored trials, coloured by {objective.key}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
