@@ -107,7 +107,7 @@ def test_check_numerics_names_the_op_and_layer_of_a_nan_trial(recorded_sweep):
     result = rerun(directory, nan_trial.info.run_id, "--check-numerics")
 
     assert result.exit_code == 0, result.output
-    line = next(line for line in result.output.splitlines() if "first non-finite value" in line)
+    line = next(line for line in result.output.splitlines() if line.startswith("first non-finite value:"))
     op = line.split("op ")[1].split()[0]
     assert op not in ("?", "Placeholder") and "in layer" in line and "layer ?" not in line
     again = client.search_runs([nan_trial.info.experiment_id],
