@@ -59,9 +59,10 @@ class Lifespan:
         self.largest_growth = max(self.largest_growth, maps - self._maps_at_start)
         return maps
 
-    def should_retire(self) -> bool:
-        """Whether this process should run no further trial."""
+    def should_retire(self, maps: int) -> bool:
+        """Whether this process, with ``maps`` mappings now (``observe``), should run no further
+        trial."""
         if self.max_trials != "auto":
             return self.trials >= self.max_trials
         limit = map_limit()
-        return bool(limit) and self.observe() + 2 * self.largest_growth > RETIRE_FRACTION * limit
+        return bool(limit) and maps + 2 * self.largest_growth > RETIRE_FRACTION * limit

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 from ray.tune import Callback
 
-from pipeline.results import EPOCH, EPOCHS_PLANNED
+from pipeline.results import EPOCH, EPOCHS_PLANNED, FOLD_IDS, EpochResult
 from pipeline.spec import Objective
 
 REFRESH_S = 2.0
@@ -118,8 +118,7 @@ class ProgressCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         last = trial.last_result or {}
-        state = "nan" if last.get("nan_failures") else (
-            "pruned" if last.get(EPOCH, 0) < last.get(EPOCHS_PLANNED, 0) else "ok")
+        state = EpochResult.from_report(last).status().value if FOLD_IDS in last else "ok"
         self.progress.ended(trial.trial_id, self._params(trial), state)
         self._show(force=True)
 

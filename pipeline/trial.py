@@ -175,8 +175,10 @@ class FoldTrainable(tune.Trainable):
     def step(self) -> dict[str, Any]:
         # Every epoch says whether this process retires after the trial: the last one before a
         # trial ends (finished, pruned or NaN) is the one Ray Tune acts on (pipeline.sweep).
-        return {**self._runner.step(), WORKER_TRIALS: self._lifespan.trials,
-                WORKER_MAPS: self._lifespan.observe(), WORKER_RETIRES: self._lifespan.should_retire()}
+        report = self._runner.step()
+        maps = self._lifespan.observe()  # one read of /proc/self/maps per epoch
+        return {**report, WORKER_TRIALS: self._lifespan.trials, WORKER_MAPS: maps,
+                WORKER_RETIRES: self._lifespan.should_retire(maps)}
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         import keras

@@ -86,7 +86,7 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(one_cpu_ray, t
     spec = write(tmp_path, what, search={"num_samples": 1, "space": {"kernel_size": 3}}, train={"epochs": 1})
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 1, result.output
-    assert f"every trial ended and is recorded, but" in result.output and f"{what} broke" in result.output
+    assert "every trial ended and is recorded, but" in result.output and f"{what} broke" in result.output
     _, parent, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", what)
     assert trials and all(run.info.status == "FINISHED" for run in trials)
     if what == "refit":
