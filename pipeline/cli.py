@@ -79,7 +79,7 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     folds = prepared.folds.manifest()["folds"]
     console.print(
         f"[green]ok[/] {spec}: experiment {prepared.spec.experiment}, dataset {prepared.dataset.name} "
-        f"{prepared.dataset.x.shape}, {len(folds)} folds "
+        f"{prepared.dataset.x.shape}, {_replicas_text(prepared.spec.cv)} "
         f"(val sizes {', '.join(str(f['val_size']) for f in folds)}), "
         f"{len(prepared.space.domains)} hyperparameters, {prepared.spec.search.algorithm} search, "
         f"{prepared.space.trial_count(prepared.num_samples)} trials",
@@ -87,6 +87,17 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     )
     for line in compile_notes(prepared.spec, prepared.experiment):
         console.print(line, highlight=False)
+
+
+def _print_ties(standings: Any) -> None:
+    if standings.ties_line():
+        console.print(standings.ties_line(), highlight=False, soft_wrap=True)
+
+
+def _replicas_text(cv: Any) -> str:
+    if cv.n_repeats == 1:
+        return f"{cv.n_splits} folds"
+    return f"{cv.n_repeats} x {cv.n_splits} folds ({cv.replicas} replicas)"
 
 
 def compile_notes(spec: Any, experiment: Any) -> list[str]:
@@ -141,7 +152,7 @@ def run(
                                 "a killed driver): finished trials are kept, unfinished ones go on"),
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
-    from pipeline.report import leaderboard_table
+    from pipeline.report import Standings, leaderboard_table, selected_epoch, selected_score
     from pipeline.spec import load_spec
     from pipeline.sweep import prepare, run_sweep
 
@@ -150,14 +161,14 @@ def run(
     objective = sweep_spec.objective.key
     console.print(
         f"sweep [bold]{sweep_spec.name}[/]: {prepared.space.trial_count(prepared.num_samples)} trials x "
-        f"{len(prepared.folds)} folds, "
+        f"{_replicas_text(sweep_spec.cv)}, "
         f"{sweep_spec.train.epochs} epochs, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
         f"tracking {prepared.tracking_uri}", highlight=False,
     )
 
     def trial_done(record: Any) -> None:
-        score = record.metrics.get(objective)
-        shown = f"{objective} {score:.4f}" if score is not None else "no score"
+        score = selected_score(record, objective)
+        shown = f"{objective} {score:.4f} at epoch {selected_epoch(record)}" if score is not None else "no score"
         reason = record.error.strip().splitlines()[-1] if record.error.strip() else ""
         console.print(f"  trial {record.run_name}: {record.status} ({shown}){' - ' + reason if reason else ''}",
                       highlight=False)
@@ -178,7 +189,9 @@ def run(
         outcome, failed = after.outcome, after.failed
     finally:
         progress.close()
-    console.print(leaderboard_table(outcome.records, sweep_spec.objective, title=f"{sweep_spec.name}: leaderboard"))
+    standings = Standings.of(outcome.records, sweep_spec.objective, n_splits=sweep_spec.cv.n_splits)
+    console.print(leaderboard_table(standings, title=f"{sweep_spec.name}: leaderboard"))
+    _print_ties(standings)
     console.print(f"{len(outcome.records)} trials in {outcome.wall_s:.0f} s; sweep run {outcome.parent_run_id}",
                   highlight=False)
     _print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
@@ -198,22 +211,23 @@ def report(
     """Print a recorded sweep's leaderboard, NaN and throughput tables; refresh its plots,
     descriptions and its view in the MLflow UI."""
     from pipeline.publish import publish
-    from pipeline.report import leaderboard_table, nan_table_rows, rows_table, throughput_rows
+    from pipeline.report import Standings, leaderboard_table, nan_table_rows, rows_table, throughput_rows
     from pipeline.tracking import Tracker
 
     _check_existing_store(tracking_uri)
     tracker = Tracker(tracking_uri)
     parent = tracker.find_sweep(sweep)
     records = tracker.trial_records(parent.run_id)
-    console.print(leaderboard_table(records, parent.objective, title=f"{parent.name}: leaderboard"))
+    standings = Standings.of(records, parent.objective, n_splits=parent.n_splits)
+    console.print(leaderboard_table(standings, title=f"{parent.name}: leaderboard"))
+    _print_ties(standings)
     console.print(rows_table(nan_table_rows(records), "NaN failures by batch size and clipping"))
     console.print(rows_table(throughput_rows(records), "throughput by batch size (medians)"))
     test_scores = {key: value for key, value in parent.metrics.items() if key.startswith("test_")}
     if test_scores:
         console.print("refit on the held-out test split: " +
                       ", ".join(f"{key} {value:.4f}" for key, value in sorted(test_scores.items())), highlight=False)
-    ui_path = publish(tracker, parent.run_id, records, parent.objective, sweep_name=parent.name,
-                      test_scores=test_scores)
+    ui_path = publish(tracker, parent.run_id, standings, sweep_name=parent.name, test_scores=test_scores)
     console.print(f"{len(records)} trials of sweep run {parent.run_id}; cv_results.csv, plots and descriptions "
                   "refreshed on it.", highlight=False)
     _print_ui_address(tracking_uri, ui_path, sweep=parent.name)
@@ -312,7 +326,7 @@ def _run_here(request: Any, *, tracking: Any) -> None:
     """The in-process trial both `trial` and `rerun` run, printing each epoch as it ends; a rerun
     also says (and records) what makes it differ from the trial it reruns."""
     from pipeline.rerun import epoch_line, run_in_process
-    from pipeline.results import TrialStatus
+    from pipeline.results import EpochSelection, TrialStatus
     from pipeline.space import resolve_config
     from pipeline.tracking import Tag
 
@@ -321,7 +335,8 @@ def _run_here(request: Any, *, tracking: Any) -> None:
         tracker, recorded = tracking
         recorder = tracker.trial_recorder(
             parent_run_id=recorded.parent_run_id, run_name=f"rerun-{recorded.run_name}", role="rerun",
-            config=resolve_config(request.config, request.conditions), tags={Tag.RERUN_OF: recorded.run_id})
+            config=resolve_config(request.config, request.conditions), tags={Tag.RERUN_OF: recorded.run_id},
+            selection=EpochSelection(request.spec.objective, request.spec.train.select))
 
     def on_plan(plan: Any, differences: list[str]) -> None:
         console.print(f"{plan.reason}; steps per launch: {plan.steps_per_launch}; threads: {plan.threads.describe()}",

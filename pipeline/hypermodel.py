@@ -65,10 +65,19 @@ class Experiment:
         Raises:
             ExperimentError: the model cannot be built on (or run on) samples of that shape.
         """
+        return self.default_model(input_shape)[0]
+
+    def default_model(self, input_shape: tuple[int, ...]) -> tuple[int, int]:
+        """(classes it predicts, parameters it has) of the default model on samples of ``input_shape``.
+
+        Raises:
+            ExperimentError: the model cannot be built on (or run on) samples of that shape.
+        """
         try:
             model = self.build({}, input_shape)
             units = int(model.outputs[0].shape[-1]) if _declared_inputs(model) else \
                 int(model(np.zeros((1, *input_shape), np.float32)).shape[-1])
+            parameters = int(model.count_params())
         except ExperimentError:
             raise
         except Exception as exc:
@@ -78,7 +87,7 @@ class Experiment:
                 f"{tuple(input_shape)}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
         finally:
             keras.backend.clear_session()
-        return units
+        return units, parameters
 
 
 def build_model(build_fn: Callable[[keras_tuner.HyperParameters], Any], values: Mapping[str, Any], *,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pipeline.report import _group, _score, nan_table_rows, ranked, split_params
+from pipeline.report import _group, nan_table_rows, ranked, selected_epoch, selected_score, split_params
 from pipeline.spec import Objective
 from pipeline.tracking import TrialRecord
 
@@ -26,13 +26,14 @@ HIGHLIGHTED = 3  # the best trials drawn bold in the learning curves
 @dataclass(frozen=True)
 class Curve:
     """One trial's CV mean per epoch; ``rank`` 1 is the best (0: not ranked); ``nan_at`` the
-    epoch where it stopped on NaN."""
+    epoch where it stopped on NaN; ``selected_at`` the epoch it is scored at (train.select)."""
 
     run_name: str
     epochs: tuple[int, ...]
     scores: tuple[float, ...]
     rank: int = 0
     nan_at: int | None = None
+    selected_at: int | None = None
 
 
 def learning_curve_data(records: Sequence[TrialRecord], objective: Objective,
@@ -46,7 +47,7 @@ def learning_curve_data(records: Sequence[TrialRecord], objective: Objective,
             continue
         nan_at = int(record.tags.get("nan_epoch", points[-1][0])) if record.status == "nan" else None
         curves.append(Curve(record.run_name, tuple(step for step, _ in points), tuple(value for _, value in points),
-                            ranks.get(record.run_id, 0), nan_at))
+                            ranks.get(record.run_id, 0), nan_at, selected_epoch(record)))
     return curves
 
 
@@ -63,7 +64,7 @@ class Coordinates:
 
 
 def parallel_coordinates_data(records: Sequence[TrialRecord], objective: Objective) -> Coordinates:
-    scored = [record for record in records if _score(record, objective.key) is not None]
+    scored = [record for record in records if selected_score(record, objective.key) is not None]
     axes, _ = split_params(scored)
     positions: list[dict[str, float]] = []
     ticks = []
@@ -74,7 +75,7 @@ def parallel_coordinates_data(records: Sequence[TrialRecord], objective: Objecti
         ticks.append(tuple(values))
     rows = tuple(tuple(position[record.params.get(axis, "-")] for axis, position in zip(axes, positions))
                  for record in scored)
-    return Coordinates(tuple(axes), tuple(ticks), rows, tuple(record.metrics[objective.key] for record in scored),
+    return Coordinates(tuple(axes), tuple(ticks), rows, tuple(selected_score(record, objective.key) for record in scored),
                        tuple(record.run_name for record in scored))
 
 
@@ -104,11 +105,11 @@ def write_plots(records: Sequence[TrialRecord], objective: Objective, directory:
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for kind in kinds:
         members = [r for r in records if _group(r)[1] == kind and r.status in ("ok", "pruned")
-                   and _score(r, key) is not None and _group(r)[0] is not None]
-        axes.scatter([_group(r)[0] for r in members], [r.metrics[key] for r in members], label=kind, alpha=0.8)
+                   and selected_score(r, key) is not None and _group(r)[0] is not None]
+        axes.scatter([_group(r)[0] for r in members], [selected_score(r, key) for r in members], label=kind, alpha=0.8)
     failed = [r for r in records if r.status == "nan" and _group(r)[0] is not None]
     if failed:
-        bottom = min((r.metrics.get(key, 0.0) for r in records if _score(r, key) is not None), default=0.0)
+        bottom = min((selected_score(r, key) for r in records if selected_score(r, key) is not None), default=0.0)
         axes.scatter([_group(r)[0] for r in failed], [bottom] * len(failed), marker="x", color="red", label="NaN")
     _batch_axis(axes, batches)
     axes.set_ylabel(key)
@@ -180,6 +181,10 @@ def _learning_curves(curves: Sequence[Curve], objective: Objective, path: Path) 
         best = 0 < curve.rank <= HIGHLIGHTED
         axes.plot(curve.epochs, curve.scores, linewidth=2.2 if best else 0.8, alpha=1.0 if best else 0.35,
                   color=None if best else "grey", label=f"#{curve.rank} {curve.run_name}" if best else None)
+        if best and curve.selected_at in curve.epochs:
+            chosen = curve.epochs.index(curve.selected_at)
+            axes.scatter([curve.selected_at], [curve.scores[chosen]], marker="o", facecolors="none",
+                         edgecolors="black", zorder=3)
         if curve.nan_at is not None:
             stop = curve.epochs.index(curve.nan_at) if curve.nan_at in curve.epochs else -1
             axes.scatter([curve.epochs[stop]], [curve.scores[stop]], marker="x", color="red", zorder=3)
@@ -188,7 +193,8 @@ def _learning_curves(curves: Sequence[Curve], objective: Objective, path: Path) 
     axes.set_xlabel("epoch")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_ylabel(f"{objective.key} (CV mean)")
-    axes.set_title(f"learning curves: {len(curves)} trials, the {HIGHLIGHTED} best highlighted")
+    axes.set_title(f"learning curves: {len(curves)} trials, the {HIGHLIGHTED} best highlighted "
+                   "(o: the epoch each is scored at)")
     if axes.get_legend_handles_labels()[0]:
         axes.legend(fontsize=8)
     figure.tight_layout()

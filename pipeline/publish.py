@@ -7,33 +7,34 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from pipeline.plots import write_plots
-from pipeline.report import cv_results, nan_table_rows, split_params, sweep_description, to_csv, trial_description
-from pipeline.spec import Objective
-from pipeline.tracking import Tracker, TrialRecord
+from pipeline.report import (Standings, cv_results, nan_table_rows, split_params, sweep_description, to_csv,
+                             trial_description)
+from pipeline.tracking import Tracker
 
 
-def publish(tracker: Tracker, parent_run_id: str, records: Sequence[TrialRecord], objective: Objective, *,
-            sweep_name: str, test_scores: Mapping[str, float] = {}) -> str:
-    """Write (or refresh) the sweep's tables, plots, run descriptions and its view in the MLflow
-    UI; returns the UI address path that opens the sweep's trials."""
-    texts = {"cv_results.csv": to_csv(cv_results(records)), "nan_summary.csv": to_csv(nan_table_rows(records))}
+def publish(tracker: Tracker, parent_run_id: str, standings: Standings, *, sweep_name: str,
+            test_scores: Mapping[str, float] = {}) -> str:
+    """Write (or refresh) the sweep's tables, plots, run descriptions, each ranked trial's
+    ``pvalue_vs_best`` and its view in the MLflow UI; returns the UI address path that opens the
+    sweep's trials."""
+    records, objective = standings.records, standings.objective
+    texts = {"cv_results.csv": to_csv(cv_results(standings)), "nan_summary.csv": to_csv(nan_table_rows(records))}
     histories = tracker.metric_histories([record.run_id for record in records], objective.key)
     with tempfile.TemporaryDirectory() as directory:
         plots = write_plots(records, objective, Path(directory), histories)
         tracker.publish_sweep_files(parent_run_id, texts=texts, files={path: "plots" for path in plots})
-    descriptions = {record.run_id: trial_description(record, records, objective) for record in records}
-    descriptions[parent_run_id] = sweep_description(records, objective, sweep_name=sweep_name, test_scores=test_scores,
-                                                    rerun_command=_rerun_command(records, objective, tracker.uri))
+    descriptions = {record.run_id: trial_description(record, standings) for record in records}
+    descriptions[parent_run_id] = sweep_description(standings, sweep_name=sweep_name, test_scores=test_scores,
+                                                    rerun_command=_rerun_command(standings, tracker.uri))
     tracker.describe_runs(descriptions)
+    tracker.mark_comparisons({run_id: comparison.pvalue for run_id, comparison in standings.comparisons.items()})
     varying, _ = split_params(records)
     return tracker.share_sweep_view(parent_run_id, objective=objective, columns=varying)
 
 
-def _rerun_command(records: Sequence[TrialRecord], objective: Objective, uri: str) -> str | None:
-    from pipeline.report import ranked
-
-    ranking = ranked(records, objective)
-    return f"foldsweep rerun {ranking[0].run_id} --tracking-uri {uri}" if ranking else None
+def _rerun_command(standings: Standings, uri: str) -> str | None:
+    best = standings.ranked[:1]
+    return f"foldsweep rerun {best[0].run_id} --tracking-uri {uri}" if best else None

@@ -3,7 +3,9 @@
 Everything here reads ``TrialRecord``s (what MLflow holds), so ``foldsweep run`` and
 ``foldsweep report`` show the same thing. The vocabulary is scikit-learn's ``cv_results_``:
 ``param_<name>``, ``split{k}_val_<metric>``, ``mean_val_<metric>``, ``std_val_<metric>``,
-``rank_val_<metric>``.
+``rank_val_<metric>``. A trial's scores are those of its selected epoch (``best_epoch``,
+``train.select``), and ``Standings`` compares every ranked trial with the best on the same
+replicas (``pvalue_vs_best``, pipeline.significance).
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from __future__ import annotations
 import csv
 import io
 import math
-import re
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from rich.table import Table
 
+from pipeline.results import BEST_EPOCH, SELECTED_PREFIX, split_key
+from pipeline.significance import SIGNIFICANCE_LEVEL, Comparison, corrected_ttest, val_train_ratio
 from pipeline.spec import Objective
 from pipeline.tracking import TrialRecord
 
@@ -27,23 +30,113 @@ NAN_COLUMNS = ("nan_failures",)
 NAN_TAGS = ("nan_fold", "nan_epoch", "nan_step")
 
 
-def _score(record: TrialRecord, key: str) -> float | None:
-    value = record.metrics.get(key)
+def selected_score(record: TrialRecord, key: str) -> float | None:
+    """A trial's CV score ``key`` at its selected epoch (at its last epoch for a trial recorded
+    without a selection); None when not finite."""
+    value = record.metrics.get(f"{SELECTED_PREFIX}{key}", record.metrics.get(key))
     return value if value is not None and math.isfinite(value) else None
 
 
+def selected_epoch(record: TrialRecord) -> int | None:
+    epoch = record.metrics.get(BEST_EPOCH)
+    return int(epoch) if epoch is not None else None
+
+
 def ranked(records: Sequence[TrialRecord], objective: Objective) -> list[TrialRecord]:
-    """Trials that finished all their epochs with a finite score, best first (ties keep the
-    order trials started). Pruned, NaN and failed trials are not ranked."""
-    scored = [record for record in records if record.status == "ok" and _score(record, objective.key) is not None]
-    return sorted(scored, key=lambda record: objective.sort_key(_score(record, objective.key)))
+    """Trials that finished all their epochs with a finite score, best first by the score at
+    their selected epoch (ties keep the order trials started). Pruned, NaN and failed trials are
+    not ranked."""
+    scored = [record for record in records
+              if record.status == "ok" and selected_score(record, objective.key) is not None]
+    return sorted(scored, key=lambda record: objective.sort_key(selected_score(record, objective.key)))
 
 
-def leaderboard_table(records: Sequence[TrialRecord], objective: Objective, *, title: str = "") -> Table:
-    """Rank, mean +- std of the objective over the folds, the params that differ; unranked last.
+def replica_scores(record: TrialRecord, objective: Objective) -> list[float]:
+    """The objective's metric on each replica (``split{j}``), at the trial's selected epoch."""
+    scores = []
+    while (value := selected_score(record, split_key(len(scores), objective.fold_key))) is not None:
+        scores.append(value)
+    return scores
+
+
+@dataclass(frozen=True)
+class Standings:
+    """A sweep's ranked trials, best first, and each one's comparison with the best on the same
+    replicas (the corrected resampled t-test; the best against itself gives p = 1)."""
+
+    records: tuple[TrialRecord, ...]
+    objective: Objective
+    ranked: tuple[TrialRecord, ...]
+    comparisons: Mapping[str, Comparison]  # run id -> against the best
+    replicas: int
+
+    @classmethod
+    def of(cls, records: Sequence[TrialRecord], objective: Objective, *, n_splits: int | None) -> Standings:
+        """``n_splits`` folds per repeat give the correction's ``n_val/n_train``; without it
+        (a sweep recorded before it was a param) there are no comparisons."""
+        ordered = ranked(records, objective)
+        best = replica_scores(ordered[0], objective) if ordered else []
+        comparisons: dict[str, Comparison] = {}
+        if n_splits and n_splits >= 2 and len(best) >= 2:
+            for record in ordered:
+                other = replica_scores(record, objective)
+                if len(other) == len(best):
+                    differences = [objective.sort_key(o) - objective.sort_key(b) for o, b in zip(other, best)]
+                    comparisons[record.run_id] = corrected_ttest(differences, val_train_ratio=val_train_ratio(n_splits))
+        return cls(tuple(records), objective, tuple(ordered), comparisons, len(best))
+
+    def rank(self, record: TrialRecord) -> int | None:
+        return self.ranked.index(record) + 1 if record in self.ranked else None
+
+    def pvalue(self, record: TrialRecord) -> float | None:
+        comparison = self.comparisons.get(record.run_id)
+        return comparison.pvalue if comparison is not None else None
+
+    def tied_with_best(self) -> list[TrialRecord]:
+        """Ranked trials below the best that are statistically indistinguishable from it."""
+        return [record for record in self.ranked[1:]
+                if record.run_id in self.comparisons and self.comparisons[record.run_id].tied]
+
+    def versus_best(self, record: TrialRecord) -> str:
+        """``best``, ``tied (p=0.31)``, ``worse (p=0.004)``, or ``-`` (not compared)."""
+        rank, pvalue = self.rank(record), self.pvalue(record)
+        if rank == 1:
+            return "best"
+        if pvalue is None:
+            return "-"
+        return f"{'tied' if pvalue >= SIGNIFICANCE_LEVEL else 'worse'} (p={_p_text(pvalue)})"
+
+    def ties_line(self) -> str:
+        """One line: how many trials are tied with the best, and by which test."""
+        if not self.comparisons:
+            return ""
+        others = len(self.ranked) - 1
+        tied = len(self.tied_with_best())
+        test = (f"one-sided corrected resampled t-test over {self.replicas} replicas at each trial's selected epoch, "
+                f"p >= {SIGNIFICANCE_LEVEL:g}")
+        if others == 0:
+            return f"only one trial is ranked: nothing to compare the best with ({test})"
+        return (f"{tied} of the {others} other ranked trials {'is' if tied == 1 else 'are'} statistically "
+                f"indistinguishable from the best ({test})")
+
+
+def _p_text(pvalue: float) -> str:
+    return f"{pvalue:.2g}" if pvalue < 0.01 else f"{pvalue:.2f}"
+
+
+def _score_text(record: TrialRecord, objective: Objective) -> str:
+    spread = selected_score(record, objective.spread_key)
+    return f"{selected_score(record, objective.key):.4f} ± {spread if spread is not None else math.nan:.4f}"
+
+
+def leaderboard_table(standings: Standings, *, title: str = "") -> Table:
+    """Rank, mean +- std of the objective over the replicas at the selected epoch, that epoch,
+    the comparison with the best, the params that differ; unranked last (``ties_line`` says in
+    one line how many trials are tied with the best).
 
     Params every trial shares go in the caption, so the rows show only what was searched.
     """
+    records, objective = standings.records, standings.objective
     varying, shared = split_params(records)
     caption = " ".join(f"{key}={_short(value)}" for key, value in sorted(shared.items()))
     better = "higher" if objective.mode == "max" else "lower"
@@ -52,17 +145,22 @@ def leaderboard_table(records: Sequence[TrialRecord], objective: Objective, *, t
     table.add_column("rank", justify="right")
     table.add_column("trial")
     table.add_column(f"val_{objective.metric}", justify="right")
+    table.add_column("epoch", justify="right")
+    table.add_column("vs best")
     table.add_column("status")
     table.add_column("params")
-    ordered = ranked(records, objective)
-    for rank, record in enumerate(ordered, start=1):
-        score = (f"{record.metrics[objective.key]:.4f} ± "
-                 f"{record.metrics.get(objective.spread_key, float('nan')):.4f}")
-        table.add_row(str(rank), record.run_name, score, record.status, _params_text(record, varying))
+    for rank, record in enumerate(standings.ranked, start=1):
+        table.add_row(str(rank), record.run_name, _score_text(record, objective), _epoch_text(record),
+                      standings.versus_best(record), record.status, _params_text(record, varying))
     for record in records:
-        if record not in ordered:
-            table.add_row("-", record.run_name, "-", _status_text(record), _params_text(record, varying))
+        if record not in standings.ranked:
+            table.add_row("-", record.run_name, "-", "-", "-", _status_text(record), _params_text(record, varying))
     return table
+
+
+def _epoch_text(record: TrialRecord) -> str:
+    epoch = selected_epoch(record)
+    return str(epoch) if epoch is not None else "-"
 
 
 def _status_text(record: TrialRecord) -> str:
@@ -96,28 +194,38 @@ def _short(value: str) -> str:
     return f"{number:.4g}"
 
 
-def cv_results(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
-    """One row per trial, like scikit-learn's ``cv_results_``, plus status, NaN and throughput."""
+def cv_results(standings: Standings) -> list[dict[str, Any]]:
+    """One row per trial, like scikit-learn's ``cv_results_`` (the scores of each trial's selected
+    epoch, ``best_epoch``), plus the comparison with the best, status, NaN and throughput."""
+    records = standings.records
     param_names = sorted({key for record in records for key in record.params})
-    n_splits = 1 + max((int(match.group(1)) for record in records for key in record.metrics
-                        if (match := re.match(r"split(\d+)_val_", key))), default=-1)
+    n_splits = max((len(replica_scores(record, Objective.for_metric(metric))) for record in records
+                    for metric in METRICS), default=0)
     ranks = {metric: _ranks(records, Objective.for_metric(metric)) for metric in METRICS}
+    tied = {record.run_id for record in standings.tied_with_best()} | {record.run_id for record in standings.ranked[:1]}
     rows = []
     for record in records:
-        row: dict[str, Any] = {"run_id": record.run_id, "trial_id": record.trial_id, "status": record.status}
+        row: dict[str, Any] = {"run_id": record.run_id, "trial_id": record.trial_id, "status": record.status,
+                               BEST_EPOCH: _blank(selected_epoch(record))}
         row.update({f"param_{name}": record.params.get(name, "") for name in param_names})
         for metric in METRICS:
             for k in range(n_splits):
-                row[f"split{k}_val_{metric}"] = record.metrics.get(f"split{k}_val_{metric}", "")
+                row[split_key(k, f"val_{metric}")] = _blank(selected_score(record, split_key(k, f"val_{metric}")))
             for stat in ("mean", "std"):
-                row[f"{stat}_val_{metric}"] = record.metrics.get(f"{stat}_val_{metric}", "")
+                row[f"{stat}_val_{metric}"] = _blank(selected_score(record, f"{stat}_val_{metric}"))
             row[f"rank_val_{metric}"] = ranks[metric].get(record.run_id, "")
-        row["mean_train_loss"] = record.metrics.get("mean_train_loss", "")
+        row["pvalue_vs_best"] = _blank(standings.pvalue(record))
+        row["tied_with_best"] = (record.run_id in tied) if record.run_id in standings.comparisons else ""
+        row["mean_train_loss"] = _blank(selected_score(record, "mean_train_loss"))
         for column in (*THROUGHPUT_COLUMNS, *NAN_COLUMNS):
             row[column] = record.metrics.get(column, "")
         row.update({tag: record.tags.get(tag, "") for tag in NAN_TAGS})
         rows.append(row)
     return rows
+
+
+def _blank(value: Any) -> Any:
+    return "" if value is None else value
 
 
 def _ranks(records: Sequence[TrialRecord], objective: Objective) -> dict[str, int]:
@@ -126,7 +234,8 @@ def _ranks(records: Sequence[TrialRecord], objective: Objective) -> dict[str, in
     ranks: dict[str, int] = {}
     for position, record in enumerate(ordered, start=1):
         previous = ordered[position - 2] if position > 1 else None
-        tied = previous is not None and previous.metrics[objective.key] == record.metrics[objective.key]
+        tied = (previous is not None
+                and selected_score(previous, objective.key) == selected_score(record, objective.key))
         ranks[record.run_id] = ranks[previous.run_id] if tied else position
     return ranks
 
@@ -192,22 +301,25 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def sweep_description(records: Sequence[TrialRecord], objective: Objective, *, sweep_name: str,
-                      test_scores: Mapping[str, float] = {}, rerun_command: str | None = None) -> str:
-    """The parent run's description, in Markdown: the leaderboard (the params that vary), the
-    NaN table (batch size x clipping), the refit's test scores and how to rerun the best trial."""
+def sweep_description(standings: Standings, *, sweep_name: str, test_scores: Mapping[str, float] = {},
+                      rerun_command: str | None = None) -> str:
+    """The parent run's description, in Markdown: the leaderboard (the params that vary) with
+    how many trials are tied with the best, the NaN table (batch size x clipping), the refit's
+    test scores and how to rerun the best trial."""
+    records, objective, ordered = standings.records, standings.objective, standings.ranked
     varying, shared = split_params(records)
     better = "higher" if objective.mode == "max" else "lower"
-    lines = [f"## {sweep_name}: {len(records)} trials, ranked by {objective.key} ({better} is better)", "",
-             "| rank | trial | " + f"{objective.key} ± std | status | " + " | ".join(varying) + " |",
-             "|" + " --- |" * (4 + len(varying))]
-    ordered = ranked(records, objective)
+    lines = [f"## {sweep_name}: {len(records)} trials, ranked by {objective.key} ({better} is better)", ""]
+    if standings.ties_line():
+        lines += [standings.ties_line()[0].upper() + standings.ties_line()[1:] + ".", ""]
+    lines += ["| rank | trial | " + f"{objective.key} ± std | epoch | vs best | status | " + " | ".join(varying) + " |",
+              "|" + " --- |" * (6 + len(varying))]
     rows = []
     for position, record in enumerate([*ordered, *(r for r in records if r not in ordered)], start=1):
         rank = str(position) if record in ordered else "-"
-        score = (f"{record.metrics[objective.key]:.4f} ± {record.metrics.get(objective.spread_key, math.nan):.4f}"
-                 if record in ordered else "-")
-        cells = [rank, record.run_name, score, _status_text(record),
+        score = _score_text(record, objective) if record in ordered else "-"
+        cells = [rank, record.run_name, score, _epoch_text(record) if record in ordered else "-",
+                 standings.versus_best(record), _status_text(record),
                  *(_short(record.params.get(name, "-")) for name in varying)]
         rows.append("| " + " | ".join(cells) + " |")
     # MLflow keeps at most 8,000 characters of a tag: the best rows fit, the rest is in cv_results.csv.
@@ -217,7 +329,7 @@ def sweep_description(records: Sequence[TrialRecord], objective: Objective, *, s
         shown += 1
     lines += rows[:shown]
     if shown < len(rows):
-        lines.append(f"| … | {len(rows) - shown} more trials in `cv_results.csv` | | |" + " |" * len(varying))
+        lines.append(f"| … | {len(rows) - shown} more trials in `cv_results.csv` | | | | |" + " |" * len(varying))
     if shared:
         lines += ["", "All trials: " + ", ".join(f"`{key}={_short(value)}`" for key, value in sorted(shared.items()))]
     nan_rows = nan_table_rows(records)
@@ -232,11 +344,15 @@ def sweep_description(records: Sequence[TrialRecord], objective: Objective, *, s
     return ("\n".join(lines) + "\n")[:DESCRIPTION_BUDGET]
 
 
-def trial_description(record: TrialRecord, records: Sequence[TrialRecord], objective: Objective) -> str:
-    """A trial run's description: its rank among the sweep's trials and its status."""
-    ordered = ranked(records, objective)
-    if record in ordered:
-        score = record.metrics[objective.key]
-        return (f"Rank **{ordered.index(record) + 1}** of {len(ordered)} ranked trials: {objective.key} "
-                f"{score:.4f} ± {record.metrics.get(objective.spread_key, math.nan):.4f}; status {record.status}.")
-    return f"Not ranked: status {_status_text(record)}."
+def trial_description(record: TrialRecord, standings: Standings) -> str:
+    """A trial run's description: its rank among the sweep's trials, the epoch it is scored at,
+    how it compares with the best, and its status."""
+    rank = standings.rank(record)
+    if rank is None:
+        return f"Not ranked: status {_status_text(record)}."
+    versus = standings.versus_best(record)
+    comparison = "" if versus == "-" else (
+        " The best trial." if rank == 1 else f" Against the best on the same {standings.replicas} replicas: {versus}.")
+    return (f"Rank **{rank}** of {len(standings.ranked)} ranked trials: {standings.objective.key} "
+            f"{_score_text(record, standings.objective)} at epoch {_epoch_text(record)}; status {record.status}."
+            + comparison)

@@ -13,7 +13,7 @@ import yaml
 
 from pipeline.datasets import load_dataset
 from pipeline.errors import DataError, InputError, SpecError, TrackingError
-from pipeline.folds import FoldPlan, make_folds
+from pipeline.folds import FoldPlan, make_folds, manifest_identity
 from pipeline.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads, replay_choices
 from pipeline.results import DONE, EpochResult, TrialStatus
 from pipeline.spec import TRAINING_DEFAULTS, DatasetSpec, Objective, SweepSpec, parse_spec
@@ -108,7 +108,7 @@ def recorded_folds(recorded: RecordedTrial) -> tuple[Any, FoldPlan]:
             f"dataset: {recorded.dataset.label!r} no longer matches the data of sweep run "
             f"{recorded.parent_run_id}: fingerprint {dataset.fingerprint[:16]}... now, {expected[:16]}... recorded")
     plan = make_folds(recorded.spec.cv, dataset)
-    if plan.manifest()["folds"] != recorded.manifest["folds"]:
+    if manifest_identity(plan.manifest()) != manifest_identity(recorded.manifest):
         raise DataError(f"cv: the folds rebuilt from the spec differ from those recorded in sweep run "
                         f"{recorded.parent_run_id} (fold_manifest.json)")
     return dataset, plan

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pipeline.plan import TrialPlan
+from pipeline.spec import Objective
 
 # Keys of a trial's report (ray.tune.result holds the ones Ray adds itself).
 EPOCH = "epoch"
@@ -59,8 +60,12 @@ BOOKKEEPING_KEYS = frozenset({
 # Recorded once a trial ends (not per epoch).
 TRIAL_WALL_S = "trial_wall_s"
 RETRIES = "retries"
+# A trial is scored at one epoch of its mean CV curve (train.select), recorded once it ends: the
+# epoch as ``best_epoch``, and every CV score of that epoch again under ``selected_``.
+BEST_EPOCH = "best_epoch"
+SELECTED_PREFIX = "selected_"
 # Metrics recorded once per trial, or a count rather than a finding per epoch: not in history.csv.
-NOT_IN_HISTORY = frozenset({N_PARAMS, TRIAL_WALL_S, RETRIES, NAN_FAILURES, WORKER_MAPS})
+NOT_IN_HISTORY = frozenset({N_PARAMS, TRIAL_WALL_S, RETRIES, NAN_FAILURES, WORKER_MAPS, BEST_EPOCH})
 # A fold that went NaN counts as the worst score in its trial's CV mean and std, finite, so that
 # no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
 NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "train_loss": 1e6}
@@ -68,6 +73,48 @@ NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "t
 
 def split_key(fold: int, name: str) -> str:
     return f"split{fold}_{name}"
+
+
+def is_cv_score(key: str) -> bool:
+    """A key ``cv_summary`` makes: ``split{k}_``, ``mean_`` or ``std_`` of a fold score."""
+    for name in FOLD_SCORE_NAMES:
+        head = key.removesuffix(f"_{name}")
+        if head != key and (head in ("mean", "std") or (head.startswith("split") and head[5:].isdigit())):
+            return True
+    return False
+
+
+def in_history(key: str) -> bool:
+    """A metric recorded per epoch (what ``history.csv`` holds)."""
+    return key not in NOT_IN_HISTORY and not key.startswith(SELECTED_PREFIX)
+
+
+@dataclass(frozen=True)
+class EpochSelection:
+    """Which epoch a trial is scored at: ``best_epoch``, the best of its mean CV curve (one epoch
+    for all replicas, never one per fold; the earliest of equal ones), or its ``last``."""
+
+    objective: Objective
+    rule: str = "best_epoch"
+
+    def epoch(self, curve: Mapping[int, float]) -> int | None:
+        """The chosen epoch of a trial's {epoch: mean CV score}; None without a finite score."""
+        finite = {epoch: score for epoch, score in curve.items() if math.isfinite(score)}
+        if not finite:
+            return None
+        if self.rule == "last":
+            return max(finite)
+        return min(finite, key=lambda epoch: (self.objective.sort_key(finite[epoch]), epoch))
+
+    def selected_metrics(self, rows: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
+        """``best_epoch`` and each CV score of that epoch as ``selected_<key>``, from a trial's
+        per-epoch metrics {epoch: {key: value}}; empty when no epoch has a score."""
+        curve = {epoch: row[self.objective.key] for epoch, row in rows.items() if self.objective.key in row}
+        epoch = self.epoch(curve)
+        if epoch is None:
+            return {}
+        return {BEST_EPOCH: float(epoch),
+                **{f"{SELECTED_PREFIX}{key}": value for key, value in rows[epoch].items() if is_cv_score(key)}}
 
 
 class TrialStatus(str, Enum):

@@ -93,3 +93,30 @@ def _gpu_memory_mb() -> int | None:
         return int(output.strip().splitlines()[0])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
+
+
+# Of the host's memory, what trials may count on: Ray's object store and the driver take the rest.
+HOST_MEMORY_FOR_TRIALS = 0.5
+
+
+def memory_per_trial_mb(*, cpus: float, gpus: float, max_concurrent: int | None) -> tuple[int, str] | None:
+    """The memory one trial can hold, in MiB, and where that figure comes from: its share of
+    the GPU when it runs on one whose size is known, else its share of the host's memory among
+    the trials that run side by side. None when neither is known."""
+    if gpus > 0:
+        total = _gpu_memory_mb()
+        if total is None:
+            return None
+        share = min(gpus, 1.0)
+        return int(total * share), f"{share:g} of a {total} MiB GPU"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            total = next(int(line.split()[1]) // 1024 for line in meminfo if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    side_by_side = max(1, int((os.cpu_count() or 1) // max(cpus, 1e-9)))
+    if max_concurrent is not None:
+        side_by_side = min(side_by_side, max_concurrent)
+    budget = int(total * HOST_MEMORY_FOR_TRIALS / side_by_side)
+    return budget, (f"{HOST_MEMORY_FOR_TRIALS:.0%} of this machine's {total} MiB shared by {side_by_side} "
+                    f"trial{'s' if side_by_side > 1 else ''} at a time")

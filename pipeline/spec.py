@@ -20,6 +20,8 @@ SplitterName = Literal["kfold", "stratified", "group", "stratified_group"]
 SPLITTERS: tuple[str, ...] = ("kfold", "stratified", "group", "stratified_group")
 SEARCH_ALGORITHMS: tuple[str, ...] = ("random", "grid", "optuna")
 SCHEDULERS: tuple[str, ...] = ("fifo", "asha", "median")
+# Which epoch of a trial it is scored at: the best of its mean CV curve (as KerasTuner), or its last.
+EPOCH_SELECTIONS: tuple[str, ...] = ("best_epoch", "last")
 CLIPPING_KINDS: tuple[str, ...] = ("none", "norm", "value", "global_norm")
 METRICS: tuple[str, ...] = ("accuracy", "loss")
 MODES: tuple[str, ...] = ("max", "min")
@@ -70,6 +72,12 @@ class CVSpec:
     splitter: SplitterName = "stratified"
     n_splits: int = 5
     seed: int = 0
+    n_repeats: int = 1
+
+    @property
+    def replicas(self) -> int:
+        """Models a trial trains: every fold of every repeat."""
+        return self.n_splits * self.n_repeats
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,11 @@ class Objective:
     def spread_key(self) -> str:
         return f"std_val_{self.metric}"
 
+    @property
+    def fold_key(self) -> str:
+        """Each replica's score: ``split{j}_<fold_key>``."""
+        return f"val_{self.metric}"
+
     def sort_key(self, value: float) -> float:
         """Ascending sort key: best first."""
         return -value if self.mode == "max" else value
@@ -135,6 +148,7 @@ class TrainSpec:
     fused: AutoSwitch = "auto"
     steps_per_launch: int | Literal["auto"] = "auto"
     refit: bool = True
+    select: Literal["best_epoch", "last"] = "best_epoch"
 
 
 @dataclass(frozen=True)
@@ -272,8 +286,9 @@ def _parse_cv(section: _Section) -> CVSpec:
     splitter = section.one_of("splitter", SPLITTERS, default="stratified")
     n_splits = section.integer("n_splits", default=5, minimum=2)
     seed = section.integer("seed", default=0, minimum=0)
+    n_repeats = section.integer("n_repeats", default=1, minimum=1)
     section.finish()
-    return CVSpec(splitter=splitter, n_splits=n_splits, seed=seed)
+    return CVSpec(splitter=splitter, n_splits=n_splits, seed=seed, n_repeats=n_repeats)
 
 
 def _parse_search(section: _Section) -> SearchSpec:
@@ -400,9 +415,11 @@ def _parse_train(section: _Section) -> TrainSpec:
     fused = _auto_or_boolean(section, "fused")
     steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch")
     refit = section.boolean("refit", default=True)
+    select = section.one_of("select", EPOCH_SELECTIONS, default="best_epoch")
     section.finish()
     return TrainSpec(epochs=epochs, metric=metric, mode=mode, seed=seed, from_logits=from_logits,
-                     jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, refit=refit)
+                     jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, refit=refit,
+                     select=select)
 
 
 def _auto_or_boolean(section: _Section, key: str) -> AutoSwitch:

@@ -19,7 +19,7 @@ from pipeline.errors import DataError, FoldsweepError, InputError, SpecError
 from pipeline.folds import FoldPlan, make_folds
 from pipeline.space import SearchSpace
 from pipeline.spec import SweepSpec
-from pipeline.results import WORKER_RETIRES, SweepStatus, TrialStatus
+from pipeline.results import BEST_EPOCH, WORKER_RETIRES, EpochSelection, SweepStatus, TrialStatus
 from pipeline.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord, check_tracking_uri
 from pipeline.trial import TrialSettings
 
@@ -106,11 +106,33 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset) -
         raise DataError(
             f"dataset: samples of {dataset.name!r} have shape {dataset.input_shape}, but the model of "
             f"{spec.experiment} expects inputs of shape {tuple(expected)}")
-    units = experiment.output_units(dataset.input_shape)
+    units, parameters = experiment.default_model(dataset.input_shape)
     if dataset.n_classes > units:
         raise DataError(
             f"dataset: labels of {dataset.name!r} go up to {dataset.n_classes - 1}, but the model of "
             f"{spec.experiment} has only {units} outputs")
+    _check_replicas_fit(spec, parameters)
+
+
+# float32 weights, their gradients and two optimizer slots (Adam's moments): what each replica
+# of a trial holds at the least, whatever its batch.
+BYTES_PER_PARAMETER = 4 * 4
+
+
+def _check_replicas_fit(spec: SweepSpec, parameters: int) -> None:
+    """A trial trains all ``cv.n_repeats x cv.n_splits`` replicas at once: refuse a count whose
+    models alone (the default model's size) would not fit in the memory a trial has."""
+    from pipeline.runtime import memory_per_trial_mb
+
+    cv, resources = spec.cv, spec.resources
+    budget = memory_per_trial_mb(cpus=resources.cpu, gpus=resources.gpu, max_concurrent=resources.max_concurrent)
+    needed_mb = cv.replicas * parameters * BYTES_PER_PARAMETER / 2**20
+    if budget is not None and needed_mb > budget[0]:
+        raise SpecError(
+            f"{spec.source_path}: cv.n_repeats: {cv.n_repeats} repeats x {cv.n_splits} folds = {cv.replicas:,} "
+            f"replicas of the default model ({parameters:,} parameters) need at least {needed_mb:,.0f} MiB of "
+            f"weights, gradients and optimizer state per trial, more than the {budget[0]:,} MiB a trial has "
+            f"({budget[1]}); lower cv.n_repeats, got {cv.n_repeats}")
 
 
 class AfterTrialsFailed(FoldsweepError):
@@ -202,8 +224,8 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
     from pipeline.trial import FoldTrainable
 
     spec = prepared.spec
-    callbacks = [tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, on_recorded=on_trial_done,
-                                  conditions=prepared.space.conditions)]
+    callbacks = [tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, selection=_selection(spec),
+                                  on_recorded=on_trial_done, conditions=prepared.space.conditions)]
     if progress is not None:
         callbacks.append(progress)
     data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
@@ -290,6 +312,7 @@ def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str,
         AfterTrialsFailed: publishing or the refit failed (the parent run is closed).
     """
     from pipeline.publish import publish
+    from pipeline.report import Standings
 
     spec = prepared.spec
     records = tracker.trial_records(parent_run_id)
@@ -304,8 +327,8 @@ def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str,
                 failed.append(f"the refit: {type(exc).__name__}: {exc}")
         try:
             test_scores = {key: value for key, value in summary.items() if key.startswith("test_")}
-            ui_path = publish(tracker, parent_run_id, records, spec.objective, sweep_name=spec.name,
-                              test_scores=test_scores)
+            standings = Standings.of(records, spec.objective, n_splits=spec.cv.n_splits)
+            ui_path = publish(tracker, parent_run_id, standings, sweep_name=spec.name, test_scores=test_scores)
         except Exception as exc:
             status, error = SweepStatus.ERROR, traceback.format_exc()
             failed.append(f"publishing cv_results.csv, the plots and the descriptions: {type(exc).__name__}: {exc}")
@@ -324,7 +347,7 @@ def _close_sweep(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
     """End the parent run as ``status`` with the sweep's counts; trial runs still open (a
     stopped sweep) end KILLED."""
     if status != SweepStatus.OK:
-        tracker.close_open_trial_runs(parent_run_id, status=TrialStatus.KILLED)
+        tracker.close_open_trial_runs(parent_run_id, status=TrialStatus.KILLED, selection=_selection(prepared.spec))
     summary = {**_sweep_summary(tracker.trial_records(parent_run_id), prepared.spec), **extra}
     if error:
         summary[Tag.ERROR] = error[-MAX_TAG_LENGTH:]
@@ -349,7 +372,8 @@ def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, r
         notify("refit skipped: no trial finished with a finite score")
         return {Tag.REFIT: "skipped: no finished trial"}
     best = ranking[0]
-    epochs = int(best.params.get("epochs", spec.train.epochs))
+    # The epochs the best trial was scored at (train.select), else all it trained.
+    epochs = int(best.metrics.get(BEST_EPOCH, best.params.get("epochs", spec.train.epochs)))
     with tempfile.TemporaryDirectory(prefix="foldsweep-refit-") as directory:
         result = refit(load_builder(prepared.experiment_path, spec.experiment_attr), configs[best.trial_id], dataset,
                        epochs=epochs, settings=prepared.trial_settings(), directory=Path(directory))
@@ -357,7 +381,11 @@ def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, r
     scores = refit_scores(result)
     notify(f"refit of {best.run_name} on all {len(dataset.y)} training samples ({epochs} epochs): "
            + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
-    return {**scores, Tag.REFIT: "ok", Tag.REFIT_OF: best.run_id}
+    return {**scores, "refit_epochs": float(epochs), Tag.REFIT: "ok", Tag.REFIT_OF: best.run_id}
+
+
+def _selection(spec: SweepSpec) -> EpochSelection:
+    return EpochSelection(spec.objective, spec.train.select)
 
 
 def check_ray_address(address: str) -> None:
@@ -489,7 +517,7 @@ def _sweep_params(prepared: PreparedSweep) -> dict[str, Any]:
 
 
 def _sweep_summary(records: list[TrialRecord], spec: SweepSpec) -> dict[str, float | str]:
-    from pipeline.report import ranked
+    from pipeline.report import Standings, selected_score
 
     summary: dict[str, float | str] = {
         "n_trials": float(len(records)),
@@ -497,9 +525,10 @@ def _sweep_summary(records: list[TrialRecord], spec: SweepSpec) -> dict[str, flo
         "n_nan": float(sum(record.status == "nan" for record in records)),
         "n_pruned": float(sum(record.status == "pruned" for record in records)),
     }
-    ranking = ranked(records, spec.objective)
-    if ranking:
-        best = ranking[0]
+    standings = Standings.of(records, spec.objective, n_splits=spec.cv.n_splits)
+    if standings.ranked:
+        best = standings.ranked[0]
         summary[Tag.BEST_RUN_ID] = best.run_id
-        summary[f"best_{spec.objective.key}"] = best.metrics[spec.objective.key]
+        summary[f"best_{spec.objective.key}"] = selected_score(best, spec.objective.key)
+        summary["n_tied_with_best"] = float(len(standings.tied_with_best()))
     return summary

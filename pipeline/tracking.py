@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 from ray.tune import Callback
 
 from pipeline.errors import TrackingError
-from pipeline.results import (FOLD_IDS, NOT_IN_HISTORY, PLAN_ARTIFACT, RETRIES, TRIAL_WALL_S, EpochResult,
-                              SweepStatus, TrialStatus, info_metrics, info_params, info_tags, info_texts)
+from pipeline.results import (BEST_EPOCH, FOLD_IDS, PLAN_ARTIFACT, SELECTED_PREFIX, RETRIES, TRIAL_WALL_S, EpochResult, EpochSelection,
+                              SweepStatus, TrialStatus, in_history, info_metrics, info_params, info_tags, info_texts)
 from pipeline.spec import Objective
 
 
@@ -47,6 +47,7 @@ class Tag:
     NUMERICS_NODE = "foldsweep.numerics_node"
     NUMERICS_LAYER = "foldsweep.numerics_layer"
     RERUN_DIFFERS = "foldsweep.rerun_differs"
+    PVALUE_VS_BEST = "foldsweep.pvalue_vs_best"
     PARENT = "mlflow.parentRunId"
 
     @classmethod
@@ -169,6 +170,11 @@ class SweepRecord:
     @property
     def objective(self) -> Objective:
         return Objective(metric=self.params.get("train.metric", "accuracy"), mode=self.params.get("train.mode", "max"))
+
+    @property
+    def n_splits(self) -> int | None:
+        """Folds per repeat of the sweep's CV."""
+        return int(self.params["cv.n_splits"]) if "cv.n_splits" in self.params else None
 
 
 @dataclass(frozen=True)
@@ -313,19 +319,27 @@ class Tracker:
         for run_id, text in descriptions.items():
             self._client.set_tag(run_id, DESCRIPTION_TAG, text)
 
+    def mark_comparisons(self, pvalues: Mapping[str, float]) -> None:
+        """Each ranked trial's p-value against the best (a tag: it changes when a resumed sweep
+        finds a new best, and a tag is replaced where a metric would grow a history)."""
+        for run_id, pvalue in pvalues.items():
+            self._client.set_tag(run_id, Tag.PVALUE_VS_BEST, f"{pvalue:.4g}")
+
     def share_sweep_view(self, parent_run_id: str, *, objective: Objective, columns: Sequence[str] = ()) -> str:
         """A view of a sweep's trials that the MLflow UI opens from a link: the trials listed flat,
-        best first by the objective, with the objective, its spread, the status and ``columns``
-        (params) shown. Stored as the experiment's shared view state (what the UI's own "share"
+        best first by the objective at each trial's selected epoch, with it, its spread, that
+        epoch, the p-value against the best, the status and ``columns`` (params) shown. Stored as the experiment's shared view state (what the UI's own "share"
         writes); returns the UI address path that opens it."""
         parent = self._client.get_run(parent_run_id)
         experiment_id = parent.info.experiment_id
         key = f"foldsweep-{parent_run_id[:12]}"
         state = {
             "searchFilter": f"tags.`{Tag.PARENT}` = '{parent_run_id}' and tags.`{Tag.ROLE}` = 'trial'",
-            "orderByKey": f"metrics.`{objective.key}`", "orderByAsc": objective.mode == "min",
-            "selectedColumns": [f"metrics.`{objective.key}`", f"metrics.`{objective.spread_key}`",
-                                f"tags.`{Tag.STATUS}`", *(f"params.`{name}`" for name in columns)],
+            "orderByKey": f"metrics.`{SELECTED_PREFIX}{objective.key}`", "orderByAsc": objective.mode == "min",
+            "selectedColumns": [f"metrics.`{SELECTED_PREFIX}{objective.key}`",
+                                f"metrics.`{SELECTED_PREFIX}{objective.spread_key}`", f"metrics.`{BEST_EPOCH}`",
+                                f"tags.`{Tag.PVALUE_VS_BEST}`", f"tags.`{Tag.STATUS}`",
+                                *(f"params.`{name}`" for name in columns)],
         }
         self._client.set_experiment_tag(experiment_id, f"{SHARED_VIEW_TAG}{key}", json.dumps(state))
         return f"/#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
@@ -351,15 +365,17 @@ class Tracker:
     def trial_record(self, run_id: str) -> TrialRecord:
         return _record(self._client.get_run(run_id))
 
-    def close_open_trial_runs(self, parent_run_id: str, *, status: TrialStatus) -> None:
+    def close_open_trial_runs(self, parent_run_id: str, *, status: TrialStatus,
+                              selection: EpochSelection | None = None) -> None:
         """Trial runs left RUNNING (a stopped sweep, or a driver killed before it closed them)
         end as ``status``."""
         for record in self.trial_records(parent_run_id):
             if record.state == "RUNNING":
-                TrialRecorder(self, record.run_id).finish(status)
+                TrialRecorder(self, record.run_id, selection).finish(status)
 
     def trial_recorder(self, *, parent_run_id: str, run_name: str, role: str, config: Mapping[str, Any],
-                       tags: Mapping[str, str], trial_id: str | None = None) -> TrialRecorder:
+                       tags: Mapping[str, str], trial_id: str | None = None,
+                       selection: EpochSelection | None = None) -> TrialRecorder:
         """The recorder of a trial's run (or a rerun's): a new child run of the sweep with the
         config it uses as params and as ``trial_config.json`` (typed, for reruns); for a Ray
         trial that already has a run in this sweep (a resume), that run, set running again."""
@@ -371,7 +387,7 @@ class Tracker:
                 if existing.info.status != "RUNNING":
                     self._client.update_run(existing.info.run_id, status="RUNNING")
                     self._client.set_tag(existing.info.run_id, Tag.STATUS, TrialStatus.RUNNING.value)
-                return TrialRecorder(self, existing.info.run_id)
+                return TrialRecorder(self, existing.info.run_id, selection)
             tags = {**tags, Tag.TRIAL_ID: trial_id}
         parent = self._client.get_run(parent_run_id)
         run = self._client.create_run(
@@ -382,7 +398,7 @@ class Tracker:
         params = [Param(key, _param_text(value)) for key, value in sorted(config.items()) if value is not None]
         self._client.log_batch(run_id, params=params)
         self._client.log_dict(run_id, dict(config), TRIAL_CONFIG_ARTIFACT)
-        return TrialRecorder(self, run_id)
+        return TrialRecorder(self, run_id, selection)
 
     def _find_trial_run(self, parent_run_id: str, trial_id: str) -> Any:
         parent = self._client.get_run(parent_run_id)
@@ -434,41 +450,32 @@ class Tracker:
                                 spec_text=spec_text, manifest=manifest, sweep_params=dict(parent.data.params),
                                 plan=plan)
 
-    def history_csv(self, run_id: str) -> str:
-        """The run's per-epoch metrics as CSV, one row per epoch (what MLflow holds, so a restored
-        sweep writes the same file as an uninterrupted one)."""
-        import csv
-        import io
-
+    def epoch_rows(self, run_id: str) -> dict[int, dict[str, float]]:
+        """The run's per-epoch metrics, {epoch: {key: value}} (what MLflow holds, so a restored
+        sweep reads the same as an uninterrupted one)."""
         run = self._client.get_run(run_id)
-        keys = sorted(key for key in run.data.metrics if key not in NOT_IN_HISTORY)
         rows: dict[int, dict[str, float]] = {}
-        for key in keys:
+        for key in sorted(key for key in run.data.metrics if in_history(key)):
             for metric in self._client.get_metric_history(run_id, key):
                 rows.setdefault(metric.step, {})[key] = metric.value
-        if not rows:
-            return ""
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=["epoch", *keys])
-        writer.writeheader()
-        for epoch in sorted(rows):
-            writer.writerow({"epoch": epoch, **rows[epoch]})
-        return out.getvalue()
+        return rows
 
-    def callback(self, *, parent_run_id: str, sweep_name: str,
+    def callback(self, *, parent_run_id: str, sweep_name: str, selection: EpochSelection,
                  on_recorded: Callable[[TrialRecord], None] | None = None,
                  conditions: Mapping[str, Any] | None = None) -> "MlflowTrialCallback":
-        return MlflowTrialCallback(self.uri, parent_run_id=parent_run_id, sweep_name=sweep_name,
+        return MlflowTrialCallback(self.uri, parent_run_id=parent_run_id, sweep_name=sweep_name, selection=selection,
                                    on_recorded=on_recorded, conditions=conditions)
 
 
 class TrialRecorder:
     """One trial run's life in MLflow: its epochs as they come, then its end. Serves the Ray
-    callback and in-process trials (``foldsweep trial``/``rerun``) alike."""
+    callback and in-process trials (``foldsweep trial``/``rerun``) alike. With a ``selection``,
+    the end records the epoch the trial is scored at and its scores there."""
 
-    def __init__(self, tracker: Tracker, run_id: str):
+    def __init__(self, tracker: Tracker, run_id: str, selection: EpochSelection | None = None):
         self.tracker = tracker
         self.run_id = run_id
+        self.selection = selection
 
     @property
     def _client(self) -> Any:
@@ -504,17 +511,38 @@ class TrialRecorder:
 
     def finish(self, status: TrialStatus, *, error: str | None = None, wall_s: float | None = None,
                tags: Mapping[str, str] | None = None) -> None:
-        """End the run: status tag, error text, wall time, ``history.csv``, run state."""
+        """End the run: status tag, error text, wall time, the selected epoch and its scores,
+        ``history.csv``, run state."""
+        from mlflow.entities import Metric
+
         if wall_s is not None:
             self._client.log_metric(self.run_id, TRIAL_WALL_S, float(wall_s))
         for key, value in {Tag.STATUS: status.value, **(tags or {})}.items():
             self._client.set_tag(self.run_id, key, value)
         if error:
             self._client.set_tag(self.run_id, Tag.ERROR, error[-MAX_TAG_LENGTH:])
-        history = self.tracker.history_csv(self.run_id)
-        if history:
-            self._client.log_text(self.run_id, history, HISTORY_ARTIFACT)
+        rows = self.tracker.epoch_rows(self.run_id)
+        selected = self.selection.selected_metrics(rows) if self.selection is not None else {}
+        if selected:
+            now, epoch = int(time.time() * 1000), int(selected["best_epoch"])
+            self._client.log_batch(self.run_id, metrics=[Metric(key, value, now, epoch) for key, value in selected.items()])
+        if rows:
+            self._client.log_text(self.run_id, _history_csv(rows), HISTORY_ARTIFACT)
         self._client.set_terminated(self.run_id, status.run_state)
+
+
+def _history_csv(rows: Mapping[int, Mapping[str, float]]) -> str:
+    """Per-epoch metrics as CSV, one row per epoch."""
+    import csv
+    import io
+
+    keys = sorted({key for row in rows.values() for key in row})
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=["epoch", *keys])
+    writer.writeheader()
+    for epoch in sorted(rows):
+        writer.writerow({"epoch": epoch, **rows[epoch]})
+    return out.getvalue()
 
 
 def _record(run: Any) -> TrialRecord:
@@ -544,12 +572,13 @@ def _param_text(value: Any) -> str:
 class MlflowTrialCallback(Callback):
     """Ray Tune events -> MLflow child runs, written from the driver."""
 
-    def __init__(self, uri: str, *, parent_run_id: str, sweep_name: str,
+    def __init__(self, uri: str, *, parent_run_id: str, sweep_name: str, selection: EpochSelection,
                  on_recorded: Callable[[TrialRecord], None] | None = None,
                  conditions: Mapping[str, Any] | None = None):
         self.uri = uri
         self.parent_run_id = parent_run_id
         self.sweep_name = sweep_name
+        self.selection = selection
         self.on_recorded = on_recorded
         self.conditions = dict(conditions or {})
         self._run_ids: dict[str, str] = {}
@@ -584,7 +613,7 @@ class MlflowTrialCallback(Callback):
                 config=resolve_config(trial.config, self.conditions), tags={Tag.SWEEP: self.sweep_name},
                 trial_id=trial.trial_id)
             self._run_ids[trial.trial_id] = recorder.run_id
-        return TrialRecorder(self.tracker, self._run_ids[trial.trial_id])
+        return TrialRecorder(self.tracker, self._run_ids[trial.trial_id], self.selection)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if trial.trial_id in self._run_ids:

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.datasets import Dataset
 from pipeline.errors import DataError
-from pipeline.folds import make_folds
+from pipeline.folds import make_folds, manifest_identity
 from pipeline.spec import CVSpec
 
 
@@ -67,3 +67,34 @@ def test_more_splits_than_the_smallest_class_is_refused_for_stratified():
     data = Dataset(name="toy", x=np.zeros((20, 4, 1), np.float32), y=np.array([0] * 17 + [1] * 3, np.int32))
     with pytest.raises(DataError, match=r"smallest class size \(3\) for stratified CV, got 4"):
         make_folds(CVSpec(splitter="stratified", n_splits=4, seed=0), data)
+
+
+@pytest.mark.parametrize("splitter", ["kfold", "stratified", "group", "stratified_group"])
+def test_repeated_folds_validate_every_sample_once_per_repeat_and_keep_groups_whole(splitter):
+    data = grouped_dataset()
+    repeated = make_folds(CVSpec(splitter=splitter, n_splits=3, n_repeats=4, seed=5), data)
+    assert len(repeated) == 12
+    counts = np.bincount(np.concatenate([fold.val for fold in repeated.folds]), minlength=len(data.y))
+    assert counts.tolist() == [4] * len(data.y)
+    for fold in repeated.folds:
+        assert np.intersect1d(fold.train, fold.val).size == 0
+        if splitter in ("group", "stratified_group"):
+            assert np.intersect1d(data.groups[fold.train], data.groups[fold.val]).size == 0
+    # each repeat is a new shuffle; the first is the unrepeated split (old sweeps keep their folds)
+    repeats = [tuple(tuple(fold.val) for fold in repeated.folds[r * 3:(r + 1) * 3]) for r in range(4)]
+    assert len(set(repeats)) == 4
+    single = make_folds(CVSpec(splitter=splitter, n_splits=3, n_repeats=1, seed=5), data)
+    assert manifest_identity(single.manifest()) == manifest_identity(repeated.manifest())[:3]
+
+
+def test_the_manifest_lists_every_repeat_and_fold_in_scikit_learn_order():
+    manifest = make_folds(CVSpec(splitter="stratified", n_splits=3, n_repeats=2, seed=0), dataset()).manifest()
+    assert manifest["n_repeats"] == 2 and manifest["n_samples"] == 103
+    assert [(f["fold"], f["repeat"], f["fold_in_repeat"]) for f in manifest["folds"]] == [
+        (0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0), (4, 1, 1), (5, 1, 2)]
+
+
+def grouped_dataset(n: int = 120) -> Dataset:
+    rng = np.random.default_rng(3)
+    return Dataset(name="grouped", x=rng.normal(size=(n, 8, 1)).astype(np.float32),
+                   y=(np.arange(n) % 2).astype(np.int32), groups=(np.arange(n) // 4).astype(np.int64))

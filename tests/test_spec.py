@@ -96,7 +96,8 @@ def test_valid_spec_fills_defaults(write_spec):
     spec = load_spec(write_spec({"cv": {"splitter": DELETE}, "train": {"mode": DELETE, "metric": "loss"}}))
     assert spec.name == "tiny"
     assert spec.cv.splitter == "stratified"
-    assert spec.cv.n_splits == 2
+    assert spec.cv.n_splits == 2 and spec.cv.n_repeats == 1 and spec.cv.replicas == 2
+    assert spec.train.select == "best_epoch"  # scored at the best epoch of the mean CV curve, as KerasTuner
     assert spec.train.mode == "min"  # the natural direction of the chosen metric
     assert spec.objective.key == "mean_val_loss" and spec.objective.better(0.1, than=0.2)
     assert spec.resources.gpu == 0.0

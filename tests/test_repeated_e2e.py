@@ -1,0 +1,175 @@
+"""Repeated CV through real sweeps: replicas, p-values against the best, the epoch a trial is scored at."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from conftest import MNIST1D_EXPERIMENT, Replace
+from pipeline.cli import app
+from pipeline.datasets import load_dataset
+from pipeline.folds import make_folds, manifest_identity
+from pipeline.spec import DatasetSpec, load_spec
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def sweep_store(uri: str, name: str):
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
+    trials = [run for run in runs if run.data.tags["foldsweep.role"] == "trial"]
+    return client, parent, trials
+
+
+def artifact(client: MlflowClient, run_id: str, path: str, directory: Path) -> Path:
+    return Path(client.download_artifacts(run_id, path, str(directory)))
+
+
+def run(spec: dict, directory: Path) -> tuple[str, str]:
+    path = directory / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = CliRunner().invoke(app, ["run", str(path)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    return str(path), result.output
+
+
+@pytest.fixture(scope="module")
+def grouped_repeated_sweep(ray_cluster, tmp_path_factory):
+    """2 x 3-fold group CV on a data file with groups; a grid of a working learning rate and a
+    broken one (1e-7), each run twice with the same seeds."""
+    directory = tmp_path_factory.mktemp("repeated")
+    mnist = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 800}))
+    groups = np.arange(len(mnist.y)) // 4  # 4 samples per group
+    np.savez(directory / "grouped.npz", x=mnist.x, y=mnist.y, groups=groups)
+    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    spec = {
+        "name": "grouped-repeated", "experiment": f"{MNIST1D_EXPERIMENT}:build", "dataset": "grouped.npz",
+        "cv": {"splitter": "group", "n_splits": 3, "n_repeats": 2, "seed": 0},
+        "search": {"num_samples": 2, "seed": 0, "space": {
+            "learning_rate": {"grid": [0.01, 1e-7]}, "batch_size": 32, "conv_layers": 1, "filters": 16,
+            "kernel_size": 3, "dropout": 0.0}},
+        "train": {"epochs": 5, "metric": "accuracy", "mode": "max", "seed": 0},
+        "resources": {"cpu": 1, "max_concurrent": 2}, "tracking": {"uri": uri},
+    }
+    path, output = run(spec, directory)
+    return directory, uri, path, output
+
+
+def test_two_repeats_of_three_folds_give_six_replicas_each_sample_validated_twice_groups_whole(
+        grouped_repeated_sweep):
+    directory, uri, path, _ = grouped_repeated_sweep
+    client, parent, trials = sweep_store(uri, "grouped-repeated")
+    assert len(trials) == 4 and parent.data.params["cv.n_repeats"] == "2"
+    manifest = json.loads(artifact(client, parent.info.run_id, "fold_manifest.json", directory).read_text())
+    assert [(f["fold"], f["repeat"], f["fold_in_repeat"]) for f in manifest["folds"]] == [
+        (j, j // 3, j % 3) for j in range(6)]
+    spec = load_spec(Path(path))
+    dataset = load_dataset(spec.resolved_dataset())
+    folds = make_folds(spec.cv, dataset)
+    assert manifest_identity(folds.manifest()) == manifest_identity(manifest)  # what the trials trained on
+    validated = np.bincount(np.concatenate([fold.val for fold in folds.folds]), minlength=len(dataset.y))
+    assert validated.tolist() == [2] * len(dataset.y)
+    for fold in folds.folds:
+        assert np.intersect1d(dataset.groups[fold.train], dataset.groups[fold.val]).size == 0
+    for trial in trials:
+        assert {f"split{j}_val_accuracy" for j in range(6)} <= set(trial.data.metrics)
+        assert "split6_val_accuracy" not in trial.data.metrics
+        replicas = [trial.data.metrics[f"selected_split{j}_val_accuracy"] for j in range(6)]
+        assert trial.data.metrics["selected_mean_val_accuracy"] == pytest.approx(np.mean(replicas))
+
+    with artifact(client, parent.info.run_id, "cv_results.csv", directory).open() as handle:
+        rows = list(csv.DictReader(handle))
+    columns = list(rows[0])
+    assert [c for c in columns if c.endswith("_val_accuracy") and c.startswith("split")] == [
+        f"split{j}_val_accuracy" for j in range(6)]
+    assert {"pvalue_vs_best", "tied_with_best", "best_epoch"} <= set(columns)
+
+
+def test_the_same_config_twice_is_tied_and_a_broken_learning_rate_is_significantly_worse(grouped_repeated_sweep):
+    directory, uri, _, output = grouped_repeated_sweep
+    client, parent, trials = sweep_store(uri, "grouped-repeated")
+    with artifact(client, parent.info.run_id, "cv_results.csv", directory).open() as handle:
+        rows = {row["run_id"]: row for row in csv.DictReader(handle)}
+    working = [rows[t.info.run_id] for t in trials if t.data.params["learning_rate"] == "0.01"]
+    broken = [rows[t.info.run_id] for t in trials if t.data.params["learning_rate"] == "1e-07"]
+    assert sorted(row["rank_val_accuracy"] for row in working) == ["1", "1"]  # equal scores share rank 1
+    assert all(float(row["pvalue_vs_best"]) > 0.5 and row["tied_with_best"] == "True" for row in working)
+    assert all(float(row["pvalue_vs_best"]) < 0.05 and row["tied_with_best"] == "False" for row in broken)
+    assert {run.data.tags["foldsweep.pvalue_vs_best"] for run in trials
+            if run.data.params["learning_rate"] == "0.01"} == {"1"}
+    assert parent.data.metrics["n_tied_with_best"] == 1
+    line = "1 of the 3 other ranked trials is statistically indistinguishable from the best"
+    assert line in output.replace("\n", " ")
+    description = parent.data.tags["mlflow.note.content"]
+    assert line in description and "worse (p=" in description
+
+    report = CliRunner().invoke(app, ["report", "grouped-repeated", "--tracking-uri", uri], env={"COLUMNS": "250"})
+    assert report.exit_code == 0, report.output
+    assert line in report.output and "tied (p=1.00)" in report.output
+
+
+def overfitting_spec(directory: Path, select: str) -> dict:
+    """80 training samples, 2 folds, 30 epochs of a wide CNN: the validation loss turns up early."""
+    return {
+        "name": f"overfit-{select}", "experiment": f"{MNIST1D_EXPERIMENT}:build",
+        "dataset": {"name": "mnist1d", "num_samples": 100},
+        "cv": {"splitter": "stratified", "n_splits": 2, "seed": 0},
+        "search": {"algorithm": "grid", "num_samples": 1, "seed": 0, "space": {
+            "learning_rate": {"grid": [0.01, 0.003]}, "batch_size": 8, "conv_layers": 2, "filters": 64,
+            "kernel_size": 5, "dropout": 0.0}},
+        "train": {"epochs": 30, "metric": "loss", "mode": "min", "seed": 0, "select": select},
+        "resources": {"cpu": 1, "max_concurrent": 2},
+        "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
+    }
+
+
+def mean_val_loss_curve(client: MlflowClient, run_id: str) -> dict[int, float]:
+    return {metric.step: metric.value for metric in client.get_metric_history(run_id, "mean_val_loss")}
+
+
+def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_last_restores_the_old_ranking(
+        ray_cluster, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _, output = run(overfitting_spec(tmp_path, "best_epoch"), tmp_path)
+    client, parent, trials = sweep_store(uri, "overfit-best_epoch")
+    curves = {trial.info.run_id: mean_val_loss_curve(client, trial.info.run_id) for trial in trials}
+    for trial in trials:
+        curve = curves[trial.info.run_id]
+        best_epoch = int(trial.data.metrics["best_epoch"])
+        assert len(curve) == 30 and best_epoch < 30  # it overfits: the curve turns up before the end
+        assert best_epoch == min(curve, key=lambda epoch: (curve[epoch], epoch))
+        assert trial.data.metrics["selected_mean_val_loss"] == curve[best_epoch]
+        assert trial.data.metrics["selected_mean_val_loss"] < trial.data.metrics["mean_val_loss"]  # the last epoch's
+    best = min(trials, key=lambda trial: min(curves[trial.info.run_id].values()))
+    assert parent.data.tags["foldsweep.best_run_id"] == best.info.run_id
+    assert parent.data.metrics["best_mean_val_loss"] == min(curves[best.info.run_id].values())
+    assert parent.data.metrics["refit_epochs"] == best.data.metrics["best_epoch"]
+    assert f"({int(best.data.metrics['best_epoch'])} epochs)" in output
+    leaderboard = next(line for line in output.splitlines() if best.info.run_name in line and "│    1 │" in line)
+    assert f"{min(curves[best.info.run_id].values()):.4f}" in leaderboard
+
+    _, output = run(overfitting_spec(tmp_path, "last"), tmp_path)
+    client, parent, trials = sweep_store(uri, "overfit-last")
+    last = {trial.info.run_id: mean_val_loss_curve(client, trial.info.run_id)[30] for trial in trials}
+    assert all(trial.data.metrics["best_epoch"] == 30 for trial in trials)
+    assert all(trial.data.metrics["selected_mean_val_loss"] == last[trial.info.run_id] for trial in trials)
+    best_last = min(trials, key=lambda trial: last[trial.info.run_id])
+    assert parent.data.tags["foldsweep.best_run_id"] == best_last.info.run_id
+    assert parent.data.metrics["refit_epochs"] == 30 and "(30 epochs)" in output
