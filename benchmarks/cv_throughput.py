@@ -105,10 +105,11 @@ def load_workload(name: str, quick: bool):
 def measure_here(args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in this process, sized as a sweep worker would size it."""
     variant, epochs = args.measure, 1 + args.epochs
+    cv = CVSpec(splitter="stratified", n_splits=N_SPLITS, seed=0, n_repeats=args.cv_repeats)
     if variant != "naive":
-        configure_threads(plan_threads(variant_choices(variant), cpus=args.cpus, n_folds=N_SPLITS))
+        configure_threads(plan_threads(variant_choices(variant), cpus=args.cpus, n_folds=cv.replicas))
     dataset = load_workload(args.datasets, args.quick)
-    folds = make_folds(CVSpec(splitter="stratified", n_splits=N_SPLITS, seed=0), dataset).folds
+    folds = make_folds(cv, dataset).folds
     build = cnn_builder(dataset.input_shape, dataset.n_classes, dropout=0.2 if args.dropout else 0.0)
     batch_size = int(args.batch_sizes)
     if variant == "naive":
@@ -120,7 +121,8 @@ def measure_here(args: argparse.Namespace) -> dict[str, Any]:
 
 def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, variant: str) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.cv_throughput", "--measure", variant, "--datasets", dataset,
-               "--batch-sizes", str(batch_size), "--cpus", str(args.cpus), "--epochs", str(args.epochs)]
+               "--batch-sizes", str(batch_size), "--cpus", str(args.cpus), "--epochs", str(args.epochs),
+               "--cv-repeats", str(args.cv_repeats)]
     command += ["--quick"] * args.quick + ["--dropout"] * args.dropout
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0:
@@ -166,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="add a Dropout layer to the CNN (random layers: XLA off on CPU)")
     parser.add_argument("--cpus", type=int, default=os.cpu_count(),
                         help="the trial's resources.cpu, which sizes TensorFlow's threads (default: every CPU)")
+    parser.add_argument("--cv-repeats", type=int, default=1,
+                        help=f"cv.n_repeats: train {N_SPLITS} x this many replicas per trial (default 1)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # one measurement, run by the parent process
     args = parser.parse_args(argv)
     if args.measure:

@@ -45,6 +45,11 @@ UNROLL_MIN_PLANNED_STEPS = 50_000
 # protein windows): batch 8 1.45x / 1.84x, 16 1.26x / 1.46x, 32 0.87x / 1.11x, 64 0.69x / 0.97x,
 # 256 0.56x / 0.60x (`python -m benchmarks.cv_throughput --variants engine,fused --cpus 1`).
 STACK_MAX_BATCH = 16
+# Side by side, folds beyond a few per compute thread only take turns, while stacking saves each
+# one's fixed cost per step: at batch 8 with 2 compute threads (MNIST-1D), side by side against
+# stacked ran 1.22x at 6 folds, 1.02x at 9, 0.68x at 15 (repeated CV; `python -m
+# benchmarks.replicas --batch-sizes 8 --replicas 6,9 --layouts side,stacked`).
+SIDE_BY_SIDE_MAX_FOLDS_PER_THREAD = 4
 
 
 @dataclass(frozen=True)
@@ -139,13 +144,14 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
         fused = f"fused: {len(models)} folds in one execution" + (" (train.fused is true)" if choices.fused == "on"
                                                                      else "")
         stack = _wants_stacking(choices.layout, compute_threads=threads.compute_threads, device=device,
-                                batch_size=batch_size)
+                                batch_size=batch_size, n_folds=len(models))
         blocker = stacking_blocker(jit_compile) if stack else None
         if stack and blocker is None:
             layout, reason = "stacked", f"{fused}, stacked into one XLA program per step"
         else:
             layout = "side_by_side"
-            reason = f"{fused}, side by side ({_side_by_side_why(threads.compute_threads, batch_size, blocker)})"
+            why = _side_by_side_why(threads.compute_threads, batch_size, blocker, n_folds=len(models))
+            reason = f"{fused}, side by side ({why})"
     return TrialPlan(jit_compile=jit_compile, steps_per_launch=steps, layout=layout, reason=reason, threads=threads,
                      device=device)
 
@@ -230,26 +236,32 @@ def _unfused_reason(choices: ExecutionChoices, *, n_folds: int, shared_variables
     return None
 
 
-def _wants_stacking(layout: ForcedLayout, *, compute_threads: int, device: str, batch_size: int) -> bool:
+def _wants_stacking(layout: ForcedLayout, *, compute_threads: int, device: str, batch_size: int,
+                    n_folds: int) -> bool:
     """Whether fused folds should be stacked rather than run side by side.
 
     Side by side, each fold loop needs a core of its own to gain: 3 folds with 2 compute threads
     trained 1.7-2.2x faster than one after another, stacked 1.4x (one XLA program runs on one
-    core). With one compute thread the side-by-side loops only take turns, while stacking still
-    saves each fold's fixed cost per kernel. On a GPU, stacking is what HFTA measured (one kernel
-    launch for all folds); side-by-side loops would queue on one stream.
+    core). With one compute thread, or many more folds than threads (repeated CV), the
+    side-by-side loops only take turns, while stacking still saves each fold's fixed cost per
+    kernel. On a GPU, stacking is what HFTA measured (one kernel launch for all folds);
+    side-by-side loops would queue on one stream.
     """
     if layout != "auto":
         return layout == "stacked"
-    return batch_size <= STACK_MAX_BATCH and ("GPU" in device or compute_threads < 2)
+    return batch_size <= STACK_MAX_BATCH and ("GPU" in device or _loops_take_turns(compute_threads, n_folds))
 
 
-def _side_by_side_why(compute_threads: int, batch_size: int, blocker: str | None) -> str:
+def _loops_take_turns(compute_threads: int, n_folds: int) -> bool:
+    return compute_threads < 2 or n_folds > SIDE_BY_SIDE_MAX_FOLDS_PER_THREAD * compute_threads
+
+
+def _side_by_side_why(compute_threads: int, batch_size: int, blocker: str | None, *, n_folds: int) -> str:
     if blocker:
         return f"not stacked: {blocker}"
-    if compute_threads >= 2 or batch_size <= STACK_MAX_BATCH:
-        return f"{compute_threads} compute thread{'s' if compute_threads != 1 else ''}"
-    return f"batch {batch_size}: stacking pays up to batch {STACK_MAX_BATCH}"
+    if batch_size > STACK_MAX_BATCH and _loops_take_turns(compute_threads, n_folds):
+        return f"batch {batch_size}: stacking pays up to batch {STACK_MAX_BATCH}"
+    return f"{compute_threads} compute thread{'s' if compute_threads != 1 else ''}"
 
 
 def has_random_layers(model: Any) -> bool:

@@ -92,10 +92,14 @@ class Standings:
         comparison = self.comparisons.get(record.run_id)
         return comparison.pvalue if comparison is not None else None
 
+    def tied(self, record: TrialRecord) -> bool | None:
+        """Statistically indistinguishable from the best (the best itself too); None when not compared."""
+        comparison = self.comparisons.get(record.run_id)
+        return comparison.tied if comparison is not None else None
+
     def tied_with_best(self) -> list[TrialRecord]:
         """Ranked trials below the best that are statistically indistinguishable from it."""
-        return [record for record in self.ranked[1:]
-                if record.run_id in self.comparisons and self.comparisons[record.run_id].tied]
+        return [record for record in self.ranked[1:] if self.tied(record)]
 
     def versus_best(self, record: TrialRecord) -> str:
         """``best``, ``tied (p=0.31)``, ``worse (p=0.004)``, or ``-`` (not compared)."""
@@ -202,7 +206,6 @@ def cv_results(standings: Standings) -> list[dict[str, Any]]:
     n_splits = max((len(replica_scores(record, Objective.for_metric(metric))) for record in records
                     for metric in METRICS), default=0)
     ranks = {metric: _ranks(records, Objective.for_metric(metric)) for metric in METRICS}
-    tied = {record.run_id for record in standings.tied_with_best()} | {record.run_id for record in standings.ranked[:1]}
     rows = []
     for record in records:
         row: dict[str, Any] = {"run_id": record.run_id, "trial_id": record.trial_id, "status": record.status,
@@ -215,7 +218,7 @@ def cv_results(standings: Standings) -> list[dict[str, Any]]:
                 row[f"{stat}_val_{metric}"] = _blank(selected_score(record, f"{stat}_val_{metric}"))
             row[f"rank_val_{metric}"] = ranks[metric].get(record.run_id, "")
         row["pvalue_vs_best"] = _blank(standings.pvalue(record))
-        row["tied_with_best"] = (record.run_id in tied) if record.run_id in standings.comparisons else ""
+        row["tied_with_best"] = _blank(standings.tied(record))
         row["mean_train_loss"] = _blank(selected_score(record, "mean_train_loss"))
         for column in (*THROUGHPUT_COLUMNS, *NAN_COLUMNS):
             row[column] = record.metrics.get(column, "")

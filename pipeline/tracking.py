@@ -524,8 +524,10 @@ class TrialRecorder:
         rows = self.tracker.epoch_rows(self.run_id)
         selected = self.selection.selected_metrics(rows) if self.selection is not None else {}
         if selected:
-            now, epoch = int(time.time() * 1000), int(selected["best_epoch"])
-            self._client.log_batch(self.run_id, metrics=[Metric(key, value, now, epoch) for key, value in selected.items()])
+            # One step for all of them, so that a trial resumed and ended again shows its newest
+            # selection (MLflow shows a metric's value at its highest step).
+            now = int(time.time() * 1000)
+            self._client.log_batch(self.run_id, metrics=[Metric(key, value, now, 0) for key, value in selected.items()])
         if rows:
             self._client.log_text(self.run_id, _history_csv(rows), HISTORY_ARTIFACT)
         self._client.set_terminated(self.run_id, status.run_state)
