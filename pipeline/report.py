@@ -332,7 +332,8 @@ def sweep_description(standings: Standings, *, sweep_name: str, test_scores: Map
         shown += 1
     lines += rows[:shown]
     if shown < len(rows):
-        lines.append(f"| … | {len(rows) - shown} more trials in `cv_results.csv` | | | | |" + " |" * len(varying))
+        more = ["…", f"{len(rows) - shown} more trials in `cv_results.csv`", *[""] * (4 + len(varying))]
+        lines.append("| " + " | ".join(more) + " |")
     if shared:
         lines += ["", "All trials: " + ", ".join(f"`{key}={_short(value)}`" for key, value in sorted(shared.items()))]
     nan_rows = nan_table_rows(records)

@@ -118,3 +118,16 @@ def test_trials_recorded_before_selection_rank_on_their_last_epoch_without_pvalu
     standings = Standings.of(old, Objective(), n_splits=None)
     assert [r.run_name for r in standings.ranked] == ["t1", "t0"]
     assert standings.comparisons == {} and standings.ties_line() == ""
+
+
+def test_the_sweep_description_says_how_many_are_tied_and_keeps_its_table_whole_when_cut():
+    from pipeline.report import DESCRIPTION_BUDGET, sweep_description
+
+    records = [record(f"trial-{i:03d}", [0.8 - i * 0.001 + j * 0.01 for j in range(6)], lr=str(0.001 * (i + 1)))
+               for i in range(200)]
+    text = sweep_description(Standings.of(records, Objective(), n_splits=3), sweep_name="many")
+    assert len(text) <= DESCRIPTION_BUDGET
+    assert "statistically indistinguishable from the best" in text.splitlines()[2]
+    table = [line for line in text.split("### NaN")[0].splitlines() if line.startswith("|")]
+    assert "more trials in `cv_results.csv`" in table[-1]
+    assert {line.count("|") for line in table} == {table[0].count("|")}  # every row has the header's cells
