@@ -258,7 +258,7 @@ def trial(
     from pipeline.trial import configure_tensorflow
 
     sweep_spec = load_spec(spec)
-    fold_ids = check_fold(fold, sweep_spec.cv.n_splits)
+    fold_ids = check_fold(fold, sweep_spec.cv)
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
     threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
     configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads)
@@ -303,10 +303,10 @@ def rerun(
     _check_existing_store(tracking_uri)
     tracker = Tracker(tracking_uri)
     recorded = load_recorded_trial(tracker, run_id)
-    fold_ids = check_fold(fold, recorded.spec.cv.n_splits)
+    fold_ids = check_fold(fold, recorded.spec.cv)
     overrides = parse_assignments(set_values)
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
-    threads = recorded.threads(n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
+    threads = recorded.threads(eager=eager, check_numerics=check_numerics)
     configure_tensorflow(gpus=recorded.spec.resources.gpu, threads=threads)
     experiment = load_experiment(recorded.experiment_path, recorded.spec.experiment_attr)
     space = build_space(recorded.spec, experiment.hyperparameters,

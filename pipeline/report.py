@@ -203,7 +203,7 @@ def cv_results(standings: Standings) -> list[dict[str, Any]]:
     epoch, ``best_epoch``), plus the comparison with the best, status, NaN and throughput."""
     records = standings.records
     param_names = sorted({key for record in records for key in record.params})
-    n_splits = max((len(replica_scores(record, Objective.for_metric(metric))) for record in records
+    replicas = max((len(replica_scores(record, Objective.for_metric(metric))) for record in records
                     for metric in METRICS), default=0)
     ranks = {metric: _ranks(records, Objective.for_metric(metric)) for metric in METRICS}
     rows = []
@@ -212,7 +212,7 @@ def cv_results(standings: Standings) -> list[dict[str, Any]]:
                                BEST_EPOCH: _blank(selected_epoch(record))}
         row.update({f"param_{name}": record.params.get(name, "") for name in param_names})
         for metric in METRICS:
-            for k in range(n_splits):
+            for k in range(replicas):
                 row[split_key(k, f"val_{metric}")] = _blank(selected_score(record, split_key(k, f"val_{metric}")))
             for stat in ("mean", "std"):
                 row[f"{stat}_val_{metric}"] = _blank(selected_score(record, f"{stat}_val_{metric}"))

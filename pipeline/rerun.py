@@ -16,7 +16,7 @@ from pipeline.errors import DataError, InputError, SpecError, TrackingError
 from pipeline.folds import FoldPlan, make_folds, manifest_identity
 from pipeline.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads, replay_choices
 from pipeline.results import DONE, EpochResult, TrialStatus
-from pipeline.spec import TRAINING_DEFAULTS, DatasetSpec, Objective, SweepSpec, parse_spec
+from pipeline.spec import TRAINING_DEFAULTS, CVSpec, DatasetSpec, Objective, SweepSpec, parse_spec
 from pipeline.tracking import Tracker
 
 
@@ -34,11 +34,12 @@ class RecordedTrial:
     dataset: DatasetSpec
     plan: TrialPlan | None  # None for trials recorded before plans were
 
-    def threads(self, *, n_folds: int, eager: bool, check_numerics: bool) -> ThreadPlan:
-        """The thread pools the trial ran with (as the spec sizes them, for an older record)."""
+    def threads(self, *, eager: bool, check_numerics: bool) -> ThreadPlan:
+        """The thread pools the trial ran with (as a sweep's worker sizes them for all its folds,
+        for an older record)."""
         if self.plan is not None:
             return self.plan.threads
-        return spec_threads(self.spec, n_folds=self.spec.cv.n_splits, eager=eager, check_numerics=check_numerics)
+        return spec_threads(self.spec, n_folds=self.spec.cv.replicas, eager=eager, check_numerics=check_numerics)
 
 
 @dataclass(frozen=True)
@@ -122,11 +123,14 @@ def apply_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any], kno
     return {**config, **overrides}
 
 
-def check_fold(fold: int | None, n_splits: int) -> list[int]:
+def check_fold(fold: int | None, cv: CVSpec) -> list[int]:
+    """The folds to train: all of a trial's (every repeat's), or the one ``--fold`` names."""
     if fold is None:
-        return list(range(n_splits))
-    if not 0 <= fold < n_splits:
-        raise InputError(f"--fold must be between 0 and {n_splits - 1} (the sweep has {n_splits} folds), got {fold}")
+        return list(range(cv.replicas))
+    if not 0 <= fold < cv.replicas:
+        repeats = f" ({cv.n_repeats} repeats x {cv.n_splits})" if cv.n_repeats > 1 else ""
+        raise InputError(f"--fold must be between 0 and {cv.replicas - 1} (the sweep's trials train {cv.replicas} "
+                         f"folds{repeats}), got {fold}")
     return [fold]
 
 

@@ -12,7 +12,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import MNIST1D_EXPERIMENT, Replace
+from conftest import MNIST1D_EXPERIMENT
 from pipeline.cli import app
 from pipeline.datasets import load_dataset
 from pipeline.folds import make_folds, manifest_identity
@@ -173,3 +173,25 @@ def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_l
     best_last = min(trials, key=lambda trial: last[trial.info.run_id])
     assert parent.data.tags["foldsweep.best_run_id"] == best_last.info.run_id
     assert parent.data.metrics["refit_epochs"] == 30 and "(30 epochs)" in output
+
+
+def test_a_rerun_trains_every_replica_of_a_repeated_trial_and_reproduces_it(grouped_repeated_sweep):
+    from conftest import foldsweep
+
+    directory, uri, _, _ = grouped_repeated_sweep
+    client, parent, trials = sweep_store(uri, "grouped-repeated")
+    trial = client.get_run(parent.data.tags["foldsweep.best_run_id"])
+    refused = foldsweep("rerun", trial.info.run_id, "--tracking-uri", uri, "--fold", "6", cwd=directory)
+    assert refused.exit_code == 2
+    assert "--fold must be between 0 and 5 (the sweep's trials train 6 folds (2 repeats x 3)), got 6" in refused.output
+    ran = foldsweep("rerun", trial.info.run_id, "--tracking-uri", uri, cwd=directory)
+    assert ran.exit_code == 0, ran.output
+    rerun = next(run for run in sweep_store(uri, "grouped-repeated")[0].search_runs(
+        [parent.info.experiment_id], filter_string="tags.`foldsweep.role` = 'rerun'"))
+    for j in range(6):
+        key = f"split{j}_val_loss"
+        recorded = {m.step: m.value for m in client.get_metric_history(trial.info.run_id, key)}
+        again = {m.step: m.value for m in client.get_metric_history(rerun.info.run_id, key)}
+        assert len(recorded) == 5 and again.keys() == recorded.keys()
+        assert all(again[epoch] == pytest.approx(recorded[epoch], rel=1e-6) for epoch in recorded)
+    assert rerun.data.metrics["best_epoch"] == trial.data.metrics["best_epoch"]
