@@ -103,7 +103,8 @@ def make_folds(cv: CVSpec, dataset: Dataset) -> FoldPlan:
     return FoldPlan(cv=cv, folds=folds, dataset_fingerprint=dataset.fingerprint)
 
 
-def _splits(cv: CVSpec, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _splits(cv: CVSpec, x: np.ndarray, y: np.ndarray,
+            groups: np.ndarray | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Every repeat's folds in order. scikit-learn has repeated splitters for plain and stratified
     k-fold; the grouped ones repeat the same way (one random state drawn on across repeats, so
     repeat 0 is the unrepeated split and each later one a new shuffle of whole groups)."""

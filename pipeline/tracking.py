@@ -21,8 +21,9 @@ from urllib.parse import urlparse
 from ray.tune import Callback
 
 from pipeline.errors import TrackingError
-from pipeline.results import (BEST_EPOCH, FOLD_IDS, PLAN_ARTIFACT, SELECTED_PREFIX, RETRIES, TRIAL_WALL_S, EpochResult, EpochSelection,
-                              SweepStatus, TrialStatus, in_history, info_metrics, info_params, info_tags, info_texts)
+from pipeline.results import (BEST_EPOCH, FOLD_IDS, PLAN_ARTIFACT, RETRIES, SELECTED_PREFIX, TRIAL_WALL_S, EpochResult,
+                              EpochSelection, SweepStatus, TrialStatus, in_history, info_metrics, info_params,
+                              info_tags, info_texts)
 from pipeline.spec import Objective
 
 
@@ -328,8 +329,9 @@ class Tracker:
     def share_sweep_view(self, parent_run_id: str, *, objective: Objective, columns: Sequence[str] = ()) -> str:
         """A view of a sweep's trials that the MLflow UI opens from a link: the trials listed flat,
         best first by the objective at each trial's selected epoch, with it, its spread, that
-        epoch, the p-value against the best, the status and ``columns`` (params) shown. Stored as the experiment's shared view state (what the UI's own "share"
-        writes); returns the UI address path that opens it."""
+        epoch, the p-value against the best, the status and ``columns`` (params) shown. Stored as
+        the experiment's shared view state (what the UI's own "share" writes); returns the UI
+        address path that opens it."""
         parent = self._client.get_run(parent_run_id)
         experiment_id = parent.info.experiment_id
         key = f"foldsweep-{parent_run_id[:12]}"
