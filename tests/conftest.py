@@ -58,6 +58,27 @@ def _data_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["FOLDSWEEP_DATA_DIR"] = str(tmp_path_factory.mktemp("data"))
 
 
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray of 2 CPUs for one test module (modules that need another set up their own)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def sweep_runs(uri: str, name: str):
+    """(client, parent run, trial runs) of the latest sweep recorded under experiment ``name``."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
+    trials = [run for run in runs if run.data.tags["foldsweep.role"] == "trial"]
+    return client, parent, trials
+
+
 def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Deep-merge ``overrides`` into a copy of ``base``.
 

@@ -15,15 +15,6 @@ from pipeline.cli import app
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
 def ci_sized(name: str, tmp_path: Path, overrides: dict) -> Path:
     """The repository's spec with small dataset parameters and few epochs, stored in tmp_path."""
     spec = yaml.safe_load((REPO / "sweeps" / name).read_text())

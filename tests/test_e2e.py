@@ -36,15 +36,6 @@ def build(hp):
 '''
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
 def runs_of(tracking_uri: str, experiment: str):
     client = MlflowClient(tracking_uri)
     experiment_id = client.get_experiment_by_name(experiment).experiment_id

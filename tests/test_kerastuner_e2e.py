@@ -18,15 +18,6 @@ pytestmark = pytest.mark.e2e
 STYLES = REPO / "tests" / "experiments" / "kerastuner_styles.py"
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
 def sweep(tmp_path, name: str, attr: str, space: dict, num_samples: int = 1):
     import yaml
 

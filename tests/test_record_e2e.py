@@ -28,15 +28,6 @@ DIVERGING_SPACE = {
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def diverging_sweep(ray_cluster, tmp_path_factory):
     """One sweep run once for the tests of this module: lr 50 without clipping diverges."""
     import yaml

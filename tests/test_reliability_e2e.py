@@ -14,23 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, Replace, answers, free_port, merged, wait_for
+from conftest import REPO, TINY_SPEC, Replace, answers, free_port, merged, sweep_runs, wait_for
 from pipeline.cli import _alive, _descendants, app
 
 pytestmark = pytest.mark.e2e
 
 GRID = {"conv_layers": 1, "dropout": 0.0, "kernel_size": {"grid": [3, 5, 7]}, "filters": {"grid": [16, 32]}}
-
-
-def runs_of(uri: str, name: str):
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
-    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
-    trials = [run for run in runs if run.data.tags["foldsweep.role"] == "trial"]
-    return client, parent, trials
 
 
 def write(tmp_path: Path, name: str, **overrides) -> Path:
@@ -58,7 +49,7 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(one_cpu_ray,
                                                                      "max_trials_per_worker": per_worker})
         result = CliRunner().invoke(app, ["run", str(spec)])
         assert result.exit_code == 0, result.output
-        _, _, trials = runs_of(uri, name)
+        _, _, trials = sweep_runs(uri, name)
         assert len(trials) == 6 and all(run.info.status == "FINISHED" for run in trials)
         assert not any("foldsweep.retries" in run.data.tags for run in trials)
         scores[name] = {(run.data.params["kernel_size"], run.data.params["filters"]): run for run in trials}
@@ -87,7 +78,7 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(one_cpu_ray, t
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 1, result.output
     assert "every trial ended and is recorded, but" in result.output and f"{what} broke" in result.output
-    _, parent, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", what)
+    _, parent, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", what)
     assert trials and all(run.info.status == "FINISHED" for run in trials)
     if what == "refit":
         assert parent.info.status == "FINISHED" and parent.data.tags["foldsweep.refit"].startswith("error: RuntimeError")
@@ -106,7 +97,7 @@ def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(one_cpu_ray,
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 1, result.output
     assert "the store went away" in result.output
-    _, parent, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "callback")
+    _, parent, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "callback")
     assert parent.info.status == "FAILED" and all(run.info.status != "RUNNING" for run in trials)
 
 
@@ -122,7 +113,7 @@ def test_eight_concurrent_trials_record_every_epoch_once(tmp_path):
         ray.shutdown()
     assert result.exit_code == 0, result.output
     assert "locked" not in result.output
-    client, _, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "eight")
+    client, _, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "eight")
     assert len(trials) == 8 and all(run.info.status == "FINISHED" for run in trials)
     for run in trials:
         steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "mean_val_loss")]
@@ -143,7 +134,7 @@ def test_a_fresh_store_opened_by_a_second_process_at_once(tmp_path):
     output, _ = sweep.communicate(timeout=600)
     other.wait(timeout=120)
     assert sweep.returncode == 0, output
-    _, parent, trials = runs_of(uri, "fresh")
+    _, parent, trials = sweep_runs(uri, "fresh")
     assert parent.info.status == "FINISHED" and len(trials) == 1
 
 

@@ -12,30 +12,13 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import MNIST1D_EXPERIMENT
+from conftest import MNIST1D_EXPERIMENT, sweep_runs
 from pipeline.cli import app
 from pipeline.datasets import load_dataset
 from pipeline.folds import make_folds, manifest_identity
 from pipeline.spec import DatasetSpec, load_spec
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
-def sweep_store(uri: str, name: str):
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
-    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
-    trials = [run for run in runs if run.data.tags["foldsweep.role"] == "trial"]
-    return client, parent, trials
 
 
 def artifact(client: MlflowClient, run_id: str, path: str, directory: Path) -> Path:
@@ -75,7 +58,7 @@ def grouped_repeated_sweep(ray_cluster, tmp_path_factory):
 def test_two_repeats_of_three_folds_give_six_replicas_each_sample_validated_twice_groups_whole(
         grouped_repeated_sweep):
     directory, uri, path, _ = grouped_repeated_sweep
-    client, parent, trials = sweep_store(uri, "grouped-repeated")
+    client, parent, trials = sweep_runs(uri, "grouped-repeated")
     assert len(trials) == 4 and parent.data.params["cv.n_repeats"] == "2"
     manifest = json.loads(artifact(client, parent.info.run_id, "fold_manifest.json", directory).read_text())
     assert [(f["fold"], f["repeat"], f["fold_in_repeat"]) for f in manifest["folds"]] == [
@@ -104,7 +87,7 @@ def test_two_repeats_of_three_folds_give_six_replicas_each_sample_validated_twic
 
 def test_the_same_config_twice_is_tied_and_a_broken_learning_rate_is_significantly_worse(grouped_repeated_sweep):
     directory, uri, _, output = grouped_repeated_sweep
-    client, parent, trials = sweep_store(uri, "grouped-repeated")
+    client, parent, trials = sweep_runs(uri, "grouped-repeated")
     with artifact(client, parent.info.run_id, "cv_results.csv", directory).open() as handle:
         rows = {row["run_id"]: row for row in csv.DictReader(handle)}
     working = [rows[t.info.run_id] for t in trials if t.data.params["learning_rate"] == "0.01"]
@@ -148,7 +131,7 @@ def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_l
         ray_cluster, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _, output = run(overfitting_spec(tmp_path, "best_epoch"), tmp_path)
-    client, parent, trials = sweep_store(uri, "overfit-best_epoch")
+    client, parent, trials = sweep_runs(uri, "overfit-best_epoch")
     curves = {trial.info.run_id: mean_val_loss_curve(client, trial.info.run_id) for trial in trials}
     for trial in trials:
         curve = curves[trial.info.run_id]
@@ -166,7 +149,7 @@ def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_l
     assert f"{min(curves[best.info.run_id].values()):.4f}" in leaderboard
 
     _, output = run(overfitting_spec(tmp_path, "last"), tmp_path)
-    client, parent, trials = sweep_store(uri, "overfit-last")
+    client, parent, trials = sweep_runs(uri, "overfit-last")
     last = {trial.info.run_id: mean_val_loss_curve(client, trial.info.run_id)[30] for trial in trials}
     assert all(trial.data.metrics["best_epoch"] == 30 for trial in trials)
     assert all(trial.data.metrics["selected_mean_val_loss"] == last[trial.info.run_id] for trial in trials)
@@ -179,14 +162,14 @@ def test_a_rerun_trains_every_replica_of_a_repeated_trial_and_reproduces_it(grou
     from conftest import foldsweep
 
     directory, uri, _, _ = grouped_repeated_sweep
-    client, parent, trials = sweep_store(uri, "grouped-repeated")
+    client, parent, trials = sweep_runs(uri, "grouped-repeated")
     trial = client.get_run(parent.data.tags["foldsweep.best_run_id"])
     refused = foldsweep("rerun", trial.info.run_id, "--tracking-uri", uri, "--fold", "6", cwd=directory)
     assert refused.exit_code == 2
     assert "--fold must be between 0 and 5 (the sweep's trials train 6 folds (2 repeats x 3)), got 6" in refused.output
     ran = foldsweep("rerun", trial.info.run_id, "--tracking-uri", uri, cwd=directory)
     assert ran.exit_code == 0, ran.output
-    rerun = next(run for run in sweep_store(uri, "grouped-repeated")[0].search_runs(
+    rerun = next(run for run in client.search_runs(
         [parent.info.experiment_id], filter_string="tags.`foldsweep.role` = 'rerun'"))
     for j in range(6):
         key = f"split{j}_val_loss"

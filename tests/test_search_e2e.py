@@ -36,15 +36,6 @@ class CNN(keras_tuner.HyperModel):
 MODEL_HPS = {"filters", "kernel", "pool", "units", "dropout"}
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
 def trials_of(tmp_path, experiment):
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
