@@ -104,17 +104,23 @@ def compile_notes(spec: Any, experiment: Any) -> list[str]:
     """What of a hypermodel's own compile and fit() the trials use, and what the spec replaces."""
     notes = []
     optimizer = experiment.compiled_optimizer
+    schedule = experiment.compiled_schedule
     if optimizer is not None:
         named = [name for name in ("optimizer", "learning_rate") if name in spec.search.space]
         if "optimizer" in named:
+            rate = f"its {schedule} schedule" if schedule else "its learning rate"
             notes.append(f"search.space.optimizer replaces the {optimizer} optimizer that {spec.experiment} compiles "
-                         "(its learning rate and settings too); the model's own loss is kept")
+                         f"({rate} and settings too); the model's own loss is kept")
+        elif "learning_rate" in named and schedule:
+            notes.append(f"search.space.learning_rate replaces the {schedule} schedule of the {optimizer} optimizer "
+                         f"that {spec.experiment} compiles with a constant; its other settings and loss are kept")
         elif "learning_rate" in named:
             notes.append(f"search.space.learning_rate replaces the learning rate of the {optimizer} optimizer that "
                          f"{spec.experiment} compiles; its other settings and loss are kept")
         else:
-            notes.append(f"the {optimizer} optimizer and loss that {spec.experiment} compiles are used, one copy per "
-                         "fold")
+            rate = f" with its {schedule} schedule" if schedule else ""
+            notes.append(f"the {optimizer} optimizer{rate} and loss that {spec.experiment} compiles are used, one copy "
+                         "per fold")
     for name, source in experiment.fit_arguments.items():
         notes.append(f"{name} comes from {spec.experiment}'s fit() (hyperparameter {source!r})")
     return notes

@@ -53,6 +53,7 @@ class Experiment:
     hyperparameters: keras_tuner.HyperParameters
     input_shape: tuple[int | None, ...] | None  # None: built on the data's shape
     compiled_optimizer: str | None = None  # the optimizer class its build compiles, if any
+    compiled_schedule: str | None = None  # its learning-rate schedule, as a call, if it has one
     # foldsweep's training hyperparameter -> the hyperparameter a fit() override feeds it from.
     fit_arguments: Mapping[str, str] = field(default_factory=dict)
 
@@ -65,29 +66,75 @@ class Experiment:
         Raises:
             ExperimentError: the model cannot be built on (or run on) samples of that shape.
         """
-        return self.default_model(input_shape)[0]
+        return self.head(np.zeros((1, *input_shape), np.float32), from_logits=True).units
 
-    def default_model(self, input_shape: tuple[int, ...]) -> tuple[int, int]:
-        """(classes it predicts, parameters it has) of the default model on samples of ``input_shape``.
+    def head(self, samples: np.ndarray, *, from_logits: bool) -> ModelHead:
+        """The default model built on the shape of ``samples`` (real ones, a small batch), its
+        outputs on them and the loss it trains with (``train.from_logits`` for foldsweep's own).
 
         Raises:
-            ExperimentError: the model cannot be built on (or run on) samples of that shape.
+            ExperimentError: the model cannot be built on (or run on) such samples, its loss
+                cannot train it as ``fit`` would, or its outputs are not what its loss reads
+                them as (probabilities under a cross-entropy without ``from_logits``).
         """
+        from pipeline.losses import outputs_problem, training_loss
+
+        input_shape = tuple(samples.shape[1:])
         try:
             model = self.build({}, input_shape)
-            units = int(model.outputs[0].shape[-1]) if _declared_inputs(model) else \
-                int(model(np.zeros((1, *input_shape), np.float32)).shape[-1])
-            parameters = int(model.count_params())
+            outputs = np.asarray(model(samples.astype(np.float32), training=False))
+            units, parameters = int(outputs.shape[-1]), int(model.count_params())
+            last_layer = _last_layer(model)
         except ExperimentError:
             raise
         except Exception as exc:
             declared = f" (it declares inputs of shape {self.input_shape})" if self.input_shape else ""
             raise ExperimentError(
                 f"experiment: the model of {self.reference}{declared} cannot be built on the data's samples of shape "
-                f"{tuple(input_shape)}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+                f"{input_shape}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
         finally:
             keras.backend.clear_session()
-        return units, parameters
+        try:
+            loss = training_loss(model, from_logits=from_logits, units=units)
+        except ExperimentError as exc:
+            raise ExperimentError(f"experiment: {self.reference}: {exc}") from None
+        problem = outputs_problem(loss, outputs)
+        if problem:
+            fix = ("set train.from_logits: true in the spec" if model.loss is None else
+                   f"compile the loss with from_logits=True (keras.losses.{type(keras.losses.get(loss.kind)).__name__}"
+                   "(from_logits=True))")
+            activation = "sigmoid" if units == 1 else "softmax"
+            raise ExperimentError(
+                f"experiment: the model of {self.reference} ends in {last_layer}: on the data's first {len(samples)} "
+                f"samples {problem}, but its loss {loss.describe()} reads them as probabilities. If they are "
+                f"logits, {fix}; else end the model in activation='{activation}'")
+        return ModelHead(units=units, parameters=parameters, loss=loss)
+
+
+@dataclass(frozen=True)
+class ModelHead:
+    """What the default model predicts: its output units, its size and the loss it trains with."""
+
+    units: int
+    parameters: int
+    loss: Any  # pipeline.losses.TrainingLoss
+
+
+def output_units(model: keras.Model, input_shape: tuple[int, ...]) -> int:
+    """The number of outputs of a model built (``build_model``) on samples of ``input_shape``."""
+    if _declared_inputs(model):
+        return int(model.outputs[0].shape[-1])
+    return int(model(np.zeros((1, *input_shape), np.float32), training=False).shape[-1])
+
+
+def _last_layer(model: keras.Model) -> str:
+    layers = model.layers if _declared_inputs(model) else []
+    if not layers:
+        return f"the outputs of {type(model).__name__}.call"
+    layer = layers[-1]
+    activation = getattr(layer, "activation", None)
+    named = getattr(activation, "__name__", None)
+    return f"layer {layer.name!r} ({type(layer).__name__}" + (f", activation {named})" if named else ")")
 
 
 def build_model(build_fn: Callable[[keras_tuner.HyperParameters], Any], values: Mapping[str, Any], *,
@@ -133,22 +180,54 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
     hp = keras_tuner.HyperParameters()
     model = _checked_build(build_fn, hp, reference, "default hyperparameters")
     input_shape = tuple(model.inputs[0].shape[1:]) if _declared_inputs(model) else None
-    compiled = _compiled_optimizer(model, reference)
+    _refuse_own_training(model, reference)
+    compiled, schedule = _compiled_optimizer(model, reference)
     fit_arguments = _read_fit(hypermodel, model, hp, reference)
     _discover(build_fn, hp)
     keras.backend.clear_session()
-    return Experiment(reference, build_fn, hp, input_shape, compiled, fit_arguments)
+    return Experiment(reference, build_fn, hp, input_shape, compiled, schedule, fit_arguments)
 
 
-def _compiled_optimizer(model: keras.Model, reference: str) -> str | None:
+# The methods through which Keras 3 lets a model train or score itself its own way, with what to
+# do instead: foldsweep's compiled step calls the model and its compiled loss directly, so an
+# override would be bypassed and the sweep would rank something else than the model's fit trains.
+TRAINING_OVERRIDES: Mapping[str, str] = {
+    "train_step": "put the loss in compile(loss=...) and extra loss terms in a layer's self.add_loss(...); a step "
+                  "of its own (several optimizers, gradient penalties) can only be trained by model.fit",
+    "test_step": "validation scores come from the compiled loss and accuracy: put the loss in compile(loss=...)",
+    "compute_loss": "put the loss in compile(loss=...) and extra loss terms in a layer's self.add_loss(...)",
+    "compute_metrics": "foldsweep records the loss and accuracy itself: drop the override",
+}
+
+
+def _refuse_own_training(model: keras.Model, reference: str) -> None:
+    for method, instead in TRAINING_OVERRIDES.items():
+        owner = next(cls for cls in type(model).__mro__ if method in vars(cls))
+        if not owner.__module__.startswith("keras."):
+            raise ExperimentError(
+                f"experiment: {reference}: {owner.__name__} overrides {method}, which foldsweep's training would "
+                f"bypass (it trains the folds with its own compiled step, not model.fit): {instead}")
+
+
+def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None, str | None]:
+    """The optimizer class a build compiled and its learning-rate schedule, if any."""
+    from pipeline.training import schedule_text
+
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
-        return None
+        return None, None
     loss = getattr(model, "loss", None)
     if isinstance(loss, (dict, list, tuple)):
         raise ExperimentError(f"experiment: {reference} compiles one loss per output ({type(loss).__name__}); "
                               "foldsweep trains single-output classifiers: compile one loss")
-    return type(optimizer).__name__
+    # Keras keeps compile's loss_weights only inside its private CompileLoss.
+    weights = getattr(getattr(model, "_compile_loss", None), "_user_loss_weights", None)
+    if weights is not None:
+        raise ExperimentError(f"experiment: {reference} compiles loss_weights={weights!r}; foldsweep trains the loss "
+                              "unweighted: drop loss_weights (with one output it only scales the learning rate)")
+    rate = optimizer.get_config().get("learning_rate")
+    schedule = None if isinstance(rate, (int, float)) else schedule_text(rate)
+    return type(optimizer).__name__, schedule
 
 
 def _discover(build_fn: Callable[[Any], Any], space: keras_tuner.HyperParameters) -> None:

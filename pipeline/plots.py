@@ -72,11 +72,25 @@ def parallel_coordinates_data(records: Sequence[TrialRecord], objective: Objecti
         values = sorted({record.params.get(axis, "-") for record in scored}, key=_sortable)
         spread = max(len(values) - 1, 1)
         positions.append({value: index / spread for index, value in enumerate(values)})
-        ticks.append(tuple(values))
+        ticks.append(tuple(tick_label(value) for value in values))
     rows = tuple(tuple(position[record.params.get(axis, "-")] for axis, position in zip(axes, positions))
                  for record in scored)
     return Coordinates(tuple(axes), tuple(ticks), rows, tuple(selected_score(record, objective.key) for record in scored),
                        tuple(record.run_name for record in scored))
+
+
+# A category longer than this (a learning-rate schedule's call) is cut to its start on an axis.
+MAX_TICK_CHARS = 24
+
+
+def tick_label(value: str) -> str:
+    """A category's label on an axis: ``ExponentialDecay(0.01…)`` for a schedule's whole call."""
+    if len(value) <= MAX_TICK_CHARS:
+        return value
+    name, parenthesis, arguments = value.partition("(")
+    if parenthesis:
+        return f"{name}({arguments.split(',')[0].rstrip(')')}…)"
+    return value[:MAX_TICK_CHARS - 1] + "…"
 
 
 def _sortable(value: str) -> tuple[int, float, str]:

@@ -27,8 +27,8 @@ import numpy as np
 
 from pipeline.plan import has_random_layers
 from pipeline.resident import ResidentData
-from pipeline.training import (EpochTally, FoldEngine, OptimizerRecipe, TrainingLoss, TrainingParams, close_shared_epoch,
-                               tally_step)
+from pipeline.losses import TrainingLoss
+from pipeline.training import (EpochTally, FoldEngine, OptimizerRecipe, TrainingParams, close_shared_epoch, tally_step)
 
 STACKED_LAYERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D)
 # Optimizers whose update of a weight depends on that weight's own gradient and state only, so

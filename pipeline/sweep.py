@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+import numpy as np
+
 from pipeline.datasets import Dataset, load_dataset
 from pipeline.errors import DataError, FoldsweepError, InputError, SpecError
 from pipeline.folds import FoldPlan, make_folds
@@ -75,8 +77,11 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
     dataset_spec = spec.resolved_dataset()
     dataset = load_dataset(dataset_spec)
-    _check_model_fits_data(spec, experiment, dataset)
+    source = dataset_spec.path or dataset.name  # what the messages name: the file, or the built-in
+    _check_classes(dataset, source)
+    _check_model_fits_data(spec, experiment, dataset, source)
     folds = make_folds(spec.cv, dataset)
+    _check_folds_have_classes(spec, dataset, folds, source)
     _check_batch_fits_folds(spec, space, folds)
     address = address or spec.resources.address
     if address is not None:
@@ -97,21 +102,57 @@ def _check_batch_fits_folds(spec: SweepSpec, space: SearchSpace, folds: FoldPlan
                         f"({smallest} samples), got {largest}")
 
 
-def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset) -> None:
-    """The model takes the dataset's samples (built on their shape when it declares no input)
-    and has an output for every label."""
+# The real samples the default model's outputs are checked on against its loss.
+HEAD_CHECK_SAMPLES = 64
+
+
+def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, source: str) -> None:
+    """The model takes the dataset's samples (built on their shape when it declares no input),
+    its outputs are what its loss reads them as, and it has an output for every label of ``y``
+    and ``y_test`` (labels 0 and 1 for a one-unit binary head)."""
     expected = experiment.input_shape
     if expected is not None and (len(expected) != len(dataset.input_shape) or any(
             want is not None and want != have for want, have in zip(expected, dataset.input_shape))):
         raise DataError(
-            f"dataset: samples of {dataset.name!r} have shape {dataset.input_shape}, but the model of "
+            f"dataset: samples of {source!r} have shape {dataset.input_shape}, but the model of "
             f"{spec.experiment} expects inputs of shape {tuple(expected)}")
-    units, parameters = experiment.default_model(dataset.input_shape)
-    if dataset.n_classes > units:
-        raise DataError(
-            f"dataset: labels of {dataset.name!r} go up to {dataset.n_classes - 1}, but the model of "
-            f"{spec.experiment} has only {units} outputs")
-    _check_replicas_fit(spec, parameters)
+    head = experiment.head(dataset.x[:HEAD_CHECK_SAMPLES], from_logits=spec.train.from_logits)
+    for name, labels in (("y", dataset.y), ("y_test", dataset.y_test)):
+        if labels is None:
+            continue
+        if head.loss.binary:
+            others = sorted(set(np.unique(labels).tolist()) - {0, 1})
+            if others:
+                raise DataError(
+                    f"dataset: {name} of {source!r} has labels {sorted(np.unique(labels).tolist())}, but the "
+                    f"model of {spec.experiment} has one output unit, a binary classifier of labels 0 and 1 "
+                    f"(got {others[:10]} besides): for {int(labels.max()) + 1} classes end the model in "
+                    f"Dense({int(labels.max()) + 1}, activation='softmax')")
+        elif int(labels.max()) >= head.units:
+            raise DataError(
+                f"dataset: labels of {source!r} go up to {int(labels.max())}, but the model of {spec.experiment} "
+                f"has only {head.units} outputs (in {name})")
+    _check_replicas_fit(spec, head.parameters)
+
+
+def _check_classes(dataset: Dataset, source: str) -> None:
+    """A classifier needs two classes: with one, every trial scores a trivial accuracy of 1."""
+    classes = np.unique(dataset.y)
+    if len(classes) < 2:
+        raise DataError(f"dataset: y of {source!r} has a single class (every label is {int(classes[0])}); "
+                        "a classifier needs samples of at least two classes")
+
+
+def _check_folds_have_classes(spec: SweepSpec, dataset: Dataset, folds: FoldPlan, source: str) -> None:
+    for j, fold in enumerate(folds.folds):
+        classes = np.unique(dataset.y[fold.train])
+        if len(classes) < 2:
+            hint = " (stratified_group keeps the classes' proportions in every fold)" \
+                if spec.cv.splitter == "group" else ""
+            raise DataError(
+                f"{spec.source_path}: cv.splitter {spec.cv.splitter}: fold {j} of {source!r} trains on a "
+                f"single class ({int(classes[0])}), so its model can only learn to predict it; use fewer "
+                f"cv.n_splits, more groups, or another splitter{hint}")
 
 
 # float32 weights, their gradients and two optimizer slots (Adam's moments): what each replica

@@ -16,13 +16,14 @@ import numpy as np
 
 from pipeline.folds import Fold
 from pipeline.fused import FusedFolds
-from pipeline.hypermodel import build_model
+from pipeline.hypermodel import build_model, output_units
+from pipeline.losses import TrainingLoss, training_loss
 from pipeline.plan import ExecutionChoices, TrialPlan, plan_differences, plan_trial
 from pipeline.resident import ResidentData
 from pipeline.results import EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport, Throughput
 from pipeline.runtime import threads_in_effect
-from pipeline.training import (CallTimer, FoldEngine, FoldExecutor, OptimizerRecipe, SequentialFolds, TrainingLoss,
-                               TrainingParams, fold_seed, optimizer_recipe, training_loss)
+from pipeline.training import (CallTimer, FoldEngine, FoldExecutor, OptimizerRecipe, SequentialFolds, TrainingParams,
+                               fold_seed, optimizer_recipe)
 
 
 class FoldTrainer:
@@ -127,7 +128,7 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], model_values: Mapping[
         keras.utils.set_random_seed(fold_seed(seed, k))
         models.append(build_model(build_fn, model_values, input_shape=input_shape))
     optimizer = optimizer_recipe(models[0], params, spec_names=spec_names)
-    loss = training_loss(models[0], from_logits=from_logits)
+    loss = training_loss(models[0], from_logits=from_logits, units=output_units(models[0], input_shape))
 
     def stacking_blocker(jit_compile: bool) -> str | None:
         from pipeline.stacked import stacking_blocker

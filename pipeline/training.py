@@ -12,7 +12,7 @@ execution; ``pipeline.stacked`` stacked into one XLA program.
 
 from __future__ import annotations
 
-import functools
+import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ import keras
 import numpy as np
 
 from pipeline.folds import Fold
+from pipeline.losses import TrainingLoss
 from pipeline.resident import ResidentData
 from pipeline.results import EVAL_STEP, NanEvent
 
@@ -83,9 +84,34 @@ class OptimizerRecipe:
 
     @property
     def learning_rate(self) -> float | str:
-        """The learning rate in effect, as the optimizer holds it (float32: shown to 7 digits)."""
+        """The learning rate in effect, as the optimizer holds it (float32: shown to 7 digits), or
+        its schedule as a call (``ExponentialDecay(0.01, decay_steps=1000, decay_rate=0.9)``)."""
         rate = self.config.get("learning_rate")
-        return float(f"{rate:.7g}") if isinstance(rate, (int, float)) else str(rate)
+        return float(f"{rate:.7g}") if isinstance(rate, (int, float)) else schedule_text(rate)
+
+
+def schedule_text(schedule: Any) -> str:
+    """A learning-rate schedule (object or its serialized config) as its class called with the
+    arguments that differ from the class's defaults, the initial rate first and unnamed."""
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        cls, config = type(schedule), schedule.get_config()
+    elif isinstance(schedule, dict) and "class_name" in schedule:
+        cls = getattr(keras.optimizers.schedules, schedule["class_name"], None)
+        config = schedule.get("config", {})
+    else:
+        return str(schedule)
+    defaults = {} if cls is None else {name: parameter.default for name, parameter
+                                       in inspect.signature(cls.__init__).parameters.items()}
+    arguments = {key: value for key, value in config.items()
+                 if key != "name" and not (key in defaults and defaults[key] == value)}
+    first = next((key for key in arguments if key.startswith("initial_")), None)
+    shown = [_short_number(arguments.pop(first))] if first else []
+    shown += [f"{key}={_short_number(value)}" for key, value in arguments.items()]
+    return f"{schedule['class_name'] if cls is None else cls.__name__}({', '.join(shown)})"
+
+
+def _short_number(value: Any) -> str:
+    return f"{value:.7g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else str(value)
 
 
 def optimizer_recipe(model: keras.Model, params: TrainingParams, *, spec_names: frozenset[str] = frozenset()
@@ -124,47 +150,10 @@ class _Uncompiled:
 _UNCOMPILED = _Uncompiled()
 
 
-@dataclass(frozen=True)
-class TrainingLoss:
-    """The per-sample loss a trial trains and validates on, from integer labels: the hypermodel's
-    compiled loss, or sparse categorical cross-entropy. A loss that expects one-hot targets gets
-    them made on the device from the resident integer labels."""
-
-    fn: Callable[[Any, Any], Any]
-    one_hot: bool = False
-    name: str = "sparse_categorical_crossentropy"
-
-    def per_sample(self, labels: Any, predictions: Any) -> Any:
-        import tensorflow as tf
-
-        targets = tf.one_hot(labels, tf.shape(predictions)[-1], dtype=predictions.dtype) if self.one_hot else labels
-        return self.fn(targets, predictions)
-
-
-def training_loss(model: keras.Model, *, from_logits: bool) -> TrainingLoss:
-    """The loss a compiled model asks for (``train.from_logits`` applies to foldsweep's own)."""
-    compiled = getattr(model, "loss", None)
-    if compiled is None:
-        return TrainingLoss(functools.partial(keras.losses.sparse_categorical_crossentropy, from_logits=from_logits))
-    loss = keras.losses.get(compiled) if isinstance(compiled, str) else compiled
-    # A Loss object's call() gives per-sample values, unreduced; a loss function does too.
-    fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
-    name = getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__)
-    return TrainingLoss(fn, one_hot=_expects_one_hot(loss, fn, name), name=name)
-
-
-def _expects_one_hot(loss: Any, fn: Callable[[Any, Any], Any], name: str) -> bool:
-    """Keras' sparse losses take integer labels and its other classification losses one-hot
-    targets; a loss of the researcher's own is asked: integer labels first."""
-    if "sparse" in name.lower():
-        return False
-    if (getattr(loss, "__module__", "") or getattr(type(loss), "__module__", "")).startswith("keras"):
-        return True
-    try:
-        values = fn(np.array([0, 1], np.int32), np.full((2, 3), 1 / 3, np.float32))
-        return tuple(values.shape) != (2,)
-    except Exception:
-        return True
+def epoch_order(train_indices: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
+    """A fold's training order in one epoch: a permutation drawn from (fold seed, epoch), so any
+    epoch can be replayed exactly, in a fresh process or after a restore."""
+    return np.random.default_rng([seed, epoch]).permutation(train_indices)
 
 
 def fold_seed(trial_seed: int, fold: int) -> int:
@@ -318,8 +307,7 @@ class FoldEngine:
         def evaluate_batch(indices):
             y = tf.gather(labels, indices)
             predictions = model(tf.gather(features, indices), training=False)
-            correct = tf.reduce_sum(tf.cast(tf.argmax(predictions, -1, output_type=tf.int32) == y, tf.float32))
-            return tf.reduce_sum(loss_of.per_sample(y, predictions)), correct
+            return tf.reduce_sum(loss_of.per_sample(y, predictions)), tf.reduce_sum(loss_of.correct(y, predictions))
 
         if eager:
             steps, self._train_epoch, self._evaluate_batch = train_steps, train_epoch, evaluate_batch
@@ -334,12 +322,9 @@ class FoldEngine:
         self.epoch_loop = train_epoch
 
     def epoch_order(self, epoch: int) -> np.ndarray:
-        """This epoch's training order: a permutation drawn from (fold seed, epoch), so any epoch
-        can be replayed exactly, in a fresh process or after a restore (the fold's own order when
-        a hypermodel's fit asks for ``shuffle=False``)."""
-        if not self.shuffle:
-            return self._train_indices
-        return np.random.default_rng([self.seed, epoch]).permutation(self._train_indices)
+        """This epoch's training order (the fold's own order when a hypermodel's fit asks for
+        ``shuffle=False``)."""
+        return epoch_order(self._train_indices, seed=self.seed, epoch=epoch) if self.shuffle else self._train_indices
 
     def epoch_batches(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """This epoch's index batches: the full ones as a [steps, batch_size] array, and the

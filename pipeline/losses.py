@@ -1,0 +1,179 @@
+"""The loss a trial trains on and how its outputs are scored, as Keras' ``fit`` reads them.
+
+Labels are integer classes, one per sample. A model with one output unit is a binary
+classifier: its labels are 0 and 1, they reach the loss as ``[batch, 1]`` floats (what ``fit``
+hands a loss for ``y`` of shape ``[batch]``), and its accuracy is Keras' binary accuracy (an
+output above 0.5, or above 0 for logits, predicts 1). A model with more units is scored by the
+arg max. The loss is the one the hypermodel compiled, or foldsweep's: sparse categorical
+cross-entropy, binary cross-entropy for one unit, reading logits where ``train.from_logits``
+says so.
+
+What ``fit`` would train differently, or not at all, is refused here, by name: a categorical
+loss on one unit (always 0), a binary loss on several units (one yes/no per unit, not a class),
+a reduction other than the batch mean.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import keras
+import numpy as np
+
+from pipeline.errors import ExperimentError
+
+BINARY_LOSSES = ("binary_crossentropy", "binary_focal_crossentropy")
+CATEGORICAL_LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy", "categorical_focal_crossentropy")
+# Keras' own classification losses, as classes and as functions: what a compile names, whatever
+# name the researcher gave the object.
+_KERAS_LOSS_KINDS: dict[Any, str] = {
+    keras.losses.BinaryCrossentropy: "binary_crossentropy", keras.losses.binary_crossentropy: "binary_crossentropy",
+    keras.losses.BinaryFocalCrossentropy: "binary_focal_crossentropy",
+    keras.losses.binary_focal_crossentropy: "binary_focal_crossentropy",
+    keras.losses.SparseCategoricalCrossentropy: "sparse_categorical_crossentropy",
+    keras.losses.sparse_categorical_crossentropy: "sparse_categorical_crossentropy",
+    keras.losses.CategoricalCrossentropy: "categorical_crossentropy",
+    keras.losses.categorical_crossentropy: "categorical_crossentropy",
+    keras.losses.CategoricalFocalCrossentropy: "categorical_focal_crossentropy",
+    keras.losses.categorical_focal_crossentropy: "categorical_focal_crossentropy",
+}
+# Reductions that make the batch's loss the mean over its samples, which is what the engine
+# trains on; "sum" would scale every gradient by the batch size.
+MEAN_REDUCTIONS = (None, "auto", "sum_over_batch_size", "mean")
+# How far a row of probabilities may sum from 1 (float32 softmax rows sum within 1e-6).
+PROBABILITY_SUM_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class TrainingLoss:
+    """The per-sample loss a trial trains and validates on, from integer labels, and how a
+    prediction is scored. ``from_logits`` is None for a loss of the researcher's own, which
+    does not say."""
+
+    fn: Callable[[Any, Any], Any]
+    one_hot: bool = False
+    name: str = "sparse_categorical_crossentropy"
+    binary: bool = False
+    from_logits: bool | None = False
+    kind: str | None = "sparse_categorical_crossentropy"  # the Keras loss it is, if one of CATEGORICAL/BINARY_LOSSES
+
+    def targets(self, labels: Any, predictions: Any) -> Any:
+        """What the loss is given for integer ``labels``: ``[batch, 1]`` floats for a binary head,
+        one-hot rows for a loss that expects them, else the labels."""
+        import tensorflow as tf
+
+        if self.binary:
+            return tf.cast(labels, predictions.dtype)[:, tf.newaxis]
+        if self.one_hot:
+            return tf.one_hot(labels, tf.shape(predictions)[-1], dtype=predictions.dtype)
+        return labels
+
+    def per_sample(self, labels: Any, predictions: Any) -> Any:
+        return self.fn(self.targets(labels, predictions), predictions)
+
+    def correct(self, labels: Any, predictions: Any) -> Any:
+        """1.0 where the prediction is right, else 0.0 (Keras' binary accuracy for one unit)."""
+        import tensorflow as tf
+
+        if self.binary:
+            predicted = tf.cast(predictions[:, 0] > (0.0 if self.from_logits else 0.5), labels.dtype)
+        else:
+            predicted = tf.argmax(predictions, -1, output_type=labels.dtype)
+        return tf.cast(predicted == labels, tf.float32)
+
+    @property
+    def reads_probabilities(self) -> bool:
+        """A Keras cross-entropy told that the outputs are probabilities."""
+        return self.kind is not None and self.from_logits is False
+
+    def describe(self) -> str:
+        logits = "" if self.from_logits is None else f" (from_logits={self.from_logits})"
+        return f"{self.name}{logits}"
+
+
+def training_loss(model: keras.Model, *, from_logits: bool, units: int) -> TrainingLoss:
+    """The loss a compiled model asks for, else foldsweep's (``train.from_logits`` applies to
+    foldsweep's own); ``units`` is the model's number of outputs.
+
+    Raises:
+        ExperimentError: the compiled loss cannot train a classifier of ``units`` outputs on
+            integer labels as ``fit`` would (see the module's docstring).
+    """
+    compiled = getattr(model, "loss", None)
+    binary = units == 1
+    if compiled is None:
+        kind = "binary_crossentropy" if binary else "sparse_categorical_crossentropy"
+        fn = keras.losses.binary_crossentropy if binary else keras.losses.sparse_categorical_crossentropy
+        return TrainingLoss(functools.partial(fn, from_logits=from_logits), name=kind, binary=binary,
+                            from_logits=from_logits, kind=kind)
+    loss = keras.losses.get(compiled) if isinstance(compiled, str) else compiled
+    # A Loss object's call() gives per-sample values, unreduced; a loss function does too.
+    fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
+    name = getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__)
+    kind = _KERAS_LOSS_KINDS.get(type(loss) if isinstance(loss, keras.losses.Loss) else loss)
+    _refuse_unfit(loss, kind, name, units)
+    return TrainingLoss(fn, one_hot=not binary and _expects_one_hot(loss, fn, name, kind), name=name, binary=binary,
+                        from_logits=_from_logits(loss, kind), kind=kind)
+
+
+def _refuse_unfit(loss: Any, kind: str | None, name: str, units: int) -> None:
+    if units == 1 and kind in CATEGORICAL_LOSSES:
+        raise ExperimentError(
+            f"the model has one output unit and compiles {name}, a loss over classes: with one unit it is the same "
+            "whatever the weights, so nothing would train. A binary classifier compiles binary_crossentropy "
+            "(keras.losses.BinaryCrossentropy) on Dense(1, activation='sigmoid'), or ends in Dense(2, "
+            "activation='softmax') for this loss")
+    if units > 1 and kind in BINARY_LOSSES:
+        raise ExperimentError(
+            f"the model has {units} output units and compiles {name}, which scores every unit as a yes/no label of "
+            "its own (multi-label); foldsweep trains one integer class per sample: compile "
+            f"sparse_categorical_crossentropy for {units} classes, or end in one unit for a binary classifier")
+    reduction = getattr(loss, "reduction", None)
+    if reduction not in MEAN_REDUCTIONS:
+        raise ExperimentError(
+            f"the compiled loss {name} has reduction={reduction!r}; foldsweep trains on the batch mean, as "
+            "Keras' default 'sum_over_batch_size' does: drop the reduction argument (scale the learning rate instead)")
+
+
+def _from_logits(loss: Any, kind: str | None) -> bool | None:
+    if kind is None:
+        return None
+    if isinstance(loss, keras.losses.Loss):
+        return bool(loss.get_config().get("from_logits", False))
+    return False  # Keras' loss functions default to probabilities
+
+
+def _expects_one_hot(loss: Any, fn: Callable[[Any, Any], Any], name: str, kind: str | None) -> bool:
+    """Keras' sparse losses take integer labels and its other classification losses one-hot
+    targets; a loss of the researcher's own is asked: integer labels first."""
+    if kind is not None:
+        return not kind.startswith("sparse")
+    if "sparse" in name.lower():
+        return False
+    if (getattr(loss, "__module__", "") or getattr(type(loss), "__module__", "")).startswith("keras"):
+        return True
+    try:
+        values = fn(np.array([0, 1], np.int32), np.full((2, 3), 1 / 3, np.float32))
+        return tuple(values.shape) != (2,)
+    except Exception:
+        return True
+
+
+def outputs_problem(loss: TrainingLoss, outputs: np.ndarray) -> str | None:
+    """Why ``outputs`` (the model's, on real samples) cannot be what ``loss`` reads them as:
+    probabilities under a cross-entropy that says they are (None when they can)."""
+    if not loss.reads_probabilities or outputs.size == 0:
+        return None
+    outputs = outputs.reshape(len(outputs), -1)
+    low, high = float(np.min(outputs)), float(np.max(outputs))
+    if loss.binary:
+        if low < 0.0 or high > 1.0:
+            return f"its outputs range from {low:.3g} to {high:.3g}, not probabilities between 0 and 1"
+        return None
+    sums = outputs.sum(axis=1)
+    if low < 0.0 or np.abs(sums - 1.0).max() > PROBABILITY_SUM_TOLERANCE:
+        return (f"its outputs range from {low:.3g} to {high:.3g} and its rows sum to {sums.min():.3g}..{sums.max():.3g}, "
+                "not probabilities that sum to 1")
+    return None
