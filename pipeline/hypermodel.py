@@ -225,6 +225,10 @@ def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None,
     if weights is not None:
         raise ExperimentError(f"experiment: {reference} compiles loss_weights={weights!r}; foldsweep trains the loss "
                               "unweighted: drop loss_weights (with one output it only scales the learning rate)")
+    if optimizer.get_config().get("use_ema"):
+        raise ExperimentError(f"experiment: {reference} compiles a {type(optimizer).__name__} optimizer with use_ema=True; "
+                              "model.fit ends by replacing the weights with their moving average, which foldsweep's "
+                              "folds and refit do not: drop use_ema")
     rate = optimizer.get_config().get("learning_rate")
     schedule = None if isinstance(rate, (int, float)) else schedule_text(rate)
     return type(optimizer).__name__, schedule

@@ -79,6 +79,17 @@ def sweep_runs(uri: str, name: str):
     return client, parent, trials
 
 
+def binary_data(n: int = 600, seed: int = 0) -> tuple[Any, Any]:
+    """Two classes (0/1) told apart by the sign of a bump in a noisy 16-step signal."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n).astype(np.int32)
+    x = rng.normal(size=(n, 16, 1)).astype(np.float32)
+    x[:, 4:8, 0] += (2 * y - 1)[:, None] * 0.8
+    return x, y
+
+
 def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Deep-merge ``overrides`` into a copy of ``base``.
 

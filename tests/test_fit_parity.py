@@ -21,6 +21,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from conftest import binary_data
 from pipeline.cli import app
 
 TOLERANCE = 0.01
@@ -99,15 +100,6 @@ def add_loss_dropped(hp):
 '''
 
 FEATURES = ("schedule", "logits", "sigmoid", "regularizer", "add_loss")
-
-
-def binary_data(n: int = 600, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Two classes told apart by the sign of a bump in a noisy 16-step signal."""
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 2, n).astype(np.int32)
-    x = rng.normal(size=(n, 16, 1)).astype(np.float32)
-    x[:, 4:8, 0] += (2 * y - 1)[:, None] * 0.8
-    return x, y
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,104 @@
+"""A binary classifier end to end: a KerasTuner hypermodel ending in one sigmoid unit, compiled
+with binary_crossentropy, swept stacked on real Ray and MLflow, scored by binary accuracy, refit
+on the test split, ranked in cv_results.csv, its divergence recorded as NaN, and rerun."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import binary_data, foldsweep, sweep_runs
+from pipeline.cli import app
+
+pytestmark = pytest.mark.e2e
+
+EPOCHS = 3
+HYPERMODEL = '''
+import keras
+import keras_tuner
+
+
+class BindingSite(keras_tuner.HyperModel):
+    def build(self, hp):
+        inputs = keras.Input(shape=(16, 1))
+        x = keras.layers.Conv1D(hp.Int("filters", 4, 16, step=4, default=8), 3, activation="relu")(inputs)
+        x = keras.layers.Flatten()(x)
+        outputs = keras.layers.Dense(1, activation="sigmoid")(x)
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+        return model
+'''
+
+
+@pytest.fixture(scope="module")
+def binary_sweep(ray_cluster, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("binary")
+    x, y = binary_data(600)
+    x_test, y_test = binary_data(200, seed=1)
+    np.savez(directory / "sites.npz", x=x, y=y, x_test=x_test, y_test=y_test)
+    (directory / "sites.py").write_text(HYPERMODEL)
+    store = f"sqlite:///{directory / 'mlflow.db'}"
+    (directory / "spec.yaml").write_text(yaml.safe_dump({
+        "name": "sites", "experiment": "sites.py:BindingSite", "dataset": "sites.npz",
+        "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
+        # Batch 8 on one CPU: the folds are stacked into one XLA program; a rate of 1e6 diverges.
+        "search": {"algorithm": "grid", "space": {"optimizer": "sgd", "learning_rate": {"grid": [0.01, 1.0e+6]},
+                                                  "batch_size": 8, "filters": 8}},
+        "train": {"epochs": EPOCHS, "seed": 0}, "resources": {"cpu": 1, "max_concurrent": 2},
+        "tracking": {"uri": store}}))
+    result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
+    assert result.exit_code == 0, result.output
+    client, parent, trials = sweep_runs(store, "sites")
+    by_rate = {float(run.data.params["learning_rate"]): run for run in trials}
+    return directory, store, result.output, client, parent, by_rate
+
+
+def test_a_sigmoid_head_trains_stacked_and_is_scored_by_binary_accuracy(binary_sweep):
+    _, _, _, _, _, by_rate = binary_sweep
+    learned = by_rate[0.01]
+    assert learned.data.tags["foldsweep.status"] == "ok"
+    assert "stacked" in learned.data.tags["foldsweep.fused_reason"]
+    # Chance is 0.5; an arg max over one unit would score every sample as class 0 (about 0.5).
+    for k in range(3):
+        assert 0.8 < learned.data.metrics[f"split{k}_val_accuracy"] <= 1.0
+        assert 0.0 < learned.data.metrics[f"split{k}_val_loss"] < 0.6931  # below a constant 0.5's log 2
+    assert learned.data.tags["foldsweep.loss"] == "binary_crossentropy"
+
+
+def test_a_diverging_binary_head_is_recorded_as_nan(binary_sweep):
+    _, _, _, _, _, by_rate = binary_sweep
+    diverged = by_rate[1.0e+6]
+    assert diverged.data.tags["foldsweep.status"] == "nan"
+    assert diverged.data.tags["foldsweep.nan_epoch"] == "1"
+
+
+def test_the_binary_sweep_is_ranked_refit_and_tabled(binary_sweep):
+    directory, _, output, client, parent, by_rate = binary_sweep
+    learned = by_rate[0.01]
+    assert parent.data.tags["foldsweep.best_run_id"] == learned.info.run_id
+    assert 0.8 < parent.data.metrics["test_accuracy"] <= 1.0
+    rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "cv_results.csv", str(directory)))))
+    ok = next(row for row in rows if row["status"] == "ok")
+    assert ok["rank_val_accuracy"] == "1" and next(row for row in rows if row["status"] == "nan")["rank_val_accuracy"] == ""
+    assert float(ok["mean_val_accuracy"]) == pytest.approx(np.mean(
+        [learned.data.metrics[f"selected_split{k}_val_accuracy"] for k in range(3)]))
+    assert f"{float(ok['mean_val_accuracy']):.4f}" in output  # the leaderboard
+
+
+def test_a_rerun_of_a_binary_trial_reproduces_its_per_fold_losses(binary_sweep):
+    """A fresh process: the trial's thread pools are fixed once TensorFlow starts in a process."""
+    directory, store, _, client, _, by_rate = binary_sweep
+    original = by_rate[0.01]
+    ran = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
+    assert ran.exit_code == 0, ran.output
+    again = client.search_runs([original.info.experiment_id],
+                               filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
+    for k in range(3):
+        for key in (f"split{k}_train_loss", f"split{k}_val_loss", f"split{k}_val_accuracy"):
+            recorded = [m.value for m in sorted(client.get_metric_history(original.info.run_id, key), key=lambda m: m.step)]
+            rerun = [m.value for m in sorted(client.get_metric_history(again.info.run_id, key), key=lambda m: m.step)]
+            assert len(recorded) == EPOCHS and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key

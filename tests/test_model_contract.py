@@ -1,0 +1,202 @@
+"""What of a researcher's Keras model foldsweep refuses, and how it reads what it honours: each
+refusal is exit 2 from `foldsweep run` with the named feature, before Ray starts and before
+anything is written; a schedule is shown as its call."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+
+HEADS = {
+    "linear": "keras.layers.Dense(2)",
+    "softmax": "keras.layers.Dense(2, activation='softmax')",
+    "sigmoid": "keras.layers.Dense(1, activation='sigmoid')",
+    "three": "keras.layers.Dense(3, activation='softmax')",
+}
+
+
+def experiment(head: str = "softmax", *, compile_args: str = "", model_class: str = "keras.Sequential",
+               prelude: str = "") -> str:
+    compiled = f"    model.compile(optimizer='adam', {compile_args})\n" if compile_args else ""
+    return ("import keras\n" + prelude +
+            "def build(hp):\n"
+            f"    model = {model_class}([keras.layers.Flatten(), {HEADS[head]}])\n"
+            + compiled + "    return model\n")
+
+
+def overriding(method: str) -> str:
+    arguments = {"train_step": "self, data", "test_step": "self, data", "compute_loss": "self, *args, **kwargs",
+                 "compute_metrics": "self, *args, **kwargs"}[method]
+    return experiment(model_class="Custom", prelude=(
+        "class Custom(keras.Sequential):\n"
+        f"    def {method}({arguments}):\n"
+        f"        return super().{method}({arguments.replace('self, ', '')})\n"))
+
+
+def labelled(y, y_test=None):
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.normal(size=(len(y), 8, 1)).astype(np.float32), "y": np.asarray(y, np.int32)}
+    if y_test is not None:
+        arrays.update(x_test=rng.normal(size=(len(y_test), 8, 1)).astype(np.float32),
+                      y_test=np.asarray(y_test, np.int32))
+    return arrays
+
+
+BINARY = [0, 1] * 30
+REFUSED = {
+    "linear head without from_logits": (
+        experiment("linear"), labelled(BINARY),
+        ["ends in layer 'dense' (Dense, activation linear)", "reads them as probabilities",
+         "set train.from_logits: true"]),
+    "compiled loss without from_logits on a linear head": (
+        experiment("linear", compile_args="loss='sparse_categorical_crossentropy'"), labelled(BINARY),
+        ["not probabilities that sum to 1", "compile the loss with from_logits=True"]),
+    "sigmoid head compiled with a probability loss on logits": (
+        experiment("linear").replace("Dense(2)", "Dense(1)"), labelled(BINARY),
+        ["not probabilities between 0 and 1", "binary_crossentropy (from_logits=False)"]),
+    **{f"{method} override": (overriding(method), labelled(BINARY), [f"Custom overrides {method}", "bypass"])
+       for method in ("train_step", "test_step", "compute_loss", "compute_metrics")},
+    "one class in y": (experiment(), labelled([1] * 60), ["y of", "has a single class (every label is 1)"]),
+    "y_test labels beyond the outputs": (
+        experiment(), labelled(BINARY, y_test=[0, 1, 2, 1]),
+        ["labels of", "go up to 2, but the model of", "has only 2 outputs (in y_test)"]),
+    "labels 0/1/2 for a one-unit head": (
+        experiment("sigmoid", compile_args="loss='binary_crossentropy'"), labelled([0, 1, 2] * 20),
+        ["has labels [0, 1, 2]", "one output unit, a binary classifier of labels 0 and 1",
+         "Dense(3, activation='softmax')"]),
+    "y_test labels 0/1/2 for a one-unit head": (
+        experiment("sigmoid", compile_args="loss='binary_crossentropy'"), labelled(BINARY, y_test=[0, 2]),
+        ["y_test of", "has labels [0, 2]"]),
+    "categorical loss on one unit": (
+        experiment("sigmoid", compile_args="loss='sparse_categorical_crossentropy'"), labelled(BINARY),
+        ["one output unit and compiles sparse_categorical_crossentropy", "nothing would train"]),
+    "binary loss on several units": (
+        experiment("three", compile_args="loss=keras.losses.BinaryCrossentropy()"), labelled([0, 1, 2] * 20),
+        ["3 output units and compiles binary_crossentropy", "multi-label"]),
+    "summed loss": (
+        experiment(compile_args="loss=keras.losses.SparseCategoricalCrossentropy(reduction='sum')"),
+        labelled(BINARY), ["reduction='sum'", "batch mean"]),
+    "moving-average weights": (
+        experiment(compile_args="loss='sparse_categorical_crossentropy'").replace(
+            "optimizer='adam'", "optimizer=keras.optimizers.Adam(use_ema=True)"), labelled(BINARY),
+        ["Adam optimizer with use_ema=True", "drop use_ema"]),
+    "loss weights": (
+        experiment(compile_args="loss='sparse_categorical_crossentropy', loss_weights=[2.0]"), labelled(BINARY),
+        ["loss_weights=[2.0]"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_model_foldsweep_would_train_otherwise_is_refused_before_anything_runs(case, tmp_path, monkeypatch):
+    import ray
+
+    source, arrays, expected = REFUSED[case]
+    (tmp_path / "model.py").write_text(source)
+    np.savez(tmp_path / "data.npz", **arrays)
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({
+        "name": "refused", "experiment": "model.py", "dataset": "data.npz", "cv": {"n_splits": 2}}))
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    monkeypatch.chdir(tmp_path)  # the default store, sqlite:///mlflow.db, would be created here
+    result = CliRunner().invoke(app, ["run", "spec.yaml"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    for phrase in expected:
+        assert phrase in output, (phrase, output)
+    assert "Traceback" not in output
+    assert not ray.is_initialized()
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+def test_a_fold_that_trains_on_one_class_is_refused(tmp_path, monkeypatch):
+    # Three single-class groups in 2 folds: one fold trains on one group, so on one class.
+    arrays = labelled([1] * 20 + [0] * 40)
+    arrays["groups"] = np.repeat([0, 1, 2], 20)
+    np.savez(tmp_path / "data.npz", **arrays)
+    (tmp_path / "model.py").write_text(experiment())
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({
+        "name": "grouped", "experiment": "model.py", "dataset": "data.npz",
+        "cv": {"splitter": "group", "n_splits": 2}, "search": {"space": {"batch_size": 8}}}))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["validate", "spec.yaml"])
+    assert result.exit_code == 2, result.output
+    output = " ".join(result.output.split())
+    assert re.search(r"cv.splitter group: fold \d of '.*data.npz' trains on a single class \(\d\)", output), output
+
+
+def test_validate_says_the_spec_replaces_a_compiled_schedule_with_a_constant(tmp_path, monkeypatch):
+    schedule = "keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=1000, decay_rate=0.9)"
+    (tmp_path / "model.py").write_text(experiment(compile_args="loss='sparse_categorical_crossentropy'").replace(
+        "optimizer='adam'", f"optimizer=keras.optimizers.Adam({schedule})"))
+    np.savez(tmp_path / "data.npz", **labelled(BINARY))
+    spec = {"name": "scheduled", "experiment": "model.py", "dataset": "data.npz", "cv": {"n_splits": 2},
+            "search": {"space": {"batch_size": 8}}}
+    (tmp_path / "kept.yaml").write_text(yaml.safe_dump(spec))
+    (tmp_path / "replaced.yaml").write_text(yaml.safe_dump(
+        {**spec, "search": {"space": {"batch_size": 8, "learning_rate": 0.001}}}))
+    monkeypatch.chdir(tmp_path)
+    kept = CliRunner().invoke(app, ["validate", "kept.yaml"])
+    replaced = CliRunner().invoke(app, ["validate", "replaced.yaml"])
+    assert kept.exit_code == 0 and replaced.exit_code == 0, kept.output + replaced.output
+    call = "ExponentialDecay(0.01, decay_steps=1000, decay_rate=0.9)"
+    assert f"the Adam optimizer with its {call} schedule and loss that model.py compiles are used" in " ".join(
+        kept.output.split())
+    assert (f"search.space.learning_rate replaces the {call} schedule of the Adam optimizer that model.py compiles "
+            "with a constant") in " ".join(replaced.output.split())
+
+
+def test_a_schedule_is_recorded_as_its_call_and_drawn_with_a_short_label():
+    import keras
+
+    from pipeline.plots import tick_label
+    from pipeline.training import TrainingParams, optimizer_recipe, schedule_text
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=1000, decay_rate=0.9)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(keras.optimizers.Adam(schedule), "binary_crossentropy")
+    recipe = optimizer_recipe(model, TrainingParams(batch_size=8, learning_rate=1e-3, optimizer="adam"))
+    assert recipe.learning_rate == "ExponentialDecay(0.01, decay_steps=1000, decay_rate=0.9)"
+    assert schedule_text(keras.optimizers.schedules.PiecewiseConstantDecay([10], [0.1, 0.01])) == \
+        "PiecewiseConstantDecay(boundaries=[10], values=[0.1, 0.01])"
+    assert tick_label(recipe.learning_rate) == "ExponentialDecay(0.01…)"
+    assert tick_label("0.001") == "0.001"
+    # The schedule itself is what a fold's optimizer gets, not a constant.
+    assert recipe.make().get_config()["learning_rate"]["class_name"] == "ExponentialDecay"
+
+
+@pytest.mark.parametrize("head, loss", [
+    ("sigmoid", "'binary_crossentropy'"),
+    ("sigmoid", "keras.losses.binary_crossentropy"),
+    ("sigmoid", "keras.losses.BinaryFocalCrossentropy(gamma=2.0)"),
+    ("sigmoid", "keras.losses.BinaryCrossentropy(label_smoothing=0.1)"),
+    ("linear1", "keras.losses.BinaryCrossentropy(from_logits=True)"),
+    ("softmax", "'sparse_categorical_crossentropy'"),
+    ("linear", "keras.losses.SparseCategoricalCrossentropy(from_logits=True)"),
+])
+def test_the_training_loss_is_the_batch_loss_keras_fit_computes(head, loss):
+    """For integer labels as `fit` gets them (shape [batch]), the mean of foldsweep's per-sample
+    loss equals the compiled loss Keras' own step computes (its compute_loss)."""
+    import keras
+
+    from pipeline.hypermodel import output_units
+    from pipeline.losses import training_loss
+
+    heads = {**HEADS, "linear1": "keras.layers.Dense(1)"}
+    namespace: dict = {}
+    exec(experiment("softmax", compile_args=f"loss={loss}").replace(HEADS["softmax"], heads[head]), namespace)
+    model = namespace["build"](None)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 8, 1)).astype(np.float32)
+    units = output_units(model, (8, 1))
+    y = rng.integers(0, 2, 16).astype(np.int32)
+    ours = training_loss(model, from_logits=False, units=units)
+    predictions = model(x)
+    keras_loss = float(model.compute_loss(x=x, y=y, y_pred=predictions))
+    assert ours.binary == (units == 1)
+    assert float(keras.ops.mean(ours.per_sample(keras.ops.convert_to_tensor(y), predictions))) == pytest.approx(
+        keras_loss, rel=1e-5)
