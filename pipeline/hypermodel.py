@@ -94,6 +94,11 @@ class Experiment:
                 f"{input_shape}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
         finally:
             keras.backend.clear_session()
+        if units == 1 and outputs.size and np.all(outputs == 1.0):
+            raise ExperimentError(
+                f"experiment: the model of {self.reference} ends in {last_layer}, whose one output is 1 for every "
+                "sample (a softmax over one unit), so nothing it learns can change a prediction: a binary "
+                "classifier ends in Dense(1, activation='sigmoid')")
         try:
             loss = training_loss(model, from_logits=from_logits, units=units)
         except ExperimentError as exc:

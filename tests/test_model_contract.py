@@ -73,6 +73,10 @@ REFUSED = {
     "y_test labels 0/1/2 for a one-unit head": (
         experiment("sigmoid", compile_args="loss='binary_crossentropy'"), labelled(BINARY, y_test=[0, 2]),
         ["y_test of", "has labels [0, 2]"]),
+    "softmax over one unit": (
+        experiment("sigmoid", compile_args="loss='binary_crossentropy'").replace("'sigmoid'", "'softmax'"),
+        labelled(BINARY), ["activation softmax)", "whose one output is 1 for every sample",
+                           "Dense(1, activation='sigmoid')"]),
     "categorical loss on one unit": (
         experiment("sigmoid", compile_args="loss='sparse_categorical_crossentropy'"), labelled(BINARY),
         ["one output unit and compiles sparse_categorical_crossentropy", "nothing would train"]),
@@ -176,6 +180,8 @@ def test_a_schedule_is_recorded_as_its_call_and_drawn_with_a_short_label():
     ("sigmoid", "keras.losses.BinaryCrossentropy(label_smoothing=0.1)"),
     ("linear1", "keras.losses.BinaryCrossentropy(from_logits=True)"),
     ("softmax", "'sparse_categorical_crossentropy'"),
+    ("softmax", "'categorical_crossentropy'"),
+    ("softmax", "keras.losses.CategoricalFocalCrossentropy()"),
     ("linear", "keras.losses.SparseCategoricalCrossentropy(from_logits=True)"),
 ])
 def test_the_training_loss_is_the_batch_loss_keras_fit_computes(head, loss):
@@ -196,7 +202,9 @@ def test_the_training_loss_is_the_batch_loss_keras_fit_computes(head, loss):
     y = rng.integers(0, 2, 16).astype(np.int32)
     ours = training_loss(model, from_logits=False, units=units)
     predictions = model(x)
-    keras_loss = float(model.compute_loss(x=x, y=y, y_pred=predictions))
+    # Keras' own step gets one-hot rows where the loss wants them; foldsweep makes them itself.
+    given = keras.ops.one_hot(y, units) if ours.one_hot else y
+    keras_loss = float(model.compute_loss(x=x, y=given, y_pred=predictions))
     assert ours.binary == (units == 1)
     assert float(keras.ops.mean(ours.per_sample(keras.ops.convert_to_tensor(y), predictions))) == pytest.approx(
         keras_loss, rel=1e-5)
