@@ -87,6 +87,12 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     )
     for line in compile_notes(prepared.spec, prepared.experiment):
         console.print(line, highlight=False)
+    _print_warnings(prepared)
+
+
+def _print_warnings(prepared: Any) -> None:
+    for warning in prepared.warnings:
+        errors.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
 
 
 def _print_ties(standings: Any) -> None:
@@ -132,7 +138,7 @@ def datasets() -> None:
     """List the built-in datasets with their shapes and sizes (generating any not yet cached)."""
     from rich.table import Table
 
-    from pipeline.datasets import BUILTIN_DESCRIPTIONS, BUILTINS, load_dataset
+    from pipeline.datasets import BUILTIN_DESCRIPTIONS, BUILTINS, data_dir_source, load_dataset
     from pipeline.spec import DatasetSpec
 
     table = Table(title="built-in datasets (default options)")
@@ -144,6 +150,7 @@ def datasets() -> None:
         table.add_row(name, str(len(data.y)), str(len(data.y_test)) if data.y_test is not None else "-",
                       str(data.input_shape), str(data.n_classes), groups, BUILTIN_DESCRIPTIONS.get(name, ""))
     console.print(table)
+    console.print(f"built-in datasets are cached in {data_dir_source()}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -164,6 +171,11 @@ def run(
 
     prepared = prepare(load_spec(spec), tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     sweep_spec = prepared.spec
+    if resume:
+        from pipeline.stores import require_existing_store
+
+        require_existing_store(prepared.tracking_uri, source="--resume",
+                               purpose=f"no sweep named {sweep_spec.name!r} to resume")
     objective = sweep_spec.objective.key
     console.print(
         f"sweep [bold]{sweep_spec.name}[/]: {prepared.space.trial_count(prepared.num_samples)} trials x "
@@ -171,6 +183,7 @@ def run(
         f"{sweep_spec.train.epochs} epochs, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
         f"tracking {prepared.tracking_uri}", highlight=False,
     )
+    _print_warnings(prepared)
 
     def trial_done(record: Any) -> None:
         score = selected_score(record, objective)
@@ -269,6 +282,7 @@ def trial(
     threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
     configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads)
     prepared = prepare(sweep_spec)
+    _print_warnings(prepared)
     config = single_config(prepared.spec, prepared.space.domains, prepared.experiment.hyperparameters,
                            _known_overrides(parse_assignments(set_values), prepared.space.domains))
     console.print(f"trial of {spec}: " + " ".join(f"{k}={v}" for k, v in sorted(prepared.space.resolve(config).items())
@@ -379,11 +393,9 @@ def _run_here(request: Any, *, tracking: Any) -> None:
 def _check_existing_store(tracking_uri: str) -> None:
     """Commands that read a recorded sweep refuse a store that does not exist (rather than
     creating an empty one)."""
-    from pipeline.tracking import check_tracking_uri
+    from pipeline.stores import require_existing_store
 
-    check_tracking_uri(tracking_uri)
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
-        raise InputError(f"--tracking-uri: no MLflow store at {tracking_uri!r}")
+    require_existing_store(tracking_uri, source="--tracking-uri", purpose="there is no recorded sweep to read")
 
 
 def _progress(prepared: Any) -> Any:
@@ -435,9 +447,10 @@ def ui(
     """Start the MLflow UI on 127.0.0.1 for a tracking store, opening on a sweep's trials."""
     from pipeline.errors import TrackingError
     from pipeline.report import split_params
-    from pipeline.tracking import Tracker, check_tracking_uri
+    from pipeline.stores import check_tracking_uri
+    from pipeline.tracking import Tracker
 
-    check_tracking_uri(tracking_uri)
+    check_tracking_uri(tracking_uri, source="--tracking-uri")
     if not 0 < port < 65536:
         raise InputError(f"--port must be between 1 and 65535, got {port}")
     tracker = Tracker(tracking_uri)  # a new store is created (or upgraded) here, not by two processes at once

@@ -63,8 +63,41 @@ def fingerprint_arrays(arrays: Mapping[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+# This module's folder: in a checkout (an editable install) the project sits right above it.
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
 def data_dir() -> Path:
-    return Path(os.environ.get(DATA_DIR_ENV, "data"))
+    """The directory built-in datasets are cached in (absolute), whatever the working directory:
+    ``$FOLDSWEEP_DATA_DIR`` if set; else the project's ``data/`` folder when foldsweep runs from
+    its checkout; else the user's cache directory (``$XDG_CACHE_HOME/foldsweep``, else
+    ``~/.cache/foldsweep``). ``data_dir_source`` says which, for people."""
+    return _data_location()[0]
+
+
+def data_dir_source() -> str:
+    """Where built-in datasets are cached and why, as a phrase: e.g. "the project's data/ folder
+    (/abs/path), as foldsweep runs from its checkout; $FOLDSWEEP_DATA_DIR moves it"."""
+    path, what, why = _data_location()
+    return f"{what} ({path}){why}"
+
+
+def _data_location() -> tuple[Path, str, str]:
+    # Never the working directory: a sweep started in a scratch directory would leave 120 MB of
+    # caches behind there, and the next one, started elsewhere, would generate them again.
+    moves_it = f"; ${DATA_DIR_ENV} moves it"
+    configured = os.environ.get(DATA_DIR_ENV, "")
+    if configured:
+        return Path(configured).expanduser().absolute(), f"${DATA_DIR_ENV}", ""
+    project = PACKAGE_DIR.parent
+    if (project / "pyproject.toml").is_file() and (project / "data").is_dir():
+        return project / "data", "the project's data/ folder", f", as foldsweep runs from its checkout{moves_it}"
+    not_a_checkout = f", as foldsweep is not installed from a checkout{moves_it}"
+    # The XDG spec: an unset, empty or relative $XDG_CACHE_HOME is ignored.
+    cache_home = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(cache_home):
+        return Path(cache_home) / "foldsweep", "the user cache directory $XDG_CACHE_HOME/foldsweep", not_a_checkout
+    return Path.home() / ".cache" / "foldsweep", "the user cache directory ~/.cache/foldsweep", not_a_checkout
 
 
 def load_dataset(spec: DatasetSpec) -> Dataset:
@@ -246,16 +279,18 @@ def _load_file(path: Path, options: Mapping[str, Any]) -> Dataset:
             raise DataError(f"dataset.{key} must be the name of an array in the file, got {value!r}")
     names = {role: options.get(role, role) for role in ARRAY_ROLES}
     if path.is_dir():
-        arrays = _read_npy_directory(path, names)
+        arrays, stored = _read_npy_directory(path, names)
     elif path.suffix != ".npz":
         raise DataError(f"dataset: a data file must be a .npz archive or a directory of .npy files, got {str(path)!r}")
     elif not path.is_file():
         raise DataError(f"dataset: data file not found: {str(path)!r}")
     else:
-        arrays = _read_npz(path, names)
-    for role in ("x", "y"):
-        if role not in arrays:
-            raise DataError(f"dataset: {str(path)!r} has no array {names[role]!r} (for {role})")
+        arrays, stored = _read_npz(path, names)
+    # An array the spec names explicitly must be there: a misspelt groups name would otherwise
+    # silently drop the groups (and grouped CV would fail later, far from the cause).
+    missing = [role for role in ARRAY_ROLES if role not in arrays and (role in ("x", "y") or role in options)]
+    if missing:
+        raise DataError(_missing_arrays_message(path, names, missing, stored, options))
     dataset = Dataset(name=path.stem, **arrays)
     check_arrays(dataset, source=str(path))
     if dataset.x.ndim == 2:
@@ -267,11 +302,13 @@ NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
 
 
-def _read_npz(path: Path, names: Mapping[str, str]) -> dict[str, np.ndarray]:
+def _read_npz(path: Path, names: Mapping[str, str]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The arrays found under ``names`` (by role), and the names of every array the file holds."""
     _check_magic(path, ZIP_MAGIC, "a .npz archive (a zip of .npy arrays)")
     try:
         with np.load(path, allow_pickle=False) as stored:
-            return {role: stored[name] for role, name in names.items() if name in stored.files}
+            found = {role: stored[name] for role, name in names.items() if name in stored.files}
+            return found, list(stored.files)
     except ValueError as exc:
         raise DataError(f"dataset: cannot read {str(path)!r}: {_array_problem(exc)}") from None
     except (zipfile.BadZipFile, EOFError, OSError, KeyError) as exc:
@@ -279,7 +316,8 @@ def _read_npz(path: Path, names: Mapping[str, str]) -> dict[str, np.ndarray]:
                         f"{type(exc).__name__}: {exc}") from None
 
 
-def _read_npy_directory(path: Path, names: Mapping[str, str]) -> dict[str, np.ndarray]:
+def _read_npy_directory(path: Path, names: Mapping[str, str]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The arrays found under ``names`` (by role), and the names of every ``.npy`` file there."""
     arrays = {}
     for role, name in names.items():
         file = path / f"{name}.npy"
@@ -293,7 +331,58 @@ def _read_npy_directory(path: Path, names: Mapping[str, str]) -> dict[str, np.nd
         except (EOFError, OSError) as exc:
             raise DataError(f"dataset: {str(file)!r} is a damaged or truncated .npy array: "
                             f"{type(exc).__name__}: {exc}") from None
-    return arrays
+    return arrays, sorted(file.stem for file in path.glob("*.npy"))
+
+
+# Names people commonly give each array, tried (ignoring case) after the role's own name when
+# suggesting the renaming a file needs.
+USUAL_NAMES: Mapping[str, tuple[str, ...]] = {
+    "x": ("features", "inputs", "input", "data", "samples", "x_train"),
+    "y": ("labels", "label", "targets", "target", "classes", "y_train"),
+    "groups": ("group", "group_id", "group_ids"),
+    "x_test": ("features_test", "inputs_test"),
+    "y_test": ("labels_test", "targets_test"),
+}
+UNKNOWN_NAME = "<its name in the file>"
+
+
+def _missing_arrays_message(path: Path, names: Mapping[str, str], missing: list[str], stored: list[str],
+                            options: Mapping[str, Any]) -> str:
+    """Which arrays are missing, which the file has, and the spec entry that would name them."""
+    absent = " nor ".join(f"{names[role]!r} (for {role})" for role in missing)
+    if not stored:
+        return f"dataset: {str(path)!r} has no array {absent}; it holds no arrays at all"
+    used = {name for role, name in names.items() if role not in missing}
+    suggested = {role: name for role, name in options.items() if role not in missing}
+    for role in missing:
+        suggested[role] = _guess_name(role, [name for name in stored if name not in used])
+        used.add(suggested[role])
+    unguessed = [role for role in missing if suggested[role] == UNKNOWN_NAME]
+    spare = [name for name in stored if name not in used]
+    if len(unguessed) == 1 and len(spare) == 1:
+        suggested[unguessed[0]] = spare[0]  # the one array left over can only be that one
+        spare = []
+    # A file that spells x as X likely spells x_test as X_test: named too, or the test split
+    # would silently go unused once x and y load.
+    for role in ARRAY_ROLES:
+        if role not in suggested and names[role] not in stored:
+            match = [name for name in spare if name.lower() == role]
+            if match:
+                suggested[role] = match[0]
+    import yaml
+
+    entry = {"path": str(path), **{role: suggested[role] for role in ARRAY_ROLES if role in suggested}}
+    spec = yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6).strip()
+    return (f"dataset: {str(path)!r} has no array {absent}; its arrays are {', '.join(stored)}: name the ones "
+            f"to use in the spec, e.g. dataset: {spec}")
+
+
+def _guess_name(role: str, candidates: list[str]) -> str:
+    by_lower = {name.lower(): name for name in candidates}
+    for usual in (role, *USUAL_NAMES[role]):
+        if usual in by_lower:
+            return by_lower[usual]
+    return UNKNOWN_NAME
 
 
 def _check_magic(path: Path, magic: bytes, what: str) -> None:
@@ -326,23 +415,83 @@ def check_arrays(dataset: Dataset, *, source: str) -> None:
     if dataset.x_test is not None:
         pairs.append(("x_test", "y_test", dataset.x_test, dataset.y_test))
     for x_name, y_name, x, y in pairs:
+        if x.ndim >= 1 and y.ndim >= 1 and len(x) == len(y) == 0:
+            what = ("no samples" if x_name == "x" else
+                    "no test samples (leave x_test and y_test out when there are none)")
+            raise DataError(f"dataset: {source} has {what}: arrays {x_name} and {y_name} have length 0, "
+                            f"shapes {x.shape} and {y.shape}")
         if x.dtype.kind not in "fiu":
             raise DataError(f"dataset: {source} array {x_name} must be numeric, got dtype {x.dtype}")
         if x.ndim < 2:
             raise DataError(f"dataset: {source} array {x_name} must have shape (samples, ...), got {x.shape}")
-        if y.ndim != 1 or y.dtype.kind not in "iu":
-            raise DataError(
-                f"dataset: {source} array {y_name} must be 1-D integer class labels, got dtype {y.dtype} shape {y.shape}")
+        _check_label_type(y, y_name, source)
         if len(x) != len(y):
             raise DataError(f"dataset: {source} arrays {x_name} and {y_name} differ in length: {len(x)} vs {len(y)}")
-        if len(y) and y.min() < 0:
+        if y.min() < 0:
             raise DataError(f"dataset: {source} array {y_name} has negative labels, e.g. {int(y.min())}")
         bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if x.dtype.kind == "f" else np.zeros(len(x), bool)
         if bad.any():
             raise DataError(
                 f"dataset: {source} array {x_name} has {int(bad.sum())} samples with NaN/Inf, "
                 f"first at index {int(np.argmax(bad))}")
+    _check_labels_start_at_0(dataset, source)
     if dataset.x_test is not None and dataset.x_test.shape[1:] != dataset.x.shape[1:]:
         raise DataError(f"dataset: {source} x_test samples have shape {dataset.x_test.shape[1:]}, x has {dataset.x.shape[1:]}")
     if dataset.groups is not None and len(dataset.groups) != len(dataset.y):
         raise DataError(f"dataset: {source} arrays groups and y differ in length: {len(dataset.groups)} vs {len(dataset.y)}")
+
+
+def _check_label_type(y: np.ndarray, name: str, source: str) -> None:
+    """Class labels are a 1-D integer array; the common ways of getting that wrong get a hint."""
+    rule = f"dataset: {source} array {name} must be 1-D integer class labels, got dtype {y.dtype} shape {y.shape}"
+    if y.ndim == 2 and y.shape[1] == 1:
+        raise DataError(f"{rule}: one label per sample, flattened: {name}.ravel()")
+    if y.ndim == 2:
+        raise DataError(f"{rule}: if these are one-hot rows, store the class numbers: {name}.argmax(axis=1)")
+    if y.ndim != 1 or y.dtype.kind not in "iuf":
+        raise DataError(rule)
+    if y.dtype.kind != "f":
+        return
+    values = np.asarray(y)
+    finite = np.isfinite(values)
+    if not finite.all():
+        raise DataError(f"{rule}, with {int((~finite).sum())} NaN/Inf labels, first at index {int(np.argmin(finite))}")
+    fractional = values != np.round(values)
+    if fractional.any():
+        first = int(np.argmax(fractional))
+        raise DataError(
+            f"{rule}, with values that are not whole numbers, e.g. {values[first].item()!r} at index {first}: "
+            "these look like regression targets, and foldsweep trains classifiers (labels 0..C-1, one per "
+            "class); bin them into classes first if that is what you mean")
+    raise DataError(
+        f"{rule}; its values are whole numbers ({values.min():g} to {values.max():g}): store them as integers, "
+        f"{name}.astype(int) in code, np.savez(..., {name}={name}.astype(np.int64)) in the file")
+
+
+def _check_labels_start_at_0(dataset: Dataset, source: str) -> None:
+    """A model with C outputs predicts classes 0..C-1: labels 1..C, almost always counted from 1,
+    would train a C+1st output that no sample ever has."""
+    y, y_test = dataset.y, dataset.y_test
+    if y.min() >= 1:
+        classes = np.unique(y)
+        # One class alone is refused before any training with its own message; "start at 0"
+        # would misname the problem.
+        if len(classes) >= 2:
+            hint = ("they look counted from 1: shift them, y - 1 (np.savez(..., y=y - 1))"
+                    if classes[-1] == len(classes) else
+                    "number the classes 0..C-1: classes = np.unique(y), then y = np.searchsorted(classes, y) "
+                    "(and the same for y_test)")
+            raise DataError(f"dataset: {source} array y: labels must start at 0 (a model with C outputs "
+                            f"predicts classes 0..C-1), got {_label_range(classes)} with no 0; {hint}")
+    # A test split may lack class 0 by chance; one whose labels also run past y's is counted from 1.
+    if y_test is not None and y_test.min() >= 1 and y_test.max() > y.max():
+        hint = ("shift them, y_test - 1 (np.savez(..., y_test=y_test - 1))" if y_test.max() == y.max() + 1 else
+                "number them as y's are")
+        raise DataError(f"dataset: {source} array y_test: labels must start at 0 like y's "
+                        f"({_label_range(np.unique(y))}), got {_label_range(np.unique(y_test))} with no 0; {hint}")
+
+
+def _label_range(classes: np.ndarray) -> str:
+    if classes[-1] - classes[0] + 1 == len(classes):
+        return f"labels {int(classes[0])}..{int(classes[-1])}"
+    return "labels " + ", ".join(str(int(label)) for label in classes[:10]) + (", ..." if len(classes) > 10 else "")

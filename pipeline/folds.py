@@ -117,3 +117,48 @@ def _splits(cv: CVSpec, x: np.ndarray, y: np.ndarray,
     shuffles = np.random.RandomState(cv.seed)
     return (split for _ in range(cv.n_repeats)
             for split in splitter(n_splits=cv.n_splits, shuffle=True, random_state=shuffles).split(x, y, groups))
+
+
+# How far a fold's validation classes may drift from the whole data's before a warning: the
+# total-variation distance, half the summed absolute differences of the class shares, i.e. the
+# fraction of the fold's samples that would have to change class for the two to match. 0.2, a
+# fifth of the fold, is far past chance: folds of 100 samples drawn one at a time stray about 0.06
+# from three balanced classes (0.14 in one fold out of a hundred), while [42, 210, 168] against a
+# balanced whole is 0.23. Groups move whole, each often mostly one class, which is what pushes a
+# group fold past it.
+IMBALANCE_THRESHOLD = 0.2
+
+
+def class_balance_warning(plan: FoldPlan, y: np.ndarray) -> str | None:
+    """One line naming the validation fold whose class shares stray furthest from the whole
+    data's, when ``cv.splitter`` is ``group`` and that distance exceeds ``IMBALANCE_THRESHOLD``;
+    None otherwise. ``y`` is the labels the plan's indices point into (the CV training split); a
+    fold is named by its replica index, ``repeat * n_splits + fold`` as everywhere else.
+
+    Only ``group`` is checked: the stratified splitters keep the proportions by construction, and
+    ``kfold`` draws samples one at a time, so its folds stray only by chance."""
+    if plan.cv.splitter != "group" or not plan.folds:
+        return None
+    y = np.asarray(y)
+    n_classes = int(y.max()) + 1
+    overall = np.bincount(y, minlength=n_classes) / len(y)
+    distances, counts = [], []
+    for fold in plan.folds:
+        fold_counts = np.bincount(y[fold.val], minlength=n_classes)
+        counts.append(fold_counts)
+        distances.append(0.5 * float(np.abs(fold_counts / max(len(fold.val), 1) - overall).sum()))
+    worst = int(np.argmax(distances))
+    if distances[worst] <= IMBALANCE_THRESHOLD:
+        return None
+    unbalanced = sum(distance > IMBALANCE_THRESHOLD for distance in distances)
+    others = f"; {unbalanced} of {len(plan.folds)} folds are past it" if unbalanced > 1 else ""
+    shares = counts[worst] / counts[worst].sum()
+    return (f"cv.splitter group: fold {worst} validates on class counts {counts[worst].tolist()} "
+            f"({_percentages(shares)}) while the data has {_percentages(overall)}, a total-variation distance "
+            f"of {distances[worst]:.2f} (over {IMBALANCE_THRESHOLD}){others}: its score measures another class "
+            "mix than the data's; cv.splitter: stratified_group keeps groups whole and each fold's classes "
+            "close to the data's")
+
+
+def _percentages(shares: np.ndarray) -> str:
+    return "/".join(f"{100 * share:.0f}%" for share in shares)

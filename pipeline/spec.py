@@ -188,20 +188,44 @@ class SweepSpec:
         """The experiment file as written in the spec (``resolve_path`` finds it)."""
         return Path(self.experiment.rsplit(":", 1)[0])
 
-    def resolve_path(self, path: str | Path) -> Path:
-        """A path of the spec, made absolute: relative paths are taken from the working
-        directory, or else from the spec's directory."""
-        path = Path(path)
-        if not path.is_absolute() and not path.exists() and (self.source_path.parent / path).exists():
-            path = self.source_path.parent / path
-        # A path found nowhere stays as written, so that the error names what the user wrote.
-        return path.resolve() if path.exists() else path
+    def search_directories(self) -> list[Path]:
+        """Where a relative path of the spec is looked for, in order: the working directory, the
+        spec's directory, and the directories above it up to its project's root (the first with a
+        ``pyproject.toml`` or ``.git``), so that a shipped spec works from any directory."""
+        spec_directory = self.source_path.parent.resolve()
+        directories = [Path.cwd(), spec_directory]
+        above = []
+        for directory in (spec_directory, *spec_directory.parents):
+            if directory != spec_directory:
+                above.append(directory)
+            if (directory / "pyproject.toml").exists() or (directory / ".git").exists():
+                directories += above
+                break
+        return list(dict.fromkeys(directories))
+
+    def resolve_path(self, path: str | Path, *, key: str) -> Path:
+        """A path of the spec (YAML key ``key``), made absolute: see ``search_directories``.
+
+        Raises:
+            SpecError: the path exists in none of them; the message lists where it looked.
+        """
+        written = Path(path).expanduser()
+        if written.is_absolute():
+            if written.exists():
+                return written
+            raise SpecError(f"{self.source_path}: {key}: file not found: {str(path)!r}")
+        directories = self.search_directories()
+        for directory in directories:
+            if (directory / written).exists():
+                return (directory / written).resolve()
+        raise SpecError(f"{self.source_path}: {key}: file not found: {str(path)!r}; looked in "
+                        + ", ".join(str(directory) for directory in directories))
 
     def resolved_dataset(self) -> DatasetSpec:
         """The dataset entry with a file path made absolute (built-ins as they are)."""
         if self.dataset.path is None:
             return self.dataset
-        return replace(self.dataset, path=str(self.resolve_path(self.dataset.path)))
+        return replace(self.dataset, path=str(self.resolve_path(self.dataset.path, key="dataset")))
 
     @property
     def experiment_attr(self) -> str:
@@ -230,13 +254,35 @@ def load_spec(path: str | Path) -> SweepSpec:
     except OSError as exc:
         raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except DuplicateKeyError as exc:
+        raise SpecError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
     return parse_spec(data, source_path=path, source_text=text)
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names the same key twice; YAML would silently keep the last one."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key that a mapping repeats (``train:`` written twice)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKeyError(
+                    f"key {key!r} appears twice in the same mapping, at lines {seen[key]} and {line}: YAML would "
+                    "silently keep the last one; merge them into one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_spec(data: Any, *, source_path: Path, source_text: str = "") -> SweepSpec:
@@ -254,6 +300,7 @@ def parse_spec(data: Any, *, source_path: Path, source_text: str = "") -> SweepS
     tracking = TrackingSpec(uri=root.section("tracking").done_with(
         lambda s: s.string("uri", default=DEFAULT_TRACKING_URI)))
     root.finish()
+    _check_scheduler_can_act(str(source_path), search, train)
     return SweepSpec(
         name=name, experiment=experiment, dataset=dataset, cv=cv, search=search, train=train,
         resources=resources, tracking=tracking, source_path=source_path, source_text=source_text,
@@ -322,6 +369,24 @@ def _parse_scheduler(search: _Section) -> SchedulerSpec:
     )
     section.finish()
     return scheduler
+
+
+def _check_scheduler_can_act(file: str, search: SearchSpec, train: TrainSpec) -> None:
+    """ASHA and median stopping compare trials from ``grace_period`` epochs on: a grace period
+    that reaches the last epoch leaves them nothing to stop."""
+    scheduler = search.scheduler
+    if scheduler.name == "fifo":
+        return
+    epochs = search.space.get("epochs")
+    longest = max((*epochs.values(), *(epochs.args[:2] if epochs.kind in ("randint", "qrandint") else ())), default=None) \
+        if epochs is not None else None
+    longest = longest if isinstance(longest, int) else train.epochs
+    where = "search.space.epochs" if epochs is not None else "train.epochs"
+    if scheduler.grace_period >= longest:
+        raise SpecError(
+            f"{file}: search.scheduler.grace_period must be below the epochs a trial trains ({where}: at most "
+            f"{longest}), or {scheduler.name} can never stop a trial early, got grace_period={scheduler.grace_period}; "
+            "lower it or use scheduler fifo")
 
 
 def _parse_param(section: _Section, key: str) -> ParamSpec:

@@ -18,11 +18,12 @@ import numpy as np
 
 from pipeline.datasets import Dataset, load_dataset
 from pipeline.errors import DataError, FoldsweepError, InputError, SpecError
-from pipeline.folds import FoldPlan, make_folds
+from pipeline.folds import FoldPlan, class_balance_warning, make_folds
 from pipeline.space import SearchSpace
 from pipeline.spec import SweepSpec
 from pipeline.results import BEST_EPOCH, WORKER_RETIRES, EpochSelection, SweepStatus, TrialStatus
-from pipeline.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord, check_tracking_uri
+from pipeline.stores import check_tracking_uri
+from pipeline.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
 from pipeline.trial import TrialSettings
 
 RAY_RESULTS_DIR = "ray_results"
@@ -42,6 +43,7 @@ class PreparedSweep:
     tracking_uri: str
     num_samples: int
     address: str | None = None
+    warnings: tuple[str, ...] = ()  # what may be a mistake but is not refused
 
     def trial_settings(self) -> TrialSettings:
         return TrialSettings.from_spec(self.spec, experiment_path=self.experiment_path,
@@ -69,10 +71,10 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     from pipeline.space import build_space
 
     uri = tracking_uri or spec.tracking.uri
-    check_tracking_uri(uri)
+    check_tracking_uri(uri, source="--tracking-uri" if tracking_uri else f"{spec.source_path}: tracking.uri")
     if num_samples is not None and num_samples < 1:
         raise DataError(f"--num-samples must be >= 1, got {num_samples}")
-    experiment_path = spec.resolve_path(spec.experiment_path)
+    experiment_path = spec.resolve_path(spec.experiment_path, key="experiment")
     experiment = load_experiment(experiment_path, spec.experiment_attr, reference=spec.experiment)
     space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
     dataset_spec = spec.resolved_dataset()
@@ -92,6 +94,7 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     return PreparedSweep(
         spec=spec, experiment_path=experiment_path, experiment=experiment, dataset=dataset, dataset_path=dataset_spec.path,
         folds=folds, space=space, tracking_uri=uri, num_samples=num_samples or spec.search.num_samples, address=address,
+        warnings=tuple(warning for warning in [class_balance_warning(folds, dataset.y)] if warning),
     )
 
 def _check_batch_fits_folds(spec: SweepSpec, space: SearchSpace, folds: FoldPlan) -> None:

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
-from urllib.parse import urlparse
 
 from ray.tune import Callback
 
@@ -25,6 +24,7 @@ from pipeline.results import (BEST_EPOCH, FOLD_IDS, PLAN_ARTIFACT, RETRIES, SELE
                               EpochSelection, SweepStatus, TrialStatus, in_history, info_metrics, info_params,
                               info_tags, info_texts)
 from pipeline.spec import Objective
+from pipeline.stores import sqlite_path, store_lock
 
 
 
@@ -67,63 +67,19 @@ DESCRIPTION_TAG = "mlflow.note.content"
 SHARED_VIEW_TAG = "mlflow.sharedViewState."
 
 
-def check_tracking_uri(uri: str) -> None:
-    """Refuse a tracking URI that cannot work, before anything starts.
-
-    Raises:
-        TrackingError: unsupported scheme, or a SQLite file whose directory is missing.
-    """
-    parsed = urlparse(uri)
-    if parsed.scheme == "sqlite":
-        database = _sqlite_path(uri)
-        if database is not None and not database.parent.is_dir():
-            raise TrackingError(
-                f"tracking.uri: the directory of the SQLite file must exist, got {uri!r} "
-                f"(no directory {str(database.parent)!r})")
-    elif parsed.scheme in ("http", "https"):
-        _check_server(uri)
-    elif parsed.scheme not in ("file", "postgresql", "mysql", "databricks"):
-        raise TrackingError(
-            f"tracking.uri must be sqlite:///FILE, http(s)://HOST:PORT or another MLflow store URI, got {uri!r}")
-
-
-def _check_server(uri: str) -> None:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=10) as response:
-            response.read()
-    except urllib.error.HTTPError as exc:
-        raise TrackingError(f"tracking.uri: {uri!r} answered HTTP {exc.code} at /health: is it an MLflow server?") from None
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise TrackingError(f"tracking.uri: cannot reach an MLflow server at {uri!r}: {reason}") from None
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
-    if not path or path == ":memory:":
-        return None
-    return Path(path).resolve()
-
-
 # How often opening a store is tried while another process creates or upgrades it.
 STORE_OPEN_ATTEMPTS = 40
 
 
 def _ready_store(client: Any, uri: str) -> None:
-    """Create or upgrade a SQLite store before anything else here touches it, under a lock file
-    beside it, and wait out another process that is doing the same without the lock (the MLflow
+    """Create or upgrade a SQLite store before anything else here touches it, under a lock
+    (``stores.store_lock``), and wait out another process that is doing the same without the lock (the MLflow
     UI, a script polling the runs): MLflow's schema migration of a new store fails when two
     processes run it at once (``table _alembic_tmp_experiments already exists``)."""
-    import fcntl
-
-    database = _sqlite_path(uri)
+    database = sqlite_path(uri)
     if database is None:
         return
-    with open(database.with_name(f"{database.name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with store_lock(database):
         for attempt in range(STORE_OPEN_ATTEMPTS):
             try:
                 client.search_experiments(max_results=1)
@@ -216,7 +172,7 @@ class Tracker:
     def _artifact_location(self, name: str) -> str | None:
         # Artifacts of a SQLite store live beside the database file rather than in whatever
         # directory the command happened to run from.
-        database = _sqlite_path(self.uri)
+        database = sqlite_path(self.uri)
         if database is None:
             return None
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)

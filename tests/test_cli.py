@@ -33,7 +33,7 @@ def test_validate_accepts_a_good_spec(write_spec):
     ({"cv": {"n_splits": 41}}, "cv.n_splits must be <= the smallest class size"),
     ({"dataset": "mnist2d"}, "unknown built-in dataset 'mnist2d'"),
     ({"dataset": {"name": "mnist1d", "num_samples": 5}}, "dataset.num_samples must be an integer >= 100, got 5"),
-    ({"dataset": "missing/data.npz"}, "data file not found: 'missing/data.npz'"),
+    ({"dataset": "missing/data.npz"}, "dataset: file not found: 'missing/data.npz'; looked in"),
     ({"search": {"space": {"fliters": 8}}}, "search.space.fliters is not a hyperparameter"),
     ({"experiment": "nowhere/model.py:build"}, "experiment: file not found: 'nowhere/model.py'"),
     ({"tracking": {"uri": "sqlite:////no/such/dir/mlflow.db"}}, "the directory of the SQLite file must exist"),

@@ -107,3 +107,43 @@ def test_file_format_errors_name_the_array_and_the_problem(tmp_path, arrays, opt
     with pytest.raises(DataError) as caught:
         load_dataset(DatasetSpec(path=str(tmp_path / "data.npz"), options=options))
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(("arrays", "options", "message"), [
+    ({"X": np.ones((4, 3)), "Y": np.arange(4)}, {},
+     "has no array 'x' (for x) nor 'y' (for y); its arrays are X, Y: name the ones to use in the spec, "
+     "e.g. dataset: {path: PATH, x: X, y: Y}"),
+    ({"features": np.ones((4, 3)), "labels": np.arange(4), "protein": np.arange(4)}, {"groups": "protein"},
+     "has no array 'x' (for x) nor 'y' (for y); its arrays are features, labels, protein: name the ones to use "
+     "in the spec, e.g. dataset: {path: PATH, x: features, y: labels, groups: protein}"),
+    ({"X": np.ones((4, 3)), "Y": np.arange(4), "X_test": np.ones((2, 3)), "Y_test": np.arange(2)}, {},
+     "has no array 'x' (for x) nor 'y' (for y); its arrays are X, Y, X_test, Y_test: name the ones to use in the "
+     "spec, e.g. dataset: {path: PATH, x: X, y: Y, x_test: X_test, y_test: Y_test}"),
+    ({"signals": np.ones((4, 3)), "y": np.arange(4)}, {},
+     "has no array 'x' (for x); its arrays are signals, y: name the ones to use in the spec, "
+     "e.g. dataset: {path: PATH, x: signals}"),
+    ({"a": np.ones((4, 3)), "b": np.arange(4)}, {},
+     "has no array 'x' (for x) nor 'y' (for y); its arrays are a, b: name the ones to use in the spec, "
+     "e.g. dataset: {path: PATH, x: <its name in the file>, y: <its name in the file>}"),
+    ({"x": np.ones((4, 3)), "y": np.arange(4)}, {"groups": "protein"},
+     "has no array 'protein' (for groups); its arrays are x, y: name the ones to use in the spec, "
+     "e.g. dataset: {path: PATH, groups: <its name in the file>}"),
+])
+def test_a_file_without_the_named_arrays_lists_its_arrays_and_the_renaming(tmp_path, arrays, options, message):
+    path = tmp_path / "data.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(DataError) as caught:
+        load_dataset(DatasetSpec(path=str(path), options=options))
+    assert str(caught.value) == f"dataset: {str(path)!r} {message.replace('PATH', str(path))}"
+
+
+def test_a_npy_directory_without_x_and_y_lists_its_files(tmp_path):
+    np.save(tmp_path / "X.npy", np.ones((4, 3)))
+    np.save(tmp_path / "Y.npy", np.arange(4))
+    with pytest.raises(DataError) as caught:
+        load_dataset(DatasetSpec(path=str(tmp_path)))
+    assert str(caught.value) == (
+        f"dataset: {str(tmp_path)!r} has no array 'x' (for x) nor 'y' (for y); its arrays are X, Y: name the ones "
+        f"to use in the spec, e.g. dataset: {{path: {tmp_path}, x: X, y: Y}}")
+    renamed = load_dataset(DatasetSpec(path=str(tmp_path), options={"x": "X", "y": "Y"}))
+    assert renamed.x.shape == (4, 3, 1)

@@ -111,3 +111,144 @@ def test_fingerprint_changes_with_any_value():
     changed[4, 2, 0] = 1e-6
     assert Dataset("d", changed, y).fingerprint != base
     assert Dataset("d", x.copy(), y.copy()).fingerprint == base
+
+
+def package_in(tmp_path: Path, *, checkout: bool, data_folder: bool = True) -> Path:
+    """Where the package would sit: a checkout (pyproject.toml beside it, maybe a data/ folder)
+    or an installed copy in site-packages."""
+    project = tmp_path / ("checkout" if checkout else "site-packages")
+    (project / "pipeline").mkdir(parents=True)
+    if checkout:
+        (project / "pyproject.toml").write_text("[project]\nname = 'foldsweep'\n")
+        if data_folder:
+            (project / "data").mkdir()
+    return project / "pipeline"
+
+
+@pytest.fixture
+def no_data_dir_variable(monkeypatch, tmp_path):
+    """FOLDSWEEP_DATA_DIR unset, and a home and cache of the test's own, so nothing lands in the real ones."""
+    monkeypatch.delenv(datasets.DATA_DIR_ENV, raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def test_the_data_dir_variable_wins_over_a_checkout(monkeypatch, tmp_path):
+    monkeypatch.setattr(datasets, "PACKAGE_DIR", package_in(tmp_path, checkout=True))
+    monkeypatch.setenv(datasets.DATA_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert datasets.data_dir() == tmp_path / "elsewhere"
+    assert datasets.data_dir_source() == f"$FOLDSWEEP_DATA_DIR ({tmp_path / 'elsewhere'})"
+    # A relative value means relative to where it was set, made absolute at once.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(datasets.DATA_DIR_ENV, "cache")
+    assert datasets.data_dir() == tmp_path / "cache"
+
+
+def test_a_checkout_caches_in_its_own_data_folder_from_any_working_directory(
+        monkeypatch, tmp_path, no_data_dir_variable):
+    monkeypatch.setattr(datasets, "PACKAGE_DIR", package_in(tmp_path, checkout=True))
+    monkeypatch.chdir(tmp_path / "checkout" / "pipeline")
+    assert datasets.data_dir() == tmp_path / "checkout" / "data"
+    assert datasets.data_dir_source() == (
+        f"the project's data/ folder ({tmp_path / 'checkout' / 'data'}), as foldsweep runs from its checkout; "
+        "$FOLDSWEEP_DATA_DIR moves it")
+
+
+@pytest.mark.parametrize(("checkout", "xdg_cache_home", "cache"), [
+    (False, None, "home/.cache/foldsweep"),
+    (False, "", "home/.cache/foldsweep"),
+    (False, "relative/cache", "home/.cache/foldsweep"),  # the XDG spec ignores relative paths
+    (False, "xdg", "xdg/foldsweep"),
+    (True, None, "home/.cache/foldsweep"),  # a checkout without data/ is not foldsweep's own
+])
+def test_an_installed_package_caches_in_the_user_cache_directory(
+        monkeypatch, tmp_path, no_data_dir_variable, checkout, xdg_cache_home, cache):
+    monkeypatch.setattr(datasets, "PACKAGE_DIR", package_in(tmp_path, checkout=checkout, data_folder=False))
+    if xdg_cache_home is not None:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg") if xdg_cache_home == "xdg" else xdg_cache_home)
+    assert datasets.data_dir() == tmp_path / cache
+    named = "$XDG_CACHE_HOME/foldsweep" if xdg_cache_home == "xdg" else "~/.cache/foldsweep"
+    assert datasets.data_dir_source() == (
+        f"the user cache directory {named} ({tmp_path / cache}), as foldsweep is not installed from a checkout; "
+        "$FOLDSWEEP_DATA_DIR moves it")
+
+
+@pytest.mark.parametrize(("checkout", "cache"), [(True, "checkout/data"), (False, "xdg/foldsweep")])
+def test_loading_a_builtin_writes_nothing_into_the_working_directory(
+        monkeypatch, tmp_path, no_data_dir_variable, checkout, cache):
+    monkeypatch.setattr(datasets, "PACKAGE_DIR", package_in(tmp_path, checkout=checkout))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.chdir(scratch)
+    load_dataset(DatasetSpec(name="digits", options={"seed": 3}))
+    assert list(scratch.iterdir()) == []
+    assert [path.name.split("-")[0] for path in (tmp_path / cache).iterdir()] == ["digits"]
+
+
+def labels_file(tmp_path: Path, y, y_test=None) -> Path:
+    arrays = {"x": np.ones((len(y), 3), np.float32), "y": np.asarray(y)}
+    if y_test is not None:
+        arrays.update(x_test=np.ones((len(y_test), 3), np.float32), y_test=np.asarray(y_test))
+    return save(tmp_path, **arrays)
+
+
+@pytest.mark.parametrize(("y", "y_test", "message"), [
+    ([0.0, 1.0, 2.0, 1.0], None,
+     "array y must be 1-D integer class labels, got dtype float64 shape (4,); its values are whole numbers (0 to 2): "
+     "store them as integers, y.astype(int) in code, np.savez(..., y=y.astype(np.int64)) in the file"),
+    ([0, 1, 2, 1], [0.0, 2.0],
+     "array y_test must be 1-D integer class labels, got dtype float64 shape (2,); its values are whole numbers "
+     "(0 to 2): store them as integers, y_test.astype(int) in code, "
+     "np.savez(..., y_test=y_test.astype(np.int64)) in the file"),
+    ([0.5, 1.25, 2.0, 1.0], None,
+     "array y must be 1-D integer class labels, got dtype float64 shape (4,), with values that are not whole "
+     "numbers, e.g. 0.5 at index 0: these look like regression targets, and foldsweep trains classifiers "
+     "(labels 0..C-1, one per class); bin them into classes first if that is what you mean"),
+    ([0.0, np.nan, 1.0], None,
+     "array y must be 1-D integer class labels, got dtype float64 shape (3,), with 1 NaN/Inf labels, "
+     "first at index 1"),
+    ([1, 2, 3, 2], None,
+     "array y: labels must start at 0 (a model with C outputs predicts classes 0..C-1), got labels 1..3 with no 0; "
+     "they look counted from 1: shift them, y - 1 (np.savez(..., y=y - 1))"),
+    ([3, 7, 7, 3], None,
+     "array y: labels must start at 0 (a model with C outputs predicts classes 0..C-1), got labels 3, 7 with no 0; "
+     "number the classes 0..C-1: classes = np.unique(y), then y = np.searchsorted(classes, y) "
+     "(and the same for y_test)"),
+    ([0, 1, 2, 1], [1, 2, 3],
+     "array y_test: labels must start at 0 like y's (labels 0..2), got labels 1..3 with no 0; "
+     "shift them, y_test - 1 (np.savez(..., y_test=y_test - 1))"),
+    ([[0], [1], [1]], None,
+     "array y must be 1-D integer class labels, got dtype int64 shape (3, 1): one label per sample, flattened: "
+     "y.ravel()"),
+    ([[1.0, 0.0], [0.0, 1.0]], None,
+     "array y must be 1-D integer class labels, got dtype float64 shape (2, 2): if these are one-hot rows, "
+     "store the class numbers: y.argmax(axis=1)"),
+])
+def test_label_mistakes_are_refused_with_a_hint(tmp_path, y, y_test, message):
+    path = labels_file(tmp_path, y, y_test)
+    with pytest.raises(DataError) as caught:
+        load_dataset(DatasetSpec(path=str(path)))
+    assert str(caught.value) == f"dataset: {path} {message}"
+
+
+@pytest.mark.parametrize(("y", "y_test"), [
+    ([1, 1, 1], None),  # one class: the sweep refuses it with its own message, not "start at 0"
+    ([0, 1, 2, 1], [1, 2]),  # a small test split may lack class 0 by chance
+])
+def test_labels_without_a_0_that_are_not_counted_from_1_load(tmp_path, y, y_test):
+    load_dataset(DatasetSpec(path=str(labels_file(tmp_path, y, y_test))))
+
+
+@pytest.mark.parametrize(("arrays", "message"), [
+    ({"x": np.zeros((0, 3), np.float32), "y": np.zeros(0)},
+     "has no samples: arrays x and y have length 0, shapes (0, 3) and (0,)"),
+    ({"x": np.ones((2, 3)), "y": np.arange(2), "x_test": np.zeros((0, 3)), "y_test": np.zeros(0, np.int64)},
+     "has no test samples (leave x_test and y_test out when there are none): arrays x_test and y_test have "
+     "length 0, shapes (0, 3) and (0,)"),
+])
+def test_a_file_without_samples_is_refused(tmp_path, arrays, message):
+    path = save(tmp_path, **arrays)
+    with pytest.raises(DataError) as caught:
+        load_dataset(DatasetSpec(path=str(path)))
+    assert str(caught.value) == f"dataset: {path} {message}"

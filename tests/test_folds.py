@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.datasets import Dataset
 from pipeline.errors import DataError
-from pipeline.folds import make_folds, manifest_identity
+from pipeline.folds import Fold, FoldPlan, class_balance_warning, make_folds, manifest_identity
 from pipeline.spec import CVSpec
 
 
@@ -98,3 +98,59 @@ def grouped_dataset(n: int = 120) -> Dataset:
     rng = np.random.default_rng(3)
     return Dataset(name="grouped", x=rng.normal(size=(n, 8, 1)).astype(np.float32),
                    y=(np.arange(n) % 2).astype(np.int32), groups=(np.arange(n) // 4).astype(np.int64))
+
+
+def plan_with_validation_counts(counts_per_fold: list[list[int]],
+                                splitter: str = "group") -> tuple[FoldPlan, np.ndarray]:
+    """Hand-made folds whose validation sides hold the given class counts (together, every sample once)."""
+    y = np.concatenate([np.repeat(np.arange(len(counts)), counts) for counts in counts_per_fold]).astype(np.int32)
+    ends = np.cumsum([sum(counts) for counts in counts_per_fold])
+    folds = tuple(Fold(train=np.setdiff1d(np.arange(len(y)), val), val=val)
+                  for val in np.split(np.arange(len(y)), ends[:-1]))
+    return FoldPlan(cv=CVSpec(splitter=splitter, n_splits=len(folds), seed=0), folds=folds,
+                    dataset_fingerprint="hand-made"), y
+
+
+# 420 samples of each class overall; fold 0 is the unbalanced one, folds 1 and 2 stray by 0.12.
+UNBALANCED = [[42, 210, 168], [189, 105, 126], [189, 105, 126]]
+
+
+def test_an_unbalanced_group_fold_is_named_with_its_class_counts():
+    plan, y = plan_with_validation_counts(UNBALANCED)
+    assert class_balance_warning(plan, y) == (
+        "cv.splitter group: fold 0 validates on class counts [42, 210, 168] (10%/50%/40%) while the data has "
+        "33%/33%/33%, a total-variation distance of 0.23 (over 0.2): its score measures another class mix than "
+        "the data's; cv.splitter: stratified_group keeps groups whole and each fold's classes close to the data's")
+
+
+def test_the_warning_counts_every_fold_past_the_threshold():
+    plan, y = plan_with_validation_counts([[100, 0], [0, 100], [50, 50]])
+    warning = class_balance_warning(plan, y)
+    assert warning.startswith("cv.splitter group: fold 0 validates on class counts [100, 0] (100%/0%) while the "
+                              "data has 50%/50%, a total-variation distance of 0.50 (over 0.2); 2 of 3 folds are "
+                              "past it: ")
+
+
+@pytest.mark.parametrize("counts_per_fold", [
+    [[140, 140, 140]] * 3,
+    [[150, 110, 160], [135, 155, 130], [135, 155, 130]],  # strays by 0.07 at most
+])
+def test_balanced_group_folds_get_no_warning(counts_per_fold):
+    plan, y = plan_with_validation_counts(counts_per_fold)
+    assert class_balance_warning(plan, y) is None
+
+
+@pytest.mark.parametrize("splitter", ["kfold", "stratified", "stratified_group"])
+def test_only_the_group_splitter_is_checked(splitter):
+    plan, y = plan_with_validation_counts(UNBALANCED, splitter=splitter)
+    assert class_balance_warning(plan, y) is None
+
+
+def test_group_folds_of_one_class_groups_warn_and_mixed_groups_do_not():
+    x = np.zeros((90, 4, 1), np.float32)
+    y = np.repeat([0, 1, 2], 30).astype(np.int32)
+    one_class_groups = Dataset(name="toy", x=x, y=y, groups=np.repeat([0, 1, 2], 30))
+    plan = make_folds(CVSpec(splitter="group", n_splits=3, seed=0), one_class_groups)
+    assert "a total-variation distance of 0.67 (over 0.2); 3 of 3 folds are past it" in class_balance_warning(plan, y)
+    mixed_groups = Dataset(name="toy", x=x, y=y, groups=np.arange(90) % 9)
+    assert class_balance_warning(make_folds(CVSpec(splitter="group", n_splits=3, seed=0), mixed_groups), y) is None

@@ -119,6 +119,10 @@ def test_grid_search_enumerates_finite_spaces_and_refuses_continuous_ones(write_
     ({"scheduler": "hyperband"}, "search.scheduler must be one of fifo, asha, median"),
     ({"scheduler": {"name": "asha", "reduction_factor": 1}}, "search.scheduler.reduction_factor must be an integer >= 2, got 1"),
     ({"scheduler": {"name": "asha", "grace": 1}}, "unknown key 'search.scheduler.grace' (did you mean 'grace_period'?)"),
+    ({"scheduler": {"name": "asha", "grace_period": 3}}, "search.scheduler.grace_period must be below the epochs a "
+     "trial trains (train.epochs: at most 2), or asha can never stop a trial early, got grace_period=3"),
+    ({"scheduler": {"name": "median", "grace_period": 4}, "space": {"epochs": {"choice": [2, 4]}}},
+     "search.scheduler.grace_period must be below the epochs a trial trains (search.space.epochs: at most 4)"),
 ])
 def test_search_rules(write_spec, search, message):
     with pytest.raises(SpecError) as caught:
@@ -128,8 +132,9 @@ def test_search_rules(write_spec, search, message):
 
 def test_schedulers_are_built_from_the_spec(write_spec):
     assert isinstance(make_scheduler(load_spec(write_spec())), FIFOScheduler)
-    asha = make_scheduler(load_spec(write_spec({"search": {"scheduler": {"name": "asha", "grace_period": 2}}})))
-    assert isinstance(asha, ASHAScheduler) and asha._max_t == 2
+    asha = make_scheduler(load_spec(write_spec({"search": {"scheduler": {"name": "asha", "grace_period": 2}},
+                                                "train": {"epochs": 3}})))
+    assert isinstance(asha, ASHAScheduler) and asha._max_t == 3
     assert isinstance(make_scheduler(load_spec(write_spec({"search": {"scheduler": "median"}}))), MedianStoppingRule)
 
 

@@ -1,0 +1,172 @@
+"""Tracking stores before anything touches them: is a URI one MLflow can open, from here, as the
+user who runs the command; and the lock that keeps two processes from creating one SQLite store
+at once.
+
+Every check reads and nothing writes: a store that is refused is left byte for byte as it was.
+This module imports neither MLflow nor Ray, so a bad URI is refused at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import sqlite3
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import urlparse
+
+from pipeline.errors import TrackingError
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+# Tables every MLflow SQLite store has, whatever its schema version.
+MLFLOW_TABLES = {"experiments", "runs", "alembic_version"}
+OTHER_SCHEMES = ("file", "postgresql", "mysql", "databricks")
+SERVER_TIMEOUT_S = 10
+
+
+def check_tracking_uri(uri: str, *, source: str = "tracking.uri") -> None:
+    """Refuse a tracking URI that cannot work, before anything starts; ``source`` is what the
+    user wrote it in (``tracking.uri`` of a spec, or ``--tracking-uri``).
+
+    Raises:
+        TrackingError: no scheme or an unsupported one; a SQLite path where no store can be
+            created, or a file that is not an MLflow store; a server that does not answer as
+            MLflow, or refuses this client's credentials.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":
+        database = sqlite_path(uri)
+        if database is not None:
+            _check_sqlite_file(uri, database, source)
+    elif parsed.scheme in ("http", "https"):
+        _check_server(uri, source)
+    elif parsed.scheme not in OTHER_SCHEMES:
+        hint = f" (did you mean sqlite:///{uri}?)" if not parsed.scheme and uri.strip() else ""
+        raise TrackingError(
+            f"{source} must be sqlite:///FILE (e.g. sqlite:///mlflow.db), http(s)://HOST:PORT or another "
+            f"MLflow store URI, got {uri!r}{hint}")
+
+
+def require_existing_store(uri: str, *, source: str, purpose: str) -> None:
+    """Commands that read a recorded sweep refuse a SQLite store that does not exist, rather
+    than create an empty one to find nothing in.
+
+    Raises:
+        TrackingError: the URI is refused by ``check_tracking_uri``, or names no file.
+    """
+    check_tracking_uri(uri, source=source)
+    database = sqlite_path(uri)
+    if database is not None and not database.is_file():
+        raise TrackingError(f"{source}: no MLflow store at {uri!r} ({str(database)!r} does not exist), so {purpose}")
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a ``sqlite:///`` URI, absolute (None for an in-memory store)."""
+    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+    if not path or path == ":memory:":
+        return None
+    return Path(path).resolve()
+
+
+def _check_sqlite_file(uri: str, database: Path, source: str) -> None:
+    if database.is_dir():
+        raise TrackingError(f"{source}: {uri!r} names a directory, not a SQLite file (e.g. "
+                            f"sqlite:///{database / 'mlflow.db'})")
+    if not database.exists():
+        directory = database.parent
+        if not directory.is_dir():
+            raise TrackingError(f"{source}: the directory of the SQLite file must exist, got {uri!r} "
+                                f"(no directory {str(directory)!r})")
+        try:  # the only sure test (permissions, read-only mounts, /proc): a file made and removed at once
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".foldsweep-probe-"):
+                pass
+        except OSError as exc:
+            raise TrackingError(f"{source}: no store can be created at {uri!r}: files cannot be created in "
+                                f"{str(directory)!r} ({exc.strerror or exc})") from None
+        return
+    if database.stat().st_size == 0:  # an empty file becomes a new store
+        return
+    try:
+        with open(database, "rb") as file:
+            header = file.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise TrackingError(f"{source}: cannot read the store {uri!r}: {exc.strerror or exc}") from None
+    if header != SQLITE_HEADER:
+        raise TrackingError(f"{source}: {str(database)!r} is not a SQLite database, so not an MLflow store "
+                            f"(got {uri!r}); name a new file or an existing MLflow store")
+    tables = _sqlite_tables(database, uri, source)
+    if tables and not MLFLOW_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:6]) + (", ..." if len(tables) > 6 else "")
+        raise TrackingError(f"{source}: {str(database)!r} is a SQLite database but not an MLflow store (its tables: "
+                            f"{shown}), got {uri!r}; name a new file or an existing MLflow store")
+    if not os.access(database, os.W_OK):
+        raise TrackingError(f"{source}: the store {uri!r} is not writable by this user")
+
+
+def _sqlite_tables(database: Path, uri: str, source: str) -> set[str]:
+    try:
+        # Read-only and immutable: opening it this way cannot change the file or leave a journal.
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro&immutable=1", uri=True)) as connection:
+            return {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:
+        raise TrackingError(f"{source}: cannot read the store {uri!r}: {exc}") from None
+
+
+def server_credentials() -> dict[str, str]:
+    """The HTTP headers MLflow's client sends a server, from its environment variables."""
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    if token:
+        return {"Authorization": f"Bearer {token}"}
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+    return {}
+
+
+def _check_server(uri: str, source: str) -> None:
+    """The server answers as MLflow (``/health``) and lets this client read runs (its own
+    credentials, where the server asks for some)."""
+    base = uri.rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=SERVER_TIMEOUT_S) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        raise TrackingError(f"{source}: {uri!r} answered HTTP {exc.code} at /health: is it an MLflow server?") from None
+    except (OSError, ValueError) as exc:
+        raise TrackingError(f"{source}: cannot reach an MLflow server at {uri!r}: {getattr(exc, 'reason', exc)}") from None
+    headers = {"Content-Type": "application/json", **server_credentials()}
+    request = urllib.request.Request(f"{base}/api/2.0/mlflow/experiments/search", method="POST", headers=headers,
+                                     data=json.dumps({"max_results": 1}).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=SERVER_TIMEOUT_S) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            given = "refuses the credentials of" if "Authorization" in headers else "asks for credentials: set"
+            raise TrackingError(
+                f"{source}: the MLflow server at {uri!r} {given} MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
+                f"(HTTP {exc.code})") from None
+        raise TrackingError(f"{source}: {uri!r} answered HTTP {exc.code} to a search for experiments: is it an "
+                            "MLflow tracking server?") from None
+    except (OSError, ValueError) as exc:
+        raise TrackingError(f"{source}: cannot reach an MLflow server at {uri!r}: {getattr(exc, 'reason', exc)}") from None
+
+
+@contextlib.contextmanager
+def store_lock(database: Path) -> Iterator[None]:
+    """An exclusive lock on creating or upgrading the store ``database``, shared by every process
+    on this machine, kept in the system's temporary directory: not beside the store, where a
+    command that only reads it would leave a file behind."""
+    directory = Path(tempfile.gettempdir()) / "foldsweep-locks"
+    directory.mkdir(exist_ok=True)
+    name = hashlib.sha256(str(database).encode()).hexdigest()[:24]
+    with open(directory / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
