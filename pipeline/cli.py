@@ -271,7 +271,8 @@ def trial(
     check_numerics: bool = NumericsOption,
 ) -> None:
     """Run one config of a spec in this process (no search, no Ray), printing each epoch."""
-    from pipeline.rerun import TrialRequest, check_fold, parse_assignments, single_config, spec_threads
+    from pipeline.rerun import (TrialRequest, check_fold, check_override_conditions, checked_overrides,
+                                parse_assignments, single_config, spec_threads)
     from pipeline.spec import load_spec
     from pipeline.sweep import prepare
     from pipeline.trial import configure_tensorflow
@@ -283,21 +284,18 @@ def trial(
     configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads)
     prepared = prepare(sweep_spec)
     _print_warnings(prepared)
-    config = single_config(prepared.spec, prepared.space.domains, prepared.experiment.hyperparameters,
-                           _known_overrides(parse_assignments(set_values), prepared.space.domains))
-    console.print(f"trial of {spec}: " + " ".join(f"{k}={v}" for k, v in sorted(prepared.space.resolve(config).items())
-                                                   if v is not None), highlight=False)
+    overrides = checked_overrides(parse_assignments(set_values), set(prepared.space.domains),
+                                  prepared.experiment.hyperparameters)
+    config = single_config(prepared.spec, prepared.space.domains, prepared.experiment.hyperparameters, overrides)
+    check_override_conditions(config, overrides, prepared.space.conditions)
+    shown = {**prepared.space.resolve(config), **({"epochs": epochs} if epochs else {})}
+    console.print(f"trial of {spec}: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()) if v is not None),
+                  highlight=False)
     _run_here(TrialRequest(spec=prepared.spec, experiment_path=prepared.experiment_path, dataset=prepared.dataset,
                            folds=prepared.folds, config=config, conditions=prepared.space.conditions,
                            fold_ids=fold_ids, threads=threads, epochs=epochs, eager=eager,
                            check_numerics=check_numerics, fit_arguments=prepared.experiment.fit_arguments),
               tracking=None)
-
-
-def _known_overrides(overrides: dict[str, Any], domains: Any) -> dict[str, Any]:
-    from pipeline.rerun import apply_overrides
-
-    return apply_overrides({}, overrides, set(domains))
 
 
 @app.command()
@@ -314,8 +312,8 @@ def rerun(
 ) -> None:
     """Rerun one recorded trial in this process, with its config, data, folds and execution plan."""
     from pipeline.hypermodel import load_experiment
-    from pipeline.rerun import (TrialRequest, apply_overrides, check_fold, load_recorded_trial, parse_assignments,
-                                recorded_folds, rerun_changes)
+    from pipeline.rerun import (TrialRequest, check_fold, check_override_conditions, checked_overrides,
+                                load_recorded_trial, parse_assignments, recorded_folds, rerun_changes)
     from pipeline.space import build_space
     from pipeline.tracking import Tracker
     from pipeline.trial import configure_tensorflow
@@ -331,7 +329,9 @@ def rerun(
     experiment = load_experiment(recorded.experiment_path, recorded.spec.experiment_attr)
     space = build_space(recorded.spec, experiment.hyperparameters,
                         own_optimizer=experiment.compiled_optimizer is not None)
-    config = apply_overrides(recorded.config, overrides, set(space.domains) | set(recorded.config))
+    overrides = checked_overrides(overrides, set(space.domains) | set(recorded.config), experiment.hyperparameters)
+    config = {**recorded.config, **overrides}
+    check_override_conditions(config, overrides, space.conditions)
     dataset, folds = recorded_folds(recorded)
     console.print(f"rerun of trial {recorded.run_name} ({run_id}) of sweep run {recorded.parent_run_id}"
                   + (f", with {' '.join(set_values)}" if set_values else ""), highlight=False)

@@ -16,7 +16,8 @@ from pipeline.errors import DataError, InputError, SpecError, TrackingError
 from pipeline.folds import FoldPlan, make_folds, manifest_identity
 from pipeline.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads, replay_choices
 from pipeline.results import DONE, EpochResult, TrialStatus
-from pipeline.spec import TRAINING_DEFAULTS, CVSpec, DatasetSpec, Objective, SweepSpec, parse_spec
+from pipeline.spec import (TRAINING_DEFAULTS, CVSpec, DatasetSpec, Objective, ParamSpec, SweepSpec,
+                           check_training_param, parse_spec)
 from pipeline.tracking import Tracker
 
 
@@ -115,12 +116,92 @@ def recorded_folds(recorded: RecordedTrial) -> tuple[Any, FoldPlan]:
     return dataset, plan
 
 
-def apply_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any], known: set[str]) -> dict[str, Any]:
-    """The config with ``--set`` values; a name that is no hyperparameter of the trial is refused."""
-    for name in overrides:
+def checked_overrides(overrides: Mapping[str, Any], known: set[str], hyperparameters: Any) -> dict[str, Any]:
+    """The ``--set`` values, each read as its hyperparameter's type and checked against what
+    declares it: the hypermodel's ``hp.Int``/``Float``/``Choice``/``Boolean``/``Fixed``, or the
+    spec's rules for foldsweep's training hyperparameters.
+
+    Raises:
+        InputError: a name that is no hyperparameter of the trial, or a value of the wrong type
+            or outside the declared range.
+    """
+    declared = {hp.name: hp for hp in hyperparameters.space}
+    checked = {}
+    for name, value in overrides.items():
         if name not in known:
             raise InputError(f"--set {name}: not a hyperparameter of this trial; known: {', '.join(sorted(known))}")
-    return {**config, **overrides}
+        if name in TRAINING_DEFAULTS:
+            try:
+                check_training_param("--set", name, name, ParamSpec("fixed", (value,)))
+            except SpecError as exc:
+                raise InputError(str(exc)) from None
+            checked[name] = value
+        elif name in declared:
+            checked[name] = _declared_value(declared[name], value)
+        else:
+            checked[name] = value
+    return checked
+
+
+def _declared_value(hp: Any, value: Any) -> Any:
+    """``value`` as the hypermodel declares ``hp``, or a refusal naming the declaration."""
+    from keras_tuner.src.engine.hyperparameters import hp_types
+
+    def refuse(rule: str) -> None:
+        raise InputError(f"--set {hp.name}: {rule}, got {value!r}")
+
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(hp, hp_types.Boolean):
+        if not isinstance(value, bool):
+            refuse("the hypermodel declares it hp.Boolean: true or false")
+        return value
+    if isinstance(hp, hp_types.Fixed):
+        if value != hp.value:
+            refuse(f"the hypermodel fixes it at {hp.value!r} (hp.Fixed)")
+        return value
+    if isinstance(hp, hp_types.Choice):
+        # True == 1 in Python: a boolean only matches a boolean choice.
+        matching = [choice for choice in hp.values if choice == value and isinstance(choice, bool) == isinstance(value, bool)]
+        if not matching:
+            refuse(f"the hypermodel declares it hp.Choice of {', '.join(repr(v) for v in hp.values)}")
+        return matching[0]
+    if isinstance(hp, hp_types.Int):
+        if not number or not float(value).is_integer():
+            refuse(f"the hypermodel declares it hp.Int: an integer from {hp.min_value} to {hp.max_value}")
+        value = int(value)
+        step = hp.step or 1
+        on_grid = hp.sampling == "linear" and (value - hp.min_value) % step == 0 or hp.sampling != "linear"
+        if not hp.min_value <= value <= hp.max_value or not on_grid:
+            steps = f" in steps of {step}" if step != 1 and hp.sampling == "linear" else ""
+            refuse(f"the hypermodel declares it hp.Int from {hp.min_value} to {hp.max_value}{steps}")
+        return value
+    if isinstance(hp, hp_types.Float):
+        if not number or not hp.min_value <= value <= hp.max_value:
+            refuse(f"the hypermodel declares it hp.Float from {hp.min_value} to {hp.max_value}")
+        return float(value)
+    return value
+
+
+def check_override_conditions(config: Mapping[str, Any], overrides: Mapping[str, Any],
+                              conditions: Mapping[str, tuple[Any, ...]]) -> None:
+    """A ``--set`` value the trial would drop, because its hyperparameter's condition does not
+    hold in ``config`` (``units_2`` with ``num_layers=1``, a clipping threshold without
+    clipping), is refused rather than silently ignored.
+
+    Raises:
+        InputError: naming the condition and the value that fails it.
+    """
+    from pipeline.space import TRAINING_CONDITIONS, resolve_config
+
+    values = resolve_config(config, {name: () for name in config})  # every value, none dropped
+    for name in overrides:
+        for condition in (*TRAINING_CONDITIONS.get(name, ()), *conditions.get(name, ())):
+            if not condition.is_active(values):
+                wanted = ", ".join(repr(value) for value in condition.values)
+                raise InputError(
+                    f"--set {name}: {name} only counts when {condition.name} is {wanted}, but this trial has "
+                    f"{condition.name}={values.get(condition.name)!r}, so the value would be dropped; set "
+                    f"{condition.name} too (--set {condition.name}=...)")
 
 
 def check_fold(fold: int | None, cv: CVSpec) -> list[int]:

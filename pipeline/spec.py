@@ -406,7 +406,7 @@ def _parse_param(section: _Section, key: str) -> ParamSpec:
     else:
         param = ParamSpec("fixed", (raw,))
     if key in TRAINING_DEFAULTS:
-        _check_training_param(section.file, where, key, param)
+        check_training_param(section.file, where, key, param)
     return param
 
 
@@ -447,7 +447,7 @@ POSITIVE_INTEGER_PARAMS: Mapping[str, str] = {"batch_size": "batch sizes", "epoc
 POSITIVE_NUMBER_PARAMS: Mapping[str, str] = {"learning_rate": "learning rates", "clip_threshold": "clipping thresholds"}
 
 
-def _check_training_param(file: str, where: str, name: str, param: ParamSpec) -> None:
+def check_training_param(file: str, where: str, name: str, param: ParamSpec) -> None:
     """Range rules of the training hyperparameters, on every value they can take."""
     values = param.values()
     bounds = param.args[:2] if not values else ()
