@@ -18,14 +18,15 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-# TensorFlow's C++ start-up chatter (oneDNN, CUDA probing on CPU-only machines) would bury the
-# command's own output; set before anything imports TensorFlow, and only if the user has not.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import typer
+from rich.console import Console
 
-import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
+from pipeline.errors import FoldsweepError, InputError
+from pipeline.quiet import import_tensorflow, quiet_environment
 
-from pipeline.errors import FoldsweepError, InputError  # noqa: E402
+# TensorFlow's C++ chatter would bury the command's own output: its log levels are set before
+# anything imports it, and the commands that train import it through ``import_tensorflow``.
+quiet_environment()
 
 app = typer.Typer(
     help="Hyperparameter sweeps with k-fold cross-validation of Keras CNNs on Ray Tune, tracked in MLflow.",
@@ -73,9 +74,12 @@ def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
 def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None:
     """Check a spec completely (keys, types, ranges, experiment, data, folds) without running it."""
     from pipeline.spec import load_spec
+
+    sweep_spec = load_spec(spec)
+    import_tensorflow()
     from pipeline.sweep import prepare
 
-    prepared = prepare(load_spec(spec))
+    prepared = prepare(sweep_spec)
     folds = prepared.folds.manifest()["folds"]
     console.print(
         f"[green]ok[/] {spec}: experiment {prepared.spec.experiment}, dataset {prepared.dataset.name} "
@@ -95,9 +99,15 @@ def _print_warnings(prepared: Any) -> None:
         errors.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
 
 
-def _print_ties(standings: Any) -> None:
+def _print_standings_notes(standings: Any, tracking_uri: str) -> None:
+    """Below a leaderboard: how many trials are tied with the best, and how to rerun the best."""
+    from pipeline.report import rerun_command
+
     if standings.ties_line():
         console.print(standings.ties_line(), highlight=False, soft_wrap=True)
+    command = rerun_command(standings, tracking_uri, program=program_name())
+    if command:
+        console.print(f"rerun the best trial: [bold]{command}[/]", highlight=False, soft_wrap=True)
 
 
 def _replicas_text(cv: Any) -> str:
@@ -165,11 +175,14 @@ def run(
                                 "a killed driver): finished trials are kept, unfinished ones go on"),
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
-    from pipeline.report import Standings, leaderboard_table, selected_epoch, selected_score
     from pipeline.spec import load_spec
+
+    sweep_spec = load_spec(spec)
+    import_tensorflow()
+    from pipeline.report import Standings, leaderboard_table, selected_epoch, selected_score
     from pipeline.sweep import prepare, run_sweep
 
-    prepared = prepare(load_spec(spec), tracking_uri=tracking_uri, num_samples=num_samples, address=address)
+    prepared = prepare(sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     sweep_spec = prepared.spec
     if resume:
         from pipeline.stores import require_existing_store
@@ -210,7 +223,7 @@ def run(
         progress.close()
     standings = Standings.of(outcome.records, sweep_spec.objective, n_splits=sweep_spec.cv.n_splits)
     console.print(leaderboard_table(standings, title=f"{sweep_spec.name}: leaderboard"))
-    _print_ties(standings)
+    _print_standings_notes(standings, prepared.tracking_uri)
     console.print(f"{len(outcome.records)} trials in {outcome.wall_s:.0f} s; sweep run {outcome.parent_run_id}",
                   highlight=False)
     _print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
@@ -239,7 +252,7 @@ def report(
     records = tracker.trial_records(parent.run_id)
     standings = Standings.of(records, parent.objective, n_splits=parent.n_splits)
     console.print(leaderboard_table(standings, title=f"{parent.name}: leaderboard"))
-    _print_ties(standings)
+    _print_standings_notes(standings, tracking_uri)
     console.print(rows_table(nan_table_rows(records), "NaN failures by batch size and clipping"))
     console.print(rows_table(throughput_rows(records), "throughput by batch size (medians)"))
     test_scores = {key: value for key, value in parent.metrics.items() if key.startswith("test_")}
@@ -274,18 +287,20 @@ def trial(
     from pipeline.rerun import (TrialRequest, check_fold, check_override_conditions, checked_overrides,
                                 parse_assignments, single_config, spec_threads)
     from pipeline.spec import load_spec
-    from pipeline.sweep import prepare
-    from pipeline.trial import configure_tensorflow
 
     sweep_spec = load_spec(spec)
     fold_ids = check_fold(fold, sweep_spec.cv)
+    assignments = parse_assignments(set_values)
+    import_tensorflow()
+    from pipeline.sweep import prepare
+    from pipeline.trial import configure_tensorflow
+
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
     threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
     configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads)
     prepared = prepare(sweep_spec)
     _print_warnings(prepared)
-    overrides = checked_overrides(parse_assignments(set_values), set(prepared.space.domains),
-                                  prepared.experiment.hyperparameters)
+    overrides = checked_overrides(assignments, set(prepared.space.domains), prepared.experiment.hyperparameters)
     config = single_config(prepared.spec, prepared.space.domains, prepared.experiment.hyperparameters, overrides)
     check_override_conditions(config, overrides, prepared.space.conditions)
     shown = {**prepared.space.resolve(config), **({"epochs": epochs} if epochs else {})}
@@ -311,18 +326,21 @@ def rerun(
     no_track: bool = typer.Option(False, "--no-track", help="Do not record the rerun in MLflow"),
 ) -> None:
     """Rerun one recorded trial in this process, with its config, data, folds and execution plan."""
-    from pipeline.hypermodel import load_experiment
     from pipeline.rerun import (TrialRequest, check_fold, check_override_conditions, checked_overrides,
                                 load_recorded_trial, parse_assignments, recorded_folds, rerun_changes)
-    from pipeline.space import build_space
     from pipeline.tracking import Tracker
-    from pipeline.trial import configure_tensorflow
 
+    # What can be refused without TensorFlow is, first: a wrong id or option answers at once.
     _check_existing_store(tracking_uri)
     tracker = Tracker(tracking_uri)
     recorded = load_recorded_trial(tracker, run_id)
     fold_ids = check_fold(fold, recorded.spec.cv)
     overrides = parse_assignments(set_values)
+    import_tensorflow()
+    from pipeline.hypermodel import load_experiment
+    from pipeline.space import build_space
+    from pipeline.trial import configure_tensorflow
+
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)
     configure_tensorflow(gpus=recorded.spec.resources.gpu, threads=threads)
@@ -424,16 +442,22 @@ def _print_ui_address(tracking_uri: str, ui_path: str, *, sweep: str, port: int 
                   f"then browse http://127.0.0.1:{port}{ui_path}", highlight=False, soft_wrap=True)
 
 
-def ui_command(tracking_uri: str, *, sweep: str | None = None) -> str:
-    """The exact command that opens the UI on this store, as the user can paste it."""
+def program_name() -> str:
+    """This command as the user can type it again: ``foldsweep`` when that is on the PATH, else
+    the path it was invoked by (``.venv/bin/foldsweep``)."""
     program = "foldsweep"
     invoked = Path(sys.argv[0])
     on_path = shutil.which("foldsweep")
     if invoked.name == "foldsweep" and (on_path is None or Path(on_path).resolve() != invoked.resolve()):
         program = os.path.relpath(invoked) if not invoked.is_absolute() or invoked.is_relative_to(Path.cwd()) \
             else str(invoked)
+    return shlex.quote(program)
+
+
+def ui_command(tracking_uri: str, *, sweep: str | None = None) -> str:
+    """The exact command that opens the UI on this store, as the user can paste it."""
     named = f" {shlex.quote(sweep)}" if sweep else ""
-    return f"{shlex.quote(program)} ui{named} --tracking-uri {shlex.quote(tracking_uri)}"
+    return f"{program_name()} ui{named} --tracking-uri {shlex.quote(tracking_uri)}"
 
 
 @app.command()

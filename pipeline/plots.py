@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pipeline.report import _group, nan_table_rows, ranked, selected_epoch, selected_score, split_params
+from pipeline.report import _group, nan_table_rows, selected_epoch, selected_score, shared_ranks, split_params
 from pipeline.spec import Objective
 from pipeline.tracking import TrialRecord
 
@@ -39,7 +39,7 @@ class Curve:
 def learning_curve_data(records: Sequence[TrialRecord], objective: Objective,
                         histories: Mapping[str, Sequence[tuple[int, float]]]) -> list[Curve]:
     """A curve per trial that recorded any epoch."""
-    ranks = {record.run_id: position for position, record in enumerate(ranked(records, objective), start=1)}
+    ranks = shared_ranks(records, objective)
     curves = []
     for record in records:
         points = sorted(histories.get(record.run_id, ()))
@@ -128,7 +128,8 @@ def write_plots(records: Sequence[TrialRecord], objective: Objective, directory:
     _batch_axis(axes, batches)
     axes.set_ylabel(key)
     axes.set_title(f"{key} vs batch size, by gradient clipping")
-    axes.legend(title="clipping")
+    if axes.get_legend_handles_labels()[0]:  # no scored trial (all failed early): no legend to draw
+        axes.legend(title="clipping")
     figure.tight_layout()
     figure.savefig(paths[0], dpi=100)
     plt.close(figure)
@@ -142,7 +143,8 @@ def write_plots(records: Sequence[TrialRecord], objective: Objective, directory:
         rates[i, j] = row["nan"] / row["trials"]
         labels[i][j] = f"{row['nan']}/{row['trials']}"
     figure, axes = plt.subplots(figsize=(7, 3.5))
-    image = axes.imshow(rates, cmap="Reds", vmin=0, vmax=1, aspect="auto")
+    # An empty grid (no trial recorded a batch size) would make matplotlib warn about its limits.
+    image = axes.imshow(rates if kinds else np.full((1, 1), np.nan), cmap="Reds", vmin=0, vmax=1, aspect="auto")
     axes.set_xticks(range(len(batches)), [str(b) for b in batches])
     axes.set_yticks(range(len(kinds)), kinds)
     for i in range(len(kinds)):
@@ -179,13 +181,6 @@ def _batch_axis(axes: Any, batches: Sequence[int]) -> None:
     axes.set_xlabel("batch size")
 
 
-def _batch_axis(axes: Any, batches: Sequence[int]) -> None:
-    axes.set_xscale("log", base=2)
-    axes.set_xticks(list(batches), [str(batch) for batch in batches])
-    axes.minorticks_off()
-    axes.set_xlabel("batch size")
-
-
 def _learning_curves(curves: Sequence[Curve], objective: Objective, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
@@ -207,7 +202,8 @@ def _learning_curves(curves: Sequence[Curve], objective: Objective, path: Path) 
     axes.set_xlabel("epoch")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_ylabel(f"{objective.key} (CV mean)")
-    axes.set_title(f"learning curves: {len(curves)} trials, the {HIGHLIGHTED} best highlighted "
+    highlighted = sum(0 < curve.rank <= HIGHLIGHTED for curve in curves)
+    axes.set_title(f"learning curves: {len(curves)} trials, the {highlighted} best highlighted "
                    "(o: the epoch each is scored at)")
     if axes.get_legend_handles_labels()[0]:
         axes.legend(fontsize=8)

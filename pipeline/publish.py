@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Mapping
 
 from pipeline.plots import write_plots
-from pipeline.report import (Standings, cv_results, nan_table_rows, split_params, sweep_description, to_csv,
-                             trial_description)
+from pipeline.report import (Standings, cv_results, nan_table_rows, rerun_command, split_params, sweep_description,
+                             to_csv, trial_description)
 from pipeline.tracking import Tracker
 
 
@@ -28,13 +28,8 @@ def publish(tracker: Tracker, parent_run_id: str, standings: Standings, *, sweep
         tracker.publish_sweep_files(parent_run_id, texts=texts, files={path: "plots" for path in plots})
     descriptions = {record.run_id: trial_description(record, standings) for record in records}
     descriptions[parent_run_id] = sweep_description(standings, sweep_name=sweep_name, test_scores=test_scores,
-                                                    rerun_command=_rerun_command(standings, tracker.uri))
+                                                    rerun_command=rerun_command(standings, tracker.uri))
     tracker.describe_runs(descriptions)
     tracker.mark_comparisons({run_id: comparison.pvalue for run_id, comparison in standings.comparisons.items()})
     varying, _ = split_params(records)
     return tracker.share_sweep_view(parent_run_id, objective=objective, columns=varying)
-
-
-def _rerun_command(standings: Standings, uri: str) -> str | None:
-    best = standings.ranked[:1]
-    return f"foldsweep rerun {best[0].run_id} --tracking-uri {uri}" if best else None

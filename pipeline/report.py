@@ -69,6 +69,7 @@ class Standings:
     ranked: tuple[TrialRecord, ...]
     comparisons: Mapping[str, Comparison]  # run id -> against the best
     replicas: int
+    ranks: Mapping[str, int] = field(default_factory=dict)  # run id -> rank, equal scores sharing one
 
     @classmethod
     def of(cls, records: Sequence[TrialRecord], objective: Objective, *, n_splits: int | None) -> Standings:
@@ -83,10 +84,12 @@ class Standings:
                 if len(other) == len(best):
                     differences = [objective.sort_key(o) - objective.sort_key(b) for o, b in zip(other, best)]
                     comparisons[record.run_id] = corrected_ttest(differences, val_train_ratio=val_train_ratio(n_splits))
-        return cls(tuple(records), objective, tuple(ordered), comparisons, len(best))
+        return cls(tuple(records), objective, tuple(ordered), comparisons, len(best), shared_ranks(records, objective))
 
     def rank(self, record: TrialRecord) -> int | None:
-        return self.ranked.index(record) + 1 if record in self.ranked else None
+        """scikit-learn's rank (equal scores share the lower one), as the leaderboard, cv_results.csv
+        and the descriptions all show it; None for a trial that is not ranked."""
+        return self.ranks.get(record.run_id)
 
     def pvalue(self, record: TrialRecord) -> float | None:
         comparison = self.comparisons.get(record.run_id)
@@ -103,8 +106,8 @@ class Standings:
 
     def versus_best(self, record: TrialRecord) -> str:
         """``best``, ``tied (p=0.31)``, ``worse (p=0.004)``, or ``-`` (not compared)."""
-        rank, pvalue = self.rank(record), self.pvalue(record)
-        if rank == 1:
+        pvalue = self.pvalue(record)
+        if self.ranked and record is self.ranked[0]:
             return "best"
         if pvalue is None:
             return "-"
@@ -147,19 +150,45 @@ def leaderboard_table(standings: Standings, *, title: str = "") -> Table:
     table = Table(title=title or f"leaderboard ({objective.key}, {better} is better)",
                   caption=f"all trials: {caption}" if caption else None)
     table.add_column("rank", justify="right")
+    table.add_column("run id")
     table.add_column("trial")
     table.add_column(f"val_{objective.metric}", justify="right")
     table.add_column("epoch", justify="right")
     table.add_column("vs best")
     table.add_column("status")
     table.add_column("params")
-    for rank, record in enumerate(standings.ranked, start=1):
-        table.add_row(str(rank), record.run_name, _score_text(record, objective), _epoch_text(record),
-                      standings.versus_best(record), record.status, _params_text(record, varying))
+    for record in standings.ranked:
+        table.add_row(str(standings.rank(record)), short_run_id(record.run_id), record.run_name,
+                      _score_text(record, objective), _epoch_text(record), standings.versus_best(record), record.status,
+                      _params_text(record, varying))
     for record in records:
         if record not in standings.ranked:
-            table.add_row("-", record.run_name, "-", "-", "-", _status_text(record), _params_text(record, varying))
+            table.add_row("-", short_run_id(record.run_id), record.run_name, "-", "-", "-", _status_text(record),
+                          _params_text(record, varying))
     return table
+
+
+# How much of an MLflow run id the leaderboard shows; `foldsweep rerun` takes it back (as git
+# takes a short commit id), and the full id is in cv_results.csv and the UI.
+SHORT_RUN_ID = 8
+
+
+def short_run_id(run_id: str) -> str:
+    return run_id[:SHORT_RUN_ID]
+
+
+def rerun_command(standings: Standings, uri: str, *, program: str = "foldsweep") -> str | None:
+    """The command that reruns the best trial, as it can be pasted (the store's URI absolute, so
+    that it works from any directory)."""
+    import shlex
+
+    from pipeline.stores import sqlite_path
+
+    if not standings.ranked:
+        return None
+    database = sqlite_path(uri)
+    uri = f"sqlite:///{database}" if database is not None else uri
+    return f"{program} rerun {short_run_id(standings.ranked[0].run_id)} --tracking-uri {shlex.quote(uri)}"
 
 
 def _epoch_text(record: TrialRecord) -> str:
@@ -175,9 +204,26 @@ def _status_text(record: TrialRecord) -> str:
     return status
 
 
+# What a trial records of the optimizer in effect: where a hypermodel feeds it from a
+# hyperparameter of its own (``lr``), the two are the same column twice.
+IN_EFFECT_PARAMS = ("learning_rate", "optimizer")
+
+
+def param_names(records: Sequence[TrialRecord]) -> list[str]:
+    """Every param the trials recorded, one name per hyperparameter: an in-effect param whose
+    values equal another param's in every trial is left out (the hypermodel's name is kept)."""
+    names = sorted({key for record in records for key in record.params})
+
+    def column(name: str) -> tuple[str | None, ...]:
+        return tuple(record.params.get(name) for record in records)
+
+    return [name for name in names if not (name in IN_EFFECT_PARAMS and any(
+        other != name and other not in IN_EFFECT_PARAMS and column(other) == column(name) for other in names))]
+
+
 def split_params(records: Sequence[TrialRecord]) -> tuple[list[str], dict[str, str]]:
     """(names whose values differ between trials, {name: value} of those all trials share)."""
-    names = sorted({key for record in records for key in record.params})
+    names = param_names(records)
     values = {key: {record.params.get(key) for record in records} for key in names}
     varying = [key for key in names if len(values[key]) > 1]
     shared = {key: next(iter(values[key])) for key in names if len(values[key]) == 1}
@@ -202,15 +248,15 @@ def cv_results(standings: Standings) -> list[dict[str, Any]]:
     """One row per trial, like scikit-learn's ``cv_results_`` (the scores of each trial's selected
     epoch, ``best_epoch``), plus the comparison with the best, status, NaN and throughput."""
     records = standings.records
-    param_names = sorted({key for record in records for key in record.params})
+    names = param_names(records)
     replicas = max((len(replica_scores(record, Objective.for_metric(metric))) for record in records
                     for metric in METRICS), default=0)
-    ranks = {metric: _ranks(records, Objective.for_metric(metric)) for metric in METRICS}
+    ranks = {metric: shared_ranks(records, Objective.for_metric(metric)) for metric in METRICS}
     rows = []
     for record in records:
         row: dict[str, Any] = {"run_id": record.run_id, "trial_id": record.trial_id, "status": record.status,
                                BEST_EPOCH: _blank(selected_epoch(record))}
-        row.update({f"param_{name}": record.params.get(name, "") for name in param_names})
+        row.update({f"param_{name}": record.params.get(name, "") for name in names})
         for metric in METRICS:
             for k in range(replicas):
                 row[split_key(k, f"val_{metric}")] = _blank(selected_score(record, split_key(k, f"val_{metric}")))
@@ -231,7 +277,7 @@ def _blank(value: Any) -> Any:
     return "" if value is None else value
 
 
-def _ranks(records: Sequence[TrialRecord], objective: Objective) -> dict[str, int]:
+def shared_ranks(records: Sequence[TrialRecord], objective: Objective) -> dict[str, int]:
     """scikit-learn's ranking: 1 is best, equal scores share the lower rank."""
     ordered = ranked(records, objective)
     ranks: dict[str, int] = {}
@@ -318,8 +364,8 @@ def sweep_description(standings: Standings, *, sweep_name: str, test_scores: Map
     lines += ["| rank | trial | " + f"{objective.key} ± std | epoch | vs best | status | " + " | ".join(varying) + " |",
               "|" + " --- |" * (6 + len(varying))]
     rows = []
-    for position, record in enumerate([*ordered, *(r for r in records if r not in ordered)], start=1):
-        rank = str(position) if record in ordered else "-"
+    for record in [*ordered, *(r for r in records if r not in ordered)]:
+        rank = str(standings.rank(record)) if record in ordered else "-"
         score = _score_text(record, objective) if record in ordered else "-"
         cells = [rank, record.run_name, score, _epoch_text(record) if record in ordered else "-",
                  standings.versus_best(record), _status_text(record),

@@ -65,6 +65,10 @@ class SearchSpace:
             return domain.upper
         return max(_values(domain))
 
+    def searched(self) -> list[str]:
+        """The names whose value differs between trials (a distribution or a grid), in order."""
+        return [name for name, domain in self.domains.items() if isinstance(domain, (sample.Domain, dict))]
+
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
         return resolve_config(config, self.conditions)
 

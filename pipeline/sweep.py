@@ -216,7 +216,6 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
         SweepInterrupted: Ctrl-C; what ran is recorded, unfinished trials as KILLED.
         AfterTrialsFailed: the trials ended, but publishing or the refit failed.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Ray Tune's own CSV/JSON/TensorBoard loggers duplicate what MLflow records.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -269,7 +268,8 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
 
     spec = prepared.spec
     callbacks = [tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, selection=_selection(spec),
-                                  on_recorded=on_trial_done, conditions=prepared.space.conditions)]
+                                  on_recorded=on_trial_done, conditions=prepared.space.conditions,
+                                  searched=prepared.space.searched())]
     if progress is not None:
         callbacks.append(progress)
     data = {"x": prepared.dataset.x, "y": prepared.dataset.y}

@@ -7,6 +7,7 @@ calls, so workers never talk to the tracking store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -367,6 +368,31 @@ class Tracker:
             max_results=1)
         return runs[0] if runs else None
 
+    def _trial_run_id(self, given: str) -> str:
+        """The full run id of what a user gave for a trial: its run id, the start of it that the
+        leaderboard shows, or Ray Tune's trial id (``11830_00000``).
+
+        Raises:
+            TrackingError: nothing, or more than one trial, matches.
+        """
+        from mlflow.exceptions import MlflowException
+
+        with contextlib.suppress(MlflowException):
+            return self._client.get_run(given).info.run_id
+        experiments = [experiment.experiment_id for experiment in self._client.search_experiments()]
+        runs = self._client.search_runs(experiments, filter_string=f"tags.`{Tag.ROLE}` = 'trial'",
+                                        max_results=50000) if experiments and given.strip() else []
+        matching = [run for run in runs if run.data.tags.get(Tag.TRIAL_ID) == given]
+        matching = matching or [run for run in runs if run.info.run_id.startswith(given.lower())]
+        if len(matching) == 1:
+            return matching[0].info.run_id
+        if not matching:
+            raise TrackingError(f"RUN_ID: no trial run with id {given!r} in {self.uri} (give an MLflow run id, the "
+                                "start of one as the leaderboard shows it, or a Ray trial id)")
+        shown = ", ".join(f"{run.info.run_id} ({run.info.run_name})" for run in matching[:5])
+        raise TrackingError(f"RUN_ID: {given!r} matches {len(matching)} trial runs in {self.uri}: {shown}; give more of "
+                            "the run id")
+
     def recorded_trial_run(self, run_id: str) -> RecordedTrialRun:
         """A trial's config, and its sweep's spec text, fold manifest and params.
 
@@ -377,10 +403,8 @@ class Tracker:
 
         from mlflow.exceptions import MlflowException
 
-        try:
-            run = self._client.get_run(run_id)
-        except MlflowException:
-            raise TrackingError(f"RUN_ID: no run with id {run_id!r} in {self.uri}") from None
+        run_id = self._trial_run_id(run_id)
+        run = self._client.get_run(run_id)
         if run.data.tags.get(Tag.ROLE) not in ("trial", "rerun"):
             raise TrackingError(f"RUN_ID: run {run_id!r} is not a foldsweep trial (tag {Tag.ROLE}="
                                 f"{run.data.tags.get(Tag.ROLE)!r})")
@@ -420,9 +444,9 @@ class Tracker:
 
     def callback(self, *, parent_run_id: str, sweep_name: str, selection: EpochSelection,
                  on_recorded: Callable[[TrialRecord], None] | None = None,
-                 conditions: Mapping[str, Any] | None = None) -> "MlflowTrialCallback":
+                 conditions: Mapping[str, Any] | None = None, searched: Sequence[str] = ()) -> "MlflowTrialCallback":
         return MlflowTrialCallback(self.uri, parent_run_id=parent_run_id, sweep_name=sweep_name, selection=selection,
-                                   on_recorded=on_recorded, conditions=conditions)
+                                   on_recorded=on_recorded, conditions=conditions, searched=searched)
 
 
 class TrialRecorder:
@@ -529,13 +553,26 @@ def _param_text(value: Any) -> str:
     return str(value)[:6000]
 
 
+# How many searched values a trial's run name shows; the rest are in its params.
+RUN_NAME_VALUES = 3
+
+
+def trial_run_name(trial_id: str, values: Mapping[str, Any], searched: Sequence[str]) -> str:
+    """``trial-00003 lr=0.003 batch_size=8``: the trial's number in its sweep and the first values
+    of what the sweep searches, so that a list of runs (the MLflow UI's) says which is which."""
+    shown = [f"{name}={values[name]:.4g}" if isinstance(values[name], float) else f"{name}={values[name]}"
+             for name in searched if name in values][:RUN_NAME_VALUES]
+    return " ".join([f"trial-{trial_id.rsplit('_', 1)[-1]}", *shown])
+
+
 class MlflowTrialCallback(Callback):
     """Ray Tune events -> MLflow child runs, written from the driver."""
 
     def __init__(self, uri: str, *, parent_run_id: str, sweep_name: str, selection: EpochSelection,
                  on_recorded: Callable[[TrialRecord], None] | None = None,
-                 conditions: Mapping[str, Any] | None = None):
+                 conditions: Mapping[str, Any] | None = None, searched: Sequence[str] = ()):
         self.uri = uri
+        self.searched = tuple(searched)  # what the sweep searches: named in each trial's run name
         self.parent_run_id = parent_run_id
         self.sweep_name = sweep_name
         self.selection = selection
@@ -568,10 +605,10 @@ class MlflowTrialCallback(Callback):
 
         if trial.trial_id not in self._run_ids:
             # The values the trial uses: no threshold without clipping, no inactive conditional hp.
+            values = resolve_config(trial.config, self.conditions)
             recorder = self.tracker.trial_recorder(
-                parent_run_id=self.parent_run_id, run_name=trial.trial_id, role="trial",
-                config=resolve_config(trial.config, self.conditions), tags={Tag.SWEEP: self.sweep_name},
-                trial_id=trial.trial_id)
+                parent_run_id=self.parent_run_id, role="trial", config=values, tags={Tag.SWEEP: self.sweep_name},
+                run_name=trial_run_name(trial.trial_id, values, getattr(self, "searched", ())), trial_id=trial.trial_id)
             self._run_ids[trial.trial_id] = recorder.run_id
         return TrialRecorder(self.tracker, self._run_ids[trial.trial_id], self.selection)
 

@@ -129,7 +129,7 @@ def test_set_reruns_the_nan_trial_with_clipping(recorded_sweep):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["0123456789abcdef0123456789abcdef"], "RUN_ID: no run with id '0123456789abcdef0123456789abcdef'"),
+    (["0123456789abcdef0123456789abcdef"], "RUN_ID: no trial run with id '0123456789abcdef0123456789abcdef'"),
     (["PARENT"], "is not a foldsweep trial (tag foldsweep.role='sweep')"),
     (["TRIAL", "--fold", "2"], "--fold must be between 0 and 1 (the sweep's trials train 2 folds), got 2"),
     (["TRIAL", "--set", "fliters=3"], "--set fliters: not a hyperparameter of this trial"),

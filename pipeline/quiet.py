@@ -1,0 +1,59 @@
+"""A terminal that shows foldsweep's own output: TensorFlow's start-up lines filtered out.
+
+TensorFlow 2.21 writes its start-up lines (absl's "before InitializeLog" warning, oneDNN's
+notice, the CUDA-driver probe) from C++ straight to file descriptor 2, before its logging is set
+up, and twice (``libtensorflow_framework`` and the profiler plugin each carry a copy of absl).
+No environment variable reaches them (``TF_CPP_MIN_LOG_LEVEL`` only hides what comes later, and
+turning oneDNN off would change the numbers), so the first import of TensorFlow runs with fd 2
+captured, and every line that is not one of those known ones is written back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from typing import Iterator
+
+TENSORFLOW_START_UP = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|I\d{4} [\d:.]+ +\d+ (port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc):\d+\] .*"
+    r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.)$")
+
+
+def quiet_environment() -> None:
+    """Log levels for TensorFlow's later messages (a CPU-only machine's ``cuInit`` error, the
+    CPU-feature notice), for this process and the Ray workers it starts, unless the user set them."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def import_tensorflow() -> None:
+    """Import TensorFlow once, with its start-up lines filtered from standard error."""
+    if "tensorflow" in sys.modules:
+        return
+    quiet_environment()
+    with filtered_stderr(TENSORFLOW_START_UP):
+        import tensorflow  # noqa: F401
+
+
+@contextlib.contextmanager
+def filtered_stderr(noise: re.Pattern[str]) -> Iterator[None]:
+    """File descriptor 2 (C++ writes included) captured while the block runs, then written back
+    without the lines ``noise`` matches."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile("w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines(keepends=True):
+                if not noise.match(line.rstrip("\n")):
+                    sys.stderr.write(line)
+            sys.stderr.flush()
