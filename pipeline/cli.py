@@ -179,7 +179,7 @@ def run(
 
     sweep_spec = load_spec(spec)
     import_tensorflow()
-    from pipeline.report import Standings, leaderboard_table, selected_epoch, selected_score
+    from pipeline.report import Standings, leaderboard_table, selected_epoch, selected_score, short_run_id
     from pipeline.sweep import prepare, run_sweep
 
     prepared = prepare(sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
@@ -202,7 +202,8 @@ def run(
         score = selected_score(record, objective)
         shown = f"{objective} {score:.4f} at epoch {selected_epoch(record)}" if score is not None else "no score"
         reason = record.error.strip().splitlines()[-1] if record.error.strip() else ""
-        console.print(f"  trial {record.run_name}: {record.status} ({shown}){' - ' + reason if reason else ''}",
+        console.print(f"  {record.label} ({short_run_id(record.run_id)}): {record.status} ({shown})"
+                      f"{' - ' + reason if reason else ''}",
                       highlight=False)
 
     from pipeline.sweep import AfterTrialsFailed, SweepInterrupted
@@ -351,7 +352,7 @@ def rerun(
     config = {**recorded.config, **overrides}
     check_override_conditions(config, overrides, space.conditions)
     dataset, folds = recorded_folds(recorded)
-    console.print(f"rerun of trial {recorded.run_name} ({run_id}) of sweep run {recorded.parent_run_id}"
+    console.print(f"rerun of trial {recorded.run_name} ({recorded.run_id}) of sweep run {recorded.parent_run_id}"
                   + (f", with {' '.join(set_values)}" if set_values else ""), highlight=False)
     request = TrialRequest(spec=recorded.spec, experiment_path=recorded.experiment_path, dataset=dataset, folds=folds,
                            config=config, conditions=space.conditions, fold_ids=fold_ids, threads=threads,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from rich.table import Table
@@ -158,12 +158,12 @@ def leaderboard_table(standings: Standings, *, title: str = "") -> Table:
     table.add_column("status")
     table.add_column("params")
     for record in standings.ranked:
-        table.add_row(str(standings.rank(record)), short_run_id(record.run_id), record.run_name,
+        table.add_row(str(standings.rank(record)), short_run_id(record.run_id), record.label,
                       _score_text(record, objective), _epoch_text(record), standings.versus_best(record), record.status,
                       _params_text(record, varying))
     for record in records:
         if record not in standings.ranked:
-            table.add_row("-", short_run_id(record.run_id), record.run_name, "-", "-", "-", _status_text(record),
+            table.add_row("-", short_run_id(record.run_id), record.label, "-", "-", "-", _status_text(record),
                           _params_text(record, varying))
     return table
 
@@ -367,7 +367,7 @@ def sweep_description(standings: Standings, *, sweep_name: str, test_scores: Map
     for record in [*ordered, *(r for r in records if r not in ordered)]:
         rank = str(standings.rank(record)) if record in ordered else "-"
         score = _score_text(record, objective) if record in ordered else "-"
-        cells = [rank, record.run_name, score, _epoch_text(record) if record in ordered else "-",
+        cells = [rank, f"{record.label} ({short_run_id(record.run_id)})", score, _epoch_text(record) if record in ordered else "-",
                  standings.versus_best(record), _status_text(record),
                  *(_short(record.params.get(name, "-")) for name in varying)]
         rows.append("| " + " | ".join(cells) + " |")

@@ -22,7 +22,7 @@ from pipeline.folds import FoldPlan, class_balance_warning, make_folds
 from pipeline.space import SearchSpace
 from pipeline.spec import SweepSpec
 from pipeline.results import BEST_EPOCH, WORKER_RETIRES, EpochSelection, SweepStatus, TrialStatus
-from pipeline.stores import check_tracking_uri
+from pipeline.stores import check_tracking_uri, sqlite_path
 from pipeline.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
 from pipeline.trial import TrialSettings
 
@@ -58,6 +58,14 @@ class SweepOutcome:
     records: list[TrialRecord]
     wall_s: float
     ui_path: str = ""  # the MLflow UI's address path of the sweep's trials (pipeline.publish)
+
+
+def ray_results_dir(tracking_uri: str) -> Path:
+    """Where Ray Tune keeps a sweep's experiment state (what ``--resume`` restores): beside a
+    SQLite store, as its artifacts are, so that a sweep started elsewhere leaves nothing in the
+    working directory; in the working directory for a server store."""
+    database = sqlite_path(tracking_uri)
+    return (database.parent if database is not None else Path.cwd()) / RAY_RESULTS_DIR
 
 
 def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None,
@@ -255,7 +263,7 @@ def _open_sweep(prepared: PreparedSweep, tracker: Tracker, resumable: SweepRecor
     spec = prepared.spec
     return tracker.start_sweep(
         name=spec.name, spec_text=spec.source_text, manifest=prepared.folds.manifest(), params=_sweep_params(prepared),
-        ray_path_for=lambda run_id: str(Path(RAY_RESULTS_DIR).resolve() / f"{spec.name}-{run_id[:8]}"))
+        ray_path_for=lambda run_id: str(ray_results_dir(prepared.tracking_uri) / f"{spec.name}-{run_id[:8]}"))
 
 
 def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, ray_path: str, *, gpu: float,

@@ -114,6 +114,11 @@ class TrialRecord:
     error: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """``trial-00003``: the trial's number in its sweep (its run name also names its values)."""
+        return f"trial-{self.trial_id.rsplit('_', 1)[-1]}" if self.trial_id else self.run_name
+
 
 @dataclass(frozen=True)
 class SweepRecord:
