@@ -105,13 +105,44 @@ def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, tm
     assert len({run.data.tags["foldsweep.node_id"] for run in trials}) == 2, "trials ran on both nodes"
 
 
-def test_a_sweep_records_to_an_mlflow_server_over_http(tmp_path, write_spec, monkeypatch):
+AUTH_CONFIG = """[mlflow]
+default_permission = NO_PERMISSIONS
+database_uri = sqlite:///{directory}/auth.db
+admin_username = admin
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+"""
+
+
+def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(tmp_path, write_spec, monkeypatch):
+    """The README's basic-auth recipe on loopback: without the credentials, or with wrong ones,
+    the sweep is refused before Ray starts; with them, it records over HTTP."""
+    import ray
+
     monkeypatch.chdir(tmp_path)
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "auth.ini").write_text(AUTH_CONFIG.format(directory=tmp_path))
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    with serving([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-                  "--host", "127.0.0.1", "--port", str(port)], url=uri, what="the MLflow server", cwd=tmp_path):
+    server_environment = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini"),
+                          "MLFLOW_AUTH_ADMIN_PASSWORD": "s3cret-Passphrase", "MLFLOW_FLASK_SERVER_SECRET_KEY": "k" * 32}
+    with serving([sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--backend-store-uri",
+                  f"sqlite:///{tmp_path / 'server.db'}", "--host", "127.0.0.1", "--port", str(port)],
+                 url=uri, what="the MLflow server", cwd=tmp_path, env=server_environment):
         spec = write_spec({"name": "server", "search": {"num_samples": 2}})
+        before = sorted(path.name for path in tmp_path.iterdir())
+        anonymous = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
+        wrong = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
+        for refused, phrase in ((anonymous, "asks for credentials: set MLFLOW_TRACKING_USERNAME"),
+                                (wrong, "refuses the credentials of MLFLOW_TRACKING_USERNAME")):
+            assert refused.exit_code == 2, refused.output
+            assert f"--tracking-uri: the MLflow server at '{uri}' {phrase}" in " ".join(refused.output.split())
+        assert not ray.is_initialized()
+        assert sorted(path.name for path in tmp_path.iterdir()) == before
+
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-Passphrase")
         result = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
         assert result.exit_code == 0, result.output
         client, trials, parents = trial_runs(uri, "server")
