@@ -1,0 +1,251 @@
+"""Every input a user gives, refused the same way: exit 2 and one message that names the key, flag
+or file, with no traceback, before Ray starts and before anything is written. Each case runs the
+command in a workspace of real files (specs, data, experiments, stores) and checks afterwards
+that every file there, the stores included, is byte for byte what it was, and nothing was added.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+
+LOOP_MODEL = '''
+import keras
+
+
+def build(hp):
+    model = keras.Sequential([keras.layers.Flatten()])
+    for i in range(hp.Int("num_layers", 1, 3)):
+        model.add(keras.layers.Dense(hp.Int(f"units_{i}", 8, 32, step=8), activation="relu"))
+    model.add(keras.layers.Dense(2, activation="softmax"))
+    return model
+'''
+LINEAR_MODEL = "import keras\ndef build(hp):\n    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2)])\n"
+OVERRIDE_MODEL = '''
+import keras
+
+
+class Custom(keras.Sequential):
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def build(hp):
+    return Custom([keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")])
+'''
+GOOD_SPEC = {"name": "good", "experiment": "loop.py", "dataset": "good.npz", "cv": {"n_splits": 2},
+             "search": {"space": {"batch_size": 8}}, "train": {"epochs": 1}, "tracking": {"uri": "sqlite:///store.db"}}
+
+
+def arrays(n: int = 60, **changes) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    data = {"x": rng.normal(size=(n, 8, 1)).astype(np.float32), "y": (np.arange(n) % 2).astype(np.int32)}
+    data.update(changes)
+    return data
+
+
+def spec_text(**overrides) -> str:
+    return yaml.safe_dump({**GOOD_SPEC, **overrides}, sort_keys=False)
+
+
+FILES = {
+    "loop.py": LOOP_MODEL, "linear.py": LINEAR_MODEL, "override.py": OVERRIDE_MODEL,
+    "good.yaml": spec_text(),
+    "twice.yaml": spec_text() + "train: {epochs: 3}\n",
+    "twice_nested.yaml": spec_text(search=None).replace("search: null\n", "") +
+    "search:\n  space:\n    batch_size: 8\n    batch_size: 16\n",
+    "asha.yaml": spec_text(search={"scheduler": {"name": "asha", "grace_period": 3}, "space": {"batch_size": 8}}),
+    "median.yaml": spec_text(search={"scheduler": {"name": "median", "grace_period": 1}, "space": {"batch_size": 8}}),
+    "typo.yaml": spec_text(trian={"epochs": 1}),
+    "no_experiment.yaml": spec_text(experiment="experiments/nope.py"),
+    "no_data.yaml": spec_text(dataset="data/nope.npz"),
+    "one_split.yaml": spec_text(cv={"n_splits": 1}),
+    "latin1.yaml": "name: caf\xe9\n",
+    "broken.yaml": "name: x\ncv: {n_splits: 3\n",
+    "unknown_hp.yaml": spec_text(search={"space": {"batch_size": 8, "unitz_0": 8}}),
+    "select.yaml": spec_text(train={"epochs": 1, "select": "best"}),
+    "bad_uri.yaml": spec_text(tracking={"uri": "mlflow.db"}),
+    "empty.yaml": spec_text(dataset="empty.npz"),
+    "floaty.yaml": spec_text(dataset="floaty.npz"),
+    "from1.yaml": spec_text(dataset="from1.npz"),
+    "renamed.yaml": spec_text(dataset="renamed.npz"),
+    "mismatch.yaml": spec_text(dataset="mismatch.npz"),
+    "nan.yaml": spec_text(dataset="nan.npz"),
+    "one_class.yaml": spec_text(dataset="one_class.npz"),
+    "y_test.yaml": spec_text(dataset="y_test.npz"),
+    "truncated.yaml": spec_text(dataset="truncated.npz"),
+    "linear.yaml": spec_text(experiment="linear.py"),
+    "override.yaml": spec_text(experiment="override.py"),
+    "notdb.db": "not a database\n",
+}
+DATA = {
+    "good.npz": arrays(),
+    "empty.npz": {"x": np.zeros((0, 8, 1), np.float32), "y": np.zeros((0,), np.int32)},
+    "floaty.npz": arrays(y=(np.arange(60) % 2).astype(np.float64)),
+    "from1.npz": arrays(y=(np.arange(60) % 2 + 1).astype(np.int32)),
+    "renamed.npz": {"X": arrays()["x"], "Y": arrays()["y"]},
+    "mismatch.npz": arrays(y=(np.arange(50) % 2).astype(np.int32)),
+    "nan.npz": arrays(x=np.full((60, 8, 1), np.nan, np.float32)),
+    "one_class.npz": arrays(y=np.zeros(60, np.int32)),
+    "y_test.npz": arrays(x_test=np.zeros((4, 8, 1), np.float32), y_test=np.array([0, 1, 2, 1], np.int32)),
+}
+
+# (case, command line, what the message must say); {store} is an MLflow store with one sweep.
+CASES = [
+    # the spec
+    ("a key written twice", ["validate", "twice.yaml"], ["key 'train' appears twice", "lines 9 and 13"]),
+    ("a nested key written twice", ["run", "twice_nested.yaml"], ["key 'batch_size' appears twice"]),
+    ("an ASHA grace period past the epochs", ["run", "asha.yaml"],
+     ["search.scheduler.grace_period must be below the epochs a trial trains (train.epochs: at most 1)"]),
+    ("a median grace period at the epochs", ["validate", "median.yaml"], ["got grace_period=1"]),
+    ("a misspelt key", ["run", "typo.yaml"], ["unknown key 'trian' (did you mean 'train'?)"]),
+    ("an experiment found nowhere", ["run", "no_experiment.yaml"],
+     ["experiment: file not found: 'experiments/nope.py'; looked in"]),
+    ("a data file found nowhere", ["validate", "no_data.yaml"], ["dataset: file not found: 'data/nope.npz'; looked in"]),
+    ("one split", ["run", "one_split.yaml"], ["cv.n_splits must be an integer >= 2, got 1"]),
+    ("a spec that is not UTF-8", ["validate", "latin1.yaml"], ["a spec must be UTF-8 text"]),
+    ("a spec that is not YAML", ["run", "broken.yaml"], ["not valid YAML at line"]),
+    ("a hyperparameter the model does not have", ["run", "unknown_hp.yaml"], ["search.space.unitz_0"]),
+    ("an unknown epoch selection", ["validate", "select.yaml"], ["train.select must be one of best_epoch, last"]),
+    ("a store path without a scheme in the spec", ["validate", "bad_uri.yaml"],
+     ["tracking.uri must be sqlite:///FILE", "(did you mean sqlite:///mlflow.db?)"]),
+    ("a spec that does not exist", ["trial", "absent.yaml"], ["spec file not found"]),
+    # flags
+    ("a store path without a scheme", ["run", "good.yaml", "--tracking-uri", "mlflow.db"],
+     ["--tracking-uri must be sqlite:///FILE", "(did you mean sqlite:///mlflow.db?)"]),
+    ("a store that is not SQLite", ["run", "good.yaml", "--tracking-uri", "sqlite:///notdb.db"],
+     ["--tracking-uri:", "notdb.db' is not a SQLite database"]),
+    ("a SQLite file that is not an MLflow store", ["report", "--tracking-uri", "sqlite:///other.db"],
+     ["other.db' is a SQLite database but not an MLflow store (its tables: t)"]),
+    ("a store where no file can be created", ["run", "good.yaml", "--tracking-uri", "sqlite:////proc/x.db"],
+     ["no store can be created at 'sqlite:////proc/x.db'"]),
+    ("no trials", ["run", "good.yaml", "--num-samples", "0"], ["--num-samples must be >= 1, got 0"]),
+    ("a Ray address that is no address", ["run", "good.yaml", "--address", "nowhere"], ["must be host:port"]),
+    ("--resume without a store", ["run", "good.yaml", "--resume"],
+     ["--resume: no MLflow store at 'sqlite:///store.db'", "no sweep named 'good' to resume"]),
+    ("--resume of a sweep the store does not have", ["run", "good.yaml", "--resume", "--tracking-uri", "{store}"],
+     ["no sweep named 'good'"]),
+    ("a fold out of range", ["trial", "good.yaml", "--fold", "5"], ["--fold must be between 0 and 1"]),
+    ("report on a store that does not exist", ["report", "--tracking-uri", "sqlite:///absent.db"],
+     ["--tracking-uri: no MLflow store at 'sqlite:///absent.db'"]),
+    ("report on a sweep the store does not have", ["report", "nosuch", "--tracking-uri", "{store}"],
+     ["SWEEP: no sweep named 'nosuch'"]),
+    ("a port out of range", ["ui", "--tracking-uri", "{store}", "--port", "70000"],
+     ["--port must be between 1 and 65535, got 70000"]),
+    # --set
+    ("--set a batch size that is not a number", ["trial", "good.yaml", "--set", "batch_size=abc"],
+     ["--set: batch_size batch sizes must be positive integers, got 'abc'"]),
+    ("--set an hp.Int to text", ["trial", "good.yaml", "--set", "units_0=abc"],
+     ["--set units_0: the hypermodel declares it hp.Int"]),
+    ("--set an hp.Int beyond its range", ["trial", "good.yaml", "--set", "num_layers=5"],
+     ["--set num_layers: the hypermodel declares it hp.Int from 1 to 3, got 5"]),
+    ("--set an hp.Int off its steps", ["trial", "good.yaml", "--set", "units_0=12"], ["in steps of 8, got 12"]),
+    ("--set a value its condition drops", ["trial", "good.yaml", "--set", "units_2=16"],
+     ["--set units_2: units_2 only counts when num_layers is 3, but this trial has num_layers=1"]),
+    ("--set a threshold without clipping", ["trial", "good.yaml", "--set", "clip_threshold=0.5"],
+     ["clip_threshold only counts when clipping is"]),
+    ("--set an unknown optimizer", ["trial", "good.yaml", "--set", "optimizer=adamm"],
+     ["optimizer must be one of adam, adamw, sgd, rmsprop (did you mean 'adam'?)"]),
+    ("--set a negative learning rate", ["trial", "good.yaml", "--set", "learning_rate=-1"],
+     ["learning rates must be numbers > 0, got -1"]),
+    ("--set a name the trial does not have", ["trial", "good.yaml", "--set", "unitz=8"],
+     ["--set unitz: not a hyperparameter of this trial"]),
+    ("--set without a value", ["trial", "good.yaml", "--set", "batch_size"], ["--set must be name=value"]),
+    # data files
+    ("a data file without samples", ["run", "empty.yaml"], ["has no samples"]),
+    ("float labels", ["validate", "floaty.yaml"], ["y.astype(int)"]),
+    ("labels counted from 1", ["run", "from1.yaml"], ["labels must start at 0", "y - 1"]),
+    ("arrays under other names", ["validate", "renamed.yaml"], ["its arrays are X, Y", "x: X, y: Y"]),
+    ("x and y of different lengths", ["run", "mismatch.yaml"], ["differ in length: 60 vs 50"]),
+    ("samples with NaN", ["validate", "nan.yaml"], ["60 samples with NaN/Inf"]),
+    ("one class", ["run", "one_class.yaml"], ["has a single class"]),
+    ("y_test beyond the outputs", ["validate", "y_test.yaml"], ["go up to 2", "(in y_test)"]),
+    ("a truncated data file", ["run", "truncated.yaml"], ["truncated.npz"]),
+    # experiment modules
+    ("a linear head without from_logits", ["run", "linear.yaml"], ["set train.from_logits: true"]),
+    ("a train_step override", ["validate", "override.yaml"], ["Custom overrides train_step"]),
+    # record ids
+    ("an unknown run id", ["rerun", "0123456789abcdef0123456789abcdef", "--tracking-uri", "{store}"],
+     ["RUN_ID: no trial run with id '0123456789abcdef0123456789abcdef'"]),
+    ("an unknown short run id", ["rerun", "zzzzzz", "--tracking-uri", "{store}"], ["no trial run with id 'zzzzzz'"]),
+    ("a sweep's run id for a trial's", ["rerun", "{sweep_run}", "--tracking-uri", "{store}"],
+     ["is not a foldsweep trial"]),
+    ("a rerun from a store that does not exist", ["rerun", "abc", "--tracking-uri", "sqlite:///absent.db"],
+     ["--tracking-uri: no MLflow store at 'sqlite:///absent.db'"]),
+]
+
+
+@pytest.fixture(scope="module")
+def recorded_store(tmp_path_factory) -> tuple[bytes, str]:
+    """An MLflow store holding one sweep's parent run: (its bytes, the parent run id)."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("store") / "recorded.db"
+    client = MlflowClient(f"sqlite:///{path}")
+    experiment = client.create_experiment("other")
+    run = client.create_run(experiment, tags={"foldsweep.role": "sweep", "foldsweep.sweep": "other"})
+    client.set_terminated(run.info.run_id)
+    return path.read_bytes(), run.info.run_id
+
+
+@pytest.fixture
+def workspace(tmp_path, recorded_store, monkeypatch) -> Path:
+    for name, text in FILES.items():
+        (tmp_path / name).write_bytes(text.encode("latin-1" if name == "latin1.yaml" else "utf-8"))
+    for name, data in DATA.items():
+        np.savez(tmp_path / name, **data)
+    good = (tmp_path / "good.npz").read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(good[: len(good) // 2])
+    with sqlite3.connect(tmp_path / "other.db") as connection:
+        connection.execute("CREATE TABLE t (x)")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "recorded.db").write_bytes(recorded_store[0])
+    monkeypatch.chdir(tmp_path)
+    # Thread pools are fixed once TensorFlow runs in a process (the suite's other tests started
+    # it); `trial` would refuse to size them again, and nothing here trains.
+    monkeypatch.setattr("pipeline.trial.configure_threads", lambda threads: None)
+    return tmp_path
+
+
+def snapshot(directory: Path) -> dict[str, bytes | None]:
+    return {str(path.relative_to(directory)): path.read_bytes() if path.is_file() else None
+            for path in sorted(directory.rglob("*"))}
+
+
+def expand(argument: str, workspace: Path, sweep_run: str) -> str:
+    return argument.format(store=f"sqlite:///{workspace / 'recorded.db'}", sweep_run=sweep_run)
+
+
+@pytest.mark.parametrize("case, argv, expected", CASES, ids=[case[0] for case in CASES])
+def test_a_bad_input_is_one_message_and_exit_2_with_nothing_written(workspace, recorded_store, case, argv, expected):
+    import ray
+
+    before = snapshot(workspace)
+    result = CliRunner().invoke(app, [expand(argument, workspace, recorded_store[1]) for argument in argv])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    for phrase in expected:
+        assert phrase in output, (phrase, output)
+    assert output.count("error:") == 1 and "Traceback" not in output, output
+    assert not ray.is_initialized()
+    assert snapshot(workspace) == before
+
+
+def test_a_store_path_that_is_a_directory_is_refused(workspace):
+    before = snapshot(workspace)
+    result = CliRunner().invoke(app, ["run", "good.yaml", "--tracking-uri", f"sqlite:///{workspace / 'adir'}"])
+    assert result.exit_code == 2
+    assert f"'sqlite:///{workspace / 'adir'}' names a directory, not a SQLite file" in " ".join(result.output.split())
+    assert snapshot(workspace) == before
+
+
+def test_the_table_covers_every_kind_of_input():
+    commands = {argv[0] for _, argv, _ in CASES}
+    assert len(CASES) >= 40 and commands == {"validate", "run", "trial", "rerun", "report", "ui"}
