@@ -373,7 +373,7 @@ class Tracker:
             max_results=1)
         return runs[0] if runs else None
 
-    def _trial_run_id(self, given: str) -> str:
+    def trial_run_id(self, given: str) -> str:
         """The full run id of what a user gave for a trial: its run id, the start of it that the
         leaderboard shows, or Ray Tune's trial id (``11830_00000``).
 
@@ -408,7 +408,7 @@ class Tracker:
 
         from mlflow.exceptions import MlflowException
 
-        run_id = self._trial_run_id(run_id)
+        run_id = self.trial_run_id(run_id)
         run = self._client.get_run(run_id)
         if run.data.tags.get(Tag.ROLE) not in ("trial", "rerun"):
             raise TrackingError(f"RUN_ID: run {run_id!r} is not a foldsweep trial (tag {Tag.ROLE}="

@@ -128,3 +128,24 @@ def test_jit_compile_and_fusion_can_be_forced(write_spec, value, expected):
 def test_steps_per_launch_is_auto_or_a_number(write_spec, value, expected):
     train = {} if value is None else {"steps_per_launch": value}
     assert load_spec(write_spec({"train": train})).train.steps_per_launch == expected
+
+
+SHIPPED_SPECS = sorted((Path(__file__).resolve().parents[1] / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("where", ["root", "sweeps", "elsewhere"])
+def test_every_shipped_spec_validates_from_any_directory(where, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    repo = SHIPPED_SPECS[0].parents[1]
+    directory = {"root": repo, "sweeps": repo / "sweeps", "elsewhere": tmp_path}[where]
+    monkeypatch.chdir(directory)
+    before = sorted(path.name for path in directory.iterdir())
+    for spec in SHIPPED_SPECS:
+        written = spec.relative_to(repo) if where == "root" else spec.name if where == "sweeps" else spec
+        result = CliRunner().invoke(app, ["validate", str(written)])
+        assert result.exit_code == 0, (spec.name, result.output)
+        assert result.output.startswith(f"ok {written}"), result.output
+    assert sorted(path.name for path in directory.iterdir()) == before

@@ -1,0 +1,81 @@
+"""A newcomer's sweep, as a process: the installed command run in a scratch directory writes
+only the store it was told to (with its artifacts and Ray's files beside it), prints foldsweep's
+own lines and no TensorFlow logging, shows every trial's run id, and ends with a rerun command
+that works as printed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import MNIST1D_EXPERIMENT, REPO, sweep_runs
+
+pytestmark = pytest.mark.e2e
+
+INSTALLED = Path(sys.executable).parent / "foldsweep"
+TENSORFLOW_LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|absl::InitializeLog|oneDNN|cuda", re.MULTILINE)
+
+
+def installed(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(INSTALLED), *args], cwd=cwd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)})
+
+
+@pytest.fixture(scope="module")
+def scratch_sweep(tmp_path_factory):
+    assert INSTALLED.exists(), "the foldsweep command is installed beside the interpreter (make install)"
+    scratch = tmp_path_factory.mktemp("scratch")
+    (scratch / "spec.yaml").write_text(yaml.safe_dump({
+        "name": "newcomer", "experiment": str(MNIST1D_EXPERIMENT), "dataset": {"name": "mnist1d", "num_samples": 300},
+        "cv": {"n_splits": 2}, "train": {"epochs": 2, "refit": False},
+        "search": {"num_samples": 2, "space": {"conv_layers": 1, "filters": 16,
+                                                "learning_rate": {"loguniform": [0.001, 0.01]}}}}))
+    ran = installed("run", "spec.yaml", cwd=scratch)
+    return scratch, ran
+
+
+def test_a_sweep_in_a_scratch_directory_writes_only_its_store(scratch_sweep):
+    scratch, ran = scratch_sweep
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert sorted(path.name for path in scratch.iterdir()) == ["mlartifacts", "mlflow.db", "ray_results", "spec.yaml"]
+
+
+def test_the_terminal_shows_foldsweeps_lines_and_no_library_logging(scratch_sweep):
+    _, ran = scratch_sweep
+    output = ran.stdout + ran.stderr
+    assert not TENSORFLOW_LOG_LINE.search(output), output
+    assert "Warning" not in output, output
+    assert ran.stderr == "", ran.stderr
+
+
+def test_the_leaderboard_shows_run_ids_and_its_rerun_command_works_as_printed(scratch_sweep):
+    from pipeline.tracking import Tracker
+
+    scratch, ran = scratch_sweep
+    uri = f"sqlite:///{scratch / 'mlflow.db'}"
+    client, _, trials = sweep_runs(uri, "newcomer")
+    for trial in trials:
+        assert re.search(rf"│\s+\d\s+│ {trial.info.run_id[:8]} │ trial-\d+ ", ran.stdout), ran.stdout
+        assert re.fullmatch(r"trial-\d{5} learning_rate=\S+ .*", trial.info.run_name), trial.info.run_name
+        assert Tracker(uri).trial_run_id(trial.data.tags["foldsweep.trial_id"]) == trial.info.run_id
+    command = re.search(r"^rerun the best trial: (.*)$", ran.stdout, re.MULTILINE).group(1)
+    best = next(trial for trial in trials if trial.info.run_id.startswith(shlex.split(command)[2]))
+    assert shlex.split(command)[0] == str(INSTALLED)
+    elsewhere = scratch.parent  # the command holds the store's absolute path: it works from anywhere
+    again = subprocess.run(shlex.split(command), cwd=elsewhere, capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert again.returncode == 0, again.stdout + again.stderr
+    rerun = client.search_runs([best.info.experiment_id],
+                               filter_string=f"tags.`foldsweep.rerun_of` = '{best.info.run_id}'")[0]
+    for k in range(2):
+        key = f"split{k}_val_loss"
+        recorded = [m.value for m in sorted(client.get_metric_history(best.info.run_id, key), key=lambda m: m.step)]
+        replayed = [m.value for m in sorted(client.get_metric_history(rerun.info.run_id, key), key=lambda m: m.step)]
+        assert len(recorded) == 2 and replayed == pytest.approx(recorded, rel=1e-6, abs=0)
