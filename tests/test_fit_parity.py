@@ -118,7 +118,8 @@ def spec_for(directory: Path, builder: str) -> Path:
         "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
         "search": {"space": {"batch_size": BATCH}},
         # Compilation is not what is compared here; without XLA the cases run in seconds.
-        "train": {"epochs": EPOCHS, "seed": 0, "jit_compile": False},
+        # More epochs than are trained: `trial --epochs` says how many, in its header too.
+        "train": {"epochs": EPOCHS + 4, "seed": 0, "jit_compile": False},
         "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
     }))
     return path
@@ -129,8 +130,9 @@ def foldsweep_cv_mean(spec: Path, monkeypatch) -> float:
     # The trial asks for its own thread pools, which TensorFlow fixes once it has started in a
     # process; here it already runs (the test's own `fit`), and pool sizes change no result.
     monkeypatch.setattr("pipeline.trial.configure_threads", lambda threads: None)
-    result = CliRunner().invoke(app, ["trial", str(spec)])
+    result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])
     assert result.exit_code == 0, result.output
+    assert f" epochs={EPOCHS} " in result.output.splitlines()[0], result.output
     epochs = re.findall(r"^epoch (\d+):.*mean_val_accuracy (\S+)$", result.output, re.MULTILINE)
     assert [int(epoch) for epoch, _ in epochs] == list(range(1, EPOCHS + 1)), result.output
     return float(epochs[-1][1])

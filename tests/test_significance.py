@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipeline.report import Standings, cv_results, leaderboard_table, replica_scores
+from pipeline.report import Standings, cv_results, leaderboard_table, replica_scores, split_params, sweep_description
 from pipeline.results import EpochSelection
 from pipeline.significance import corrected_ttest, val_train_ratio
 from pipeline.spec import Objective
@@ -108,7 +108,7 @@ def test_standings_rank_on_the_selected_epoch_and_compare_each_trial_with_the_be
     assert rows["close"]["tied_with_best"] is True and rows["broken"]["tied_with_best"] is False
     assert rows["best"]["pvalue_vs_best"] == 1.0 and rows["nan"]["pvalue_vs_best"] == ""
     assert rows["best"]["rank_val_accuracy"] == 1 and rows["broken"]["rank_val_accuracy"] == 3
-    assert leaderboard_table(standings).columns[4].header == "vs best"
+    assert leaderboard_table(standings).columns[5].header == "vs best"
 
 
 def test_trials_recorded_before_selection_rank_on_their_last_epoch_without_pvalues():
@@ -131,3 +131,57 @@ def test_the_sweep_description_says_how_many_are_tied_and_keeps_its_table_whole_
     table = [line for line in text.split("### NaN")[0].splitlines() if line.startswith("|")]
     assert "more trials in `cv_results.csv`" in table[-1]
     assert {line.count("|") for line in table} == {table[0].count("|")}  # every row has the header's cells
+
+
+def test_equal_scores_share_a_rank_in_every_view():
+    first, second = record("a", [1.0, 1.0, 1.0]), record("b", [1.0, 1.0, 1.0])
+    third = record("c", [0.5, 0.6, 0.7])
+    standings = Standings.of([third, second, first], Objective(), n_splits=3)
+    assert [standings.rank(r) for r in (first, second, third)] == [1, 1, 3]
+    rows = {row["run_id"]: row for row in cv_results(standings)}
+    assert [rows[r.run_id]["rank_val_accuracy"] for r in (first, second, third)] == [1, 1, 3]
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(leaderboard_table(standings))
+    ranks = [line.split("│")[1].strip() for line in console.export_text().splitlines() if line.startswith("│")]
+    assert ranks == ["1", "1", "3"]
+    description = sweep_description(standings, sweep_name="tied")
+    assert [line.split("|")[1].strip() for line in description.splitlines() if line.startswith("| ") and "trial-" in line] \
+        == ["1", "1", "3"]
+    assert standings.versus_best(standings.ranked[0]) == "best"
+    assert standings.versus_best(standings.ranked[1]).startswith("tied (p=1")
+
+
+def test_an_in_effect_learning_rate_that_repeats_the_hypermodels_own_is_one_column():
+    records = [TrialRecord(run_id=f"r{i}", run_name=f"t{i}", trial_id=f"x_{i:05d}", state="FINISHED", status="ok",
+                           params={"lr": lr, "learning_rate": lr, "units": units}, metrics={})
+               for i, (lr, units) in enumerate([("0.01", "8"), ("0.001", "8"), ("0.01", "16")])]
+    assert split_params(records) == (["lr", "units"], {})
+    assert [key for key in cv_results(Standings.of(records, Objective(), n_splits=3))[0] if key.startswith("param_")] \
+        == ["param_lr", "param_units"]
+    # Where the two differ (the spec replaced the hypermodel's rate), both are shown.
+    different = [TrialRecord(**{**vars(r), "params": {**r.params, "learning_rate": "0.5"}}) for r in records[:2]]
+    assert split_params(different) == (["lr"], {"learning_rate": "0.5", "units": "8"})
+
+
+def test_the_learning_curve_title_counts_what_it_highlights(tmp_path):
+    from pipeline.plots import HIGHLIGHTED, _learning_curves, learning_curve_data
+
+    records = [record("a", [0.8, 0.8, 0.8]), record("b", [0.7, 0.7, 0.7])]
+    histories = {r.run_id: [(1, 0.5), (2, 0.6)] for r in records}
+    curves = learning_curve_data(records, Objective(), histories)
+    assert HIGHLIGHTED > len(curves) and sum(0 < curve.rank <= HIGHLIGHTED for curve in curves) == 2
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    titles = []
+    original = plt.Axes.set_title
+    try:
+        plt.Axes.set_title = lambda self, text, *a, **k: titles.append(text) or original(self, text, *a, **k)
+        _learning_curves(curves, Objective(), tmp_path / "curves.png")
+    finally:
+        plt.Axes.set_title = original
+    assert titles == ["learning curves: 2 trials, the 2 best highlighted (o: the epoch each is scored at)"]
