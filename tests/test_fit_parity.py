@@ -132,7 +132,7 @@ def foldsweep_cv_mean(spec: Path, monkeypatch) -> float:
     monkeypatch.setattr("pipeline.trial.configure_threads", lambda threads: None)
     result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])
     assert result.exit_code == 0, result.output
-    assert f" epochs={EPOCHS} " in result.output.splitlines()[0], result.output
+    assert re.search(rf"\bepochs={EPOCHS}\b", result.output.splitlines()[0]), result.output
     epochs = re.findall(r"^epoch (\d+):.*mean_val_accuracy (\S+)$", result.output, re.MULTILINE)
     assert [int(epoch) for epoch, _ in epochs] == list(range(1, EPOCHS + 1)), result.output
     return float(epochs[-1][1])
