@@ -249,3 +249,16 @@ def test_a_store_path_that_is_a_directory_is_refused(workspace):
 def test_the_table_covers_every_kind_of_input():
     commands = {argv[0] for _, argv, _ in CASES}
     assert len(CASES) >= 40 and commands == {"validate", "run", "trial", "rerun", "report", "ui"}
+
+
+def test_unbalanced_grouped_folds_are_warned_about_not_refused(workspace):
+    # Six groups of one class each, two per class: whole groups make each fold's classes lopsided.
+    y = np.repeat([0, 0, 1, 1, 2, 2], 10).astype(np.int32)
+    np.savez(workspace / "grouped.npz", **arrays(60, y=y, groups=np.repeat(np.arange(6), 10)))
+    (workspace / "grouped.py").write_text(LOOP_MODEL.replace("Dense(2,", "Dense(3,"))
+    (workspace / "grouped.yaml").write_text(spec_text(experiment="grouped.py", dataset="grouped.npz",
+                                                      cv={"splitter": "group", "n_splits": 3}))
+    result = CliRunner().invoke(app, ["validate", "grouped.yaml"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "warning: cv.splitter group: fold" in output and "cv.splitter: stratified_group" in output
