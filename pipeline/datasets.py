@@ -160,8 +160,13 @@ def _read_cache(path: Path) -> dict[str, np.ndarray] | None:
 
 def _write_cache(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     # Written to a temporary file and renamed so that concurrent sweeps never read half a file.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+    except OSError as exc:
+        raise DataError(f"dataset: built-in datasets are cached in {data_dir_source()}, but no file can be written "
+                        f"there ({exc.strerror or exc}: {exc.filename}); set ${DATA_DIR_ENV} to a writable "
+                        "directory") from None
     try:
         with os.fdopen(handle, "wb") as out:
             np.savez(out, **arrays)

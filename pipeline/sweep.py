@@ -93,9 +93,11 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     folds = make_folds(spec.cv, dataset)
     _check_folds_have_classes(spec, dataset, folds, source)
     _check_batch_fits_folds(spec, space, folds)
-    address = address or spec.resources.address
+    # Ray itself would join the cluster $RAY_ADDRESS names: it is an input like the flag and the key.
+    source = "--address" if address else "resources.address" if spec.resources.address else "RAY_ADDRESS"
+    address = address or spec.resources.address or os.environ.get("RAY_ADDRESS") or None
     if address is not None:
-        check_ray_address(address)
+        check_ray_address(address, source=source)
     if address is None and spec.resources.cpu > (os.cpu_count() or 1):
         raise SpecError(f"{spec.source_path}: resources.cpu must be <= the CPUs of this machine "
                         f"({os.cpu_count()}), got {spec.resources.cpu:g}")
@@ -440,7 +442,7 @@ def _selection(spec: SweepSpec) -> EpochSelection:
     return EpochSelection(spec.objective, spec.train.select)
 
 
-def check_ray_address(address: str) -> None:
+def check_ray_address(address: str, *, source: str = "--address") -> None:
     """Refuse a Ray address where nothing listens, at once: ray.init would wait minutes for it.
 
     Raises:
@@ -452,12 +454,12 @@ def check_ray_address(address: str) -> None:
         return
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise InputError(f"resources.address / --address must be host:port (e.g. 127.0.0.1:6379), got {address!r}")
+        raise InputError(f"{source} must be host:port (e.g. 127.0.0.1:6379), got {address!r}")
     try:
         with socket.create_connection((host, int(port)), timeout=5):
             pass
     except OSError as exc:
-        raise InputError(f"resources.address / --address: no Ray cluster answers at {address!r}: "
+        raise InputError(f"{source}: no Ray cluster answers at {address!r}: "
                          f"{exc.strerror or exc}") from None
 
 

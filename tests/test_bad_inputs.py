@@ -262,3 +262,29 @@ def test_unbalanced_grouped_folds_are_warned_about_not_refused(workspace):
     output = " ".join(result.output.split())
     assert result.exit_code == 0, result.output
     assert "warning: cv.splitter group: fold" in output and "cv.splitter: stratified_group" in output
+
+
+ENVIRONMENT_CASES = [
+    ("FOLDSWEEP_DATA_DIR", "/proc/foldsweep-cache", ["validate", "builtin.yaml"],
+     ["built-in datasets are cached in $FOLDSWEEP_DATA_DIR (/proc/foldsweep-cache), but no file can be written"]),
+    ("FOLDSWEEP_DATA_DIR", "{workspace}/good.yaml", ["run", "builtin.yaml"], ["set $FOLDSWEEP_DATA_DIR to a writable"]),
+    ("RAY_ADDRESS", "nowhere", ["run", "good.yaml"], ["RAY_ADDRESS must be host:port (e.g. 127.0.0.1:6379), got 'nowhere'"]),
+    ("RAY_ADDRESS", "127.0.0.1:9", ["run", "good.yaml"], ["RAY_ADDRESS: no Ray cluster answers at '127.0.0.1:9'"]),
+]
+
+
+@pytest.mark.parametrize("variable, value, argv, expected", ENVIRONMENT_CASES,
+                         ids=[f"{case[0]}={case[1]}" for case in ENVIRONMENT_CASES])
+def test_a_bad_environment_variable_is_one_message_and_exit_2(workspace, monkeypatch, variable, value, argv, expected):
+    import ray
+
+    (workspace / "builtin.yaml").write_text(spec_text(dataset={"name": "digits"}, experiment="loop.py"))
+    monkeypatch.setenv(variable, value.format(workspace=workspace))
+    before = snapshot(workspace)
+    result = CliRunner().invoke(app, argv)
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    for phrase in expected:
+        assert phrase in output, (phrase, output)
+    assert "Traceback" not in output and not ray.is_initialized()
+    assert snapshot(workspace) == before
