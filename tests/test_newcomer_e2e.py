@@ -53,6 +53,11 @@ def test_the_terminal_shows_foldsweeps_lines_and_no_library_logging(scratch_swee
     assert not TENSORFLOW_LOG_LINE.search(output), output
     assert "Warning" not in output, output
     assert ran.stderr == "", ran.stderr
+    # Into a log (not a terminal): a plain line per finished trial, no live table's control characters.
+    finished = re.findall(r"^  trial-\d{5} \([0-9a-f]{8}\): ok \(mean_val_accuracy ", ran.stdout, re.MULTILINE)
+    assert len(finished) == 2, ran.stdout
+    assert not any(character in ran.stdout for character in ("\x1b", "\r")), "no terminal control characters"
+    assert "Open the MLflow UI on this sweep" in ran.stdout and "viewStateShareKey=" in ran.stdout
 
 
 def test_the_leaderboard_shows_run_ids_and_its_rerun_command_works_as_printed(scratch_sweep):

@@ -1,15 +1,9 @@
-"""Live progress of a sweep: the arithmetic, and plain lines when standard output is a log."""
+"""Live progress of a sweep: the arithmetic (its plain lines in a log: tests/test_newcomer_e2e.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-import yaml
 
-from conftest import REPO, TINY_SPEC, merged
 from pipeline.progress import SweepProgress, clock, eta_seconds
 from pipeline.spec import Objective
 
@@ -37,17 +31,3 @@ def test_progress_counts_trials_and_finds_the_best():
     assert progress.eta() == pytest.approx(expected, rel=1e-3)
     line = progress.summary_line()
     assert "2/5 trials done, 1 running, 2 pending, 0 pruned, 1 NaN, 0 failed" in line and "(b)" in line
-
-
-@pytest.mark.e2e
-def test_a_sweep_into_a_log_prints_plain_lines(tmp_path):
-    spec = merged(TINY_SPEC, {"name": "logged", "search": {"num_samples": 2}, "train": {"epochs": 1, "refit": False},
-                              "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
-    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
-    ran = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "spec.yaml"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    finished = [line for line in ran.stdout.splitlines() if line.strip().startswith("trial ") and ": ok (" in line]
-    assert len(finished) == 2
-    assert not any(character in ran.stdout for character in ("\x1b", "\r")), "no terminal control characters"
-    assert "Open the MLflow UI on this sweep" in ran.stdout and "viewStateShareKey=" in ran.stdout

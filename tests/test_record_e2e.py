@@ -123,13 +123,14 @@ def test_the_sweep_describes_itself_in_mlflow(diverging_sweep):
     leaderboard = note.split("### NaN failures")[0]
     ranked_rows = [line for line in leaderboard.splitlines() if line.startswith("| ")
                    and line.split("|")[1].strip().isdigit()]
-    scores = {run.info.run_name: run.data.metrics.get("mean_val_accuracy") for run in trials
+    scores = {run.info.run_id: run.data.metrics.get("mean_val_accuracy") for run in trials
               if run.data.tags["foldsweep.status"] == "ok"}
     best = max(scores, key=scores.get)
-    assert ranked_rows[0].split("|")[2].strip() == best, "the best trial first"
+    best_run = next(run for run in trials if run.info.run_id == best)
+    label = f"trial-{best_run.data.tags['foldsweep.trial_id'].rsplit('_', 1)[-1]}"
+    assert ranked_rows[0].split("|")[2].strip() == f"{label} ({best[:8]})", "the best trial first"
     assert len(ranked_rows) == len(scores)
-    best_run = next(run for run in trials if run.info.run_name == best)
-    assert f"foldsweep rerun {best_run.info.run_id} --tracking-uri" in note
+    assert f"foldsweep rerun {best[:8]} --tracking-uri sqlite:///{directory / 'mlflow.db'}" in note
     assert "### NaN failures by batch size and clipping" in note and "| 8 | none | 2 | 1 |" in note
     assert "test_accuracy" in note  # the refit's score
     assert client.get_run(best_run.info.run_id).data.tags["mlflow.note.content"].startswith("Rank **1** of 3")

@@ -145,7 +145,7 @@ def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_l
     assert parent.data.metrics["best_mean_val_loss"] == min(curves[best.info.run_id].values())
     assert parent.data.metrics["refit_epochs"] == best.data.metrics["best_epoch"]
     assert f"({int(best.data.metrics['best_epoch'])} epochs)" in output
-    leaderboard = next(line for line in output.splitlines() if best.info.run_name in line and "│    1 │" in line)
+    leaderboard = next(line for line in output.splitlines() if best.info.run_id[:8] in line and "│    1 │" in line)
     assert f"{min(curves[best.info.run_id].values()):.4f}" in leaderboard
 
     _, output = run(overfitting_spec(tmp_path, "last"), tmp_path)
