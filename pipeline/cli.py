@@ -139,6 +139,18 @@ def compile_notes(spec: Any, experiment: Any) -> list[str]:
                          "per fold")
     for name, source in experiment.fit_arguments.items():
         notes.append(f"{name} comes from {spec.experiment}'s fit() (hyperparameter {source!r})")
+    rule = experiment.fit_early_stopping
+    if rule is not None:
+        if spec.train.early_stopping == rule:
+            notes.append(f"EarlyStopping(monitor='val_{rule.monitor}', patience={rule.patience}) in {spec.experiment}'s "
+                         f"fit() becomes train.early_stopping: {rule.describe()}, on the trial's mean CV curve (one "
+                         "decision for all folds)")
+        else:
+            notes.append(f"the spec's train.early_stopping {spec.train.early_stopping.describe()} replaces the "
+                         f"EarlyStopping in {spec.experiment}'s fit()")
+        if experiment.fit_restores_best_weights:
+            notes.append("restore_best_weights=True is what train.select: best_epoch already does: each trial is scored "
+                         "at its best epoch, and the refit trains that many epochs")
     return notes
 
 
@@ -346,6 +358,7 @@ def rerun(
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)
     configure_tensorflow(gpus=recorded.spec.resources.gpu, threads=threads)
     experiment = load_experiment(recorded.experiment_path, recorded.spec.experiment_attr)
+    spec = recorded.spec.with_fit_early_stopping(experiment.fit_early_stopping)
     space = build_space(recorded.spec, experiment.hyperparameters,
                         own_optimizer=experiment.compiled_optimizer is not None)
     overrides = checked_overrides(overrides, set(space.domains) | set(recorded.config), experiment.hyperparameters)
@@ -354,7 +367,7 @@ def rerun(
     dataset, folds = recorded_folds(recorded)
     console.print(f"rerun of trial {recorded.run_name} ({recorded.run_id}) of sweep run {recorded.parent_run_id}"
                   + (f", with {' '.join(set_values)}" if set_values else ""), highlight=False)
-    request = TrialRequest(spec=recorded.spec, experiment_path=recorded.experiment_path, dataset=dataset, folds=folds,
+    request = TrialRequest(spec=spec, experiment_path=recorded.experiment_path, dataset=dataset, folds=folds,
                            config=config, conditions=space.conditions, fold_ids=fold_ids, threads=threads,
                            epochs=epochs, eager=eager, check_numerics=check_numerics, replay=recorded.plan,
                            fit_arguments=experiment.fit_arguments, changes=rerun_changes(recorded, overrides, eager=eager))
@@ -365,7 +378,7 @@ def _run_here(request: Any, *, tracking: Any) -> None:
     """The in-process trial both `trial` and `rerun` run, printing each epoch as it ends; a rerun
     also says (and records) what makes it differ from the trial it reruns."""
     from pipeline.rerun import epoch_line, run_in_process
-    from pipeline.results import EpochSelection, TrialStatus
+    from pipeline.results import STOPPED_EPOCH, EpochSelection, TrialStatus
     from pipeline.space import resolve_config
     from pipeline.tracking import Tag
 
@@ -389,6 +402,9 @@ def _run_here(request: Any, *, tracking: Any) -> None:
 
     def on_epoch(report: dict[str, Any]) -> None:
         console.print(epoch_line(report, request.spec.train.metric), highlight=False, soft_wrap=True)
+        if report.get(STOPPED_EPOCH) is not None:
+            console.print(f"stopped early after epoch {report[STOPPED_EPOCH]}: train.early_stopping "
+                          f"{request.spec.train.early_stopping.describe()}", highlight=False)
         if recorder is not None:
             recorder.log_epoch(report)
 

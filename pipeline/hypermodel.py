@@ -33,6 +33,7 @@ from keras_tuner.src.engine import conditions as conditions_module
 from keras_tuner.src.engine.hyperparameters import hp_types
 
 from pipeline.errors import ExperimentError
+from pipeline.spec import EarlyStoppingSpec
 
 MAX_DISCOVERY_BUILDS = 64
 # A number hyperparameter with at most this many values is enumerated to find which of its
@@ -56,6 +57,9 @@ class Experiment:
     compiled_schedule: str | None = None  # its learning-rate schedule, as a call, if it has one
     # foldsweep's training hyperparameter -> the hyperparameter a fit() override feeds it from.
     fit_arguments: Mapping[str, str] = field(default_factory=dict)
+    # The EarlyStopping a fit() override passes, as a rule on the mean CV curve.
+    fit_early_stopping: EarlyStoppingSpec | None = None
+    fit_restores_best_weights: bool = False
 
     def build(self, values: Mapping[str, Any], input_shape: tuple[int, ...] | None = None) -> keras.Model:
         return build_model(self.build_fn, values, input_shape=input_shape)
@@ -187,10 +191,11 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
     input_shape = tuple(model.inputs[0].shape[1:]) if _declared_inputs(model) else None
     _refuse_own_training(model, reference)
     compiled, schedule = _compiled_optimizer(model, reference)
-    fit_arguments = _read_fit(hypermodel, model, hp, reference)
+    fit_arguments, (early_stopping, restores_best) = _read_fit(hypermodel, model, hp, reference)
     _discover(build_fn, hp)
     keras.backend.clear_session()
-    return Experiment(reference, build_fn, hp, input_shape, compiled, schedule, fit_arguments)
+    return Experiment(reference, build_fn, hp, input_shape, compiled, schedule, fit_arguments, early_stopping,
+                      restores_best)
 
 
 # The methods through which Keras 3 lets a model train or score itself its own way, with what to
@@ -329,20 +334,23 @@ class _RecordingFit:
         return keras.callbacks.History()
 
 
-def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParameters, reference: str) -> dict[str, str]:
+def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParameters, reference: str
+              ) -> tuple[dict[str, str], tuple[EarlyStoppingSpec | None, bool]]:
     """What a HyperModel's ``fit`` override asks of training, read with a recording model.
 
     The override is called as KerasTuner's tuner calls it (``x``, ``y``, ``validation_data``,
     ``callbacks``); the hyperparameters it registers join ``hp``. It must pass them on to one
     ``model.fit`` call unchanged, adding only ``batch_size``, ``epochs``, ``shuffle`` (and
-    ``verbose``). Returns foldsweep's training names -> the hyperparameters that feed them.
+    ``verbose``) and an ``EarlyStopping`` callback. Returns foldsweep's training names -> the
+    hyperparameters that feed them, and the early stopping it asks for (with whether it
+    restores the best weights).
 
     Raises:
         ExperimentError: the override trains on its own, changes the data, or adds arguments or
             callbacks that foldsweep cannot reproduce.
     """
     if not isinstance(hypermodel, keras_tuner.HyperModel) or type(hypermodel).fit is keras_tuner.HyperModel.fit:
-        return {}
+        return {}, (None, False)
     where = f"experiment: {reference}: its HyperModel.fit"
     recording = _RecordingFit()
     x, y = np.zeros((2, 1), np.float32), np.zeros((2,), np.int32)
@@ -365,20 +373,69 @@ def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParamete
             "out of the hypermodel")
     args, kwargs = recording.calls[0]
     given = {"x": args[0] if args else kwargs.pop("x", None), "y": args[1] if len(args) > 1 else kwargs.pop("y", None),
-             "validation_data": kwargs.pop("validation_data", None), "callbacks": kwargs.pop("callbacks", None)}
-    expected = {"x": x, "y": y, "validation_data": validation, "callbacks": callbacks}
+             "validation_data": kwargs.pop("validation_data", None)}
+    expected = {"x": x, "y": y, "validation_data": validation}
     changed = [name for name in expected if given[name] is not expected[name]]
     if changed or len(args) > 2:
         raise ExperimentError(
             f"{where} passes model.fit other {', '.join(changed) or 'positional arguments'} than it was given "
-            "(preprocessing, callbacks or data of its own); foldsweep feeds the folds itself: move preprocessing "
-            "into build(hp) as layers or into the dataset, and leave callbacks out")
+            "(preprocessing or data of its own); foldsweep feeds the folds itself: move preprocessing into "
+            "build(hp) as layers or into the dataset")
+    passed = kwargs.pop("callbacks", None)
+    added = [] if passed is callbacks or passed is None else [cb for cb in passed if cb not in callbacks]
+    early_stopping = _early_stopping_of(added, where)
     unknown = sorted(set(kwargs) - set(FIT_ARGUMENTS) - set(QUIET_FIT_ARGUMENTS))
     if unknown:
         raise ExperimentError(
             f"{where} passes model.fit {', '.join(unknown)}, which foldsweep cannot reproduce; it takes "
             f"{', '.join(FIT_ARGUMENTS)} from fit(): move the rest into build(hp) or the spec")
-    return _fit_sources(kwargs, hp, where)
+    return _fit_sources(kwargs, hp, where), early_stopping
+
+
+# The callbacks foldsweep runs none of: why each common one cannot be honoured, and what does
+# its job instead.
+REFUSED_CALLBACKS: Mapping[str, str] = {
+    "ModelCheckpoint": "foldsweep keeps its own per-epoch checkpoints and the refit's model (refit_model.keras)",
+    "ReduceLROnPlateau": "it would change the learning rate mid-trial on the validation curve: compile a "
+                         "learning-rate schedule (keras.optimizers.schedules) instead",
+    "TensorBoard": "every epoch of every fold is recorded in MLflow",
+    "CSVLogger": "every epoch of every fold is recorded in MLflow (history.csv)",
+}
+
+
+def _early_stopping_of(callbacks: list[Any], where: str) -> tuple[EarlyStoppingSpec | None, bool]:
+    """The rule a fit() override's ``EarlyStopping`` means on the mean CV curve, and whether it
+    restores the best weights; None when it passes none.
+
+    Raises:
+        ExperimentError: a callback other than EarlyStopping, or one that watches something
+            other than the validation loss or accuracy.
+    """
+    rules = []
+    for callback in callbacks:
+        name = type(callback).__name__
+        if not isinstance(callback, keras.callbacks.EarlyStopping):
+            why = REFUSED_CALLBACKS.get(name, "foldsweep trains the folds itself and runs no Keras callbacks")
+            raise ExperimentError(f"{where} passes model.fit the callback {name}, which foldsweep cannot honour: {why}; "
+                                  "EarlyStopping on val_loss or val_accuracy is the one it translates")
+        monitor = callback.monitor.removeprefix("val_")
+        if not callback.monitor.startswith("val_") or monitor not in ("loss", "accuracy"):
+            raise ExperimentError(
+                f"{where} passes EarlyStopping(monitor={callback.monitor!r}); foldsweep stops a trial on its mean CV "
+                "validation curve: monitor='val_loss' or 'val_accuracy' (the training loss says nothing of overfitting)")
+        natural = "min" if monitor == "loss" else "max"
+        if callback.mode not in ("auto", natural):
+            raise ExperimentError(f"{where} passes EarlyStopping(monitor={callback.monitor!r}, mode={callback.mode!r}); "
+                                  f"{callback.monitor} improves when it goes {'down' if natural == 'min' else 'up'}: "
+                                  f"mode='{natural}' or 'auto'")
+        rules.append((EarlyStoppingSpec(patience=max(int(callback.patience), 1), monitor=monitor,
+                                        min_delta=abs(float(callback.min_delta)),
+                                        start_from_epoch=int(callback.start_from_epoch),
+                                        baseline=None if callback.baseline is None else float(callback.baseline)),
+                      bool(callback.restore_best_weights)))
+    if len(rules) > 1:
+        raise ExperimentError(f"{where} passes {len(rules)} EarlyStopping callbacks; a trial stops by one rule: keep one")
+    return rules[0] if rules else (None, False)
 
 
 def _fit_sources(kwargs: Mapping[str, Any], hp: keras_tuner.HyperParameters, where: str) -> dict[str, str]:

@@ -50,8 +50,14 @@ WORKER_MAPS = "worker_maps"
 WORKER_RETIRES = "worker_retires"
 # What says where the trial ran in every result (Ray Tune adds pid and node_ip): tags too.
 RAY_PLACEMENT_FIELDS = ("pid", "node_ip", WORKER_TRIALS)
+# The epoch a trial's own early stopping ended it at (train.early_stopping): recorded once.
+STOPPED_EPOCH = "stopped_epoch"
+# What a searcher learns from each epoch with train.select best_epoch: the best of the trial's
+# mean CV curve so far, which at its end is the score the leaderboard ranks it by.
+RUNNING_BEST_PREFIX = "running_best_"
 # Keys that steer Ray Tune or that it adds for itself; not findings, so never recorded.
 BOOKKEEPING_KEYS = frozenset({
+    *(f"{RUNNING_BEST_PREFIX}mean_val_{metric}" for metric in ("accuracy", "loss")),
     DONE, EPOCH, EPOCHS_PLANNED, FOLD_IDS, WORKER_RETIRES, "trial_id", "training_iteration", "time_this_iter_s", "time_total_s",
     "timestamp", "date", "time_since_restore", "iterations_since_restore", "experiment_tag", "config",
     "checkpoint_dir_name", "should_checkpoint", "timesteps_total", "episodes_total", "timesteps_since_restore",
@@ -65,7 +71,7 @@ RETRIES = "retries"
 BEST_EPOCH = "best_epoch"
 SELECTED_PREFIX = "selected_"
 # Metrics recorded once per trial, or a count rather than a finding per epoch: not in history.csv.
-NOT_IN_HISTORY = frozenset({N_PARAMS, TRIAL_WALL_S, RETRIES, NAN_FAILURES, WORKER_MAPS, BEST_EPOCH})
+NOT_IN_HISTORY = frozenset({N_PARAMS, TRIAL_WALL_S, RETRIES, NAN_FAILURES, WORKER_MAPS, BEST_EPOCH, STOPPED_EPOCH})
 # A fold that went NaN counts as the worst score in its trial's CV mean and std, finite, so that
 # no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
 NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "train_loss": 1e6}
@@ -255,11 +261,20 @@ class EpochResult:
     nan: NanReport = NanReport()
     epochs_planned: int = 0
     done: bool = False
+    stopped_epoch: int | None = None  # the trial's own early stopping ended it here
 
     def with_progress(self, *, epochs_planned: int) -> EpochResult:
         """Planned epochs known, and done when reached or when every fold went NaN."""
         done = self.epoch >= epochs_planned or self.nan.failures == len(self.folds)
         return replace(self, epochs_planned=epochs_planned, done=done)
+
+    def stopped_early(self) -> EpochResult:
+        """The last epoch of a trial its own early stopping ends: done, and not pruned."""
+        return replace(self, done=True, stopped_epoch=self.epoch)
+
+    def live_scores(self, name: str) -> list[float]:
+        """``val_<name>`` of the folds still training (a NaN fold's frozen scores left out)."""
+        return [getattr(fold, f"val_{name}") for fold in self.folds if math.isfinite(fold.val_loss)]
 
     def cv_summary(self) -> dict[str, float]:
         return cv_summary([fold.as_dict() for fold in self.folds], self.fold_ids)
@@ -268,13 +283,16 @@ class EpochResult:
         """ok, nan, or pruned (stopped before its planned epochs)."""
         if self.nan.failures > 0:
             return TrialStatus.NAN
+        if self.stopped_epoch is not None:  # it completed its own rule: not pruned by a scheduler
+            return TrialStatus.OK
         return TrialStatus.PRUNED if self.epoch < self.epochs_planned else TrialStatus.OK
 
     def report(self, info: TrialInfo | None = None) -> dict[str, Any]:
         """The flat dict a Ray Tune trainable returns (``info`` once per process)."""
+        stopped = {STOPPED_EPOCH: self.stopped_epoch} if self.stopped_epoch is not None else {}
         return {EPOCH: self.epoch, EPOCHS_PLANNED: self.epochs_planned, DONE: self.done,
                 FOLD_IDS: list(self.fold_ids), **self.cv_summary(), **self.throughput_values(),
-                **self.nan.as_dict(), **(info.report() if info else {})}
+                **self.nan.as_dict(), **stopped, **(info.report() if info else {})}
 
     def throughput_values(self) -> dict[str, float]:
         throughput = self.throughput
@@ -301,13 +319,17 @@ class EpochResult:
                              last_finite_loss=float(report["nan_last_finite_loss"]),
                              grad_norm=float(report["nan_grad_norm"]))
         nan = NanReport(int(report.get(NAN_FAILURES, 0)), report.get("nan_fold"), event)
+        stopped = report.get(STOPPED_EPOCH)
         return cls(epoch=int(report[EPOCH]), fold_ids=fold_ids, folds=folds, throughput=throughput, nan=nan,
-                   epochs_planned=int(report.get(EPOCHS_PLANNED, 0)), done=bool(report.get(DONE, False)))
+                   epochs_planned=int(report.get(EPOCHS_PLANNED, 0)), done=bool(report.get(DONE, False)),
+                   stopped_epoch=None if stopped is None else int(stopped))
 
     def mlflow_metrics(self) -> dict[str, float]:
         """Metrics at step = epoch: a fold's NaN is recorded as NaN (it is the finding); a
         throughput not yet measurable (compilation time before a second epoch) is left out."""
         metrics = {**self.cv_summary(), NAN_FAILURES: float(self.nan.failures)}
+        if self.stopped_epoch is not None:
+            metrics[STOPPED_EPOCH] = float(self.stopped_epoch)
         metrics.update({key: float(value) for key, value in self.throughput_values().items() if math.isfinite(value)})
         return metrics
 

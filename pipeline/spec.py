@@ -138,6 +138,28 @@ AutoSwitch = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)
+class EarlyStoppingSpec:
+    """A trial's own patience on its mean CV curve, as Keras' ``EarlyStopping`` on ``val_<monitor>``."""
+
+    patience: int
+    monitor: str = "accuracy"
+    min_delta: float = 0.0
+    start_from_epoch: int = 0
+    baseline: float | None = None
+
+    @property
+    def objective(self) -> Objective:
+        """The curve watched and its direction (loss: lower is better)."""
+        return Objective.for_metric(self.monitor)
+
+    def describe(self) -> str:
+        extras = [f"min_delta: {self.min_delta:g}"] if self.min_delta else []
+        extras += [f"start_from_epoch: {self.start_from_epoch}"] if self.start_from_epoch else []
+        extras += [f"baseline: {self.baseline:g}"] if self.baseline is not None else []
+        return "{" + ", ".join([f"patience: {self.patience}", f"monitor: {self.monitor}", *extras]) + "}"
+
+
+@dataclass(frozen=True)
 class TrainSpec:
     epochs: int = 10
     metric: str = "accuracy"
@@ -149,6 +171,7 @@ class TrainSpec:
     steps_per_launch: int | Literal["auto"] = "auto"
     refit: bool = True
     select: Literal["best_epoch", "last"] = "best_epoch"
+    early_stopping: EarlyStoppingSpec | None = None  # off unless the spec (or a HyperModel.fit) asks
 
 
 @dataclass(frozen=True)
@@ -235,6 +258,13 @@ class SweepSpec:
     def objective(self) -> Objective:
         """What schedulers, searchers and the leaderboard rank on."""
         return Objective(metric=self.train.metric, mode=self.train.mode)
+
+    def with_fit_early_stopping(self, rule: EarlyStoppingSpec | None) -> SweepSpec:
+        """The spec with a HyperModel.fit's EarlyStopping as its ``train.early_stopping``, where
+        the spec sets none (the spec's own wins)."""
+        if rule is None or self.train.early_stopping is not None:
+            return self
+        return replace(self, train=replace(self.train, early_stopping=rule))
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -481,10 +511,29 @@ def _parse_train(section: _Section) -> TrainSpec:
     steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch")
     refit = section.boolean("refit", default=True)
     select = section.one_of("select", EPOCH_SELECTIONS, default="best_epoch")
+    early_stopping = _parse_early_stopping(section, default_monitor=metric) if section.peek("early_stopping") \
+        is not None else None
     section.finish()
     return TrainSpec(epochs=epochs, metric=metric, mode=mode, seed=seed, from_logits=from_logits,
                      jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, refit=refit,
-                     select=select)
+                     select=select, early_stopping=early_stopping)
+
+
+def _parse_early_stopping(train: _Section, *, default_monitor: str) -> EarlyStoppingSpec:
+    section = train.section("early_stopping")
+    patience = section.integer("patience", default=None, minimum=1)
+    if patience is None:
+        section.fail("patience", "is required (epochs without improvement before a trial stops, >= 1)", None)
+    monitor = section.one_of("monitor", METRICS, default=default_monitor)
+    min_delta = section.number("min_delta", default=0.0, minimum=0.0)
+    start_from_epoch = section.integer("start_from_epoch", default=0, minimum=0)
+    baseline = section.take("baseline")
+    if baseline is not None and (isinstance(baseline, bool) or not isinstance(baseline, (int, float))
+                                 or not math.isfinite(baseline)):
+        section.fail("baseline", "must be a number", baseline)
+    section.finish()
+    return EarlyStoppingSpec(patience=patience, monitor=monitor, min_delta=min_delta,
+                             start_from_epoch=start_from_epoch, baseline=None if baseline is None else float(baseline))
 
 
 def _auto_or_boolean(section: _Section, key: str) -> AutoSwitch:

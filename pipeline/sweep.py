@@ -21,7 +21,8 @@ from pipeline.errors import DataError, FoldsweepError, InputError, SpecError
 from pipeline.folds import FoldPlan, class_balance_warning, make_folds
 from pipeline.space import SearchSpace
 from pipeline.spec import SweepSpec
-from pipeline.results import BEST_EPOCH, WORKER_RETIRES, EpochSelection, SweepStatus, TrialStatus
+from pipeline.results import (BEST_EPOCH, RUNNING_BEST_PREFIX, WORKER_RETIRES, EpochSelection, SweepStatus,
+                              TrialStatus)
 from pipeline.stores import check_tracking_uri, sqlite_path
 from pipeline.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
 from pipeline.trial import TrialSettings
@@ -84,6 +85,7 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
         raise DataError(f"--num-samples must be >= 1, got {num_samples}")
     experiment_path = spec.resolve_path(spec.experiment_path, key="experiment")
     experiment = load_experiment(experiment_path, spec.experiment_attr, reference=spec.experiment)
+    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping)
     space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
     dataset_spec = spec.resolved_dataset()
     dataset = load_dataset(dataset_spec)
@@ -524,7 +526,11 @@ def make_searcher(spec: SweepSpec, space: SearchSpace) -> Any:
         import optuna
         from ray.tune.search.optuna import OptunaSearch
 
-        return OptunaSearch(space=space.optuna_define_by_run(), metric=spec.objective.key, mode=spec.objective.mode,
+        # Optuna learns a trial's value from its last report: with train.select best_epoch that is
+        # the best of its mean CV curve so far, the score the leaderboard ranks it by (schedulers
+        # keep acting on each epoch's own mean, the Tuner's metric).
+        metric = f"{RUNNING_BEST_PREFIX}{spec.objective.key}" if spec.train.select == "best_epoch" else spec.objective.key
+        return OptunaSearch(space=space.optuna_define_by_run(), metric=metric, mode=spec.objective.mode,
                             sampler=optuna.samplers.TPESampler(seed=spec.search.seed))
     from ray.tune.search.basic_variant import BasicVariantGenerator
 

@@ -7,6 +7,7 @@ the next trial in the same process.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -16,9 +17,10 @@ from ray import tune
 from pipeline.folds import Fold
 from pipeline.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_threads
 from pipeline.lifespan import Lifespan
-from pipeline.results import WORKER_MAPS, WORKER_RETIRES, WORKER_TRIALS, EpochResult, TrialInfo
+from pipeline.results import RUNNING_BEST_PREFIX, WORKER_MAPS, WORKER_RETIRES, WORKER_TRIALS, EpochResult, TrialInfo
 from pipeline.runtime import configure_devices, configure_threads
-from pipeline.spec import TRAINING_DEFAULTS, SweepSpec
+from pipeline.stopping import Patience
+from pipeline.spec import TRAINING_DEFAULTS, EarlyStoppingSpec, Objective, SweepSpec
 
 CHECKPOINT_FILE = "folds.npz"
 
@@ -42,6 +44,8 @@ class TrialSettings:
     # foldsweep's training hyperparameter -> the hypermodel's that a fit() override feeds it from.
     fit_arguments: Mapping[str, str] = field(default_factory=dict)
     max_trials_per_worker: int | str = "auto"
+    early_stopping: EarlyStoppingSpec | None = None
+    objective: Objective = Objective()
 
     @classmethod
     def from_spec(cls, spec: SweepSpec, *, experiment_path: Path, dataset_fingerprint: str,
@@ -57,7 +61,8 @@ class TrialSettings:
                    from_logits=train.from_logits, cpus=spec.resources.cpu, gpus=spec.resources.gpu, choices=choices,
                    conditions=dict(conditions), spec_names=frozenset(TRAINING_DEFAULTS).intersection(spec.search.space),
                    fit_arguments=dict(fit_arguments or {}),
-                   max_trials_per_worker=spec.resources.max_trials_per_worker)
+                   max_trials_per_worker=spec.resources.max_trials_per_worker,
+                   early_stopping=train.early_stopping, objective=spec.objective)
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,9 @@ class TrialRunner:
         self.epochs = epochs or planned or settings.epochs
         self._worker = worker
         self._info_reported = False
+        self._objective = settings.objective
+        self.patience = Patience(settings.early_stopping) if settings.early_stopping is not None else None
+        self.running_best = math.nan
         self.trainer = build_trainer(
             worker.build_fn, model_values, params, data=worker.data, folds=folds,
             seed=settings.seed, choices=settings.choices, fold_ids=fold_ids, from_logits=settings.from_logits,
@@ -130,14 +138,41 @@ class TrialRunner:
         )
 
     def next_epoch(self) -> EpochResult:
-        return self.trainer.run_epoch().with_progress(epochs_planned=self.epochs)
+        """One more epoch of every fold; the last one when the planned epochs are reached, every
+        fold went NaN, or the trial's own early stopping says so."""
+        result = self.trainer.run_epoch().with_progress(epochs_planned=self.epochs)
+        score = result.cv_summary().get(self._objective.key, math.nan)
+        if math.isfinite(score) and (math.isnan(self.running_best) or self._objective.better(score, self.running_best)):
+            self.running_best = score
+        if self.patience is not None and not result.done and self.patience.observe(
+                result.epoch, result.live_scores(self.patience.rule.monitor)):
+            result = result.stopped_early()
+        return result
 
     def step(self) -> dict[str, Any]:
         """One epoch as Ray Tune's flat result; the first in this process says where it ran."""
         result = self.next_epoch()
         info = None if self._info_reported else self.info()
         self._info_reported = True
-        return result.report(info)
+        return {**result.report(info), f"{RUNNING_BEST_PREFIX}{self._objective.key}": self.running_best}
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the fold models' state, and the trial's own running best and
+        patience (so that a resumed trial stops where it would have)."""
+        import numpy as np
+
+        arrays = self.trainer.state()
+        arrays["running_best"] = np.array(self.running_best)
+        if self.patience is not None:
+            arrays["patience"] = np.array(self.patience.state(), dtype=np.float64)
+        return arrays
+
+    def load_state(self, arrays: Mapping[str, Any]) -> None:
+        self.trainer.load_state(arrays)
+        if "running_best" in arrays:
+            self.running_best = float(arrays["running_best"])
+        if self.patience is not None and "patience" in arrays:
+            self.patience.restore(arrays["patience"])
 
     def info(self) -> TrialInfo:
         import platform
@@ -193,13 +228,13 @@ class FoldTrainable(tune.Trainable):
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         import numpy as np
 
-        np.savez(Path(checkpoint_dir) / CHECKPOINT_FILE, **self._runner.trainer.state())
+        np.savez(Path(checkpoint_dir) / CHECKPOINT_FILE, **self._runner.state())
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         import numpy as np
 
         with np.load(Path(checkpoint_dir) / CHECKPOINT_FILE) as arrays:
-            self._runner.trainer.load_state(arrays)
+            self._runner.load_state(arrays)
 
     def cleanup(self) -> None:
         self._runner = None

@@ -1,0 +1,157 @@
+"""A trial's own early stopping: Keras' EarlyStopping rule on the mean CV curve, the spec key, and
+a HyperModel.fit's EarlyStopping translated (or refused by name)."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.errors import ExperimentError, SpecError
+from pipeline.spec import EarlyStoppingSpec, load_spec
+from pipeline.stopping import Patience
+
+CURVES = {
+    "falls then rises": [1.0, 0.8, 0.7, 0.72, 0.75, 0.71, 0.9, 1.1, 1.2],
+    "plateau within min_delta": [1.0, 0.9, 0.899, 0.898, 0.897, 0.896, 0.895],
+    "noisy": [0.9, 0.7, 0.75, 0.69, 0.8, 0.85, 0.68, 0.9, 0.95, 0.99, 1.0],
+}
+RULES = [
+    EarlyStoppingSpec(patience=2, monitor="loss"),
+    EarlyStoppingSpec(patience=3, monitor="loss", min_delta=0.005),
+    EarlyStoppingSpec(patience=1, monitor="loss", start_from_epoch=3),
+    EarlyStoppingSpec(patience=2, monitor="loss", baseline=0.7),
+    EarlyStoppingSpec(patience=2, monitor="accuracy"),
+]
+
+
+def keras_stops_at(rule: EarlyStoppingSpec, curve: list[float]) -> int | None:
+    """The 1-based epoch at which Keras' own EarlyStopping ends fit() on this validation curve."""
+    import keras
+
+    callback = keras.callbacks.EarlyStopping(monitor=f"val_{rule.monitor}", patience=rule.patience,
+                                             min_delta=rule.min_delta, baseline=rule.baseline,
+                                             start_from_epoch=rule.start_from_epoch,
+                                             mode="min" if rule.monitor == "loss" else "max")
+    model = types.SimpleNamespace(stop_training=False)
+    callback.set_model(model)
+    callback.on_train_begin()
+    for epoch, value in enumerate(curve):
+        callback.on_epoch_end(epoch, {f"val_{rule.monitor}": value})
+        if model.stop_training:
+            return epoch + 1
+    return None
+
+
+def foldsweep_stops_at(rule: EarlyStoppingSpec, curve: list[float]) -> int | None:
+    patience = Patience(rule)
+    for epoch, value in enumerate(curve, start=1):
+        # One live fold: its mean is the curve's value exactly (a float mean of equal values need not be).
+        if patience.observe(epoch, [value]):
+            return epoch
+    return None
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.describe())
+@pytest.mark.parametrize("name", sorted(CURVES))
+def test_the_rule_stops_where_keras_early_stopping_stops(rule, name):
+    curve = CURVES[name] if rule.monitor == "loss" else [1 - value for value in CURVES[name]]
+    assert foldsweep_stops_at(rule, curve) == keras_stops_at(rule, curve)
+
+
+def test_the_rule_stops_patience_epochs_after_the_best_and_a_nan_fold_is_no_worse_epoch():
+    rule = EarlyStoppingSpec(patience=3, monitor="loss")
+    assert foldsweep_stops_at(rule, CURVES["falls then rises"]) == 3 + 3
+    patience = Patience(rule)
+    assert not patience.observe(1, [1.0, 1.0])
+    assert not patience.observe(2, [0.5, 0.5])
+    for epoch in (3, 4, 5):  # a fold went NaN: only the live folds are watched, and they improve
+        assert not patience.observe(epoch, [0.5 - 0.01 * epoch, float("nan")])
+    state = patience.state()
+    again = Patience(rule)
+    again.restore(state)
+    assert again.state() == state and again.wait == 0
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"early_stopping": {}}, "train.early_stopping.patience is required"),
+    ({"early_stopping": {"patience": 0}}, "train.early_stopping.patience must be an integer >= 1, got 0"),
+    ({"early_stopping": {"patience": 2, "monitor": "val_loss"}}, "train.early_stopping.monitor must be one of accuracy, loss"),
+    ({"early_stopping": {"patience": 2, "min_delta": -1}}, "train.early_stopping.min_delta must be a number >= 0"),
+    ({"early_stopping": {"patience": 2, "baseline": "high"}}, "train.early_stopping.baseline must be a number"),
+    ({"early_stopping": {"patience": 2, "wait": 1}}, "unknown key 'train.early_stopping.wait'"),
+])
+def test_early_stopping_rules(write_spec, section, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_spec(write_spec({"train": section}))
+
+
+def test_the_monitor_defaults_to_the_sweeps_metric(write_spec):
+    spec = load_spec(write_spec({"train": {"metric": "loss", "early_stopping": {"patience": 4}}}))
+    assert spec.train.early_stopping == EarlyStoppingSpec(patience=4, monitor="loss")
+    assert spec.train.early_stopping.objective.mode == "min"
+
+
+FIT_WITH = '''
+import keras
+import keras_tuner
+
+
+class Model(keras_tuner.HyperModel):
+    def build(self, hp):
+        return keras.Sequential([keras.Input((40, 1)), keras.layers.Flatten(), keras.layers.Dense(10, activation="softmax")])
+
+    def fit(self, hp, model, *args, **kwargs):
+        kwargs["callbacks"] = kwargs.get("callbacks", []) + [{callback}]
+        return model.fit(*args, batch_size=hp.Choice("batch_size", [16, 32]), **kwargs)
+'''
+
+
+def test_a_hypermodels_early_stopping_becomes_the_rule_and_validate_says_so(write_spec, write_experiment):
+    callback = "keras.callbacks.EarlyStopping(monitor='val_loss', patience=2, restore_best_weights=True)"
+    experiment = write_experiment(FIT_WITH.format(callback=callback))
+    result = CliRunner().invoke(app, ["validate", str(write_spec({"experiment": f"{experiment}:Model",
+                                                                   "search": {"space": None}}))])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert ("EarlyStopping(monitor='val_loss', patience=2) in " in output
+            and "fit() becomes train.early_stopping: {patience: 2, monitor: loss}, on the trial's mean CV curve" in output)
+    assert "restore_best_weights=True is what train.select: best_epoch already does" in output
+
+
+@pytest.mark.parametrize("callback, message", [
+    ("keras.callbacks.EarlyStopping(monitor='loss', patience=2)",
+     "passes EarlyStopping(monitor='loss'); foldsweep stops a trial on its mean CV validation curve"),
+    ("keras.callbacks.EarlyStopping(monitor='val_loss', mode='max')", "mode='min' or 'auto'"),
+    ("keras.callbacks.ModelCheckpoint('best.keras')", "passes model.fit the callback ModelCheckpoint, which foldsweep "
+                                                      "cannot honour: foldsweep keeps its own per-epoch checkpoints"),
+    ("keras.callbacks.ReduceLROnPlateau()", "the callback ReduceLROnPlateau"),
+])
+def test_callbacks_foldsweep_cannot_honour_are_refused_by_name(write_experiment, callback, message):
+    from pathlib import Path
+
+    from pipeline.hypermodel import load_experiment
+
+    path = write_experiment(FIT_WITH.format(callback=callback))
+    with pytest.raises(ExperimentError) as refused:
+        load_experiment(Path(path), "Model")
+    assert message in str(refused.value)
+
+
+def test_an_early_stopped_trial_counts_as_done_at_its_stopped_epoch():
+    from pipeline.progress import SweepProgress
+    from pipeline.spec import Objective
+
+    progress = SweepProgress(Objective(), trials_planned=2, epochs_per_trial=40)
+    progress.result("a", "", {"epoch": 7, "epochs_planned": 40, "mean_val_accuracy": 0.8, "stopped_epoch": 7})
+    progress.ended("a", "", "ok")
+    progress.result("b", "", {"epoch": 7, "epochs_planned": 40, "mean_val_accuracy": 0.7})
+    assert progress.counts()["done"] == 1
+    done, total = 7 + 7, 7 + 40  # a is whole at 7 epochs; b has 33 to go
+    progress.started -= 1.0
+    from pipeline.progress import eta_seconds
+    assert progress.eta() == pytest.approx(eta_seconds(epochs_done=done, epochs_total=total, elapsed_s=1.0), rel=1e-2)
+    assert np.isfinite(progress.eta())
