@@ -14,7 +14,8 @@ arguments). foldsweep never asks the researcher to change it:
 - a model the hypermodel compiled keeps its optimizer and loss (``pipeline.training`` makes each
   fold its own copy); an uncompiled one gets foldsweep's;
 - a ``HyperModel.fit`` that passes ``batch_size``/``epochs``/``shuffle`` to ``model.fit`` is read
-  once with a recording model: those become foldsweep's; one that does more is refused.
+  once with a recording model: those become foldsweep's, and an ``EarlyStopping`` callback its
+  early stopping on the mean CV curve; one that does more is refused.
 """
 
 from __future__ import annotations
@@ -399,6 +400,8 @@ REFUSED_CALLBACKS: Mapping[str, str] = {
     "ReduceLROnPlateau": "it would change the learning rate mid-trial on the validation curve: compile a "
                          "learning-rate schedule (keras.optimizers.schedules) instead",
     "TensorBoard": "every epoch of every fold is recorded in MLflow",
+    "TerminateOnNaN": "foldsweep checks every step itself: a fold whose loss or gradient is not finite stops at that "
+                      "step, recorded with its epoch and step, and the other folds train on",
     "CSVLogger": "every epoch of every fold is recorded in MLflow (history.csv)",
 }
 
@@ -428,6 +431,7 @@ def _early_stopping_of(callbacks: list[Any], where: str) -> tuple[EarlyStoppingS
             raise ExperimentError(f"{where} passes EarlyStopping(monitor={callback.monitor!r}, mode={callback.mode!r}); "
                                   f"{callback.monitor} improves when it goes {'down' if natural == 'min' else 'up'}: "
                                   f"mode='{natural}' or 'auto'")
+        # Keras counts an epoch before it compares: patience 0 stops where 1 does.
         rules.append((EarlyStoppingSpec(patience=max(int(callback.patience), 1), monitor=monitor,
                                         min_delta=abs(float(callback.min_delta)),
                                         start_from_epoch=int(callback.start_from_epoch),
