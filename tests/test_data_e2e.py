@@ -35,7 +35,9 @@ def recorded(tmp_path: Path, experiment: str):
 def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = ci_sized("protein_batch_clip.yaml", tmp_path,
-                    {"dataset": {"name": "protein_windows", "n_proteins": 30}, "train": {"epochs": 2}})
+                    # Two epochs: ASHA's grace period must stay below them to be able to act.
+                    {"dataset": {"name": "protein_windows", "n_proteins": 30}, "train": {"epochs": 2},
+                     "search": {"scheduler": {"grace_period": 1}}})
 
     result = CliRunner().invoke(app, ["run", str(spec), "--num-samples", "2"])
 
