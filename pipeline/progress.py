@@ -89,7 +89,9 @@ class SweepProgress:
     def summary_line(self) -> str:
         counts = self.counts()
         best = self.best()
-        best_text = f"best {self.objective.key} {best.score:.4f} ({best.trial_id})" if best else "no score yet"
+        # The trial's label, as the per-trial lines and the leaderboard show it (not Ray's id).
+        label = f"trial-{best.trial_id.rsplit('_', 1)[-1]}" if best else ""
+        best_text = f"best {self.objective.key} {best.score:.4f} ({label})" if best else "no score yet"
         return (f"{counts['done']}/{self.trials_planned} trials done, {counts['running']} running, "
                 f"{counts['pending']} pending, {counts['pruned']} pruned, {counts['nan']} NaN, {counts['failed']} failed;"
                 f" {best_text}; elapsed {clock(time.monotonic() - self.started)}, ETA {clock(self.eta())}")

@@ -30,4 +30,4 @@ def test_progress_counts_trials_and_finds_the_best():
     progress.started -= 1.0 - 1e-9
     assert progress.eta() == pytest.approx(expected, rel=1e-3)
     line = progress.summary_line()
-    assert "2/5 trials done, 1 running, 2 pending, 0 pruned, 1 NaN, 0 failed" in line and "(b)" in line
+    assert "2/5 trials done, 1 running, 2 pending, 0 pruned, 1 NaN, 0 failed" in line and "(trial-b)" in line
