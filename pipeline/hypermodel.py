@@ -82,7 +82,7 @@ class Experiment:
                 cannot train it as ``fit`` would, or its outputs are not what its loss reads
                 them as (probabilities under a cross-entropy without ``from_logits``).
         """
-        from pipeline.losses import outputs_problem, training_loss
+        from pipeline.losses import LOSS_CLASSES, outputs_problem, training_loss
 
         input_shape = tuple(samples.shape[1:])
         try:
@@ -111,7 +111,7 @@ class Experiment:
         problem = outputs_problem(loss, outputs)
         if problem:
             fix = ("set train.from_logits: true in the spec" if model.loss is None else
-                   f"compile the loss with from_logits=True (keras.losses.{type(keras.losses.get(loss.kind)).__name__}"
+                   f"compile the loss with from_logits=True (keras.losses.{LOSS_CLASSES[loss.kind].__name__}"
                    "(from_logits=True))")
             activation = "sigmoid" if units == 1 else "softmax"
             raise ExperimentError(

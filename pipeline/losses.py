@@ -39,6 +39,8 @@ _KERAS_LOSS_KINDS: dict[Any, str] = {
     keras.losses.CategoricalFocalCrossentropy: "categorical_focal_crossentropy",
     keras.losses.categorical_focal_crossentropy: "categorical_focal_crossentropy",
 }
+# The Loss class of each kind: what a message tells the researcher to compile.
+LOSS_CLASSES: dict[str, type] = {kind: loss for loss, kind in _KERAS_LOSS_KINDS.items() if isinstance(loss, type)}
 # Reductions that make the batch's loss the mean over its samples, which is what the engine
 # trains on; "sum" would scale every gradient by the batch size.
 MEAN_REDUCTIONS = (None, "auto", "sum_over_batch_size", "mean")

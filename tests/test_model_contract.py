@@ -56,10 +56,12 @@ REFUSED = {
          "set train.from_logits: true"]),
     "compiled loss without from_logits on a linear head": (
         experiment("linear", compile_args="loss='sparse_categorical_crossentropy'"), labelled(BINARY),
-        ["not probabilities that sum to 1", "compile the loss with from_logits=True"]),
+        ["not probabilities that sum to 1",
+         "compile the loss with from_logits=True (keras.losses.SparseCategoricalCrossentropy(from_logits=True))"]),
     "sigmoid head compiled with a probability loss on logits": (
         experiment("linear").replace("Dense(2)", "Dense(1)"), labelled(BINARY),
-        ["not probabilities between 0 and 1", "binary_crossentropy (from_logits=False)"]),
+        ["not probabilities between 0 and 1", "binary_crossentropy (from_logits=False)",
+         "set train.from_logits: true"]),
     **{f"{method} override": (overriding(method), labelled(BINARY), [f"Custom overrides {method}", "bypass"])
        for method in ("train_step", "test_step", "compute_loss", "compute_metrics")},
     "one class in y": (experiment(), labelled([1] * 60), ["y of", "has a single class (every label is 1)"]),
