@@ -216,15 +216,10 @@ class SweepSpec:
         spec's directory, and the directories above it up to its project's root (the first with a
         ``pyproject.toml`` or ``.git``), so that a shipped spec works from any directory."""
         spec_directory = self.source_path.parent.resolve()
-        directories = [Path.cwd(), spec_directory]
-        above = []
-        for directory in (spec_directory, *spec_directory.parents):
-            if directory != spec_directory:
-                above.append(directory)
-            if (directory / "pyproject.toml").exists() or (directory / ".git").exists():
-                directories += above
-                break
-        return list(dict.fromkeys(directories))
+        root = next((directory for directory in (spec_directory, *spec_directory.parents)
+                     if (directory / "pyproject.toml").exists() or (directory / ".git").exists()), None)
+        above = [directory for directory in spec_directory.parents if root is not None and directory.is_relative_to(root)]
+        return list(dict.fromkeys([Path.cwd(), spec_directory, *above]))
 
     def resolve_path(self, path: str | Path, *, key: str) -> Path:
         """A path of the spec (YAML key ``key``), made absolute: see ``search_directories``.
@@ -407,11 +402,11 @@ def _check_scheduler_can_act(file: str, search: SearchSpec, train: TrainSpec) ->
     scheduler = search.scheduler
     if scheduler.name == "fifo":
         return
-    epochs = search.space.get("epochs")
-    longest = max((*epochs.values(), *(epochs.args[:2] if epochs.kind in ("randint", "qrandint") else ())), default=None) \
-        if epochs is not None else None
-    longest = longest if isinstance(longest, int) else train.epochs
-    where = "search.space.epochs" if epochs is not None else "train.epochs"
+    searched = search.space.get("epochs")  # integer values or [low, high(, q)] bounds: the spec's rules
+    if searched is None:
+        longest, where = train.epochs, "train.epochs"
+    else:
+        longest, where = max(searched.values() or searched.args[:2]), "search.space.epochs"
     if scheduler.grace_period >= longest:
         raise SpecError(
             f"{file}: search.scheduler.grace_period must be below the epochs a trial trains ({where}: at most "
