@@ -170,7 +170,7 @@ def _declared_value(hp: Any, value: Any) -> Any:
             refuse(f"the hypermodel declares it hp.Int: an integer from {hp.min_value} to {hp.max_value}")
         value = int(value)
         step = hp.step or 1
-        on_grid = hp.sampling == "linear" and (value - hp.min_value) % step == 0 or hp.sampling != "linear"
+        on_grid = hp.sampling != "linear" or (value - hp.min_value) % step == 0
         if not hp.min_value <= value <= hp.max_value or not on_grid:
             steps = f" in steps of {step}" if step != 1 and hp.sampling == "linear" else ""
             refuse(f"the hypermodel declares it hp.Int from {hp.min_value} to {hp.max_value}{steps}")
@@ -191,9 +191,9 @@ def check_override_conditions(config: Mapping[str, Any], overrides: Mapping[str,
     Raises:
         InputError: naming the condition and the value that fails it.
     """
-    from pipeline.space import TRAINING_CONDITIONS, resolve_config
+    from pipeline.space import TRAINING_CONDITIONS, config_values
 
-    values = resolve_config(config, {name: () for name in config})  # every value, none dropped
+    values = config_values(config)
     for name in overrides:
         for condition in (*TRAINING_CONDITIONS.get(name, ()), *conditions.get(name, ())):
             if not condition.is_active(values):

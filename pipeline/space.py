@@ -200,12 +200,18 @@ def _clip_pairs(kinds: list[Any], thresholds: list[Any]) -> list[dict[str, Any]]
     return pairs
 
 
-def resolve_config(config: Mapping[str, Any], conditions: Mapping[str, tuple[Any, ...]] = {}) -> dict[str, Any]:
-    """The values a trial uses: clipping pairs unpacked, and hyperparameters whose condition is
-    inactive dropped (the threshold when clipping is off, a hypermodel's conditional scopes)."""
+def config_values(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every value of a sampled config, clipping pairs unpacked, none dropped."""
     values = {key: value for key, value in config.items() if key != CLIP_PAIR}
     values.update(config.get(CLIP_PAIR) or {})
     values.setdefault("clipping", "none")
+    return values
+
+
+def resolve_config(config: Mapping[str, Any], conditions: Mapping[str, tuple[Any, ...]] = {}) -> dict[str, Any]:
+    """The values a trial uses: clipping pairs unpacked, and hyperparameters whose condition is
+    inactive dropped (the threshold when clipping is off, a hypermodel's conditional scopes)."""
+    values = config_values(config)
     conditions = {**TRAINING_CONDITIONS, **conditions}
     return {key: value for key, value in values.items()
             if all(condition.is_active(values) for condition in conditions.get(key, ()))}
