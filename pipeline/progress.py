@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 from ray.tune import Callback
 
-from pipeline.results import EPOCH, EPOCHS_PLANNED, FOLD_IDS, EpochResult
+from pipeline.results import EPOCH, EPOCHS_PLANNED, FOLD_IDS, EpochResult, trial_label
 from pipeline.spec import Objective
 
 REFRESH_S = 2.0
@@ -90,8 +90,8 @@ class SweepProgress:
         counts = self.counts()
         best = self.best()
         # The trial's label, as the per-trial lines and the leaderboard show it (not Ray's id).
-        label = f"trial-{best.trial_id.rsplit('_', 1)[-1]}" if best else ""
-        best_text = f"best {self.objective.key} {best.score:.4f} ({label})" if best else "no score yet"
+        best_text = f"best {self.objective.key} {best.score:.4f} ({trial_label(best.trial_id)})" if best else \
+            "no score yet"
         return (f"{counts['done']}/{self.trials_planned} trials done, {counts['running']} running, "
                 f"{counts['pending']} pending, {counts['pruned']} pruned, {counts['nan']} NaN, {counts['failed']} failed;"
                 f" {best_text}; elapsed {clock(time.monotonic() - self.started)}, ETA {clock(self.eta())}")

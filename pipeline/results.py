@@ -55,6 +55,12 @@ STOPPED_EPOCH = "stopped_epoch"
 # What a searcher learns from each epoch with train.select best_epoch: the best of the trial's
 # mean CV curve so far, which at its end is the score the leaderboard ranks it by.
 RUNNING_BEST_PREFIX = "running_best_"
+def trial_label(trial_id: str) -> str:
+    """``trial-00003``: a trial's number in its sweep, from Ray Tune's trial id (``11830_00003``);
+    what the trial lines, the progress view and the leaderboard call it."""
+    return f"trial-{trial_id.rsplit('_', 1)[-1]}"
+
+
 # Keys that steer Ray Tune or that it adds for itself; not findings, so never recorded.
 BOOKKEEPING_KEYS = frozenset({
     *(f"{RUNNING_BEST_PREFIX}mean_val_{metric}" for metric in ("accuracy", "loss")),

@@ -23,7 +23,7 @@ from ray.tune import Callback
 from pipeline.errors import TrackingError
 from pipeline.results import (BEST_EPOCH, FOLD_IDS, PLAN_ARTIFACT, RETRIES, SELECTED_PREFIX, TRIAL_WALL_S, EpochResult,
                               EpochSelection, SweepStatus, TrialStatus, in_history, info_metrics, info_params,
-                              info_tags, info_texts)
+                              info_tags, info_texts, trial_label)
 from pipeline.spec import Objective
 from pipeline.stores import sqlite_path, store_lock
 
@@ -117,7 +117,7 @@ class TrialRecord:
     @property
     def label(self) -> str:
         """``trial-00003``: the trial's number in its sweep (its run name also names its values)."""
-        return f"trial-{self.trial_id.rsplit('_', 1)[-1]}" if self.trial_id else self.run_name
+        return trial_label(self.trial_id) if self.trial_id else self.run_name
 
 
 @dataclass(frozen=True)
@@ -567,7 +567,7 @@ def trial_run_name(trial_id: str, values: Mapping[str, Any], searched: Sequence[
     of what the sweep searches, so that a list of runs (the MLflow UI's) says which is which."""
     shown = [f"{name}={values[name]:.4g}" if isinstance(values[name], float) else f"{name}={values[name]}"
              for name in searched if name in values][:RUN_NAME_VALUES]
-    return " ".join([f"trial-{trial_id.rsplit('_', 1)[-1]}", *shown])
+    return " ".join([trial_label(trial_id), *shown])
 
 
 class MlflowTrialCallback(Callback):
