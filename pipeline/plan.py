@@ -265,8 +265,11 @@ def _side_by_side_why(compute_threads: int, batch_size: int, blocker: str | None
 
 
 def has_random_layers(model: Any) -> bool:
-    """Layers that draw random numbers when training carry a Keras seed generator."""
-    return any(hasattr(layer, "seed_generator") for layer in model._flatten_layers())
+    """Layers that draw random numbers when training hold a Keras seed generator: Dropout and the
+    noise layers as ``seed_generator``, the random augmentation layers (RandomFlip...) as ``generator``."""
+    from keras.random import SeedGenerator
+
+    return any(isinstance(value, SeedGenerator) for layer in model._flatten_layers() for value in vars(layer).values())
 
 
 def shared_variable_count(models: Sequence[Any]) -> int:
