@@ -255,11 +255,14 @@ def report(
 ) -> None:
     """Print a recorded sweep's leaderboard, NaN and throughput tables; refresh its plots,
     descriptions and its view in the MLflow UI."""
+    from pipeline.environment import recorded_environment
+    from pipeline.private_hooks import require_hooks
     from pipeline.publish import publish
     from pipeline.report import Standings, leaderboard_table, nan_table_rows, rows_table, throughput_rows
     from pipeline.tracking import Tracker
 
     _check_existing_store(tracking_uri)
+    require_hooks(["mlflow"])
     tracker = Tracker(tracking_uri)
     parent = tracker.find_sweep(sweep)
     records = tracker.trial_records(parent.run_id)
@@ -272,6 +275,8 @@ def report(
     if test_scores:
         console.print("refit on the held-out test split: " +
                       ", ".join(f"{key} {value:.4f}" for key, value in sorted(test_scores.items())), highlight=False)
+    for line in recorded_environment(parent.tags):
+        console.print(f"environment: {line}", highlight=False, soft_wrap=True)
     ui_path = publish(tracker, parent.run_id, standings, sweep_name=parent.name, test_scores=test_scores)
     console.print(f"{len(records)} trials of sweep run {parent.run_id}; cv_results.csv, plots and descriptions "
                   "refreshed on it.", highlight=False)
@@ -351,8 +356,11 @@ def rerun(
     overrides = parse_assignments(set_values)
     import_tensorflow()
     from pipeline.hypermodel import load_experiment
+    from pipeline.private_hooks import require_hooks
     from pipeline.space import build_space
     from pipeline.trial import configure_tensorflow
+
+    require_hooks(["keras"])
 
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)
@@ -487,6 +495,7 @@ def ui(
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 for a tracking store, opening on a sweep's trials."""
     from pipeline.errors import TrackingError
+    from pipeline.private_hooks import require_hooks
     from pipeline.report import split_params
     from pipeline.stores import check_tracking_uri
     from pipeline.tracking import Tracker
@@ -494,6 +503,7 @@ def ui(
     check_tracking_uri(tracking_uri, source="--tracking-uri")
     if not 0 < port < 65536:
         raise InputError(f"--port must be between 1 and 65535, got {port}")
+    require_hooks(["mlflow"])
     tracker = Tracker(tracking_uri)  # a new store is created (or upgraded) here, not by two processes at once
     try:
         parent = tracker.find_sweep(sweep)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from pipeline.datasets import load_dataset
+from pipeline.environment import Environment, environment_change
 from pipeline.errors import DataError, InputError, SpecError, TrackingError
 from pipeline.folds import FoldPlan, make_folds, manifest_identity
 from pipeline.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads, replay_choices
@@ -34,6 +35,7 @@ class RecordedTrial:
     experiment_path: Path
     dataset: DatasetSpec
     plan: TrialPlan | None  # None for trials recorded before plans were
+    sweep_tags: Mapping[str, str]  # its sweep's, with the environment it ran in (``pipeline.environment``)
 
     def threads(self, *, eager: bool, check_numerics: bool) -> ThreadPlan:
         """The thread pools the trial ran with (as a sweep's worker sizes them for all its folds,
@@ -88,7 +90,7 @@ def load_recorded_trial(tracker: Tracker, run_id: str) -> RecordedTrial:
     except (TypeError, KeyError, AttributeError) as exc:
         raise TrackingError(f"RUN_ID: trial_plan.json of run {run_id} is damaged: {exc}") from None
     return RecordedTrial(run.run_id, run.run_name, run.parent_run_id, spec, run.config, run.manifest,
-                         experiment_path, dataset, plan)
+                         experiment_path, dataset, plan, run.sweep_tags)
 
 
 def spec_threads(spec: SweepSpec, *, n_folds: int, eager: bool = False, check_numerics: bool = False) -> ThreadPlan:
@@ -283,6 +285,9 @@ def rerun_changes(recorded: RecordedTrial, overrides: Mapping[str, Any], *, eage
         changes.append("--eager (op by op)")
     if recorded.plan is None:
         changes.append("no plan recorded with the trial (executed as the spec decides today)")
+    environment = environment_change(recorded.sweep_tags, Environment.current())
+    if environment:
+        changes.append(f"another environment ({environment})")
     return tuple(changes)
 
 

@@ -23,10 +23,9 @@ from typing import Iterator
 from urllib.parse import urlparse
 
 from pipeline.errors import TrackingError
+from pipeline.private_hooks import MLFLOW_STORE_TABLES
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-# Tables every MLflow SQLite store has, whatever its schema version.
-MLFLOW_TABLES = {"experiments", "runs", "alembic_version"}
 OTHER_SCHEMES = ("file", "postgresql", "mysql", "databricks")
 SERVER_TIMEOUT_S = 10
 
@@ -102,7 +101,7 @@ def _check_sqlite_file(uri: str, database: Path, source: str) -> None:
         raise TrackingError(f"{source}: {str(database)!r} is not a SQLite database, so not an MLflow store "
                             f"(got {uri!r}); name a new file or an existing MLflow store")
     tables = _sqlite_tables(database, uri, source)
-    if tables and not MLFLOW_TABLES <= tables:
+    if tables and not MLFLOW_STORE_TABLES <= tables:
         shown = ", ".join(sorted(tables)[:6]) + (", ..." if len(tables) > 6 else "")
         raise TrackingError(f"{source}: {str(database)!r} is a SQLite database but not an MLflow store (its tables: "
                             f"{shown}), got {uri!r}; name a new file or an existing MLflow store")

@@ -17,8 +17,10 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from pipeline.datasets import Dataset, load_dataset
+from pipeline.environment import Environment, environment_change
 from pipeline.errors import DataError, FoldsweepError, InputError, SpecError
 from pipeline.folds import FoldPlan, class_balance_warning, make_folds
+from pipeline.private_hooks import RAY_OUTPUT_ENGINE_VARIABLE, require_hooks
 from pipeline.space import SearchSpace
 from pipeline.spec import SweepSpec
 from pipeline.results import (BEST_EPOCH, RUNNING_BEST_PREFIX, WORKER_RETIRES, EpochSelection, SweepStatus,
@@ -74,11 +76,13 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     """Check everything a sweep needs without starting Ray or writing to the tracking store.
 
     Raises:
+        PrivateHookMissing: an installed library lacks what foldsweep reaches into (``private_hooks``).
         InputError: the experiment, dataset, folds or tracking URI cannot work as asked.
     """
     from pipeline.hypermodel import load_experiment
     from pipeline.space import build_space
 
+    require_hooks()
     uri = tracking_uri or spec.tracking.uri
     check_tracking_uri(uri, source="--tracking-uri" if tracking_uri else f"{spec.source_path}: tracking.uri")
     if num_samples is not None and num_samples < 1:
@@ -230,7 +234,7 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     """
     # Ray Tune's own CSV/JSON/TensorBoard loggers duplicate what MLflow records.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault(RAY_OUTPUT_ENGINE_VARIABLE, "0")
     import ray
 
     started = time.perf_counter()
@@ -241,7 +245,7 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
         connect_ray(prepared.address)
     try:
         gpu = check_cluster_resources(prepared.spec, ray.cluster_resources(), notify)
-        parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable)
+        parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable, notify)
         try:
             tuner = _build_tuner(prepared, tracker, parent_run_id, ray_path, gpu=gpu, resume=resume,
                                  on_trial_done=on_trial_done, progress=progress)
@@ -260,13 +264,20 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     return _after_trials(prepared, tracker, parent_run_id, configs, notify, started)
 
 
-def _open_sweep(prepared: PreparedSweep, tracker: Tracker, resumable: SweepRecord | None) -> tuple[str, str]:
-    """The sweep's parent run and Ray Tune experiment path: new, or the resumed sweep's."""
+def _open_sweep(prepared: PreparedSweep, tracker: Tracker, resumable: SweepRecord | None,
+                notify: Callable[[str], None]) -> tuple[str, str]:
+    """The sweep's parent run and Ray Tune experiment path: new, with the environment it runs in,
+    or the resumed sweep's, which keeps the environment it started in (a change is reported)."""
+    environment = Environment.current()
     if resumable is not None:
+        changed = environment_change(resumable.tags, environment)
+        if changed:
+            notify(f"warning: sweep run {resumable.run_id} resumes in another environment than it started in: {changed}")
         return tracker.reopen_sweep(resumable)
     spec = prepared.spec
     return tracker.start_sweep(
         name=spec.name, spec_text=spec.source_text, manifest=prepared.folds.manifest(), params=_sweep_params(prepared),
+        tags=environment.tags(),
         ray_path_for=lambda run_id: str(ray_results_dir(prepared.tracking_uri) / f"{spec.name}-{run_id[:8]}"))
 
 

@@ -25,6 +25,7 @@ from pipeline.results import (BEST_EPOCH, FOLD_IDS, PLAN_ARTIFACT, RETRIES, SELE
                               EpochSelection, SweepStatus, TrialStatus, in_history, info_metrics, info_params,
                               info_tags, info_texts, trial_label)
 from pipeline.spec import Objective
+from pipeline.private_hooks import MLFLOW_SHARED_VIEW_PARAM, MLFLOW_SHARED_VIEW_TAG
 from pipeline.stores import sqlite_path, store_lock
 
 
@@ -65,7 +66,6 @@ MANIFEST_ARTIFACT = "fold_manifest.json"
 MAX_TAG_LENGTH = 5000
 # What the MLflow UI shows as a run's description, and the experiment tags its shared views use.
 DESCRIPTION_TAG = "mlflow.note.content"
-SHARED_VIEW_TAG = "mlflow.sharedViewState."
 
 
 # How often opening a store is tried while another process creates or upgrades it.
@@ -151,6 +151,7 @@ class RecordedTrialRun:
     spec_text: str
     manifest: dict[str, Any]
     sweep_params: Mapping[str, str]
+    sweep_tags: Mapping[str, str]
     plan: dict[str, Any] | None  # trial_plan.json; None for trials recorded before plans were
 
 
@@ -187,14 +188,15 @@ class Tracker:
     # -- sweeps ---------------------------------------------------------------------------------
 
     def start_sweep(self, *, name: str, spec_text: str, manifest: Mapping[str, Any],
-                    params: Mapping[str, Any], ray_path_for: Callable[[str], str]) -> tuple[str, str]:
-        """Create the parent run of a sweep with its spec and fold manifest; returns its id and
-        the Ray Tune experiment path (``ray_path_for(run_id)``), recorded for a resume."""
+                    params: Mapping[str, Any], ray_path_for: Callable[[str], str],
+                    tags: Mapping[str, str] = {}) -> tuple[str, str]:
+        """Create the parent run of a sweep with its spec, fold manifest and ``tags``; returns its
+        id and the Ray Tune experiment path (``ray_path_for(run_id)``), recorded for a resume."""
         from mlflow.entities import Param
 
         run = self._client.create_run(
             self.experiment_id(name), run_name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
-            tags={Tag.ROLE: "sweep", Tag.SWEEP: name, Tag.STATUS: SweepStatus.RUNNING.value},
+            tags={**tags, Tag.ROLE: "sweep", Tag.SWEEP: name, Tag.STATUS: SweepStatus.RUNNING.value},
         )
         run_id = run.info.run_id
         ray_path = ray_path_for(run_id)
@@ -305,8 +307,8 @@ class Tracker:
                                 f"tags.`{Tag.PVALUE_VS_BEST}`", f"tags.`{Tag.STATUS}`",
                                 *(f"params.`{name}`" for name in columns)],
         }
-        self._client.set_experiment_tag(experiment_id, f"{SHARED_VIEW_TAG}{key}", json.dumps(state))
-        return f"/#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
+        self._client.set_experiment_tag(experiment_id, f"{MLFLOW_SHARED_VIEW_TAG}{key}", json.dumps(state))
+        return f"/#/experiments/{experiment_id}/runs?{MLFLOW_SHARED_VIEW_PARAM}={key}&workflowType=machine_learning"
 
     def metric_histories(self, run_ids: Sequence[str], key: str) -> dict[str, list[tuple[int, float]]]:
         """One metric's (step, value) history of each run."""
@@ -435,7 +437,7 @@ class Tracker:
         parent = self._client.get_run(parent_id)
         return RecordedTrialRun(run_id=run_id, run_name=run.info.run_name, parent_run_id=parent_id, config=config,
                                 spec_text=spec_text, manifest=manifest, sweep_params=dict(parent.data.params),
-                                plan=plan)
+                                sweep_tags=dict(parent.data.tags), plan=plan)
 
     def epoch_rows(self, run_id: str) -> dict[int, dict[str, float]]:
         """The run's per-epoch metrics, {epoch: {key: value}} (what MLflow holds, so a restored

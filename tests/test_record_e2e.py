@@ -275,3 +275,25 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_pa
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=60)
+
+
+def test_the_sweep_records_the_environment_it_ran_in_and_report_prints_it(diverging_sweep):
+    import hashlib
+    from importlib import metadata
+
+    from pipeline.environment import direct_dependencies
+
+    directory, _ = diverging_sweep
+    _, parent, _ = store(directory)
+    tags = parent.data.tags
+    lock = Path(__file__).resolve().parents[1] / "uv.lock"
+    assert tags["foldsweep.lock_hash"] == "sha256:" + hashlib.sha256(lock.read_bytes()).hexdigest()
+    assert tags["foldsweep.lock_matches"] == "true"
+    names = direct_dependencies()
+    assert {"tensorflow", "keras", "ray", "mlflow", "scikit-learn", "keras-tuner"} <= set(names)
+    for name in names:
+        assert tags[f"foldsweep.version.{name}"] == metadata.version(name)
+    result = CliRunner().invoke(app, ["report", "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}"])
+    output = " ".join(result.output.split())
+    assert f"environment: lock {tags['foldsweep.lock_hash']} (installed versions match it: true)" in output
+    assert f"tensorflow {metadata.version('tensorflow')}" in output and f"ray {metadata.version('ray')}" in output

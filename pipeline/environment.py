@@ -1,0 +1,104 @@
+"""The environment a sweep runs in, as tags of its parent run: what to recreate to reproduce it.
+
+The lock (``uv.lock`` of the checkout foldsweep is installed from) is named by its SHA-256, and
+the installed version of every direct dependency is recorded beside it, with whether they are the
+lock's: a sweep run from a hand-changed environment says so.
+"""
+from __future__ import annotations
+
+import hashlib
+import platform
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+LOCK_FILE = "uv.lock"
+DISTRIBUTION = "foldsweep"
+LOCK_HASH_TAG = "foldsweep.lock_hash"
+LOCK_MATCHES_TAG = "foldsweep.lock_matches"
+VERSION_TAG_PREFIX = "foldsweep.version."
+NO_LOCK = "none"
+
+
+def project_lock() -> Path | None:
+    """The lock beside the package's checkout, when foldsweep is installed from one."""
+    lock = Path(__file__).resolve().parents[1] / LOCK_FILE
+    return lock if lock.is_file() else None
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def direct_dependencies(distribution: str = DISTRIBUTION) -> list[str]:
+    """The names of the distribution's own runtime dependencies (not those of its extras)."""
+    names = []
+    for requirement in metadata.requires(distribution) or []:
+        if "extra ==" in requirement.partition(";")[2]:
+            continue
+        names.append(_normalized(re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0]))
+    return sorted(set(names))
+
+
+def locked_versions(lock: Path) -> dict[str, str]:
+    """Each package's version in a uv lock."""
+    packages = tomllib.loads(lock.read_text(encoding="utf-8")).get("package", [])
+    return {_normalized(package["name"]): package["version"] for package in packages if "version" in package}
+
+
+@dataclass(frozen=True)
+class Environment:
+    lock_hash: str  # "sha256:<hex>" of the lock, or "none"
+    versions: Mapping[str, str]  # distribution (and "python") -> installed version
+    differences: tuple[str, ...]  # "<name> <installed> (uv.lock <locked>)" where the two differ
+
+    @classmethod
+    def current(cls) -> Environment:
+        versions = {"python": platform.python_version(), DISTRIBUTION: metadata.version(DISTRIBUTION)}
+        for name in direct_dependencies():
+            try:
+                versions[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                versions[name] = "not installed"
+        lock = project_lock()
+        if lock is None:
+            return cls(NO_LOCK, versions, ())
+        locked = locked_versions(lock)
+        differences = tuple(f"{name} {version} ({LOCK_FILE} {locked[name]})" for name, version in versions.items()
+                            if name in locked and name != DISTRIBUTION and locked[name] != version)
+        return cls("sha256:" + hashlib.sha256(lock.read_bytes()).hexdigest(), versions, differences)
+
+    def tags(self) -> dict[str, str]:
+        """The parent run's tags: the lock's hash, whether the installed versions are the lock's, each version."""
+        if self.lock_hash == NO_LOCK:
+            matches = f"false: no {LOCK_FILE} (foldsweep is not installed from its checkout)"
+        else:
+            matches = "true" if not self.differences else "false: " + ", ".join(self.differences)
+        return {LOCK_HASH_TAG: self.lock_hash, LOCK_MATCHES_TAG: matches,
+                **{f"{VERSION_TAG_PREFIX}{name}": version for name, version in self.versions.items()}}
+
+
+def recorded_environment(tags: Mapping[str, str]) -> list[str]:
+    """A recorded sweep's environment as lines to print: the lock, then each version ([] before it was recorded)."""
+    if LOCK_HASH_TAG not in tags:
+        return []
+    versions = sorted((key.removeprefix(VERSION_TAG_PREFIX), value) for key, value in tags.items()
+                      if key.startswith(VERSION_TAG_PREFIX))
+    return [f"lock {tags[LOCK_HASH_TAG]} (installed versions match it: {tags.get(LOCK_MATCHES_TAG, '?')})",
+            ", ".join(f"{name} {version}" for name, version in versions)]
+
+
+def environment_change(tags: Mapping[str, str], current: Environment) -> str:
+    """What differs between a recorded sweep's environment (its tags) and ``current``: "" if nothing."""
+    if LOCK_HASH_TAG not in tags:
+        return ""
+    recorded = {key.removeprefix(VERSION_TAG_PREFIX): value for key, value in tags.items()
+                if key.startswith(VERSION_TAG_PREFIX)}
+    changes = [f"{name} {recorded[name]} -> {version}" for name, version in current.versions.items()
+               if name in recorded and recorded[name] != version]
+    if tags[LOCK_HASH_TAG] != current.lock_hash:
+        changes.insert(0, f"lock {tags[LOCK_HASH_TAG][:19]} -> {current.lock_hash[:19]}")
+    return ", ".join(changes)

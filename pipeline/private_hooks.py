@@ -1,0 +1,255 @@
+"""Every place foldsweep relies on a library's private or undocumented behaviour, each with a check.
+
+A Ray, MLflow or Keras release may rename or change what foldsweep reaches into without notice.
+Each ``Hook`` names the place, what foldsweep uses it for and the private names it covers (a test
+fails on a private name the package touches that no hook lists); ``require_hooks`` runs every
+check before a command starts anything (exit 1, one line naming the library version and what is
+missing), never mid-sweep, and ``tests/test_private_hooks.py`` runs them in CI against the locked
+versions.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from pipeline.errors import FoldsweepError
+
+# The experiment tag prefix the MLflow UI's "share" button writes a runs view under, and the
+# address parameter that opens one: neither is in MLflow's documented API.
+MLFLOW_SHARED_VIEW_TAG = "mlflow.sharedViewState."
+MLFLOW_SHARED_VIEW_PARAM = "viewStateShareKey"
+# Tables every MLflow SQLite store has: how a file is told apart from another program's database.
+MLFLOW_STORE_TABLES = frozenset({"experiments", "runs", "alembic_version"})
+# Ray Tune's default console output (its "new" output engine) prints over foldsweep's progress lines.
+RAY_OUTPUT_ENGINE_VARIABLE = "RAY_AIR_NEW_OUTPUT"
+
+
+class PrivateHookMissing(FoldsweepError):
+    """An installed library lacks a private hook foldsweep relies on (exit 1)."""
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One place foldsweep relies on a library's private or undocumented behaviour."""
+
+    library: str  # the distribution whose version the message names
+    place: str  # what foldsweep reaches into
+    used_for: str  # what goes wrong without it
+    names: tuple[str, ...]  # the private names of that library that foldsweep's code uses for it
+    check: Callable[[], str | None]  # what changed, or None when the hook still holds
+
+
+def _attribute(module: str, qualified: str) -> object:
+    target: object = importlib.import_module(module)
+    for part in qualified.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _missing(module: str, qualified: str) -> str | None:
+    try:
+        _attribute(module, qualified)
+    except (ImportError, AttributeError):
+        return f"{module}.{qualified} is missing"
+    return None
+
+
+def _parameters(function: Callable[..., object]) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+# -- Ray ------------------------------------------------------------------------------------------
+
+def _check_actor_caching() -> str | None:
+    module, method = "ray.tune.execution.tune_controller", "TuneController._maybe_cache_trial_actor"
+    if problem := _missing(module, method):
+        return problem
+    controller = _attribute(module, "TuneController")
+    if _parameters(getattr(controller, "_maybe_cache_trial_actor")) != ["self", "trial"]:
+        return f"{method} no longer takes (self, trial)"
+    if "self._maybe_cache_trial_actor(" not in inspect.getsource(controller):
+        return f"TuneController no longer calls {method.split('.')[1]}"
+    return None
+
+
+def _check_restored_callbacks() -> str | None:
+    from ray import tune
+
+    if "_local_tuner" not in getattr(tune.Tuner, "__annotations__", {}):
+        return "ray.tune.Tuner._local_tuner is missing"
+    if problem := _missing("ray.tune.impl.tuner_internal", "TunerInternal.get_run_config"):
+        return problem
+    if "callbacks" not in _parameters(tune.RunConfig):
+        return "ray.tune.RunConfig no longer takes callbacks"
+    return None
+
+
+def _check_output_engine_switch() -> str | None:
+    source = inspect.getsource(importlib.import_module("ray.tune.experimental.output"))
+    if RAY_OUTPUT_ENGINE_VARIABLE not in source:
+        return f"ray.tune.experimental.output no longer reads {RAY_OUTPUT_ENGINE_VARIABLE}"
+    return None
+
+
+# -- MLflow ---------------------------------------------------------------------------------------
+
+def mlflow_ui_scripts() -> list[Path]:
+    """The MLflow UI's JavaScript, as installed with MLflow's server."""
+    spec = importlib.util.find_spec("mlflow")
+    if spec is None or spec.origin is None:
+        return []
+    return sorted((Path(spec.origin).parent / "server" / "js" / "build" / "static" / "js").glob("*.js"))
+
+
+def _check_shared_view() -> str | None:
+    scripts = mlflow_ui_scripts()
+    if not scripts:
+        return "the MLflow UI's scripts (mlflow/server/js/build/static/js) are missing"
+    wanted = {MLFLOW_SHARED_VIEW_TAG, MLFLOW_SHARED_VIEW_PARAM}
+    for script in scripts:
+        text = script.read_text(encoding="utf-8", errors="replace")
+        wanted = {name for name in wanted if name not in text}
+        if not wanted:
+            return None
+    return f"the MLflow UI no longer reads {' or '.join(sorted(wanted))}"
+
+
+def _check_store_tables() -> str | None:
+    try:
+        from mlflow.store.tracking.dbmodels import models
+    except ImportError:
+        return "mlflow.store.tracking.dbmodels.models is missing"
+    tables = {getattr(models, name, None).__tablename__ for name in ("SqlExperiment", "SqlRun")
+              if hasattr(getattr(models, name, None), "__tablename__")}
+    if not tables >= MLFLOW_STORE_TABLES - {"alembic_version"}:
+        return f"MLflow's SQLite store no longer has the tables {sorted(MLFLOW_STORE_TABLES - {'alembic_version'})}"
+    return None
+
+
+def _check_job_execution_switch() -> str | None:
+    return _missing("mlflow.environment_variables", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION")
+
+
+# -- Keras ----------------------------------------------------------------------------------------
+
+@functools.cache
+def _probe_models() -> tuple[object, object]:
+    """A Sequential with an Input, compiled with loss_weights, and a Functional model, both tiny."""
+    import keras
+
+    sequential = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    sequential.compile(optimizer="sgd", loss="mse", loss_weights=[0.5])
+    inputs = keras.Input((4,))
+    functional = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    return sequential, functional
+
+
+def _check_flatten_layers() -> str | None:
+    import keras
+
+    method = getattr(keras.layers.Layer, "_flatten_layers", None)
+    if method is None:
+        return "keras.layers.Layer._flatten_layers is missing"
+    if not {"include_self", "recursive"} <= set(_parameters(method)):
+        return "keras.layers.Layer._flatten_layers no longer takes include_self and recursive"
+    return None
+
+
+def _check_layer_graph() -> str | None:
+    sequential, functional = _probe_models()
+    graph = getattr(sequential, "_functional", None)
+    if graph is None:
+        return "a built keras.Sequential has no _functional graph"
+    for model in (graph, functional):
+        if not hasattr(model, "_nodes_by_depth") or not hasattr(model, "_run_through_graph"):
+            return f"keras {type(model).__name__} models lack _nodes_by_depth or _run_through_graph"
+        if "operation_fn" not in _parameters(model._run_through_graph):
+            return f"keras {type(model).__name__}._run_through_graph no longer takes operation_fn"
+    return None
+
+
+def _check_compiled_loss_weights() -> str | None:
+    sequential, _ = _probe_models()
+    weights = getattr(getattr(sequential, "_compile_loss", None), "_user_loss_weights", None)
+    if weights != [0.5]:
+        return "a model compiled with loss_weights=[0.5] no longer shows them as _compile_loss._user_loss_weights"
+    return None
+
+
+def _check_seed_generators() -> str | None:
+    import keras
+
+    for layer in (keras.layers.Dropout(0.5), keras.layers.GaussianNoise(0.1), keras.layers.RandomFlip()):
+        if not any(isinstance(value, keras.random.SeedGenerator) for value in vars(layer).values()):
+            return f"keras.layers.{type(layer).__name__} no longer holds a keras.random.SeedGenerator"
+    return None
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook("ray", "ray.tune.execution.tune_controller.TuneController._maybe_cache_trial_actor",
+         "a worker that retires (max_trials_per_worker) ends with its trial instead of being reused",
+         ("_maybe_cache_trial_actor",), _check_actor_caching),
+    Hook("ray", "ray.tune.Tuner._local_tuner.get_run_config().callbacks",
+         "--resume records the resumed trials in this process (the restored callbacks are the old driver's)",
+         ("_local_tuner",), _check_restored_callbacks),
+    Hook("ray", f"the {RAY_OUTPUT_ENGINE_VARIABLE}=0 environment variable",
+         "Ray Tune's own progress tables stay out of foldsweep's output", (), _check_output_engine_switch),
+    Hook("mlflow", f"the experiment tag {MLFLOW_SHARED_VIEW_TAG}<key> and ?{MLFLOW_SHARED_VIEW_PARAM}=<key>",
+         "`foldsweep ui` and the parent run's link open the sweep's trials best first", (), _check_shared_view),
+    Hook("mlflow", f"the SQLite store's tables {', '.join(sorted(MLFLOW_STORE_TABLES))}",
+         "a --tracking-uri file that is not an MLflow store is refused instead of migrated", (), _check_store_tables),
+    Hook("mlflow", "the MLFLOW_SERVER_ENABLE_JOB_EXECUTION environment variable",
+         "`foldsweep ui` starts no GenAI job runner processes", (), _check_job_execution_switch),
+    Hook("keras", "keras.layers.Layer._flatten_layers(include_self, recursive)",
+         "random layers and the stacked form's layers are found in nested models",
+         ("_flatten_layers",), _check_flatten_layers),
+    Hook("keras", "Sequential._functional, Functional._nodes_by_depth and _run_through_graph(operation_fn=)",
+         "stacked folds run the model's own layer graph with per-fold weights",
+         ("_functional", "_nodes_by_depth", "_run_through_graph"), _check_layer_graph),
+    Hook("keras", "model._compile_loss._user_loss_weights",
+         "compile(loss_weights=...) is refused instead of silently trained unweighted",
+         ("_compile_loss", "_user_loss_weights"), _check_compiled_loss_weights),
+    Hook("keras", "the keras.random.SeedGenerator held by every layer that draws random numbers",
+         "models with dropout or noise layers are never stacked (each fold draws its own numbers)",
+         (), _check_seed_generators),
+)
+
+
+def _version(library: str) -> str:
+    try:
+        return metadata.version(library)
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def broken_hooks(libraries: Sequence[str] = ("ray", "mlflow", "keras")) -> list[str]:
+    """One line for each hook of ``libraries`` that no longer holds."""
+    problems = []
+    for hook in HOOKS:
+        if hook.library not in libraries:
+            continue
+        try:
+            problem = hook.check()
+        except Exception as exc:  # a changed library may fail the check itself in any way
+            problem = f"checking it failed: {type(exc).__name__}: {exc}"
+        if problem:
+            problems.append(f"foldsweep relies on {hook.library} {_version(hook.library)}'s {hook.place} so that "
+                            f"{hook.used_for}, but {problem}")
+    return problems
+
+
+def require_hooks(libraries: Sequence[str] = ("ray", "mlflow", "keras")) -> None:
+    """Stop before anything starts when a hook no longer holds.
+
+    Raises:
+        PrivateHookMissing: one line per broken hook, and how to get the locked versions back.
+    """
+    problems = broken_hooks(libraries)
+    if problems:
+        raise PrivateHookMissing("; ".join(problems) + ": install the locked versions (make install, from uv.lock)")

@@ -1,0 +1,157 @@
+"""The private hooks into Ray, MLflow and Keras (pipeline/private_hooks.py): all hold on the locked
+versions, a renamed one is named with its library's version, every private name the package
+touches is listed, and a command with a hook missing stops before it starts anything."""
+
+from __future__ import annotations
+
+import ast
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pipeline import private_hooks
+from pipeline.private_hooks import HOOKS, PrivateHookMissing, broken_hooks, require_hooks
+
+PACKAGE = Path(private_hooks.__file__).parent
+
+
+def test_every_hook_holds_on_the_installed_versions():
+    assert broken_hooks() == []
+    assert {hook.library for hook in HOOKS} == {"ray", "mlflow", "keras"}
+
+
+def test_a_renamed_ray_method_is_named_with_rays_version(monkeypatch):
+    from ray.tune.execution.tune_controller import TuneController
+
+    monkeypatch.delattr(TuneController, "_maybe_cache_trial_actor")
+    with pytest.raises(PrivateHookMissing) as raised:
+        require_hooks(["ray"])
+    message = str(raised.value)
+    assert f"ray {metadata.version('ray')}'s" in message
+    assert "ray.tune.execution.tune_controller.TuneController._maybe_cache_trial_actor is missing" in message
+    assert "install the locked versions (make install, from uv.lock)" in message and "\n" not in message
+
+
+def test_a_ray_method_with_another_signature_is_refused(monkeypatch):
+    from ray.tune.execution.tune_controller import TuneController
+
+    monkeypatch.setattr(TuneController, "_maybe_cache_trial_actor", lambda self, trial, reason: False)
+    assert broken_hooks(["ray"]) == [
+        f"foldsweep relies on ray {metadata.version('ray')}'s "
+        "ray.tune.execution.tune_controller.TuneController._maybe_cache_trial_actor so that a worker that retires "
+        "(max_trials_per_worker) ends with its trial instead of being reused, but "
+        "TuneController._maybe_cache_trial_actor no longer takes (self, trial)"]
+
+
+def test_an_mlflow_ui_without_the_shared_view_tag_is_named(monkeypatch, tmp_path):
+    script = tmp_path / "main.js"
+    script.write_text('const key = params.get("viewStateShareKey"); tags["mlflow.viewState." + key];')
+    monkeypatch.setattr(private_hooks, "mlflow_ui_scripts", lambda: [script])
+    problems = broken_hooks(["mlflow"])
+    assert len(problems) == 1
+    assert f"mlflow {metadata.version('mlflow')}'s the experiment tag mlflow.sharedViewState.<key>" in problems[0]
+    assert problems[0].endswith("but the MLflow UI no longer reads mlflow.sharedViewState.")
+
+
+def test_the_real_mlflow_ui_reads_the_tag_foldsweep_writes():
+    from pipeline.tracking import MLFLOW_SHARED_VIEW_TAG
+
+    scripts = private_hooks.mlflow_ui_scripts()
+    assert scripts and any(MLFLOW_SHARED_VIEW_TAG in script.read_text(errors="replace") for script in scripts)
+
+
+def test_keras_keeping_loss_weights_elsewhere_is_named(monkeypatch):
+    from keras.src.trainers.compile_utils import CompileLoss
+
+    keep = CompileLoss.__init__
+
+    def renamed(self, *args, **kwargs):
+        keep(self, *args, **kwargs)
+        self._loss_weights_by_output = self.__dict__.pop("_user_loss_weights")
+
+    monkeypatch.setattr(CompileLoss, "__init__", renamed)
+    private_hooks._probe_models.cache_clear()
+    try:
+        problems = broken_hooks(["keras"])
+    finally:
+        private_hooks._probe_models.cache_clear()
+    assert problems == [
+        f"foldsweep relies on keras {metadata.version('keras')}'s model._compile_loss._user_loss_weights so that "
+        "compile(loss_weights=...) is refused instead of silently trained unweighted, but a model compiled with "
+        "loss_weights=[0.5] no longer shows them as _compile_loss._user_loss_weights"]
+
+
+def test_a_check_that_fails_itself_is_reported_not_raised(monkeypatch):
+    def failing() -> str | None:
+        raise TypeError("unexpected keyword argument")
+
+    hook = HOOKS[0]
+    monkeypatch.setattr(private_hooks, "HOOKS", (type(hook)(hook.library, hook.place, hook.used_for, hook.names,
+                                                               failing),))
+    assert broken_hooks()[0].endswith("but checking it failed: TypeError: unexpected keyword argument")
+
+
+def _private_names_used() -> dict[str, str]:
+    """Private attribute names the package reads off objects that are not its own (name -> where)."""
+    own: set[str] = set()
+    used: dict[str, str] = {}
+    for path in sorted(PACKAGE.glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                own.add(node.attr)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                own.add(node.target.id)
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2
+                  and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+                name = node.args[1].value
+            else:
+                continue
+            if name.startswith("_") and not name.startswith("__"):
+                used.setdefault(name, f"{path.name}:{node.lineno}")
+    return {name: where for name, where in used.items() if name not in own}
+
+
+def test_every_private_name_the_package_uses_is_guarded():
+    guarded = {name for hook in HOOKS for name in hook.names}
+    unguarded = {name: where for name, where in _private_names_used().items() if name not in guarded}
+    assert unguarded == {}, f"list these in pipeline/private_hooks.py with a check: {unguarded}"
+    assert guarded <= set(_private_names_used()), "a hook lists a name the package no longer uses"
+
+
+def test_run_with_a_hook_missing_exits_1_with_one_line_before_anything_starts(monkeypatch, tmp_path):
+    import ray
+    from ray.tune.execution.tune_controller import TuneController
+
+    from pipeline.cli import app
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x=rng.normal(size=(40, 8, 1)).astype(np.float32),
+             y=(np.arange(40) % 2).astype(np.int32))
+    (tmp_path / "model.py").write_text(
+        "import keras\ndef build(hp):\n    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2)])\n")
+    spec = {"name": "hooked", "experiment": "model.py", "dataset": "data.npz", "cv": {"n_splits": 2},
+            "search": {"space": {"batch_size": 8}}, "train": {"epochs": 1},
+            "tracking": {"uri": f"sqlite:///{tmp_path / 'store.db'}"}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    before = sorted(path.name for path in tmp_path.iterdir())
+    monkeypatch.delattr(TuneController, "_maybe_cache_trial_actor")
+
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "spec.yaml")])
+
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: foldsweep relies on ray"), result.output
+    assert "TuneController._maybe_cache_trial_actor is missing" in lines[0]
+    assert not ray.is_initialized()
+    assert sorted(path.name for path in tmp_path.iterdir()) == before
