@@ -5,13 +5,24 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.foldsweep-installed
 SPEC ?= sweeps/quickstart.yaml
 PYTEST_ARGS ?=
+# The extras of .venv; a GPU machine adds gpu: `make install EXTRAS="test gpu"`.
+EXTRAS ?= test
 
-.PHONY: sweep test ui install clean chromium
+# .venv holds exactly the versions of uv.lock, installed by uv; uv itself comes from PyPI, pinned,
+# into a tools environment of its own (.venv is synced exactly and would lose it).
+UV_VERSION := 0.13.9
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
+# pylock.toml (PEP 751) for other installers: the runtime dependencies, and with the gpu extra.
+EXPORT := $(UV) export --frozen --no-emit-project --no-header --quiet --format pylock.toml
+
+.PHONY: sweep test ui install lock lock-check clean chromium
 
 sweep: $(STAMP)
 	$(BIN)/foldsweep run $(SPEC)
 
-test: $(STAMP) chromium
+test: lock-check $(STAMP) chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The UI test drives the MLflow UI in headless Chromium, from Debian's package.
@@ -26,14 +37,25 @@ ui: $(STAMP)
 
 install: $(STAMP)
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet "uv==$(UV_VERSION)"
 
-# Reinstalls whenever the project's metadata changes; the package itself is installed editable.
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+# --locked: a uv.lock that no longer matches pyproject.toml stops here instead of being re-resolved.
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	$(UV) sync --locked $(addprefix --extra ,$(EXTRAS)) --python $(PYTHON)
 	touch $(STAMP)
 
+# The one way to change dependencies: edit pyproject.toml, then `make lock`, and commit all three.
+lock: | $(UV)
+	$(UV) lock
+	$(EXPORT) -o pylock.toml
+	$(EXPORT) --extra gpu -o pylock.gpu.toml
+
+lock-check: | $(UV)
+	@$(UV) lock --check --quiet || { echo "uv.lock does not match pyproject.toml: run make lock" >&2; exit 1; }
+	@$(EXPORT) | cmp -s - pylock.toml || { echo "pylock.toml does not match uv.lock: run make lock" >&2; exit 1; }
+	@$(EXPORT) --extra gpu | cmp -s - pylock.gpu.toml || { echo "pylock.gpu.toml does not match uv.lock: run make lock" >&2; exit 1; }
+
 clean:
-	rm -rf $(VENV) ray_results .pytest_cache
+	rm -rf $(VENV) $(TOOLS) ray_results .pytest_cache
