@@ -39,7 +39,7 @@ install: $(STAMP)
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
-	$(TOOLS)/bin/python -m pip install --quiet "uv==$(UV_VERSION)"
+	$(TOOLS)/bin/python -m pip install --quiet --quiet "uv==$(UV_VERSION)"
 
 # --locked: a uv.lock that no longer matches pyproject.toml stops here instead of being re-resolved.
 $(STAMP): pyproject.toml uv.lock | $(UV)

@@ -360,11 +360,10 @@ def rerun(
     from pipeline.space import build_space
     from pipeline.trial import configure_tensorflow
 
-    require_hooks(["keras"])
-
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)
     configure_tensorflow(gpus=recorded.spec.resources.gpu, threads=threads)
+    require_hooks(["keras"])  # its checks build small models: TensorFlow starts here
     experiment = load_experiment(recorded.experiment_path, recorded.spec.experiment_attr)
     spec = recorded.spec.with_fit_early_stopping(experiment.fit_early_stopping)
     space = build_space(recorded.spec, experiment.hyperparameters,
