@@ -17,7 +17,13 @@ class Layer:
 
 
 class RandomLayer:
-    seed_generator = object()  # what Keras' random layers carry
+    """What Keras' random layers hold: a SeedGenerator, Dropout's as ``seed_generator``, RandomFlip's as
+    ``generator``."""
+
+    def __init__(self, attribute: str = "seed_generator"):
+        from keras.random import SeedGenerator
+
+        setattr(self, attribute, SeedGenerator(0))
 
 
 class Model:
@@ -108,6 +114,7 @@ def test_xla_follows_device_batch_size_and_random_layers_and_can_be_forced():
     assert not plan(ExecutionChoices(jit_compile="off")).jit_compile
     assert plan(ExecutionChoices(jit_compile="on"), batch_size=1024, models=noisy).jit_compile
     assert has_random_layers(noisy[0]) and not has_random_layers(Model())
+    assert has_random_layers(Model(Layer(), RandomLayer("generator")))
 
 
 def test_steps_per_launch_unrolls_only_where_it_pays():
