@@ -16,6 +16,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence
 
+from pipeline.private_hooks import holds_seed_generator
 from pipeline.spec import AutoSwitch
 
 Layout = Literal["unfused", "side_by_side", "stacked"]
@@ -265,11 +266,8 @@ def _side_by_side_why(compute_threads: int, batch_size: int, blocker: str | None
 
 
 def has_random_layers(model: Any) -> bool:
-    """Layers that draw random numbers when training hold a Keras seed generator: Dropout and the
-    noise layers as ``seed_generator``, the random augmentation layers (RandomFlip...) as ``generator``."""
-    from keras.random import SeedGenerator
-
-    return any(isinstance(value, SeedGenerator) for layer in model._flatten_layers() for value in vars(layer).values())
+    """Whether any of the model's layers draws random numbers when training."""
+    return any(holds_seed_generator(layer) for layer in model._flatten_layers())
 
 
 def shared_variable_count(models: Sequence[Any]) -> int:

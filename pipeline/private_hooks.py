@@ -132,11 +132,10 @@ def _check_store_tables() -> str | None:
         from mlflow.store.tracking.dbmodels import models
     except ImportError:
         return "mlflow.store.tracking.dbmodels.models is missing"
-    tables = {getattr(models, name, None).__tablename__ for name in ("SqlExperiment", "SqlRun")
-              if hasattr(getattr(models, name, None), "__tablename__")}
-    if not tables >= MLFLOW_STORE_TABLES - {"alembic_version"}:
-        return f"MLflow's SQLite store no longer has the tables {sorted(MLFLOW_STORE_TABLES - {'alembic_version'})}"
-    return None
+    declared = {getattr(value, "__tablename__", None) for value in vars(models).values()}
+    # alembic_version is Alembic's own table, which MLflow's migrations keep under its default name.
+    missing = sorted(MLFLOW_STORE_TABLES - {"alembic_version"} - declared)
+    return f"MLflow's SQLite store no longer has the tables {missing}" if missing else None
 
 
 def _check_job_execution_switch() -> str | None:
@@ -189,11 +188,19 @@ def _check_compiled_loss_weights() -> str | None:
     return None
 
 
+def holds_seed_generator(layer: object) -> bool:
+    """Whether a Keras layer draws random numbers: it holds a SeedGenerator, Dropout and the noise
+    layers as ``seed_generator``, the augmentation layers (RandomFlip...) as ``generator``."""
+    from keras.random import SeedGenerator
+
+    return any(isinstance(value, SeedGenerator) for value in vars(layer).values())
+
+
 def _check_seed_generators() -> str | None:
     import keras
 
     for layer in (keras.layers.Dropout(0.5), keras.layers.GaussianNoise(0.1), keras.layers.RandomFlip()):
-        if not any(isinstance(value, keras.random.SeedGenerator) for value in vars(layer).values()):
+        if not holds_seed_generator(layer):
             return f"keras.layers.{type(layer).__name__} no longer holds a keras.random.SeedGenerator"
     return None
 
