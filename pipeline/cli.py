@@ -316,7 +316,7 @@ def trial(
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
     threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
     configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads)
-    prepared = prepare(sweep_spec)
+    prepared = prepare(sweep_spec, hooks=["keras"])
     _print_warnings(prepared)
     overrides = checked_overrides(assignments, set(prepared.space.domains), prepared.experiment.hyperparameters)
     config = single_config(prepared.spec, prepared.space.domains, prepared.experiment.hyperparameters, overrides)

@@ -28,6 +28,7 @@ MLFLOW_SHARED_VIEW_PARAM = "viewStateShareKey"
 MLFLOW_STORE_TABLES = frozenset({"experiments", "runs", "alembic_version"})
 # Ray Tune's default console output (its "new" output engine) prints over foldsweep's progress lines.
 RAY_OUTPUT_ENGINE_VARIABLE = "RAY_AIR_NEW_OUTPUT"
+HOOKED_LIBRARIES = ("ray", "mlflow", "keras")
 
 
 class PrivateHookMissing(FoldsweepError):
@@ -242,7 +243,7 @@ def _version(library: str) -> str:
         return "(not installed)"
 
 
-def broken_hooks(libraries: Sequence[str] = ("ray", "mlflow", "keras")) -> list[str]:
+def broken_hooks(libraries: Sequence[str] = HOOKED_LIBRARIES) -> list[str]:
     """One line for each hook of ``libraries`` that no longer holds."""
     problems = []
     for hook in HOOKS:
@@ -258,7 +259,7 @@ def broken_hooks(libraries: Sequence[str] = ("ray", "mlflow", "keras")) -> list[
     return problems
 
 
-def require_hooks(libraries: Sequence[str] = ("ray", "mlflow", "keras")) -> None:
+def require_hooks(libraries: Sequence[str] = HOOKED_LIBRARIES) -> None:
     """Stop before anything starts when a hook no longer holds.
 
     Raises:

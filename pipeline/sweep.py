@@ -12,7 +12,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from pipeline.datasets import Dataset, load_dataset
 from pipeline.environment import Environment, environment_change
 from pipeline.errors import DataError, FoldsweepError, InputError, SpecError
 from pipeline.folds import FoldPlan, class_balance_warning, make_folds
-from pipeline.private_hooks import RAY_OUTPUT_ENGINE_VARIABLE, require_hooks
+from pipeline.private_hooks import HOOKED_LIBRARIES, RAY_OUTPUT_ENGINE_VARIABLE, require_hooks
 from pipeline.space import SearchSpace
 from pipeline.spec import SweepSpec
 from pipeline.results import (BEST_EPOCH, RUNNING_BEST_PREFIX, WORKER_RETIRES, EpochSelection, SweepStatus,
@@ -72,8 +72,10 @@ def ray_results_dir(tracking_uri: str) -> Path:
 
 
 def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None,
-            address: str | None = None) -> PreparedSweep:
+            address: str | None = None, hooks: Sequence[str] = HOOKED_LIBRARIES) -> PreparedSweep:
     """Check everything a sweep needs without starting Ray or writing to the tracking store.
+
+    ``hooks``: the libraries whose private hooks are checked (``trial`` uses neither Ray Tune nor MLflow).
 
     Raises:
         PrivateHookMissing: an installed library lacks what foldsweep reaches into (``private_hooks``).
@@ -82,7 +84,7 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     from pipeline.hypermodel import load_experiment
     from pipeline.space import build_space
 
-    require_hooks()
+    require_hooks(hooks)
     uri = tracking_uri or spec.tracking.uri
     check_tracking_uri(uri, source="--tracking-uri" if tracking_uri else f"{spec.source_path}: tracking.uri")
     if num_samples is not None and num_samples < 1:

@@ -129,29 +129,69 @@ def test_every_private_name_the_package_uses_is_guarded():
     assert guarded <= set(_private_names_used()), "a hook lists a name the package no longer uses"
 
 
-def test_run_with_a_hook_missing_exits_1_with_one_line_before_anything_starts(monkeypatch, tmp_path):
-    import ray
-    from ray.tune.execution.tune_controller import TuneController
-
-    from pipeline.cli import app
-
+@pytest.fixture
+def workspace(tmp_path):
+    """A tiny spec, its data and experiment; returns the spec's path."""
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "data.npz", x=rng.normal(size=(40, 8, 1)).astype(np.float32),
              y=(np.arange(40) % 2).astype(np.int32))
     (tmp_path / "model.py").write_text(
-        "import keras\ndef build(hp):\n    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2)])\n")
+        "import keras\ndef build(hp):\n    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2, activation='softmax')])\n")
     spec = {"name": "hooked", "experiment": "model.py", "dataset": "data.npz", "cv": {"n_splits": 2},
             "search": {"space": {"batch_size": 8}}, "train": {"epochs": 1},
             "tracking": {"uri": f"sqlite:///{tmp_path / 'store.db'}"}}
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
-    before = sorted(path.name for path in tmp_path.iterdir())
-    monkeypatch.delattr(TuneController, "_maybe_cache_trial_actor")
+    return tmp_path / "spec.yaml"
 
-    result = CliRunner().invoke(app, ["run", str(tmp_path / "spec.yaml")])
+
+def without_ray_hook(monkeypatch):
+    from ray.tune.execution.tune_controller import TuneController
+
+    monkeypatch.delattr(TuneController, "_maybe_cache_trial_actor")
+    return "error: foldsweep relies on ray", "TuneController._maybe_cache_trial_actor is missing"
+
+
+def without_keras_hook(monkeypatch):
+    from keras.src.trainers.compile_utils import CompileLoss
+
+    keep = CompileLoss.__init__
+
+    def renamed(self, *args, **kwargs):
+        keep(self, *args, **kwargs)
+        self._loss_weights_by_output = self.__dict__.pop("_user_loss_weights")
+
+    monkeypatch.setattr(CompileLoss, "__init__", renamed)
+    private_hooks._probe_models.cache_clear()
+    return "error: foldsweep relies on keras", "no longer shows them as _compile_loss._user_loss_weights"
+
+
+@pytest.mark.parametrize("command, breaking", [("run", without_ray_hook), ("trial", without_keras_hook)])
+def test_a_command_with_a_hook_missing_exits_1_with_one_line_before_anything_starts(monkeypatch, workspace, command,
+                                                                                    breaking):
+    import ray
+
+    from pipeline.cli import app
+
+    monkeypatch.setattr("pipeline.trial.configure_threads", lambda threads: None)
+    before = sorted(path.name for path in workspace.parent.iterdir())
+    start, missing = breaking(monkeypatch)
+    try:
+        result = CliRunner().invoke(app, [command, str(workspace)])
+    finally:
+        private_hooks._probe_models.cache_clear()
 
     assert result.exit_code == 1, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: foldsweep relies on ray"), result.output
-    assert "TuneController._maybe_cache_trial_actor is missing" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith(start) and missing in lines[0], result.output
     assert not ray.is_initialized()
-    assert sorted(path.name for path in tmp_path.iterdir()) == before
+    assert sorted(path.name for path in workspace.parent.iterdir()) == before
+
+
+def test_trial_needs_no_ray_hook(monkeypatch, workspace):
+    from pipeline.cli import app
+
+    monkeypatch.setattr("pipeline.trial.configure_threads", lambda threads: None)
+    without_ray_hook(monkeypatch)
+    result = CliRunner().invoke(app, ["trial", str(workspace)])
+    assert result.exit_code == 0, result.output
+    assert "status: ok" in result.output and "epoch 1: fold 0" in result.output
