@@ -310,13 +310,14 @@ def trial(
     fold_ids = check_fold(fold, sweep_spec.cv)
     assignments = parse_assignments(set_values)
     import_tensorflow()
+    from pipeline.private_hooks import TRAINING_LIBRARIES
     from pipeline.sweep import prepare
     from pipeline.trial import configure_tensorflow
 
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
     threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
-    configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads)
-    prepared = prepare(sweep_spec, hooks=["keras"])
+    configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads, compile_cache=sweep_spec.train.compile_cache)
+    prepared = prepare(sweep_spec, hooks=TRAINING_LIBRARIES)
     _print_warnings(prepared)
     overrides = checked_overrides(assignments, set(prepared.space.domains), prepared.experiment.hyperparameters)
     config = single_config(prepared.spec, prepared.space.domains, prepared.experiment.hyperparameters, overrides)
@@ -356,14 +357,15 @@ def rerun(
     overrides = parse_assignments(set_values)
     import_tensorflow()
     from pipeline.hypermodel import load_experiment
-    from pipeline.private_hooks import require_hooks
+    from pipeline.private_hooks import TRAINING_LIBRARIES, require_hooks
     from pipeline.space import build_space
     from pipeline.trial import configure_tensorflow
 
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)
-    configure_tensorflow(gpus=recorded.spec.resources.gpu, threads=threads)
-    require_hooks(["keras"])  # its checks build small models: TensorFlow starts here
+    configure_tensorflow(gpus=recorded.spec.resources.gpu, threads=threads,
+                         compile_cache=recorded.spec.train.compile_cache)
+    require_hooks(TRAINING_LIBRARIES)  # its checks build small models: TensorFlow starts here
     experiment = load_experiment(recorded.experiment_path, recorded.spec.experiment_attr)
     spec = recorded.spec.with_fit_early_stopping(experiment.fit_early_stopping)
     space = build_space(recorded.spec, experiment.hyperparameters,

@@ -1,6 +1,6 @@
 """Every place foldsweep relies on a library's private or undocumented behaviour, each with a check.
 
-A Ray, MLflow or Keras release may rename or change what foldsweep reaches into without notice.
+A Ray, MLflow, Keras or TensorFlow release may rename or change what foldsweep reaches into without notice.
 Each ``Hook`` names the place, what foldsweep uses it for and the private names it covers (a test
 fails on a private name the package touches that no hook lists); ``require_hooks`` runs every
 check before a command starts anything (exit 1, one line naming the library version and what is
@@ -28,7 +28,9 @@ MLFLOW_SHARED_VIEW_PARAM = "viewStateShareKey"
 MLFLOW_STORE_TABLES = frozenset({"experiments", "runs", "alembic_version"})
 # Ray Tune's default console output (its "new" output engine) prints over foldsweep's progress lines.
 RAY_OUTPUT_ENGINE_VARIABLE = "RAY_AIR_NEW_OUTPUT"
-HOOKED_LIBRARIES = ("ray", "mlflow", "keras")
+HOOKED_LIBRARIES = ("ray", "mlflow", "keras", "tensorflow")
+# What a process that trains (trial, rerun) relies on; Ray Tune and MLflow it does not use.
+TRAINING_LIBRARIES = ("keras", "tensorflow")
 
 
 class PrivateHookMissing(FoldsweepError):
@@ -205,6 +207,21 @@ def _check_seed_generators() -> str | None:
             return f"keras.layers.{type(layer).__name__} no longer holds a keras.random.SeedGenerator"
     return None
 
+def _check_trace_names() -> str | None:
+    import inspect
+
+    from tensorflow.python.eager.polymorphic_function import concrete_function
+    from tensorflow.python.framework import ops
+    from tensorflow.python.ops import control_flow_util_v2
+
+    if not callable(getattr(ops, "uid", None)):
+        return "tensorflow.python.framework.ops.uid is missing"
+    for module, function in ((concrete_function, "_inference_name"), (control_flow_util_v2, "unique_fn_name")):
+        source = inspect.getsource(getattr(module, function, lambda: None))
+        if "ops.uid()" not in source:
+            return f"{module.__name__}.{function} no longer names functions with ops.uid()"
+    return None
+
 
 HOOKS: tuple[Hook, ...] = (
     Hook("ray", "ray.tune.execution.tune_controller.TuneController._maybe_cache_trial_actor",
@@ -233,7 +250,11 @@ HOOKS: tuple[Hook, ...] = (
     Hook("keras", "the keras.random.SeedGenerator held by every layer that draws random numbers",
          "models with dropout or noise layers are never stacked (each fold draws its own numbers)",
          (), _check_seed_generators),
+    Hook("tensorflow", "tensorflow.python.framework.ops.uid, called by the functions that name traced functions",
+         "trials of one program in a worker process would never find each other's compiled XLA programs "
+         "(pipeline.compile_cache's stable names)", (), _check_trace_names),
 )
+
 
 
 def _version(library: str) -> str:

@@ -34,6 +34,9 @@ PLAN_ARTIFACT = "trial_plan.json"
 TRAIN_RATE = "train_samples_per_s"
 EVAL_RATE = "eval_samples_per_s"
 COMPILE_S = "compile_s"
+# Of the XLA programs a trial ran, how many came from the compile cache and how many it compiled.
+COMPILE_CACHE_HITS = "compile_cache_hits"
+COMPILE_CACHE_MISSES = "compile_cache_misses"
 FOLD_SCORE_NAMES = ("train_loss", "val_loss", "val_accuracy")
 NAN_FIELDS = ("nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm")
 # Where and how the trial ran, reported once per process and recorded as tags.
@@ -202,6 +205,9 @@ class Throughput:
     eval_samples_per_s: float
     compile_s: float
     folds: tuple[FoldThroughput, ...]
+    # None when the trial compiled nothing with XLA or ran without the compile cache.
+    cache_hits: int | None = None
+    cache_misses: int | None = None
 
 
 @dataclass(frozen=True)
@@ -307,6 +313,9 @@ class EpochResult:
         for k, fold in zip(self.fold_ids, throughput.folds):
             values[split_key(k, TRAIN_RATE)] = fold.train_samples_per_s
             values[split_key(k, COMPILE_S)] = fold.compile_s
+        if throughput.cache_hits is not None:
+            values[COMPILE_CACHE_HITS] = throughput.cache_hits
+            values[COMPILE_CACHE_MISSES] = throughput.cache_misses
         return values
 
     @classmethod
@@ -318,7 +327,9 @@ class EpochResult:
             train_samples_per_s=report[TRAIN_RATE], eval_samples_per_s=report[EVAL_RATE],
             compile_s=report[COMPILE_S],
             folds=tuple(FoldThroughput(report[split_key(k, TRAIN_RATE)], report[split_key(k, COMPILE_S)])
-                        for k in fold_ids))
+                        for k in fold_ids),
+            cache_hits=_optional_int(report.get(COMPILE_CACHE_HITS)),
+            cache_misses=_optional_int(report.get(COMPILE_CACHE_MISSES)))
         event = None
         if report.get("nan_epoch") is not None:
             event = NanEvent(epoch=int(report["nan_epoch"]), step=int(report["nan_step"]),
@@ -397,3 +408,7 @@ def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] 
         summary[f"mean_{key}"] = float(scored.mean())
         summary[f"std_{key}"] = float(scored.std())
     return summary
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)

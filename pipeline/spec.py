@@ -172,6 +172,9 @@ class TrainSpec:
     refit: bool = True
     select: Literal["best_epoch", "last"] = "best_epoch"
     early_stopping: EarlyStoppingSpec | None = None  # off unless the spec (or a HyperModel.fit) asks
+    # Compiled XLA programs are kept on disk and reused by later trials, reruns and sweeps
+    # (pipeline.compile_cache); FOLDSWEEP_COMPILE_CACHE=off switches it off for a machine.
+    compile_cache: bool = True
 
 
 @dataclass(frozen=True)
@@ -506,12 +509,13 @@ def _parse_train(section: _Section) -> TrainSpec:
     steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch")
     refit = section.boolean("refit", default=True)
     select = section.one_of("select", EPOCH_SELECTIONS, default="best_epoch")
+    compile_cache = section.boolean("compile_cache", default=True)
     early_stopping = _parse_early_stopping(section, default_monitor=metric) if section.peek("early_stopping") \
         is not None else None
     section.finish()
     return TrainSpec(epochs=epochs, metric=metric, mode=mode, seed=seed, from_logits=from_logits,
                      jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, refit=refit,
-                     select=select, early_stopping=early_stopping)
+                     select=select, early_stopping=early_stopping, compile_cache=compile_cache)
 
 
 def _parse_early_stopping(train: _Section, *, default_monitor: str) -> EarlyStoppingSpec:

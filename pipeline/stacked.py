@@ -323,6 +323,7 @@ class StackedFolds:
             return tally
 
         steps = tf.function(train_steps, jit_compile=True)
+        self.compiled_steps = steps
 
         def stopped(tally, live):
             return tf.reduce_all(~live | (tally[2] >= 0))

@@ -9,11 +9,14 @@ through the plan's executor (one after another, side by side, or stacked) and re
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 import keras
 import numpy as np
 
+from pipeline import compile_cache
+from pipeline.compile_cache import CacheCounts, CompileCache, StableNames
 from pipeline.folds import Fold
 from pipeline.fused import FusedFolds
 from pipeline.hypermodel import build_model, output_units
@@ -46,6 +49,8 @@ class FoldTrainer:
             for k, fold, model in zip(self.fold_ids, folds, models)
         ]
         self._executor = _executor(plan, self.engines, params, data=data, loss=loss, optimizer=optimizer)
+        self._cache = _CacheUse.start(plan, self.engines, self._executor, program_key=_program_key(
+            params, plan, optimizer, loss, data=data, folds=folds, models=models)) if not eager else None
 
     @property
     def models(self) -> list[keras.Model]:
@@ -53,6 +58,14 @@ class FoldTrainer:
 
     def run_epoch(self) -> EpochResult:
         """Train every live fold one more epoch, then validate each."""
+        if self._cache is None:
+            return self._run_epoch()
+        with self._cache.names.scope():
+            result = self._run_epoch()
+        self._cache.observe()
+        return replace(result, throughput=self.throughput())
+
+    def _run_epoch(self) -> EpochResult:
         live = tuple(i for i, engine in enumerate(self.engines) if engine.failure is None)
         train_losses = self._executor.train_epoch(self.epoch, live) if live else {}
         scores = []
@@ -78,7 +91,9 @@ class FoldTrainer:
             compile_s=float(sum(engine.train_timer.compile_s() + _zero_if_nan(engine.eval_timer.compile_s())
                                 for engine in self.engines)),
             folds=tuple(FoldThroughput(engine.train_timer.samples_per_s(), engine.train_timer.compile_s())
-                        for engine in self.engines))
+                        for engine in self.engines),
+            cache_hits=self._cache.counts.hits if self._cache else None,
+            cache_misses=self._cache.counts.compiled if self._cache else None)
 
     def state(self) -> dict[str, np.ndarray]:
         """Variables (weights and random-generator state), optimizer state and epoch of every
@@ -155,6 +170,49 @@ def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingPa
     if plan.layout == "side_by_side":
         return FusedFolds(engines)
     return SequentialFolds(engines)
+
+
+class _CacheUse:
+    """A trial's use of the compile cache: its stable names, and the programs it loaded or compiled."""
+
+    def __init__(self, cache: CompileCache, names: StableNames, compiled_functions: Sequence[Any]):
+        cache.refresh()
+        self.cache = cache
+        self.names = names
+        self.counts = CacheCounts()
+        self._functions = compiled_functions
+        self._before = {path.name for path in cache.process_directory.iterdir()}
+
+    @classmethod
+    def start(cls, plan: TrialPlan, engines: Sequence[FoldEngine], executor: FoldExecutor, *,
+              program_key: str) -> _CacheUse | None:
+        cache = compile_cache.active()
+        if cache is None or not plan.jit_compile:
+            return None
+        functions = [engine.compiled_steps for engine in engines] + [getattr(executor, "compiled_steps", None)]
+        return cls(cache, StableNames(program_key), [function for function in functions if function is not None])
+
+    def observe(self) -> None:
+        """After an epoch: count the programs traced so far and the entries this trial wrote
+        (each program it compiled), then share them with other processes."""
+        self.counts.programs = sum(function.experimental_get_tracing_count() for function in self._functions)
+        written = {path.name for path in self.cache.process_directory.iterdir()} - self._before
+        self.counts.compiled = len([name for name in written if name.endswith(compile_cache.ENTRY_SUFFIX)])
+        self.cache.publish()
+
+
+def _program_key(params: TrainingParams, plan: TrialPlan, optimizer: OptimizerRecipe, loss: TrainingLoss, *,
+                 data: ResidentData, folds: Sequence[Fold], models: Sequence[keras.Model]) -> str:
+    """What decides a trial's XLA programs, for stable names: the learning rate, a variable in
+    Keras' own optimizers, is left out only for them."""
+    training = {key: value for key, value in vars(params).items()
+                if key != "learning_rate" or not optimizer.cls.__module__.startswith("keras.")}
+    return compile_cache.program_key(
+        training=training, plan=repr(plan), optimizer=(optimizer.cls.__qualname__, optimizer.source,
+                                                       {k: v for k, v in optimizer.config.items() if k != "learning_rate"}),
+        loss=loss.name, data=(tuple(data.x.shape), str(data.x.dtype), tuple(data.y.shape)),
+        folds=[(len(fold.train), len(fold.val)) for fold in folds],
+        models=[(model.name, model.count_params(), [layer.name for layer in model.layers]) for model in models])
 
 
 def _combined_rate(timers: Sequence[CallTimer]) -> float:

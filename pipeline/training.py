@@ -245,6 +245,8 @@ class FoldEngine:
         self.train_timer = CallTimer()
         self.eval_timer = CallTimer()
         self.failure: NanEvent | None = None
+        # The XLA-compiled launch (None when the step runs without XLA): each trace is a program.
+        self.compiled_steps: Any = None
         optimizer.build(model.trainable_variables)
         features, labels = data.x, data.y
         self.shuffle = shuffle
@@ -315,6 +317,8 @@ class FoldEngine:
             # Shapes are not relaxed: the unrolled step needs its number of steps statically
             # (it sees at most three: a launch, one batch, the remainder).
             steps = tf.function(train_steps, jit_compile=jit_compile)
+            if jit_compile:
+                self.compiled_steps = steps
             self._train_epoch = tf.function(train_epoch)
             self._evaluate_batch = tf.function(evaluate_batch, reduce_retracing=True)
         # The uncompiled epoch loop (its steps compiled), for ``pipeline.fused`` to run several

@@ -46,6 +46,7 @@ class TrialSettings:
     max_trials_per_worker: int | str = "auto"
     early_stopping: EarlyStoppingSpec | None = None
     objective: Objective = Objective()
+    compile_cache: bool = True
 
     @classmethod
     def from_spec(cls, spec: SweepSpec, *, experiment_path: Path, dataset_fingerprint: str,
@@ -62,7 +63,7 @@ class TrialSettings:
                    conditions=dict(conditions), spec_names=frozenset(TRAINING_DEFAULTS).intersection(spec.search.space),
                    fit_arguments=dict(fit_arguments or {}),
                    max_trials_per_worker=spec.resources.max_trials_per_worker,
-                   early_stopping=train.early_stopping, objective=spec.objective)
+                   early_stopping=train.early_stopping, objective=spec.objective, compile_cache=train.compile_cache)
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,18 @@ class Worker:
     device_notice: str
 
 
-def configure_tensorflow(*, gpus: float, threads: ThreadPlan) -> str:
+def configure_tensorflow(*, gpus: float, threads: ThreadPlan, compile_cache: bool = True) -> str:
     """TensorFlow's process-wide settings for trials of ``gpus`` GPUs each (device memory, thread
-    pools), before anything starts it in this process; returns the device notice.
+    pools, the persistent compile cache), before anything starts it in this process; returns the
+    device notice.
 
     Raises:
         ThreadsError: TensorFlow already runs here with other thread pools.
     """
+    if compile_cache:  # TensorFlow reads its XLA flags once, when it sets up its devices
+        from pipeline.compile_cache import activate, device_kind
+
+        activate(device_kind=device_kind(gpus))
     notice = configure_devices(gpus)
     configure_threads(threads)
     return notice
@@ -89,7 +95,7 @@ def configure_tensorflow(*, gpus: float, threads: ThreadPlan) -> str:
 def set_up_worker(settings: TrialSettings, *, x: Any, y: Any, threads: ThreadPlan) -> Worker:
     """Configure TensorFlow for this process's trials (before anything starts it), copy the data
     to the device once, and load the experiment's builder."""
-    notice = configure_tensorflow(gpus=settings.gpus, threads=threads)
+    notice = configure_tensorflow(gpus=settings.gpus, threads=threads, compile_cache=settings.compile_cache)
     from pipeline.hypermodel import load_builder
     from pipeline.resident import resident_data
 

@@ -21,7 +21,7 @@ PACKAGE = Path(private_hooks.__file__).parent
 
 def test_every_hook_holds_on_the_installed_versions():
     assert broken_hooks() == []
-    assert {hook.library for hook in HOOKS} == {"ray", "mlflow", "keras"}
+    assert {hook.library for hook in HOOKS} == {"ray", "mlflow", "keras", "tensorflow"}
 
 
 def test_a_renamed_ray_method_is_named_with_rays_version(monkeypatch):

@@ -1,0 +1,356 @@
+"""A persistent cache of compiled XLA programs, shared by every foldsweep process that compiles.
+
+TensorFlow can keep the programs it compiles on disk and load them instead of compiling again
+(``--tf_xla_persistent_cache_directory``). Used as it is, that cache rarely hits in a sweep and
+can crash a trial, so foldsweep puts three things around it:
+
+- **Entries are checked before TensorFlow sees them.** TensorFlow fails the op on an entry it
+  cannot parse, and writes entries in place, so a process could read another's half-written
+  file. Each process therefore compiles into a directory of its own, seeded with hard links to
+  the shared store's entries that pass the check (complete, their key matching their file name,
+  their checksum unchanged); new entries enter the store by an atomic link once complete.
+- **One store per TensorFlow version, XLA flags and device kind**, so that none of them ever
+  reuses a stale entry; TensorFlow's own key adds the program's HLO, which it compares in full.
+- **Stable names.** TensorFlow names every traced function after a process-wide counter, and
+  the name is part of the cache key: two trials with the same program in one worker process got
+  different keys. ``stable_names`` gives a trial's traces names from its program key and how
+  many trials of that key the process has run before, so a worker's n-th trial of a program
+  finds what any worker's n-th trial of it compiled, and no two trials in one process ever share
+  a name (TensorFlow's in-memory cache, keyed by name, never returns another trial's program).
+
+The store is bounded: past ``FOLDSWEEP_COMPILE_CACHE_MB`` the least recently used entries go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+DISABLE_VARIABLE = "FOLDSWEEP_COMPILE_CACHE"  # off / 0 / false: no persistent cache
+DIRECTORY_VARIABLE = "FOLDSWEEP_COMPILE_CACHE_DIR"
+SIZE_VARIABLE = "FOLDSWEEP_COMPILE_CACHE_MB"
+DEFAULT_SIZE_MB = 4096
+TF_CACHE_FLAG = "--tf_xla_persistent_cache_directory"
+ENTRY_SUFFIX = ".pb"
+CHECKSUM_SUFFIX = ".sha256"
+PROCESS_DIRECTORIES = ".processes"
+# Far above TensorFlow's own counter, so a stable name never equals one TensorFlow hands out.
+STABLE_NAME_FLOOR = 10 ** 15
+
+
+def cache_root() -> Path:
+    """Where the stores live: ``$FOLDSWEEP_COMPILE_CACHE_DIR``, else the user's cache directory."""
+    configured = os.environ.get(DIRECTORY_VARIABLE)
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "foldsweep" / "xla"
+
+
+def disabled_by_environment() -> bool:
+    return os.environ.get(DISABLE_VARIABLE, "").strip().lower() in {"0", "off", "false", "no"}
+
+
+def size_limit_bytes() -> int:
+    try:
+        return int(float(os.environ.get(SIZE_VARIABLE, DEFAULT_SIZE_MB)) * 2 ** 20)
+    except ValueError:
+        return DEFAULT_SIZE_MB * 2 ** 20
+
+
+@dataclass
+class CacheCounts:
+    """Compiled programs a trial needed, and how many it had to compile (the rest came from the cache)."""
+
+    programs: int = 0
+    compiled: int = 0
+
+    @property
+    def hits(self) -> int:
+        return max(0, self.programs - self.compiled)
+
+
+class CompileCache:
+    """This process's view of the shared store: its own directory that TensorFlow reads and writes."""
+
+    def __init__(self, store: Path, process_directory: Path):
+        self.store = store
+        self.process_directory = process_directory
+        self.discarded: list[str] = []
+
+    def refresh(self) -> None:
+        """Link the store's checked entries that this process does not have yet."""
+        for entry in sorted(self.store.glob(f"*{ENTRY_SUFFIX}")):
+            target = self.process_directory / entry.name
+            if target.exists():
+                continue
+            if not _checked(entry):
+                self.discarded.append(entry.name)
+                _remove(entry)
+                continue
+            with contextlib.suppress(OSError):
+                os.link(entry, target)
+
+    def written(self) -> list[Path]:
+        """Entries TensorFlow wrote in this process (not links to the store)."""
+        return [path for path in self.process_directory.glob(f"*{ENTRY_SUFFIX}") if path.stat().st_nlink == 1]
+
+    def publish(self) -> int:
+        """Move this process's complete new entries into the store; returns how many went in."""
+        published = 0
+        for entry in self.written():
+            if _publish(entry, self.store):
+                published += 1
+        return published
+
+    def close(self) -> None:
+        self.publish()
+        shutil.rmtree(self.process_directory, ignore_errors=True)
+
+
+_active: CompileCache | None = None
+_lock = threading.Lock()
+
+
+def activate(*, device_kind: str) -> CompileCache | None:
+    """Point TensorFlow's persistent XLA cache at a directory of this process, seeded from the
+    store for this TensorFlow, XLA flags and ``device_kind``; before the process compiles.
+
+    Returns None when the cache is switched off by the environment. Idempotent.
+    """
+    global _active
+    with _lock:
+        if _active is not None or disabled_by_environment():
+            return _active
+        store = cache_root() / store_name(device_kind)
+        store.mkdir(parents=True, exist_ok=True)
+        _adopt_orphans(store)
+        prune(store, size_limit_bytes())
+        process_directory = store / PROCESS_DIRECTORIES / f"{os.getpid()}-{os.urandom(4).hex()}"
+        process_directory.mkdir(parents=True)
+        cache = CompileCache(store, process_directory)
+        cache.refresh()
+        flags = [flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(TF_CACHE_FLAG)]
+        os.environ["TF_XLA_FLAGS"] = " ".join([*flags, f"{TF_CACHE_FLAG}={process_directory}"])
+        import atexit
+
+        atexit.register(cache.close)
+        _active = cache
+        return cache
+
+
+def active() -> CompileCache | None:
+    return _active
+
+
+def store_name(device_kind: str) -> str:
+    """The store's directory name: everything an entry's own key leaves out that makes it stale."""
+    import tensorflow as tf
+
+    flags = sorted(flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(TF_CACHE_FLAG))
+    identity = json.dumps({"tensorflow": tf.__version__, "tf_xla_flags": flags,
+                           "xla_flags": os.environ.get("XLA_FLAGS", ""), "device": device_kind}, sort_keys=True)
+    return f"tf{tf.__version__}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def device_kind(gpus: float) -> str:
+    """What XLA compiles for: the GPU models in use (read without starting TensorFlow's devices,
+    which would fix its flags), else the host CPU's architecture and features."""
+    if gpus > 0:
+        command = ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"]
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            names = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True).stdout
+            if names.strip():
+                return "gpu:" + ";".join(sorted(line.strip() for line in names.splitlines() if line.strip()))
+    features = ""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            features = next((line for line in cpuinfo if line.startswith("flags")), "")
+    return f"cpu:{platform.machine()}:{hashlib.sha256(' '.join(sorted(features.split())).encode()).hexdigest()[:16]}"
+
+
+def prune(store: Path, limit_bytes: int) -> list[str]:
+    """Remove the least recently used entries until the store fits in ``limit_bytes``."""
+    entries = []
+    for entry in store.glob(f"*{ENTRY_SUFFIX}"):
+        with contextlib.suppress(OSError):
+            status = entry.stat()
+            entries.append((max(status.st_atime, status.st_mtime), status.st_size, entry))
+    total = sum(size for _, size, _ in entries)
+    removed = []
+    for _, size, entry in sorted(entries, key=lambda item: item[0]):
+        if total <= limit_bytes:
+            break
+        _remove(entry)
+        total -= size
+        removed.append(entry.name)
+    return removed
+
+
+def _adopt_orphans(store: Path) -> None:
+    """Publish what processes that died (kill -9) compiled, and remove their directories."""
+    for directory in (store / PROCESS_DIRECTORIES).glob("*-*"):
+        pid = directory.name.split("-")[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        for entry in directory.glob(f"*{ENTRY_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                if entry.stat().st_nlink == 1:
+                    _publish(entry, store)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _publish(entry: Path, store: Path) -> bool:
+    target = store / entry.name
+    if target.exists() or not _complete(entry):
+        return False
+    checksum = _sha256(entry)
+    staged = store / f".{entry.name}.{os.getpid()}.tmp"
+    staged.write_text(checksum, encoding="ascii")
+    os.replace(staged, store / (entry.name + CHECKSUM_SUFFIX))
+    try:
+        os.link(entry, target)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _checked(entry: Path) -> bool:
+    """A store entry is used only if it is complete, its key matches its file name and its bytes
+    are those it was published with."""
+    checksum = entry.with_name(entry.name + CHECKSUM_SUFFIX)
+    try:
+        return _complete(entry) and checksum.read_text(encoding="ascii").strip() == _sha256(entry)
+    except OSError:
+        return False
+
+
+def _remove(entry: Path) -> None:
+    for path in (entry, entry.with_name(entry.name + CHECKSUM_SUFFIX)):
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _complete(entry: Path) -> bool:
+    """The file is a whole XlaSerializedCacheEntry whose key is the one its name spells.
+
+    TensorFlow names an entry ``[prefix__]signature__cluster__device.pb`` after the key it holds
+    (field 1: signature fingerprint 1, cluster fingerprint 2, device type 3), and stores the HLO
+    (field 2) and the executable (field 3). Read with the protobuf wire format directly: the
+    message's class is not part of TensorFlow's Python package.
+    """
+    try:
+        data = entry.read_bytes()
+        fields = dict(_fields(data))
+        key = dict(_fields(fields[1]))
+        *_, signature, cluster, device = entry.name[: -len(ENTRY_SUFFIX)].split("__")
+        return (bool(fields.get(3)) and 2 in fields and key.get(1) == int(signature) and key.get(2) == int(cluster)
+                and key.get(3) == device.encode())
+    except (OSError, KeyError, ValueError, TypeError):
+        return False
+
+
+def _fields(data: bytes) -> Iterator[tuple[int, Any]]:
+    """(field number, value) of a protobuf message: varints as int, length-delimited as bytes."""
+    position = 0
+    while position < len(data):
+        tag, position = _varint(data, position)
+        number, wire_type = tag >> 3, tag & 7
+        if wire_type == 0:
+            value, position = _varint(data, position)
+        elif wire_type == 2:
+            length, position = _varint(data, position)
+            if position + length > len(data):
+                raise ValueError("truncated")
+            value, position = data[position:position + length], position + length
+        elif wire_type == 1:
+            value, position = data[position:position + 8], position + 8
+        elif wire_type == 5:
+            value, position = data[position:position + 4], position + 4
+        else:
+            raise ValueError(f"wire type {wire_type}")
+        if position > len(data):
+            raise ValueError("truncated")
+        yield number, value
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if position >= len(data) or shift > 63:
+            raise ValueError("bad varint")
+        byte = data[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, position
+        shift += 7
+
+
+# How many trials of each program key this process has traced: the occurrence part of a name.
+_occurrences: dict[str, int] = {}
+_bases_in_use: set[int] = set()
+
+
+def program_key(**parts: Any) -> str:
+    """A digest of what decides a trial's compiled programs (the learning rate, a variable, not)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+class StableNames:
+    """Names for one trial's traced functions: the same in every process for the n-th trial of a
+    program key, never the same for two trials of one process."""
+
+    def __init__(self, key: str):
+        occurrence = _occurrences.get(key, 0)
+        _occurrences[key] = occurrence + 1
+        # Below 2**63: TensorFlow passes some of these numbers to C as a long.
+        digest = int(hashlib.sha256(f"{key}/{occurrence}".encode()).hexdigest(), 16)
+        base = STABLE_NAME_FLOOR + digest % 10 ** 12 * 10 ** 6
+        while base in _bases_in_use:  # another key's trial in this process drew the same base
+            base = STABLE_NAME_FLOOR + (base - STABLE_NAME_FLOOR + 7919 * 10 ** 6) % 10 ** 18
+        _bases_in_use.add(base)
+        self._next = base
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """While tracing: TensorFlow's process-wide counter is this trial's own."""
+        from tensorflow.python.framework import ops
+
+        def uid() -> int:
+            self._next += 1
+            return self._next
+
+        original = ops.uid
+        ops.uid = uid
+        try:
+            yield
+        finally:
+            ops.uid = original

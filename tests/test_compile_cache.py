@@ -1,0 +1,155 @@
+"""The persistent XLA compile cache: entries checked before TensorFlow reads them, a bounded
+store, and a second identical trial in a fresh process that loads what the first compiled."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, foldsweep
+from pipeline import compile_cache
+from pipeline.compile_cache import CHECKSUM_SUFFIX, CompileCache, StableNames, program_key
+
+
+def _message(fields: list[tuple[int, bytes | int]]) -> bytes:
+    def varint(value: int) -> bytes:
+        out = bytearray()
+        while True:
+            low, value = value & 0x7F, value >> 7
+            out.append(low | (0x80 if value else 0))
+            if not value:
+                return bytes(out)
+
+    encoded = b""
+    for number, value in fields:
+        if isinstance(value, int):
+            encoded += varint(number << 3) + varint(value)
+        else:
+            encoded += varint(number << 3 | 2) + varint(len(value)) + value
+    return encoded
+
+
+def _entry(directory: Path, signature: int = 11, cluster: int = 22, executable: bytes = b"\x01" * 64) -> Path:
+    key = _message([(1, signature), (2, cluster), (3, b"XLA_CPU_JIT")])
+    path = directory / f"xla_compile_cache__{signature}__{cluster}__XLA_CPU_JIT.pb"
+    path.write_bytes(_message([(1, key), (2, b"hlo"), (3, executable)]))
+    return path
+
+
+def _process_cache(tmp_path: Path) -> CompileCache:
+    store, own = tmp_path / "store", tmp_path / "store" / ".processes" / "1-ab"
+    own.mkdir(parents=True)
+    return CompileCache(store, own)
+
+
+def test_an_entry_enters_the_store_complete_and_other_processes_link_it(tmp_path):
+    writer, reader = _process_cache(tmp_path), CompileCache(tmp_path / "store", tmp_path / "store" / ".processes" / "2-cd")
+    reader.process_directory.mkdir(parents=True)
+    entry = _entry(writer.process_directory)
+    half = writer.process_directory / "xla_compile_cache__33__44__XLA_CPU_JIT.pb"
+    half.write_bytes(entry.read_bytes()[:-10])  # a write still under way, or cut short
+
+    assert writer.publish() == 1
+    reader.refresh()
+
+    assert sorted(p.name for p in writer.store.glob("*.pb")) == [entry.name]
+    assert (writer.store / (entry.name + CHECKSUM_SUFFIX)).exists()
+    assert (reader.process_directory / entry.name).read_bytes() == entry.read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "foreign", "no checksum"])
+def test_a_damaged_or_foreign_store_entry_is_removed_not_given_to_tensorflow(tmp_path, damage):
+    cache = _process_cache(tmp_path)
+    entry = cache.store / _entry(cache.process_directory).name
+    cache.publish()
+    if damage == "truncated":
+        entry.unlink()
+        entry.write_bytes(_entry(tmp_path).read_bytes()[:-5])
+    elif damage == "flipped":  # still a well-formed message, not the bytes that were published
+        entry.unlink()
+        entry.write_bytes(_entry(tmp_path, executable=b"\x02" * 64).read_bytes())
+    elif damage == "foreign":  # another program's entry under this name
+        entry.unlink()
+        entry.write_bytes(_entry(tmp_path, signature=99).read_bytes())
+    else:
+        (cache.store / (entry.name + CHECKSUM_SUFFIX)).unlink()
+    reader = CompileCache(cache.store, cache.store / ".processes" / "3-ef")
+    reader.process_directory.mkdir(parents=True)
+
+    reader.refresh()
+
+    assert reader.discarded == [entry.name]
+    assert not entry.exists() and not list(reader.process_directory.glob("*.pb"))
+
+
+def test_the_store_keeps_the_most_recently_used_entries_within_its_bound(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    entries = [_entry(store, signature=i, executable=b"\x01" * 1000) for i in range(1, 5)]
+    for age, entry in enumerate(entries):  # the first is the least recently used
+        os.utime(entry, (1_000_000 + age, 1_000_000 + age))
+    size = entries[0].stat().st_size
+
+    removed = compile_cache.prune(store, limit_bytes=2 * size)
+
+    assert removed == [entries[0].name, entries[1].name]
+    assert sorted(p.name for p in store.glob("*.pb")) == sorted([entries[2].name, entries[3].name])
+
+
+def test_stable_names_repeat_across_processes_but_never_within_one():
+    key = program_key(batch_size=32, plan="p")
+    first, second, other = StableNames(key), StableNames(key), StableNames(program_key(batch_size=64, plan="p"))
+    names = [name._next for name in (first, second, other)]
+    assert len(set(names)) == 3
+    assert all(compile_cache.STABLE_NAME_FLOOR <= name < 2 ** 63 for name in names)
+    # the n-th trial of a key in any process: the same digest of (key, n)
+    compile_cache._occurrences.pop(key)
+    assert StableNames(key)._next in {names[0], names[0] + 7919 * 10 ** 6}
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv(compile_cache.DISABLE_VARIABLE, "off")
+    assert compile_cache.disabled_by_environment()
+    monkeypatch.setenv(compile_cache.DISABLE_VARIABLE, "1")
+    assert not compile_cache.disabled_by_environment()
+
+
+TRIAL = ("trial", "sweeps/quickstart.yaml", "--epochs", "2", "--fold", "0", "--set", "dropout=0.0",
+         "--set", "learning_rate=0.003", "--set", "batch_size=48", "--set", "conv_layers=1")
+
+
+def _losses(output: str) -> list[str]:
+    return re.findall(r"(?:train_loss|val_loss|val_accuracy) (\S+)", output)
+
+
+def test_a_second_identical_trial_loads_its_programs_and_trains_bit_identically(tmp_path, monkeypatch):
+    """Three `foldsweep trial` processes (30 s): the cache is per process, so a process is what it tests."""
+    monkeypatch.setenv(compile_cache.DIRECTORY_VARIABLE, str(tmp_path / "xla"))
+    first = foldsweep(*TRIAL, cwd=REPO)
+    assert first.exit_code == 0, first.output
+    stores = list((tmp_path / "xla").glob("tf*"))
+    assert len(stores) == 1
+    store = stores[0]
+    entries = {p.name: p.stat().st_mtime_ns for p in store.glob("*.pb")}
+    assert entries, "the first trial compiled and published its programs"
+    # A damaged entry is removed and its program compiled again, never a crash.
+    damaged = sorted(entries)[0]
+    (store / damaged).write_bytes((store / damaged).read_bytes()[:-100])
+
+    second = foldsweep(*TRIAL, cwd=REPO)
+
+    assert second.exit_code == 0, second.output
+    assert _losses(second.output) == _losses(first.output) and _losses(first.output)
+    after = {p.name: p.stat().st_mtime_ns for p in store.glob("*.pb")}
+    assert set(after) == set(entries)  # no new program: every other one was loaded from the store
+    assert after[damaged] != entries[damaged]  # the damaged one was compiled and published again
+    assert all(after[name] == entries[name] for name in entries if name != damaged)
+    assert not list((store / ".processes").iterdir())
+
+    monkeypatch.setenv(compile_cache.DISABLE_VARIABLE, "off")
+    without = foldsweep(*TRIAL, cwd=REPO)
+    assert without.exit_code == 0, without.output
+    assert _losses(without.output) == _losses(first.output)
