@@ -129,8 +129,12 @@ def activate(*, device_kind: str) -> CompileCache | None:
     """
     global _active
     with _lock:
-        if _active is not None or disabled_by_environment():
+        if _active is not None:
             return _active
+        if disabled_by_environment() or _tensorflow_flags_fixed():
+            # A directory inherited from the parent process is its own, not this one's.
+            _set_tensorflow_cache_flag(None)
+            return None
         store = cache_root() / store_name(device_kind)
         store.mkdir(parents=True, exist_ok=True)
         _adopt_orphans(store)
@@ -139,13 +143,41 @@ def activate(*, device_kind: str) -> CompileCache | None:
         process_directory.mkdir(parents=True)
         cache = CompileCache(store, process_directory)
         cache.refresh()
-        flags = [flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(TF_CACHE_FLAG)]
-        os.environ["TF_XLA_FLAGS"] = " ".join([*flags, f"{TF_CACHE_FLAG}={process_directory}"])
+        _set_tensorflow_cache_flag(process_directory)
         import atexit
 
         atexit.register(cache.close)
         _active = cache
         return cache
+
+
+def deactivate() -> None:
+    """This process compiles without the cache (``train.compile_cache: false``)."""
+    if _active is None and not _tensorflow_flags_fixed():
+        _set_tensorflow_cache_flag(None)
+
+
+def _set_tensorflow_cache_flag(directory: Path | None) -> None:
+    flags = [flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(TF_CACHE_FLAG)]
+    if directory is not None:
+        flags.append(f"{TF_CACHE_FLAG}={directory}")
+    if flags:
+        os.environ["TF_XLA_FLAGS"] = " ".join(flags)
+    else:
+        os.environ.pop("TF_XLA_FLAGS", None)
+
+
+def _tensorflow_flags_fixed() -> bool:
+    """TensorFlow reads its XLA flags once, when it first lists or sets up its devices: after
+    that, a cache directory given to it would be silently ignored."""
+    import sys
+
+    if "tensorflow" not in sys.modules:
+        return False
+    from tensorflow.python.eager import context
+
+    state = context.context()
+    return bool(state._initialized or state._physical_devices is not None)
 
 
 def active() -> CompileCache | None:

@@ -207,6 +207,14 @@ def _check_seed_generators() -> str | None:
             return f"keras.layers.{type(layer).__name__} no longer holds a keras.random.SeedGenerator"
     return None
 
+def _check_context_state() -> str | None:
+    from tensorflow.python.eager import context
+
+    state = context.context()
+    missing = [name for name in ("_initialized", "_physical_devices") if not hasattr(state, name)]
+    return f"tensorflow.python.eager.context.Context has no {', '.join(missing)}" if missing else None
+
+
 def _check_trace_names() -> str | None:
     import inspect
 
@@ -253,6 +261,9 @@ HOOKS: tuple[Hook, ...] = (
     Hook("tensorflow", "tensorflow.python.framework.ops.uid, called by the functions that name traced functions",
          "trials of one program in a worker process would never find each other's compiled XLA programs "
          "(pipeline.compile_cache's stable names)", (), _check_trace_names),
+    Hook("tensorflow", "the eager context's _initialized and _physical_devices",
+         "a process whose TensorFlow already read its XLA flags would count compile-cache hits it never had",
+         ("_initialized", "_physical_devices"), _check_context_state),
 )
 
 

@@ -83,10 +83,12 @@ def configure_tensorflow(*, gpus: float, threads: ThreadPlan, compile_cache: boo
     Raises:
         ThreadsError: TensorFlow already runs here with other thread pools.
     """
-    if compile_cache:  # TensorFlow reads its XLA flags once, when it sets up its devices
-        from pipeline.compile_cache import activate, device_kind
+    from pipeline.compile_cache import activate, deactivate, device_kind
 
+    if compile_cache:  # TensorFlow reads its XLA flags once, when it sets up its devices
         activate(device_kind=device_kind(gpus))
+    else:
+        deactivate()
     notice = configure_devices(gpus)
     configure_threads(threads)
     return notice

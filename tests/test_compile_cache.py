@@ -153,3 +153,16 @@ def test_a_second_identical_trial_loads_its_programs_and_trains_bit_identically(
     without = foldsweep(*TRIAL, cwd=REPO)
     assert without.exit_code == 0, without.output
     assert _losses(without.output) == _losses(first.output)
+
+
+def test_a_process_whose_tensorflow_read_its_flags_runs_without_the_cache(monkeypatch, tmp_path):
+    import tensorflow as tf
+
+    tf.config.list_physical_devices("CPU")  # TensorFlow has read its XLA flags from here on
+    monkeypatch.setattr(compile_cache, "_active", None)
+    monkeypatch.setenv(compile_cache.DIRECTORY_VARIABLE, str(tmp_path))
+    monkeypatch.setenv("TF_XLA_FLAGS", f"--tf_xla_auto_jit=0 {compile_cache.TF_CACHE_FLAG}=/parent/own")
+
+    assert compile_cache.activate(device_kind="cpu:test") is None
+    assert os.environ["TF_XLA_FLAGS"] == "--tf_xla_auto_jit=0"  # the parent's directory is not this one's
+    assert not list(tmp_path.iterdir())
