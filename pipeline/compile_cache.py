@@ -139,7 +139,7 @@ def activate(*, device_kind: str) -> CompileCache | None:
         store.mkdir(parents=True, exist_ok=True)
         _adopt_orphans(store)
         prune(store, size_limit_bytes())
-        process_directory = store / PROCESS_DIRECTORIES / f"{os.getpid()}-{os.urandom(4).hex()}"
+        process_directory = store / PROCESS_DIRECTORIES / f"{os.getpid()}-{os.urandom(4).hex()}@{platform.node()}"
         process_directory.mkdir(parents=True)
         cache = CompileCache(store, process_directory)
         cache.refresh()
@@ -229,8 +229,9 @@ def prune(store: Path, limit_bytes: int) -> list[str]:
 
 
 def _adopt_orphans(store: Path) -> None:
-    """Publish what processes that died (kill -9) compiled, and remove their directories."""
-    for directory in (store / PROCESS_DIRECTORIES).glob("*-*"):
+    """Publish what processes of this machine that died (kill -9) compiled, and remove their
+    directories (a store on a shared file system also holds other machines' live ones)."""
+    for directory in (store / PROCESS_DIRECTORIES).glob(f"*-*@{platform.node()}"):
         pid = directory.name.split("-")[0]
         if pid.isdigit() and _alive(int(pid)):
             continue

@@ -166,3 +166,41 @@ def test_a_process_whose_tensorflow_read_its_flags_runs_without_the_cache(monkey
     assert compile_cache.activate(device_kind="cpu:test") is None
     assert os.environ["TF_XLA_FLAGS"] == "--tf_xla_auto_jit=0"  # the parent's directory is not this one's
     assert not list(tmp_path.iterdir())
+
+
+def test_another_tensorflow_version_xla_flags_or_device_kind_gets_another_store(monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.setenv("TF_XLA_FLAGS", f"{compile_cache.TF_CACHE_FLAG}=/a")
+    here = compile_cache.store_name("cpu:x86_64:abc")
+    monkeypatch.setenv("TF_XLA_FLAGS", f"{compile_cache.TF_CACHE_FLAG}=/b")
+    assert compile_cache.store_name("cpu:x86_64:abc") == here  # the process's own directory is not an XLA setting
+    others = {compile_cache.store_name("cpu:x86_64:def"), compile_cache.store_name("gpu:NVIDIA A100, 8.0")}
+    monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_auto_jit=2")
+    others.add(compile_cache.store_name("cpu:x86_64:abc"))
+    monkeypatch.delenv("TF_XLA_FLAGS")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
+    others.add(compile_cache.store_name("cpu:x86_64:abc"))
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setattr(tf, "__version__", "2.99.0")
+    others.add(compile_cache.store_name("cpu:x86_64:abc"))
+    assert len(others) == 5 and here not in others
+    assert compile_cache.store_name("cpu:x86_64:abc").startswith("tf2.99.0-")
+
+
+def test_a_dead_process_directory_of_this_machine_is_published_and_removed(tmp_path):
+    import platform
+
+    store = tmp_path / "store"
+    dead = store / compile_cache.PROCESS_DIRECTORIES / f"999999999-aa@{platform.node()}"
+    elsewhere = store / compile_cache.PROCESS_DIRECTORIES / "999999999-bb@another-machine"
+    for directory in (dead, elsewhere):
+        directory.mkdir(parents=True)
+    entry = _entry(dead)
+    _entry(elsewhere, signature=5)
+
+    compile_cache._adopt_orphans(store)
+
+    assert not dead.exists() and elsewhere.exists()
+    assert [p.name for p in store.glob("*.pb")] == [entry.name]
