@@ -65,16 +65,7 @@ def test_the_real_mlflow_ui_reads_the_tag_foldsweep_writes():
 
 
 def test_keras_keeping_loss_weights_elsewhere_is_named(monkeypatch):
-    from keras.src.trainers.compile_utils import CompileLoss
-
-    keep = CompileLoss.__init__
-
-    def renamed(self, *args, **kwargs):
-        keep(self, *args, **kwargs)
-        self._loss_weights_by_output = self.__dict__.pop("_user_loss_weights")
-
-    monkeypatch.setattr(CompileLoss, "__init__", renamed)
-    private_hooks._probe_models.cache_clear()
+    without_keras_hook(monkeypatch)
     try:
         problems = broken_hooks(["keras"])
     finally:
