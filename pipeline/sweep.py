@@ -305,6 +305,7 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
     param_space = {} if spec.search.algorithm == "optuna" else prepared.space.param_space
     if resume:
         return _restored_tuner(ray_path, trainable, param_space, callbacks)
+    searcher = make_searcher(spec, prepared.space)
     return tune.Tuner(
         trainable,
         param_space=param_space,
@@ -312,9 +313,11 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
             metric=spec.objective.key,
             mode=spec.objective.mode,
             num_samples=prepared.num_samples,
-            search_alg=make_searcher(spec, prepared.space),
+            search_alg=searcher,
             scheduler=make_scheduler(spec),
-            max_concurrent_trials=spec.resources.max_concurrent,
+            # Ray Tune limits a Searcher's trials itself, but only warns and runs every trial
+            # the resources allow when handed a BasicVariantGenerator: that one carries its own.
+            max_concurrent_trials=None if _limits_itself(searcher) else spec.resources.max_concurrent,
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(
@@ -547,7 +550,13 @@ def make_searcher(spec: SweepSpec, space: SearchSpace) -> Any:
                             sampler=optuna.samplers.TPESampler(seed=spec.search.seed))
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    return BasicVariantGenerator(random_state=spec.search.seed)
+    return BasicVariantGenerator(random_state=spec.search.seed, max_concurrent=spec.resources.max_concurrent or 0)
+
+
+def _limits_itself(searcher: Any) -> bool:
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    return isinstance(searcher, BasicVariantGenerator)
 
 
 def make_scheduler(spec: SweepSpec) -> Any:

@@ -6,7 +6,7 @@ import keras
 import pytest
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
 
-from conftest import MNIST1D_EXPERIMENT, Replace
+from conftest import DELETE, MNIST1D_EXPERIMENT, Replace
 from pipeline.errors import SpecError
 from pipeline.hypermodel import load_experiment
 from pipeline.space import CLIP_PAIR, build_space, resolve_config
@@ -136,6 +136,15 @@ def test_schedulers_are_built_from_the_spec(write_spec):
                                                 "train": {"epochs": 3}})))
     assert isinstance(asha, ASHAScheduler) and asha._max_t == 3
     assert isinstance(make_scheduler(load_spec(write_spec({"search": {"scheduler": "median"}}))), MedianStoppingRule)
+
+
+def test_grid_and_random_search_carry_the_concurrency_limit_themselves(write_spec, mnist1d_hps):
+    """Ray Tune applies max_concurrent_trials to a Searcher only: a BasicVariantGenerator handed
+    to it without its own limit ran every trial the CPUs allowed."""
+    spec = load_spec(write_spec({"resources": {"max_concurrent": 1}}))
+    assert make_searcher(spec, build_space(spec, mnist1d_hps)).max_concurrent == 1
+    unlimited = load_spec(write_spec({"resources": {"max_concurrent": DELETE}}))
+    assert make_searcher(unlimited, build_space(unlimited, mnist1d_hps)).max_concurrent == 0
 
 
 def optuna_suggestions(spec, hps, count=5):
