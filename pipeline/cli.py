@@ -191,6 +191,11 @@ def run(
 
     sweep_spec = load_spec(spec)
     import_tensorflow()
+    if sweep_spec.train.refit and sweep_spec.train.compile_cache:
+        # The refit compiles in this process, whose TensorFlow reads its XLA flags in prepare.
+        from pipeline.compile_cache import activate, device_kind
+
+        activate(device_kind=device_kind(sweep_spec.resources.gpu))
     from pipeline.report import Standings, leaderboard_table, selected_epoch, selected_score, short_run_id
     from pipeline.sweep import prepare, run_sweep
 

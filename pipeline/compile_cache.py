@@ -11,12 +11,9 @@ can crash a trial, so foldsweep puts three things around it:
   their checksum unchanged); new entries enter the store by an atomic link once complete.
 - **One store per TensorFlow version, XLA flags and device kind**, so that none of them ever
   reuses a stale entry; TensorFlow's own key adds the program's HLO, which it compares in full.
-- **Stable names.** TensorFlow names every traced function after a process-wide counter, and
-  the name is part of the cache key: two trials with the same program in one worker process got
-  different keys. ``stable_names`` gives a trial's traces names from its program key and how
-  many trials of that key the process has run before, so a worker's n-th trial of a program
-  finds what any worker's n-th trial of it compiled, and no two trials in one process ever share
-  a name (TensorFlow's in-memory cache, keyed by name, never returns another trial's program).
+- **Names from content.** TensorFlow names every traced function after a process-wide counter,
+  and the name is part of the cache key: two trials with the same program in one worker process
+  got different keys. ``content_names`` names each traced function after its graph instead.
 
 The store is bounded: past ``FOLDSWEEP_COMPILE_CACHE_MB`` the least recently used entries go.
 """
@@ -43,8 +40,9 @@ TF_CACHE_FLAG = "--tf_xla_persistent_cache_directory"
 ENTRY_SUFFIX = ".pb"
 CHECKSUM_SUFFIX = ".sha256"
 PROCESS_DIRECTORIES = ".processes"
-# Far above TensorFlow's own counter, so a stable name never equals one TensorFlow hands out.
-STABLE_NAME_FLOOR = 10 ** 15
+# Far above TensorFlow's own counter, so a content name never equals one TensorFlow hands out.
+CONTENT_NAME_FLOOR = 10 ** 18
+GRADIENT_OP_TYPE = "_gradient_op_type"
 
 
 def cache_root() -> Path:
@@ -347,43 +345,55 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
         shift += 7
 
 
-# How many trials of each program key this process has traced: the occurrence part of a name.
-_occurrences: dict[str, int] = {}
-_bases_in_use: set[int] = set()
+@contextlib.contextmanager
+def content_names() -> Iterator[None]:
+    """While tracing: every function TensorFlow creates (a step, a loop body, a cond branch) is
+    named after a digest of its graph, the names of the functions it calls included.
+
+    TensorFlow numbers them from a process-wide counter instead, and the name is part of the
+    cache key, so two trials with the same program never found each other's. Named by content,
+    every trial whose program is the same, in this process or any other, finds it compiled; two
+    whose programs differ (another dropout rate or clip threshold baked in) never share a name,
+    which TensorFlow's in-memory cache, keyed by name and argument shapes, relies on.
+    """
+    from tensorflow.python.eager.polymorphic_function import atomic_function
+
+    original = atomic_function.from_func_graph
+
+    def from_func_graph(name: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
+        renamed = content_name(name, graph)
+        if graph.name == name:  # a nested function: its caller reads graph.name
+            graph.name = renamed
+        return original(renamed, graph, *args, **kwargs)
+
+    atomic_function.from_func_graph = from_func_graph
+    try:
+        yield
+    finally:
+        atomic_function.from_func_graph = original
 
 
-def program_key(**parts: Any) -> str:
-    """A digest of what decides a trial's compiled programs (the learning rate, a variable, not)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
+def content_name(name: Any, graph: Any) -> Any:
+    """``<prefix>_<n>``, TensorFlow's counter in ``n``, with ``n`` a digest of the graph instead."""
+    text = name.decode() if isinstance(name, bytes) else str(name)
+    stem, _, number = text.rpartition("_")
+    if not stem or not number.isdigit():
+        return name
+    renamed = f"{stem}_{CONTENT_NAME_FLOOR + _graph_digest(graph)}"
+    return renamed.encode() if isinstance(name, bytes) else renamed
 
 
-class StableNames:
-    """Names for one trial's traced functions: the same in every process for the n-th trial of a
-    program key, never the same for two trials of one process."""
+def _graph_digest(graph: Any) -> int:
+    """A digest of the graph, as a number, with its custom gradients' registry names
+    (``CustomGradient-<counter>``, new in every trace) numbered by appearance instead.
 
-    def __init__(self, key: str):
-        occurrence = _occurrences.get(key, 0)
-        _occurrences[key] = occurrence + 1
-        # Below 2**63: TensorFlow passes some of these numbers to C as a long.
-        digest = int(hashlib.sha256(f"{key}/{occurrence}".encode()).hexdigest(), 16)
-        base = STABLE_NAME_FLOOR + digest % 10 ** 12 * 10 ** 6
-        while base in _bases_in_use:  # another key's trial in this process drew the same base
-            base = STABLE_NAME_FLOOR + (base - STABLE_NAME_FLOOR + 7919 * 10 ** 6) % 10 ** 18
-        _bases_in_use.add(base)
-        self._next = base
-
-    @contextlib.contextmanager
-    def scope(self) -> Iterator[None]:
-        """While tracing: TensorFlow's process-wide counter is this trial's own."""
-        from tensorflow.python.framework import ops
-
-        def uid() -> int:
-            self._next += 1
-            return self._next
-
-        original = ops.uid
-        ops.uid = uid
-        try:
-            yield
-        finally:
-            ops.uid = original
+    Those names are not part of the program, and TensorFlow takes two definitions that differ
+    only in them (attributes starting with ``_``) as one under the same name.
+    """
+    graph_def = graph.as_graph_def()
+    renumbered: dict[bytes, bytes] = {}
+    for node in [*graph_def.node, *(node for function in graph_def.library.function for node in function.node_def)]:
+        if GRADIENT_OP_TYPE in node.attr:
+            value = node.attr[GRADIENT_OP_TYPE].s
+            node.attr[GRADIENT_OP_TYPE].s = renumbered.setdefault(value, b"CustomGradient-%d" % len(renumbered))
+    return int(hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest(), 16) % 10 ** 18

@@ -215,19 +215,33 @@ def _check_context_state() -> str | None:
     return f"tensorflow.python.eager.context.Context has no {', '.join(missing)}" if missing else None
 
 
-def _check_trace_names() -> str | None:
-    import inspect
-
-    from tensorflow.python.eager.polymorphic_function import concrete_function
-    from tensorflow.python.framework import ops
+def _check_content_names() -> str | None:
+    import tensorflow as tf
+    from tensorflow.python.eager.polymorphic_function import atomic_function, concrete_function
     from tensorflow.python.ops import control_flow_util_v2
 
-    if not callable(getattr(ops, "uid", None)):
-        return "tensorflow.python.framework.ops.uid is missing"
-    for module, function in ((concrete_function, "_inference_name"), (control_flow_util_v2, "unique_fn_name")):
-        source = inspect.getsource(getattr(module, function, lambda: None))
-        if "ops.uid()" not in source:
-            return f"{module.__name__}.{function} no longer names functions with ops.uid()"
+    from pipeline.compile_cache import CONTENT_NAME_FLOOR, content_names
+
+    if list(inspect.signature(atomic_function.from_func_graph).parameters)[:2] != ["name", "graph"]:
+        return "atomic_function.from_func_graph no longer takes (name, graph, ...)"
+    for function, call in ((concrete_function.ConcreteFunction.from_func_graph, "atomic_function.from_func_graph("),
+                           (control_flow_util_v2.create_new_tf_function, "return func_graph.name")):
+        if call not in inspect.getsource(function):
+            return f"{function.__module__}.{function.__qualname__} no longer has `{call}`"
+    # Twice the same cond with a custom gradient (new registry name each trace), both kept alive:
+    # one content name, and TensorFlow takes the second definition under it.
+    names, kept = [], []
+    for _ in range(2):
+        @tf.custom_gradient
+        def identity(x):
+            return tf.identity(x), lambda upstream: upstream
+
+        with content_names():
+            traced = tf.function(lambda x: tf.cond(x[0] > 0, lambda: identity(x), lambda: x))  # noqa: B023
+            kept.append(traced.get_concrete_function(tf.TensorSpec([1], tf.float32)))
+        names.append(kept[-1].name.decode())
+    if names[0] != names[1] or int(names[0].rpartition("_")[2]) < CONTENT_NAME_FLOOR:
+        return f"two traces of one function are named {names[0]} and {names[1]}, not after their graph"
     return None
 
 
@@ -258,9 +272,10 @@ HOOKS: tuple[Hook, ...] = (
     Hook("keras", "the keras.random.SeedGenerator held by every layer that draws random numbers",
          "models with dropout or noise layers are never stacked (each fold draws its own numbers)",
          (), _check_seed_generators),
-    Hook("tensorflow", "tensorflow.python.framework.ops.uid, called by the functions that name traced functions",
-         "trials of one program in a worker process would never find each other's compiled XLA programs "
-         "(pipeline.compile_cache's stable names)", (), _check_trace_names),
+    Hook("tensorflow", "atomic_function.from_func_graph(name, graph), through which every traced function is "
+         "named, and TensorFlow taking definitions that differ only in custom-gradient names as one",
+         "trials of one program would never find each other's compiled XLA programs, or a trial would fail "
+         "(pipeline.compile_cache's content names)", (), _check_content_names),
     Hook("tensorflow", "the eager context's _initialized and _physical_devices",
          "a process whose TensorFlow already read its XLA flags would count compile-cache hits it never had",
          ("_initialized", "_physical_devices"), _check_context_state),

@@ -32,14 +32,11 @@ def refit(build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs:
     The test split joins the device-resident arrays only here, as the validation "fold" of one
     model that never trained on it.
     """
-    from pipeline.compile_cache import activate, device_kind
     from pipeline.resident import resident_data
     from pipeline.space import resolve_config
     from pipeline.trainer import build_trainer
     from pipeline.trial import trial_values
 
-    if settings.compile_cache:
-        activate(device_kind=device_kind(settings.gpus))
     x = np.concatenate([dataset.x, dataset.x_test])
     y = np.concatenate([dataset.y, dataset.y_test])
     n_train = len(dataset.y)

@@ -16,7 +16,7 @@ import keras
 import numpy as np
 
 from pipeline import compile_cache
-from pipeline.compile_cache import CacheCounts, CompileCache, StableNames
+from pipeline.compile_cache import CacheCounts, CompileCache, content_names
 from pipeline.folds import Fold
 from pipeline.fused import FusedFolds
 from pipeline.hypermodel import build_model, output_units
@@ -49,8 +49,7 @@ class FoldTrainer:
             for k, fold, model in zip(self.fold_ids, folds, models)
         ]
         self._executor = _executor(plan, self.engines, params, data=data, loss=loss, optimizer=optimizer)
-        self._cache = _CacheUse.start(plan, self.engines, self._executor, program_key=_program_key(
-            params, plan, optimizer, loss, data=data, folds=folds, models=models)) if not eager else None
+        self._cache = _CacheUse.start(plan, self.engines, self._executor) if not eager else None
 
     @property
     def models(self) -> list[keras.Model]:
@@ -60,7 +59,7 @@ class FoldTrainer:
         """Train every live fold one more epoch, then validate each."""
         if self._cache is None:
             return self._run_epoch()
-        with self._cache.names.scope():
+        with content_names():
             result = self._run_epoch()
         self._cache.observe()
         return replace(result, throughput=self.throughput())
@@ -173,24 +172,22 @@ def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingPa
 
 
 class _CacheUse:
-    """A trial's use of the compile cache: its stable names, and the programs it loaded or compiled."""
+    """A trial's use of the compile cache: the programs it loaded or compiled."""
 
-    def __init__(self, cache: CompileCache, names: StableNames, compiled_functions: Sequence[Any]):
+    def __init__(self, cache: CompileCache, compiled_functions: Sequence[Any]):
         cache.refresh()
         self.cache = cache
-        self.names = names
         self.counts = CacheCounts()
         self._functions = compiled_functions
         self._before = {path.name for path in cache.process_directory.iterdir()}
 
     @classmethod
-    def start(cls, plan: TrialPlan, engines: Sequence[FoldEngine], executor: FoldExecutor, *,
-              program_key: str) -> _CacheUse | None:
+    def start(cls, plan: TrialPlan, engines: Sequence[FoldEngine], executor: FoldExecutor) -> _CacheUse | None:
         cache = compile_cache.active()
         if cache is None or not plan.jit_compile:
             return None
         functions = [engine.compiled_steps for engine in engines] + [getattr(executor, "compiled_steps", None)]
-        return cls(cache, StableNames(program_key), [function for function in functions if function is not None])
+        return cls(cache, [function for function in functions if function is not None])
 
     def observe(self) -> None:
         """After an epoch: count the programs traced so far and the entries this trial wrote
@@ -199,20 +196,6 @@ class _CacheUse:
         written = {path.name for path in self.cache.process_directory.iterdir()} - self._before
         self.counts.compiled = len([name for name in written if name.endswith(compile_cache.ENTRY_SUFFIX)])
         self.cache.publish()
-
-
-def _program_key(params: TrainingParams, plan: TrialPlan, optimizer: OptimizerRecipe, loss: TrainingLoss, *,
-                 data: ResidentData, folds: Sequence[Fold], models: Sequence[keras.Model]) -> str:
-    """What decides a trial's XLA programs, for stable names: the learning rate, a variable in
-    Keras' own optimizers, is left out only for them."""
-    training = {key: value for key, value in vars(params).items()
-                if key != "learning_rate" or not optimizer.cls.__module__.startswith("keras.")}
-    return compile_cache.program_key(
-        training=training, plan=repr(plan), optimizer=(optimizer.cls.__qualname__, optimizer.source,
-                                                       {k: v for k, v in optimizer.config.items() if k != "learning_rate"}),
-        loss=loss.name, data=(tuple(data.x.shape), str(data.x.dtype), tuple(data.y.shape)),
-        folds=[(len(fold.train), len(fold.val)) for fold in folds],
-        models=[(model.name, model.count_params(), [layer.name for layer in model.layers]) for model in models])
 
 
 def _combined_rate(timers: Sequence[CallTimer]) -> float:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import REPO, foldsweep
+from conftest import REPO, Replace, foldsweep, sweep_runs
 from pipeline import compile_cache
-from pipeline.compile_cache import CHECKSUM_SUFFIX, CompileCache, StableNames, program_key
+from pipeline.compile_cache import CHECKSUM_SUFFIX, CompileCache, content_name, content_names
+from pipeline.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES
 
 
 def _message(fields: list[tuple[int, bytes | int]]) -> bytes:
@@ -99,15 +101,64 @@ def test_the_store_keeps_the_most_recently_used_entries_within_its_bound(tmp_pat
     assert sorted(p.name for p in store.glob("*.pb")) == sorted([entries[2].name, entries[3].name])
 
 
-def test_stable_names_repeat_across_processes_but_never_within_one():
-    key = program_key(batch_size=32, plan="p")
-    first, second, other = StableNames(key), StableNames(key), StableNames(program_key(batch_size=64, plan="p"))
-    names = [name._next for name in (first, second, other)]
-    assert len(set(names)) == 3
-    assert all(compile_cache.STABLE_NAME_FLOOR <= name < 2 ** 63 for name in names)
-    # the n-th trial of a key in any process: the same digest of (key, n)
-    compile_cache._occurrences.pop(key)
-    assert StableNames(key)._next in {names[0], names[0] + 7919 * 10 ** 6}
+def _traced(rate: float, *, keep: list) -> tuple[str, str]:
+    """The name of a traced jit step with a cond whose branches bake in ``rate``, and of its true branch."""
+    import tensorflow as tf
+
+    with content_names():
+        step = tf.function(lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: x * rate, lambda: x - rate),
+                           jit_compile=True)
+        concrete = step.get_concrete_function(tf.TensorSpec([4], tf.float32))
+    keep.append((step, concrete))
+    assert float(concrete(tf.ones([4]))[0]) == rate  # compiled and run under its own name
+    [cond] = [op for op in concrete.graph.get_operations() if op.type in ("If", "StatelessIf")]
+    return concrete.name.decode(), cond.get_attr("then_branch").name
+
+
+def test_traced_functions_are_named_after_their_graphs_nested_functions_included():
+    live: list = []
+    first, first_branch = _traced(0.5, keep=live)
+    for name, prefix in ((first, "__inference_"), (first_branch, "cond_true_")):
+        assert name.startswith(prefix) and int(name.rpartition("_")[2]) >= compile_cache.CONTENT_NAME_FLOOR
+    # The same program traced again while the first is alive: the same names, and both run.
+    assert _traced(0.5, keep=live) == (first, first_branch)
+    # Another constant baked into a branch: other names all the way up, so TensorFlow's
+    # in-memory cache (keyed by name) cannot hand one trial's program to the other.
+    other, other_branch = _traced(0.25, keep=live)
+    assert other != first and other_branch != first_branch
+    assert content_name("no_counter_in_it", graph=None) == "no_counter_in_it"  # left as it is, graph unread
+
+
+def test_a_custom_gradient_traced_again_shares_the_name_and_both_still_differentiate_their_own():
+    """TensorFlow registers each custom gradient under a new process-wide name, written into the
+    graph; the digest leaves those names out, so a later trace of the same step (Keras' optimizer
+    step has one) gets the same name while the first is alive, and both run as they should."""
+    import tensorflow as tf
+
+    def traced(rate: float) -> tuple[str, Any]:
+        @tf.custom_gradient
+        def tripled_gradient(x):
+            return tf.identity(x), lambda upstream: upstream * 3.0
+
+        def step(x):
+            # Not differentiated, like Keras' optimizer step: the branch keeps its first definition.
+            forward = tf.cond(tf.reduce_sum(x) > 0, lambda: tripled_gradient(x) * rate, lambda: x)
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                total = tf.reduce_sum(tf.cond(tf.reduce_sum(x) > 0, lambda: tripled_gradient(x) * rate, lambda: x))
+            return forward, tape.gradient(total, x)
+
+        with content_names():
+            concrete = tf.function(step, jit_compile=True).get_concrete_function(tf.TensorSpec([2], tf.float32))
+        return concrete.name.decode(), concrete
+
+    first_name, first = traced(0.5)
+    second_name, second = traced(0.5)
+    assert second_name == first_name
+    for concrete in (first, second):
+        forward, gradient = concrete(tf.ones([2]))
+        assert [float(v) for v in forward] == [0.5, 0.5] and [float(v) for v in gradient] == [1.5, 1.5]
+    assert traced(0.25)[0] != first_name
 
 
 def test_switched_off_by_the_environment(monkeypatch):
@@ -204,3 +255,63 @@ def test_a_dead_process_directory_of_this_machine_is_published_and_removed(tmp_p
 
     assert not dead.exists() and elsewhere.exists()
     assert [p.name for p in store.glob("*.pb")] == [entry.name]
+
+
+@pytest.mark.e2e
+def test_a_worker_reuses_the_programs_of_its_earlier_trials_and_never_another_programs(
+        ray_cluster, tmp_path, write_spec, monkeypatch):
+    """Four trials in one worker process: the learning rate is a variable, so a trial with another
+    one loads the programs its predecessor compiled; the clip threshold is baked into the program,
+    so another threshold compiles its own (had it run the other's, it would train identically)."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec({
+        "name": "reuse", "dataset": {"num_samples": 360},
+        "search": {"num_samples": 1, "space": {
+            "learning_rate": {"grid": [0.01, 0.02]}, "clipping": "norm", "clip_threshold": {"grid": [1.0, 0.0371]},
+            "batch_size": 24, "conv_layers": 1, "filters": 8, "kernel_size": 3, "dropout": 0.0}},
+        "train": {"epochs": 1, "jit_compile": True, "refit": False},
+        "resources": {"max_concurrent": 1}})
+
+    result = CliRunner().invoke(app, ["run", str(spec)])
+
+    assert result.exit_code == 0, result.output
+    _, _, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "reuse")
+    started = sorted(trials, key=lambda run: run.info.start_time)
+    assert len(trials) == 4 and len({run.data.tags["foldsweep.pid"] for run in trials}) == 1
+    assert all(later.info.start_time >= earlier.info.end_time for earlier, later in zip(started, started[1:]))
+    by_config = {(float(run.data.params["learning_rate"]), float(run.data.params["clip_threshold"])): run.data.metrics
+                 for run in trials}
+    first_of_threshold: dict[float, tuple[float, float]] = {}
+    for run in started:
+        config = (float(run.data.params["learning_rate"]), float(run.data.params["clip_threshold"]))
+        metrics = run.data.metrics
+        if config[1] in first_of_threshold:
+            assert metrics[COMPILE_CACHE_MISSES] == 0 and metrics[COMPILE_CACHE_HITS] > 0, config
+        else:
+            first_of_threshold[config[1]] = config
+            assert metrics[COMPILE_CACHE_MISSES] > 0, config
+    for learning_rate in (0.01, 0.02):
+        assert by_config[(learning_rate, 1.0)]["split0_val_loss"] != by_config[(learning_rate, 0.0371)]["split0_val_loss"]
+
+
+@pytest.mark.e2e
+def test_the_refit_in_the_driver_compiles_into_the_store_too(tmp_path, write_spec, monkeypatch):
+    """`foldsweep run` in a fresh process (the driver's TensorFlow must not have started): every
+    entry beyond the ones the trial compiled is the refit's."""
+    monkeypatch.setenv(compile_cache.DIRECTORY_VARIABLE, str(tmp_path / "xla"))
+    spec = write_spec({"name": "refit-cache", "search": {"num_samples": 1, "space": Replace({
+        "learning_rate": 0.01, "batch_size": 32, "conv_layers": 1, "filters": 8, "kernel_size": 3, "dropout": 0.0})},
+        "train": {"epochs": 1, "jit_compile": True, "refit": True}})
+
+    ran = foldsweep("run", str(spec), cwd=tmp_path)
+
+    assert ran.exit_code == 0, ran.output
+    _, parent, [trial] = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "refit-cache")
+    assert "test_accuracy" in parent.data.metrics
+    entries = list((tmp_path / "xla").glob(f"tf*/*{compile_cache.ENTRY_SUFFIX}"))
+    assert trial.data.metrics[COMPILE_CACHE_MISSES] > 0
+    assert len(entries) > trial.data.metrics[COMPILE_CACHE_MISSES]

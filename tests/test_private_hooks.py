@@ -76,6 +76,18 @@ def test_keras_keeping_loss_weights_elsewhere_is_named(monkeypatch):
         "loss_weights=[0.5] no longer shows them as _compile_loss._user_loss_weights"]
 
 
+def test_tensorflow_refusing_a_second_definition_under_one_name_is_named(monkeypatch):
+    """Were TensorFlow to tell two traces apart by their custom-gradient names, a worker's second
+    trial of a program would fail: the check traces one twice, as a worker does."""
+    from pipeline import compile_cache
+
+    monkeypatch.setattr(compile_cache, "GRADIENT_OP_TYPE", "_not_the_gradient_name")
+    [problem] = broken_hooks(["tensorflow"])
+    assert problem.startswith(f"foldsweep relies on tensorflow {metadata.version('tensorflow')}'s "
+                              "atomic_function.from_func_graph(name, graph)")
+    assert "two traces of one function are named __inference_" in problem and "not after their graph" in problem
+
+
 def test_a_check_that_fails_itself_is_reported_not_raised(monkeypatch):
     def failing() -> str | None:
         raise TypeError("unexpected keyword argument")
