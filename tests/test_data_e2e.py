@@ -44,7 +44,8 @@ def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monk
     assert result.exit_code == 0, result.output
     trials, parent = recorded(tmp_path, "protein-batch-clip")
     assert len(trials) == 2
-    assert all(run.data.tags["foldsweep.status"] in ("ok", "pruned", "nan") for run in trials)
+    # ASHA's one rung (epoch 1 of 2) cannot stop the first trial to reach it; seeded, neither goes NaN.
+    assert sorted(run.data.tags["foldsweep.status"] for run in trials) in (["ok", "ok"], ["ok", "pruned"])
     assert parent.data.params["cv.splitter"] == "group"
     for run in trials:
         assert run.data.params["batch_size"] in {"4", "8", "16", "32", "64"}

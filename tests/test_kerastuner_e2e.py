@@ -85,10 +85,11 @@ def test_a_subclassed_model(ray_cluster, tmp_path):
 
 
 def test_a_hypermodel_fit_that_tunes_the_batch_size(ray_cluster, tmp_path):
-    _, trials, validated = sweep(tmp_path, "fit", "TunedFit", {"units": 16}, num_samples=3)
-    assert "batch_size comes from" in validated
+    _, trials, validated = sweep(tmp_path, "fit", "TunedFit", {"units": 16, "shuffle": {"grid": [False, True]}})
+    assert f"batch_size comes from {STYLES}:TunedFit's fit() (hyperparameter 'batch_size')" in validated
+    assert f"shuffle comes from {STYLES}:TunedFit's fit() (hyperparameter 'shuffle')" in validated
     assert {run.data.params["batch_size"] for run in trials} <= {"8", "16"}
-    assert all(run.data.params["shuffle"] in ("True", "False") for run in trials)
+    assert sorted(run.data.params["shuffle"] for run in trials) == ["False", "True"]
 
 
 def test_a_fit_that_preprocesses_is_refused(tmp_path, write_spec):

@@ -212,9 +212,10 @@ def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(ray_cl
     assert "refit_model.keras" not in {a.path for a in client.list_artifacts(parent.info.run_id)}
 
 
+WINDOW_SIZE = (1600, 1000)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--virtual-time-budget=30000", "--window-size=1600,1000"]
+                  "--virtual-time-budget=30000", f"--window-size={WINDOW_SIZE[0]},{WINDOW_SIZE[1]}"]
 
 
 def rendered(chromium: str, url: str, profile: Path) -> str:
@@ -224,6 +225,18 @@ def rendered(chromium: str, url: str, profile: Path) -> str:
     completed = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
                                capture_output=True, text=True, timeout=120)
     return completed.stdout
+
+
+def assert_drawn_page(screenshot: Path) -> None:
+    """A PNG of the window's size with text across it (dark pixels spread over half its width),
+    not a blank or an error page."""
+    from PIL import Image, ImageOps
+
+    with Image.open(screenshot) as image:
+        assert image.format == "PNG" and image.size == WINDOW_SIZE
+        dark = ImageOps.invert(image.convert("L")).point(lambda value: 255 if value > 96 else 0)
+        box = dark.getbbox()
+    assert box is not None and box[2] - box[0] > WINDOW_SIZE[0] // 2, box
 
 
 def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_path):
@@ -263,9 +276,10 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_pa
         positions = [visible.index(name) for _, name in ok_scores]
         assert positions == sorted(positions), "best first"
         screenshot = tmp_path / "sweep_in_the_ui.png"
-        subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'shot-profile'}",
-                        f"--screenshot={screenshot}", address], capture_output=True, timeout=120)
-        assert screenshot.stat().st_size > 10_000
+        shot = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'shot-profile'}",
+                               f"--screenshot={screenshot}", address], capture_output=True, timeout=120)
+        assert shot.returncode == 0, shot.stderr
+        assert_drawn_page(screenshot)
         nan_trial = next(run for run in trials if run.data.tags["foldsweep.status"] == "nan")
         trial_page = rendered(chromium, f"http://127.0.0.1:{port}/#/experiments/{parent.info.experiment_id}/runs/"
                                         f"{nan_trial.info.run_id}", tmp_path / "profile2")
