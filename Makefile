@@ -17,13 +17,17 @@ export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 # pylock.toml (PEP 751) for other installers: the runtime dependencies, and with the gpu extra.
 EXPORT := $(UV) export --frozen --no-emit-project --no-header --quiet --format pylock.toml
 
-.PHONY: sweep test ui install lock lock-check clean chromium
+.PHONY: sweep test test-fast ui install lock lock-check clean chromium
 
 sweep: $(STAMP)
 	$(BIN)/foldsweep run $(SPEC)
 
 test: lock-check $(STAMP) chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The inner loop: pure logic and quick in-process checks, no sweep, no training, no browser.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not e2e and not training" $(PYTEST_ARGS)
 
 # The UI test drives the MLflow UI in headless Chromium, from Debian's package.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -176,6 +176,7 @@ def _losses(output: str) -> list[str]:
     return re.findall(r"(?:train_loss|val_loss|val_accuracy) (\S+)", output)
 
 
+@pytest.mark.e2e
 def test_a_second_identical_trial_loads_its_programs_and_trains_bit_identically(tmp_path, monkeypatch):
     """Three `foldsweep trial` processes (30 s): the cache is per process, so a process is what it tests."""
     monkeypatch.setenv(compile_cache.DIRECTORY_VARIABLE, str(tmp_path / "xla"))

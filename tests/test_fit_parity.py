@@ -24,6 +24,8 @@ from typer.testing import CliRunner
 from conftest import binary_data
 from pipeline.cli import app
 
+pytestmark = pytest.mark.training  # every test trains the same model with keras fit and with foldsweep
+
 TOLERANCE = 0.01
 FAR = 0.15
 EPOCHS = 5
@@ -32,7 +34,6 @@ BATCH = 32
 EXPERIMENT = '''
 import keras
 from keras import layers
-
 
 def body(units, activation, regularizer=None, penalty=False):
     stack = [layers.Conv1D(8, 3, activation="relu", kernel_regularizer=regularizer), layers.Flatten(),

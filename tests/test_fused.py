@@ -20,6 +20,8 @@ from pipeline.stacked import forward_matches, model_blocker, steps_blocker
 from pipeline.trainer import build_trainer
 from pipeline.training import TrainingParams
 
+pytestmark = pytest.mark.training  # every test trains fold models, fused and not
+
 MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3}
 HISTORY_KEYS = ("train_loss", "val_loss", "val_accuracy")
 

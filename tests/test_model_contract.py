@@ -135,6 +135,7 @@ def test_a_fold_that_trains_on_one_class_is_refused(tmp_path, monkeypatch):
     assert re.search(r"cv.splitter group: fold \d of '.*data.npz' trains on a single class \(\d\)", output), output
 
 
+@pytest.mark.training
 def test_validate_says_the_spec_replaces_a_compiled_schedule_with_a_constant(tmp_path, monkeypatch):
     schedule = "keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=1000, decay_rate=0.9)"
     (tmp_path / "model.py").write_text(experiment(compile_args="loss='sparse_categorical_crossentropy'").replace(

@@ -18,6 +18,8 @@ from pipeline.results import EVAL_STEP, NAN_FOLD_SCORES, NanEvent, cv_summary
 from pipeline.trainer import build_trainer
 from pipeline.training import TrainingParams
 
+pytestmark = pytest.mark.training  # every test trains until, or past, a NaN
+
 MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.0}
 
 

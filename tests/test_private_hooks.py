@@ -190,6 +190,7 @@ def test_a_command_with_a_hook_missing_exits_1_with_one_line_before_anything_sta
     assert sorted(path.name for path in workspace.parent.iterdir()) == before
 
 
+@pytest.mark.training
 def test_trial_needs_no_ray_hook(monkeypatch, workspace):
     from pipeline.cli import app
 

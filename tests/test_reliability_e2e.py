@@ -41,6 +41,8 @@ def one_cpu_ray():
 
 
 def test_workers_retire_after_their_trials_and_nothing_else_changes(one_cpu_ray, tmp_path):
+    """About 60 s: the same 6-trial grid twice, one trial at a time, so that workers that retire
+    every two trials and workers kept for the whole sweep can be compared score for score."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     scores = {}
     for name, per_worker in (("recycled", 2), ("kept", "auto")):

@@ -29,7 +29,8 @@ EXECUTION_TAGS = ("foldsweep.tf_threads", "foldsweep.fused_reason", "foldsweep.j
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
-    """Each layout's one-trial sweep, recorded in one store: {layout: trial run}."""
+    """Each layout's one-trial sweep, recorded in one store: {layout: trial run}. About 60 s: one
+    sweep per layout, because each layout is a different program the reruns must reproduce."""
     import ray
 
     directory = tmp_path_factory.mktemp("fidelity")

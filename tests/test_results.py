@@ -63,6 +63,7 @@ def test_status_follows_nan_and_planned_epochs():
                                                               "KILLED"]
 
 
+@pytest.mark.training
 def test_every_key_a_trial_reports_is_recorded_or_bookkeeping():
     dataset = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 200}))
     folds = make_folds(CVSpec(n_splits=2), dataset).folds

@@ -115,7 +115,8 @@ authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 
 def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(tmp_path, write_spec, monkeypatch):
     """The README's basic-auth recipe on loopback: without the credentials, or with wrong ones,
-    the sweep is refused before Ray starts; with them, it records over HTTP."""
+    the sweep is refused before Ray starts; with them, it records over HTTP. About 75 s: an MLflow
+    server of its own (with its auth app) has to start, and the sweep starts its own local Ray."""
     import ray
 
     monkeypatch.chdir(tmp_path)

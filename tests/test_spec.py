@@ -133,6 +133,7 @@ def test_steps_per_launch_is_auto_or_a_number(write_spec, value, expected):
 SHIPPED_SPECS = sorted((Path(__file__).resolve().parents[1] / "sweeps").glob("*.yaml"))
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("where", ["root", "sweeps", "elsewhere"])
 def test_every_shipped_spec_validates_from_any_directory(where, tmp_path, monkeypatch):
     from typer.testing import CliRunner

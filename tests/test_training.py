@@ -16,6 +16,8 @@ from pipeline.results import cv_summary
 from pipeline.trainer import build_trainer
 from pipeline.training import TrainingParams, fold_seed
 
+pytestmark = pytest.mark.training  # every test trains fold models
+
 MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.1}
 
 
