@@ -192,10 +192,12 @@ def test_report_prints_the_tables_and_refreshes_the_plots(diverging_sweep):
 
 def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(ray_cluster, tmp_path, write_spec,
                                                                           monkeypatch):
+    """Also Optuna's define-by-run space end to end: a clip threshold only where clipping is on."""
     monkeypatch.chdir(tmp_path)
-    space = {**DIVERGING_SPACE, "learning_rate": {"choice": [0.01, 50.0]}, "clipping": "none"}
+    space = {**DIVERGING_SPACE, "learning_rate": {"choice": [0.01, 50.0]},
+             "clipping": {"choice": ["none", "global_norm"]}, "clip_threshold": {"loguniform": [0.1, 10.0]}}
     spec = write_spec({"name": "optuna-nan", "train": {"refit": False, "epochs": 3},
-                       "search": {"algorithm": "optuna", "num_samples": 4, "seed": 1, "scheduler": "asha",
+                       "search": {"algorithm": "optuna", "num_samples": 4, "seed": 2, "scheduler": "asha",
                                   "space": Replace(space)}})
 
     result = CliRunner().invoke(app, ["run", str(spec)])
@@ -207,6 +209,10 @@ def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(ray_cl
     trials = [run for run in runs if run.data.tags["foldsweep.role"] == "trial"]
     assert len(trials) == 4
     assert "nan" in {run.data.tags["foldsweep.status"] for run in trials}
+    assert {run.data.tags["foldsweep.status"] for run in trials} <= {"ok", "pruned", "nan"}
+    assert {run.data.params["clipping"] for run in trials} == {"none", "global_norm"}
+    for run in trials:
+        assert ("clip_threshold" in run.data.params) == (run.data.params["clipping"] != "none")
     assert all(math.isfinite(run.data.metrics["mean_val_accuracy"]) for run in trials)
     assert "test_accuracy" not in parent.data.metrics
     assert "refit_model.keras" not in {a.path for a in client.list_artifacts(parent.info.run_id)}

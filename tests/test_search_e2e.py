@@ -1,4 +1,5 @@
-"""Searchers and schedulers end to end: an unmodified KerasTuner hypermodel, ASHA pruning, Optuna."""
+"""Searchers and schedulers end to end: an unmodified KerasTuner hypermodel, ASHA pruning (Optuna
+runs in test_record_e2e and test_early_stopping_e2e)."""
 
 from __future__ import annotations
 
@@ -93,23 +94,3 @@ def test_asha_stops_bad_trials_early_and_records_them_as_pruned(ray_cluster, tmp
         assert run.info.status == "FINISHED"
         epochs = [m.step for m in client.get_metric_history(run.info.run_id, "mean_val_accuracy")]
         assert max(epochs) < 4
-
-
-def test_optuna_tpe_with_asha_runs_a_sweep(ray_cluster, tmp_path, write_spec, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    spec = write_spec({
-        "name": "optuna",
-        "search": {"algorithm": "optuna", "num_samples": 3, "seed": 3, "scheduler": "asha",
-                   "space": {"learning_rate": {"loguniform": [1e-4, 1e-2]},
-                             "clipping": {"choice": ["none", "global_norm"]},
-                             "clip_threshold": {"loguniform": [0.1, 10.0]}}},
-    })
-
-    result = CliRunner().invoke(app, ["run", str(spec)])
-
-    assert result.exit_code == 0, result.output
-    _, runs = trials_of(tmp_path, "optuna")
-    assert len(runs) == 3
-    for run in runs:
-        assert run.data.tags["foldsweep.status"] in ("ok", "pruned")
-        assert ("clip_threshold" in run.data.params) == (run.data.params["clipping"] != "none")
