@@ -30,7 +30,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 DISABLE_VARIABLE = "FOLDSWEEP_COMPILE_CACHE"  # off / 0 / false: no persistent cache
 DIRECTORY_VARIABLE = "FOLDSWEEP_COMPILE_CACHE_DIR"
