@@ -8,8 +8,8 @@ from typing import Any
 
 import keras
 
-from pipeline.datasets import Dataset, load_dataset
-from pipeline.spec import DatasetSpec
+from pipeline.inputs.datasets import Dataset, load_dataset
+from pipeline.inputs.spec import DatasetSpec
 
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far (Linux reports KiB)."""

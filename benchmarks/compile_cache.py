@@ -37,7 +37,7 @@ def spec(epochs: int, workdir: Path) -> Path:
         "search": {"num_samples": 1, "seed": 0, "space": {
             "learning_rate": {"grid": [0.001, 0.002, 0.003]}, "clipping": {"grid": ["none", "norm"]},
             "clip_threshold": 1.0, "batch_size": {"grid": [16, 32]},
-            # No dropout: random layers run without XLA on CPU (pipeline.plan).
+            # No dropout: random layers run without XLA on CPU (pipeline.contract.plan).
             "conv_layers": 2, "filters": 32, "kernel_size": 5, "dropout": 0.0}},
         "train": {"epochs": epochs, "metric": "accuracy", "mode": "max", "jit_compile": True, "refit": False},
         "resources": {"cpu": 1, "max_concurrent": 2},

@@ -38,13 +38,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 
 from benchmarks.common import cnn_builder, mnist1d, naive_fold_fit, peak_rss_mb, protein_windows  # noqa: E402
-from pipeline.folds import make_folds  # noqa: E402
-from pipeline.plan import ExecutionChoices, plan_threads  # noqa: E402
-from pipeline.resident import resident_data  # noqa: E402
-from pipeline.spec import CVSpec  # noqa: E402
-from pipeline.trainer import build_trainer, threads_in_effect  # noqa: E402
-from pipeline.trial import configure_threads  # noqa: E402
-from pipeline.training import TrainingParams  # noqa: E402
+from pipeline.inputs.folds import make_folds  # noqa: E402
+from pipeline.contract.plan import ExecutionChoices, plan_threads  # noqa: E402
+from pipeline.engine.resident import resident_data  # noqa: E402
+from pipeline.inputs.spec import CVSpec  # noqa: E402
+from pipeline.engine.trainer import build_trainer, threads_in_effect  # noqa: E402
+from pipeline.engine.trial import configure_threads  # noqa: E402
+from pipeline.engine.recipe import TrainingRecipe  # noqa: E402
 
 N_SPLITS = 3
 DATASETS = ("mnist1d", "protein")
@@ -78,9 +78,10 @@ def variant_choices(variant: str) -> ExecutionChoices:
 
 
 def measure_engine(dataset, folds, build, batch_size: int, epochs: int, variant: str) -> dict[str, float]:
-    trainer = build_trainer(build, {}, TrainingParams(batch_size=batch_size, learning_rate=1e-3, optimizer="adam"),
-                            data=resident_data(dataset.fingerprint, dataset.x, dataset.y), folds=folds, seed=0,
-                            choices=variant_choices(variant), planned_epochs=epochs)
+    trainer = build_trainer(build, {"batch_size": batch_size, "learning_rate": 1e-3, "optimizer": "adam"},
+                            TrainingRecipe(choices=variant_choices(variant)),
+                            data=resident_data(dataset.fingerprint, dataset.x, dataset.y), folds=folds,
+                            planned_epochs=epochs)
     result = trainer.run_epoch()  # tracing and compilation: timed apart by the trainer
     wall, cpu = time.perf_counter(), _cpu_seconds()
     for _ in range(epochs - 1):

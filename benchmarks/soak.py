@@ -1,7 +1,7 @@
 """Soak: hundreds of tiny XLA-compiled trials on 2 concurrent workers, through the real sweep.
 
 Every XLA-compiled trial leaves its programs mapped in its worker process, and Linux stops a
-process at `vm.max_map_count` mappings; workers retire before that (`pipeline.lifespan`). This
+process at `vm.max_map_count` mappings; workers retire before that (`pipeline.engine.lifespan`). This
 runs `--trials` tiny trials (MNIST-1D, a one-layer CNN, 1 epoch, 3 folds, XLA on) and prints,
 every `--every` trials: the trials done, the worker processes started so far, the peak worker
 RSS and mapping count, and the driver's RSS. It ends by checking MLflow: every trial FINISHED,
@@ -22,10 +22,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import yaml  # noqa: E402
 
-from pipeline.lifespan import map_limit  # noqa: E402
-from pipeline.spec import load_spec  # noqa: E402
+from pipeline.engine.lifespan import map_limit  # noqa: E402
+from pipeline.inputs.spec import load_spec  # noqa: E402
 from pipeline.sweep import prepare, run_sweep  # noqa: E402
-from pipeline.tracking import Tracker  # noqa: E402
+from pipeline.records.tracking import Tracker  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

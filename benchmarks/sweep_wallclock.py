@@ -24,9 +24,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import yaml  # noqa: E402
 
 from benchmarks.common import mnist1d, naive_fold_fit  # noqa: E402
-from pipeline.folds import make_folds  # noqa: E402
-from pipeline.hypermodel import build_model, load_builder  # noqa: E402
-from pipeline.spec import CVSpec  # noqa: E402
+from pipeline.inputs.folds import make_folds  # noqa: E402
+from pipeline.inputs.hypermodel import build_model, load_builder  # noqa: E402
+from pipeline.inputs.spec import CVSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "mnist1d_cnn.py"

@@ -1,3 +1,14 @@
-"""foldsweep: hyperparameter sweeps with k-fold cross-validation of Keras CNNs."""
+"""foldsweep: hyperparameter sweeps with k-fold cross-validation of Keras CNNs.
+
+The package is layered; each layer's ``__init__`` says what it owns and what it may import
+(tests/test_layers.py holds the code to it), from the ground up:
+``base`` -> ``inputs`` -> ``contract`` -> ``engine`` | ``records`` -> the commands on top:
+``sweep`` (a sweep through Ray Tune), ``refit``, ``rerun`` (one recorded trial again) and
+``cli``.
+"""
+
+from pipeline.base import old_paths
 
 __version__ = "0.1.0"
+
+old_paths.install()

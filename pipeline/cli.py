@@ -21,8 +21,8 @@ from typing import Any, Callable, Optional
 import typer
 from rich.console import Console
 
-from pipeline.errors import FoldsweepError, InputError
-from pipeline.quiet import import_tensorflow, quiet_environment
+from pipeline.base.errors import FoldsweepError, InputError
+from pipeline.base.quiet import import_tensorflow, quiet_environment
 
 # TensorFlow's C++ chatter would bury the command's own output: its log levels are set before
 # anything imports it, and the commands that train import it through ``import_tensorflow``.
@@ -73,7 +73,7 @@ def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
 @exit_codes
 def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None:
     """Check a spec completely (keys, types, ranges, experiment, data, folds) without running it."""
-    from pipeline.spec import load_spec
+    from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
     import_tensorflow()
@@ -101,7 +101,7 @@ def _print_warnings(prepared: Any) -> None:
 
 def _print_standings_notes(standings: Any, tracking_uri: str) -> None:
     """Below a leaderboard: how many trials are tied with the best, and how to rerun the best."""
-    from pipeline.report import rerun_command
+    from pipeline.records.report import rerun_command
 
     if standings.ties_line():
         console.print(standings.ties_line(), highlight=False, soft_wrap=True)
@@ -160,8 +160,8 @@ def datasets() -> None:
     """List the built-in datasets with their shapes and sizes (generating any not yet cached)."""
     from rich.table import Table
 
-    from pipeline.datasets import BUILTIN_DESCRIPTIONS, BUILTINS, data_dir_source, load_dataset
-    from pipeline.spec import DatasetSpec
+    from pipeline.inputs.datasets import BUILTIN_DESCRIPTIONS, BUILTINS, data_dir_source, load_dataset
+    from pipeline.inputs.spec import DatasetSpec
 
     table = Table(title="built-in datasets (default options)")
     for column in ("name", "CV samples", "test samples", "sample shape", "classes", "groups", "what"):
@@ -187,22 +187,22 @@ def run(
                                 "a killed driver): finished trials are kept, unfinished ones go on"),
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
-    from pipeline.spec import load_spec
+    from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
     import_tensorflow()
     if sweep_spec.train.refit and sweep_spec.train.compile_cache:
         # The refit compiles in this process, whose TensorFlow reads its XLA flags in prepare.
-        from pipeline.compile_cache import activate, device_kind
+        from pipeline.base.compile_cache import activate, device_kind
 
         activate(device_kind=device_kind(sweep_spec.resources.gpu))
-    from pipeline.report import Standings, leaderboard_table, selected_epoch, selected_score, short_run_id
+    from pipeline.records.report import Standings, leaderboard_table, selected_epoch, selected_score, short_run_id
     from pipeline.sweep import prepare, run_sweep
 
     prepared = prepare(sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     sweep_spec = prepared.spec
     if resume:
-        from pipeline.stores import require_existing_store
+        from pipeline.records.stores import require_existing_store
 
         require_existing_store(prepared.tracking_uri, source="--resume",
                                purpose=f"no sweep named {sweep_spec.name!r} to resume")
@@ -260,11 +260,11 @@ def report(
 ) -> None:
     """Print a recorded sweep's leaderboard, NaN and throughput tables; refresh its plots,
     descriptions and its view in the MLflow UI."""
-    from pipeline.environment import recorded_environment
-    from pipeline.private_hooks import require_hooks
-    from pipeline.publish import publish
-    from pipeline.report import Standings, leaderboard_table, nan_table_rows, rows_table, throughput_rows
-    from pipeline.tracking import Tracker
+    from pipeline.base.environment import recorded_environment
+    from pipeline.base.private_hooks import require_hooks
+    from pipeline.records.publish import publish
+    from pipeline.records.report import Standings, leaderboard_table, nan_table_rows, rows_table, throughput_rows
+    from pipeline.records.tracking import Tracker
 
     _check_existing_store(tracking_uri)
     require_hooks(["mlflow"])
@@ -309,15 +309,15 @@ def trial(
     """Run one config of a spec in this process (no search, no Ray), printing each epoch."""
     from pipeline.rerun import (TrialRequest, check_fold, check_override_conditions, checked_overrides,
                                 parse_assignments, single_config, spec_threads)
-    from pipeline.spec import load_spec
+    from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
     fold_ids = check_fold(fold, sweep_spec.cv)
     assignments = parse_assignments(set_values)
     import_tensorflow()
-    from pipeline.private_hooks import TRAINING_LIBRARIES
+    from pipeline.base.private_hooks import TRAINING_LIBRARIES
     from pipeline.sweep import prepare
-    from pipeline.trial import configure_tensorflow
+    from pipeline.engine.trial import configure_tensorflow
 
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
     threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
@@ -352,7 +352,7 @@ def rerun(
     """Rerun one recorded trial in this process, with its config, data, folds and execution plan."""
     from pipeline.rerun import (TrialRequest, check_fold, check_override_conditions, checked_overrides,
                                 load_recorded_trial, parse_assignments, recorded_folds, rerun_changes)
-    from pipeline.tracking import Tracker
+    from pipeline.records.tracking import Tracker
 
     # What can be refused without TensorFlow is, first: a wrong id or option answers at once.
     _check_existing_store(tracking_uri)
@@ -361,10 +361,10 @@ def rerun(
     fold_ids = check_fold(fold, recorded.spec.cv)
     overrides = parse_assignments(set_values)
     import_tensorflow()
-    from pipeline.hypermodel import load_experiment
-    from pipeline.private_hooks import TRAINING_LIBRARIES, require_hooks
-    from pipeline.space import build_space
-    from pipeline.trial import configure_tensorflow
+    from pipeline.inputs.hypermodel import load_experiment
+    from pipeline.base.private_hooks import TRAINING_LIBRARIES, require_hooks
+    from pipeline.inputs.space import build_space
+    from pipeline.engine.trial import configure_tensorflow
 
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)
@@ -392,9 +392,9 @@ def _run_here(request: Any, *, tracking: Any) -> None:
     """The in-process trial both `trial` and `rerun` run, printing each epoch as it ends; a rerun
     also says (and records) what makes it differ from the trial it reruns."""
     from pipeline.rerun import epoch_line, run_in_process
-    from pipeline.results import STOPPED_EPOCH, EpochSelection, TrialStatus
-    from pipeline.space import resolve_config
-    from pipeline.tracking import Tag
+    from pipeline.contract.results import STOPPED_EPOCH, EpochSelection, TrialStatus
+    from pipeline.inputs.space import resolve_config
+    from pipeline.records.tracking import Tag
 
     recorder = None
     if tracking is not None:
@@ -442,15 +442,15 @@ def _run_here(request: Any, *, tracking: Any) -> None:
 def _check_existing_store(tracking_uri: str) -> None:
     """Commands that read a recorded sweep refuse a store that does not exist (rather than
     creating an empty one)."""
-    from pipeline.stores import require_existing_store
+    from pipeline.records.stores import require_existing_store
 
     require_existing_store(tracking_uri, source="--tracking-uri", purpose="there is no recorded sweep to read")
 
 
 def _progress(prepared: Any) -> Any:
     """Live progress on a terminal; heartbeat lines in a log."""
-    from pipeline.progress import ProgressCallback, SweepProgress
-    from pipeline.space import resolve_config
+    from pipeline.records.progress import ProgressCallback, SweepProgress
+    from pipeline.inputs.space import resolve_config
 
     spec = prepared.spec
     searched = [name for name, param in spec.search.space.items() if param.kind != "fixed"]
@@ -500,11 +500,11 @@ def ui(
     port: int = typer.Option(DEFAULT_UI_PORT, "--port", help="Port on 127.0.0.1"),
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 for a tracking store, opening on a sweep's trials."""
-    from pipeline.errors import TrackingError
-    from pipeline.private_hooks import require_hooks
-    from pipeline.report import split_params
-    from pipeline.stores import check_tracking_uri
-    from pipeline.tracking import Tracker
+    from pipeline.base.errors import TrackingError
+    from pipeline.base.private_hooks import require_hooks
+    from pipeline.records.report import split_params
+    from pipeline.records.stores import check_tracking_uri
+    from pipeline.records.tracking import Tracker
 
     check_tracking_uri(tracking_uri, source="--tracking-uri")
     if not 0 < port < 65536:

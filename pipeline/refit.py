@@ -9,9 +9,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from pipeline.datasets import Dataset
-from pipeline.folds import Fold
-from pipeline.trial import TrialSettings
+from pipeline.inputs.datasets import Dataset
+from pipeline.inputs.folds import Fold
+from pipeline.engine.recipe import TrainingRecipe
 
 REFIT_MODEL_ARTIFACT = "refit_model.keras"
 
@@ -24,28 +24,23 @@ class RefitResult:
     model_path: Path
 
 
-def refit(build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs: int, settings: TrialSettings,
+def refit(build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs: int, recipe: TrainingRecipe,
           directory: Path) -> RefitResult:
     """Train ``config`` on all of ``dataset.x``/``y`` for ``epochs`` and score it on the test split,
-    executed as the sweep's trials are (``settings``).
+    trained with the sweep's trials' ``recipe``.
 
     The test split joins the device-resident arrays only here, as the validation "fold" of one
     model that never trained on it.
     """
-    from pipeline.resident import resident_data
-    from pipeline.space import resolve_config
-    from pipeline.trainer import build_trainer
-    from pipeline.trial import trial_values
+    from pipeline.engine.resident import resident_data
+    from pipeline.engine.trainer import build_trainer
 
     x = np.concatenate([dataset.x, dataset.x_test])
     y = np.concatenate([dataset.y, dataset.y_test])
     n_train = len(dataset.y)
     fold = Fold(train=np.arange(n_train), val=np.arange(n_train, len(y)))
-    params, model_values, _ = trial_values(resolve_config(config, settings.conditions), settings)
-    trainer = build_trainer(build_fn, model_values, params,
-                            data=resident_data(f"{dataset.fingerprint}+test", x, y), folds=[fold], seed=settings.seed,
-                            choices=settings.choices, from_logits=settings.from_logits, planned_epochs=epochs,
-                            spec_names=settings.spec_names)
+    trainer = build_trainer(build_fn, config, recipe, data=resident_data(f"{dataset.fingerprint}+test", x, y),
+                            folds=[fold], planned_epochs=epochs)
     for _ in range(epochs):
         result = trainer.run_epoch()
     path = directory / REFIT_MODEL_ARTIFACT

@@ -11,15 +11,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from pipeline.datasets import load_dataset
-from pipeline.environment import Environment, environment_change
-from pipeline.errors import DataError, InputError, SpecError, TrackingError
-from pipeline.folds import FoldPlan, make_folds, manifest_identity
-from pipeline.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads, replay_choices
-from pipeline.results import DONE, EpochResult, TrialStatus
-from pipeline.spec import (TRAINING_DEFAULTS, CVSpec, DatasetSpec, Objective, ParamSpec, SweepSpec,
+from pipeline.inputs.datasets import load_dataset
+from pipeline.base.environment import Environment, environment_change
+from pipeline.base.errors import DataError, InputError, SpecError, TrackingError
+from pipeline.inputs.folds import FoldPlan, make_folds, manifest_identity
+from pipeline.contract.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads, replay_choices
+from pipeline.contract.results import DONE, EpochResult, TrialStatus
+from pipeline.inputs.spec import (TRAINING_DEFAULTS, CVSpec, DatasetSpec, Objective, ParamSpec, SweepSpec,
                            check_training_param, parse_spec)
-from pipeline.tracking import Tracker
+from pipeline.records.tracking import Tracker
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class RecordedTrial:
     experiment_path: Path
     dataset: DatasetSpec
     plan: TrialPlan | None  # None for trials recorded before plans were
-    sweep_tags: Mapping[str, str]  # its sweep's, with the environment it ran in (``pipeline.environment``)
+    sweep_tags: Mapping[str, str]  # its sweep's, with the environment it ran in (``pipeline.base.environment``)
 
     def threads(self, *, eager: bool, check_numerics: bool) -> ThreadPlan:
         """The thread pools the trial ran with (as a sweep's worker sizes them for all its folds,
@@ -193,7 +193,7 @@ def check_override_conditions(config: Mapping[str, Any], overrides: Mapping[str,
     Raises:
         InputError: naming the condition and the value that fails it.
     """
-    from pipeline.space import TRAINING_CONDITIONS, config_values
+    from pipeline.inputs.space import TRAINING_CONDITIONS, config_values
 
     values = config_values(config)
     for name in overrides:
@@ -246,14 +246,15 @@ def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[
     what may make it walk another trajectory than the recorded trial (the request's changes and
     the plan's differences), then ``on_epoch`` with each epoch's report. Returns (status,
     numerics finding, last report)."""
-    from pipeline.trial import TrialRunner, TrialSettings, set_up_worker
+    from pipeline.engine.trial import TrialRunner, TrialSettings, set_up_worker
 
     eager, check_numerics, replay = request.eager, request.check_numerics, request.replay
     settings = TrialSettings.from_spec(request.spec, experiment_path=request.experiment_path,
                                        dataset_fingerprint=request.dataset.fingerprint, conditions=request.conditions,
                                        fit_arguments=request.fit_arguments, eager=eager, check_numerics=check_numerics)
     if replay is not None:
-        settings = replace(settings, choices=replay_choices(replay, eager=eager, check_numerics=check_numerics))
+        settings = replace(settings, recipe=replace(settings.recipe, choices=replay_choices(
+            replay, eager=eager, check_numerics=check_numerics)))
     worker = set_up_worker(settings, x=request.dataset.x, y=request.dataset.y, threads=request.threads)
     import tensorflow as tf
 

@@ -16,18 +16,18 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.datasets import Dataset, load_dataset
-from pipeline.environment import Environment, environment_change
-from pipeline.errors import DataError, FoldsweepError, InputError, SpecError
-from pipeline.folds import FoldPlan, class_balance_warning, make_folds
-from pipeline.private_hooks import HOOKED_LIBRARIES, RAY_OUTPUT_ENGINE_VARIABLE, require_hooks
-from pipeline.space import SearchSpace
-from pipeline.spec import SweepSpec
-from pipeline.results import (BEST_EPOCH, RUNNING_BEST_PREFIX, WORKER_RETIRES, EpochSelection, SweepStatus,
+from pipeline.inputs.datasets import Dataset, load_dataset
+from pipeline.base.environment import Environment, environment_change
+from pipeline.base.errors import DataError, FoldsweepError, InputError, SpecError
+from pipeline.inputs.folds import FoldPlan, class_balance_warning, make_folds
+from pipeline.base.private_hooks import HOOKED_LIBRARIES, RAY_OUTPUT_ENGINE_VARIABLE, require_hooks
+from pipeline.inputs.space import SearchSpace
+from pipeline.inputs.spec import SweepSpec
+from pipeline.contract.results import (BEST_EPOCH, RUNNING_BEST_PREFIX, WORKER_RETIRES, EpochSelection, SweepStatus,
                               TrialStatus)
-from pipeline.stores import check_tracking_uri, sqlite_path
-from pipeline.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
-from pipeline.trial import TrialSettings
+from pipeline.records.stores import check_tracking_uri, sqlite_path
+from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
+from pipeline.engine.trial import TrialSettings
 
 RAY_RESULTS_DIR = "ray_results"
 
@@ -60,7 +60,7 @@ class SweepOutcome:
     experiment_name: str
     records: list[TrialRecord]
     wall_s: float
-    ui_path: str = ""  # the MLflow UI's address path of the sweep's trials (pipeline.publish)
+    ui_path: str = ""  # the MLflow UI's address path of the sweep's trials (pipeline.records.publish)
 
 
 def ray_results_dir(tracking_uri: str) -> Path:
@@ -81,8 +81,8 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
         PrivateHookMissing: an installed library lacks what foldsweep reaches into (``private_hooks``).
         InputError: the experiment, dataset, folds or tracking URI cannot work as asked.
     """
-    from pipeline.hypermodel import load_experiment
-    from pipeline.space import build_space
+    from pipeline.inputs.hypermodel import load_experiment
+    from pipeline.inputs.space import build_space
 
     require_hooks(hooks)
     uri = tracking_uri or spec.tracking.uri
@@ -137,7 +137,7 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
         raise DataError(
             f"dataset: samples of {source!r} have shape {dataset.input_shape}, but the model of "
             f"{spec.experiment} expects inputs of shape {tuple(expected)}")
-    head = experiment.head(dataset.x[:HEAD_CHECK_SAMPLES], from_logits=spec.train.from_logits)
+    head = experiment.head(dataset.x[:HEAD_CHECK_SAMPLES], train=spec.train)
     for name, labels in (("y", dataset.y), ("y_test", dataset.y_test)):
         if labels is None:
             continue
@@ -184,7 +184,7 @@ BYTES_PER_PARAMETER = 4 * 4
 def _check_replicas_fit(spec: SweepSpec, parameters: int) -> None:
     """A trial trains all ``cv.n_repeats x cv.n_splits`` replicas at once: refuse a count whose
     models alone (the default model's size) would not fit in the memory a trial has."""
-    from pipeline.runtime import memory_per_trial_mb
+    from pipeline.engine.runtime import memory_per_trial_mb
 
     cv, resources = spec.cv, spec.resources
     budget = memory_per_trial_mb(cpus=resources.cpu, gpus=resources.gpu, max_concurrent=resources.max_concurrent)
@@ -224,7 +224,7 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     tuner, fit it, and, once every trial has ended, publish the sweep's tables and refit the best
     config. Whatever happens, the parent run ends in a final state.
 
-    ``progress`` is a Ray Tune callback that shows the sweep as it runs (``pipeline.progress``).
+    ``progress`` is a Ray Tune callback that shows the sweep as it runs (``pipeline.records.progress``).
 
     With ``resume``, continue the latest sweep of this spec's name through Ray Tune's restore:
     finished trials stay as they are, unfinished ones go on from their last checkpoint, and the
@@ -289,12 +289,13 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
     an MLflow callback."""
     from ray import tune
 
-    from pipeline.trial import FoldTrainable
+    from pipeline.engine.trial import FoldTrainable
+    from pipeline.records.callbacks import MlflowTrialCallback
 
     spec = prepared.spec
-    callbacks = [tracker.callback(parent_run_id=parent_run_id, sweep_name=spec.name, selection=_selection(spec),
-                                  on_recorded=on_trial_done, conditions=prepared.space.conditions,
-                                  searched=prepared.space.searched())]
+    callbacks = [MlflowTrialCallback(tracker.uri, parent_run_id=parent_run_id, sweep_name=spec.name,
+                                     selection=_selection(spec), on_recorded=on_trial_done,
+                                     conditions=prepared.space.conditions, searched=prepared.space.searched())]
     if progress is not None:
         callbacks.append(progress)
     data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
@@ -351,7 +352,7 @@ def _fit(tuner: Any, prepared: PreparedSweep, tracker: Tracker, parent_run_id: s
 
 @contextlib.contextmanager
 def _retiring_workers() -> Iterator[None]:
-    """Let a worker that says it should retire (``pipeline.lifespan``) end with its trial.
+    """Let a worker that says it should retire (``pipeline.engine.lifespan``) end with its trial.
 
     Ray Tune decides alone whether a finished trial's actor is kept for the next trial, and a
     ``reset_config`` that refuses the next trial fails that trial. So a retiring worker says so in
@@ -383,8 +384,8 @@ def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str,
     Raises:
         AfterTrialsFailed: publishing or the refit failed (the parent run is closed).
     """
-    from pipeline.publish import publish
-    from pipeline.report import Standings
+    from pipeline.records.publish import publish
+    from pipeline.records.report import Standings
 
     spec = prepared.spec
     records = tracker.trial_records(parent_run_id)
@@ -431,9 +432,9 @@ def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, r
     """Train the best config on the whole CV training split; score it on the held-out test split."""
     import tempfile
 
-    from pipeline.hypermodel import load_builder
+    from pipeline.inputs.hypermodel import load_builder
     from pipeline.refit import refit, refit_scores
-    from pipeline.report import ranked
+    from pipeline.records.report import ranked
 
     spec, dataset = prepared.spec, prepared.dataset
     ranking = ranked(records, spec.objective)
@@ -448,7 +449,7 @@ def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, r
     epochs = int(best.metrics.get(BEST_EPOCH, best.params.get("epochs", spec.train.epochs)))
     with tempfile.TemporaryDirectory(prefix="foldsweep-refit-") as directory:
         result = refit(load_builder(prepared.experiment_path, spec.experiment_attr), configs[best.trial_id], dataset,
-                       epochs=epochs, settings=prepared.trial_settings(), directory=Path(directory))
+                       epochs=epochs, recipe=prepared.trial_settings().recipe, directory=Path(directory))
         tracker.publish_sweep_files(parent_run_id, files={result.model_path: None})
     scores = refit_scores(result)
     notify(f"refit of {best.run_name} on all {len(dataset.y)} training samples ({epochs} epochs): "
@@ -599,13 +600,13 @@ def _sweep_params(prepared: PreparedSweep) -> dict[str, Any]:
 
 
 def _sweep_summary(records: list[TrialRecord], spec: SweepSpec) -> dict[str, float | str]:
-    from pipeline.report import Standings, selected_score
+    from pipeline.records.report import Standings, selected_score
 
     summary: dict[str, float | str] = {
         "n_trials": float(len(records)),
-        "n_failed": float(sum(record.status == "error" for record in records)),
-        "n_nan": float(sum(record.status == "nan" for record in records)),
-        "n_pruned": float(sum(record.status == "pruned" for record in records)),
+        "n_failed": float(sum(record.status is TrialStatus.ERROR for record in records)),
+        "n_nan": float(sum(record.status is TrialStatus.NAN for record in records)),
+        "n_pruned": float(sum(record.status is TrialStatus.PRUNED for record in records)),
     }
     standings = Standings.of(records, spec.objective, n_splits=spec.cv.n_splits)
     if standings.ranked:

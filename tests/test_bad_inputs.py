@@ -210,7 +210,7 @@ def workspace(tmp_path, recorded_store, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
     # Thread pools are fixed once TensorFlow runs in a process (the suite's other tests started
     # it); `trial` would refuse to size them again, and nothing here trains.
-    monkeypatch.setattr("pipeline.trial.configure_threads", lambda threads: None)
+    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
     return tmp_path
 
 

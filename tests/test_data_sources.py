@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.datasets import Dataset, load_dataset
-from pipeline.errors import DataError
-from pipeline.folds import make_folds
-from pipeline.protein import AMINO_ACIDS, expected_state_shares
-from pipeline.spec import CVSpec, DatasetSpec
+from pipeline.inputs.datasets import Dataset, load_dataset
+from pipeline.base.errors import DataError
+from pipeline.inputs.folds import make_folds
+from pipeline.inputs.protein import AMINO_ACIDS, expected_state_shares
+from pipeline.inputs.spec import CVSpec, DatasetSpec
 
 
 def grouped_dataset(n: int = 240, n_groups: int = 24) -> Dataset:

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import datasets
-from pipeline.datasets import Dataset, load_dataset
-from pipeline.errors import DataError
-from pipeline.spec import DatasetSpec
+from pipeline.inputs import datasets
+from pipeline.inputs.datasets import Dataset, load_dataset
+from pipeline.base.errors import DataError
+from pipeline.inputs.spec import DatasetSpec
 
 
 def test_mnist1d_is_generated_with_its_test_split_held_out():

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from conftest import Replace, answers, free_port, wait_for
 from pipeline.cli import app
-from pipeline.datasets import load_dataset
-from pipeline.folds import make_folds
-from pipeline.spec import load_spec
+from pipeline.inputs.datasets import load_dataset
+from pipeline.inputs.folds import make_folds
+from pipeline.inputs.spec import load_spec
 
 pytestmark = pytest.mark.e2e
 

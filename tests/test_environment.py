@@ -1,11 +1,11 @@
-"""The environment a sweep records (pipeline/environment.py): pure logic on a lock written here."""
+"""The environment a sweep records (pipeline/base/environment.py): pure logic on a lock written here."""
 
 from __future__ import annotations
 
 from importlib import metadata
 
-from pipeline import environment
-from pipeline.environment import Environment, environment_change, locked_versions, recorded_environment
+from pipeline.base import environment
+from pipeline.base.environment import Environment, environment_change, locked_versions, recorded_environment
 
 
 def write_lock(path, versions):

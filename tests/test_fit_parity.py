@@ -130,7 +130,7 @@ def foldsweep_cv_mean(spec: Path, monkeypatch) -> float:
     """The last epoch's mean_val_accuracy that `foldsweep trial` prints."""
     # The trial asks for its own thread pools, which TensorFlow fixes once it has started in a
     # process; here it already runs (the test's own `fit`), and pool sizes change no result.
-    monkeypatch.setattr("pipeline.trial.configure_threads", lambda threads: None)
+    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
     result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])
     assert result.exit_code == 0, result.output
     assert re.search(rf"\bepochs={EPOCHS}\b", result.output.splitlines()[0]), result.output
@@ -144,10 +144,10 @@ def keras_fit_cv_mean(spec: Path, builder: str) -> float:
     builds it (same seed, same default hyperparameters) and fed foldsweep's batches."""
     import keras
 
-    from pipeline.hypermodel import build_model, load_builder
-    from pipeline.spec import load_spec
+    from pipeline.inputs.hypermodel import build_model, load_builder
+    from pipeline.inputs.spec import load_spec
     from pipeline.sweep import prepare
-    from pipeline.training import epoch_order, fold_seed
+    from pipeline.engine.training import epoch_order, fold_seed
 
     prepared = prepare(load_spec(spec))
     data = prepared.dataset

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.datasets import Dataset
-from pipeline.errors import DataError
-from pipeline.folds import Fold, FoldPlan, class_balance_warning, make_folds, manifest_identity
-from pipeline.spec import CVSpec
+from pipeline.inputs.datasets import Dataset
+from pipeline.base.errors import DataError
+from pipeline.inputs.folds import Fold, FoldPlan, class_balance_warning, make_folds, manifest_identity
+from pipeline.inputs.spec import CVSpec
 
 
 def dataset(n: int = 103, classes: int = 3) -> Dataset:

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from conftest import MNIST1D_EXPERIMENT
-from pipeline.datasets import load_dataset
-from pipeline.folds import Fold, make_folds
-from pipeline.hypermodel import load_builder
-from pipeline.plan import ExecutionChoices
-from pipeline.resident import resident_data
-from pipeline.spec import CVSpec, DatasetSpec
-from pipeline.stacked import forward_matches, model_blocker, steps_blocker
-from pipeline.trainer import build_trainer
-from pipeline.training import TrainingParams
+from pipeline.inputs.datasets import load_dataset
+from pipeline.inputs.folds import Fold, make_folds
+from pipeline.inputs.hypermodel import load_builder
+from pipeline.contract.plan import ExecutionChoices
+from pipeline.engine.resident import resident_data
+from pipeline.inputs.spec import CVSpec, DatasetSpec
+from pipeline.engine.stacked import forward_matches, model_blocker, steps_blocker
+from pipeline.engine.trainer import build_trainer
+from pipeline.engine.recipe import TrainingRecipe
 
 pytestmark = pytest.mark.training  # every test trains fold models, fused and not
 
@@ -42,9 +42,9 @@ def train(x, y, folds, *, fused, epochs=2, fingerprint=None, dropout=0.0, jit_co
     settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
     fingerprint = fingerprint or f"test-fused-{len(y)}"
     choices = ExecutionChoices(jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, layout=layout)
-    trainer = build_trainer(build or load_builder(MNIST1D_EXPERIMENT, "build"), {**MODEL, "dropout": dropout},
-                            TrainingParams(**settings), data=resident_data(fingerprint, x, y), folds=folds, seed=0,
-                            choices=choices)
+    trainer = build_trainer(build or load_builder(MNIST1D_EXPERIMENT, "build"),
+                            {**MODEL, "dropout": dropout, **settings}, TrainingRecipe(choices=choices),
+                            data=resident_data(fingerprint, x, y), folds=folds)
     history: dict[int, dict[str, list[float]]] = {k: {key: [] for key in HISTORY_KEYS} for k in range(len(folds))}
     for _ in range(epochs):
         result = trainer.run_epoch().report()
@@ -188,8 +188,8 @@ def test_fold_models_sharing_layers_are_not_fused(dataset, folds):
         inputs = keras.Input(shape=dataset.input_shape)
         return keras.Model(inputs, shared(keras.layers.Flatten()(inputs)))
 
-    trainer = build_trainer(build, {}, TrainingParams(batch_size=8, learning_rate=1e-3, optimizer="adam"),
-                            data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds, seed=0)
+    trainer = build_trainer(build, {"batch_size": 8}, TrainingRecipe(),
+                            data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds)
     assert trainer.plan.layout == "unfused"
     assert "share 2 variables" in trainer.plan.reason
 
@@ -247,9 +247,8 @@ def test_fold_models_without_a_stacked_form_train_side_by_side(dataset, folds):
         x = keras.layers.BatchNormalization()(keras.layers.Conv1D(4, 3)(inputs))
         return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(x)))
 
-    trainer = build_trainer(build, {}, TrainingParams(batch_size=8, learning_rate=1e-3, optimizer="adam"),
-                            data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds, seed=0,
-                            choices=ExecutionChoices(layout="stacked"))
+    trainer = build_trainer(build, {"batch_size": 8}, TrainingRecipe(choices=ExecutionChoices(layout="stacked")),
+                            data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds)
     assert trainer.plan.layout == "side_by_side"
     assert trainer.plan.reason.endswith("side by side (not stacked: 2 non-trainable variables (layer state))")
     result = trainer.run_epoch()

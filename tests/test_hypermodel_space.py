@@ -10,10 +10,10 @@ import pytest
 from ray import tune
 
 from conftest import MNIST1D_EXPERIMENT, Replace
-from pipeline.errors import ExperimentError, SpecError
-from pipeline.hypermodel import load_experiment
-from pipeline.space import build_space, hp_domain, split_config
-from pipeline.spec import load_spec
+from pipeline.base.errors import ExperimentError, SpecError
+from pipeline.inputs.hypermodel import load_experiment
+from pipeline.inputs.space import build_space, hp_domain, split_config
+from pipeline.inputs.spec import load_spec
 
 KT_HYPERMODEL = '''
 import keras

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline import lifespan
-from pipeline.lifespan import Lifespan
+from pipeline.engine import lifespan
+from pipeline.engine.lifespan import Lifespan
 
 
 def test_a_worker_retires_after_its_trials():

@@ -160,8 +160,9 @@ def test_validate_says_the_spec_replaces_a_compiled_schedule_with_a_constant(tmp
 def test_a_schedule_is_recorded_as_its_call_and_drawn_with_a_short_label():
     import keras
 
-    from pipeline.plots import tick_label
-    from pipeline.training import TrainingParams, optimizer_recipe, schedule_text
+    from pipeline.records.plots import tick_label
+    from pipeline.engine.recipe import TrainingParams, optimizer_recipe
+    from pipeline.inputs.hypermodel import schedule_text
 
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=1000, decay_rate=0.9)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
@@ -192,8 +193,9 @@ def test_the_training_loss_is_the_batch_loss_keras_fit_computes(head, loss):
     loss equals the compiled loss Keras' own step computes (its compute_loss)."""
     import keras
 
-    from pipeline.hypermodel import output_units
-    from pipeline.losses import training_loss
+    from pipeline.inputs.hypermodel import output_units
+    from pipeline.inputs.losses import training_loss
+    from pipeline.inputs.spec import TrainSpec
 
     heads = {**HEADS, "linear1": "keras.layers.Dense(1)"}
     namespace: dict = {}
@@ -203,7 +205,7 @@ def test_the_training_loss_is_the_batch_loss_keras_fit_computes(head, loss):
     x = rng.normal(size=(16, 8, 1)).astype(np.float32)
     units = output_units(model, (8, 1))
     y = rng.integers(0, 2, 16).astype(np.int32)
-    ours = training_loss(model, from_logits=False, units=units)
+    ours = training_loss(model, train=TrainSpec(), units=units)
     predictions = model(x)
     # Keras' own step gets one-hot rows where the loss wants them; foldsweep makes them itself.
     given = keras.ops.one_hot(y, units) if ours.one_hot else y
@@ -211,3 +213,31 @@ def test_the_training_loss_is_the_batch_loss_keras_fit_computes(head, loss):
     assert ours.binary == (units == 1)
     assert float(keras.ops.mean(ours.per_sample(keras.ops.convert_to_tensor(y), predictions))) == pytest.approx(
         keras_loss, rel=1e-5)
+
+
+def test_train_label_smoothing_smooths_foldsweeps_own_loss_as_keras_does():
+    import keras
+    import tensorflow as tf
+
+    from pipeline.base.errors import ExperimentError
+    from pipeline.inputs.losses import training_loss
+    from pipeline.inputs.spec import TrainSpec
+
+    samples = np.random.default_rng(0).normal(size=(5, 4)).astype("float32")
+    labels = np.array([0, 2, 1, 1, 0], np.int32)
+    for units, activation, keras_loss, targets in (
+            (3, "softmax", keras.losses.CategoricalCrossentropy, keras.utils.to_categorical(labels, 3)),
+            (1, "sigmoid", keras.losses.BinaryCrossentropy, (labels % 2)[:, None].astype("float32"))):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(units, activation=activation)])
+        outputs = model(samples)
+        classes = tf.constant(labels if units > 1 else labels % 2)
+        smoothed = training_loss(model, train=TrainSpec(label_smoothing=0.2), units=units)
+        expected = float(keras_loss(label_smoothing=0.2)(targets, outputs))
+        assert float(tf.reduce_mean(smoothed.per_sample(classes, outputs))) == pytest.approx(expected, rel=1e-6)
+        plain = float(tf.reduce_mean(training_loss(model, train=TrainSpec(), units=units).per_sample(classes, outputs)))
+        assert plain != pytest.approx(expected, rel=1e-3)
+        assert "label_smoothing=0.2" in smoothed.name
+
+    model.compile(loss="binary_crossentropy")
+    with pytest.raises(ExperimentError, match="train.label_smoothing applies to foldsweep's own loss"):
+        training_loss(model, train=TrainSpec(label_smoothing=0.1), units=1)

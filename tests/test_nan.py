@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from conftest import MNIST1D_EXPERIMENT
-from pipeline.datasets import load_dataset
-from pipeline.folds import make_folds
-from pipeline.hypermodel import load_builder
-from pipeline.resident import resident_data
-from pipeline.spec import CVSpec, DatasetSpec
-from pipeline.plan import ExecutionChoices
-from pipeline.results import EVAL_STEP, NAN_FOLD_SCORES, NanEvent, cv_summary
-from pipeline.trainer import build_trainer
-from pipeline.training import TrainingParams
+from pipeline.inputs.datasets import load_dataset
+from pipeline.inputs.folds import make_folds
+from pipeline.inputs.hypermodel import load_builder
+from pipeline.engine.resident import resident_data
+from pipeline.inputs.spec import CVSpec, DatasetSpec
+from pipeline.contract.plan import ExecutionChoices
+from pipeline.contract.results import EVAL_STEP, NAN_FOLD_SCORES, NanEvent, cv_summary
+from pipeline.engine.trainer import build_trainer
+from pipeline.engine.recipe import TrainingRecipe
 
 pytestmark = pytest.mark.training  # every test trains until, or past, a NaN
 
@@ -32,9 +32,9 @@ def data_and_folds():
 def trainer(data_and_folds, jit_compile="auto", **params):
     data, folds = data_and_folds
     settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
-    return build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"), MODEL, TrainingParams(**settings),
-                         data=resident_data(data.fingerprint, data.x, data.y), folds=folds, seed=0,
-                         choices=ExecutionChoices(jit_compile=jit_compile))
+    return build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"), {**MODEL, **settings},
+                         TrainingRecipe(choices=ExecutionChoices(jit_compile=jit_compile)),
+                         data=resident_data(data.fingerprint, data.x, data.y), folds=folds)
 
 
 def test_a_nan_fold_stays_nan_in_its_split_and_counts_as_worst_in_the_mean():

@@ -61,7 +61,7 @@ def test_the_terminal_shows_foldsweeps_lines_and_no_library_logging(scratch_swee
 
 
 def test_the_leaderboard_shows_run_ids_and_its_rerun_command_works_as_printed(scratch_sweep):
-    from pipeline.tracking import Tracker
+    from pipeline.records.tracking import Tracker
 
     scratch, ran = scratch_sweep
     uri = f"sqlite:///{scratch / 'mlflow.db'}"

@@ -1,4 +1,4 @@
-"""How a trial executes, decided once (``pipeline.plan``): XLA, steps per launch, the folds'
+"""How a trial executes, decided once (``pipeline.contract.plan``): XLA, steps per launch, the folds'
 layout and its reason, thread pools. Pure decisions: no Ray, no training."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pipeline.plan import (STACK_MAX_BATCH, UNROLL_MAX_BATCH, UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS,
+from pipeline.contract.plan import (STACK_MAX_BATCH, UNROLL_MAX_BATCH, UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS,
                            XLA_MAX_BATCH_ON_CPU, ExecutionChoices, ThreadPlan, TrialPlan, has_random_layers,
                            plan_threads, plan_trial, shared_variable_count)
 

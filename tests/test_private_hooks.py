@@ -1,4 +1,4 @@
-"""The private hooks into Ray, MLflow and Keras (pipeline/private_hooks.py): all hold on the locked
+"""The private hooks into Ray, MLflow and Keras (pipeline/base/private_hooks.py): all hold on the locked
 versions, a renamed one is named with its library's version, every private name the package
 touches is listed, and a command with a hook missing stops before it starts anything."""
 
@@ -13,10 +13,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from pipeline import private_hooks
-from pipeline.private_hooks import HOOKS, PrivateHookMissing, broken_hooks, require_hooks
+from pipeline.base import private_hooks
+from pipeline.base.private_hooks import HOOKS, PrivateHookMissing, broken_hooks, require_hooks
 
-PACKAGE = Path(private_hooks.__file__).parent
+PACKAGE = Path(private_hooks.__file__).parents[1]
 
 
 def test_every_hook_holds_on_the_installed_versions():
@@ -58,7 +58,7 @@ def test_an_mlflow_ui_without_the_shared_view_tag_is_named(monkeypatch, tmp_path
 
 
 def test_the_real_mlflow_ui_reads_the_tag_foldsweep_writes():
-    from pipeline.tracking import MLFLOW_SHARED_VIEW_TAG
+    from pipeline.records.tracking import MLFLOW_SHARED_VIEW_TAG
 
     scripts = private_hooks.mlflow_ui_scripts()
     assert scripts and any(MLFLOW_SHARED_VIEW_TAG in script.read_text(errors="replace") for script in scripts)
@@ -79,7 +79,7 @@ def test_keras_keeping_loss_weights_elsewhere_is_named(monkeypatch):
 def test_tensorflow_refusing_a_second_definition_under_one_name_is_named(monkeypatch):
     """Were TensorFlow to tell two traces apart by their custom-gradient names, a worker's second
     trial of a program would fail: the check traces one twice, as a worker does."""
-    from pipeline import compile_cache
+    from pipeline.base import compile_cache
 
     monkeypatch.setattr(compile_cache, "GRADIENT_OP_TYPE", "_not_the_gradient_name")
     [problem] = broken_hooks(["tensorflow"])
@@ -102,7 +102,7 @@ def _private_names_used() -> dict[str, str]:
     """Private attribute names the package reads off objects that are not its own (name -> where)."""
     own: set[str] = set()
     used: dict[str, str] = {}
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -128,7 +128,7 @@ def _private_names_used() -> dict[str, str]:
 def test_every_private_name_the_package_uses_is_guarded():
     guarded = {name for hook in HOOKS for name in hook.names}
     unguarded = {name: where for name, where in _private_names_used().items() if name not in guarded}
-    assert unguarded == {}, f"list these in pipeline/private_hooks.py with a check: {unguarded}"
+    assert unguarded == {}, f"list these in pipeline/base/private_hooks.py with a check: {unguarded}"
     assert guarded <= set(_private_names_used()), "a hook lists a name the package no longer uses"
 
 
@@ -175,7 +175,7 @@ def test_a_command_with_a_hook_missing_exits_1_with_one_line_before_anything_sta
 
     from pipeline.cli import app
 
-    monkeypatch.setattr("pipeline.trial.configure_threads", lambda threads: None)
+    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
     before = sorted(path.name for path in workspace.parent.iterdir())
     start, missing = breaking(monkeypatch)
     try:
@@ -194,7 +194,7 @@ def test_a_command_with_a_hook_missing_exits_1_with_one_line_before_anything_sta
 def test_trial_needs_no_ray_hook(monkeypatch, workspace):
     from pipeline.cli import app
 
-    monkeypatch.setattr("pipeline.trial.configure_threads", lambda threads: None)
+    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
     without_ray_hook(monkeypatch)
     result = CliRunner().invoke(app, ["trial", str(workspace)])
     assert result.exit_code == 0, result.output

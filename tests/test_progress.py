@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.progress import SweepProgress, clock, eta_seconds
-from pipeline.spec import Objective
+from pipeline.records.progress import SweepProgress, clock, eta_seconds
+from pipeline.inputs.spec import Objective
 
 
 def test_eta_is_the_epochs_left_at_the_rate_so_far():

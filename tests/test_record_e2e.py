@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from conftest import Replace, free_port
 from pipeline.cli import app
-from pipeline.datasets import load_dataset
-from pipeline.plots import PLOTS
-from pipeline.spec import DatasetSpec
+from pipeline.inputs.datasets import load_dataset
+from pipeline.records.plots import PLOTS
+from pipeline.inputs.spec import DatasetSpec
 
 pytestmark = pytest.mark.e2e
 
@@ -139,9 +139,9 @@ def test_the_sweep_describes_itself_in_mlflow(diverging_sweep):
 
 
 def test_the_new_plots_draw_every_trial(diverging_sweep):
-    from pipeline.plots import learning_curve_data, parallel_coordinates_data
-    from pipeline.spec import Objective
-    from pipeline.tracking import Tracker
+    from pipeline.records.plots import learning_curve_data, parallel_coordinates_data
+    from pipeline.inputs.spec import Objective
+    from pipeline.records.tracking import Tracker
 
     directory, _ = diverging_sweep
     tracker = Tracker(f"sqlite:///{directory / 'mlflow.db'}")
@@ -301,7 +301,7 @@ def test_the_sweep_records_the_environment_it_ran_in_and_report_prints_it(diverg
     import hashlib
     from importlib import metadata
 
-    from pipeline.environment import direct_dependencies
+    from pipeline.base.environment import direct_dependencies
 
     directory, _ = diverging_sweep
     _, parent, _ = store(directory)

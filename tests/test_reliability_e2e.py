@@ -69,13 +69,13 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(one_cpu_ray,
 
 @pytest.mark.parametrize("what", ["refit", "publish"])
 def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(one_cpu_ray, tmp_path, monkeypatch, what):
-    import pipeline.publish
+    import pipeline.records.publish
     import pipeline.refit
 
     def broken(*args, **kwargs):
         raise RuntimeError(f"{what} broke")
 
-    monkeypatch.setattr(pipeline.refit if what == "refit" else pipeline.publish, what, broken)
+    monkeypatch.setattr(pipeline.refit if what == "refit" else pipeline.records.publish, what, broken)
     spec = write(tmp_path, what, search={"num_samples": 1, "space": {"kernel_size": 3}}, train={"epochs": 1})
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 1, result.output
@@ -89,7 +89,7 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(one_cpu_ray, t
 
 
 def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(one_cpu_ray, tmp_path, monkeypatch):
-    from pipeline.tracking import MlflowTrialCallback
+    from pipeline.records.callbacks import MlflowTrialCallback
 
     def broken(self, *args, **kwargs):
         raise RuntimeError("the store went away")

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from conftest import MNIST1D_EXPERIMENT, sweep_runs
 from pipeline.cli import app
-from pipeline.datasets import load_dataset
-from pipeline.folds import make_folds, manifest_identity
-from pipeline.spec import DatasetSpec, load_spec
+from pipeline.inputs.datasets import load_dataset
+from pipeline.inputs.folds import make_folds, manifest_identity
+from pipeline.inputs.spec import DatasetSpec, load_spec
 
 pytestmark = pytest.mark.e2e
 

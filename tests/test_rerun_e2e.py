@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from conftest import REPO, TINY_SPEC, Replace, foldsweep, merged
 from pipeline.cli import app
-from pipeline.datasets import load_dataset
-from pipeline.spec import DatasetSpec
+from pipeline.inputs.datasets import load_dataset
+from pipeline.inputs.spec import DatasetSpec
 
 pytestmark = pytest.mark.e2e
 

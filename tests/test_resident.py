@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline import resident
+from pipeline.engine import resident
 
 
 def test_a_dataset_is_copied_to_the_device_once_per_process():

@@ -11,15 +11,16 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from conftest import MNIST1D_EXPERIMENT
-from pipeline.datasets import load_dataset
-from pipeline.folds import make_folds
-from pipeline.plan import TrialPlan
-from pipeline.results import (BOOKKEEPING_KEYS, EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport,
+from pipeline.inputs.datasets import load_dataset
+from pipeline.inputs.folds import make_folds
+from pipeline.contract.plan import TrialPlan
+from pipeline.contract.results import (BOOKKEEPING_KEYS, EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport,
                               Throughput, TrialStatus, recorded_keys, unrecorded_keys)
-from pipeline.spec import CVSpec, DatasetSpec
-from pipeline.hypermodel import load_builder
-from pipeline.resident import resident_data
-from pipeline.trial import TrialRunner, TrialSettings, Worker
+from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
+from pipeline.inputs.hypermodel import load_builder
+from pipeline.engine.resident import resident_data
+from pipeline.engine.recipe import TrainingRecipe
+from pipeline.engine.trial import TrialRunner, TrialSettings, Worker
 
 
 def epoch_result(*, epoch=2, planned=3, nan=NanReport()) -> EpochResult:
@@ -68,8 +69,7 @@ def test_every_key_a_trial_reports_is_recorded_or_bookkeeping():
     dataset = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 200}))
     folds = make_folds(CVSpec(n_splits=2), dataset).folds
     settings = TrialSettings(experiment_path=str(MNIST1D_EXPERIMENT), experiment_attr="build",
-                             dataset_fingerprint=dataset.fingerprint, epochs=2, seed=0, from_logits=False, cpus=1,
-                             gpus=0)
+                             dataset_fingerprint=dataset.fingerprint, recipe=TrainingRecipe(TrainSpec(epochs=2)))
     # In this process TensorFlow already runs: the worker without configuring its threads.
     worker = Worker(data=resident_data(dataset.fingerprint, dataset.x, dataset.y),
                     build_fn=load_builder(MNIST1D_EXPERIMENT, "build"), device_notice="")
@@ -93,7 +93,7 @@ def test_what_ray_tune_delivers_reaches_mlflow(tmp_path, write_spec, monkeypatch
     import ray
 
     from pipeline.cli import app
-    from pipeline.tracking import MlflowTrialCallback
+    from pipeline.records.callbacks import MlflowTrialCallback
 
     delivered: list[dict] = []
     original = MlflowTrialCallback.on_trial_result

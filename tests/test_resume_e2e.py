@@ -93,8 +93,8 @@ def test_resume_refuses_a_finished_sweep(tmp_path, write_spec, monkeypatch):
     from typer.testing import CliRunner
 
     from pipeline.cli import app
-    from pipeline.results import SweepStatus
-    from pipeline.tracking import Tracker
+    from pipeline.contract.results import SweepStatus
+    from pipeline.records.tracking import Tracker
 
     monkeypatch.chdir(tmp_path)
     spec = write_spec({"name": "done"})

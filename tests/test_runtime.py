@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.plan import ThreadPlan
-from pipeline.runtime import ThreadsError, configure_devices, configure_threads, threads_in_effect
+from pipeline.contract.plan import ThreadPlan
+from pipeline.engine.runtime import ThreadsError, configure_devices, configure_threads, threads_in_effect
 
 
 def test_thread_pools_that_cannot_be_applied_raise():

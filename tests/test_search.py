@@ -7,12 +7,12 @@ import pytest
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
 
 from conftest import DELETE, MNIST1D_EXPERIMENT, Replace
-from pipeline.errors import SpecError
-from pipeline.hypermodel import load_experiment
-from pipeline.space import CLIP_PAIR, build_space, resolve_config
-from pipeline.spec import load_spec
+from pipeline.base.errors import SpecError
+from pipeline.inputs.hypermodel import load_experiment
+from pipeline.inputs.space import CLIP_PAIR, build_space, resolve_config
+from pipeline.inputs.spec import load_spec
 from pipeline.sweep import make_scheduler, make_searcher
-from pipeline.training import TrainingParams, make_optimizer
+from pipeline.engine.recipe import TrainingParams, make_optimizer
 
 CONDITIONAL = '''
 import keras

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from conftest import Replace
 from pipeline.cli import app
-from pipeline.hypermodel import load_experiment
+from pipeline.inputs.hypermodel import load_experiment
 
 pytestmark = pytest.mark.e2e
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipeline.report import Standings, cv_results, leaderboard_table, replica_scores, split_params, sweep_description
-from pipeline.results import EpochSelection
-from pipeline.significance import corrected_ttest, val_train_ratio
-from pipeline.spec import Objective
-from pipeline.tracking import TrialRecord
+from pipeline.records.report import Standings, cv_results, leaderboard_table, replica_scores, split_params, sweep_description
+from pipeline.contract.results import EpochSelection, TrialStatus
+from pipeline.records.significance import corrected_ttest, val_train_ratio
+from pipeline.inputs.spec import Objective
+from pipeline.records.tracking import TrialRecord
 
 # Six paired differences (2 repeats x 3 folds), worked by hand:
 #   mean = 0.14 / 6 = 0.0233333, unbiased variance = 0.0023333 / 5 = 4.66667e-4
@@ -86,7 +86,7 @@ def record(name: str, splits: list[float], *, status: str = "ok", epoch: int = 3
                     "selected_std_val_accuracy": float(np.std(splits)), "best_epoch": float(epoch),
                     # the last epoch's scores, which a selection must not rank on
                     "mean_val_accuracy": 0.99 - float(np.mean(splits))})
-    return TrialRecord(run_id=f"run-{name}", run_name=name, trial_id=name, state="FINISHED", status=status,
+    return TrialRecord(run_id=f"run-{name}", run_name=name, trial_id=name, state="FINISHED", status=TrialStatus(status),
                        params={"learning_rate": lr}, metrics=metrics)
 
 
@@ -112,7 +112,7 @@ def test_standings_rank_on_the_selected_epoch_and_compare_each_trial_with_the_be
 
 
 def test_trials_recorded_before_selection_rank_on_their_last_epoch_without_pvalues():
-    old = [TrialRecord(run_id=f"r{i}", run_name=f"t{i}", trial_id=f"t{i}", state="FINISHED", status="ok", params={},
+    old = [TrialRecord(run_id=f"r{i}", run_name=f"t{i}", trial_id=f"t{i}", state="FINISHED", status=TrialStatus.OK, params={},
                        metrics={"mean_val_accuracy": score, "split0_val_accuracy": score, "split1_val_accuracy": score})
            for i, score in enumerate([0.5, 0.7])]
     standings = Standings.of(old, Objective(), n_splits=None)
@@ -121,7 +121,7 @@ def test_trials_recorded_before_selection_rank_on_their_last_epoch_without_pvalu
 
 
 def test_the_sweep_description_says_how_many_are_tied_and_keeps_its_table_whole_when_cut():
-    from pipeline.report import DESCRIPTION_BUDGET, sweep_description
+    from pipeline.records.report import DESCRIPTION_BUDGET, sweep_description
 
     records = [record(f"trial-{i:03d}", [0.8 - i * 0.001 + j * 0.01 for j in range(6)], lr=str(0.001 * (i + 1)))
                for i in range(200)]
@@ -154,7 +154,7 @@ def test_equal_scores_share_a_rank_in_every_view():
 
 
 def test_an_in_effect_learning_rate_that_repeats_the_hypermodels_own_is_one_column():
-    records = [TrialRecord(run_id=f"r{i}", run_name=f"t{i}", trial_id=f"x_{i:05d}", state="FINISHED", status="ok",
+    records = [TrialRecord(run_id=f"r{i}", run_name=f"t{i}", trial_id=f"x_{i:05d}", state="FINISHED", status=TrialStatus.OK,
                            params={"lr": lr, "learning_rate": lr, "units": units}, metrics={})
                for i, (lr, units) in enumerate([("0.01", "8"), ("0.001", "8"), ("0.01", "16")])]
     assert split_params(records) == (["lr", "units"], {})
@@ -166,7 +166,7 @@ def test_an_in_effect_learning_rate_that_repeats_the_hypermodels_own_is_one_colu
 
 
 def test_the_learning_curve_title_counts_what_it_highlights(tmp_path):
-    from pipeline.plots import HIGHLIGHTED, _learning_curves, learning_curve_data
+    from pipeline.records.plots import HIGHLIGHTED, _learning_curves, learning_curve_data
 
     records = [record("a", [0.8, 0.8, 0.8]), record("b", [0.7, 0.7, 0.7])]
     histories = {r.run_id: [(1, 0.5), (2, 0.6)] for r in records}

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import DELETE
-from pipeline.errors import SpecError
-from pipeline.spec import ParamSpec, load_spec
+from pipeline.base.errors import SpecError
+from pipeline.inputs.spec import ParamSpec, load_spec
 
 BAD_SPECS = [
     # (overrides, expected message fragment)
@@ -52,6 +52,8 @@ BAD_SPECS = [
     ({"train": {"metric": "acc"}}, "train.metric must be one of accuracy, loss"),
     ({"train": {"mode": "maximize"}}, "train.mode must be one of max, min"),
     ({"train": {"from_logits": "yes"}}, "train.from_logits must be true or false, got 'yes'"),
+    ({"train": {"label_smoothing": 1}}, "train.label_smoothing must be a number below 1 (the share of a label spread over the classes), got 1.0"),
+    ({"train": {"label_smoothing": -0.1}}, "train.label_smoothing must be a number >= 0, got -0.1"),
     ({"train": {"jit_compile": "sometimes"}}, "train.jit_compile must be auto, true or false, got 'sometimes'"),
     ({"train": {"fused": "yes"}}, "train.fused must be auto, true or false, got 'yes'"),
     ({"train": {"steps_per_launch": 0}}, "train.steps_per_launch must be auto or an integer >= 1, got 0"),
@@ -101,6 +103,8 @@ def test_valid_spec_fills_defaults(write_spec):
     assert spec.train.mode == "min"  # the natural direction of the chosen metric
     assert spec.objective.key == "mean_val_loss" and spec.objective.better(0.1, than=0.2)
     assert spec.resources.gpu == 0.0
+    assert spec.train.label_smoothing == 0.0  # foldsweep's own loss, unsmoothed, as Keras' default
+    assert load_spec(write_spec({"train": {"label_smoothing": 0.1}})).train.label_smoothing == 0.1
     assert spec.experiment_attr == "build"
     assert spec.search.space["kernel_size"] == ParamSpec("choice", (3, 5))
     assert spec.search.space["filters"] == ParamSpec("fixed", (16,))

@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.errors import ExperimentError, SpecError
-from pipeline.spec import EarlyStoppingSpec, load_spec
-from pipeline.stopping import Patience
+from pipeline.base.errors import ExperimentError, SpecError
+from pipeline.inputs.spec import EarlyStoppingSpec, load_spec
+from pipeline.engine.stopping import Patience
 
 CURVES = {
     "falls then rises": [1.0, 0.8, 0.7, 0.72, 0.75, 0.71, 0.9, 1.1, 1.2],
@@ -133,7 +133,7 @@ def test_a_hypermodels_early_stopping_becomes_the_rule_and_validate_says_so(writ
 def test_callbacks_foldsweep_cannot_honour_are_refused_by_name(write_experiment, callback, message):
     from pathlib import Path
 
-    from pipeline.hypermodel import load_experiment
+    from pipeline.inputs.hypermodel import load_experiment
 
     path = write_experiment(FIT_WITH.format(callback=callback))
     with pytest.raises(ExperimentError) as refused:
@@ -142,8 +142,8 @@ def test_callbacks_foldsweep_cannot_honour_are_refused_by_name(write_experiment,
 
 
 def test_an_early_stopped_trial_counts_as_done_at_its_stopped_epoch():
-    from pipeline.progress import SweepProgress
-    from pipeline.spec import Objective
+    from pipeline.records.progress import SweepProgress
+    from pipeline.inputs.spec import Objective
 
     progress = SweepProgress(Objective(), trials_planned=2, epochs_per_trial=40)
     progress.result("a", "", {"epoch": 7, "epochs_planned": 40, "mean_val_accuracy": 0.8, "stopped_epoch": 7})
@@ -152,6 +152,6 @@ def test_an_early_stopped_trial_counts_as_done_at_its_stopped_epoch():
     assert progress.counts()["done"] == 1
     done, total = 7 + 7, 7 + 40  # a is whole at 7 epochs; b has 33 to go
     progress.started -= 1.0
-    from pipeline.progress import eta_seconds
+    from pipeline.records.progress import eta_seconds
     assert progress.eta() == pytest.approx(eta_seconds(epochs_done=done, epochs_total=total, elapsed_s=1.0), rel=1e-2)
     assert np.isfinite(progress.eta())

@@ -6,15 +6,16 @@ import numpy as np
 import pytest
 
 from conftest import MNIST1D_EXPERIMENT
-from pipeline.datasets import load_dataset
-from pipeline.folds import make_folds
-from pipeline.hypermodel import load_builder
-from pipeline.resident import resident_data
-from pipeline.spec import CVSpec, DatasetSpec
-from pipeline.plan import ExecutionChoices
-from pipeline.results import cv_summary
-from pipeline.trainer import build_trainer
-from pipeline.training import TrainingParams, fold_seed
+from pipeline.inputs.datasets import load_dataset
+from pipeline.inputs.folds import make_folds
+from pipeline.inputs.hypermodel import load_builder
+from pipeline.engine.resident import resident_data
+from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
+from pipeline.contract.plan import ExecutionChoices
+from pipeline.contract.results import cv_summary
+from pipeline.engine.trainer import build_trainer
+from pipeline.engine.recipe import TrainingRecipe
+from pipeline.engine.training import fold_seed
 
 pytestmark = pytest.mark.training  # every test trains fold models
 
@@ -29,10 +30,10 @@ def data_and_folds():
 
 def trainer(data_and_folds, seed=0, batch_size=32, jit_compile="auto"):
     data, folds = data_and_folds
-    return build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"), MODEL,
-                         TrainingParams(batch_size=batch_size, learning_rate=1e-3, optimizer="adam"),
-                         data=resident_data(data.fingerprint, data.x, data.y), folds=folds, seed=seed,
-                         choices=ExecutionChoices(jit_compile=jit_compile))
+    return build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"),
+                         {**MODEL, "batch_size": batch_size, "learning_rate": 1e-3, "optimizer": "adam"},
+                         TrainingRecipe(TrainSpec(seed=seed), ExecutionChoices(jit_compile=jit_compile)),
+                         data=resident_data(data.fingerprint, data.x, data.y), folds=folds)
 
 
 def test_cv_summary_uses_sklearn_vocabulary_and_population_std():

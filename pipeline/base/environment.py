@@ -25,7 +25,7 @@ NO_LOCK = "none"
 
 def project_lock() -> Path | None:
     """The lock beside the package's checkout, when foldsweep is installed from one."""
-    lock = Path(__file__).resolve().parents[1] / LOCK_FILE
+    lock = Path(__file__).resolve().parents[2] / LOCK_FILE  # pipeline/base/ -> the checkout
     return lock if lock.is_file() else None
 
 

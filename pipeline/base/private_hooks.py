@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.errors import FoldsweepError
+from pipeline.base.errors import FoldsweepError
 
 # The experiment tag prefix the MLflow UI's "share" button writes a runs view under, and the
 # address parameter that opens one: neither is in MLflow's documented API.
@@ -220,7 +220,7 @@ def _check_content_names() -> str | None:
     from tensorflow.python.eager.polymorphic_function import atomic_function, concrete_function
     from tensorflow.python.ops import control_flow_util_v2
 
-    from pipeline.compile_cache import CONTENT_NAME_FLOOR, content_names
+    from pipeline.base.compile_cache import CONTENT_NAME_FLOOR, content_names
 
     if list(inspect.signature(atomic_function.from_func_graph).parameters)[:2] != ["name", "graph"]:
         return "atomic_function.from_func_graph no longer takes (name, graph, ...)"
@@ -275,7 +275,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook("tensorflow", "atomic_function.from_func_graph(name, graph), through which every traced function is "
          "named, and TensorFlow taking definitions that differ only in custom-gradient names as one",
          "trials of one program would never find each other's compiled XLA programs, or a trial would fail "
-         "(pipeline.compile_cache's content names)", (), _check_content_names),
+         "(pipeline.base.compile_cache's content names)", (), _check_content_names),
     Hook("tensorflow", "the eager context's _initialized and _physical_devices",
          "a process whose TensorFlow already read its XLA flags would count compile-cache hits it never had",
          ("_initialized", "_physical_devices"), _check_context_state),

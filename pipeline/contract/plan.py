@@ -3,7 +3,7 @@ reason, TensorFlow's thread pools, the device. Every threshold of those decision
 
 Two moments: ``plan_threads`` before TensorFlow starts (thread pools cannot change afterwards),
 ``plan_trial`` once the fold models exist (XLA, unrolling and layout depend on the model). The
-engines (``pipeline.training``, ``pipeline.fused``, ``pipeline.stacked``) only execute a
+engines (``pipeline.engine.training``, ``pipeline.engine.fused``, ``pipeline.engine.stacked``) only execute a
 ``TrialPlan``; the plan is recorded with the trial (tags and ``trial_plan.json``), so that a
 rerun can execute exactly what the trial executed.
 
@@ -16,8 +16,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from pipeline.private_hooks import holds_seed_generator
-from pipeline.spec import AutoSwitch
+from pipeline.base.private_hooks import holds_seed_generator
+from pipeline.inputs.spec import AutoSwitch
 
 Layout = Literal["unfused", "side_by_side", "stacked"]
 ForcedLayout = Literal["auto", "stacked", "side_by_side"]

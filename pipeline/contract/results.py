@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.plan import TrialPlan
-from pipeline.spec import Objective
+from pipeline.contract.plan import TrialPlan
+from pipeline.inputs.spec import Objective
 
 # Keys of a trial's report (ray.tune.result holds the ones Ray adds itself).
 EPOCH = "epoch"
@@ -38,21 +38,22 @@ COMPILE_S = "compile_s"
 COMPILE_CACHE_HITS = "compile_cache_hits"
 COMPILE_CACHE_MISSES = "compile_cache_misses"
 FOLD_SCORE_NAMES = ("train_loss", "val_loss", "val_accuracy")
-NAN_FIELDS = ("nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm")
+NAN_FOLD, NAN_EPOCH, NAN_STEP = "nan_fold", "nan_epoch", "nan_step"
+NAN_FIELDS = (NAN_FOLD, NAN_EPOCH, NAN_STEP, "nan_last_finite_loss", "nan_grad_norm")
 # Where and how the trial ran, reported once per process and recorded as tags.
+VERSION_FIELDS = ("tensorflow_version", "keras_version", "ray_version", "python_version")
 INFO_FIELDS = ("device", "device_notice", "gpu_ids", "node_id", "hostname", "data_transfers", "tf_threads",
-               "jit_compile", "fused", "fused_reason", "steps_per_launch", "compile_source", "loss", "tensorflow_version",
-               "keras_version", "ray_version", "python_version")
+               "jit_compile", "fused", "fused_reason", "steps_per_launch", "compile_source", "loss", *VERSION_FIELDS)
 # The optimizer and learning rate in effect (the hypermodel's own, or foldsweep's): recorded as
 # params where the trial's config does not already hold them.
 PARAMS_IN_EFFECT = "params_in_effect"
-# A worker process's life (pipeline.lifespan): which trial of its process this is (a tag), its
+# A worker process's life (pipeline.engine.lifespan): which trial of its process this is (a tag), its
 # memory mappings after each epoch (a metric), and whether it retires after this trial.
 WORKER_TRIALS = "worker_trials"
 WORKER_MAPS = "worker_maps"
 WORKER_RETIRES = "worker_retires"
-# What says where the trial ran in every result (Ray Tune adds pid and node_ip): tags too.
-RAY_PLACEMENT_FIELDS = ("pid", "node_ip", WORKER_TRIALS)
+# What says where the trial ran in every result (Ray Tune adds pid, node_ip and hostname): tags too.
+RAY_PLACEMENT_FIELDS = ("pid", "node_ip", "hostname", WORKER_TRIALS)
 # The epoch a trial's own early stopping ended it at (train.early_stopping): recorded once.
 STOPPED_EPOCH = "stopped_epoch"
 # What a searcher learns from each epoch with train.select best_epoch: the best of the trial's
@@ -132,7 +133,7 @@ class EpochSelection:
                 **{f"{SELECTED_PREFIX}{key}": value for key, value in rows[epoch].items() if is_cv_score(key)}}
 
 
-class TrialStatus(str, Enum):
+class TrialStatus(StrEnum):
     """A trial's outcome (tag ``foldsweep.status``) and the MLflow run state it ends in."""
 
     RUNNING = "running"
@@ -142,13 +143,19 @@ class TrialStatus(str, Enum):
     ERROR = "error"
     KILLED = "killed"
 
+    @classmethod
+    def recorded(cls, tag: str | None) -> TrialStatus | None:
+        """The status a run's ``foldsweep.status`` tag holds; None without one (a run that never
+        ended, or one of a kind foldsweep does not know)."""
+        return next((status for status in cls if status.value == tag), None)
+
     @property
     def run_state(self) -> str:
         return {"running": "RUNNING", "ok": "FINISHED", "pruned": "FINISHED", "nan": "FAILED", "error": "FAILED",
                 "killed": "KILLED"}[self.value]
 
 
-class SweepStatus(str, Enum):
+class SweepStatus(StrEnum):
     """A sweep's outcome (tag ``foldsweep.status`` of the parent run) and its run state."""
 
     RUNNING = "running"
@@ -251,15 +258,47 @@ class TrialInfo:
     model_summary: str = ""
 
     def report(self) -> dict[str, Any]:
+        """The flat fields of a trial's first report in a process (``from_report`` reads them back)."""
+        return {**self._described(), PARAMS_IN_EFFECT: dict(self.params_in_effect), N_PARAMS: self.n_params,
+                MODEL_SUMMARY: self.model_summary, TRIAL_PLAN: json.dumps(self.plan.as_dict(), sort_keys=True)}
+
+    def _described(self) -> dict[str, Any]:
         plan = self.plan
         return {"device": plan.device, "device_notice": self.device_notice, "gpu_ids": self.gpu_ids,
                 "node_id": self.node_id, "hostname": self.hostname, "data_transfers": self.data_transfers,
                 "tf_threads": plan.threads.describe(), "jit_compile": plan.jit_compile, "fused": plan.fused,
                 "fused_reason": plan.reason, "steps_per_launch": plan.steps_per_launch,
-                "compile_source": self.compile_source, "loss": self.loss, PARAMS_IN_EFFECT: dict(self.params_in_effect),
-                **self.versions,
-                N_PARAMS: self.n_params, MODEL_SUMMARY: self.model_summary,
-                TRIAL_PLAN: json.dumps(plan.as_dict(), sort_keys=True)}
+                "compile_source": self.compile_source, "loss": self.loss, **self.versions}
+
+    @classmethod
+    def from_report(cls, report: Mapping[str, Any]) -> TrialInfo | None:
+        """The info a report carries (None in the reports after a process's first)."""
+        if not report.get(TRIAL_PLAN):
+            return None
+        return cls(plan=TrialPlan.from_dict(json.loads(report[TRIAL_PLAN])),
+                   compile_source=str(report.get("compile_source", "default")), loss=str(report.get("loss", "")),
+                   params_in_effect=dict(report.get(PARAMS_IN_EFFECT, {})),
+                   device_notice=str(report.get("device_notice", "")), gpu_ids=str(report.get("gpu_ids", "")),
+                   node_id=str(report.get("node_id", "")), hostname=str(report.get("hostname", "")),
+                   data_transfers=int(report.get("data_transfers", 0)),
+                   versions={key: str(report[key]) for key in VERSION_FIELDS if key in report},
+                   n_params=int(report.get(N_PARAMS, 0)), model_summary=str(report.get(MODEL_SUMMARY, "")))
+
+    def mlflow_tags(self) -> dict[str, str]:
+        """Recorded as tags ``foldsweep.<field>``: where and how the trial ran."""
+        return {key: str(value) for key, value in self._described().items()}
+
+    def mlflow_params(self) -> dict[str, str]:
+        """The optimizer and learning rate in effect: params where the config holds none."""
+        return {key: str(value) for key, value in self.params_in_effect.items()}
+
+    def mlflow_metrics(self) -> dict[str, float]:
+        return {N_PARAMS: float(self.n_params)}
+
+    def mlflow_texts(self) -> dict[str, str]:
+        """Artifacts: the model summary and the plan (what a rerun executes again)."""
+        texts = {"model_summary.txt": self.model_summary} if self.model_summary else {}
+        return {**texts, PLAN_ARTIFACT: json.dumps(self.plan.as_dict(), sort_keys=True)}
 
 
 @dataclass(frozen=True)
@@ -355,36 +394,30 @@ class EpochResult:
         return {key: str(value) for key, value in self.nan.as_dict().items() if key in NAN_FIELDS}
 
 
-def info_tags(report: Mapping[str, Any]) -> dict[str, str]:
-    """Fields of a report recorded as tags ``foldsweep.<field>``: where and how the trial ran."""
-    return {key: str(report[key]) for key in (*INFO_FIELDS, *RAY_PLACEMENT_FIELDS) if key in report}
+def ended_status(last_report: Mapping[str, Any]) -> TrialStatus:
+    """How a trial that Ray Tune completed ended, from its last report: ok, pruned or nan."""
+    return EpochResult.from_report(last_report).status() if FOLD_IDS in last_report else TrialStatus.OK
 
 
-def info_params(report: Mapping[str, Any]) -> dict[str, str]:
-    return {key: str(value) for key, value in report.get(PARAMS_IN_EFFECT, {}).items()}
+def placement_tags(report: Mapping[str, Any]) -> dict[str, str]:
+    """Where the trial ran, in every report (Ray Tune's pid and node, the worker's trial count):
+    tags ``foldsweep.<field>``."""
+    return {key: str(report[key]) for key in RAY_PLACEMENT_FIELDS if key in report}
 
 
-def info_metrics(report: Mapping[str, Any]) -> dict[str, float]:
-    return {key: float(report[key]) for key in (N_PARAMS, WORKER_MAPS) if key in report}
-
-
-def info_texts(report: Mapping[str, Any]) -> dict[str, str]:
-    """Artifacts from a report: the model summary and the trial's plan."""
-    texts = {}
-    if report.get(MODEL_SUMMARY):
-        texts["model_summary.txt"] = report[MODEL_SUMMARY]
-    if report.get(TRIAL_PLAN):
-        texts[PLAN_ARTIFACT] = report[TRIAL_PLAN]
-    return texts
+def placement_metrics(report: Mapping[str, Any]) -> dict[str, float]:
+    return {WORKER_MAPS: float(report[WORKER_MAPS])} if WORKER_MAPS in report else {}
 
 
 def recorded_keys(report: Mapping[str, Any]) -> set[str]:
     """The keys of a report that MLflow records (as metrics, tags or artifacts), including a
     throughput not yet measurable, which is left out only while it is NaN."""
     result = EpochResult.from_report(report)
-    artifacts_and_params = {key for key in (MODEL_SUMMARY, TRIAL_PLAN, PARAMS_IN_EFFECT) if key in report}
-    return {*result.mlflow_metrics(), *result.throughput_values(), *result.mlflow_tags(), *info_tags(report),
-            *info_metrics(report), *artifacts_and_params}
+    info = TrialInfo.from_report(report)
+    # the info's fields as reported: recorded as tags, params, metrics and artifacts
+    from_info = set(info.report()) if info is not None else set()
+    return {*result.mlflow_metrics(), *result.throughput_values(), *result.mlflow_tags(), *placement_tags(report),
+            *placement_metrics(report), *from_info}
 
 
 def unrecorded_keys(report: Mapping[str, Any]) -> set[str]:

@@ -5,12 +5,12 @@ researcher's ``build(hp)`` model, built once per fold, with its own weights, opt
 ``global_clipnorm`` sees only its own gradients), random generator and health check. So one
 compiled function holds all k folds' epoch loops, each the fold's own compiled loop over its own
 index batches, and TensorFlow's executor runs the folds' independent steps concurrently, each
-fold loop on an executor thread of its own (``pipeline.plan.plan_threads`` sizes the pool). A
+fold loop on an executor thread of its own (``pipeline.contract.plan.plan_threads`` sizes the pool). A
 fold whose update is not finite leaves its own loop at that step, exactly where it would alone,
 and the others train on untouched.
 
-Side by side is one of the layouts ``pipeline.plan`` chooses between: with one compute thread (or
-on a GPU) the folds' weights are stacked into one XLA program instead (``pipeline.stacked``),
+Side by side is one of the layouts ``pipeline.contract.plan`` chooses between: with one compute thread (or
+on a GPU) the folds' weights are stacked into one XLA program instead (``pipeline.engine.stacked``),
 which saves each fold's fixed cost per kernel but keeps to one core, while concurrent loops use
 every core the trial has (`python -m benchmarks.cv_throughput --variants engine,side,stacked`).
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from pipeline.training import EpochTally, FoldEngine, close_shared_epoch
+from pipeline.engine.training import EpochTally, FoldEngine, close_shared_epoch
 
 
 class FusedFolds:

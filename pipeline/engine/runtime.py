@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from pipeline.errors import FoldsweepError
-from pipeline.plan import ThreadPlan
+from pipeline.base.errors import FoldsweepError
+from pipeline.contract.plan import ThreadPlan
 
 _device_notice: str | None = None
 

@@ -4,8 +4,8 @@ by one XLA program per step, as horizontally fused training arrays (HFTA) do.
 Why: at small batches a CPU step costs mostly a fixed price per compiled kernel, not arithmetic
 (the MNIST-1D CNN's step runs ~120 kernels; 234 us at batch 2 against 308 us at batch 8, one
 thread). Stacked, each kernel runs once for all k folds: 3 folds on one core trained 1.4x faster
-than one fold after another (#9). Side-by-side loops (``pipeline.fused``) do better once a trial
-has a core per fold loop, so ``pipeline.plan`` stacks for trials with one compute thread, or a GPU.
+than one fold after another (#9). Side-by-side loops (``pipeline.engine.fused``) do better once a trial
+has a core per fold loop, so ``pipeline.contract.plan`` stacks for trials with one compute thread, or a GPU.
 
 The researcher's ``build(hp)`` model is not rewritten: its graph is walked (``Functional``'s own
 walk) with each weighted layer swapped for its stacked form, and every other layer called as it
@@ -25,10 +25,11 @@ from typing import Any, Callable, Sequence
 import keras
 import numpy as np
 
-from pipeline.plan import has_random_layers
-from pipeline.resident import ResidentData
-from pipeline.losses import TrainingLoss
-from pipeline.training import (EpochTally, FoldEngine, OptimizerRecipe, TrainingParams, close_shared_epoch, tally_step)
+from pipeline.contract.plan import has_random_layers
+from pipeline.engine.resident import ResidentData
+from pipeline.inputs.losses import TrainingLoss
+from pipeline.engine.recipe import OptimizerRecipe, TrainingParams
+from pipeline.engine.training import EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step
 
 STACKED_LAYERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D)
 # Optimizers whose update of a weight depends on that weight's own gradient and state only, so
@@ -269,60 +270,9 @@ class StackedFolds:
         self._engines = list(engines)
         self._batch_size = params.batch_size
         n_folds = len(engines)
-        template = engines[0].model
-        models = [engine.model for engine in engines]
-        self._variables = [keras.Variable(weights, name=variable.name) for weights, variable
-                           in zip(stacked_weights(models), template.trainable_variables)]
-        # Clipping is done per fold before the optimizer sees the gradients; everything the
-        # optimizers below do is elementwise, so each fold's slice is updated on its own.
-        self._optimizer = optimizer.make(clipping=False)
-        self._optimizer.build(self._variables)
-        state_pairs = list(zip(self._optimizer.variables, zip(*(e.optimizer.variables for e in engines))))
-        for stacked, per_fold in state_pairs:
-            if tuple(stacked.shape) not in (tuple(per_fold[0].shape), (n_folds, *per_fold[0].shape)):
-                raise ValueError(f"optimizer variable {stacked.name!r}: stacked shape {tuple(stacked.shape)} "
-                                 f"does not match a fold's {tuple(per_fold[0].shape)}")
-        # Each stacked variable with the folds' own: weights always carry the fold axis, optimizer
-        # state too except the shared scalars (step count, learning rate).
-        self._pairs = (list(zip(self._variables, zip(*(model.trainable_variables for model in models))))
-                       + state_pairs)
-        # What a fold that does not apply a step keeps: its slices of the weights and of the
-        # optimizer's per-variable state (the step count and learning rate are shared scalars).
-        kept = [stacked for stacked, _ in self._pairs if stacked.shape.rank]
-        clip = clip_per_fold(*optimizer.clipping)
-        features, labels = data.x, data.y
-        variables, optimizer = self._variables, self._optimizer
-
-        def train_step(indices, weights, active):
-            # indices, weights: [k, batch]; a weight of 0 pads a fold's short last batch.
-            x = tf.gather(features, tf.reshape(indices, [-1]))
-            y = tf.reshape(tf.gather(labels, indices), [-1])
-            counts = tf.reduce_sum(weights, axis=1)
-            with tf.GradientTape() as tape:
-                predictions = stacked_forward(template, variables, x, n_folds)
-                per_sample = tf.reshape(loss.per_sample(y, predictions), [n_folds, -1])
-                losses = tf.reduce_sum(per_sample * weights, axis=1) / tf.maximum(counts, 1.0)
-                total = tf.reduce_sum(losses)  # each fold's slices get its own loss' gradient only
-            gradients = tape.gradient(total, variables)
-            norms = fold_norms(gradients)
-            healthy = tf.math.is_finite(losses) & tf.math.is_finite(norms)
-            applied = healthy & active
-            previous = [tf.identity(v.value) for v in kept]
-            optimizer.apply_gradients(zip(clip(gradients, norms), variables))
-            # A fold not applying this step keeps its slices of the weights and optimizer state.
-            for variable, before in zip(kept, previous):
-                variable.assign(tf.where(_over_folds(applied, variable.shape.rank), variable.value, before))
-            return losses, norms, healthy, counts
-
-        def train_steps(indices, weights, live, first_step, tally):
-            for j in range(indices.shape[0]):
-                active = live & (tally[2] < 0)
-                losses, norms, healthy, counts = train_step(indices[j], weights[j], active)
-                tally = tally_step(tally, step=first_step + j, loss=losses, norm=norms, healthy=healthy,
-                                   active=active, samples=counts)
-            return tally
-
-        steps = tf.function(train_steps, jit_compile=True)
+        self._variables, self._optimizer, self._pairs = _stacked_state(engines, optimizer)
+        steps = tf.function(_stacked_steps(engines[0].model, self._variables, self._optimizer, self._pairs, loss=loss,
+                                           clipping=optimizer.clipping, data=data), jit_compile=True)
         self.compiled_steps = steps
 
         def stopped(tally, live):
@@ -332,19 +282,8 @@ class StackedFolds:
             # indices, weights: [steps, k, batch]; the epoch's steps, steps_per_launch per launch.
             zeros = tf.zeros([n_folds])
             tally = (zeros, tf.zeros([n_folds], tf.int32), -tf.ones([n_folds], tf.int32), zeros, zeros)
-            n_steps = tf.shape(indices)[0]
-            launched = n_steps // steps_per_launch * steps_per_launch
-            shape = [-1, steps_per_launch, n_folds, self._batch_size]
-            launches, launch_weights = tf.reshape(indices[:launched], shape), tf.reshape(weights[:launched], shape)
-            for launch in tf.range(tf.shape(launches)[0]):
-                tally = steps(launches[launch], launch_weights[launch], live, launch * steps_per_launch, tally)
-                if stopped(tally, live):
-                    break
-            for step in tf.range(launched, n_steps):
-                if stopped(tally, live):
-                    break
-                tally = steps(indices[step][tf.newaxis], weights[step][tf.newaxis], live, step, tally)
-            return tally
+            return launch_loop(lambda *arguments: steps(*arguments[:2], live, *arguments[2:]), (indices, weights),
+                               tally, steps_per_launch=steps_per_launch, stopped=lambda tally: stopped(tally, live))
 
         self._train_epoch = tf.function(train_epoch)
 
@@ -393,3 +332,70 @@ class StackedFolds:
             values = np.asarray(stacked)
             for i in live:
                 per_fold[i].assign(values[i] if stacked.shape.rank else values)
+
+
+def _stacked_state(engines: Sequence[FoldEngine], recipe: OptimizerRecipe) -> tuple[list[Any], Any, list[Any]]:
+    """The stacked weights, one optimizer over them, and each stacked variable paired with the
+    folds' own: weights always carry the fold axis, optimizer state too except the shared scalars
+    (step count, learning rate)."""
+    n_folds = len(engines)
+    models = [engine.model for engine in engines]
+    variables = [keras.Variable(weights, name=variable.name) for weights, variable
+                 in zip(stacked_weights(models), models[0].trainable_variables)]
+    # Clipping is done per fold before the optimizer sees the gradients; everything the
+    # optimizers below do is elementwise, so each fold's slice is updated on its own.
+    optimizer = recipe.make(clipping=False)
+    optimizer.build(variables)
+    state_pairs = list(zip(optimizer.variables, zip(*(engine.optimizer.variables for engine in engines))))
+    for stacked, per_fold in state_pairs:
+        if tuple(stacked.shape) not in (tuple(per_fold[0].shape), (n_folds, *per_fold[0].shape)):
+            raise ValueError(f"optimizer variable {stacked.name!r}: stacked shape {tuple(stacked.shape)} "
+                             f"does not match a fold's {tuple(per_fold[0].shape)}")
+    pairs = list(zip(variables, zip(*(model.trainable_variables for model in models)))) + state_pairs
+    return variables, optimizer, pairs
+
+
+def _stacked_steps(template: keras.Model, variables: list[Any], optimizer: Any, pairs: list[Any], *,
+                   loss: TrainingLoss, clipping: tuple[str, float | None], data: ResidentData) -> Any:
+    """The stacked folds' training launch, uncompiled: ``train_steps(indices, weights, live,
+    first_step, tally)`` runs the unrolled steps of every fold at once ([steps, k, batch]) and
+    returns the per-fold tally after them."""
+    import tensorflow as tf
+
+    n_folds = int(variables[0].shape[0])
+    # What a fold that does not apply a step keeps: its slices of the weights and of the
+    # optimizer's per-variable state (the step count and learning rate are shared scalars).
+    kept = [stacked for stacked, _ in pairs if stacked.shape.rank]
+    clip = clip_per_fold(*clipping)
+    features, labels = data.x, data.y
+
+    def train_step(indices, weights, active):
+        # indices, weights: [k, batch]; a weight of 0 pads a fold's short last batch.
+        x = tf.gather(features, tf.reshape(indices, [-1]))
+        y = tf.reshape(tf.gather(labels, indices), [-1])
+        counts = tf.reduce_sum(weights, axis=1)
+        with tf.GradientTape() as tape:
+            predictions = stacked_forward(template, variables, x, n_folds)
+            per_sample = tf.reshape(loss.per_sample(y, predictions), [n_folds, -1])
+            losses = tf.reduce_sum(per_sample * weights, axis=1) / tf.maximum(counts, 1.0)
+            total = tf.reduce_sum(losses)  # each fold's slices get its own loss' gradient only
+        gradients = tape.gradient(total, variables)
+        norms = fold_norms(gradients)
+        healthy = tf.math.is_finite(losses) & tf.math.is_finite(norms)
+        applied = healthy & active
+        previous = [tf.identity(v.value) for v in kept]
+        optimizer.apply_gradients(zip(clip(gradients, norms), variables))
+        # A fold not applying this step keeps its slices of the weights and optimizer state.
+        for variable, before in zip(kept, previous):
+            variable.assign(tf.where(_over_folds(applied, variable.shape.rank), variable.value, before))
+        return losses, norms, healthy, counts
+
+    def train_steps(indices, weights, live, first_step, tally):
+        for j in range(indices.shape[0]):
+            active = live & (tally[2] < 0)
+            losses, norms, healthy, counts = train_step(indices[j], weights[j], active)
+            tally = tally_step(tally, step=first_step + j, loss=losses, norm=norms, healthy=healthy,
+                               active=active, samples=counts)
+        return tally
+
+    return train_steps

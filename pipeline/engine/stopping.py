@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from pipeline.spec import EarlyStoppingSpec
+from pipeline.inputs.spec import EarlyStoppingSpec
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The k fold models of one trial, trained in lockstep, one epoch at a time, as a plan says.
 
-``build_trainer`` builds the fold models, asks ``pipeline.plan`` how to run them and returns the
+``build_trainer`` builds the fold models, asks ``pipeline.contract.plan`` how to run them and returns the
 ``FoldTrainer`` that executes that plan: each ``run_epoch`` trains every live fold one epoch
 through the plan's executor (one after another, side by side, or stacked) and returns a typed
 ``EpochResult``.
@@ -15,18 +15,18 @@ from typing import Any, Callable, Mapping, Sequence
 import keras
 import numpy as np
 
-from pipeline import compile_cache
-from pipeline.compile_cache import CacheCounts, CompileCache, content_names
-from pipeline.folds import Fold
-from pipeline.fused import FusedFolds
-from pipeline.hypermodel import build_model, output_units
-from pipeline.losses import TrainingLoss, training_loss
-from pipeline.plan import ExecutionChoices, TrialPlan, plan_differences, plan_trial
-from pipeline.resident import ResidentData
-from pipeline.results import EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport, Throughput
-from pipeline.runtime import threads_in_effect
-from pipeline.training import (CallTimer, FoldEngine, FoldExecutor, OptimizerRecipe, SequentialFolds, TrainingParams,
-                               fold_seed, optimizer_recipe)
+from pipeline.base import compile_cache
+from pipeline.base.compile_cache import CacheCounts, CompileCache, content_names
+from pipeline.inputs.folds import Fold
+from pipeline.engine.fused import FusedFolds
+from pipeline.inputs.hypermodel import build_model, output_units
+from pipeline.inputs.losses import TrainingLoss
+from pipeline.contract.plan import TrialPlan, plan_differences, plan_trial
+from pipeline.engine.resident import ResidentData
+from pipeline.contract.results import EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport, Throughput
+from pipeline.engine.runtime import threads_in_effect
+from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe
+from pipeline.engine.training import CallTimer, FoldEngine, FoldExecutor, SequentialFolds, fold_seed
 
 
 class FoldTrainer:
@@ -123,46 +123,47 @@ class FoldTrainer:
                                           grad_norm=float(norm))
 
 
-def build_trainer(build_fn: Callable[[Any], keras.Model], model_values: Mapping[str, Any], params: TrainingParams,
-                  *, data: ResidentData, folds: Sequence[Fold], seed: int, choices: ExecutionChoices = ExecutionChoices(),
-                  fold_ids: Sequence[int] | None = None, from_logits: bool = False,
-                  planned_epochs: int = 1, replay: TrialPlan | None = None,
-                  spec_names: frozenset[str] = frozenset()) -> FoldTrainer:
-    """Build a trial's fold models, plan how to train them, and the trainer that executes it.
+def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, Any], recipe: TrainingRecipe, *,
+                  data: ResidentData, folds: Sequence[Fold], fold_ids: Sequence[int] | None = None,
+                  planned_epochs: int | None = None, replay: TrialPlan | None = None) -> FoldTrainer:
+    """Build a trial's fold models for ``config``, plan how to train them as ``recipe`` says, and
+    the trainer that executes the plan. The one way a trial, a rerun and the refit are trained.
 
-    With ``replay`` (a recorded plan, whose choices ``choices`` then force), the recorded plan
+    With ``replay`` (a recorded plan, whose choices the recipe's then are), the recorded plan
     itself is executed when the new decision comes to the same execution. A model its build
     compiled keeps its optimizer and loss, with the training hyperparameters the spec's search
-    space names (``spec_names``) in place of the compiled ones.
+    space names in place of the compiled ones.
     """
+    params, model_values, epochs = recipe.values(config)
+    seed = recipe.train.seed
     fold_ids = list(fold_ids) if fold_ids is not None else list(range(len(folds)))
     input_shape = tuple(data.x.shape[1:])
     models = []
     for k in fold_ids:
         keras.utils.set_random_seed(fold_seed(seed, k))
         models.append(build_model(build_fn, model_values, input_shape=input_shape))
-    optimizer = optimizer_recipe(models[0], params, spec_names=spec_names)
-    loss = training_loss(models[0], from_logits=from_logits, units=output_units(models[0], input_shape))
+    optimizer = recipe.optimizer(models[0], params)
+    loss = recipe.loss(models[0], units=output_units(models[0], input_shape))
 
     def stacking_blocker(jit_compile: bool) -> str | None:
-        from pipeline.stacked import stacking_blocker
+        from pipeline.engine.stacked import stacking_blocker
 
         return stacking_blocker(models, data, [fold.train for fold in folds], batch_size=params.batch_size,
                                 jit_compile=jit_compile, optimizer=optimizer)
 
-    plan = plan_trial(choices, models=models, threads=threads_in_effect(), device=data.device,
+    plan = plan_trial(recipe.choices, models=models, threads=threads_in_effect(), device=data.device,
                       batch_size=params.batch_size, train_sizes=[len(fold.train) for fold in folds],
-                      planned_epochs=planned_epochs, stacking_blocker=stacking_blocker)
+                      planned_epochs=planned_epochs or epochs, stacking_blocker=stacking_blocker)
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay
     return FoldTrainer(models, params, data=data, folds=folds, plan=plan, seed=seed, fold_ids=fold_ids,
-                       optimizer=optimizer, loss=loss, eager=choices.eager)
+                       optimizer=optimizer, loss=loss, eager=recipe.choices.eager)
 
 
 def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingParams, *, data: ResidentData,
               loss: TrainingLoss, optimizer: OptimizerRecipe) -> FoldExecutor:
     if plan.layout == "stacked":
-        from pipeline.stacked import StackedFolds
+        from pipeline.engine.stacked import StackedFolds
 
         return StackedFolds(engines, params, data=data, loss=loss, optimizer=optimizer,
                             steps_per_launch=plan.steps_per_launch)

@@ -5,149 +5,28 @@ removes it: batches are index vectors gathered from device-resident tensors insi
 step, a whole epoch runs as one execution (a loop inside one ``tf.function``, what Keras calls
 ``steps_per_execution`` = steps per epoch), there are no per-batch callbacks, the step is
 XLA-compiled where the trial's plan says so, and several steps can be unrolled into one compiled
-launch (``pipeline.plan`` decides both). A ``FoldExecutor`` trains a trial's engines one epoch at
-a time: ``SequentialFolds`` here, one after another; ``pipeline.fused`` side by side in one
-execution; ``pipeline.stacked`` stacked into one XLA program.
+launch (``pipeline.contract.plan`` decides both). A ``FoldExecutor`` trains a trial's engines one epoch at
+a time: ``SequentialFolds`` here, one after another; ``pipeline.engine.fused`` side by side in one
+execution; ``pipeline.engine.stacked`` stacked into one XLA program.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import keras
 import numpy as np
 
-from pipeline.folds import Fold
-from pipeline.losses import TrainingLoss
-from pipeline.resident import ResidentData
-from pipeline.results import EVAL_STEP, NanEvent
+from pipeline.inputs.folds import Fold
+from pipeline.inputs.losses import TrainingLoss
+from pipeline.engine.resident import ResidentData
+from pipeline.contract.results import EVAL_STEP, NanEvent
 
 METRIC_NAMES: tuple[str, ...] = ("loss", "accuracy")
 EVAL_BATCH_SIZE = 2048
-
-
-# Spec name of a clipping kind -> the Keras optimizer argument that applies it.
-CLIPPING_ARGUMENTS: Mapping[str, str] = {"norm": "clipnorm", "value": "clipvalue", "global_norm": "global_clipnorm"}
-
-
-@dataclass(frozen=True)
-class TrainingParams:
-    batch_size: int
-    learning_rate: float
-    optimizer: str
-    clipping: str = "none"
-    clip_threshold: float | None = None
-    shuffle: bool = True
-
-
-# The optimizers foldsweep makes itself (spec name -> Keras class and fixed arguments).
-OPTIMIZERS: Mapping[str, tuple[type, Mapping[str, Any]]] = {
-    "adam": (keras.optimizers.Adam, {}), "adamw": (keras.optimizers.AdamW, {}),
-    "sgd": (keras.optimizers.SGD, {"momentum": 0.9}), "rmsprop": (keras.optimizers.RMSprop, {}),
-}
-
-
-@dataclass(frozen=True)
-class OptimizerRecipe:
-    """How to make a fold's optimizer: a Keras class and its configuration, gradient clipping
-    included; ``source`` says whose it is: ``hypermodel`` (its own compile), ``spec`` (foldsweep's,
-    named by the spec) or ``default``."""
-
-    cls: type
-    config: Mapping[str, Any]
-    source: str
-
-    def make(self, *, clipping: bool = True) -> keras.optimizers.Optimizer:
-        """A fresh optimizer (every fold has its own state); without its clipping when the
-        gradients are clipped before it (stacked folds clip each fold's slices themselves)."""
-        config = dict(self.config)
-        if not clipping:
-            config.update({argument: None for argument in CLIPPING_ARGUMENTS.values()})
-        return self.cls.from_config(config)
-
-    @property
-    def clipping(self) -> tuple[str, float | None]:
-        """The clipping kind and threshold in the configuration (Keras allows one at a time)."""
-        for kind, argument in CLIPPING_ARGUMENTS.items():
-            if self.config.get(argument) is not None:
-                return kind, self.config[argument]
-        return "none", None
-
-    @property
-    def name(self) -> str:
-        """The spec's name of the optimizer where it has one (adam, sgd...), else its class."""
-        return next((name for name, (cls, _) in OPTIMIZERS.items() if cls is self.cls), self.cls.__name__)
-
-    @property
-    def learning_rate(self) -> float | str:
-        """The learning rate in effect, as the optimizer holds it (float32: shown to 7 digits), or
-        its schedule as a call (``ExponentialDecay(0.01, decay_steps=1000, decay_rate=0.9)``)."""
-        rate = self.config.get("learning_rate")
-        return float(f"{rate:.7g}") if isinstance(rate, (int, float)) else schedule_text(rate)
-
-
-def schedule_text(schedule: Any) -> str:
-    """A learning-rate schedule (object or its serialized config) as its class called with the
-    arguments that differ from the class's defaults, the initial rate first and unnamed."""
-    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
-        cls, config = type(schedule), schedule.get_config()
-    elif isinstance(schedule, dict) and "class_name" in schedule:
-        cls = getattr(keras.optimizers.schedules, schedule["class_name"], None)
-        config = schedule.get("config", {})
-    else:
-        return str(schedule)
-    defaults = {} if cls is None else {name: parameter.default for name, parameter
-                                       in inspect.signature(cls.__init__).parameters.items()}
-    arguments = {key: value for key, value in config.items()
-                 if key != "name" and not (key in defaults and defaults[key] == value)}
-    first = next((key for key in arguments if key.startswith("initial_")), None)
-    shown = [_short_number(arguments.pop(first))] if first else []
-    shown += [f"{key}={_short_number(value)}" for key, value in arguments.items()]
-    return f"{schedule['class_name'] if cls is None else cls.__name__}({', '.join(shown)})"
-
-
-def _short_number(value: Any) -> str:
-    return f"{value:.7g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else str(value)
-
-
-def optimizer_recipe(model: keras.Model, params: TrainingParams, *, spec_names: frozenset[str] = frozenset()
-                     ) -> OptimizerRecipe:
-    """A fold model's optimizer: the one its build compiled, if any, else foldsweep's. The
-    spec's ``optimizer`` and ``learning_rate`` replace the compiled ones only where the spec's
-    search space names them (``spec_names``); the spec's clipping applies to either."""
-    compiled = getattr(model, "optimizer", None)
-    if compiled is not None and "optimizer" not in spec_names:
-        config = dict(compiled.get_config())
-        if "learning_rate" in spec_names:
-            config["learning_rate"] = params.learning_rate
-        recipe = OptimizerRecipe(type(compiled), config, "hypermodel")
-    else:
-        if params.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {params.optimizer!r}")
-        cls, fixed = OPTIMIZERS[params.optimizer]
-        config = cls(learning_rate=params.learning_rate, **fixed).get_config()
-        recipe = OptimizerRecipe(cls, config, "spec" if spec_names & {"optimizer", "learning_rate"} else "default")
-    if params.clipping != "none":
-        clip = {argument: None for argument in CLIPPING_ARGUMENTS.values()}
-        clip[CLIPPING_ARGUMENTS[params.clipping]] = params.clip_threshold
-        recipe = OptimizerRecipe(recipe.cls, {**recipe.config, **clip}, recipe.source)
-    return recipe
-
-
-def make_optimizer(params: TrainingParams) -> keras.optimizers.Optimizer:
-    """foldsweep's own optimizer for ``params``, with gradient clipping through its own argument."""
-    return optimizer_recipe(_UNCOMPILED, params).make()
-
-
-class _Uncompiled:
-    optimizer = None
-
-
-_UNCOMPILED = _Uncompiled()
 
 
 def epoch_order(train_indices: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
@@ -159,6 +38,79 @@ def epoch_order(train_indices: np.ndarray, *, seed: int, epoch: int) -> np.ndarr
 def fold_seed(trial_seed: int, fold: int) -> int:
     """Each fold's initialisation and shuffling seed, independent of which trials ran before."""
     return int(np.random.SeedSequence([trial_seed, fold]).generate_state(1)[0])
+
+
+def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: TrainingLoss, data: ResidentData
+               ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """One fold's training launch and evaluation, uncompiled, over device-resident data:
+    ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
+    ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
+    the summed loss and correct predictions of one batch."""
+    import tensorflow as tf
+
+    features, labels = data.x, data.y
+
+    def train_step(indices, enabled):
+        x = tf.gather(features, indices)
+        y = tf.gather(labels, indices)
+        with tf.GradientTape() as tape:
+            predictions = model(x, training=True)
+            value = tf.reduce_mean(loss.per_sample(y, predictions))
+            if model.losses:
+                value = value + tf.add_n(model.losses)
+        gradients = tape.gradient(value, model.trainable_variables)
+        norm = tf.linalg.global_norm([g for g in gradients if g is not None])
+        # A scalar test per step: a non-finite loss or gradient is never applied, so the fold
+        # stops with the weights of its last good step.
+        healthy = tf.math.is_finite(value) & tf.math.is_finite(norm)
+        if healthy & enabled:
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return value, norm, healthy
+
+    def train_steps(batches, first_step, tally):
+        # One compiled launch: the steps of ``batches`` (a static number of steps, unrolled),
+        # each adding to the epoch's tally inside the launch. Once a step fails, the steps after
+        # it in the launch apply nothing.
+        for j in range(batches.shape[0]):
+            active = tally[2] < 0
+            value, norm, healthy = train_step(batches[j], active)
+            tally = tally_step(tally, step=first_step + j, loss=value, norm=norm, healthy=healthy, active=active,
+                               samples=batches.shape[1])
+        return tally
+
+    def evaluate_batch(indices):
+        y = tf.gather(labels, indices)
+        predictions = model(tf.gather(features, indices), training=False)
+        return tf.reduce_sum(loss.per_sample(y, predictions)), tf.reduce_sum(loss.correct(y, predictions))
+
+    return train_steps, evaluate_batch
+
+
+def _failed(tally: Any) -> Any:
+    return tally[2] >= 0
+
+
+def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: Any, *, steps_per_launch: int,
+                stopped: Callable[[Any], Any]) -> Any:
+    """An epoch's training steps as one graph loop (inside the epoch's ``tf.function``):
+    ``steps_per_launch`` of them per compiled launch, then the steps that do not fill a launch one
+    per launch, left as soon as ``stopped(tally)``. ``batches`` are the steps' arguments, each
+    with the epoch's steps first; ``steps(*arguments of some steps, first step, tally)`` returns
+    the tally after them. The fold engine and the stacked folds train through it alike."""
+    import tensorflow as tf
+
+    n_steps = tf.shape(batches[0])[0]
+    launched = n_steps // steps_per_launch * steps_per_launch
+    launches = [tf.reshape(batch[:launched], [-1, steps_per_launch, *batch.shape[1:]]) for batch in batches]
+    for launch in tf.range(tf.shape(launches[0])[0]):
+        tally = steps(*(arguments[launch] for arguments in launches), launch * steps_per_launch, tally)
+        if stopped(tally):
+            break
+    for step in tf.range(launched, n_steps):
+        if stopped(tally):
+            break
+        tally = steps(*(batch[step][tf.newaxis] for batch in batches), step, tally)
+    return tally
 
 
 @dataclass(frozen=True)
@@ -235,7 +187,6 @@ class FoldEngine:
 
         self.model = model
         self.optimizer = optimizer
-        loss_of = loss
         self.batch_size = batch_size
         self.seed = seed
         self.jit_compile = jit_compile
@@ -247,82 +198,34 @@ class FoldEngine:
         self.failure: NanEvent | None = None
         # The XLA-compiled launch (None when the step runs without XLA): each trace is a program.
         self.compiled_steps: Any = None
-        optimizer.build(model.trainable_variables)
-        features, labels = data.x, data.y
         self.shuffle = shuffle
-
-        def train_step(indices, enabled):
-            x = tf.gather(features, indices)
-            y = tf.gather(labels, indices)
-            with tf.GradientTape() as tape:
-                predictions = model(x, training=True)
-                loss = tf.reduce_mean(loss_of.per_sample(y, predictions))
-                if model.losses:
-                    loss = loss + tf.add_n(model.losses)
-            gradients = tape.gradient(loss, model.trainable_variables)
-            norm = tf.linalg.global_norm([g for g in gradients if g is not None])
-            # A scalar test per step: a non-finite loss or gradient is never applied, so the fold
-            # stops with the weights of its last good step.
-            healthy = tf.math.is_finite(loss) & tf.math.is_finite(norm)
-            if healthy & enabled:
-                optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            return loss, norm, healthy
-
-        def train_steps(batches, first_step, tally):
-            # One compiled launch: the steps of ``batches`` ([steps, batch], a static number of
-            # steps, unrolled), each adding to the epoch's tally inside the launch. Once a step
-            # fails, the steps after it in the launch apply nothing.
-            for j in range(batches.shape[0]):
-                active = tally[2] < 0
-                loss, norm, healthy = train_step(batches[j], active)
-                tally = tally_step(tally, step=first_step + j, loss=loss, norm=norm, healthy=healthy, active=active,
-                                   samples=batches.shape[1])
-            return tally
+        optimizer.build(model.trainable_variables)
+        train_steps, evaluate_batch = fold_steps(model, optimizer, loss, data)
+        # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
+        # sees at most three: a launch, one batch, the remainder).
+        steps = train_steps if eager else tf.function(train_steps, jit_compile=jit_compile)
+        if jit_compile and not eager:
+            self.compiled_steps = steps
 
         def train_epoch(full_batches, remainder):
-            # The whole epoch is one execution: a graph loop over the epoch's index batches,
-            # steps_per_launch of them per compiled launch, left at the first step whose loss or
-            # gradient is not finite. Full batches that do not fill a launch and the remainder
-            # go one per launch.
+            # The whole epoch is one execution (``launch_loop``); the remainder, shorter than a
+            # batch, is one more launch of its own.
             # Zeros, not NaN, for the last loss and norm, so that TensorFlow's numeric checking
             # (rerun --check-numerics) only ever stops at a value the model produced.
             tally = (tf.constant(0.0), tf.constant(0), tf.constant(-1), tf.constant(0.0), tf.constant(0.0))
-            n_full = tf.shape(full_batches)[0]
-            launched = n_full // steps_per_launch * steps_per_launch
-            launches = tf.reshape(full_batches[:launched], [-1, steps_per_launch, batch_size])
-            for launch in tf.range(tf.shape(launches)[0]):
-                tally = steps(launches[launch], launch * steps_per_launch, tally)
-                if failed(tally):
-                    break
-            for first in tf.range(launched, n_full):
-                if failed(tally):
-                    break
-                tally = steps(full_batches[first][tf.newaxis], first, tally)
+            tally = launch_loop(steps, (full_batches,), tally, steps_per_launch=steps_per_launch, stopped=_failed)
             if remainder.shape[0]:
-                if not failed(tally):
-                    tally = steps(remainder[tf.newaxis], n_full, tally)
+                if not _failed(tally):
+                    tally = steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally)
             return tally
 
-        def failed(tally):
-            return tally[2] >= 0
-
-        def evaluate_batch(indices):
-            y = tf.gather(labels, indices)
-            predictions = model(tf.gather(features, indices), training=False)
-            return tf.reduce_sum(loss_of.per_sample(y, predictions)), tf.reduce_sum(loss_of.correct(y, predictions))
-
         if eager:
-            steps, self._train_epoch, self._evaluate_batch = train_steps, train_epoch, evaluate_batch
+            self._train_epoch, self._evaluate_batch = train_epoch, evaluate_batch
         else:
-            # Shapes are not relaxed: the unrolled step needs its number of steps statically
-            # (it sees at most three: a launch, one batch, the remainder).
-            steps = tf.function(train_steps, jit_compile=jit_compile)
-            if jit_compile:
-                self.compiled_steps = steps
             self._train_epoch = tf.function(train_epoch)
             self._evaluate_batch = tf.function(evaluate_batch, reduce_retracing=True)
-        # The uncompiled epoch loop (its steps compiled), for ``pipeline.fused`` to run several
-        # folds' loops in one execution.
+        # The uncompiled epoch loop (its steps compiled), for ``pipeline.engine.fused`` to run
+        # several folds' loops in one execution.
         self.epoch_loop = train_epoch
 
     def epoch_order(self, epoch: int) -> np.ndarray:

@@ -8,62 +8,52 @@ the next trial in the same process.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ray import tune
 
-from pipeline.folds import Fold
-from pipeline.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_threads
-from pipeline.lifespan import Lifespan
-from pipeline.results import RUNNING_BEST_PREFIX, WORKER_MAPS, WORKER_RETIRES, WORKER_TRIALS, EpochResult, TrialInfo
-from pipeline.runtime import configure_devices, configure_threads
-from pipeline.stopping import Patience
-from pipeline.spec import TRAINING_DEFAULTS, EarlyStoppingSpec, Objective, SweepSpec
+from pipeline.inputs.folds import Fold
+from pipeline.contract.plan import ThreadPlan, TrialPlan, plan_threads
+from pipeline.engine.lifespan import Lifespan
+from pipeline.contract.results import RUNNING_BEST_PREFIX, WORKER_MAPS, WORKER_RETIRES, WORKER_TRIALS, EpochResult, TrialInfo
+from pipeline.engine.runtime import configure_devices, configure_threads
+from pipeline.engine.stopping import Patience
+from pipeline.engine.recipe import TrainingRecipe
+from pipeline.inputs.spec import Objective, SweepSpec, TrainSpec
 
 CHECKPOINT_FILE = "folds.npz"
 
 
 @dataclass(frozen=True)
 class TrialSettings:
-    """What every trial of a sweep shares, besides the data and folds."""
+    """What every trial of a sweep shares, besides the data and folds: where its experiment is,
+    its resources, its objective, and its training recipe (the spec's ``train`` section)."""
 
     experiment_path: str
     experiment_attr: str
     dataset_fingerprint: str
-    epochs: int
-    seed: int
-    from_logits: bool
-    cpus: float
-    gpus: float
-    choices: ExecutionChoices = ExecutionChoices()
-    conditions: Mapping[str, Any] = field(default_factory=dict)
-    # Training hyperparameters the spec's search space names: they replace a compiled model's own.
-    spec_names: frozenset[str] = frozenset()
-    # foldsweep's training hyperparameter -> the hypermodel's that a fit() override feeds it from.
-    fit_arguments: Mapping[str, str] = field(default_factory=dict)
-    max_trials_per_worker: int | str = "auto"
-    early_stopping: EarlyStoppingSpec | None = None
+    recipe: TrainingRecipe
+    cpus: float = 1.0
+    gpus: float = 0.0
     objective: Objective = Objective()
-    compile_cache: bool = True
+    max_trials_per_worker: int | str = "auto"
 
     @classmethod
     def from_spec(cls, spec: SweepSpec, *, experiment_path: Path, dataset_fingerprint: str,
                   conditions: Mapping[str, Any], fit_arguments: Mapping[str, str] | None = None, eager: bool = False,
                   check_numerics: bool = False) -> TrialSettings:
-        train = spec.train
-        # XLA-compiled steps are opaque to TensorFlow's numeric checking, and eager runs op by op.
-        jit_compile = "off" if check_numerics or eager else train.jit_compile
-        choices = ExecutionChoices(jit_compile=jit_compile, fused=train.fused, steps_per_launch=train.steps_per_launch,
-                                   eager=eager, check_numerics=check_numerics)
+        recipe = TrainingRecipe.from_spec(spec, conditions=conditions, fit_arguments=fit_arguments, eager=eager,
+                                          check_numerics=check_numerics)
         return cls(experiment_path=str(experiment_path), experiment_attr=spec.experiment_attr,
-                   dataset_fingerprint=dataset_fingerprint, epochs=train.epochs, seed=train.seed,
-                   from_logits=train.from_logits, cpus=spec.resources.cpu, gpus=spec.resources.gpu, choices=choices,
-                   conditions=dict(conditions), spec_names=frozenset(TRAINING_DEFAULTS).intersection(spec.search.space),
-                   fit_arguments=dict(fit_arguments or {}),
-                   max_trials_per_worker=spec.resources.max_trials_per_worker,
-                   early_stopping=train.early_stopping, objective=spec.objective, compile_cache=train.compile_cache)
+                   dataset_fingerprint=dataset_fingerprint, recipe=recipe, cpus=spec.resources.cpu,
+                   gpus=spec.resources.gpu, objective=spec.objective,
+                   max_trials_per_worker=spec.resources.max_trials_per_worker)
+
+    @property
+    def train(self) -> TrainSpec:
+        return self.recipe.train
 
 
 @dataclass(frozen=True)
@@ -83,7 +73,7 @@ def configure_tensorflow(*, gpus: float, threads: ThreadPlan, compile_cache: boo
     Raises:
         ThreadsError: TensorFlow already runs here with other thread pools.
     """
-    from pipeline.compile_cache import activate, deactivate, device_kind
+    from pipeline.base.compile_cache import activate, deactivate, device_kind
 
     if compile_cache:  # TensorFlow reads its XLA flags once, when it sets up its devices
         activate(device_kind=device_kind(gpus))
@@ -97,26 +87,13 @@ def configure_tensorflow(*, gpus: float, threads: ThreadPlan, compile_cache: boo
 def set_up_worker(settings: TrialSettings, *, x: Any, y: Any, threads: ThreadPlan) -> Worker:
     """Configure TensorFlow for this process's trials (before anything starts it), copy the data
     to the device once, and load the experiment's builder."""
-    notice = configure_tensorflow(gpus=settings.gpus, threads=threads, compile_cache=settings.compile_cache)
-    from pipeline.hypermodel import load_builder
-    from pipeline.resident import resident_data
+    notice = configure_tensorflow(gpus=settings.gpus, threads=threads, compile_cache=settings.train.compile_cache)
+    from pipeline.inputs.hypermodel import load_builder
+    from pipeline.engine.resident import resident_data
 
     return Worker(data=resident_data(settings.dataset_fingerprint, x, y),
                   build_fn=load_builder(Path(settings.experiment_path), settings.experiment_attr),
                   device_notice=notice)
-
-
-def trial_values(config: Mapping[str, Any], settings: TrialSettings) -> tuple[Any, dict[str, Any], int | None]:
-    """A resolved config as (its training parameters, the values its build gets, its epochs), the
-    fit arguments of a HyperModel.fit taken from the hyperparameters that feed them."""
-    from pipeline.space import split_config
-    from pipeline.training import TrainingParams
-
-    training, model_values = split_config(config)
-    for name, source in settings.fit_arguments.items():
-        training[name] = config.get(source, training.get(name))
-    epochs = training.pop("epochs")
-    return TrainingParams(**training), model_values, epochs
 
 
 class TrialRunner:
@@ -128,22 +105,20 @@ class TrialRunner:
 
     def __init__(self, config: Mapping[str, Any], *, worker: Worker, folds: Sequence[Fold], settings: TrialSettings,
                  fold_ids: Sequence[int] | None = None, epochs: int | None = None, replay: TrialPlan | None = None):
-        from pipeline.space import resolve_config
-        from pipeline.trainer import build_trainer
+        from pipeline.inputs.space import resolve_config
+        from pipeline.engine.trainer import build_trainer
 
-        self.config = resolve_config(config, settings.conditions)
-        params, model_values, planned = trial_values(self.config, settings)
-        self.epochs = epochs or planned or settings.epochs
+        recipe = settings.recipe
+        self.config = resolve_config(config, recipe.conditions)
+        self.epochs = epochs or recipe.values(self.config)[2]
         self._worker = worker
         self._info_reported = False
         self._objective = settings.objective
-        self.patience = Patience(settings.early_stopping) if settings.early_stopping is not None else None
+        early_stopping = settings.train.early_stopping
+        self.patience = Patience(early_stopping) if early_stopping is not None else None
         self.running_best = math.nan
-        self.trainer = build_trainer(
-            worker.build_fn, model_values, params, data=worker.data, folds=folds,
-            seed=settings.seed, choices=settings.choices, fold_ids=fold_ids, from_logits=settings.from_logits,
-            planned_epochs=self.epochs, replay=replay, spec_names=settings.spec_names,
-        )
+        self.trainer = build_trainer(worker.build_fn, self.config, recipe, data=worker.data, folds=folds,
+                                     fold_ids=fold_ids, planned_epochs=self.epochs, replay=replay)
 
     def next_epoch(self) -> EpochResult:
         """One more epoch of every fold; the last one when the planned epochs are reached, every
@@ -185,7 +160,7 @@ class TrialRunner:
     def info(self) -> TrialInfo:
         import platform
 
-        from pipeline.resident import transfers
+        from pipeline.engine.resident import transfers
 
         model = self.trainer.models[0]
         lines: list[str] = []
@@ -204,7 +179,7 @@ class FoldTrainable(tune.Trainable):
 
     def setup(self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold],
               settings: TrialSettings) -> None:
-        threads = plan_threads(settings.choices, cpus=settings.cpus, n_folds=len(folds))
+        threads = plan_threads(settings.recipe.choices, cpus=settings.cpus, n_folds=len(folds))
         self._worker = set_up_worker(settings, x=data["x"], y=data["y"], threads=threads)
         self._lifespan = Lifespan(settings.max_trials_per_worker)
         self._folds = folds

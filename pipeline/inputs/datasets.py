@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from pipeline.errors import DataError
-from pipeline.spec import DatasetSpec
+from pipeline.base.errors import DataError
+from pipeline.inputs.spec import DatasetSpec
 
 DATA_DIR_ENV = "FOLDSWEEP_DATA_DIR"
 
@@ -63,8 +63,9 @@ def fingerprint_arrays(arrays: Mapping[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-# This module's folder: in a checkout (an editable install) the project sits right above it.
-PACKAGE_DIR = Path(__file__).resolve().parent
+# The package's folder (pipeline/, above this layer's): in a checkout (an editable install) the
+# project sits right above it.
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 def data_dir() -> Path:
@@ -238,7 +239,7 @@ def _generate_digits(options: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 def _protein_builtin() -> Builtin:
-    from pipeline import protein
+    from pipeline.inputs import protein
 
     return Builtin(name="protein_windows", defaults=protein.DEFAULTS, generate=protein.generate,
                    validate=protein.validate)

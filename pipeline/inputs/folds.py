@@ -14,9 +14,9 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 from sklearn.model_selection import (GroupKFold, RepeatedKFold, RepeatedStratifiedKFold, StratifiedGroupKFold)
 
-from pipeline.datasets import Dataset
-from pipeline.errors import DataError
-from pipeline.spec import CVSpec
+from pipeline.inputs.datasets import Dataset
+from pipeline.base.errors import DataError
+from pipeline.inputs.spec import CVSpec
 
 
 @dataclass(frozen=True)

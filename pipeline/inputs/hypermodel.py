@@ -11,7 +11,7 @@ arguments). foldsweep never asks the researcher to change it:
   asked for;
 - a model with no declared input (a ``Sequential`` without ``Input``, a subclassed model) is
   built on the dataset's sample shape;
-- a model the hypermodel compiled keeps its optimizer and loss (``pipeline.training`` makes each
+- a model the hypermodel compiled keeps its optimizer and loss (``pipeline.engine.training`` makes each
   fold its own copy); an uncompiled one gets foldsweep's;
 - a ``HyperModel.fit`` that passes ``batch_size``/``epochs``/``shuffle`` to ``model.fit`` is read
   once with a recording model: those become foldsweep's, and an ``EarlyStopping`` callback its
@@ -21,6 +21,7 @@ arguments). foldsweep never asks the researcher to change it:
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -33,8 +34,8 @@ import numpy as np
 from keras_tuner.src.engine import conditions as conditions_module
 from keras_tuner.src.engine.hyperparameters import hp_types
 
-from pipeline.errors import ExperimentError
-from pipeline.spec import EarlyStoppingSpec
+from pipeline.base.errors import ExperimentError
+from pipeline.inputs.spec import EarlyStoppingSpec, TrainSpec
 
 MAX_DISCOVERY_BUILDS = 64
 # A number hyperparameter with at most this many values is enumerated to find which of its
@@ -71,9 +72,9 @@ class Experiment:
         Raises:
             ExperimentError: the model cannot be built on (or run on) samples of that shape.
         """
-        return self.head(np.zeros((1, *input_shape), np.float32), from_logits=True).units
+        return self.head(np.zeros((1, *input_shape), np.float32), train=TrainSpec(from_logits=True)).units
 
-    def head(self, samples: np.ndarray, *, from_logits: bool) -> ModelHead:
+    def head(self, samples: np.ndarray, *, train: TrainSpec) -> ModelHead:
         """The default model built on the shape of ``samples`` (real ones, a small batch), its
         outputs on them and the loss it trains with (``train.from_logits`` for foldsweep's own).
 
@@ -82,7 +83,7 @@ class Experiment:
                 cannot train it as ``fit`` would, or its outputs are not what its loss reads
                 them as (probabilities under a cross-entropy without ``from_logits``).
         """
-        from pipeline.losses import LOSS_CLASSES, outputs_problem, training_loss
+        from pipeline.inputs.losses import LOSS_CLASSES, outputs_problem, training_loss
 
         input_shape = tuple(samples.shape[1:])
         try:
@@ -105,7 +106,7 @@ class Experiment:
                 "sample (a softmax over one unit), so nothing it learns can change a prediction: a binary "
                 "classifier ends in Dense(1, activation='sigmoid')")
         try:
-            loss = training_loss(model, from_logits=from_logits, units=units)
+            loss = training_loss(model, train=train, units=units)
         except ExperimentError as exc:
             raise ExperimentError(f"experiment: {self.reference}: {exc}") from None
         problem = outputs_problem(loss, outputs)
@@ -127,7 +128,7 @@ class ModelHead:
 
     units: int
     parameters: int
-    loss: Any  # pipeline.losses.TrainingLoss
+    loss: Any  # pipeline.inputs.losses.TrainingLoss
 
 
 def output_units(model: keras.Model, input_shape: tuple[int, ...]) -> int:
@@ -222,8 +223,6 @@ def _refuse_own_training(model: keras.Model, reference: str) -> None:
 
 def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None, str | None]:
     """The optimizer class a build compiled and its learning-rate schedule, if any."""
-    from pipeline.training import schedule_text
-
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return None, None
@@ -530,3 +529,27 @@ def _last_frame(exc: BaseException) -> str:
         return ""
     frame = frames[-1]
     return f"  at {frame.filename}:{frame.lineno}: {frame.line}"
+
+
+def schedule_text(schedule: Any) -> str:
+    """A learning-rate schedule (object or its serialized config) as its class called with the
+    arguments that differ from the class's defaults, the initial rate first and unnamed."""
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        cls, config = type(schedule), schedule.get_config()
+    elif isinstance(schedule, dict) and "class_name" in schedule:
+        cls = getattr(keras.optimizers.schedules, schedule["class_name"], None)
+        config = schedule.get("config", {})
+    else:
+        return str(schedule)
+    defaults = {} if cls is None else {name: parameter.default for name, parameter
+                                       in inspect.signature(cls.__init__).parameters.items()}
+    arguments = {key: value for key, value in config.items()
+                 if key != "name" and not (key in defaults and defaults[key] == value)}
+    first = next((key for key in arguments if key.startswith("initial_")), None)
+    shown = [_short_number(arguments.pop(first))] if first else []
+    shown += [f"{key}={_short_number(value)}" for key, value in arguments.items()]
+    return f"{schedule['class_name'] if cls is None else cls.__name__}({', '.join(shown)})"
+
+
+def _short_number(value: Any) -> str:
+    return f"{value:.7g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else str(value)

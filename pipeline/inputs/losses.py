@@ -22,7 +22,8 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
-from pipeline.errors import ExperimentError
+from pipeline.base.errors import ExperimentError
+from pipeline.inputs.spec import TrainSpec
 
 BINARY_LOSSES = ("binary_crossentropy", "binary_focal_crossentropy")
 CATEGORICAL_LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy", "categorical_focal_crossentropy")
@@ -95,7 +96,7 @@ class TrainingLoss:
         return f"{self.name}{logits}"
 
 
-def training_loss(model: keras.Model, *, from_logits: bool, units: int) -> TrainingLoss:
+def training_loss(model: keras.Model, *, train: TrainSpec, units: int) -> TrainingLoss:
     """The loss a compiled model asks for, else foldsweep's (``train.from_logits`` applies to
     foldsweep's own); ``units`` is the model's number of outputs.
 
@@ -106,10 +107,12 @@ def training_loss(model: keras.Model, *, from_logits: bool, units: int) -> Train
     compiled = getattr(model, "loss", None)
     binary = units == 1
     if compiled is None:
-        kind = "binary_crossentropy" if binary else "sparse_categorical_crossentropy"
-        fn = keras.losses.binary_crossentropy if binary else keras.losses.sparse_categorical_crossentropy
-        return TrainingLoss(functools.partial(fn, from_logits=from_logits), name=kind, binary=binary,
-                            from_logits=from_logits, kind=kind)
+        return _own_loss(train, binary=binary)
+    if train.label_smoothing:
+        raise ExperimentError(
+            f"train.label_smoothing applies to foldsweep's own loss, and the model compiles its own ({compiled!r}): "
+            "set label_smoothing on the compiled loss (keras.losses.CategoricalCrossentropy(label_smoothing=...)) "
+            f"or drop the compile's loss, got train.label_smoothing={train.label_smoothing:g}")
     loss = keras.losses.get(compiled) if isinstance(compiled, str) else compiled
     # A Loss object's call() gives per-sample values, unreduced; a loss function does too.
     fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
@@ -118,6 +121,22 @@ def training_loss(model: keras.Model, *, from_logits: bool, units: int) -> Train
     _refuse_unfit(loss, kind, name, units)
     return TrainingLoss(fn, one_hot=not binary and _expects_one_hot(loss, fn, name, kind), name=name, binary=binary,
                         from_logits=_from_logits(loss, kind), kind=kind)
+
+
+def _own_loss(train: TrainSpec, *, binary: bool) -> TrainingLoss:
+    """Binary or sparse categorical cross-entropy; with label smoothing, which Keras' sparse loss
+    lacks, categorical cross-entropy on one-hot targets (what smoothing spreads)."""
+    smoothing = train.label_smoothing
+    if binary:
+        kind, fn = "binary_crossentropy", keras.losses.binary_crossentropy
+    elif smoothing:
+        kind, fn = "categorical_crossentropy", keras.losses.categorical_crossentropy
+    else:
+        kind, fn = "sparse_categorical_crossentropy", keras.losses.sparse_categorical_crossentropy
+    options = {"from_logits": train.from_logits, **({"label_smoothing": smoothing} if smoothing else {})}
+    return TrainingLoss(functools.partial(fn, **options), one_hot=kind == "categorical_crossentropy",
+                        name=kind if not smoothing else f"{kind} (label_smoothing={smoothing:g})", binary=binary,
+                        from_logits=train.from_logits, kind=kind)
 
 
 def _refuse_unfit(loss: Any, kind: str | None, name: str, units: int) -> None:

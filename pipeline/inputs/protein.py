@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from pipeline.errors import DataError
+from pipeline.base.errors import DataError
 
 AMINO_ACIDS = "ARNDCQEGHILKMFPSTWYV"
 PADDING = len(AMINO_ACIDS)  # index of the padding symbol, the 21st channel

@@ -24,8 +24,8 @@ from keras_tuner.src.engine.hyperparameters import hp_types
 from ray import tune
 from ray.tune.search import sample
 
-from pipeline.errors import SpecError
-from pipeline.spec import TRAINING_DEFAULTS, ParamSpec, SweepSpec
+from pipeline.base.errors import SpecError
+from pipeline.inputs.spec import TRAINING_DEFAULTS, ParamSpec, SweepSpec
 
 # A grid over (clipping, clip_threshold) pairs is one config key, so that `none` is not repeated
 # once per threshold.

@@ -14,7 +14,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from pipeline.errors import SpecError
+from pipeline.base.errors import SpecError
 
 SplitterName = Literal["kfold", "stratified", "group", "stratified_group"]
 SPLITTERS: tuple[str, ...] = ("kfold", "stratified", "group", "stratified_group")
@@ -166,6 +166,8 @@ class TrainSpec:
     mode: Literal["max", "min"] = "max"
     seed: int = 0
     from_logits: bool = False
+    # Of foldsweep's own loss: each label's target spread over the classes by this share.
+    label_smoothing: float = 0.0
     jit_compile: AutoSwitch = "auto"
     fused: AutoSwitch = "auto"
     steps_per_launch: int | Literal["auto"] = "auto"
@@ -173,7 +175,7 @@ class TrainSpec:
     select: Literal["best_epoch", "last"] = "best_epoch"
     early_stopping: EarlyStoppingSpec | None = None  # off unless the spec (or a HyperModel.fit) asks
     # Compiled XLA programs are kept on disk and reused by later trials, reruns and sweeps
-    # (pipeline.compile_cache); FOLDSWEEP_COMPILE_CACHE=off switches it off for a machine.
+    # (pipeline.base.compile_cache); FOLDSWEEP_COMPILE_CACHE=off switches it off for a machine.
     compile_cache: bool = True
 
 
@@ -185,7 +187,7 @@ class ResourcesSpec:
     max_failures: int = 0
     address: str | None = None
     # Trials one worker process runs before a fresh one takes over; auto: as its memory
-    # mappings near the kernel's limit (pipeline.lifespan).
+    # mappings near the kernel's limit (pipeline.engine.lifespan).
     max_trials_per_worker: int | Literal["auto"] = "auto"
 
 
@@ -504,6 +506,10 @@ def _parse_train(section: _Section) -> TrainSpec:
     mode = section.one_of("mode", MODES, default=Objective.for_metric(metric).mode)
     seed = section.integer("seed", default=0, minimum=0)
     from_logits = section.boolean("from_logits", default=False)
+    label_smoothing = section.number("label_smoothing", default=0.0, minimum=0.0)
+    if label_smoothing >= 1:
+        section.fail("label_smoothing", "must be a number below 1 (the share of a label spread over the classes)",
+                     label_smoothing)
     jit_compile = _auto_or_boolean(section, "jit_compile")
     fused = _auto_or_boolean(section, "fused")
     steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch")
@@ -514,7 +520,7 @@ def _parse_train(section: _Section) -> TrainSpec:
         is not None else None
     section.finish()
     return TrainSpec(epochs=epochs, metric=metric, mode=mode, seed=seed, from_logits=from_logits,
-                     jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, refit=refit,
+                     label_smoothing=label_smoothing, jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, refit=refit,
                      select=select, early_stopping=early_stopping, compile_cache=compile_cache)
 
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pipeline.report import _group, nan_table_rows, selected_epoch, selected_score, shared_ranks, split_params
-from pipeline.spec import Objective
-from pipeline.tracking import TrialRecord
+from pipeline.records.report import _group, nan_table_rows, selected_epoch, selected_score, shared_ranks, split_params
+from pipeline.contract.results import NAN_EPOCH, TRAIN_RATE, TrialStatus
+from pipeline.inputs.spec import Objective
+from pipeline.records.tracking import TrialRecord
 
 PLOTS = ("score_vs_batch_size.png", "nan_rate_heatmap.png", "throughput_vs_batch_size.png", "learning_curves.png",
          "parallel_coordinates.png")
@@ -45,7 +46,7 @@ def learning_curve_data(records: Sequence[TrialRecord], objective: Objective,
         points = sorted(histories.get(record.run_id, ()))
         if not points:
             continue
-        nan_at = int(record.tags.get("nan_epoch", points[-1][0])) if record.status == "nan" else None
+        nan_at = int(record.tags.get(NAN_EPOCH, points[-1][0])) if record.status is TrialStatus.NAN else None
         curves.append(Curve(record.run_name, tuple(step for step, _ in points), tuple(value for _, value in points),
                             ranks.get(record.run_id, 0), nan_at, selected_epoch(record)))
     return curves
@@ -118,10 +119,10 @@ def write_plots(records: Sequence[TrialRecord], objective: Objective, directory:
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for kind in kinds:
-        members = [r for r in records if _group(r)[1] == kind and r.status in ("ok", "pruned")
+        members = [r for r in records if _group(r)[1] == kind and r.status in (TrialStatus.OK, TrialStatus.PRUNED)
                    and selected_score(r, key) is not None and _group(r)[0] is not None]
         axes.scatter([_group(r)[0] for r in members], [selected_score(r, key) for r in members], label=kind, alpha=0.8)
-    failed = [r for r in records if r.status == "nan" and _group(r)[0] is not None]
+    failed = [r for r in records if r.status is TrialStatus.NAN and _group(r)[0] is not None]
     if failed:
         bottom = min((selected_score(r, key) for r in records if selected_score(r, key) is not None), default=0.0)
         axes.scatter([_group(r)[0] for r in failed], [bottom] * len(failed), marker="x", color="red", label="NaN")
@@ -159,9 +160,9 @@ def write_plots(records: Sequence[TrialRecord], objective: Objective, directory:
     plt.close(figure)
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    measured = [r for r in records if math.isfinite(r.metrics.get("train_samples_per_s", math.nan))
+    measured = [r for r in records if math.isfinite(r.metrics.get(TRAIN_RATE, math.nan))
                 and _group(r)[0] is not None]
-    axes.scatter([_group(r)[0] for r in measured], [r.metrics["train_samples_per_s"] for r in measured], alpha=0.8)
+    axes.scatter([_group(r)[0] for r in measured], [r.metrics[TRAIN_RATE] for r in measured], alpha=0.8)
     _batch_axis(axes, batches)
     axes.set_ylabel("training samples/s (all folds, compilation excluded)")
     axes.set_title("training throughput vs batch size")

@@ -16,8 +16,8 @@ from typing import Any, Callable, Mapping
 
 from ray.tune import Callback
 
-from pipeline.results import EPOCH, EPOCHS_PLANNED, FOLD_IDS, EpochResult, trial_label
-from pipeline.spec import Objective
+from pipeline.contract.results import EPOCH, EPOCHS_PLANNED, TrialStatus, ended_status, trial_label
+from pipeline.inputs.spec import Objective
 
 REFRESH_S = 2.0
 HEARTBEAT_S = 60.0
@@ -45,7 +45,7 @@ class TrialProgress:
     epoch: int = 0
     epochs: int = 0
     score: float | None = None
-    state: str = "running"  # running | ok | pruned | nan | error
+    state: TrialStatus = TrialStatus.RUNNING
 
 
 @dataclass
@@ -65,23 +65,24 @@ class SweepProgress:
         score = report.get(self.objective.key)
         trial.score = float(score) if isinstance(score, (int, float)) and math.isfinite(score) else trial.score
 
-    def ended(self, trial_id: str, params: str, state: str) -> None:
+    def ended(self, trial_id: str, params: str, state: TrialStatus) -> None:
         self.trials.setdefault(trial_id, TrialProgress(trial_id, params)).state = state
 
     def counts(self) -> dict[str, int]:
         states = [trial.state for trial in self.trials.values()]
-        return {"done": sum(state != "running" for state in states), "running": states.count("running"),
-                "pending": max(0, self.trials_planned - len(states)), "pruned": states.count("pruned"),
-                "nan": states.count("nan"), "failed": states.count("error")}
+        return {"done": sum(state is not TrialStatus.RUNNING for state in states),
+                "running": states.count(TrialStatus.RUNNING), "pending": max(0, self.trials_planned - len(states)),
+                "pruned": states.count(TrialStatus.PRUNED), "nan": states.count(TrialStatus.NAN),
+                "failed": states.count(TrialStatus.ERROR)}
 
     def best(self) -> TrialProgress | None:
-        scored = [trial for trial in self.trials.values() if trial.score is not None and trial.state in ("running", "ok")]
+        scored = [trial for trial in self.trials.values() if trial.score is not None and trial.state in (TrialStatus.RUNNING, TrialStatus.OK)]
         return min(scored, key=lambda trial: self.objective.sort_key(trial.score), default=None)
 
     def eta(self) -> float | None:
         """From the epochs done so far: ended trials count as whole (a pruned one took no more)."""
         done = sum(trial.epoch for trial in self.trials.values())
-        total = sum(trial.epoch if trial.state != "running" else max(trial.epochs, trial.epoch)
+        total = sum(trial.epoch if trial.state is not TrialStatus.RUNNING else max(trial.epochs, trial.epoch)
                     for trial in self.trials.values())
         total += self.counts()["pending"] * self.epochs_per_trial
         return eta_seconds(epochs_done=done, epochs_total=total, elapsed_s=time.monotonic() - self.started)
@@ -119,13 +120,11 @@ class ProgressCallback(Callback):
         self._show()
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        last = trial.last_result or {}
-        state = EpochResult.from_report(last).status().value if FOLD_IDS in last else "ok"
-        self.progress.ended(trial.trial_id, self._params(trial), state)
+        self.progress.ended(trial.trial_id, self._params(trial), ended_status(trial.last_result or {}))
         self._show(force=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.progress.ended(trial.trial_id, self._params(trial), "error")
+        self.progress.ended(trial.trial_id, self._params(trial), TrialStatus.ERROR)
         self._show(force=True)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
@@ -167,7 +166,7 @@ class ProgressCallback(Callback):
         for column in ("trial", "params", "epoch", progress.objective.key):
             table.add_column(column)
         for trial in progress.trials.values():
-            if trial.state == "running":
+            if trial.state is TrialStatus.RUNNING:
                 score = f"{trial.score:.4f}" if trial.score is not None else "-"
                 table.add_row(trial.trial_id, trial.params, f"{trial.epoch}/{trial.epochs or progress.epochs_per_trial}",
                               score)

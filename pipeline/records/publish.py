@@ -9,10 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import Mapping
 
-from pipeline.plots import write_plots
-from pipeline.report import (Standings, cv_results, nan_table_rows, rerun_command, split_params, sweep_description,
+from pipeline.records.plots import write_plots
+from pipeline.records.report import (Standings, cv_results, nan_table_rows, rerun_command, split_params, sweep_description,
                              to_csv, trial_description)
-from pipeline.tracking import Tracker
+from pipeline.records.tracking import Tracker
 
 
 def publish(tracker: Tracker, parent_run_id: str, standings: Standings, *, sweep_name: str,

@@ -5,7 +5,7 @@ Everything here reads ``TrialRecord``s (what MLflow holds), so ``foldsweep run``
 ``param_<name>``, ``split{k}_val_<metric>``, ``mean_val_<metric>``, ``std_val_<metric>``,
 ``rank_val_<metric>``. A trial's scores are those of its selected epoch (``best_epoch``,
 ``train.select``), and ``Standings`` compares every ranked trial with the best on the same
-replicas (``pvalue_vs_best``, pipeline.significance).
+replicas (``pvalue_vs_best``, pipeline.records.significance).
 """
 
 from __future__ import annotations
@@ -18,16 +18,17 @@ from typing import Any, Mapping, Sequence
 
 from rich.table import Table
 
-from pipeline.results import BEST_EPOCH, SELECTED_PREFIX, split_key
-from pipeline.significance import SIGNIFICANCE_LEVEL, Comparison, corrected_ttest, val_train_ratio
-from pipeline.spec import Objective
-from pipeline.tracking import TrialRecord
+from pipeline.contract.results import (BEST_EPOCH, COMPILE_S, EVAL_RATE, NAN_EPOCH, NAN_FAILURES, NAN_FOLD, NAN_STEP, SELECTED_PREFIX,
+                                       TRAIN_RATE, TRIAL_WALL_S, TrialStatus, split_key)
+from pipeline.records.significance import SIGNIFICANCE_LEVEL, Comparison, corrected_ttest, val_train_ratio
+from pipeline.inputs.spec import Objective
+from pipeline.records.tracking import TrialRecord
 
 METRICS = ("accuracy", "loss")
 DESCRIPTION_BUDGET = 7500  # characters of a run description (MLflow keeps 8,000 of a tag)
-THROUGHPUT_COLUMNS = ("train_samples_per_s", "eval_samples_per_s", "compile_s", "trial_wall_s")
-NAN_COLUMNS = ("nan_failures",)
-NAN_TAGS = ("nan_fold", "nan_epoch", "nan_step")
+THROUGHPUT_COLUMNS = (TRAIN_RATE, EVAL_RATE, COMPILE_S, TRIAL_WALL_S)
+NAN_COLUMNS = (NAN_FAILURES,)
+NAN_TAGS = (NAN_FOLD, NAN_EPOCH, NAN_STEP)
 
 
 def selected_score(record: TrialRecord, key: str) -> float | None:
@@ -47,7 +48,7 @@ def ranked(records: Sequence[TrialRecord], objective: Objective) -> list[TrialRe
     their selected epoch (ties keep the order trials started). Pruned, NaN and failed trials are
     not ranked."""
     scored = [record for record in records
-              if record.status == "ok" and selected_score(record, objective.key) is not None]
+              if record.status is TrialStatus.OK and selected_score(record, objective.key) is not None]
     return sorted(scored, key=lambda record: objective.sort_key(selected_score(record, objective.key)))
 
 
@@ -182,7 +183,7 @@ def rerun_command(standings: Standings, uri: str, *, program: str = "foldsweep")
     that it works from any directory)."""
     import shlex
 
-    from pipeline.stores import sqlite_path
+    from pipeline.records.stores import sqlite_path
 
     if not standings.ranked:
         return None
@@ -198,7 +199,7 @@ def _epoch_text(record: TrialRecord) -> str:
 
 def _status_text(record: TrialRecord) -> str:
     status = record.status or record.state.lower()
-    if status == "nan":
+    if status is TrialStatus.NAN:
         tags = record.tags
         return f"nan (fold {tags.get('nan_fold')}, epoch {tags.get('nan_epoch')}, step {tags.get('nan_step')})"
     return status
@@ -311,8 +312,8 @@ def nan_table_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
         groups.setdefault(_group(record), []).append(record)
     return [
         {"batch_size": batch, "clipping": clipping, "trials": len(members),
-         "nan": sum(member.status == "nan" for member in members),
-         "nan_folds": int(sum(member.metrics.get("nan_failures", 0) for member in members))}
+         "nan": sum(member.status is TrialStatus.NAN for member in members),
+         "nan_folds": int(sum(member.metrics.get(NAN_FAILURES, 0) for member in members))}
         for (batch, clipping), members in sorted(groups.items(), key=lambda item: (item[0][0] or 0, item[0][1]))
     ]
 
@@ -323,7 +324,7 @@ def throughput_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
 
     groups: dict[int | None, list[TrialRecord]] = {}
     for record in records:
-        if "train_samples_per_s" in record.metrics:
+        if TRAIN_RATE in record.metrics:
             groups.setdefault(_group(record)[0], []).append(record)
     rows = []
     for batch, members in sorted(groups.items(), key=lambda item: item[0] or 0):

@@ -1,6 +1,6 @@
 """Tracking stores before anything touches them: is a URI one MLflow can open, from here, as the
-user who runs the command; and the lock that keeps two processes from creating one SQLite store
-at once.
+user who runs the command; the lock that keeps two processes from creating one SQLite store at
+once; and a store made ready (created or upgraded) under it.
 
 Every check reads and nothing writes: a store that is refused is left byte for byte as it was.
 This module imports neither MLflow nor Ray, so a bad URI is refused at once.
@@ -13,17 +13,19 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 from urllib.parse import urlparse
 
-from pipeline.errors import TrackingError
-from pipeline.private_hooks import MLFLOW_STORE_TABLES
+from pipeline.base.errors import TrackingError
+from pipeline.base.private_hooks import MLFLOW_STORE_TABLES
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 OTHER_SCHEMES = ("file", "postgresql", "mysql", "databricks")
@@ -169,3 +171,35 @@ def store_lock(database: Path) -> Iterator[None]:
     with open(directory / f"{name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+# How often opening a store is tried while another process creates or upgrades it.
+STORE_OPEN_ATTEMPTS = 40
+
+
+def ready_store(client: Any, uri: str) -> None:
+    """Create or upgrade a SQLite store before anything else here touches it, under a lock
+    (``store_lock``), and wait out another process that is doing the same without the lock (the MLflow
+    UI, a script polling the runs): MLflow's schema migration of a new store fails when two
+    processes run it at once (``table _alembic_tmp_experiments already exists``)."""
+    database = sqlite_path(uri)
+    if database is None:
+        return
+    with store_lock(database):
+        for attempt in range(STORE_OPEN_ATTEMPTS):
+            try:
+                client.search_experiments(max_results=1)
+                return
+            except Exception as exc:
+                busy = "already exists" in str(exc) or "database is locked" in str(exc)
+                if not busy or attempt == STORE_OPEN_ATTEMPTS - 1:
+                    raise
+                time.sleep(min(0.1 * (attempt + 1), 1.0))
+
+
+def quiet_mlflow() -> None:
+    # Artifact downloads (reruns read the spec and config back) would draw progress bars.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # Schema migrations of a new SQLite store log a dozen INFO lines; users need none of them.
+    for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking", "mlflow.store"):
+        logging.getLogger(name).setLevel(logging.WARNING)

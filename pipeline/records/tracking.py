@@ -1,15 +1,15 @@
-"""MLflow: the sweep's parent run, a child run per trial, and queries back. The only module that
-imports mlflow or holds its client; everything else speaks to it through ``Tracker``.
+"""MLflow: the sweep's parent run, a child run per trial, and queries back, typed. With
+``stores`` (which checks and opens a store), the only module that holds an MLflow client;
+everything else speaks to the store through ``Tracker``.
 
-There is a single writer, on the driver: a Ray Tune callback turns trial events into MLflow
-calls, so workers never talk to the tracking store.
+There is a single writer, on the driver: a Ray Tune callback (``pipeline.records.callbacks``)
+turns trial events into ``TrialRecorder`` calls, so workers never talk to the tracking store.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import re
@@ -18,15 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ray.tune import Callback
-
-from pipeline.errors import TrackingError
-from pipeline.results import (BEST_EPOCH, FOLD_IDS, PLAN_ARTIFACT, RETRIES, SELECTED_PREFIX, TRIAL_WALL_S, EpochResult,
-                              EpochSelection, SweepStatus, TrialStatus, in_history, info_metrics, info_params,
-                              info_tags, info_texts, trial_label)
-from pipeline.spec import Objective
-from pipeline.private_hooks import MLFLOW_SHARED_VIEW_PARAM, MLFLOW_SHARED_VIEW_TAG
-from pipeline.stores import sqlite_path, store_lock
+from pipeline.base.errors import TrackingError
+from pipeline.contract.results import (BEST_EPOCH, PLAN_ARTIFACT, RETRIES, SELECTED_PREFIX, TRIAL_WALL_S, EpochResult,
+                              EpochSelection, SweepStatus, TrialInfo, TrialStatus, in_history, placement_metrics,
+                                       placement_tags, trial_label)
+from pipeline.inputs.spec import Objective
+from pipeline.base.private_hooks import MLFLOW_SHARED_VIEW_PARAM, MLFLOW_SHARED_VIEW_TAG
+from pipeline.records.stores import quiet_mlflow, ready_store, sqlite_path
 
 
 
@@ -68,38 +66,6 @@ MAX_TAG_LENGTH = 5000
 DESCRIPTION_TAG = "mlflow.note.content"
 
 
-# How often opening a store is tried while another process creates or upgrades it.
-STORE_OPEN_ATTEMPTS = 40
-
-
-def _ready_store(client: Any, uri: str) -> None:
-    """Create or upgrade a SQLite store before anything else here touches it, under a lock
-    (``stores.store_lock``), and wait out another process that is doing the same without the lock (the MLflow
-    UI, a script polling the runs): MLflow's schema migration of a new store fails when two
-    processes run it at once (``table _alembic_tmp_experiments already exists``)."""
-    database = sqlite_path(uri)
-    if database is None:
-        return
-    with store_lock(database):
-        for attempt in range(STORE_OPEN_ATTEMPTS):
-            try:
-                client.search_experiments(max_results=1)
-                return
-            except Exception as exc:
-                busy = "already exists" in str(exc) or "database is locked" in str(exc)
-                if not busy or attempt == STORE_OPEN_ATTEMPTS - 1:
-                    raise
-                time.sleep(min(0.1 * (attempt + 1), 1.0))
-
-
-def _quiet_mlflow() -> None:
-    # Artifact downloads (reruns read the spec and config back) would draw progress bars.
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    # Schema migrations of a new SQLite store log a dozen INFO lines; users need none of them.
-    for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking", "mlflow.store"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 @dataclass(frozen=True)
 class TrialRecord:
     """A trial as MLflow holds it: what the leaderboard and reports read."""
@@ -107,8 +73,8 @@ class TrialRecord:
     run_id: str
     run_name: str
     trial_id: str
-    state: str
-    status: str
+    state: str  # the MLflow run state
+    status: TrialStatus | None  # None for a run that has not ended
     params: Mapping[str, str]
     metrics: Mapping[str, float]
     error: str = ""
@@ -118,6 +84,16 @@ class TrialRecord:
     def label(self) -> str:
         """``trial-00003``: the trial's number in its sweep (its run name also names its values)."""
         return trial_label(self.trial_id) if self.trial_id else self.run_name
+
+    @classmethod
+    def from_run(cls, run: Any) -> TrialRecord:
+        """The record of an MLflow run (the one place a trial's flat record is read back)."""
+        tags = run.data.tags
+        return cls(run_id=run.info.run_id, run_name=run.info.run_name, trial_id=tags.get(Tag.TRIAL_ID, ""),
+                   state=run.info.status, status=TrialStatus.recorded(tags.get(Tag.STATUS)),
+                   params=dict(run.data.params), metrics=dict(run.data.metrics), error=tags.get(Tag.ERROR, ""),
+                   tags={key.removeprefix(Tag.PREFIX): value for key, value in tags.items()
+                         if key.startswith(Tag.PREFIX)})
 
 
 @dataclass(frozen=True)
@@ -139,6 +115,11 @@ class SweepRecord:
         """Folds per repeat of the sweep's CV."""
         return int(self.params["cv.n_splits"]) if "cv.n_splits" in self.params else None
 
+    @classmethod
+    def from_run(cls, run: Any) -> SweepRecord:
+        return cls(run_id=run.info.run_id, name=run.data.tags.get(Tag.SWEEP, run.info.run_name),
+                   params=dict(run.data.params), metrics=dict(run.data.metrics), tags=dict(run.data.tags))
+
 
 @dataclass(frozen=True)
 class RecordedTrialRun:
@@ -159,12 +140,12 @@ class Tracker:
     """Writes and reads one tracking store: the only holder of an MLflow client."""
 
     def __init__(self, uri: str):
-        _quiet_mlflow()
+        quiet_mlflow()
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
         self._client = MlflowClient(tracking_uri=uri)
-        _ready_store(self._client, uri)
+        ready_store(self._client, uri)
 
     def experiment_id(self, name: str) -> str:
         """The MLflow experiment named ``name``, created on first use."""
@@ -255,7 +236,7 @@ class Tracker:
             if run.data.tags.get(Tag.ROLE) != "sweep":
                 raise TrackingError(f"SWEEP: run {sweep!r} is not a foldsweep sweep (tag {Tag.ROLE}="
                                     f"{run.data.tags.get(Tag.ROLE)!r})")
-            return _sweep_record(run)
+            return SweepRecord.from_run(run)
         if sweep is not None:
             experiment = self._client.get_experiment_by_name(sweep)
             if experiment is None:
@@ -268,7 +249,7 @@ class Tracker:
         if not runs:
             where = f"named {sweep!r} " if sweep else ""
             raise TrackingError(f"SWEEP: no sweep {where}in {self.uri}")
-        return _sweep_record(runs[0])
+        return SweepRecord.from_run(runs[0])
 
     def publish_sweep_files(self, run_id: str, *, texts: Mapping[str, str] = {},
                             files: Mapping[Path, str | None] = {}) -> None:
@@ -326,10 +307,10 @@ class Tracker:
             order_by=["attributes.start_time ASC"],
             max_results=50000,
         )
-        return [_record(run) for run in runs]
+        return [TrialRecord.from_run(run) for run in runs]
 
     def trial_record(self, run_id: str) -> TrialRecord:
-        return _record(self._client.get_run(run_id))
+        return TrialRecord.from_run(self._client.get_run(run_id))
 
     def close_open_trial_runs(self, parent_run_id: str, *, status: TrialStatus,
                               selection: EpochSelection | None = None) -> None:
@@ -449,12 +430,6 @@ class Tracker:
                 rows.setdefault(metric.step, {})[key] = metric.value
         return rows
 
-    def callback(self, *, parent_run_id: str, sweep_name: str, selection: EpochSelection,
-                 on_recorded: Callable[[TrialRecord], None] | None = None,
-                 conditions: Mapping[str, Any] | None = None, searched: Sequence[str] = ()) -> "MlflowTrialCallback":
-        return MlflowTrialCallback(self.uri, parent_run_id=parent_run_id, sweep_name=sweep_name, selection=selection,
-                                   on_recorded=on_recorded, conditions=conditions, searched=searched)
-
 
 class TrialRecorder:
     """One trial run's life in MLflow: its epochs as they come, then its end. Serves the Ray
@@ -476,10 +451,11 @@ class TrialRecorder:
         from mlflow.entities import Metric, Param, RunTag
 
         result = EpochResult.from_report(report)
+        info = TrialInfo.from_report(report)
         now = int(time.time() * 1000)
-        metrics = {**result.mlflow_metrics(), **info_metrics(report)}
-        tags = {**info_tags(report), **result.mlflow_tags()}
-        params = info_params(report)
+        metrics = {**result.mlflow_metrics(), **placement_metrics(report), **(info.mlflow_metrics() if info else {})}
+        tags = {**(info.mlflow_tags() if info else {}), **placement_tags(report), **result.mlflow_tags()}
+        params = info.mlflow_params() if info else {}
         if params:  # what the trial's config did not hold already (MLflow params never change)
             recorded = self._client.get_run(self.run_id).data.params
             params = {key: value for key, value in params.items() if key not in recorded}
@@ -487,7 +463,7 @@ class TrialRecorder:
                                                      for key, value in metrics.items()],
                                params=[Param(key, value) for key, value in params.items()],
                                tags=[RunTag(Tag.of(key), value) for key, value in tags.items()])
-        for artifact, text in info_texts(report).items():
+        for artifact, text in (info.mlflow_texts() if info else {}).items():
             self._client.log_text(self.run_id, text, artifact)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -536,116 +512,5 @@ def _history_csv(rows: Mapping[int, Mapping[str, float]]) -> str:
     return out.getvalue()
 
 
-def _record(run: Any) -> TrialRecord:
-    return TrialRecord(
-        run_id=run.info.run_id,
-        run_name=run.info.run_name,
-        trial_id=run.data.tags.get(Tag.TRIAL_ID, ""),
-        state=run.info.status,
-        status=run.data.tags.get(Tag.STATUS, ""),
-        params=dict(run.data.params),
-        metrics=dict(run.data.metrics),
-        error=run.data.tags.get(Tag.ERROR, ""),
-        tags={key.removeprefix(Tag.PREFIX): value for key, value in run.data.tags.items()
-              if key.startswith(Tag.PREFIX)},
-    )
-
-
-def _sweep_record(run: Any) -> SweepRecord:
-    return SweepRecord(run_id=run.info.run_id, name=run.data.tags.get(Tag.SWEEP, run.info.run_name),
-                       params=dict(run.data.params), metrics=dict(run.data.metrics), tags=dict(run.data.tags))
-
-
 def _param_text(value: Any) -> str:
     return str(value)[:6000]
-
-
-# How many searched values a trial's run name shows; the rest are in its params.
-RUN_NAME_VALUES = 3
-
-
-def trial_run_name(trial_id: str, values: Mapping[str, Any], searched: Sequence[str]) -> str:
-    """``trial-00003 lr=0.003 batch_size=8``: the trial's number in its sweep and the first values
-    of what the sweep searches, so that a list of runs (the MLflow UI's) says which is which."""
-    shown = [f"{name}={values[name]:.4g}" if isinstance(values[name], float) else f"{name}={values[name]}"
-             for name in searched if name in values][:RUN_NAME_VALUES]
-    return " ".join([trial_label(trial_id), *shown])
-
-
-class MlflowTrialCallback(Callback):
-    """Ray Tune events -> MLflow child runs, written from the driver."""
-
-    def __init__(self, uri: str, *, parent_run_id: str, sweep_name: str, selection: EpochSelection,
-                 on_recorded: Callable[[TrialRecord], None] | None = None,
-                 conditions: Mapping[str, Any] | None = None, searched: Sequence[str] = ()):
-        self.uri = uri
-        self.searched = tuple(searched)  # what the sweep searches: named in each trial's run name
-        self.parent_run_id = parent_run_id
-        self.sweep_name = sweep_name
-        self.selection = selection
-        self.on_recorded = on_recorded
-        self.conditions = dict(conditions or {})
-        self._run_ids: dict[str, str] = {}
-        self._retries: dict[str, int] = {}
-        self._tracker: Tracker | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Ray pickles callbacks with the experiment state; a live client does not pickle.
-        state = dict(self.__dict__)
-        state["_tracker"] = None
-        state["on_recorded"] = None
-        return state
-
-    @property
-    def tracker(self) -> Tracker:
-        if self._tracker is None:
-            self._tracker = Tracker(self.uri)
-        return self._tracker
-
-    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._recorder(trial)
-
-    def _recorder(self, trial: Any) -> TrialRecorder:
-        """The trial's recorder; its run is created here if Ray reports the trial before it ever
-        started (a trial whose worker fails while being set up gets an error but no start event)."""
-        from pipeline.space import resolve_config
-
-        if trial.trial_id not in self._run_ids:
-            # The values the trial uses: no threshold without clipping, no inactive conditional hp.
-            values = resolve_config(trial.config, self.conditions)
-            recorder = self.tracker.trial_recorder(
-                parent_run_id=self.parent_run_id, role="trial", config=values, tags={Tag.SWEEP: self.sweep_name},
-                run_name=trial_run_name(trial.trial_id, values, getattr(self, "searched", ())), trial_id=trial.trial_id)
-            self._run_ids[trial.trial_id] = recorder.run_id
-        return TrialRecorder(self.tracker, self._run_ids[trial.trial_id], self.selection)
-
-    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        if trial.trial_id in self._run_ids:
-            self._recorder(trial).log_epoch(result)
-
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        last = trial.last_result or {}
-        status = EpochResult.from_report(last).status() if FOLD_IDS in last else TrialStatus.OK
-        self._finish(trial, status=status)
-
-    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._finish(trial, status=TrialStatus.ERROR, error=_error_text(trial))
-
-    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        """A worker died and Ray Tune retries the trial (resources.max_failures): count it."""
-        self._retries[trial.trial_id] = self._retries.get(trial.trial_id, 0) + 1
-        self._recorder(trial).count_retry(self._retries[trial.trial_id])
-
-    def _finish(self, trial: Any, *, status: TrialStatus, error: str | None = None) -> None:
-        recorder = self._recorder(trial)
-        del self._run_ids[trial.trial_id]
-        recorder.finish(status, error=error, wall_s=(trial.last_result or {}).get("time_total_s"))
-        if self.on_recorded is not None:
-            self.on_recorded(self.tracker.trial_record(recorder.run_id))
-
-
-def _error_text(trial: Any) -> str:
-    error_file = getattr(trial, "error_file", None)
-    if error_file and Path(error_file).is_file():
-        return Path(error_file).read_text(errors="replace").strip()
-    return str(getattr(trial, "error_msg", "") or "unknown error")

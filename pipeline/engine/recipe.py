@@ -1,0 +1,162 @@
+"""The training recipe: how every trial of a sweep turns its config into what the fold engines
+train with: training hyperparameters, an optimizer (the build's own compile or foldsweep's, with
+the spec's clipping) and a loss (the build's or foldsweep's, as ``train.*`` says).
+
+The sweep's trials, ``foldsweep trial``/``rerun`` and the refit all take their recipe from one
+``TrainingRecipe``, made from the spec by ``TrainingRecipe.from_spec``, so none can train a
+config differently from the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import keras
+
+from pipeline.contract.plan import ExecutionChoices
+from pipeline.inputs.hypermodel import schedule_text
+from pipeline.inputs.losses import TrainingLoss, training_loss
+from pipeline.inputs.space import resolve_config, split_config
+from pipeline.inputs.spec import TRAINING_DEFAULTS, SweepSpec, TrainSpec
+
+
+# Spec name of a clipping kind -> the Keras optimizer argument that applies it.
+CLIPPING_ARGUMENTS: Mapping[str, str] = {"norm": "clipnorm", "value": "clipvalue", "global_norm": "global_clipnorm"}
+
+
+@dataclass(frozen=True)
+class TrainingParams:
+    batch_size: int
+    learning_rate: float
+    optimizer: str
+    clipping: str = "none"
+    clip_threshold: float | None = None
+    shuffle: bool = True
+
+
+# The optimizers foldsweep makes itself (spec name -> Keras class and fixed arguments).
+OPTIMIZERS: Mapping[str, tuple[type, Mapping[str, Any]]] = {
+    "adam": (keras.optimizers.Adam, {}), "adamw": (keras.optimizers.AdamW, {}),
+    "sgd": (keras.optimizers.SGD, {"momentum": 0.9}), "rmsprop": (keras.optimizers.RMSprop, {}),
+}
+
+
+@dataclass(frozen=True)
+class OptimizerRecipe:
+    """How to make a fold's optimizer: a Keras class and its configuration, gradient clipping
+    included; ``source`` says whose it is: ``hypermodel`` (its own compile), ``spec`` (foldsweep's,
+    named by the spec) or ``default``."""
+
+    cls: type
+    config: Mapping[str, Any]
+    source: str
+
+    def make(self, *, clipping: bool = True) -> keras.optimizers.Optimizer:
+        """A fresh optimizer (every fold has its own state); without its clipping when the
+        gradients are clipped before it (stacked folds clip each fold's slices themselves)."""
+        config = dict(self.config)
+        if not clipping:
+            config.update({argument: None for argument in CLIPPING_ARGUMENTS.values()})
+        return self.cls.from_config(config)
+
+    @property
+    def clipping(self) -> tuple[str, float | None]:
+        """The clipping kind and threshold in the configuration (Keras allows one at a time)."""
+        for kind, argument in CLIPPING_ARGUMENTS.items():
+            if self.config.get(argument) is not None:
+                return kind, self.config[argument]
+        return "none", None
+
+    @property
+    def name(self) -> str:
+        """The spec's name of the optimizer where it has one (adam, sgd...), else its class."""
+        return next((name for name, (cls, _) in OPTIMIZERS.items() if cls is self.cls), self.cls.__name__)
+
+    @property
+    def learning_rate(self) -> float | str:
+        """The learning rate in effect, as the optimizer holds it (float32: shown to 7 digits), or
+        its schedule as a call (``ExponentialDecay(0.01, decay_steps=1000, decay_rate=0.9)``)."""
+        rate = self.config.get("learning_rate")
+        return float(f"{rate:.7g}") if isinstance(rate, (int, float)) else schedule_text(rate)
+
+
+def optimizer_recipe(model: keras.Model, params: TrainingParams, *, spec_names: frozenset[str] = frozenset()
+                     ) -> OptimizerRecipe:
+    """A fold model's optimizer: the one its build compiled, if any, else foldsweep's. The
+    spec's ``optimizer`` and ``learning_rate`` replace the compiled ones only where the spec's
+    search space names them (``spec_names``); the spec's clipping applies to either."""
+    compiled = getattr(model, "optimizer", None)
+    if compiled is not None and "optimizer" not in spec_names:
+        config = dict(compiled.get_config())
+        if "learning_rate" in spec_names:
+            config["learning_rate"] = params.learning_rate
+        recipe = OptimizerRecipe(type(compiled), config, "hypermodel")
+    else:
+        if params.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {params.optimizer!r}")
+        cls, fixed = OPTIMIZERS[params.optimizer]
+        config = cls(learning_rate=params.learning_rate, **fixed).get_config()
+        recipe = OptimizerRecipe(cls, config, "spec" if spec_names & {"optimizer", "learning_rate"} else "default")
+    if params.clipping != "none":
+        clip = {argument: None for argument in CLIPPING_ARGUMENTS.values()}
+        clip[CLIPPING_ARGUMENTS[params.clipping]] = params.clip_threshold
+        recipe = OptimizerRecipe(recipe.cls, {**recipe.config, **clip}, recipe.source)
+    return recipe
+
+
+def make_optimizer(params: TrainingParams) -> keras.optimizers.Optimizer:
+    """foldsweep's own optimizer for ``params``, with gradient clipping through its own argument."""
+    return optimizer_recipe(_UNCOMPILED, params).make()
+
+
+class _Uncompiled:
+    optimizer = None
+
+
+_UNCOMPILED = _Uncompiled()
+
+
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """What a sweep's trials share in how they train: the spec's ``train`` section, the
+    execution it (or a debugging command) asks for, and what the search space says of the
+    training hyperparameters."""
+
+    train: TrainSpec = TrainSpec()
+    choices: ExecutionChoices = ExecutionChoices()
+    conditions: Mapping[str, Any] = field(default_factory=dict)
+    # Training hyperparameters the spec's search space names: they replace a compiled model's own.
+    spec_names: frozenset[str] = frozenset()
+    # foldsweep's training hyperparameter -> the hypermodel's that a fit() override feeds it from.
+    fit_arguments: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_spec(cls, spec: SweepSpec, *, conditions: Mapping[str, Any] | None = None,
+                  fit_arguments: Mapping[str, str] | None = None, eager: bool = False,
+                  check_numerics: bool = False) -> TrainingRecipe:
+        train = spec.train
+        # XLA-compiled steps are opaque to TensorFlow's numeric checking, and eager runs op by op.
+        jit_compile = "off" if check_numerics or eager else train.jit_compile
+        choices = ExecutionChoices(jit_compile=jit_compile, fused=train.fused, steps_per_launch=train.steps_per_launch,
+                                   eager=eager, check_numerics=check_numerics)
+        return cls(train=train, choices=choices, conditions=dict(conditions or {}),
+                   spec_names=frozenset(TRAINING_DEFAULTS).intersection(spec.search.space),
+                   fit_arguments=dict(fit_arguments or {}))
+
+    def values(self, config: Mapping[str, Any]) -> tuple[TrainingParams, dict[str, Any], int]:
+        """A config as (its training hyperparameters, the values its build gets, its epochs): the
+        values it uses (``conditions``), fit arguments of a HyperModel.fit taken from the
+        hyperparameters that feed them, ``train.epochs`` unless the config sets its own."""
+        config = resolve_config(config, self.conditions)
+        training, model_values = split_config(config)
+        for name, source in self.fit_arguments.items():
+            training[name] = config.get(source, training.get(name))
+        epochs = training.pop("epochs") or self.train.epochs
+        return TrainingParams(**training), model_values, epochs
+
+    def optimizer(self, model: keras.Model, params: TrainingParams) -> OptimizerRecipe:
+        return optimizer_recipe(model, params, spec_names=self.spec_names)
+
+    def loss(self, model: keras.Model, *, units: int) -> TrainingLoss:
+        return training_loss(model, train=self.train, units=units)

@@ -1,0 +1,101 @@
+"""The Ray Tune callback that records a sweep's trials in MLflow, from the driver: a child run
+per trial, its epochs as they come, its end (status, selected epoch, history)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from ray.tune import Callback
+
+from pipeline.contract.results import EpochSelection, TrialStatus, ended_status, trial_label
+from pipeline.records.tracking import Tag, Tracker, TrialRecord, TrialRecorder
+
+
+# How many searched values a trial's run name shows; the rest are in its params.
+RUN_NAME_VALUES = 3
+
+
+def trial_run_name(trial_id: str, values: Mapping[str, Any], searched: Sequence[str]) -> str:
+    """``trial-00003 lr=0.003 batch_size=8``: the trial's number in its sweep and the first values
+    of what the sweep searches, so that a list of runs (the MLflow UI's) says which is which."""
+    shown = [f"{name}={values[name]:.4g}" if isinstance(values[name], float) else f"{name}={values[name]}"
+             for name in searched if name in values][:RUN_NAME_VALUES]
+    return " ".join([trial_label(trial_id), *shown])
+
+
+class MlflowTrialCallback(Callback):
+    """Ray Tune events -> MLflow child runs, written from the driver."""
+
+    def __init__(self, uri: str, *, parent_run_id: str, sweep_name: str, selection: EpochSelection,
+                 on_recorded: Callable[[TrialRecord], None] | None = None,
+                 conditions: Mapping[str, Any] | None = None, searched: Sequence[str] = ()):
+        self.uri = uri
+        self.searched = tuple(searched)  # what the sweep searches: named in each trial's run name
+        self.parent_run_id = parent_run_id
+        self.sweep_name = sweep_name
+        self.selection = selection
+        self.on_recorded = on_recorded
+        self.conditions = dict(conditions or {})
+        self._run_ids: dict[str, str] = {}
+        self._retries: dict[str, int] = {}
+        self._tracker: Tracker | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Ray pickles callbacks with the experiment state; a live client does not pickle.
+        state = dict(self.__dict__)
+        state["_tracker"] = None
+        state["on_recorded"] = None
+        return state
+
+    @property
+    def tracker(self) -> Tracker:
+        if self._tracker is None:
+            self._tracker = Tracker(self.uri)
+        return self._tracker
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._recorder(trial)
+
+    def _recorder(self, trial: Any) -> TrialRecorder:
+        """The trial's recorder; its run is created here if Ray reports the trial before it ever
+        started (a trial whose worker fails while being set up gets an error but no start event)."""
+        from pipeline.inputs.space import resolve_config
+
+        if trial.trial_id not in self._run_ids:
+            # The values the trial uses: no threshold without clipping, no inactive conditional hp.
+            values = resolve_config(trial.config, self.conditions)
+            recorder = self.tracker.trial_recorder(
+                parent_run_id=self.parent_run_id, role="trial", config=values, tags={Tag.SWEEP: self.sweep_name},
+                run_name=trial_run_name(trial.trial_id, values, getattr(self, "searched", ())), trial_id=trial.trial_id)
+            self._run_ids[trial.trial_id] = recorder.run_id
+        return TrialRecorder(self.tracker, self._run_ids[trial.trial_id], self.selection)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if trial.trial_id in self._run_ids:
+            self._recorder(trial).log_epoch(result)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._finish(trial, status=ended_status(trial.last_result or {}))
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._finish(trial, status=TrialStatus.ERROR, error=_error_text(trial))
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        """A worker died and Ray Tune retries the trial (resources.max_failures): count it."""
+        self._retries[trial.trial_id] = self._retries.get(trial.trial_id, 0) + 1
+        self._recorder(trial).count_retry(self._retries[trial.trial_id])
+
+    def _finish(self, trial: Any, *, status: TrialStatus, error: str | None = None) -> None:
+        recorder = self._recorder(trial)
+        del self._run_ids[trial.trial_id]
+        recorder.finish(status, error=error, wall_s=(trial.last_result or {}).get("time_total_s"))
+        if self.on_recorded is not None:
+            self.on_recorded(self.tracker.trial_record(recorder.run_id))
+
+
+def _error_text(trial: Any) -> str:
+    error_file = getattr(trial, "error_file", None)
+    if error_file and Path(error_file).is_file():
+        return Path(error_file).read_text(errors="replace").strip()
+    return str(getattr(trial, "error_msg", "") or "unknown error")
