@@ -99,7 +99,7 @@ class Experiment:
                 f"experiment: the model of {self.reference}{declared} cannot be built on the data's samples of shape "
                 f"{input_shape}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
         finally:
-            keras.backend.clear_session()
+            keras.backend.clear_session(free_memory=False)
         if units == 1 and outputs.size and np.all(outputs == 1.0):
             raise ExperimentError(
                 f"experiment: the model of {self.reference} ends in {last_layer}, whose one output is 1 for every "
@@ -195,7 +195,9 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
     compiled, schedule = _compiled_optimizer(model, reference)
     fit_arguments, (early_stopping, restores_best) = _read_fit(hypermodel, model, hp, reference)
     _discover(build_fn, hp)
-    keras.backend.clear_session()
+    # Keras' names start afresh for the trials; no garbage collection, which takes seconds in a
+    # large process for models this small.
+    keras.backend.clear_session(free_memory=False)
     return Experiment(reference, build_fn, hp, input_shape, compiled, schedule, fit_arguments, early_stopping,
                       restores_best)
 
