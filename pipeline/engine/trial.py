@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ray import tune
+from ray.tune.result import TRAINING_ITERATION
 
 from pipeline.inputs.folds import Fold
 from pipeline.contract.plan import ThreadPlan, TrialPlan, plan_threads
@@ -213,6 +214,9 @@ class FoldTrainable(tune.Trainable):
 
         np.savez(Path(checkpoint_dir) / CHECKPOINT_FILE, **self._runner.state())
 
+    def restore(self, checkpoint_path: Any) -> None:
+        super().restore(surviving_checkpoint(checkpoint_path))
+
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         import numpy as np
 
@@ -221,6 +225,49 @@ class FoldTrainable(tune.Trainable):
 
     def cleanup(self) -> None:
         self._runner = None
+
+
+def surviving_checkpoint(saved: Any) -> Any:
+    """What to restore a trial from: the checkpoint Ray Tune's experiment state names (``saved``,
+    a result with ``checkpoint`` and ``metrics``), or, when that one is gone, the trial's newest.
+
+    Ray Tune keeps one checkpoint per trial, each epoch's replacing the last, but writes its
+    experiment state only every few seconds, so a driver killed in between leaves a state that
+    names a checkpoint already deleted. The trial then goes on from the checkpoint that replaced
+    it (one epoch further: its iteration is taken from the checkpoint itself) instead of failing.
+    """
+    import pyarrow.fs
+
+    checkpoint = getattr(saved, "checkpoint", None)
+    if checkpoint is None or _holds_state(checkpoint.filesystem, checkpoint.path):
+        return saved
+    fs = checkpoint.filesystem
+    trial_dir = checkpoint.path.rstrip("/").rsplit("/", 1)[0]
+    found = [info for info in fs.get_file_info(pyarrow.fs.FileSelector(trial_dir))
+             if info.base_name.startswith("checkpoint_") and _holds_state(fs, info.path)]
+    if not found:
+        return saved
+    import copy
+
+    import numpy as np
+
+    newest = type(checkpoint)(max(found, key=lambda info: info.base_name).path, filesystem=fs)
+    with newest.as_directory() as directory, np.load(Path(directory) / CHECKPOINT_FILE) as arrays:
+        epoch = int(arrays["epoch"])
+    # Ray Tune deletes the named checkpoint when the trial's next one replaces it, and fails on
+    # one that is not there: an empty directory stands in for it.
+    fs.create_dir(checkpoint.path)
+    replaced = copy.copy(saved)
+    replaced.checkpoint = newest
+    # One step is one epoch: Ray Tune's iteration count goes on from the checkpoint's epoch.
+    replaced.metrics = {**saved.metrics, TRAINING_ITERATION: epoch}
+    return replaced
+
+
+def _holds_state(fs: Any, path: str) -> bool:
+    import pyarrow.fs
+
+    return fs.get_file_info(f"{path.rstrip('/')}/{CHECKPOINT_FILE}").type == pyarrow.fs.FileType.File
 
 
 def _versions() -> dict[str, str]:

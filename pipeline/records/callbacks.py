@@ -38,6 +38,7 @@ class MlflowTrialCallback(Callback):
         self.on_recorded = on_recorded
         self.conditions = dict(conditions or {})
         self._run_ids: dict[str, str] = {}
+        self._recorded_epochs: dict[str, frozenset[int]] = {}
         self._retries: dict[str, int] = {}
         self._tracker: Tracker | None = None
 
@@ -69,7 +70,9 @@ class MlflowTrialCallback(Callback):
                 parent_run_id=self.parent_run_id, role="trial", config=values, tags={Tag.SWEEP: self.sweep_name},
                 run_name=trial_run_name(trial.trial_id, values, getattr(self, "searched", ())), trial_id=trial.trial_id)
             self._run_ids[trial.trial_id] = recorder.run_id
-        return TrialRecorder(self.tracker, self._run_ids[trial.trial_id], self.selection)
+            self._recorded_epochs[trial.trial_id] = recorder.recorded_epochs
+        return TrialRecorder(self.tracker, self._run_ids[trial.trial_id], self.selection,
+                             recorded_epochs=self._recorded_epochs.get(trial.trial_id, frozenset()))
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if trial.trial_id in self._run_ids:
@@ -84,7 +87,11 @@ class MlflowTrialCallback(Callback):
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """A worker died and Ray Tune retries the trial (resources.max_failures): count it."""
         self._retries[trial.trial_id] = self._retries.get(trial.trial_id, 0) + 1
-        self._recorder(trial).count_retry(self._retries[trial.trial_id])
+        recorder = self._recorder(trial)
+        recorder.count_retry(self._retries[trial.trial_id])
+        # The retry goes on from the trial's last checkpoint, which may be older than its last
+        # recorded epoch.
+        self._recorded_epochs[trial.trial_id] = recorder.epochs_in_record()
 
     def _finish(self, trial: Any, *, status: TrialStatus, error: str | None = None) -> None:
         recorder = self._recorder(trial)

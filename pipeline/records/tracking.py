@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.base.errors import TrackingError
-from pipeline.contract.results import (BEST_EPOCH, PLAN_ARTIFACT, RETRIES, SELECTED_PREFIX, TRIAL_WALL_S, EpochResult,
+from pipeline.contract.results import (BEST_EPOCH, NAN_FAILURES, PLAN_ARTIFACT, RETRIES, SELECTED_PREFIX, TRIAL_WALL_S, EpochResult,
                               EpochSelection, SweepStatus, TrialInfo, TrialStatus, in_history, placement_metrics,
                                        placement_tags, trial_label)
 from pipeline.inputs.spec import Objective
@@ -334,7 +334,9 @@ class Tracker:
                 if existing.info.status != "RUNNING":
                     self._client.update_run(existing.info.run_id, status="RUNNING")
                     self._client.set_tag(existing.info.run_id, Tag.STATUS, TrialStatus.RUNNING.value)
-                return TrialRecorder(self, existing.info.run_id, selection)
+                reopened = TrialRecorder(self, existing.info.run_id, selection)
+                reopened.recorded_epochs = reopened.epochs_in_record()
+                return reopened
             tags = {**tags, Tag.TRIAL_ID: trial_id}
         parent = self._client.get_run(parent_run_id)
         run = self._client.create_run(
@@ -436,14 +438,23 @@ class TrialRecorder:
     callback and in-process trials (``foldsweep trial``/``rerun``) alike. With a ``selection``,
     the end records the epoch the trial is scored at and its scores there."""
 
-    def __init__(self, tracker: Tracker, run_id: str, selection: EpochSelection | None = None):
+    def __init__(self, tracker: Tracker, run_id: str, selection: EpochSelection | None = None, *,
+                 recorded_epochs: frozenset[int] = frozenset()):
         self.tracker = tracker
         self.run_id = run_id
         self.selection = selection
+        # Epochs a resumed trial's run holds already: a trial restored from a checkpoint older
+        # than its last recorded epoch (a driver killed between the two) trains those again,
+        # and each epoch stays recorded once.
+        self.recorded_epochs = recorded_epochs
 
     @property
     def _client(self) -> Any:
         return self.tracker._client
+
+    def epochs_in_record(self) -> frozenset[int]:
+        """The epochs the run holds (every epoch records its NaN count)."""
+        return frozenset(metric.step for metric in self._client.get_metric_history(self.run_id, NAN_FAILURES))
 
     def log_epoch(self, report: Mapping[str, Any]) -> None:
         """One epoch's report (``EpochResult.report``): metrics at step = epoch; where and how it
@@ -454,6 +465,8 @@ class TrialRecorder:
         info = TrialInfo.from_report(report)
         now = int(time.time() * 1000)
         metrics = {**result.mlflow_metrics(), **placement_metrics(report), **(info.mlflow_metrics() if info else {})}
+        if result.epoch in self.recorded_epochs:
+            metrics = {}
         tags = {**(info.mlflow_tags() if info else {}), **placement_tags(report), **result.mlflow_tags()}
         params = info.mlflow_params() if info else {}
         if params:  # what the trial's config did not hold already (MLflow params never change)

@@ -1,0 +1,67 @@
+"""A trial restored after its driver was killed between Ray Tune's checkpoint rotation and its
+experiment-state save (pipeline.engine.trial.surviving_checkpoint): pure file logic on real Ray
+checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from ray import tune
+
+from pipeline.engine.trial import CHECKPOINT_FILE, FoldTrainable, surviving_checkpoint
+
+
+def checkpoint_dir(trial_dir: Path, index: int, epoch: int) -> Path:
+    directory = trial_dir / f"checkpoint_{index:06d}"
+    directory.mkdir(parents=True)
+    np.savez(directory / CHECKPOINT_FILE, epoch=np.array(epoch))
+    return directory
+
+
+def saved(path: Path, iteration: int) -> SimpleNamespace:
+    """What Ray Tune hands ``restore``: the checkpoint its state names, with that result's metrics."""
+    return SimpleNamespace(checkpoint=tune.Checkpoint.from_directory(str(path)),
+                           metrics={"training_iteration": iteration, "time_total_s": 3.0})
+
+
+def test_the_named_checkpoint_is_used_while_it_exists(tmp_path):
+    named = saved(checkpoint_dir(tmp_path, 10, epoch=10), 10)
+    checkpoint_dir(tmp_path, 11, epoch=11)
+    assert surviving_checkpoint(named) is named
+
+
+def test_a_checkpoint_deleted_by_rotation_gives_way_to_the_one_that_replaced_it(tmp_path):
+    deleted = tmp_path / "checkpoint_000010"  # rotated away before the state was saved
+    checkpoint_dir(tmp_path, 11, epoch=11)
+    named = saved(deleted, 10)
+
+    restored = surviving_checkpoint(named)
+
+    assert Path(restored.checkpoint.path).name == "checkpoint_000011"
+    assert restored.metrics == {"training_iteration": 11, "time_total_s": 3.0}
+    assert Path(named.checkpoint.path).name == "checkpoint_000010"  # what Ray holds is left as it was
+    assert deleted.is_dir() and not any(deleted.iterdir())  # for Ray Tune to delete at its next rotation
+
+
+def test_without_any_checkpoint_left_ray_tune_reports_the_missing_one(tmp_path):
+    named = saved(tmp_path / "checkpoint_000010", 10)
+    assert surviving_checkpoint(named) is named
+
+
+def test_the_trainable_restores_through_it(tmp_path, monkeypatch):
+    received = []
+    monkeypatch.setattr(tune.Trainable, "restore", lambda self, checkpoint_path: received.append(checkpoint_path))
+    checkpoint_dir(tmp_path, 7, epoch=7)
+
+    FoldTrainable.restore(object.__new__(FoldTrainable), saved(tmp_path / "checkpoint_000006", 6))
+
+    assert Path(received[0].checkpoint.path).name == "checkpoint_000007"
+
+
+def test_a_stand_in_left_by_an_earlier_restore_is_passed_over_too(tmp_path):
+    stand_in = tmp_path / "checkpoint_000004"
+    stand_in.mkdir()  # empty, as surviving_checkpoint leaves a deleted one
+    checkpoint_dir(tmp_path, 5, epoch=5)
+    assert Path(surviving_checkpoint(saved(stand_in, 4)).checkpoint.path).name == "checkpoint_000005"
