@@ -40,10 +40,9 @@ COMPILE_CACHE_MISSES = "compile_cache_misses"
 FOLD_SCORE_NAMES = ("train_loss", "val_loss", "val_accuracy")
 NAN_FOLD, NAN_EPOCH, NAN_STEP = "nan_fold", "nan_epoch", "nan_step"
 NAN_FIELDS = (NAN_FOLD, NAN_EPOCH, NAN_STEP, "nan_last_finite_loss", "nan_grad_norm")
-# Where and how the trial ran, reported once per process and recorded as tags.
+# The library versions a trial reports once per process (with where and how it ran: TrialInfo),
+# recorded as tags.
 VERSION_FIELDS = ("tensorflow_version", "keras_version", "ray_version", "python_version")
-INFO_FIELDS = ("device", "device_notice", "gpu_ids", "node_id", "hostname", "data_transfers", "tf_threads",
-               "jit_compile", "fused", "fused_reason", "steps_per_launch", "compile_source", "loss", *VERSION_FIELDS)
 # The optimizer and learning rate in effect (the hypermodel's own, or foldsweep's): recorded as
 # params where the trial's config does not already hold them.
 PARAMS_IN_EFFECT = "params_in_effect"
