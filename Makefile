@@ -46,8 +46,11 @@ $(UV):
 	$(TOOLS)/bin/python -m pip install --quiet --quiet "uv==$(UV_VERSION)"
 
 # --locked: a uv.lock that no longer matches pyproject.toml stops here instead of being re-resolved.
+# --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set (as on these machines) nothing else ever
+# writes the .pyc files, and every process (each Ray worker, each CLI call) would compile
+# TensorFlow, Ray and MLflow from source again: 12.6 s to import them instead of 5.2 s.
 $(STAMP): pyproject.toml uv.lock | $(UV)
-	$(UV) sync --locked $(addprefix --extra ,$(EXTRAS)) --python $(PYTHON)
+	$(UV) sync --locked --compile-bytecode $(addprefix --extra ,$(EXTRAS)) --python $(PYTHON)
 	touch $(STAMP)
 
 # The one way to change dependencies: edit pyproject.toml, then `make lock`, and commit all three.
