@@ -60,14 +60,96 @@ def _data_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["FOLDSWEEP_COMPILE_CACHE_DIR"] = str(tmp_path_factory.mktemp("xla"))
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local Ray of 2 CPUs for one test module (modules that need another set up their own)."""
-    import ray
+class LocalRay:
+    """The session's one local Ray: started on first use, and started again only when a test
+    needs another shape (logical GPUs, more CPUs) or none at all. A start and a stop cost
+    about 4 s; one per module added up to over a minute."""
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
+    DEFAULT = {"num_cpus": 2}
+
+    def __init__(self) -> None:
+        self.shape: dict[str, int] | None = None
+
+    def ensure(self, **shape: int) -> None:
+        import ray
+
+        shape = shape or self.DEFAULT
+        if ray.is_initialized() and shape == self.shape:
+            return
+        self.stop()
+        ray.init(**shape, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        self.shape = shape
+
+    def stop(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        self.shape = None
+
+
+@pytest.fixture(scope="session")
+def local_ray() -> Iterator[LocalRay]:
+    cluster = LocalRay()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(local_ray: LocalRay) -> None:
+    """The session's local Ray of 2 CPUs (a trial's own CPUs, and so its threads, come from its
+    spec's resources.cpu, not from the cluster's size)."""
+    local_ray.ensure()
+
+
+@pytest.fixture
+def without_ray(local_ray: LocalRay) -> None:
+    """No Ray running, for a test that shows something is refused before Ray starts."""
+    local_ray.stop()
+
+
+# lr 50 without clipping diverges; with global-norm clipping at 0.1 it trains.
+RECORDED_SPACE: dict[str, Any] = {
+    "conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.0, "optimizer": "sgd", "batch_size": 8,
+    "learning_rate": {"grid": [0.01, 50.0]}, "clipping": {"grid": ["none", "global_norm"]}, "clip_threshold": 0.1,
+}
+
+
+@dataclass(frozen=True)
+class RecordedSweep:
+    directory: Path  # holds spec.yaml, data.npz and the store, mlflow.db
+    uri: str
+    exit_code: int
+    output: str  # what `foldsweep run` printed
+
+    def runs(self):
+        """(client, parent run, trial runs), read afresh."""
+        return sweep_runs(self.uri, "diverging")
+
+
+@pytest.fixture(scope="session")
+def recorded_sweep(local_ray: LocalRay, tmp_path_factory: pytest.TempPathFactory) -> RecordedSweep:
+    """The session's one recorded sweep, for every test that reads a record (its runs, cv_results,
+    plots, report, UI) or reruns one of its trials: 4 trials (lr 0.01 / 50 x clipping none /
+    global_norm), one of them NaN, refit included, on a data file (a rerun must notice when the
+    data changes). Tests that rerun add runs tagged foldsweep.role=rerun; none changes the sweep's."""
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from pipeline.inputs.datasets import load_dataset
+    from pipeline.inputs.spec import DatasetSpec
+
+    directory = tmp_path_factory.mktemp("recorded")
+    source = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
+    np.savez(directory / "data.npz", x=source.x, y=source.y, x_test=source.x_test, y_test=source.y_test)
+    spec = merged(TINY_SPEC, {"name": "diverging", "dataset": str(directory / "data.npz"),
+                              "search": {"num_samples": 1, "space": Replace(RECORDED_SPACE)},
+                              "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"}})
+    (directory / "spec.yaml").write_text(yaml.safe_dump(spec))
+    local_ray.ensure()
+    result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
+    return RecordedSweep(directory, f"sqlite:///{directory / 'mlflow.db'}", result.exit_code, result.output)
 
 
 def sweep_runs(uri: str, name: str):

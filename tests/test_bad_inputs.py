@@ -224,7 +224,8 @@ def expand(argument: str, workspace: Path, sweep_run: str) -> str:
 
 
 @pytest.mark.parametrize("case, argv, expected", CASES, ids=[case[0] for case in CASES])
-def test_a_bad_input_is_one_message_and_exit_2_with_nothing_written(workspace, recorded_store, case, argv, expected):
+def test_a_bad_input_is_one_message_and_exit_2_with_nothing_written(without_ray, workspace, recorded_store, case, argv,
+                                                                   expected):
     import ray
 
     before = snapshot(workspace)
@@ -275,7 +276,8 @@ ENVIRONMENT_CASES = [
 
 @pytest.mark.parametrize("variable, value, argv, expected", ENVIRONMENT_CASES,
                          ids=[f"{case[0]}={case[1]}" for case in ENVIRONMENT_CASES])
-def test_a_bad_environment_variable_is_one_message_and_exit_2(workspace, monkeypatch, variable, value, argv, expected):
+def test_a_bad_environment_variable_is_one_message_and_exit_2(without_ray, workspace, monkeypatch, variable, value, argv,
+                                                              expected):
     import ray
 
     (workspace / "builtin.yaml").write_text(spec_text(dataset={"name": "digits"}, experiment="loop.py"))

@@ -27,38 +27,19 @@ def loss_history(client: MlflowClient, run_id: str, folds: int = 2) -> list[floa
 
 
 @pytest.fixture
-def one_cpu_cluster():
-    import ray
-
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+def logical_gpu_cluster(local_ray):
+    """The session's Ray, restarted with one logical GPU for one test, then without again."""
+    local_ray.ensure(num_cpus=2, num_gpus=1)
     yield
-    ray.shutdown()
+    local_ray.ensure()
 
 
-@pytest.fixture
-def two_cpu_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture
-def logical_gpu_cluster():
-    import ray
-
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-
-
-def test_reused_worker_copies_data_once_and_matches_a_fresh_one(one_cpu_cluster, tmp_path, write_spec, monkeypatch):
+def test_reused_worker_copies_data_once_and_matches_a_fresh_one(ray_cluster, tmp_path, write_spec, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # Three trials of one identical config on one CPU: the first runs in a fresh worker process,
-    # the next two in the same process, reused through reset_config.
-    spec = write_spec({"name": "reuse", "search": {"num_samples": 3, "space": Replace(
-        {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.2, "batch_size": 16})}})
+    # Three trials of one identical config on one CPU, one at a time: the first runs in a fresh
+    # worker process, the next two in the same process, reused through reset_config.
+    spec = write_spec({"name": "reuse", "resources": {"max_concurrent": 1}, "search": {"num_samples": 3, "space": (
+        Replace({"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.2, "batch_size": 16}))}})
 
     result = CliRunner().invoke(app, ["run", str(spec)])
 
@@ -101,7 +82,7 @@ def test_half_gpu_slots_run_at_most_two_trials_at_once(logical_gpu_cluster, tmp_
         assert "training on CPU" in run.data.tags["foldsweep.device_notice"]
 
 
-def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(two_cpu_cluster, tmp_path, write_spec,
+def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(ray_cluster, tmp_path, write_spec,
                                                                       monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = write_spec({"name": "threads", "cv": {"n_splits": 3}, "resources": {"cpu": 2, "max_concurrent": 1},
@@ -117,7 +98,7 @@ def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(two_cpu_cl
     assert runs[0].data.tags["foldsweep.tf_threads"] == "intra-op 2, inter-op 3"
 
 
-def test_a_one_cpu_trial_trains_its_folds_stacked_with_the_unfused_results(one_cpu_cluster, tmp_path, write_spec,
+def test_a_one_cpu_trial_trains_its_folds_stacked_with_the_unfused_results(ray_cluster, tmp_path, write_spec,
                                                                            monkeypatch):
     monkeypatch.chdir(tmp_path)
     space = Replace({"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.0, "batch_size": 8})

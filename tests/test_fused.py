@@ -82,8 +82,8 @@ def unfused_reference(dataset, folds):
     (0.0, "auto", 1, "stacked"), (0.0, "auto", 4, "stacked")])
 def test_fused_and_unfused_per_fold_histories_match(dataset, folds, unfused_reference, dropout, jit,
                                                      steps_per_launch, layout):
-    # Folds of 266-267 training samples: 33 full batches of 8 each, remainders of 2 and 3 (with
-    # 4 steps per launch: 8 launches, one batch alone, then the remainder).
+    # Folds of 213-214 training samples: 26 full batches of 8 each, remainders of 5 and 6 (with
+    # 4 steps per launch: 6 launches, two batches alone, then the remainder).
     fused, fused_trainer = train(dataset.x, dataset.y, folds, fused="on", dropout=dropout, jit_compile=jit,
                                  steps_per_launch=steps_per_launch, layout=layout)
     unfused, unfused_trainer = unfused_reference(dropout, jit)

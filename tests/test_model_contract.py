@@ -99,7 +99,8 @@ REFUSED = {
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
-def test_a_model_foldsweep_would_train_otherwise_is_refused_before_anything_runs(case, tmp_path, monkeypatch):
+def test_a_model_foldsweep_would_train_otherwise_is_refused_before_anything_runs(without_ray, case, tmp_path,
+                                                                                   monkeypatch):
     import ray
 
     source, arrays, expected = REFUSED[case]

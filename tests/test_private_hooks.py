@@ -169,8 +169,8 @@ def without_keras_hook(monkeypatch):
 
 
 @pytest.mark.parametrize("command, breaking", [("run", without_ray_hook), ("trial", without_keras_hook)])
-def test_a_command_with_a_hook_missing_exits_1_with_one_line_before_anything_starts(monkeypatch, workspace, command,
-                                                                                    breaking):
+def test_a_command_with_a_hook_missing_exits_1_with_one_line_before_anything_starts(without_ray, monkeypatch, workspace,
+                                                                                    command, breaking):
     import ray
 
     from pipeline.cli import app

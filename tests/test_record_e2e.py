@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import Replace, free_port
+from conftest import RECORDED_SPACE, Replace, free_port
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.records.plots import PLOTS
@@ -21,26 +21,13 @@ from pipeline.inputs.spec import DatasetSpec
 
 pytestmark = pytest.mark.e2e
 
-DIVERGING_SPACE = {
-    "conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.0, "optimizer": "sgd", "batch_size": 8,
-    "learning_rate": {"grid": [0.01, 50.0]}, "clipping": {"grid": ["none", "global_norm"]}, "clip_threshold": 0.1,
-}
+DIVERGING_SPACE = RECORDED_SPACE
 
 
 @pytest.fixture(scope="module")
-def diverging_sweep(ray_cluster, tmp_path_factory):
-    """One sweep run once for the tests of this module: lr 50 without clipping diverges."""
-    import yaml
-
-    from conftest import TINY_SPEC, merged
-
-    directory = tmp_path_factory.mktemp("diverging")
-    spec = merged(TINY_SPEC, {"name": "diverging", "search": {"num_samples": 1, "space": Replace(DIVERGING_SPACE)},
-                              "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"}})
-    path = directory / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    result = CliRunner().invoke(app, ["run", str(path)])
-    return directory, result
+def diverging_sweep(recorded_sweep):
+    """The session's recorded sweep (conftest): (its directory, what `foldsweep run` returned)."""
+    return recorded_sweep.directory, recorded_sweep
 
 
 def store(directory: Path):

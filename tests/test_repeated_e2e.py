@@ -158,13 +158,17 @@ def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_l
     assert parent.data.metrics["refit_epochs"] == 30 and "(30 epochs)" in output
 
 
-def test_a_rerun_trains_every_replica_of_a_repeated_trial_and_reproduces_it(grouped_repeated_sweep):
+def test_a_rerun_trains_every_replica_of_a_repeated_trial_and_reproduces_it(grouped_repeated_sweep, monkeypatch):
+    """The refusal runs in this process (it ends before TensorFlow); the rerun in a fresh one,
+    whose thread pools are the trial's, so that it reproduces the trial to rel 1e-6."""
     from conftest import foldsweep
 
     directory, uri, _, _ = grouped_repeated_sweep
     client, parent, trials = sweep_runs(uri, "grouped-repeated")
     trial = client.get_run(parent.data.tags["foldsweep.best_run_id"])
-    refused = foldsweep("rerun", trial.info.run_id, "--tracking-uri", uri, "--fold", "6", cwd=directory)
+    monkeypatch.chdir(directory)
+    refused = CliRunner().invoke(app, ["rerun", trial.info.run_id, "--tracking-uri", uri, "--fold", "6"],
+                                 env={"COLUMNS": "250"})
     assert refused.exit_code == 2
     assert "--fold must be between 0 and 5 (the sweep's trials train 6 folds (2 repeats x 3)), got 6" in refused.output
     ran = foldsweep("rerun", trial.info.run_id, "--tracking-uri", uri, cwd=directory)

@@ -11,53 +11,44 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, Replace, foldsweep, merged
+from conftest import REPO, TINY_SPEC, merged
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.spec import DatasetSpec
 
 pytestmark = pytest.mark.e2e
 
-SPACE = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.1, "optimizer": "sgd", "batch_size": 8,
-         "learning_rate": {"grid": [0.01, 50.0]}}
-
 
 @pytest.fixture(scope="module")
-def recorded_sweep(tmp_path_factory):
-    """A sweep on a data file (so that the data can later change): one good trial, one NaN trial."""
-    import ray
-    import yaml
-
-    directory = tmp_path_factory.mktemp("rerun")
-    source = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
-    np.savez(directory / "data.npz", x=source.x, y=source.y, x_test=source.x_test, y_test=source.y_test)
-    spec = merged(TINY_SPEC, {"name": "rerun", "dataset": str(directory / "data.npz"),
-                              "search": {"num_samples": 1, "space": Replace(SPACE)},
-                              "train": {"refit": False},
-                              "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"}})
-    (directory / "spec.yaml").write_text(yaml.safe_dump(spec))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    try:
-        result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
-    finally:
-        ray.shutdown()
-    assert result.exit_code == 0, result.output
-    client = MlflowClient(f"sqlite:///{directory / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("rerun").experiment_id])
-    trials = {run.data.params["learning_rate"]: run for run in runs if run.data.tags["foldsweep.role"] == "trial"}
-    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
-    return directory, client, trials, parent
+def recorded_sweep(recorded_sweep):
+    """The session's recorded sweep (conftest): its directory, client, unclipped trials by
+    learning rate (0.01 trains, 50.0 goes NaN) and parent run."""
+    assert recorded_sweep.exit_code == 0, recorded_sweep.output
+    client, parent, trials = recorded_sweep.runs()
+    unclipped = {run.data.params["learning_rate"]: run for run in trials if run.data.params["clipping"] == "none"}
+    return recorded_sweep.directory, client, unclipped, parent
 
 
-def rerun(directory: Path, *args: str):
-    return foldsweep("rerun", *args, "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}", cwd=directory)
+@pytest.fixture
+def rerun(monkeypatch):
+    """`foldsweep rerun ... --tracking-uri <the store>` in this process, from the store's directory.
+    Here the reruns' thread pools are the suite's (a fresh process is what
+    test_rerun_fidelity_e2e tests): their numbers match the sweep's to rel 1e-4, not to the bit."""
+    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
+
+    def run(directory: Path, *args: str):
+        monkeypatch.chdir(directory)
+        return CliRunner().invoke(app, ["rerun", *args, "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}"],
+                                  env={"COLUMNS": "200"})
+
+    return run
 
 
 def history(client, run_id, key):
     return [metric.value for metric in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
-def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_apart(recorded_sweep):
+def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_apart(recorded_sweep, rerun):
     directory, client, trials, parent = recorded_sweep
     original = trials["0.01"]
     assert original.info.status == "FINISHED"
@@ -67,9 +58,11 @@ def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_ap
 
     assert result.exit_code == 0, result.output
     assert "epoch 1: fold 0" in result.output and "epoch 2: fold 0" in result.output
-    # The layout follows this process' compute threads; either way the folds train fused.
-    assert re.search(r"fused: 2 folds in one execution, (stacked|side by side)[^;\n]*; steps per launch: 1",
-                     result.output)
+    # The layout follows this process' compute threads; either way the folds train fused, as
+    # many steps per launch as the trial did.
+    steps = original.data.tags["foldsweep.steps_per_launch"]
+    assert re.search(rf"fused: 2 folds in one execution[^;\n]*(stacked|side by side)[^;\n]*; steps per launch: {steps}\b",
+                     result.output), result.output
     reruns = client.search_runs([parent.info.experiment_id],
                                 filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")
     assert len(reruns) == 1
@@ -84,7 +77,7 @@ def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_ap
     assert len(client.search_runs([parent.info.experiment_id])) == runs_before + 1
 
 
-def test_rerun_one_fold_with_fewer_epochs_without_tracking(recorded_sweep):
+def test_rerun_one_fold_with_fewer_epochs_without_tracking(recorded_sweep, rerun):
     directory, client, trials, parent = recorded_sweep
     original = trials["0.01"]
     runs_before = len(client.search_runs([parent.info.experiment_id]))
@@ -99,7 +92,7 @@ def test_rerun_one_fold_with_fewer_epochs_without_tracking(recorded_sweep):
     assert shown == pytest.approx(recorded, rel=1e-3)
 
 
-def test_check_numerics_names_the_op_and_layer_of_a_nan_trial(recorded_sweep):
+def test_check_numerics_names_the_op_and_layer_of_a_nan_trial(recorded_sweep, rerun):
     directory, client, trials, _ = recorded_sweep
     nan_trial = trials["50.0"]
     assert nan_trial.data.tags["foldsweep.status"] == "nan"
@@ -115,7 +108,7 @@ def test_check_numerics_names_the_op_and_layer_of_a_nan_trial(recorded_sweep):
     assert again.data.tags["foldsweep.status"] == "nan" and again.data.tags["foldsweep.numerics_op"] == op
 
 
-def test_set_reruns_the_nan_trial_with_clipping(recorded_sweep):
+def test_set_reruns_the_nan_trial_with_clipping(recorded_sweep, rerun):
     directory, client, trials, _ = recorded_sweep
     nan_trial = trials["50.0"]
     result = rerun(directory, nan_trial.info.run_id, "--set", "clipping=global_norm", "--set", "clip_threshold=0.1")
@@ -135,7 +128,7 @@ def test_set_reruns_the_nan_trial_with_clipping(recorded_sweep):
     (["TRIAL", "--set", "fliters=3"], "--set fliters: not a hyperparameter of this trial"),
     (["TRIAL", "--set", "filters"], "--set must be name=value, got 'filters'"),
 ])
-def test_bad_rerun_requests_exit_2(recorded_sweep, args, message):
+def test_bad_rerun_requests_exit_2(recorded_sweep, rerun, args, message):
     directory, _, trials, parent = recorded_sweep
     args = [{"PARENT": parent.info.run_id, "TRIAL": trials["0.01"].info.run_id}.get(arg, arg) for arg in args]
     result = rerun(directory, *args)
@@ -143,7 +136,7 @@ def test_bad_rerun_requests_exit_2(recorded_sweep, args, message):
     assert message in result.output.replace("\n", " ")
 
 
-def test_changed_data_is_refused(recorded_sweep):
+def test_changed_data_is_refused(recorded_sweep, rerun):
     directory, _, trials, _ = recorded_sweep
     path = directory / "data.npz"
     original = path.read_bytes()
@@ -161,24 +154,25 @@ def test_changed_data_is_refused(recorded_sweep):
 
 def test_trial_runs_one_config_of_a_spec_in_process(write_spec, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
     spec = write_spec({"search": {"space": {"learning_rate": {"loguniform": [1e-4, 1e-2]}}}, "train": {"epochs": 1}})
-    refused = foldsweep("trial", str(spec), cwd=tmp_path)
+    refused = CliRunner().invoke(app, ["trial", str(spec)], env={"COLUMNS": "200"})
     assert refused.exit_code == 2
     assert "needs one value for learning_rate (loguniform in the spec), kernel_size (choice in the spec)" in \
         refused.output.replace("\n", " ")
-    result = foldsweep("trial", str(spec), "--set", "learning_rate=0.003", "--set", "kernel_size=5", cwd=tmp_path)
+    result = CliRunner().invoke(app, ["trial", str(spec), "--set", "learning_rate=0.003", "--set", "kernel_size=5"],
+                                env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "learning_rate=0.003" in result.output and "kernel_size=5" in result.output
     assert "epoch 1: fold 0" in result.output and "fold 1" in result.output and "status: ok" in result.output
     assert not (tmp_path / "ray_results").exists()
 
 
-def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(tmp_path, monkeypatch):
+def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(ray_cluster, tmp_path, monkeypatch):
     """The experiment and data file are named relative to the spec's directory; the sweep runs
     from one working directory and the rerun from another."""
     import shutil
 
-    import ray
     import yaml
 
     project, launch, elsewhere = (tmp_path / name for name in ("project", "launch", "elsewhere"))
@@ -194,11 +188,7 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(tm
     (project / "spec.yaml").write_text(yaml.safe_dump(spec))
 
     monkeypatch.chdir(launch)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    try:
-        swept = CliRunner().invoke(app, ["run", "../project/spec.yaml"])
-    finally:
-        ray.shutdown()
+    swept = CliRunner().invoke(app, ["run", "../project/spec.yaml"])
     assert swept.exit_code == 0, swept.output
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("relative").experiment_id])
@@ -208,7 +198,9 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(tm
     assert parent.data.params["experiment_path"] == str(project / "model.py")
 
     monkeypatch.chdir(elsewhere)
-    again = foldsweep("rerun", trial.info.run_id, "--tracking-uri", store, "--no-track", cwd=elsewhere)
+    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
+    again = CliRunner().invoke(app, ["rerun", trial.info.run_id, "--tracking-uri", store, "--no-track"],
+                               env={"COLUMNS": "200"})
     assert again.exit_code == 0, again.output
     assert "epoch 2: fold 0" in again.output
     recorded = history(client, trial.info.run_id, "split0_val_loss")

@@ -14,7 +14,7 @@ from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e
 
-EPOCHS = 10
+EPOCHS = 6
 # One sweep per execution layout; the quickstart's resources (one CPU per trial) unless the
 # layout needs two compute threads.
 SWEEPS = {
@@ -28,27 +28,21 @@ EXECUTION_TAGS = ("foldsweep.tf_threads", "foldsweep.fused_reason", "foldsweep.j
 
 
 @pytest.fixture(scope="module")
-def sweeps(tmp_path_factory):
+def sweeps(ray_cluster, tmp_path_factory):
     """Each layout's one-trial sweep, recorded in one store: {layout: trial run}. About 60 s: one
     sweep per layout, because each layout is a different program the reruns must reproduce."""
-    import ray
-
     directory = tmp_path_factory.mktemp("fidelity")
     store = f"sqlite:///{directory / 'mlflow.db'}"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    try:
-        for name, (space, cpus) in SWEEPS.items():
-            spec = merged(TINY_SPEC, {
-                "name": name, "cv": {"n_splits": 3},
-                "search": {"num_samples": 1, "space": Replace({"conv_layers": 1, "filters": 16, "kernel_size": 3,
-                                                               **space})},
-                "train": {"epochs": EPOCHS, "refit": False}, "resources": {"cpu": cpus, "max_concurrent": 1},
-                "tracking": {"uri": store}})
-            (directory / f"{name}.yaml").write_text(yaml.safe_dump(spec))
-            result = CliRunner().invoke(app, ["run", str(directory / f"{name}.yaml")])
-            assert result.exit_code == 0, result.output
-    finally:
-        ray.shutdown()
+    for name, (space, cpus) in SWEEPS.items():
+        spec = merged(TINY_SPEC, {
+            "name": name, "cv": {"n_splits": 3},
+            "search": {"num_samples": 1, "space": Replace({"conv_layers": 1, "filters": 16, "kernel_size": 3,
+                                                           **space})},
+            "train": {"epochs": EPOCHS, "refit": False}, "resources": {"cpu": cpus, "max_concurrent": 1},
+            "tracking": {"uri": store}})
+        (directory / f"{name}.yaml").write_text(yaml.safe_dump(spec))
+        result = CliRunner().invoke(app, ["run", str(directory / f"{name}.yaml")])
+        assert result.exit_code == 0, result.output
     client = MlflowClient(store)
     trials = {}
     for name in SWEEPS:

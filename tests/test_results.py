@@ -87,11 +87,9 @@ def test_every_key_a_trial_reports_is_recorded_or_bookkeeping():
 
 
 @pytest.mark.e2e
-def test_what_ray_tune_delivers_reaches_mlflow(tmp_path, write_spec, monkeypatch):
+def test_what_ray_tune_delivers_reaches_mlflow(ray_cluster, tmp_path, write_spec, monkeypatch):
     """Through a real sweep: every result Ray Tune hands the driver (with the keys Ray adds) is
     recorded or bookkeeping, and what is recorded is in the trial's run."""
-    import ray
-
     from pipeline.cli import app
     from pipeline.records.callbacks import MlflowTrialCallback
 
@@ -104,11 +102,7 @@ def test_what_ray_tune_delivers_reaches_mlflow(tmp_path, write_spec, monkeypatch
 
     monkeypatch.setattr(MlflowTrialCallback, "on_trial_result", capture)
     spec = write_spec({"search": {"num_samples": 1, "space": {"kernel_size": 3}}, "train": {"refit": False}})
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    try:
-        result = CliRunner().invoke(app, ["run", str(spec)])
-    finally:
-        ray.shutdown()
+    result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 0, result.output
     assert len(delivered) == 2
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -18,7 +18,7 @@ from conftest import TINY_SPEC, merged
 
 pytestmark = pytest.mark.e2e
 
-TRIALS = 6
+TRIALS = 4
 EPOCHS = 8
 
 

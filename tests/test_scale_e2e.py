@@ -71,7 +71,9 @@ def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path):
 
 
 @pytest.fixture
-def two_node_cluster(tmp_path, monkeypatch):
+def two_node_cluster(without_ray, tmp_path, monkeypatch):
+    # Not beside the session's Ray: the driver would sweep on that one, and `ray stop --force`
+    # ends every Ray on the machine.
     # Ray 2.60's `ray start` clusters authenticate with a token (~/.ray/auth_token); every
     # process that joins, the sweep's driver included, must say so.
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
@@ -113,10 +115,11 @@ authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 """
 
 
-def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(tmp_path, write_spec, monkeypatch):
+def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(local_ray, without_ray, tmp_path, write_spec,
+                                                                       monkeypatch):
     """The README's basic-auth recipe on loopback: without the credentials, or with wrong ones,
-    the sweep is refused before Ray starts; with them, it records over HTTP. About 75 s: an MLflow
-    server of its own (with its auth app) has to start, and the sweep starts its own local Ray."""
+    the sweep is refused before Ray starts; with them, it records over HTTP. About 60 s: an MLflow
+    server of its own (with its auth app) has to start."""
     import ray
 
     monkeypatch.chdir(tmp_path)
@@ -144,6 +147,7 @@ def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(tmp_path, 
         assert sorted(path.name for path in tmp_path.iterdir()) == before
 
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-Passphrase")
+        local_ray.ensure()
         result = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
         assert result.exit_code == 0, result.output
         client, trials, parents = trial_runs(uri, "server")
