@@ -64,15 +64,26 @@ def with_extra_sample(dataset, folds, sample: np.ndarray, name: str):
 
 
 @pytest.fixture(scope="module")
-def unfused_reference(dataset, folds):
-    """Unfused training, one step per launch: what every fused layout and unrolling must match
-    (trained once per model setting for the module)."""
+def trained_once():
+    """A training several cases compare against, trained once for the module (each first epoch
+    compiles its programs: 2 to 7 s, where the next epochs take hundredths)."""
     trained = {}
 
+    def once(description, training):
+        if description not in trained:
+            trained[description] = training()
+        return trained[description]
+
+    return once
+
+
+@pytest.fixture(scope="module")
+def unfused_reference(dataset, folds, trained_once):
+    """Unfused training, one step per launch: what every fused layout and unrolling must match."""
+
     def reference(dropout, jit):
-        if (dropout, jit) not in trained:
-            trained[dropout, jit] = train(dataset.x, dataset.y, folds, fused="off", dropout=dropout, jit_compile=jit)
-        return trained[dropout, jit]
+        return trained_once(f"unfused, dropout {dropout}, jit {jit}", lambda: train(
+            dataset.x, dataset.y, folds, fused="off", dropout=dropout, jit_compile=jit))
 
     return reference
 
@@ -109,20 +120,6 @@ def compiled_build(hp):
     model.compile(optimizer=keras.optimizers.RMSprop(learning_rate=learning_rate, clipnorm=0.5),
                   loss="categorical_crossentropy", metrics=["accuracy"])
     return model
-
-
-@pytest.fixture(scope="module")
-def trained_once():
-    """A training several cases compare against, trained once for the module (each first epoch
-    compiles its programs: 2 to 7 s, where the next epochs take hundredths)."""
-    trained = {}
-
-    def once(description, training):
-        if description not in trained:
-            trained[description] = training()
-        return trained[description]
-
-    return once
 
 
 @pytest.mark.parametrize("layout", ["side_by_side", "stacked"])

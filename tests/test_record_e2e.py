@@ -1,4 +1,5 @@
-"""The full record of a sweep with a diverging config: NaN trials, cv_results, plots, refit, report."""
+"""The full record of a sweep with a diverging config (the session's recorded sweep, conftest):
+NaN trials, cv_results, plots, refit, report, the MLflow UI."""
 
 from __future__ import annotations
 
@@ -21,28 +22,10 @@ from pipeline.inputs.spec import DatasetSpec
 
 pytestmark = pytest.mark.e2e
 
-DIVERGING_SPACE = RECORDED_SPACE
 
-
-@pytest.fixture(scope="module")
-def diverging_sweep(recorded_sweep):
-    """The session's recorded sweep (conftest): (its directory, what `foldsweep run` returned)."""
-    return recorded_sweep.directory, recorded_sweep
-
-
-def store(directory: Path):
-    client = MlflowClient(f"sqlite:///{directory / 'mlflow.db'}")
-    experiment_id = client.get_experiment_by_name("diverging").experiment_id
-    runs = client.search_runs([experiment_id])
-    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
-    trials = [run for run in runs if run.data.tags["foldsweep.role"] == "trial"]
-    return client, parent, trials
-
-
-def test_a_diverging_trial_is_recorded_as_nan_and_the_sweep_completes(diverging_sweep):
-    directory, result = diverging_sweep
-    assert result.exit_code == 0, result.output
-    _, parent, trials = store(directory)
+def test_a_diverging_trial_is_recorded_as_nan_and_the_sweep_completes(recorded_sweep):
+    assert recorded_sweep.exit_code == 0, recorded_sweep.output
+    _, parent, trials = recorded_sweep.runs()
     assert len(trials) == 4
     by_config = {(run.data.params["learning_rate"], run.data.params["clipping"]): run for run in trials}
     nan_trial = by_config[("50.0", "none")]
@@ -59,12 +42,12 @@ def test_a_diverging_trial_is_recorded_as_nan_and_the_sweep_completes(diverging_
     # What the scheduler and searcher saw is finite for every trial, the NaN one included.
     assert all(math.isfinite(run.data.metrics["mean_val_accuracy"]) for run in trials)
     assert parent.data.metrics["n_nan"] == 1 and parent.data.metrics["n_failed"] == 0
-    assert "nan (fold" in result.output
+    assert "nan (fold" in recorded_sweep.output
 
 
-def test_the_trial_record_has_history_summary_and_system_info(diverging_sweep):
-    directory, _ = diverging_sweep
-    client, _, trials = store(directory)
+def test_the_trial_record_has_history_summary_and_system_info(recorded_sweep):
+    directory = recorded_sweep.directory
+    client, _, trials = recorded_sweep.runs()
     run = next(run for run in trials if run.data.tags["foldsweep.status"] == "ok")
     assert {"history.csv", "model_summary.txt"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
     history = list(csv.DictReader(open(client.download_artifacts(run.info.run_id, "history.csv", str(directory)))))
@@ -77,9 +60,9 @@ def test_the_trial_record_has_history_summary_and_system_info(diverging_sweep):
         assert metric in run.data.metrics
 
 
-def test_the_parent_run_holds_cv_results_plots_and_a_ranking(diverging_sweep):
-    directory, _ = diverging_sweep
-    client, parent, trials = store(directory)
+def test_the_parent_run_holds_cv_results_plots_and_a_ranking(recorded_sweep):
+    directory = recorded_sweep.directory
+    client, parent, trials = recorded_sweep.runs()
     root = {a.path for a in client.list_artifacts(parent.info.run_id)}
     plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
     assert {"cv_results.csv", "nan_summary.csv", "spec.yaml", "fold_manifest.json", "refit_model.keras"} <= root
@@ -103,9 +86,9 @@ def test_the_parent_run_holds_cv_results_plots_and_a_ranking(diverging_sweep):
     assert {(row["clipping"], row["trials"], row["nan"]) for row in nan_rows} == {("none", "2", "1"), ("global_norm", "2", "0")}
 
 
-def test_the_sweep_describes_itself_in_mlflow(diverging_sweep):
-    directory, _ = diverging_sweep
-    client, parent, trials = store(directory)
+def test_the_sweep_describes_itself_in_mlflow(recorded_sweep):
+    directory = recorded_sweep.directory
+    client, parent, trials = recorded_sweep.runs()
     note = parent.data.tags["mlflow.note.content"]
     leaderboard = note.split("### NaN failures")[0]
     ranked_rows = [line for line in leaderboard.splitlines() if line.startswith("| ")
@@ -125,14 +108,14 @@ def test_the_sweep_describes_itself_in_mlflow(diverging_sweep):
     assert client.get_run(nan_trial.info.run_id).data.tags["mlflow.note.content"].startswith("Not ranked: status nan")
 
 
-def test_the_new_plots_draw_every_trial(diverging_sweep):
+def test_the_new_plots_draw_every_trial(recorded_sweep):
     from pipeline.records.plots import learning_curve_data, parallel_coordinates_data
     from pipeline.inputs.spec import Objective
     from pipeline.records.tracking import Tracker
 
-    directory, _ = diverging_sweep
+    directory = recorded_sweep.directory
     tracker = Tracker(f"sqlite:///{directory / 'mlflow.db'}")
-    _, parent, trials = store(directory)
+    _, parent, trials = recorded_sweep.runs()
     records = tracker.trial_records(parent.info.run_id)
     objective = Objective("accuracy", "max")
     curves = learning_curve_data(records, objective, tracker.metric_histories([r.run_id for r in records],
@@ -146,9 +129,9 @@ def test_the_new_plots_draw_every_trial(diverging_sweep):
     assert all(0.0 <= value <= 1.0 for row in coordinates.rows for value in row)
 
 
-def test_refit_scores_the_best_config_on_the_held_out_test_split(diverging_sweep):
-    directory, _ = diverging_sweep
-    client, parent, _ = store(directory)
+def test_refit_scores_the_best_config_on_the_held_out_test_split(recorded_sweep):
+    directory = recorded_sweep.directory
+    client, parent, _ = recorded_sweep.runs()
     assert parent.data.tags["foldsweep.refit_of"] == parent.data.tags["foldsweep.best_run_id"]
     model = keras.models.load_model(client.download_artifacts(parent.info.run_id, "refit_model.keras", str(directory)))
     data = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
@@ -157,9 +140,9 @@ def test_refit_scores_the_best_config_on_the_held_out_test_split(diverging_sweep
     assert 0 < parent.data.metrics["test_loss"] < 10
 
 
-def test_report_prints_the_tables_and_refreshes_the_plots(diverging_sweep):
-    directory, _ = diverging_sweep
-    client, parent, _ = store(directory)
+def test_report_prints_the_tables_and_refreshes_the_plots(recorded_sweep):
+    directory = recorded_sweep.directory
+    client, parent, _ = recorded_sweep.runs()
     before = {a.path: a.file_size for a in client.list_artifacts(parent.info.run_id, "plots")}
     uri = f"sqlite:///{directory / 'mlflow.db'}"
     for sweep in (None, "diverging", parent.info.run_id):
@@ -172,7 +155,7 @@ def test_report_prints_the_tables_and_refreshes_the_plots(diverging_sweep):
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} == set(before)
     missing = CliRunner().invoke(app, ["report", "nosuch", "--tracking-uri", uri])
     assert missing.exit_code == 2 and "no sweep named 'nosuch'" in missing.output
-    trial_id = store(directory)[2][0].info.run_id
+    trial_id = recorded_sweep.runs()[2][0].info.run_id
     not_sweep = CliRunner().invoke(app, ["report", trial_id, "--tracking-uri", uri])
     assert not_sweep.exit_code == 2 and "is not a foldsweep sweep" in not_sweep.output
 
@@ -181,7 +164,7 @@ def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(ray_cl
                                                                           monkeypatch):
     """Also Optuna's define-by-run space end to end: a clip threshold only where clipping is on."""
     monkeypatch.chdir(tmp_path)
-    space = {**DIVERGING_SPACE, "learning_rate": {"choice": [0.01, 50.0]},
+    space = {**RECORDED_SPACE, "learning_rate": {"choice": [0.01, 50.0]},
              "clipping": {"choice": ["none", "global_norm"]}, "clip_threshold": {"loguniform": [0.1, 10.0]}}
     spec = write_spec({"name": "optuna-nan", "train": {"refit": False, "epochs": 3},
                        "search": {"algorithm": "optuna", "num_samples": 4, "seed": 2, "scheduler": "asha",
@@ -232,7 +215,7 @@ def assert_drawn_page(screenshot: Path) -> None:
     assert box is not None and box[2] - box[0] > WINDOW_SIZE[0] // 2, box
 
 
-def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_path):
+def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_path):
     import os
     import shutil
     import signal
@@ -246,8 +229,8 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_pa
         if os.environ.get("CI"):
             pytest.fail("chromium is missing: `make test` installs it (Debian package chromium)")
         pytest.skip("chromium is not installed; `make test` installs it")
-    directory, _ = diverging_sweep
-    client, parent, trials = store(directory)
+    directory = recorded_sweep.directory
+    client, parent, trials = recorded_sweep.runs()
     port = free_port()
     command = [str(Path(sys.executable).parent / "foldsweep"), "ui", "diverging", "--tracking-uri",
                f"sqlite:///{directory / 'mlflow.db'}", "--port", str(port)]
@@ -284,14 +267,14 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(diverging_sweep, tmp_pa
         ui.wait(timeout=60)
 
 
-def test_the_sweep_records_the_environment_it_ran_in_and_report_prints_it(diverging_sweep):
+def test_the_sweep_records_the_environment_it_ran_in_and_report_prints_it(recorded_sweep):
     import hashlib
     from importlib import metadata
 
     from pipeline.base.environment import direct_dependencies
 
-    directory, _ = diverging_sweep
-    _, parent, _ = store(directory)
+    directory = recorded_sweep.directory
+    _, parent, _ = recorded_sweep.runs()
     tags = parent.data.tags
     lock = Path(__file__).resolve().parents[1] / "uv.lock"
     assert tags["foldsweep.lock_hash"] == "sha256:" + hashlib.sha256(lock.read_bytes()).hexdigest()

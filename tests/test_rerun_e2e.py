@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def recorded_sweep(recorded_sweep):
+def unclipped_trials(recorded_sweep):
     """The session's recorded sweep (conftest): its directory, client, unclipped trials by
     learning rate (0.01 trains, 50.0 goes NaN) and parent run."""
     assert recorded_sweep.exit_code == 0, recorded_sweep.output
@@ -48,8 +48,8 @@ def history(client, run_id, key):
     return [metric.value for metric in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
-def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_apart(recorded_sweep, rerun):
-    directory, client, trials, parent = recorded_sweep
+def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_apart(unclipped_trials, rerun):
+    directory, client, trials, parent = unclipped_trials
     original = trials["0.01"]
     assert original.info.status == "FINISHED"
     runs_before = len(client.search_runs([parent.info.experiment_id]))
@@ -77,8 +77,8 @@ def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_ap
     assert len(client.search_runs([parent.info.experiment_id])) == runs_before + 1
 
 
-def test_rerun_one_fold_with_fewer_epochs_without_tracking(recorded_sweep, rerun):
-    directory, client, trials, parent = recorded_sweep
+def test_rerun_one_fold_with_fewer_epochs_without_tracking(unclipped_trials, rerun):
+    directory, client, trials, parent = unclipped_trials
     original = trials["0.01"]
     runs_before = len(client.search_runs([parent.info.experiment_id]))
     result = rerun(directory, original.info.run_id, "--fold", "1", "--epochs", "1", "--no-track", "--eager")
@@ -92,8 +92,8 @@ def test_rerun_one_fold_with_fewer_epochs_without_tracking(recorded_sweep, rerun
     assert shown == pytest.approx(recorded, rel=1e-3)
 
 
-def test_check_numerics_names_the_op_and_layer_of_a_nan_trial(recorded_sweep, rerun):
-    directory, client, trials, _ = recorded_sweep
+def test_check_numerics_names_the_op_and_layer_of_a_nan_trial(unclipped_trials, rerun):
+    directory, client, trials, _ = unclipped_trials
     nan_trial = trials["50.0"]
     assert nan_trial.data.tags["foldsweep.status"] == "nan"
 
@@ -108,8 +108,8 @@ def test_check_numerics_names_the_op_and_layer_of_a_nan_trial(recorded_sweep, re
     assert again.data.tags["foldsweep.status"] == "nan" and again.data.tags["foldsweep.numerics_op"] == op
 
 
-def test_set_reruns_the_nan_trial_with_clipping(recorded_sweep, rerun):
-    directory, client, trials, _ = recorded_sweep
+def test_set_reruns_the_nan_trial_with_clipping(unclipped_trials, rerun):
+    directory, client, trials, _ = unclipped_trials
     nan_trial = trials["50.0"]
     result = rerun(directory, nan_trial.info.run_id, "--set", "clipping=global_norm", "--set", "clip_threshold=0.1")
     assert result.exit_code == 0, result.output
@@ -128,16 +128,16 @@ def test_set_reruns_the_nan_trial_with_clipping(recorded_sweep, rerun):
     (["TRIAL", "--set", "fliters=3"], "--set fliters: not a hyperparameter of this trial"),
     (["TRIAL", "--set", "filters"], "--set must be name=value, got 'filters'"),
 ])
-def test_bad_rerun_requests_exit_2(recorded_sweep, rerun, args, message):
-    directory, _, trials, parent = recorded_sweep
+def test_bad_rerun_requests_exit_2(unclipped_trials, rerun, args, message):
+    directory, _, trials, parent = unclipped_trials
     args = [{"PARENT": parent.info.run_id, "TRIAL": trials["0.01"].info.run_id}.get(arg, arg) for arg in args]
     result = rerun(directory, *args)
     assert result.exit_code == 2, result.output
     assert message in result.output.replace("\n", " ")
 
 
-def test_changed_data_is_refused(recorded_sweep, rerun):
-    directory, _, trials, _ = recorded_sweep
+def test_changed_data_is_refused(unclipped_trials, rerun):
+    directory, _, trials, _ = unclipped_trials
     path = directory / "data.npz"
     original = path.read_bytes()
     with np.load(path) as stored:

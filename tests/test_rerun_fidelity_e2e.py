@@ -29,7 +29,7 @@ EXECUTION_TAGS = ("foldsweep.tf_threads", "foldsweep.fused_reason", "foldsweep.j
 
 @pytest.fixture(scope="module")
 def sweeps(ray_cluster, tmp_path_factory):
-    """Each layout's one-trial sweep, recorded in one store: {layout: trial run}. About 60 s: one
+    """Each layout's one-trial sweep, recorded in one store: {layout: trial run}. About 35 s: one
     sweep per layout, because each layout is a different program the reruns must reproduce."""
     directory = tmp_path_factory.mktemp("fidelity")
     store = f"sqlite:///{directory / 'mlflow.db'}"
