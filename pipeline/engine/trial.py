@@ -7,6 +7,7 @@ the next trial in the same process.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,8 +248,6 @@ def surviving_checkpoint(saved: Any) -> Any:
              if info.base_name.startswith("checkpoint_") and _holds_state(fs, info.path)]
     if not found:
         return saved
-    import copy
-
     import numpy as np
 
     newest = type(checkpoint)(max(found, key=lambda info: info.base_name).path, filesystem=fs)

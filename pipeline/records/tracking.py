@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -19,9 +18,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.base.errors import TrackingError
-from pipeline.contract.results import (BEST_EPOCH, NAN_FAILURES, PLAN_ARTIFACT, RETRIES, SELECTED_PREFIX, TRIAL_WALL_S, EpochResult,
-                              EpochSelection, SweepStatus, TrialInfo, TrialStatus, in_history, placement_metrics,
-                                       placement_tags, trial_label)
+from pipeline.contract.results import (BEST_EPOCH, NAN_FAILURES, PLAN_ARTIFACT, RETRIES, SELECTED_PREFIX, TRIAL_WALL_S,
+                                       EpochResult, EpochSelection, SweepStatus, TrialInfo, TrialStatus, in_history,
+                                       placement_metrics, placement_tags, trial_label)
 from pipeline.inputs.spec import Objective
 from pipeline.base.private_hooks import MLFLOW_SHARED_VIEW_PARAM, MLFLOW_SHARED_VIEW_TAG
 from pipeline.records.stores import quiet_mlflow, ready_store, sqlite_path
