@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
 from pipeline.base.errors import TrackingError
@@ -30,6 +30,8 @@ from pipeline.base.private_hooks import MLFLOW_STORE_TABLES
 SQLITE_HEADER = b"SQLite format 3\x00"
 OTHER_SCHEMES = ("file", "postgresql", "mysql", "databricks")
 SERVER_TIMEOUT_S = 10
+
+Client = TypeVar("Client")
 
 
 def check_tracking_uri(uri: str, *, source: str = "tracking.uri") -> None:
@@ -177,24 +179,52 @@ def store_lock(database: Path) -> Iterator[None]:
 STORE_OPEN_ATTEMPTS = 40
 
 
-def ready_store(client: Any, uri: str) -> None:
-    """Create or upgrade a SQLite store before anything else here touches it, under a lock
-    (``store_lock``), and wait out another process that is doing the same without the lock (the MLflow
-    UI, a script polling the runs): MLflow's schema migration of a new store fails when two
-    processes run it at once (``table _alembic_tmp_experiments already exists``)."""
+def ready_store(open_client: Callable[[], Client], uri: str) -> Client:
+    """The client ``open_client()`` makes of ``uri``, its SQLite store created or upgraded before
+    anything else here touches it, under a lock (``store_lock``).
+
+    Another process may migrate the same new store at once without the lock (the MLflow UI, a
+    script polling the runs): MLflow's migration is not safe against that, and the attempt fails
+    with whatever the two interleaved steps met (``table _alembic_tmp_experiments already exists``,
+    a KeyError, a CircularDependencyError, ``database is locked``). So an attempt that fails while
+    the store's schema changed under it is tried again, and one that fails on a schema nobody is
+    changing is raised at once. Making the client is part of the attempt because MLflow's client
+    migrates its store as it is made."""
     database = sqlite_path(uri)
     if database is None:
-        return
+        return open_client()
     with store_lock(database):
-        for attempt in range(STORE_OPEN_ATTEMPTS):
+        for attempt in range(STORE_OPEN_ATTEMPTS - 1):
+            before = _schema_state(database)
             try:
-                client.search_experiments(max_results=1)
-                return
+                return _opened(open_client)
             except Exception as exc:
-                busy = "already exists" in str(exc) or "database is locked" in str(exc)
-                if not busy or attempt == STORE_OPEN_ATTEMPTS - 1:
+                after = _schema_state(database)
+                if "database is locked" not in str(exc) and after is not None and after == before:
                     raise
                 time.sleep(min(0.1 * (attempt + 1), 1.0))
+        return _opened(open_client)
+
+
+def _opened(open_client: Callable[[], Client]) -> Client:
+    client = open_client()
+    client.search_experiments(max_results=1)
+    return client
+
+
+def _schema_state(database: Path) -> tuple[str, ...] | None:
+    """The store's tables and migration revision, read without writing: empty while there is no
+    store yet, None while another process holds it to write."""
+    if not database.exists():
+        return ()
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=1)) as connection:
+            tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            revision = (list(connection.execute("SELECT version_num FROM alembic_version"))
+                        if "alembic_version" in tables else [])
+    except sqlite3.Error as exc:
+        return None if "locked" in str(exc) else (f"unreadable: {exc}",)
+    return tuple(sorted(tables)) + tuple(row[0] for row in revision)
 
 
 def quiet_mlflow() -> None:

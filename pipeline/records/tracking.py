@@ -143,8 +143,7 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
-        self._client = MlflowClient(tracking_uri=uri)
-        ready_store(self._client, uri)
+        self._client = ready_store(lambda: MlflowClient(tracking_uri=uri), uri)
 
     def experiment_id(self, name: str) -> str:
         """The MLflow experiment named ``name``, created on first use."""

@@ -1,0 +1,68 @@
+"""Opening a SQLite store while another process migrates it without foldsweep's lock: MLflow's
+client migrates a new store as it is made (MLflow 3.17), and two migrations at once fail in
+whatever way their steps met."""
+
+import contextlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from pipeline.records import stores
+
+
+class Client:
+    """A client whose first constructions fail as ``failures`` say, each after the other process
+    took one more migration step on ``database`` (``steps``), as a racing migration does."""
+
+    def __init__(self, database: Path, failures: list[Exception], steps: int):
+        if failures:
+            if steps:
+                with contextlib.closing(sqlite3.connect(database)) as connection:
+                    connection.execute(f"CREATE TABLE step_{len(failures)} (x)")
+            raise failures.pop(0)
+        self.searched = 0
+
+    def search_experiments(self, max_results: int) -> list:
+        self.searched += 1
+        return []
+
+
+@pytest.fixture
+def pauses(monkeypatch) -> list[float]:
+    slept: list[float] = []
+    monkeypatch.setattr(stores.time, "sleep", slept.append)
+    return slept
+
+
+def test_an_attempt_that_fails_while_the_schema_changes_under_it_is_made_again(tmp_path, pauses):
+    database = tmp_path / "mlflow.db"
+    failures = [KeyError("dimension_attributes"),
+                sqlite3.OperationalError("table _alembic_tmp_model_versions already exists")]
+    client = stores.ready_store(lambda: Client(database, failures, steps=1), f"sqlite:///{database}")
+    assert isinstance(client, Client) and client.searched == 1
+    assert failures == [] and pauses == [0.1, 0.2]
+
+
+def test_a_locked_store_is_waited_for_even_when_nothing_changed(tmp_path, pauses):
+    database = tmp_path / "mlflow.db"
+    failures = [sqlite3.OperationalError("database is locked")]
+    client = stores.ready_store(lambda: Client(database, failures, steps=0), f"sqlite:///{database}")
+    assert client.searched == 1 and pauses == [0.1]
+
+
+def test_an_error_on_a_schema_nobody_changes_is_raised_at_once(tmp_path, pauses):
+    database = tmp_path / "mlflow.db"
+    sqlite3.connect(database).close()
+    failures = [sqlite3.OperationalError("no such column: runs.workspace")]
+    with pytest.raises(sqlite3.OperationalError, match="no such column"):
+        stores.ready_store(lambda: Client(database, failures, steps=0), f"sqlite:///{database}")
+    assert pauses == []
+
+
+def test_a_store_still_changing_after_every_attempt_raises_the_last_error(tmp_path, pauses):
+    database = tmp_path / "mlflow.db"
+    failures = [KeyError(f"step {n}") for n in range(stores.STORE_OPEN_ATTEMPTS)]
+    with pytest.raises(KeyError, match=f"step {stores.STORE_OPEN_ATTEMPTS - 1}"):
+        stores.ready_store(lambda: Client(database, failures, steps=1), f"sqlite:///{database}")
+    assert failures == [] and len(pauses) == stores.STORE_OPEN_ATTEMPTS - 1
