@@ -28,12 +28,14 @@ HISTORY_KEYS = ("train_loss", "val_loss", "val_accuracy")
 
 @pytest.fixture(scope="module")
 def dataset():
-    return load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
+    return load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 410}))
 
 
 @pytest.fixture(scope="module")
 def folds(dataset):
-    return make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), dataset).folds
+    """Two folds: side by side, each fold is one more model in the program XLA compiles, and the
+    compile is most of each case's time."""
+    return make_folds(CVSpec(splitter="stratified", n_splits=2, seed=0), dataset).folds
 
 
 def train(x, y, folds, *, fused, epochs=2, fingerprint=None, dropout=0.0, jit_compile="auto", steps_per_launch=1,
@@ -93,8 +95,8 @@ def unfused_reference(dataset, folds, trained_once):
     (0.0, "auto", 1, "stacked"), (0.0, "auto", 4, "stacked")])
 def test_fused_and_unfused_per_fold_histories_match(dataset, folds, unfused_reference, dropout, jit,
                                                      steps_per_launch, layout):
-    # Folds of 213-214 training samples: 26 full batches of 8 each, remainders of 5 and 6 (with
-    # 4 steps per launch: 6 launches, two batches alone, then the remainder).
+    # Folds of 164 training samples: 20 full batches of 8 each and a remainder of 4 (with 4 steps
+    # per launch: 5 launches, then the remainder alone).
     fused, fused_trainer = train(dataset.x, dataset.y, folds, fused="on", dropout=dropout, jit_compile=jit,
                                  steps_per_launch=steps_per_launch, layout=layout)
     unfused, unfused_trainer = unfused_reference(dropout, jit)
@@ -163,7 +165,7 @@ def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(dataset, folds, t
     order = trainer.engines[0].epoch_order(0)
     assert failure.step == int(np.flatnonzero(order == len(dataset.y))[0]) // 8
     assert all(math.isnan(value) for value in with_nan[0]["val_loss"])
-    for k in (1, 2):
+    for k in range(1, len(folds)):
         assert trainer.engines[k].failure is None
         for key in HISTORY_KEYS:
             np.testing.assert_allclose(with_nan[k][key], clean[k][key], rtol=1e-6, err_msg=f"fold {k} {key}")
@@ -193,7 +195,7 @@ def test_clipping_is_applied_per_fold(dataset, folds, trained_once, clipping, la
 
     assert trainer.plan.layout == layout
     assert not np.allclose(huge[0]["train_loss"], calm[0]["train_loss"], rtol=1e-3)  # fold 0 did see it
-    for k in (1, 2):
+    for k in range(1, len(folds)):
         for key in HISTORY_KEYS:
             np.testing.assert_allclose(huge[k][key], calm[k][key], rtol=1e-6, err_msg=f"fold {k} {key}")
         # ... and the clipping is on in those folds: without it they train differently.
