@@ -33,7 +33,8 @@ TINY_SPEC: dict[str, Any] = {
         "seed": 0,
         "space": {"conv_layers": 1, "filters": 16, "kernel_size": {"choice": [3, 5]}},
     },
-    "train": {"epochs": 2, "metric": "accuracy", "mode": "max", "seed": 0},
+    # No refit: it trains again in the driver, and only the tests of the refit ask for it.
+    "train": {"epochs": 2, "metric": "accuracy", "mode": "max", "seed": 0, "refit": False},
     "resources": {"cpu": 1, "max_concurrent": 2},
 }
 
@@ -145,7 +146,7 @@ def recorded_sweep(local_ray: LocalRay, tmp_path_factory: pytest.TempPathFactory
     np.savez(directory / "data.npz", x=source.x, y=source.y, x_test=source.x_test, y_test=source.y_test)
     spec = merged(TINY_SPEC, {"name": "diverging", "dataset": str(directory / "data.npz"),
                               "search": {"num_samples": 1, "space": Replace(RECORDED_SPACE)},
-                              "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"}})
+                              "train": {"refit": True}, "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"}})
     (directory / "spec.yaml").write_text(yaml.safe_dump(spec))
     local_ray.ensure()
     result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])

@@ -69,7 +69,8 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(ray_cluster, t
         raise RuntimeError(f"{what} broke")
 
     monkeypatch.setattr(pipeline.refit if what == "refit" else pipeline.records.publish, what, broken)
-    spec = write(tmp_path, what, search={"num_samples": 1, "space": {"kernel_size": 3}}, train={"epochs": 1})
+    spec = write(tmp_path, what, search={"num_samples": 1, "space": {"kernel_size": 3}},
+                 train={"epochs": 1, "refit": True})
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 1, result.output
     assert "every trial ended and is recorded, but" in result.output and f"{what} broke" in result.output

@@ -135,7 +135,7 @@ def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(local_ray,
                   # One worker process: four (the default) start for seconds on two cores.
                   "--workers", "1"],
                  url=uri, what="the MLflow server", cwd=tmp_path, env=server_environment):
-        spec = write_spec({"name": "server", "search": {"num_samples": 1}})
+        spec = write_spec({"name": "server", "search": {"num_samples": 1}, "train": {"refit": True}})
         before = sorted(path.name for path in tmp_path.iterdir())
         anonymous = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
