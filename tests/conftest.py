@@ -96,6 +96,15 @@ def local_ray() -> Iterator[LocalRay]:
     cluster.stop()
 
 
+@pytest.fixture
+def threads_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For `foldsweep trial` / `rerun` in the test's own process: TensorFlow fixes its thread pools
+    once it has started in a process (the suite's other tests started it), so the command keeps
+    them instead of sizing its own. Pool sizes change no number these tests compare; a rerun that
+    must match its trial bit for bit runs in a fresh process (test_rerun_fidelity_e2e)."""
+    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster(local_ray: LocalRay) -> None:
     """The session's local Ray of 2 CPUs (a trial's own CPUs, and so its threads, come from its
@@ -142,15 +151,16 @@ def recorded_sweep(local_ray: LocalRay, tmp_path_factory: pytest.TempPathFactory
     from pipeline.inputs.spec import DatasetSpec
 
     directory = tmp_path_factory.mktemp("recorded")
+    uri = f"sqlite:///{directory / 'mlflow.db'}"
     source = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
     np.savez(directory / "data.npz", x=source.x, y=source.y, x_test=source.x_test, y_test=source.y_test)
     spec = merged(TINY_SPEC, {"name": "diverging", "dataset": str(directory / "data.npz"),
                               "search": {"num_samples": 1, "space": Replace(RECORDED_SPACE)},
-                              "train": {"refit": True}, "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"}})
+                              "train": {"refit": True}, "tracking": {"uri": uri}})
     (directory / "spec.yaml").write_text(yaml.safe_dump(spec))
     local_ray.ensure()
     result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
-    return RecordedSweep(directory, f"sqlite:///{directory / 'mlflow.db'}", result.exit_code, result.output)
+    return RecordedSweep(directory, uri, result.exit_code, result.output)
 
 
 def sweep_runs(uri: str, name: str):

@@ -196,7 +196,7 @@ def recorded_store(tmp_path_factory) -> tuple[bytes, str]:
 
 
 @pytest.fixture
-def workspace(tmp_path, recorded_store, monkeypatch) -> Path:
+def workspace(tmp_path, recorded_store, monkeypatch, threads_kept) -> Path:
     for name, text in FILES.items():
         (tmp_path / name).write_bytes(text.encode("latin-1" if name == "latin1.yaml" else "utf-8"))
     for name, data in DATA.items():
@@ -208,9 +208,6 @@ def workspace(tmp_path, recorded_store, monkeypatch) -> Path:
     (tmp_path / "adir").mkdir()
     (tmp_path / "recorded.db").write_bytes(recorded_store[0])
     monkeypatch.chdir(tmp_path)
-    # Thread pools are fixed once TensorFlow runs in a process (the suite's other tests started
-    # it); `trial` would refuse to size them again, and nothing here trains.
-    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
     return tmp_path
 
 

@@ -123,9 +123,7 @@ class Stopping(keras_tuner.HyperModel):
 '''
 
 
-def test_a_hypermodels_early_stopping_stops_where_the_spec_key_does(tmp_path, monkeypatch):
-    # Thread pools are fixed once TensorFlow runs in this process; their size changes no number here.
-    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
+def test_a_hypermodels_early_stopping_stops_where_the_spec_key_does(tmp_path, threads_kept):
     (tmp_path / "stopping.py").write_text(HYPERMODEL)
     stops = {}
     for name, spec in {

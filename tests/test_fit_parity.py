@@ -118,11 +118,9 @@ def spec_for(directory: Path, builder: str) -> Path:
     return path
 
 
-def foldsweep_cv_mean(spec: Path, monkeypatch) -> float:
-    """The last epoch's mean_val_accuracy that `foldsweep trial` prints."""
-    # The trial asks for its own thread pools, which TensorFlow fixes once it has started in a
-    # process; here it already runs (the test's own `fit`), and pool sizes change no result.
-    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
+def foldsweep_cv_mean(spec: Path) -> float:
+    """The last epoch's mean_val_accuracy that `foldsweep trial` prints (in this process, where
+    the test's own `fit` started TensorFlow: ``threads_kept``)."""
     result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])
     assert result.exit_code == 0, result.output
     assert re.search(rf"\bepochs={EPOCHS}\b", result.output.splitlines()[0]), result.output
@@ -171,9 +169,9 @@ def _keras_fit_cv_mean(spec: Path, build) -> float:
 
 
 @pytest.mark.parametrize("feature", FEATURES)
-def test_an_honoured_feature_trains_as_keras_fit_does(workspace, feature, monkeypatch):
+def test_an_honoured_feature_trains_as_keras_fit_does(workspace, feature, threads_kept):
     spec = spec_for(workspace, feature)
-    ours = foldsweep_cv_mean(spec, monkeypatch)
+    ours = foldsweep_cv_mean(spec)
     keras_with = keras_fit_cv_mean(spec, feature)
     keras_without = keras_fit_cv_mean(spec, f"{feature}_dropped")
     assert abs(ours - keras_with) <= TOLERANCE, (feature, ours, keras_with, keras_without)

@@ -48,7 +48,7 @@ def test_the_fixture_is_a_sweep_interrupted_after_its_first_trial(old_sweep):
     assert b"pipeline.tracking" in pickled and b"pipeline.records" not in pickled
 
 
-def test_a_sweep_recorded_before_the_layers_resumes_and_its_trial_reruns(old_sweep, monkeypatch):
+def test_a_sweep_recorded_before_the_layers_resumes_and_its_trial_reruns(old_sweep, monkeypatch, threads_kept):
     directory, parent, before = old_sweep
     monkeypatch.chdir(directory)  # the spec's store is the zero-config sqlite:///mlflow.db
     uri = f"sqlite:///{directory / 'mlflow.db'}"
@@ -69,8 +69,6 @@ def test_a_sweep_recorded_before_the_layers_resumes_and_its_trial_reruns(old_swe
     assert again.info.end_time == first.info.end_time
     assert [metric.value for metric in client.get_metric_history(first.info.run_id, "mean_val_loss")] == first_history
 
-    # TensorFlow runs in this process already: the rerun keeps its thread pools.
-    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
     rerun = CliRunner().invoke(app, ["rerun", first.info.run_id[:8], "--epochs", "1"])
 
     assert rerun.exit_code == 0, rerun.output

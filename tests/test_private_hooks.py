@@ -169,13 +169,13 @@ def without_keras_hook(monkeypatch):
 
 
 @pytest.mark.parametrize("command, breaking", [("run", without_ray_hook), ("trial", without_keras_hook)])
-def test_a_command_with_a_hook_missing_exits_1_with_one_line_before_anything_starts(without_ray, monkeypatch, workspace,
-                                                                                    command, breaking):
+def test_a_command_with_a_hook_missing_exits_1_with_one_line_before_anything_starts(without_ray, threads_kept,
+                                                                                    monkeypatch, workspace, command,
+                                                                                    breaking):
     import ray
 
     from pipeline.cli import app
 
-    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
     before = sorted(path.name for path in workspace.parent.iterdir())
     start, missing = breaking(monkeypatch)
     try:
@@ -191,10 +191,9 @@ def test_a_command_with_a_hook_missing_exits_1_with_one_line_before_anything_sta
 
 
 @pytest.mark.training
-def test_trial_needs_no_ray_hook(monkeypatch, workspace):
+def test_trial_needs_no_ray_hook(threads_kept, monkeypatch, workspace):
     from pipeline.cli import app
 
-    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
     without_ray_hook(monkeypatch)
     result = CliRunner().invoke(app, ["trial", str(workspace)])
     assert result.exit_code == 0, result.output

@@ -87,7 +87,6 @@ def test_the_parent_run_holds_cv_results_plots_and_a_ranking(recorded_sweep):
 
 
 def test_the_sweep_describes_itself_in_mlflow(recorded_sweep):
-    directory = recorded_sweep.directory
     client, parent, trials = recorded_sweep.runs()
     note = parent.data.tags["mlflow.note.content"]
     leaderboard = note.split("### NaN failures")[0]
@@ -100,7 +99,7 @@ def test_the_sweep_describes_itself_in_mlflow(recorded_sweep):
     label = f"trial-{best_run.data.tags['foldsweep.trial_id'].rsplit('_', 1)[-1]}"
     assert ranked_rows[0].split("|")[2].strip() == f"{label} ({best[:8]})", "the best trial first"
     assert len(ranked_rows) == len(scores)
-    assert f"foldsweep rerun {best[:8]} --tracking-uri sqlite:///{directory / 'mlflow.db'}" in note
+    assert f"foldsweep rerun {best[:8]} --tracking-uri {recorded_sweep.uri}" in note
     assert "### NaN failures by batch size and clipping" in note and "| 8 | none | 2 | 1 |" in note
     assert "test_accuracy" in note  # the refit's score
     assert client.get_run(best_run.info.run_id).data.tags["mlflow.note.content"].startswith("Rank **1** of 3")
@@ -113,8 +112,7 @@ def test_the_new_plots_draw_every_trial(recorded_sweep):
     from pipeline.inputs.spec import Objective
     from pipeline.records.tracking import Tracker
 
-    directory = recorded_sweep.directory
-    tracker = Tracker(f"sqlite:///{directory / 'mlflow.db'}")
+    tracker = Tracker(recorded_sweep.uri)
     _, parent, trials = recorded_sweep.runs()
     records = tracker.trial_records(parent.info.run_id)
     objective = Objective("accuracy", "max")
@@ -141,10 +139,9 @@ def test_refit_scores_the_best_config_on_the_held_out_test_split(recorded_sweep)
 
 
 def test_report_prints_the_tables_and_refreshes_the_plots(recorded_sweep):
-    directory = recorded_sweep.directory
     client, parent, _ = recorded_sweep.runs()
     before = {a.path: a.file_size for a in client.list_artifacts(parent.info.run_id, "plots")}
-    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    uri = recorded_sweep.uri
     for sweep in (None, "diverging", parent.info.run_id):
         result = CliRunner().invoke(app, ["report", *([sweep] if sweep else []), "--tracking-uri", uri])
         assert result.exit_code == 0, result.output
@@ -229,11 +226,10 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_pat
         if os.environ.get("CI"):
             pytest.fail("chromium is missing: `make test` installs it (Debian package chromium)")
         pytest.skip("chromium is not installed; `make test` installs it")
-    directory = recorded_sweep.directory
     client, parent, trials = recorded_sweep.runs()
     port = free_port()
     command = [str(Path(sys.executable).parent / "foldsweep"), "ui", "diverging", "--tracking-uri",
-               f"sqlite:///{directory / 'mlflow.db'}", "--port", str(port)]
+               recorded_sweep.uri, "--port", str(port)]
     ui = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         printed = ui.stdout.readline()
@@ -273,7 +269,6 @@ def test_the_sweep_records_the_environment_it_ran_in_and_report_prints_it(record
 
     from pipeline.base.environment import direct_dependencies
 
-    directory = recorded_sweep.directory
     _, parent, _ = recorded_sweep.runs()
     tags = parent.data.tags
     lock = Path(__file__).resolve().parents[1] / "uv.lock"
@@ -283,7 +278,7 @@ def test_the_sweep_records_the_environment_it_ran_in_and_report_prints_it(record
     assert {"tensorflow", "keras", "ray", "mlflow", "scikit-learn", "keras-tuner"} <= set(names)
     for name in names:
         assert tags[f"foldsweep.version.{name}"] == metadata.version(name)
-    result = CliRunner().invoke(app, ["report", "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}"])
+    result = CliRunner().invoke(app, ["report", "--tracking-uri", recorded_sweep.uri])
     output = " ".join(result.output.split())
     assert f"environment: lock {tags['foldsweep.lock_hash']} (installed versions match it: true)" in output
     assert f"tensorflow {metadata.version('tensorflow')}" in output and f"ray {metadata.version('ray')}" in output

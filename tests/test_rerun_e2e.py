@@ -30,11 +30,10 @@ def unclipped_trials(recorded_sweep):
 
 
 @pytest.fixture
-def rerun(monkeypatch):
+def rerun(monkeypatch, threads_kept):
     """`foldsweep rerun ... --tracking-uri <the store>` in this process, from the store's directory.
     Here the reruns' thread pools are the suite's (a fresh process is what
     test_rerun_fidelity_e2e tests): their numbers match the sweep's to rel 1e-4, not to the bit."""
-    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
 
     def run(directory: Path, *args: str):
         monkeypatch.chdir(directory)
@@ -152,9 +151,8 @@ def test_changed_data_is_refused(unclipped_trials, rerun):
     assert "no longer matches the data of sweep run" in result.output.replace("\n", " ")
 
 
-def test_trial_runs_one_config_of_a_spec_in_process(write_spec, tmp_path, monkeypatch):
+def test_trial_runs_one_config_of_a_spec_in_process(write_spec, tmp_path, monkeypatch, threads_kept):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
     spec = write_spec({"search": {"space": {"learning_rate": {"loguniform": [1e-4, 1e-2]}}}, "train": {"epochs": 1}})
     refused = CliRunner().invoke(app, ["trial", str(spec)], env={"COLUMNS": "200"})
     assert refused.exit_code == 2
@@ -168,7 +166,8 @@ def test_trial_runs_one_config_of_a_spec_in_process(write_spec, tmp_path, monkey
     assert not (tmp_path / "ray_results").exists()
 
 
-def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(ray_cluster, tmp_path, monkeypatch):
+def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(ray_cluster, tmp_path, monkeypatch,
+                                                                               threads_kept):
     """The experiment and data file are named relative to the spec's directory; the sweep runs
     from one working directory and the rerun from another."""
     import shutil
@@ -198,7 +197,6 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(ra
     assert parent.data.params["experiment_path"] == str(project / "model.py")
 
     monkeypatch.chdir(elsewhere)
-    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
     again = CliRunner().invoke(app, ["rerun", trial.info.run_id, "--tracking-uri", store, "--no-track"],
                                env={"COLUMNS": "200"})
     assert again.exit_code == 0, again.output
