@@ -274,7 +274,7 @@ def test_a_worker_reuses_the_programs_of_its_earlier_trials_and_never_another_pr
         "search": {"num_samples": 1, "space": {
             "learning_rate": {"grid": [0.01, 0.02]}, "clipping": "norm", "clip_threshold": {"grid": [1.0, 0.0371]},
             "batch_size": 24, "conv_layers": 1, "filters": 8, "kernel_size": 3, "dropout": 0.0}},
-        "train": {"epochs": 1, "jit_compile": True, "refit": False},
+        "train": {"epochs": 1, "jit_compile": True},
         "resources": {"max_concurrent": 1}})
 
     result = CliRunner().invoke(app, ["run", str(spec)])

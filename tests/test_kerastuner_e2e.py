@@ -23,7 +23,7 @@ def sweep(tmp_path, name: str, attr: str, space: dict, num_samples: int = 1):
 
     spec = merged(TINY_SPEC, {"name": name, "experiment": f"{STYLES}:{attr}",
                               "search": {"num_samples": num_samples, "space": Replace(space)},
-                              "train": {"refit": False}, "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
+                              "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     checked = CliRunner().invoke(app, ["validate", str(path)])

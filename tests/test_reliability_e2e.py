@@ -38,7 +38,7 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster,
     scores = {}
     for name, per_worker in (("recycled", 2), ("kept", "auto")):
         spec = write(tmp_path, name, search={"num_samples": 1, "space": Replace(GRID)},
-                     train={"epochs": 2, "refit": False}, resources={"max_concurrent": 1,
+                     train={"epochs": 2}, resources={"max_concurrent": 1,
                                                                      "max_trials_per_worker": per_worker})
         result = CliRunner().invoke(app, ["run", str(spec)])
         assert result.exit_code == 0, result.output
@@ -101,7 +101,7 @@ def test_eight_concurrent_trials_record_every_epoch_once(ray_cluster, tmp_path):
     """About 30 s: eight worker processes start TensorFlow at once on two cores (a quarter of a
     CPU each, so that the session's Ray holds all eight)."""
     spec = write(tmp_path, "eight", search={"num_samples": 8, "space": {"kernel_size": 3}},
-                 train={"epochs": 2, "refit": False, "jit_compile": False},
+                 train={"epochs": 2, "jit_compile": False},
                  resources={"cpu": 0.25, "max_concurrent": 8})
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 0, result.output
@@ -119,7 +119,7 @@ def test_a_fresh_store_opened_by_a_second_process_at_once(ray_cluster, tmp_path,
     the moment the other one is ready to."""
     monkeypatch.chdir(tmp_path)
     spec = write(tmp_path, "fresh", search={"num_samples": 1, "space": {"kernel_size": 3}},
-                 train={"epochs": 1, "refit": False})
+                 train={"epochs": 1})
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     poller = ("import sys, mlflow\nprint('ready', flush=True)\nclient = mlflow.MlflowClient(sys.argv[1])\n"
               "for _ in range(20):\n    client.search_experiments()\n")

@@ -38,7 +38,7 @@ def sweeps(ray_cluster, tmp_path_factory):
             "name": name, "cv": {"n_splits": 3},
             "search": {"num_samples": 1, "space": Replace({"conv_layers": 1, "filters": 16, "kernel_size": 3,
                                                            **space})},
-            "train": {"epochs": EPOCHS, "refit": False}, "resources": {"cpu": cpus, "max_concurrent": 1},
+            "train": {"epochs": EPOCHS}, "resources": {"cpu": cpus, "max_concurrent": 1},
             "tracking": {"uri": store}})
         (directory / f"{name}.yaml").write_text(yaml.safe_dump(spec))
         result = CliRunner().invoke(app, ["run", str(directory / f"{name}.yaml")])

@@ -101,7 +101,7 @@ def test_what_ray_tune_delivers_reaches_mlflow(ray_cluster, tmp_path, write_spec
         original(self, iteration, trials, trial, result, **info)
 
     monkeypatch.setattr(MlflowTrialCallback, "on_trial_result", capture)
-    spec = write_spec({"search": {"num_samples": 1, "space": {"kernel_size": 3}}, "train": {"refit": False}})
+    spec = write_spec({"search": {"num_samples": 1, "space": {"kernel_size": 3}}})
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 0, result.output
     assert len(delivered) == 2

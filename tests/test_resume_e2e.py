@@ -63,7 +63,7 @@ def runs(directory: Path):
 def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(tmp_path, stop):
     spec = merged(TINY_SPEC, {"name": "resume", "dataset": {"num_samples": 1000},
                               "search": {"num_samples": TRIALS, "space": {"kernel_size": 3, "batch_size": 8}},
-                              "train": {"epochs": EPOCHS, "refit": False},
+                              "train": {"epochs": EPOCHS},
                               "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
     command = [str(Path(sys.executable).parent / "foldsweep"), "run", "spec.yaml"]

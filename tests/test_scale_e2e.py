@@ -48,7 +48,7 @@ def worker_pid(database: Path) -> int | None:
 def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path):
     spec = merged(TINY_SPEC, {"name": "faults", "dataset": {"num_samples": 1500},
                               "search": {"num_samples": 1, "space": {"kernel_size": 3, "batch_size": 8}},
-                              "train": {"epochs": 30, "refit": False},
+                              "train": {"epochs": 30},
                               "resources": {"max_failures": 2},
                               "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
@@ -96,7 +96,7 @@ def two_node_cluster(without_ray, tmp_path, monkeypatch):
 def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    spec = write_spec({"name": "cluster", "search": {"num_samples": 4}, "train": {"epochs": 3, "refit": False},
+    spec = write_spec({"name": "cluster", "search": {"num_samples": 4}, "train": {"epochs": 3},
                        "resources": {"max_concurrent": 2}})
 
     result = CliRunner().invoke(app, ["run", str(spec), "--address", two_node_cluster])
