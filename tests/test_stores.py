@@ -51,13 +51,34 @@ def test_a_locked_store_is_waited_for_even_when_nothing_changed(tmp_path, pauses
     assert client.searched == 1 and pauses == [0.1]
 
 
-def test_an_error_on_a_schema_nobody_changes_is_raised_at_once(tmp_path, pauses):
+def test_a_step_of_the_other_migration_after_the_failure_has_the_attempt_made_again(tmp_path, monkeypatch):
+    """The other process added a column before this attempt began and moves its revision on only
+    seconds after the attempt failed on that column (a busy machine): the watch sees the step."""
+    database = tmp_path / "mlflow.db"
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        connection.execute("CREATE TABLE metrics (key, value)")
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 3:
+            with contextlib.closing(sqlite3.connect(database)) as connection:
+                connection.execute("ALTER TABLE metrics ADD COLUMN step")
+
+    monkeypatch.setattr(stores.time, "sleep", sleep)
+    failures = [sqlite3.OperationalError("duplicate column name: step")]
+    client = stores.ready_store(lambda: Client(database, failures, steps=0), f"sqlite:///{database}")
+    assert client.searched == 1 and failures == []
+    assert slept == [stores.SCHEMA_WATCH_POLL_S] * 3 + [0.1]  # three polls of the watch, then the retry's pause
+
+
+def test_an_error_on_a_schema_nobody_changes_is_raised_once_the_watch_saw_it_still(tmp_path, pauses):
     database = tmp_path / "mlflow.db"
     sqlite3.connect(database).close()
     failures = [sqlite3.OperationalError("no such column: runs.workspace")]
     with pytest.raises(sqlite3.OperationalError, match="no such column"):
         stores.ready_store(lambda: Client(database, failures, steps=0), f"sqlite:///{database}")
-    assert pauses == []
+    assert pauses == [stores.SCHEMA_WATCH_POLL_S] * stores.SCHEMA_WATCH_POLLS
 
 
 def test_a_store_still_changing_after_every_attempt_raises_the_last_error(tmp_path, pauses):

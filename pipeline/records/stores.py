@@ -177,6 +177,11 @@ def store_lock(database: Path) -> Iterator[None]:
 
 # How often opening a store is tried while another process creates or upgrades it.
 STORE_OPEN_ATTEMPTS = 40
+# How long a store's schema is watched after a failed attempt, for a step of another process's
+# migration (which pauses between its steps, longest on a busy machine), before the failure is
+# taken for one of the store itself.
+SCHEMA_WATCH_POLLS = 50
+SCHEMA_WATCH_POLL_S = 0.1
 
 
 def ready_store(open_client: Callable[[], Client], uri: str) -> Client:
@@ -186,10 +191,11 @@ def ready_store(open_client: Callable[[], Client], uri: str) -> Client:
     Another process may migrate the same new store at once without the lock (the MLflow UI, a
     script polling the runs): MLflow's migration is not safe against that, and the attempt fails
     with whatever the two interleaved steps met (``table _alembic_tmp_experiments already exists``,
-    a KeyError, a CircularDependencyError, ``database is locked``). So an attempt that fails while
-    the store's schema changed under it is tried again, and one that fails on a schema nobody is
-    changing is raised at once. Making the client is part of the attempt because MLflow's client
-    migrates its store as it is made."""
+    ``duplicate column name``, a KeyError, a CircularDependencyError, ``database is locked``). So
+    an attempt that fails while the store's schema moves (since the attempt began, or in the
+    seconds after) is tried again, and one that fails on a schema nobody is changing is raised.
+    Making the client is part of the attempt because MLflow's client migrates its store as it is
+    made."""
     database = sqlite_path(uri)
     if database is None:
         return open_client()
@@ -199,8 +205,7 @@ def ready_store(open_client: Callable[[], Client], uri: str) -> Client:
             try:
                 return _opened(open_client)
             except Exception as exc:
-                after = _schema_state(database)
-                if "database is locked" not in str(exc) and after is not None and after == before:
+                if "database is locked" not in str(exc) and not _schema_moves(database, before):
                     raise
                 time.sleep(min(0.1 * (attempt + 1), 1.0))
         return _opened(open_client)
@@ -212,19 +217,31 @@ def _opened(open_client: Callable[[], Client]) -> Client:
     return client
 
 
+def _schema_moves(database: Path, before: tuple[str, ...] | None) -> bool:
+    """Another process is changing the store's schema: it differs from ``before``, or comes to
+    within the watch (the other migration's next step, after the one ours failed on)."""
+    for poll in range(SCHEMA_WATCH_POLLS + 1):
+        state = _schema_state(database)
+        if state is None or state != before:
+            return True
+        if poll < SCHEMA_WATCH_POLLS:
+            time.sleep(SCHEMA_WATCH_POLL_S)
+    return False
+
+
 def _schema_state(database: Path) -> tuple[str, ...] | None:
-    """The store's tables and migration revision, read without writing: empty while there is no
-    store yet, None while another process holds it to write."""
+    """The store's tables (with their columns) and migration revision, read without writing:
+    empty while there is no store yet, None while another process holds it to write."""
     if not database.exists():
         return ()
     try:
         with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=1)) as connection:
-            tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            tables = sorted(connection.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
             revision = (list(connection.execute("SELECT version_num FROM alembic_version"))
-                        if "alembic_version" in tables else [])
+                        if any(name == "alembic_version" for name, _ in tables) else [])
     except sqlite3.Error as exc:
         return None if "locked" in str(exc) else (f"unreadable: {exc}",)
-    return tuple(sorted(tables)) + tuple(row[0] for row in revision)
+    return tuple(f"{name}: {sql}" for name, sql in tables) + tuple(row[0] for row in revision)
 
 
 def quiet_mlflow() -> None:
