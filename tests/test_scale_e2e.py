@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -70,27 +73,65 @@ def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path):
     assert int(trial.data.tags["foldsweep.pid"]) != pid  # finished in a new worker process
 
 
+def started_node(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """`ray start ... --block` in a session of its own, once it says the node runs."""
+    node = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    said = []
+    for line in node.stdout:
+        said.append(line)
+        if "Ray runtime started" in line:
+            return node
+    node.wait(timeout=60)
+    raise AssertionError(f"{' '.join(command[:3])} exited {node.returncode}:\n{''.join(said)}")
+
+
+def end_session(leader: int) -> None:
+    """SIGKILL every process of the session ``leader`` started: its Ray node's raylet, GCS and
+    workers (which set process groups of their own), and nothing else on the machine."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getsid(int(entry.name)) == leader:
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+
 @pytest.fixture
-def two_node_cluster(without_ray, tmp_path, monkeypatch):
-    # Not beside the session's Ray: the driver would sweep on that one, and `ray stop --force`
-    # ends every Ray on the machine.
+def two_node_cluster(without_ray):
+    """Two one-CPU Ray nodes on this machine, with a Ray temp dir of their own: `ray start` writes
+    the address of its cluster there, where no other `ray.init` of this machine (the session's
+    Ray, or another pytest worker's) looks for a cluster to join; and they are stopped by ending
+    their own processes, where `ray stop` would end every Ray on the machine."""
+    from ray._private.authentication_test_utils import reset_auth_token_state
+
     # Ray 2.60's `ray start` clusters authenticate with a token (~/.ray/auth_token); every
-    # process that joins, the sweep's driver included, must say so.
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    # process that joins, the sweep's driver included, must say so. Ray reads RAY_AUTH_MODE once
+    # per process (a local `ray.init` sets it): its own test helper makes it read it again, here
+    # and once it is put back.
+    mode_before = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "token"
+    reset_auth_token_state()
     port = free_port()
-    env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token"}
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's unix sockets live under it
+    env = {**os.environ, "RAY_ADDRESS": ""}
     ray = str(BIN / "ray")
-    head = subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                           "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=180)
-    assert head.returncode == 0, head.stderr
+    node_options = ["--num-cpus=1", "--disable-usage-stats", f"--temp-dir={temp_dir}", "--block"]
+    nodes = []
     try:
-        worker = subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
-                                 "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=180)
-        assert worker.returncode == 0, worker.stderr
+        nodes.append(started_node([ray, "start", "--head", f"--port={port}", "--include-dashboard=false",
+                                   *node_options], env))
+        nodes.append(started_node([ray, "start", f"--address=127.0.0.1:{port}", *node_options], env))
         yield f"127.0.0.1:{port}"
     finally:
-        stopped = subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, text=True, timeout=180)
-        assert stopped.returncode == 0, stopped.stderr
+        for node in reversed(nodes):
+            end_session(node.pid)
+            node.wait(timeout=60)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if mode_before is None:
+            del os.environ["RAY_AUTH_MODE"]
+        else:
+            os.environ["RAY_AUTH_MODE"] = mode_before
+        reset_auth_token_state()
 
 
 def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, tmp_path, monkeypatch):
