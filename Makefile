@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.foldsweep-installed
 SPEC ?= sweeps/quickstart.yaml
 PYTEST_ARGS ?=
+# `make test` runs the suite in two pytest-xdist workers, a test module at a time (tests/conftest.py
+# says how they are sent): on two cores one worker's sweep starts processes and imports while the
+# other's trains. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 # The extras of .venv; a GPU machine adds gpu: `make install EXTRAS="test gpu"`.
 EXTRAS ?= test
 
@@ -23,7 +27,7 @@ sweep: $(STAMP)
 	$(BIN)/foldsweep run $(SPEC)
 
 test: lock-check $(STAMP) chromium
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # The inner loop: pure logic and quick in-process checks, no sweep, no training, no browser.
 test-fast: $(STAMP)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import signal
 import socket
@@ -51,6 +52,49 @@ def foldsweep(*args: str, cwd: Path | str | None = None) -> Ran:
     ran = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
                          timeout=900, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
     return Ran(ran.returncode, ran.stdout + ran.stderr)
+
+
+# Under pytest-xdist (`make test` runs two workers), tests are sent to the workers a module at a
+# time, so that a module's fixtures are made once; the modules that read the session's recorded
+# sweep go to one worker together, so that it is recorded once. The heaviest go first: a sweep or
+# a fresh process costs seconds, a pure-logic test milliseconds, and a heavy module sent last
+# would leave the other worker idle until it ends.
+SECONDS_PER_TEST = {"e2e": 8.0, "training": 3.0}
+
+
+def xdist_scope(nodeid: str) -> str:
+    return _module_scope(nodeid.split("::", 1)[0])
+
+
+@functools.cache
+def _module_scope(module: str) -> str:
+    return "the recorded sweep" if "recorded_sweep" in (REPO / module).read_text() else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    if config.getvalue("dist") != "loadscope":
+        return None
+    config.option.loadscopereorder = False  # the workers order them; xdist's order is by test count
+    return ByScope(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    cost: dict[str, float] = {}
+    for item in items:
+        seconds = max([SECONDS_PER_TEST.get(mark.name, 0.05) for mark in item.iter_markers()], default=0.05)
+        cost[xdist_scope(item.nodeid)] = cost.get(xdist_scope(item.nodeid), 0.0) + seconds
+    rank = {scope: position for position, scope in enumerate(sorted(cost, key=lambda scope: -cost[scope]))}
+    items.sort(key=lambda item: rank[xdist_scope(item.nodeid)])
 
 
 @pytest.fixture(autouse=True, scope="session")
