@@ -89,20 +89,25 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tm
     assert parent.data.tags["foldsweep.best_run_id"] in {trial.info.run_id for trial in trials}
 
 
-def test_a_failing_trial_is_recorded_and_the_sweep_completes(ray_cluster, tmp_path, write_spec, write_experiment,
-                                                            monkeypatch):
+def test_a_failing_trial_is_recorded_and_a_gpu_request_without_gpus_runs_on_cpu(ray_cluster, tmp_path, write_spec,
+                                                                              write_experiment, monkeypatch):
+    """One sweep for two things a sweep survives: a trial whose build raises (recorded as failed,
+    the sweep completes) and resources.gpu on a cluster without GPUs (a notice, trials on CPU)."""
     monkeypatch.chdir(tmp_path)
     experiment = write_experiment(FAILS_ON_BAD)
-    spec_path = write_spec({"experiment": f"{experiment}:build", "name": "failing",
-                            "search": {"num_samples": 1, "space": Replace({"mode": {"grid": ["ok", "bad"]}})}})
+    spec_path = write_spec({"experiment": f"{experiment}:build", "name": "failing", "resources": {"gpu": 0.5},
+                            "search": {"num_samples": 1, "space": Replace({"mode": {"grid": ["ok", "bad"]}})},
+                            "train": {"epochs": 1}})
 
     result = CliRunner().invoke(app, ["run", str(spec_path)])
 
     assert result.exit_code == 0, result.output
+    assert "notice: resources.gpu=0.5 but the Ray cluster has no GPU: trials run on CPU" in result.output.replace("\n", " ")
     client, parents, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "failing")
     by_mode = {trial.data.params["mode"]: trial for trial in trials}
     assert set(by_mode) == {"ok", "bad"}
     assert by_mode["ok"].info.status == "FINISHED" and by_mode["ok"].data.tags["foldsweep.status"] == "ok"
+    assert "CPU" in by_mode["ok"].data.tags["foldsweep.device"]
     assert by_mode["bad"].info.status == "FAILED" and by_mode["bad"].data.tags["foldsweep.status"] == "error"
     assert "this config cannot be built" in by_mode["bad"].data.tags["foldsweep.error"]
     assert parents[0].data.metrics["n_failed"] == 1
@@ -127,17 +132,3 @@ def test_ui_serves_the_store_on_loopback(tmp_path):
         process.wait(timeout=30)
     # Stopping `foldsweep ui` stops MLflow's server and its workers too: the port closes.
     wait_for(lambda: answers(url) is None, seconds=60, what="the MLflow UI to stop answering")
-
-
-def test_gpu_request_on_a_cluster_without_gpus_runs_on_cpu_with_a_notice(ray_cluster, tmp_path, write_spec,
-                                                                         monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    spec_path = write_spec({"name": "nogpu", "resources": {"gpu": 0.5}, "search": {"num_samples": 1},
-                            "train": {"epochs": 1}})
-
-    result = CliRunner().invoke(app, ["run", str(spec_path)])
-
-    assert result.exit_code == 0, result.output
-    assert "notice: resources.gpu=0.5 but the Ray cluster has no GPU: trials run on CPU" in result.output.replace("\n", " ")
-    _, _, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "nogpu")
-    assert [trial.info.status for trial in trials] == ["FINISHED"]

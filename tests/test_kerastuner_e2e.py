@@ -42,20 +42,31 @@ def history(client, run_id, key):
     return [metric.value for metric in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
-def test_a_sequential_without_input_and_its_own_compile(ray_cluster, tmp_path):
-    space = {"num_layers": 1, "units_0": 32, "dropout": False, "lr": {"grid": [0.0001, 0.01]}}
+def test_a_sequential_without_input_its_own_compile_and_units_inside_a_loop(ray_cluster, tmp_path):
+    """One sweep of a Sequential with no Input shows both: the hypermodel's own compile (its
+    optimizer, its searched learning rate, a categorical loss on integer labels) and hidden
+    layers whose units are searched inside a loop and recorded only when built."""
+    space = {"num_layers": {"grid": [1, 3]}, "units_0": 32, "dropout": False, "lr": {"grid": [0.0001, 0.01]}}
     client, trials, validated = sweep(tmp_path, "own-compile", "sequential_no_input", space)
     assert "the Adam optimizer and loss that" in validated
-    assert len(trials) == 2
-    by_lr = {float(run.data.params["lr"]): run for run in trials}
-    for lr, run in by_lr.items():
+    assert len(trials) == 4
+    for run in trials:
         # The learning rate recorded is the one the hypermodel's optimizer trained with.
-        assert float(run.data.params["learning_rate"]) == pytest.approx(lr, rel=1e-6)
+        assert float(run.data.params["learning_rate"]) == pytest.approx(float(run.data.params["lr"]), rel=1e-6)
         assert run.data.params["optimizer"] == "adam"
         assert run.data.tags["foldsweep.compile_source"] == "hypermodel"
         assert run.data.tags["foldsweep.loss"] == "categorical_crossentropy"
-    slow, fast = (history(client, by_lr[lr].info.run_id, "split0_train_loss") for lr in (0.0001, 0.01))
+    by_config = {(run.data.params["num_layers"], float(run.data.params["lr"])): run for run in trials}
+    assert len(by_config) == 4
+    slow, fast = (history(client, by_config["1", lr].info.run_id, "split0_train_loss") for lr in (0.0001, 0.01))
     assert slow != pytest.approx(fast, rel=1e-3), "the hypermodel's learning rate changes training"
+    for lr in (0.0001, 0.01):
+        assert not {"units_1", "units_2"} & set(by_config["1", lr].data.params)
+        deep = by_config["3", lr]
+        units = [int(deep.data.params[f"units_{i}"]) for i in range(3)]
+        summary = client.download_artifacts(deep.info.run_id, "model_summary.txt")
+        widths = [int(width) for width in re.findall(r"Dense\)\s+│\s+\(None, (\d+)\)", open(summary).read())]
+        assert widths[:3] == units, "each hidden layer has its recorded width"
 
 
 def test_a_spec_learning_rate_replaces_the_hypermodels_and_validate_says_so(ray_cluster, tmp_path):
@@ -63,18 +74,6 @@ def test_a_spec_learning_rate_replaces_the_hypermodels_and_validate_says_so(ray_
     _, trials, validated = sweep(tmp_path, "spec-lr", "sequential_no_input", space)
     assert "search.space.learning_rate replaces the learning rate of the Adam optimizer" in validated.replace("\n", " ")
     assert float(trials[0].data.params["learning_rate"]) == 0.005
-
-
-def test_units_inside_a_loop_are_searched_and_recorded_only_when_built(ray_cluster, tmp_path):
-    space = {"num_layers": {"grid": [1, 3]}, "dropout": False, "lr": 0.001}
-    client, trials, _ = sweep(tmp_path, "loop", "sequential_no_input", space)
-    by_layers = {run.data.params["num_layers"]: run for run in trials}
-    assert not {"units_1", "units_2"} & set(by_layers["1"].data.params)
-    deep = by_layers["3"]
-    units = [int(deep.data.params[f"units_{i}"]) for i in range(3)]
-    summary = client.download_artifacts(deep.info.run_id, "model_summary.txt")
-    widths = [int(width) for width in re.findall(r"Dense\)\s+│\s+\(None, (\d+)\)", open(summary).read())]
-    assert widths[:3] == units, "each hidden layer has its recorded width"
 
 
 def test_a_subclassed_model(ray_cluster, tmp_path):
