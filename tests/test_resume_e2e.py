@@ -61,6 +61,8 @@ def runs(directory: Path):
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(tmp_path, stop):
+    """35 s alone, up to 60 s beside the other pytest worker: `foldsweep run` twice in processes of
+    its own (each starts Ray and TensorFlow), the first stopped in mid-sweep."""
     spec = merged(TINY_SPEC, {"name": "resume", "dataset": {"num_samples": 1000},
                               "search": {"num_samples": TRIALS, "space": {"kernel_size": 3, "batch_size": 8}},
                               "train": {"epochs": EPOCHS},
