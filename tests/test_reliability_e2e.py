@@ -38,8 +38,7 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster,
     scores = {}
     for name, per_worker in (("recycled", 2), ("kept", "auto")):
         spec = write(tmp_path, name, search={"num_samples": 1, "space": Replace(GRID)},
-                     train={"epochs": 2}, resources={"max_concurrent": 1,
-                                                                     "max_trials_per_worker": per_worker})
+                     train={"epochs": 1}, resources={"max_concurrent": 1, "max_trials_per_worker": per_worker})
         result = CliRunner().invoke(app, ["run", str(spec)])
         assert result.exit_code == 0, result.output
         _, _, trials = sweep_runs(uri, name)

@@ -159,8 +159,9 @@ authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(local_ray, without_ray, tmp_path, write_spec,
                                                                        monkeypatch):
     """The README's basic-auth recipe on loopback: without the credentials, or with wrong ones,
-    the sweep is refused before Ray starts; with them, it records over HTTP. About 40 s: an MLflow
-    server of its own (with its auth app) has to start, and checks the password of every request."""
+    the sweep is refused before Ray starts; with them, it records over HTTP. About 40 s alone, up to
+    75 s beside the other pytest worker: an MLflow server of its own (with its auth app) has to
+    start, and checks the password of every request."""
     import ray
 
     monkeypatch.chdir(tmp_path)
@@ -176,7 +177,7 @@ def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(local_ray,
                   # One worker process: four (the default) start for seconds on two cores.
                   "--workers", "1"],
                  url=uri, what="the MLflow server", cwd=tmp_path, env=server_environment):
-        spec = write_spec({"name": "server", "search": {"num_samples": 1}, "train": {"refit": True}})
+        spec = write_spec({"name": "server", "search": {"num_samples": 1}, "train": {"epochs": 1, "refit": True}})
         before = sorted(path.name for path in tmp_path.iterdir())
         anonymous = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
