@@ -110,6 +110,7 @@ def test_a_failing_trial_is_recorded_and_a_gpu_request_without_gpus_runs_on_cpu(
     assert "CPU" in by_mode["ok"].data.tags["foldsweep.device"]
     assert by_mode["bad"].info.status == "FAILED" and by_mode["bad"].data.tags["foldsweep.status"] == "error"
     assert "this config cannot be built" in by_mode["bad"].data.tags["foldsweep.error"]
+    assert parents[0].data.metrics["n_trials"] == 2
     assert parents[0].data.metrics["n_failed"] == 1
 
 

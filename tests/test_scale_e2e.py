@@ -81,19 +81,27 @@ def started_node(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     for line in node.stdout:
         said.append(line)
         if "Ray runtime started" in line:
-            return node
-    node.wait(timeout=60)
-    raise AssertionError(f"{' '.join(command[:3])} exited {node.returncode}:\n{''.join(said)}")
+            break
+    assert node.poll() is None, f"{' '.join(command[:3])} exited {node.wait(timeout=60)}:\n{''.join(said)}"
+    return node
+
+
+def session_processes(leader: int) -> list[int]:
+    """The live processes of the session ``leader`` started: its Ray node's raylet, GCS and
+    workers (which set process groups of their own), and nothing else on the machine."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] if entry.name.isdigit() else "Z"
+            if state != "Z" and os.getsid(int(entry.name)) == leader:
+                found.append(int(entry.name))
+    return found
 
 
 def end_session(leader: int) -> None:
-    """SIGKILL every process of the session ``leader`` started: its Ray node's raylet, GCS and
-    workers (which set process groups of their own), and nothing else on the machine."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if os.getsid(int(entry.name)) == leader:
-                    os.kill(int(entry.name), signal.SIGKILL)
+    for pid in session_processes(leader):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -125,13 +133,15 @@ def two_node_cluster(without_ray):
     finally:
         for node in reversed(nodes):
             end_session(node.pid)
-            node.wait(timeout=60)
-        shutil.rmtree(temp_dir, ignore_errors=True)
         if mode_before is None:
             del os.environ["RAY_AUTH_MODE"]
         else:
             os.environ["RAY_AUTH_MODE"] = mode_before
         reset_auth_token_state()
+        for node in nodes:
+            assert node.wait(timeout=60) == -signal.SIGKILL, "the node ran until it was stopped"
+            assert wait_for(lambda: not session_processes(node.pid), seconds=60, what="the node's processes to end")
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, tmp_path, monkeypatch):
