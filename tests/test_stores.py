@@ -4,10 +4,13 @@ whatever way their steps met."""
 
 import contextlib
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from pipeline.base.errors import TrackingError
 from pipeline.records import stores
 
 
@@ -76,9 +79,28 @@ def test_an_error_on_a_schema_nobody_changes_is_raised_once_the_watch_saw_it_sti
     database = tmp_path / "mlflow.db"
     sqlite3.connect(database).close()
     failures = [sqlite3.OperationalError("no such column: runs.workspace")]
-    with pytest.raises(sqlite3.OperationalError, match="no such column"):
+    with pytest.raises(TrackingError, match="mlflow.db' cannot be opened: no such column: runs.workspace") as refused:
         stores.ready_store(lambda: Client(database, failures, steps=0), f"sqlite:///{database}")
+    assert isinstance(refused.value.__cause__, sqlite3.OperationalError)
     assert pauses == [stores.SCHEMA_WATCH_POLL_S] * stores.SCHEMA_WATCH_POLLS
+
+
+def test_a_store_of_a_schema_this_mlflow_does_not_know_is_refused_as_it_is(tmp_path, monkeypatch):
+    """A store migrated by a newer MLflow: MLflow's own reason, one message, the file untouched."""
+    from mlflow.tracking import MlflowClient
+
+    database = tmp_path / "mlflow.db"
+    # Made in a process of its own: MLflow keeps the stores it opened, checked, for its process.
+    subprocess.run([sys.executable, "-c", "import sys, mlflow; mlflow.MlflowClient(sys.argv[1]).search_experiments()",
+                    f"sqlite:///{database}"], check=True, capture_output=True)
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        connection.execute("UPDATE alembic_version SET version_num = 'ffffffffffff'")
+    before = database.read_bytes()
+    monkeypatch.setattr(stores, "SCHEMA_WATCH_POLLS", 1)
+    with pytest.raises(TrackingError, match="cannot be opened: Detected out-of-date database schema "
+                                            r"\(found version ffffffffffff"):
+        stores.ready_store(lambda: MlflowClient(f"sqlite:///{database}"), f"sqlite:///{database}")
+    assert database.read_bytes() == before
 
 
 def test_a_store_still_changing_after_every_attempt_raises_the_last_error(tmp_path, pauses):

@@ -193,9 +193,12 @@ def ready_store(open_client: Callable[[], Client], uri: str) -> Client:
     with whatever the two interleaved steps met (``table _alembic_tmp_experiments already exists``,
     ``duplicate column name``, a KeyError, a CircularDependencyError, ``database is locked``). So
     an attempt that fails while the store's schema moves (since the attempt began, or in the
-    seconds after) is tried again, and one that fails on a schema nobody is changing is raised.
-    Making the client is part of the attempt because MLflow's client migrates its store as it is
-    made."""
+    seconds after) is tried again, and one that fails on a schema nobody is changing is the
+    store's own (one this MLflow cannot migrate, e.g. from a newer MLflow). Making the client is
+    part of the attempt because MLflow's client migrates its store as it is made.
+
+    Raises:
+        TrackingError: the store cannot be opened, and nobody is changing its schema."""
     database = sqlite_path(uri)
     if database is None:
         return open_client()
@@ -206,7 +209,8 @@ def ready_store(open_client: Callable[[], Client], uri: str) -> Client:
                 return _opened(open_client)
             except Exception as exc:
                 if "database is locked" not in str(exc) and not _schema_moves(database, before):
-                    raise
+                    raise TrackingError(f"the tracking store {uri!r} cannot be opened: "
+                                        f"{' '.join(str(exc).split())}") from exc
                 time.sleep(min(0.1 * (attempt + 1), 1.0))
         return _opened(open_client)
 
