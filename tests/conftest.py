@@ -91,10 +91,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return
     cost: dict[str, float] = {}
     for item in items:
-        seconds = max([SECONDS_PER_TEST.get(mark.name, 0.05) for mark in item.iter_markers()], default=0.05)
-        cost[xdist_scope(item.nodeid)] = cost.get(xdist_scope(item.nodeid), 0.0) + seconds
-    rank = {scope: position for position, scope in enumerate(sorted(cost, key=lambda scope: -cost[scope]))}
-    items.sort(key=lambda item: rank[xdist_scope(item.nodeid)])
+        scope = xdist_scope(item.nodeid)
+        cost[scope] = cost.get(scope, 0.0) + max((SECONDS_PER_TEST.get(mark.name, 0.05)
+                                                  for mark in item.iter_markers()), default=0.05)
+    # stable: a scope's tests keep their order
+    items.sort(key=lambda item: (-cost[xdist_scope(item.nodeid)], xdist_scope(item.nodeid)))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -91,9 +91,11 @@ def session_processes(leader: int) -> list[int]:
     workers (which set process groups of their own), and nothing else on the machine."""
     found = []
     for entry in Path("/proc").iterdir():
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] if entry.name.isdigit() else "Z"
-            if state != "Z" and os.getsid(int(entry.name)) == leader:
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            zombie = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+            if not zombie and os.getsid(int(entry.name)) == leader:
                 found.append(int(entry.name))
     return found
 
