@@ -488,11 +488,16 @@ def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], 
 
     if not tune.Tuner.can_restore(ray_path):
         raise InputError(f"--resume: Ray Tune has no saved state to resume at {ray_path!r}")
+    from pipeline.relocation import movable
+
     tuner = tune.Tuner.restore(ray_path, trainable, resume_unfinished=True, resume_errored=False,
                                param_space=param_space or None)
     # The restored run config carries the callback pickled by the interrupted driver, which has
     # lost its link to this process (the progress printer); swap in this process's callbacks.
     tuner._local_tuner.get_run_config().callbacks = callbacks
+    tune_config = tuner._local_tuner._tune_config
+    tune_config.search_alg = movable(tune_config.search_alg, ray_path, tune_config.max_concurrent_trials)
+    tune_config.max_concurrent_trials = None  # movable carries the limit, as make_searcher's searchers do
     return tuner
 
 

@@ -24,11 +24,13 @@ RECORDED_AT = "/tmp/foldsweep-fixture-root"
 
 def unpack(directory: Path) -> None:
     """The store as if it had been recorded in ``directory``: MLflow keeps absolute artifact
-    locations and foldsweep the Ray experiment's path, so both are rewritten."""
+    locations and foldsweep the Ray experiment's and the experiment file's paths, so all are
+    rewritten (Ray Tune's own state is not: a resume makes its trials where the sweep is now)."""
     with tarfile.open(FIXTURE) as archive:
         archive.extractall(directory, filter="data")
     with sqlite3.connect(directory / "mlflow.db") as connection:
-        for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("tags", "value")):
+        for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("tags", "value"),
+                              ("params", "value")):
             connection.execute(f"update {table} set {column} = replace({column}, ?, ?)", (RECORDED_AT, str(directory)))
 
 
@@ -65,6 +67,10 @@ def test_a_sweep_recorded_before_the_layers_resumes_and_its_trial_reruns(old_swe
     assert sorted(run.data.tags["foldsweep.trial_id"] for run in trials) == [
         f"{first.data.tags['foldsweep.trial_id'][:-1]}{k}" for k in range(3)]
     assert [run.data.tags["foldsweep.status"] for run in trials] == ["ok"] * 3
+    # The trial the interrupted driver had not made yet is made where the sweep is now, not
+    # at RECORDED_AT, where Ray would fail it (path gone) or write into another sweep's files.
+    made_here = {path.name.split("_")[2] for path in (directory / "ray_results").glob("*/FoldTrainable_*")}
+    assert made_here == {"00000", "00001", "00002"}
     again = next(run for run in trials if run.info.run_id == first.info.run_id)
     assert again.info.end_time == first.info.end_time
     assert [metric.value for metric in client.get_metric_history(first.info.run_id, "mean_val_loss")] == first_history

@@ -93,6 +93,19 @@ def _check_restored_callbacks() -> str | None:
     return None
 
 
+def _check_moved_sweep() -> str | None:
+    if problem := _missing("ray.train._internal.storage", "StorageContext"):
+        return problem
+    internal = _attribute("ray.tune.impl.tuner_internal", "TunerInternal")
+    if "search_alg=self._tune_config.search_alg" not in inspect.getsource(internal):
+        return "TunerInternal no longer runs self._tune_config.search_alg"
+    storage = inspect.getsource(_attribute("ray.train._internal.storage", "StorageContext"))
+    for attribute in ("storage_fs_path", "experiment_dir_name"):
+        if f"self.{attribute} =" not in storage:
+            return f"StorageContext no longer keeps {attribute}"
+    return None
+
+
 def _check_output_engine_switch() -> str | None:
     source = inspect.getsource(importlib.import_module("ray.tune.experimental.output"))
     if RAY_OUTPUT_ENGINE_VARIABLE not in source:
@@ -252,6 +265,9 @@ HOOKS: tuple[Hook, ...] = (
     Hook("ray", "ray.tune.Tuner._local_tuner.get_run_config().callbacks",
          "--resume records the resumed trials in this process (the restored callbacks are the old driver's)",
          ("_local_tuner",), _check_restored_callbacks),
+    Hook("ray", "ray.tune.Tuner._local_tuner._tune_config.search_alg and ray.train._internal.storage.StorageContext",
+         "a sweep resumed from another directory makes its new trials there, not where it was recorded",
+         ("_tune_config",), _check_moved_sweep),
     Hook("ray", f"the {RAY_OUTPUT_ENGINE_VARIABLE}=0 environment variable",
          "Ray Tune's own progress tables stay out of foldsweep's output", (), _check_output_engine_switch),
     Hook("mlflow", f"the experiment tag {MLFLOW_SHARED_VIEW_TAG}<key> and ?{MLFLOW_SHARED_VIEW_PARAM}=<key>",

@@ -1,0 +1,93 @@
+"""A sweep resumed from another directory than the one it was recorded in (an unpacked archive, a
+project moved or copied to another machine) makes its trials where it is now.
+
+Ray Tune's restore moves the trials it had already made to the experiment's new directory, but
+the search algorithm's saved state keeps the experiment spec as the interrupted driver pickled
+it, old storage path included, and every trial it makes after the resume is set to write there:
+Ray fails such a trial at its first checkpoint when that path is gone ("Unable to set up cluster
+storage") and, worse, writes into it when it still exists.
+
+Imports Ray: ``pipeline.sweep`` imports this module only on a resume.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+from ray.train._internal.storage import StorageContext
+from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchAlgorithm, Searcher, SearchGenerator
+
+
+def _storages(state: Any) -> Iterator[StorageContext]:
+    """The storage contexts in a search algorithm's state: in the experiment specs it keeps,
+    nested in Ray's own objects, dicts and sequences."""
+    seen: set[int] = set()
+    pending = [state]
+    while pending:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, StorageContext):
+            yield item
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            pending.extend(item)
+        elif type(item).__module__.startswith("ray.") and hasattr(item, "__dict__"):
+            pending.extend(vars(item).values())
+
+
+def move_storages(state: Any, experiment_path: str) -> int:
+    """Point every storage context in ``state`` at ``experiment_path`` (as Ray's restore does for
+    the trials it made); returns how many there were."""
+    path = Path(experiment_path)
+    moved = 0
+    for storage in _storages(state):
+        storage.storage_fs_path = path.parent.as_posix()
+        storage.experiment_dir_name = path.name
+        moved += 1
+    return moved
+
+
+class MovableVariantGenerator(BasicVariantGenerator):
+    """Grid and random search whose restored state makes its trials in ``experiment_path``."""
+
+    experiment_path: str | None = None
+
+    def set_state(self, state: dict) -> None:
+        experiment_path = self.experiment_path  # the saved state carries the interrupted run's
+        super().set_state(state)
+        self.experiment_path = experiment_path
+        if experiment_path is not None:
+            move_storages(vars(self), experiment_path)
+
+
+class MovableSearchGenerator(SearchGenerator):
+    """A Searcher's trial maker (Optuna) whose restored state makes its trials in ``experiment_path``."""
+
+    experiment_path: str | None = None
+
+    def set_state(self, state: dict) -> None:
+        super().set_state(state)
+        if self.experiment_path is not None:
+            move_storages(state, self.experiment_path)
+
+
+def movable(search_alg: SearchAlgorithm | Searcher, experiment_path: str, max_concurrent: int | None) -> SearchAlgorithm:
+    """The restored Tuner's search algorithm, as one that makes its trials in ``experiment_path``.
+
+    A Searcher is wrapped as Ray Tune's run would wrap it (in a ConcurrencyLimiter of
+    ``max_concurrent``, then a SearchGenerator), so the Tuner must then pass no
+    ``max_concurrent_trials`` of its own."""
+    if isinstance(search_alg, Searcher):
+        limited = ConcurrencyLimiter(search_alg, max_concurrent=max_concurrent) if max_concurrent else search_alg
+        generator: SearchAlgorithm = MovableSearchGenerator(limited)
+    elif isinstance(search_alg, BasicVariantGenerator):
+        generator = MovableVariantGenerator()
+        vars(generator).update(vars(search_alg))
+    else:
+        raise TypeError(f"cannot resume a sweep searched by a {type(search_alg).__name__}")
+    generator.experiment_path = experiment_path
+    return generator
