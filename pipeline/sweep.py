@@ -488,7 +488,7 @@ def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], 
 
     if not tune.Tuner.can_restore(ray_path):
         raise InputError(f"--resume: Ray Tune has no saved state to resume at {ray_path!r}")
-    from pipeline.relocation import movable
+    from pipeline.engine.relocation import movable
 
     tuner = tune.Tuner.restore(ray_path, trainable, resume_unfinished=True, resume_errored=False,
                                param_space=param_space or None)

@@ -1,4 +1,4 @@
-"""A sweep resumed from another directory makes its new trials there (pipeline/relocation.py):
+"""A sweep resumed from another directory makes its new trials there (pipeline/engine/relocation.py):
 Ray Tune's restore moves the trials it had made, and the search algorithm's saved state would
 make the others where the sweep was recorded."""
 
@@ -13,7 +13,7 @@ from ray.tune.experiment import Experiment
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
 
-from pipeline.relocation import movable
+from pipeline.engine.relocation import movable
 
 SPACE = {"learning_rate": tune.uniform(1e-3, 1e-1)}
 
