@@ -182,6 +182,34 @@ class RecordedSweep:
         return sweep_runs(self.uri, "diverging")
 
 
+@functools.cache
+def _empty_store_template() -> bytes:
+    import tempfile
+
+    from mlflow.tracking import MlflowClient
+
+    with tempfile.TemporaryDirectory(prefix="foldsweep-store-") as directory:
+        database = Path(directory) / "mlflow.db"
+        MlflowClient(f"sqlite:///{database}").search_experiments()
+        return database.read_bytes()
+
+
+def seed_store(database: Path) -> Path:
+    """An empty MLflow store at ``database``, copied from one this test process created once.
+    A new store runs MLflow's schema migrations, 2-3 s of a busy core per sweep; the tests that
+    seed record sweeps, not a store's birth (test_stores, test_newcomer_e2e and the fresh-store
+    race in test_reliability_e2e start from no file)."""
+    database.parent.mkdir(parents=True, exist_ok=True)
+    database.write_bytes(_empty_store_template())
+    return database
+
+
+@pytest.fixture
+def empty_store(tmp_path: Path) -> Path:
+    """tmp_path/mlflow.db, the store of ``write_spec``'s specs, as an empty MLflow store (seed_store)."""
+    return seed_store(tmp_path / "mlflow.db")
+
+
 @pytest.fixture(scope="session")
 def recorded_sweep(local_ray: LocalRay, tmp_path_factory: pytest.TempPathFactory) -> RecordedSweep:
     """The session's one recorded sweep, for every test that reads a record (its runs, cv_results,
@@ -196,7 +224,7 @@ def recorded_sweep(local_ray: LocalRay, tmp_path_factory: pytest.TempPathFactory
     from pipeline.inputs.spec import DatasetSpec
 
     directory = tmp_path_factory.mktemp("recorded")
-    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    uri = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
     source = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
     np.savez(directory / "data.npz", x=source.x, y=source.y, x_test=source.x_test, y_test=source.y_test)
     spec = merged(TINY_SPEC, {"name": "diverging", "dataset": str(directory / "data.npz"),

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conftest import binary_data, foldsweep, sweep_runs
+from conftest import binary_data, foldsweep, seed_store, sweep_runs
 from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e
@@ -41,7 +41,7 @@ def binary_sweep(ray_cluster, tmp_path_factory):
     x_test, y_test = binary_data(200, seed=1)
     np.savez(directory / "sites.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (directory / "sites.py").write_text(HYPERMODEL)
-    store = f"sqlite:///{directory / 'mlflow.db'}"
+    store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
     (directory / "spec.yaml").write_text(yaml.safe_dump({
         "name": "sites", "experiment": "sites.py:BindingSite", "dataset": "sites.npz",
         "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},

@@ -260,7 +260,7 @@ def test_a_dead_process_directory_of_this_machine_is_published_and_removed(tmp_p
 
 @pytest.mark.e2e
 def test_a_worker_reuses_the_programs_of_its_earlier_trials_and_never_another_programs(
-        ray_cluster, tmp_path, write_spec, monkeypatch):
+        ray_cluster, tmp_path, write_spec, empty_store, monkeypatch):
     """Four trials in one worker process: the learning rate is a variable, so a trial with another
     one loads the programs its predecessor compiled; the clip threshold is baked into the program,
     so another threshold compiles its own (had it run the other's, it would train identically)."""
@@ -300,7 +300,7 @@ def test_a_worker_reuses_the_programs_of_its_earlier_trials_and_never_another_pr
 
 
 @pytest.mark.e2e
-def test_the_refit_in_the_driver_compiles_into_the_store_too(tmp_path, write_spec, monkeypatch):
+def test_the_refit_in_the_driver_compiles_into_the_store_too(tmp_path, write_spec, empty_store, monkeypatch):
     """`foldsweep run` in a fresh process (the driver's TensorFlow must not have started): every
     entry beyond the ones the trial compiled is the refit's."""
     monkeypatch.setenv(compile_cache.DIRECTORY_VARIABLE, str(tmp_path / "xla"))

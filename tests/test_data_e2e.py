@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from conftest import REPO, merged
 from pipeline.cli import app
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 
 
 def ci_sized(name: str, tmp_path: Path, overrides: dict) -> Path:

@@ -45,7 +45,8 @@ def runs_of(tracking_uri: str, experiment: str):
     return client, parents, trials
 
 
-def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tmp_path, write_spec, monkeypatch):
+def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tmp_path, write_spec, empty_store,
+                                                                  monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec_path = write_spec()
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -90,7 +91,7 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tm
 
 
 def test_a_failing_trial_is_recorded_and_a_gpu_request_without_gpus_runs_on_cpu(ray_cluster, tmp_path, write_spec,
-                                                                              write_experiment, monkeypatch):
+                                                                              empty_store, write_experiment, monkeypatch):
     """One sweep for two things a sweep survives: a trial whose build raises (recorded as failed,
     the sweep completes) and resources.gpu on a cluster without GPUs (a notice, trials on CPU)."""
     monkeypatch.chdir(tmp_path)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conftest import MNIST1D_EXPERIMENT, foldsweep, sweep_runs
+from conftest import MNIST1D_EXPERIMENT, foldsweep, seed_store, sweep_runs
 from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e
@@ -42,6 +42,7 @@ def stopped_sweep(ray_cluster, tmp_path_factory):
     import pipeline.sweep
 
     directory = tmp_path_factory.mktemp("early")
+    seed_store(directory / "mlflow.db")
     (directory / "spec.yaml").write_text(yaml.safe_dump(overfitting(directory, "early")))
     searchers = []
     make_searcher = pipeline.sweep.make_searcher

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from conftest import DELETE, Replace
 from pipeline.cli import app
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 
 
 def trial_runs(tracking_uri: str, experiment: str):

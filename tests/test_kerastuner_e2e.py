@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from conftest import REPO, TINY_SPEC, Replace, merged
 from pipeline.cli import app
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 
 STYLES = REPO / "tests" / "experiments" / "kerastuner_styles.py"
 

@@ -157,7 +157,7 @@ def test_report_prints_the_tables_and_refreshes_the_plots(recorded_sweep):
     assert not_sweep.exit_code == 2 and "is not a foldsweep sweep" in not_sweep.output
 
 
-def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(ray_cluster, tmp_path, write_spec,
+def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(ray_cluster, tmp_path, write_spec, empty_store,
                                                                           monkeypatch):
     """Also Optuna's define-by-run space end to end: a clip threshold only where clipping is on."""
     monkeypatch.chdir(tmp_path)

@@ -31,7 +31,7 @@ def write(tmp_path: Path, name: str, **overrides) -> Path:
     return path
 
 
-def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster, tmp_path):
+def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster, tmp_path, empty_store):
     """The same 4-trial grid twice, one trial at a time, so that workers that retire every two
     trials and a worker kept for the whole sweep can be compared score for score."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -60,7 +60,7 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster,
 
 
 @pytest.mark.parametrize("what", ["refit", "publish"])
-def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(ray_cluster, tmp_path, monkeypatch, what):
+def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(ray_cluster, tmp_path, empty_store, monkeypatch, what):
     import pipeline.records.publish
     import pipeline.refit
 
@@ -81,7 +81,7 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(ray_cluster, t
         assert parent.info.status == "FAILED" and "publish broke" in parent.data.tags["foldsweep.error"]
 
 
-def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(ray_cluster, tmp_path, monkeypatch):
+def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(ray_cluster, tmp_path, empty_store, monkeypatch):
     from pipeline.records.callbacks import MlflowTrialCallback
 
     def broken(self, *args, **kwargs):
@@ -96,7 +96,7 @@ def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(ray_cluster,
     assert parent.info.status == "FAILED" and all(run.info.status != "RUNNING" for run in trials)
 
 
-def test_eight_concurrent_trials_record_every_epoch_once(ray_cluster, tmp_path):
+def test_eight_concurrent_trials_record_every_epoch_once(ray_cluster, tmp_path, empty_store):
     """About 30 s alone, up to 100 s beside the other pytest worker: eight worker processes start
     TensorFlow at once on two cores (a quarter of a CPU each, so that the session's Ray holds all
     eight)."""

@@ -12,7 +12,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import MNIST1D_EXPERIMENT, sweep_runs
+from conftest import MNIST1D_EXPERIMENT, seed_store, sweep_runs
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds, manifest_identity
@@ -43,7 +43,7 @@ def grouped_repeated_sweep(ray_cluster, tmp_path_factory):
     mnist = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 800}))
     groups = np.arange(len(mnist.y)) // 4  # 4 samples per group
     np.savez(directory / "grouped.npz", x=mnist.x, y=mnist.y, groups=groups)
-    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    uri = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
     spec = {
         "name": "grouped-repeated", "experiment": f"{MNIST1D_EXPERIMENT}:build", "dataset": "grouped.npz",
         "cv": {"splitter": "group", "n_splits": 3, "n_repeats": 2, "seed": 0},
@@ -130,8 +130,8 @@ def mean_val_loss_curve(client: MlflowClient, run_id: str) -> dict[int, float]:
 
 
 def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_last_restores_the_old_ranking(
-        ray_cluster, tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        ray_cluster, tmp_path, empty_store):
+    uri = f"sqlite:///{empty_store}"
     _, output = run(overfitting_spec(tmp_path, "best_epoch"), tmp_path)
     client, parent, trials = sweep_runs(uri, "overfit-best_epoch")
     curves = {trial.info.run_id: mean_val_loss_curve(client, trial.info.run_id) for trial in trials}

@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, merged
+from conftest import REPO, TINY_SPEC, merged, seed_store
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.spec import DatasetSpec
@@ -180,7 +180,7 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(ra
     source = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
     np.savez(project / "data.npz", x=source.x, y=source.y)
     shutil.copy(REPO / "experiments" / "mnist1d_cnn.py", project / "model.py")
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = f"sqlite:///{seed_store(tmp_path / 'mlflow.db')}"
     spec = merged(TINY_SPEC, {"name": "relative", "experiment": "model.py:build", "dataset": "data.npz",
                               "search": {"num_samples": 1, "space": {"kernel_size": 3}},
                               "tracking": {"uri": store}})

@@ -9,7 +9,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import TINY_SPEC, Replace, foldsweep, merged
+from conftest import TINY_SPEC, Replace, foldsweep, merged, seed_store
 from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +32,7 @@ def sweeps(ray_cluster, tmp_path_factory):
     """Each layout's one-trial sweep, recorded in one store: {layout: trial run}. About 35 s: one
     sweep per layout, because each layout is a different program the reruns must reproduce."""
     directory = tmp_path_factory.mktemp("fidelity")
-    store = f"sqlite:///{directory / 'mlflow.db'}"
+    store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
     for name, (space, cpus) in SWEEPS.items():
         spec = merged(TINY_SPEC, {
             "name": name, "cv": {"n_splits": 3},

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
 
 from conftest import TINY_SPEC, merged
+from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e
 
@@ -60,9 +62,9 @@ def runs(directory: Path):
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
-def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(tmp_path, stop):
-    """35 s alone, up to 60 s beside the other pytest worker: `foldsweep run` twice in processes of
-    its own (each starts Ray and TensorFlow), the first stopped in mid-sweep."""
+def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(ray_cluster, tmp_path, empty_store, stop):
+    """About 45 s beside the other pytest worker: `foldsweep run` in a process of its own (it
+    starts Ray and TensorFlow) stopped in mid-sweep, then resumed in this one."""
     spec = merged(TINY_SPEC, {"name": "resume", "dataset": {"num_samples": 1000},
                               "search": {"num_samples": TRIALS, "space": {"kernel_size": 3, "batch_size": 8}},
                               "train": {"epochs": EPOCHS},
@@ -102,9 +104,9 @@ def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(tmp_path, s
         assert parents[0].info.status == "KILLED" and parents[0].data.tags["foldsweep.status"] == "interrupted"
         assert all(run.info.status in ("FINISHED", "KILLED") for run in trials)
 
-    resumed = subprocess.run([*command, "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    resumed = CliRunner().invoke(app, ["run", str(tmp_path / "spec.yaml"), "--resume"])
 
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed.exit_code == 0, resumed.output
     client, parents, trials = runs(tmp_path)
     assert [parent.info.run_id for parent in parents] == [parent_id]
     assert parents[0].info.status == "FINISHED" and parents[0].data.tags["foldsweep.resumes"] == "1"
@@ -119,9 +121,6 @@ def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(tmp_path, s
 
 
 def test_resume_refuses_a_finished_sweep(tmp_path, write_spec, monkeypatch):
-    from typer.testing import CliRunner
-
-    from pipeline.cli import app
     from pipeline.contract.results import SweepStatus
     from pipeline.records.tracking import Tracker
 

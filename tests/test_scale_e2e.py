@@ -48,7 +48,7 @@ def worker_pid(database: Path) -> int | None:
     return int(row[0]) if row else None
 
 
-def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path):
+def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path, empty_store):
     spec = merged(TINY_SPEC, {"name": "faults", "dataset": {"num_samples": 1500},
                               "search": {"num_samples": 1, "space": {"kernel_size": 3, "batch_size": 8}},
                               "train": {"epochs": 30},
@@ -146,7 +146,7 @@ def two_node_cluster(without_ray):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, tmp_path, monkeypatch):
+def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, empty_store, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     spec = write_spec({"name": "cluster", "search": {"num_samples": 4}, "train": {"epochs": 3},

@@ -12,7 +12,7 @@ from conftest import Replace
 from pipeline.cli import app
 from pipeline.inputs.hypermodel import load_experiment
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 
 KERAS_TUNER_HYPERMODEL = '''
 import keras
