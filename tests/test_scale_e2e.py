@@ -160,20 +160,20 @@ def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, em
     assert len({run.data.tags["foldsweep.node_id"] for run in trials}) == 2, "trials ran on both nodes"
 
 
+# The README's auth.ini (its shared MLflow server recipe).
 AUTH_CONFIG = """[mlflow]
 default_permission = NO_PERMISSIONS
 database_uri = sqlite:///{directory}/auth.db
 admin_username = admin
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+auth_cache_ttl_seconds = 60
 """
 
 
 def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(local_ray, without_ray, tmp_path, write_spec,
                                                                        monkeypatch):
     """The README's basic-auth recipe on loopback: without the credentials, or with wrong ones,
-    the sweep is refused before Ray starts; with them, it records over HTTP. About 40 s alone, up to
-    75 s beside the other pytest worker: an MLflow server of its own (with its auth app) has to
-    start, and checks the password of every request."""
+    the sweep is refused before Ray starts; with them, it records over HTTP."""
     import ray
 
     monkeypatch.chdir(tmp_path)
