@@ -36,7 +36,10 @@ TINY_SPEC: dict[str, Any] = {
     },
     # No refit: it trains again in the driver, and only the tests of the refit ask for it.
     "train": {"epochs": 2, "metric": "accuracy", "mode": "max", "seed": 0, "refit": False},
-    "resources": {"cpu": 1, "max_concurrent": 2},
+    # One trial at a time: the next trial reuses the worker process, where a second one at once
+    # would start its own (Ray and TensorFlow: ~6 s of a core, on two cores that the other
+    # pytest worker keeps busy). Tests of concurrency ask for it.
+    "resources": {"cpu": 1, "max_concurrent": 1},
 }
 
 
