@@ -48,7 +48,7 @@ def binary_sweep(ray_cluster, tmp_path_factory):
         # Batch 8 on one CPU: the folds are stacked into one XLA program; a rate of 1e6 diverges.
         "search": {"algorithm": "grid", "space": {"optimizer": "sgd", "learning_rate": {"grid": [0.01, 1.0e+6]},
                                                   "batch_size": 8, "filters": 8}},
-        "train": {"epochs": EPOCHS, "seed": 0}, "resources": {"cpu": 1, "max_concurrent": 2},
+        "train": {"epochs": EPOCHS, "seed": 0}, "resources": {"cpu": 1, "max_concurrent": 1},
         "tracking": {"uri": store}}))
     result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
     assert result.exit_code == 0, result.output

@@ -37,7 +37,7 @@ def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monk
     spec = ci_sized("protein_batch_clip.yaml", tmp_path,
                     # Two epochs: ASHA's grace period must stay below them to be able to act.
                     {"dataset": {"name": "protein_windows", "n_proteins": 30}, "train": {"epochs": 2},
-                     "search": {"scheduler": {"grace_period": 1}}})
+                     "search": {"scheduler": {"grace_period": 1}}, "resources": {"max_concurrent": 1}})
 
     result = CliRunner().invoke(app, ["run", str(spec), "--num-samples", "2"])
 
@@ -54,7 +54,8 @@ def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monk
 
 def test_digits_sweep_runs_a_2d_cnn(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = ci_sized("digits.yaml", tmp_path, {"cv": {"n_splits": 3}, "train": {"epochs": 3}})
+    spec = ci_sized("digits.yaml", tmp_path, {"cv": {"n_splits": 3}, "train": {"epochs": 3},
+                                                 "resources": {"max_concurrent": 1}})
 
     result = CliRunner().invoke(app, ["run", str(spec), "--num-samples", "2"])
 

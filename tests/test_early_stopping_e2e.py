@@ -28,7 +28,7 @@ def overfitting(directory, name: str, **train) -> dict:
             "learning_rate": {"choice": [0.01, 0.003, 0.001]}, "batch_size": 8, "conv_layers": 2, "filters": 64,
             "kernel_size": 5, "dropout": 0.0}},
         "train": {"epochs": EPOCHS, "metric": "loss", "seed": 0, "early_stopping": {"patience": PATIENCE}, **train},
-        "resources": {"cpu": 1, "max_concurrent": 2},
+        "resources": {"cpu": 1, "max_concurrent": 1},
         "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
     }
 

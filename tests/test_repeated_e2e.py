@@ -51,7 +51,7 @@ def grouped_repeated_sweep(ray_cluster, tmp_path_factory):
             "learning_rate": {"grid": [0.01, 1e-7]}, "batch_size": 16, "conv_layers": 1, "filters": 16,
             "kernel_size": 3, "dropout": 0.0}},
         "train": {"epochs": 5, "metric": "accuracy", "mode": "max", "seed": 0},
-        "resources": {"cpu": 1, "max_concurrent": 2}, "tracking": {"uri": uri},
+        "resources": {"cpu": 1, "max_concurrent": 1}, "tracking": {"uri": uri},
     }
     path, output = run(spec, directory)
     return directory, uri, path, output
@@ -120,7 +120,7 @@ def overfitting_spec(directory: Path, select: str) -> dict:
             "learning_rate": {"grid": [0.01, 0.003]}, "batch_size": 8, "conv_layers": 2, "filters": 64,
             "kernel_size": 5, "dropout": 0.0}},
         "train": {"epochs": 30, "metric": "loss", "mode": "min", "seed": 0, "select": select},
-        "resources": {"cpu": 1, "max_concurrent": 2},
+        "resources": {"cpu": 1, "max_concurrent": 1},
         "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
     }
 

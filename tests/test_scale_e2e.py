@@ -51,7 +51,8 @@ def worker_pid(database: Path) -> int | None:
 def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path, empty_store):
     spec = merged(TINY_SPEC, {"name": "faults", "dataset": {"num_samples": 1500},
                               "search": {"num_samples": 1, "space": {"kernel_size": 3, "batch_size": 8}},
-                              "train": {"epochs": 30},
+                              # Epochs enough to outlast the poll that finds the first one.
+                              "train": {"epochs": 12},
                               "resources": {"max_failures": 2},
                               "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
