@@ -97,7 +97,7 @@ def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(ray_cluster,
 
 
 def test_eight_concurrent_trials_record_every_epoch_once(ray_cluster, tmp_path, empty_store):
-    """About 30 s alone, up to 100 s beside the other pytest worker: eight worker processes start
+    """About 30 s alone, up to 120 s beside the other pytest worker: eight worker processes start
     TensorFlow at once on two cores (a quarter of a CPU each, so that the session's Ray holds all
     eight)."""
     spec = write(tmp_path, "eight", search={"num_samples": 8, "space": {"kernel_size": 3}},

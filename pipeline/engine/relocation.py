@@ -39,16 +39,13 @@ def _storages(state: Any) -> Iterator[StorageContext]:
             pending.extend(vars(item).values())
 
 
-def move_storages(state: Any, experiment_path: str) -> int:
-    """Point every storage context in ``state`` at ``experiment_path`` (as Ray's restore does for
-    the trials it made); returns how many there were."""
+def move_storages(state: Any, experiment_path: str) -> None:
+    """Point every storage context in ``state`` at ``experiment_path``, as Ray's restore does for
+    the trials it made."""
     path = Path(experiment_path)
-    moved = 0
     for storage in _storages(state):
         storage.storage_fs_path = path.parent.as_posix()
         storage.experiment_dir_name = path.name
-        moved += 1
-    return moved
 
 
 class MovableVariantGenerator(BasicVariantGenerator):
