@@ -109,3 +109,28 @@ def test_a_store_still_changing_after_every_attempt_raises_the_last_error(tmp_pa
     with pytest.raises(KeyError, match=f"step {stores.STORE_OPEN_ATTEMPTS - 1}"):
         stores.ready_store(lambda: Client(database, failures, steps=1), f"sqlite:///{database}")
     assert failures == [] and len(pauses) == stores.STORE_OPEN_ATTEMPTS - 1
+
+
+@pytest.mark.parametrize("moves", [True, False], ids=["being created", "still"])
+def test_a_store_another_process_is_creating_is_not_taken_for_another_programs_database(tmp_path, monkeypatch,
+                                                                                         moves):
+    """MLflow makes a new store's first tables before its migration table: a sweep that looks at
+    that moment waits for the schema to move; a database that stays so is not an MLflow store."""
+    database = tmp_path / "mlflow.db"
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        connection.execute("CREATE TABLE experiments (experiment_id)")
+        connection.execute("CREATE TABLE runs (run_uuid)")
+
+    def sleep(seconds: float) -> None:
+        if moves:
+            with contextlib.closing(sqlite3.connect(database)) as connection:
+                connection.execute("CREATE TABLE IF NOT EXISTS alembic_version (version_num)")
+
+    monkeypatch.setattr(stores.time, "sleep", sleep)
+    monkeypatch.setattr(stores, "SCHEMA_WATCH_POLLS", 3)
+    if moves:
+        stores.check_tracking_uri(f"sqlite:///{database}")
+    else:
+        with pytest.raises(TrackingError, match="is a SQLite database but not an MLflow store "
+                                                r"\(its tables: experiments, runs\)"):
+            stores.check_tracking_uri(f"sqlite:///{database}")

@@ -105,7 +105,7 @@ def _check_sqlite_file(uri: str, database: Path, source: str) -> None:
         raise TrackingError(f"{source}: {str(database)!r} is not a SQLite database, so not an MLflow store "
                             f"(got {uri!r}); name a new file or an existing MLflow store")
     tables = _sqlite_tables(database, uri, source)
-    if tables and not MLFLOW_STORE_TABLES <= tables:
+    if tables and not MLFLOW_STORE_TABLES <= tables and not _being_created(database, tables):
         shown = ", ".join(sorted(tables)[:6]) + (", ..." if len(tables) > 6 else "")
         raise TrackingError(f"{source}: {str(database)!r} is a SQLite database but not an MLflow store (its tables: "
                             f"{shown}), got {uri!r}; name a new file or an existing MLflow store")
@@ -219,6 +219,12 @@ def _opened(open_client: Callable[[], Client]) -> Client:
     client = open_client()
     client.search_experiments(max_results=1)
     return client
+
+
+def _being_created(database: Path, tables: set[str]) -> bool:
+    """Another process is creating this MLflow store right now: MLflow makes a new store's first
+    tables (experiments, runs, ...) before its migration table, and the schema moves on."""
+    return {"experiments", "runs"} <= tables and _schema_moves(database, _schema_state(database))
 
 
 def _schema_moves(database: Path, before: tuple[str, ...] | None) -> bool:
