@@ -4,8 +4,6 @@ whatever way their steps met."""
 
 import contextlib
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -36,6 +34,22 @@ def pauses(monkeypatch) -> list[float]:
     slept: list[float] = []
     monkeypatch.setattr(stores.time, "sleep", slept.append)
     return slept
+
+
+def migrated_up_to(uri: str, revision: str) -> None:
+    """A new store that MLflow's own migrations took up to ``revision``, not beyond."""
+    import sqlalchemy
+    from alembic import command
+    from mlflow.store.db.utils import _get_alembic_config
+    from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
+
+    engine = sqlalchemy.create_engine(uri)
+    InitialBase.metadata.create_all(engine)
+    with engine.begin() as connection:
+        config = _get_alembic_config(uri)
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+    engine.dispose()
 
 
 def test_an_attempt_that_fails_while_the_schema_changes_under_it_is_made_again(tmp_path, pauses):
@@ -90,9 +104,8 @@ def test_a_store_of_a_schema_this_mlflow_does_not_know_is_refused_as_it_is(tmp_p
     from mlflow.tracking import MlflowClient
 
     database = tmp_path / "mlflow.db"
-    # Made in a process of its own: MLflow keeps the stores it opened, checked, for its process.
-    subprocess.run([sys.executable, "-c", "import sys, mlflow; mlflow.MlflowClient(sys.argv[1]).search_experiments()",
-                    f"sqlite:///{database}"], check=True, capture_output=True)
+    # Not through a client: MLflow keeps the stores its clients opened, checked, for its process.
+    migrated_up_to(f"sqlite:///{database}", "heads")
     with contextlib.closing(sqlite3.connect(database)) as connection, connection:
         connection.execute("UPDATE alembic_version SET version_num = 'ffffffffffff'")
     before = database.read_bytes()
@@ -134,3 +147,37 @@ def test_a_store_another_process_is_creating_is_not_taken_for_another_programs_d
         with pytest.raises(TrackingError, match="is a SQLite database but not an MLflow store "
                                                 r"\(its tables: experiments, runs\)"):
             stores.check_tracking_uri(f"sqlite:///{database}")
+
+
+def test_a_migration_that_died_mid_step_in_another_process_leaves_nothing_that_stops_the_next(tmp_path, monkeypatch):
+    """The other opener lost the race and died between Alembic's copy of ``experiment_tags`` and
+    its swap (revision 17e22815139b): the copy is dropped, the table's rows kept, the store
+    migrated to the end."""
+    from mlflow.tracking import MlflowClient
+
+    database = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{database}"
+    migrated_up_to(uri, "1971f2d9a75b")
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        connection.execute("INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (7, 'kept', 'active')")
+        connection.execute("INSERT INTO experiment_tags (key, value, experiment_id) VALUES ('owner', 'ada', 7)")
+        connection.execute("CREATE TABLE _alembic_tmp_experiment_tags (key VARCHAR(250), value TEXT, experiment_id)")
+    monkeypatch.setattr(stores, "SCHEMA_WATCH_POLLS", 3)  # nobody else migrates it: no need to watch long
+    client = stores.ready_store(lambda: MlflowClient(uri), uri)
+    assert client.get_experiment("7").tags == {"owner": "ada"}
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "experiment_tags" in tables and not any(name.startswith("_alembic_tmp_") for name in tables)
+
+
+def test_the_copy_of_a_table_a_migration_already_dropped_is_kept(tmp_path, pauses):
+    """Then the copy holds the table's only rows: the attempt's error is raised, nothing dropped."""
+    database = tmp_path / "mlflow.db"
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        connection.execute("CREATE TABLE _alembic_tmp_tags (key, value)")
+        connection.execute("INSERT INTO _alembic_tmp_tags VALUES ('owner', 'ada')")
+    failures = [sqlite3.OperationalError("no such table: tags")]
+    with pytest.raises(TrackingError, match="cannot be opened: no such table: tags"):
+        stores.ready_store(lambda: Client(database, failures, steps=0), f"sqlite:///{database}")
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        assert list(connection.execute("SELECT * FROM _alembic_tmp_tags")) == [("owner", "ada")]

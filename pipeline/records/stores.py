@@ -182,6 +182,8 @@ STORE_OPEN_ATTEMPTS = 40
 # taken for one of the store itself.
 SCHEMA_WATCH_POLLS = 50
 SCHEMA_WATCH_POLL_S = 0.1
+# What Alembic names its copy of a SQLite table while it alters it.
+INTERRUPTED_COPY_PREFIX = "_alembic_tmp_"
 
 
 def ready_store(open_client: Callable[[], Client], uri: str) -> Client:
@@ -193,9 +195,11 @@ def ready_store(open_client: Callable[[], Client], uri: str) -> Client:
     with whatever the two interleaved steps met (``table _alembic_tmp_experiments already exists``,
     ``duplicate column name``, a KeyError, a CircularDependencyError, ``database is locked``). So
     an attempt that fails while the store's schema moves (since the attempt began, or in the
-    seconds after) is tried again, and one that fails on a schema nobody is changing is the
-    store's own (one this MLflow cannot migrate, e.g. from a newer MLflow). Making the client is
-    part of the attempt because MLflow's client migrates its store as it is made.
+    seconds after) is tried again, and so is one that failed on what a migrator that died
+    mid-step left behind (``_dropped_interrupted_copies``). One that fails on a schema nobody is
+    changing is the store's own (one this MLflow cannot migrate, e.g. from a newer MLflow).
+    Making the client is part of the attempt because MLflow's client migrates its store as it is
+    made.
 
     Raises:
         TrackingError: the store cannot be opened, and nobody is changing its schema."""
@@ -208,7 +212,8 @@ def ready_store(open_client: Callable[[], Client], uri: str) -> Client:
             try:
                 return _opened(open_client)
             except Exception as exc:
-                if "database is locked" not in str(exc) and not _schema_moves(database, before):
+                if ("database is locked" not in str(exc) and not _schema_moves(database, before)
+                        and not _dropped_interrupted_copies(database)):
                     raise TrackingError(f"the tracking store {uri!r} cannot be opened: "
                                         f"{' '.join(str(exc).split())}") from exc
                 time.sleep(min(0.1 * (attempt + 1), 1.0))
@@ -219,6 +224,27 @@ def _opened(open_client: Callable[[], Client]) -> Client:
     client = open_client()
     client.search_experiments(max_results=1)
     return client
+
+
+def _dropped_interrupted_copies(database: Path) -> list[str]:
+    """Drop the copies that another process's interrupted migration left of tables that still
+    exist, and name them. Alembic alters a SQLite table by copying it into ``_alembic_tmp_NAME``,
+    dropping NAME and renaming the copy, each step committed on its own: a migrator that dies
+    between the first and the second (the MLflow UI or a script that lost the race, see
+    ``ready_store``) leaves a copy that makes every later migration of NAME fail with ``table
+    _alembic_tmp_NAME already exists``. While NAME exists it holds the data and the copy is
+    scratch; a copy whose table is gone holds the only data and is left alone."""
+    try:
+        with contextlib.closing(sqlite3.connect(database, timeout=5)) as connection, connection:
+            names = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            copies = sorted(name for name in names
+                            if name.startswith(INTERRUPTED_COPY_PREFIX)
+                            and name[len(INTERRUPTED_COPY_PREFIX):] in names)
+            for copy in copies:
+                connection.execute(f'DROP TABLE "{copy}"')
+    except sqlite3.Error:  # the attempt's own error is the one to report
+        return []
+    return copies
 
 
 def _being_created(database: Path, tables: set[str]) -> bool:
