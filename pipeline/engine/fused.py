@@ -37,7 +37,8 @@ class FusedFolds:
 
         if live not in self._compiled:
             loops = [self._engines[i].epoch_loop for i in live]
-            self._compiled[live] = tf.function(lambda batches: [loop(*pair) for loop, pair in zip(loops, batches)])
+            self._compiled[live] = tf.function(lambda batches: [loop(*pair) for loop, pair in zip(loops, batches)],
+                                               autograph=False)
         batches = [self._engines[i].epoch_batch_tensors(epoch) for i in live]
         started = time.perf_counter()
         tallies = [EpochTally.of(outputs) for outputs in self._compiled[live](batches)]

@@ -272,7 +272,7 @@ class StackedFolds:
         n_folds = len(engines)
         self._variables, self._optimizer, self._pairs = _stacked_state(engines, optimizer)
         steps = tf.function(_stacked_steps(engines[0].model, self._variables, self._optimizer, self._pairs, loss=loss,
-                                           clipping=optimizer.clipping, data=data), jit_compile=True)
+                                           clipping=optimizer.clipping, data=data), jit_compile=True, autograph=False)
         self.compiled_steps = steps
 
         def stopped(tally, live):
@@ -285,7 +285,7 @@ class StackedFolds:
             return launch_loop(lambda *arguments: steps(*arguments[:2], live, *arguments[2:]), (indices, weights),
                                tally, steps_per_launch=steps_per_launch, stopped=lambda tally: stopped(tally, live))
 
-        self._train_epoch = tf.function(train_epoch)
+        self._train_epoch = tf.function(train_epoch, autograph=False)
 
     def epoch_batches(self, epoch: int, live: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """[steps, k, batch] index and weight arrays: each live fold's batches of this epoch,

@@ -63,8 +63,12 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         # A scalar test per step: a non-finite loss or gradient is never applied, so the fold
         # stops with the weights of its last good step.
         healthy = tf.math.is_finite(value) & tf.math.is_finite(norm)
-        if healthy & enabled:
+
+        def apply():
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return (0,)
+
+        tf.cond(healthy & enabled, apply, lambda: (0,))
         return value, norm, healthy
 
     def train_steps(batches, first_step, tally):
@@ -102,14 +106,19 @@ def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: Any,
     n_steps = tf.shape(batches[0])[0]
     launched = n_steps // steps_per_launch * steps_per_launch
     launches = [tf.reshape(batch[:launched], [-1, steps_per_launch, *batch.shape[1:]]) for batch in batches]
-    for launch in tf.range(tf.shape(launches[0])[0]):
-        tally = steps(*(arguments[launch] for arguments in launches), launch * steps_per_launch, tally)
-        if stopped(tally):
-            break
-    for step in tf.range(launched, n_steps):
-        if stopped(tally):
-            break
-        tally = steps(*(batch[step][tf.newaxis] for batch in batches), step, tally)
+    n_launches = tf.shape(launches[0])[0]
+
+    def next_launch(launch, tally):
+        return launch + 1, steps(*(arguments[launch] for arguments in launches), launch * steps_per_launch, tally)
+
+    def next_step(step, tally):
+        return step + 1, steps(*(batch[step][tf.newaxis] for batch in batches), step, tally)
+
+    # A fresh tally has not stopped, so testing before each launch is leaving right after the
+    # one that stopped it.
+    _, tally = tf.while_loop(lambda launch, tally: (launch < n_launches) & ~stopped(tally), next_launch,
+                             (tf.constant(0), tally))
+    _, tally = tf.while_loop(lambda step, tally: (step < n_steps) & ~stopped(tally), next_step, (launched, tally))
     return tally
 
 
@@ -203,7 +212,11 @@ class FoldEngine:
         train_steps, evaluate_batch = fold_steps(model, optimizer, loss, data)
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
-        steps = train_steps if eager else tf.function(train_steps, jit_compile=jit_compile)
+        # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and
+        # layers are traced as Python, exactly as fit traces them, and the engine writes its own
+        # loops and conditions as tf.while_loop and tf.cond. Converting the engine's functions
+        # cost each process about a second of CPU before its first trial, for the same graph.
+        steps = train_steps if eager else tf.function(train_steps, jit_compile=jit_compile, autograph=False)
         if jit_compile and not eager:
             self.compiled_steps = steps
 
@@ -215,15 +228,15 @@ class FoldEngine:
             tally = (tf.constant(0.0), tf.constant(0), tf.constant(-1), tf.constant(0.0), tf.constant(0.0))
             tally = launch_loop(steps, (full_batches,), tally, steps_per_launch=steps_per_launch, stopped=_failed)
             if remainder.shape[0]:
-                if not _failed(tally):
-                    tally = steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally)
+                tally = tf.cond(_failed(tally), lambda: tally,
+                                lambda: steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally))
             return tally
 
         if eager:
             self._train_epoch, self._evaluate_batch = train_epoch, evaluate_batch
         else:
-            self._train_epoch = tf.function(train_epoch)
-            self._evaluate_batch = tf.function(evaluate_batch, reduce_retracing=True)
+            self._train_epoch = tf.function(train_epoch, autograph=False)
+            self._evaluate_batch = tf.function(evaluate_batch, reduce_retracing=True, autograph=False)
         # The uncompiled epoch loop (its steps compiled), for ``pipeline.engine.fused`` to run
         # several folds' loops in one execution.
         self.epoch_loop = train_epoch
