@@ -83,3 +83,37 @@ def test_state_round_trip_resumes_the_same_training(data_and_folds):
     # Both continue identically: the next epoch's shuffle depends on (seed, epoch) only.
     after_original, after_restored = original.run_epoch().report(), restored.run_epoch().report()
     assert after_restored["split0_val_loss"] == pytest.approx(after_original["split0_val_loss"], rel=1e-5)
+
+
+def test_a_loss_of_the_researchers_own_is_traced_as_keras_fit_traces_it(data_and_folds):
+    """Keras' fit traces its step without AutoGraph (do_not_convert), and so does the engine: a
+    Python ``if`` on a tensor in a loss fails in both, rather than being turned into a graph
+    condition that trains under foldsweep only."""
+    import keras
+    import tensorflow as tf
+
+    from pipeline.engine.training import FoldEngine
+    from pipeline.inputs.losses import TrainingLoss
+
+    def loss(y_true, y_pred):
+        per_sample = keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+        if tf.reduce_mean(per_sample) > 1e9:
+            return per_sample * 0.0
+        return per_sample
+
+    data, folds = data_and_folds
+
+    def model():
+        return keras.Sequential([keras.layers.Conv1D(4, 3), keras.layers.GlobalAveragePooling1D(),
+                                 keras.layers.Dense(10, activation="softmax")])
+
+    fitted = model()
+    fitted.compile(optimizer="adam", loss=loss)
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+        fitted.fit(data.x[:64], data.y[:64], batch_size=32, epochs=1, verbose=0)
+    trained = model()
+    trained.build((None, *data.x.shape[1:]))
+    engine = FoldEngine(trained, keras.optimizers.Adam(), resident_data(data.fingerprint, data.x, data.y), folds[0],
+                        batch_size=32, seed=0, jit_compile=False, loss=TrainingLoss(loss))
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+        engine.train_epoch(0)
