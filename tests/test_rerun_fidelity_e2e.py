@@ -109,10 +109,17 @@ def test_a_nan_trial_goes_nan_again_at_the_recorded_fold_epoch_and_step(sweeps):
     assert where in " ".join(result.output.split())  # the console wraps long lines
 
 
-def test_check_numerics_says_that_it_changes_the_trajectory(sweeps):
+def in_process(directory, monkeypatch, *args):
+    """A rerun that compares no numbers with its trial's: in this process (``threads_kept``)."""
+    monkeypatch.chdir(directory)
+    return CliRunner().invoke(app, list(args))
+
+
+def test_check_numerics_says_that_it_changes_the_trajectory(sweeps, monkeypatch, threads_kept):
     directory, store, client, trials = sweeps
     original = trials["nan"]
-    result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, "--check-numerics", cwd=directory)
+    result = in_process(directory, monkeypatch, "rerun", original.info.run_id, "--tracking-uri", store,
+                        "--check-numerics")
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "differs from the trial" in line)
     assert "jit_compile True -> False" in line and "numbers may differ from the recorded ones" in line
@@ -131,11 +138,11 @@ def test_one_fold_of_a_side_by_side_trial_is_that_fold_of_the_trial(sweeps):
     assert_same_trajectory(client, original, the_rerun(client, original), folds=[1], epochs=4)
 
 
-def test_one_fold_of_a_stacked_trial_names_the_difference(sweeps):
+def test_one_fold_of_a_stacked_trial_names_the_difference(sweeps, monkeypatch, threads_kept):
     directory, store, client, trials = sweeps
     original = trials["stacked"]
-    result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, "--fold", "2", "--epochs", "1",
-                       "--set", "learning_rate=0.003", cwd=directory)
+    result = in_process(directory, monkeypatch, "rerun", original.info.run_id, "--tracking-uri", store,
+                        "--fold", "2", "--epochs", "1", "--set", "learning_rate=0.003")
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "differs from the trial" in line)
     assert "layout stacked -> unfused" in line and "--set learning_rate=0.003" in line
