@@ -152,7 +152,7 @@ def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, em
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     # A worker retires after its trial: a cached one would take the next trial before the other
     # node's worker has started, and every trial could run on one node.
-    spec = write_spec({"name": "cluster", "search": {"num_samples": 4}, "train": {"epochs": 3},
+    spec = write_spec({"name": "cluster", "search": {"num_samples": 4}, "train": {"epochs": 1},
                        "resources": {"max_concurrent": 2, "max_trials_per_worker": 1}})
 
     result = CliRunner().invoke(app, ["run", str(spec), "--address", two_node_cluster])
