@@ -49,6 +49,12 @@ def labelled(y, y_test=None):
 
 
 BINARY = [0, 1] * 30
+BRANCHY_LOSS = ("import tensorflow as tf\n"
+                "def halved(y_true, y_pred):\n"
+                "    loss = keras.losses.sparse_categorical_crossentropy(y_true, y_pred)\n"
+                "    if tf.reduce_mean(loss) > 100.0:\n"
+                "        return loss * 0.5\n"
+                "    return loss\n")
 REFUSED = {
     "linear head without from_logits": (
         experiment("linear"), labelled(BINARY),
@@ -95,6 +101,10 @@ REFUSED = {
     "loss weights": (
         experiment(compile_args="loss='sparse_categorical_crossentropy', loss_weights=[2.0]"), labelled(BINARY),
         ["loss_weights=[2.0]"]),
+    "a Python if on a tensor in the loss, which fit cannot trace": (
+        experiment(compile_args="loss=halved", prelude=BRANCHY_LOSS), labelled(BINARY),
+        ["its loss halved cannot be traced as Keras' fit traces its training step",
+         "Using a symbolic `tf.Tensor` as a Python `bool` is not allowed", "tf.where or tf.cond"]),
 }
 
 

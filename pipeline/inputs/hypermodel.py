@@ -83,7 +83,7 @@ class Experiment:
                 cannot train it as ``fit`` would, or its outputs are not what its loss reads
                 them as (probabilities under a cross-entropy without ``from_logits``).
         """
-        from pipeline.inputs.losses import LOSS_CLASSES, outputs_problem, training_loss
+        from pipeline.inputs.losses import LOSS_CLASSES, graph_problem, outputs_problem, training_loss
 
         input_shape = tuple(samples.shape[1:])
         try:
@@ -109,6 +109,12 @@ class Experiment:
             loss = training_loss(model, train=train, units=units)
         except ExperimentError as exc:
             raise ExperimentError(f"experiment: {self.reference}: {exc}") from None
+        untraceable = graph_problem(loss, outputs)
+        if untraceable:
+            raise ExperimentError(
+                f"experiment: {self.reference}: its loss {loss.describe()} cannot be traced as Keras' fit traces its "
+                f"training step (no AutoGraph, so Python control flow on a tensor is an error there): {untraceable}; "
+                "write the condition with tf.where or tf.cond")
         problem = outputs_problem(loss, outputs)
         if problem:
             fix = ("set train.from_logits: true in the spec" if model.loss is None else

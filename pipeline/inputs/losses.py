@@ -16,6 +16,7 @@ a reduction other than the batch mean.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -197,4 +198,18 @@ def outputs_problem(loss: TrainingLoss, outputs: np.ndarray) -> str | None:
     if low < 0.0 or np.abs(sums - 1.0).max() > PROBABILITY_SUM_TOLERANCE:
         return (f"its outputs range from {low:.3g} to {high:.3g} and its rows sum to {sums.min():.3g}..{sums.max():.3g}, "
                 "not probabilities that sum to 1")
+    return None
+
+
+def graph_problem(loss: TrainingLoss, outputs: np.ndarray) -> str | None:
+    """Why ``loss`` cannot be traced into a graph as Keras' fit traces its step (without
+    AutoGraph, so a Python ``if`` or ``while`` on a tensor is an error there), or None when it
+    can. Traced once on the model's ``outputs`` for as many labels of class 0."""
+    import tensorflow as tf
+
+    labels = tf.zeros([len(outputs)], tf.int64)
+    try:
+        tf.function(loss.per_sample, autograph=False).get_concrete_function(labels, tf.constant(outputs))
+    except tf.errors.OperatorNotAllowedInGraphError as exc:
+        return re.split(r"\.\s", str(exc), maxsplit=1)[0]  # its first sentence; the rest is AutoGraph advice
     return None
