@@ -237,9 +237,8 @@ def _dropped_interrupted_copies(database: Path) -> list[str]:
     try:
         with contextlib.closing(sqlite3.connect(database, timeout=5)) as connection, connection:
             names = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            copies = sorted(name for name in names
-                            if name.startswith(INTERRUPTED_COPY_PREFIX)
-                            and name[len(INTERRUPTED_COPY_PREFIX):] in names)
+            copies = sorted(name for name in names if name.startswith(INTERRUPTED_COPY_PREFIX)
+                            and name.removeprefix(INTERRUPTED_COPY_PREFIX) in names)
             for copy in copies:
                 connection.execute(f'DROP TABLE "{copy}"')
     except sqlite3.Error:  # the attempt's own error is the one to report
