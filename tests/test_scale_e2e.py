@@ -186,7 +186,8 @@ def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(local_ray,
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     server_environment = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini"),
-                          "MLFLOW_AUTH_ADMIN_PASSWORD": "s3cret-Passphrase", "MLFLOW_FLASK_SERVER_SECRET_KEY": "k" * 32}
+                          "MLFLOW_AUTH_ADMIN_PASSWORD": "s3cret-Passphrase", "MLFLOW_FLASK_SERVER_SECRET_KEY": "k" * 32,
+                          "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with serving([sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--backend-store-uri",
                   f"sqlite:///{tmp_path / 'server.db'}", "--host", "127.0.0.1", "--port", str(port),
                   # One worker process: four (the default) start for seconds on two cores.
