@@ -55,6 +55,9 @@ BRANCHY_LOSS = ("import tensorflow as tf\n"
                 "    if tf.reduce_mean(loss) > 100.0:\n"
                 "        return loss * 0.5\n"
                 "    return loss\n")
+EAGER_LOSS = ("def rescaled(y_true, y_pred):\n"
+              "    loss = keras.losses.sparse_categorical_crossentropy(y_true, y_pred)\n"
+              "    return loss / float(loss.numpy().mean())\n")
 REFUSED = {
     "linear head without from_logits": (
         experiment("linear"), labelled(BINARY),
@@ -105,6 +108,10 @@ REFUSED = {
         experiment(compile_args="loss=halved", prelude=BRANCHY_LOSS), labelled(BINARY),
         ["its loss halved cannot be traced as Keras' fit traces its training step",
          "Using a symbolic `tf.Tensor` as a Python `bool` is not allowed", "tf.where or tf.cond"]),
+    "a tensor's .numpy() in the loss, which fit's graph has not": (
+        experiment(compile_args="loss=rescaled", prelude=EAGER_LOSS), labelled(BINARY),
+        ["its loss rescaled cannot be traced as Keras' fit traces its training step",
+         "AttributeError: 'SymbolicTensor' object has no attribute 'numpy'", "without NumPy or Python values"]),
 }
 
 

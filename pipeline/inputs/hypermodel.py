@@ -111,10 +111,11 @@ class Experiment:
             raise ExperimentError(f"experiment: {self.reference}: {exc}") from None
         untraceable = graph_problem(loss, outputs)
         if untraceable:
+            problem, fix = untraceable
             raise ExperimentError(
                 f"experiment: {self.reference}: its loss {loss.describe()} cannot be traced as Keras' fit traces its "
-                f"training step (no AutoGraph, so Python control flow on a tensor is an error there): {untraceable}; "
-                "write the condition with tf.where or tf.cond")
+                f"training step (in a graph, without AutoGraph: Python control flow on a tensor or a tensor's value "
+                f"is an error there): {problem}; {fix}")
         problem = outputs_problem(loss, outputs)
         if problem:
             fix = ("set train.from_logits: true in the spec" if model.loss is None else

@@ -201,15 +201,24 @@ def outputs_problem(loss: TrainingLoss, outputs: np.ndarray) -> str | None:
     return None
 
 
-def graph_problem(loss: TrainingLoss, outputs: np.ndarray) -> str | None:
+def graph_problem(loss: TrainingLoss, outputs: np.ndarray) -> tuple[str, str] | None:
     """Why ``loss`` cannot be traced into a graph as Keras' fit traces its step (without
-    AutoGraph, so a Python ``if`` or ``while`` on a tensor is an error there), or None when it
-    can. Traced once on the model's ``outputs`` for as many labels of class 0."""
+    AutoGraph, so a Python ``if`` on a tensor or a tensor's ``.numpy()`` is an error there), and
+    how to write it instead; None when it can. Traced once on the model's ``outputs`` for as many
+    labels of class 0."""
     import tensorflow as tf
 
     labels = tf.zeros([len(outputs)], tf.int64)
     try:
         tf.function(loss.per_sample, autograph=False).get_concrete_function(labels, tf.constant(outputs))
     except tf.errors.OperatorNotAllowedInGraphError as exc:
-        return re.split(r"\.\s", str(exc), maxsplit=1)[0]  # its first sentence; the rest is AutoGraph advice
+        return _first_sentence(exc), "write the condition with tf.where or tf.cond"
+    except Exception as exc:  # whatever fails in the trace fails in fit's step too
+        return (f"{type(exc).__name__}: {_first_sentence(exc)}",
+                "write it with tensor operations (keras.ops or tf), without NumPy or Python values of tensors")
     return None
+
+
+def _first_sentence(exc: Exception) -> str:
+    """The error's first sentence; TensorFlow's rest is advice about AutoGraph."""
+    return re.split(r"\.\s", str(exc).strip(), maxsplit=1)[0]
