@@ -1,0 +1,48 @@
+"""benchmarks.suite_cpu: each test's CPU time, from a pytest run of its own."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from benchmarks.suite_cpu import summarize
+from conftest import REPO
+
+pytest_plugins = ["pytester"]
+
+BURN = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end:\n    pass\n"
+
+
+def test_each_test_gets_the_cpu_of_its_process_and_of_the_subprocesses_it_ran(pytester, monkeypatch):
+    output = pytester.path / "cpu.jsonl"
+    monkeypatch.setenv("SUITE_CPU_OUT", str(output))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the inner pytest runs in a directory of its own
+    pytester.makepyfile(test_inner=textwrap.dedent(f"""
+        import subprocess, sys
+
+        def test_burns_here():
+            exec({BURN!r})
+
+        def test_burns_in_a_subprocess():
+            subprocess.run([sys.executable, "-c", {BURN!r}], check=True)
+        """))
+    result = pytester.runpytest_subprocess("-p", "benchmarks.suite_cpu")
+    result.assert_outcomes(passed=2)
+    records = {record["test"].split("::")[1]: record for record in map(json.loads, output.read_text().splitlines())}
+    here, there = records["test_burns_here"], records["test_burns_in_a_subprocess"]
+    assert here["pytest_cpu_s"] >= 0.29 and here["reaped_children_cpu_s"] < 0.05
+    assert there["reaped_children_cpu_s"] >= 0.29 and there["pytest_cpu_s"] < 0.25
+    assert here["machine_cpu_s"] >= 0.25 and there["machine_cpu_s"] >= 0.25
+
+
+def test_the_summary_ranks_modules_and_tests_by_the_machines_cpu():
+    records = [{"test": "tests/test_a.py::one", "wall_s": 2.0, "machine_cpu_s": 3.0, "pytest_cpu_s": 1.0},
+               {"test": "tests/test_b.py::two", "wall_s": 1.0, "machine_cpu_s": 5.0, "pytest_cpu_s": 0.5},
+               {"test": "tests/test_a.py::three", "wall_s": 1.0, "machine_cpu_s": 4.0, "pytest_cpu_s": 4.0}]
+    lines = summarize(records, top=2).splitlines()
+    assert lines[0].startswith("3 tests, 12 CPU-s of the machine, 6 s on two cores")
+    modules = [line.split()[-1] for line in lines[3:5]]
+    assert modules == ["tests/test_a.py", "tests/test_b.py"]  # 7 CPU-s, then 5
+    assert lines[3].split()[:3] == ["7.0", "5.0", "2"]
+    tests = [line.split()[-1] for line in lines[-2:]]
+    assert tests == ["tests/test_b.py::two", "tests/test_a.py::three"]  # the top 2 only
