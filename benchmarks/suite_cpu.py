@@ -43,6 +43,15 @@ def _process_seconds(who: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse xdist workers: beside another test, the machine's CPU time is no longer this test's."""
+    workers = getattr(config.option, "numprocesses", None)
+    if workers not in (None, 0):
+        raise pytest.UsageError(f"-p benchmarks.suite_cpu measures the whole machine around each test, so the tests must "
+                                f"run one at a time: run it in one process (TEST_WORKERS=0 make test, or -n 0), got "
+                                f"-n {workers}")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Around set-up, call and teardown, so a fixture's cost lands on the first test that uses it."""

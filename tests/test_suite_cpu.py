@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
+
 from benchmarks.suite_cpu import summarize
 from conftest import REPO
 
@@ -33,6 +35,14 @@ def test_each_test_gets_the_cpu_of_its_process_and_of_the_subprocesses_it_ran(py
     assert here["pytest_cpu_s"] >= 0.29 and here["reaped_children_cpu_s"] < 0.05
     assert there["reaped_children_cpu_s"] >= 0.29 and there["pytest_cpu_s"] < 0.25
     assert here["machine_cpu_s"] >= 0.25 and there["machine_cpu_s"] >= 0.25
+
+
+def test_it_refuses_tests_that_run_side_by_side(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    pytester.makepyfile(test_inner="def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "benchmarks.suite_cpu", "-n", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*run it in one process (TEST_WORKERS=0 make test, or -n 0), got -n 2"])
 
 
 def test_the_summary_ranks_modules_and_tests_by_the_machines_cpu():
