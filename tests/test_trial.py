@@ -1,6 +1,6 @@
 """A trial restored after its driver was killed between Ray Tune's checkpoint rotation and its
-experiment-state save (pipeline.engine.trial.surviving_checkpoint): pure file logic on real Ray
-checkpoints."""
+experiment-state save (pipeline.engine.trial.surviving_checkpoint), or after its last epoch but
+before Ray Tune saved it as ended: pure file logic on real Ray checkpoints and checkpoint files."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from ray import tune
 
 from pipeline.engine.trial import CHECKPOINT_FILE, FoldTrainable, surviving_checkpoint
@@ -65,3 +66,59 @@ def test_a_stand_in_left_by_an_earlier_restore_is_passed_over_too(tmp_path):
     stand_in.mkdir()  # empty, as surviving_checkpoint leaves a deleted one
     checkpoint_dir(tmp_path, 5, epoch=5)
     assert Path(surviving_checkpoint(saved(stand_in, 4)).checkpoint.path).name == "checkpoint_000005"
+
+
+class EpochsOf:
+    """A trial's runner as far as the trainable sees it: one report per step, its state as arrays."""
+
+    def __init__(self, planned: int, first: int = 1):
+        self.planned, self.epoch = planned, first - 1
+
+    def step(self):
+        self.epoch += 1
+        return {"epoch": self.epoch, "epochs_planned": self.planned, "done": self.epoch >= self.planned,
+                "mean_val_loss": np.float32(1.0 / self.epoch)}
+
+    def state(self):
+        return {"epoch": np.array(self.epoch)}
+
+    def load_state(self, arrays):
+        self.epoch = int(arrays["epoch"])
+
+
+def trainable_with(runner: EpochsOf) -> FoldTrainable:
+    trainable = object.__new__(FoldTrainable)
+    trainable._lifespan = SimpleNamespace(observe=lambda: 0, trials=1, should_retire=lambda maps: False)
+    trainable._runner, trainable._last_report, trainable._ended_report = runner, None, None
+    return trainable
+
+
+@pytest.mark.parametrize("planned, resumed_epochs", [(2, [2]), (3, [3])], ids=["last epoch", "one epoch before"])
+def test_a_trial_restored_from_a_checkpoint_trains_on_to_its_planned_epochs_and_no_further(tmp_path, planned,
+                                                                                         resumed_epochs):
+    """Saved after epoch 2: a trial of 2 epochs ends with epoch 2's report again (Ray Tune asks a
+    restored trial for one more step), a trial of 3 trains epoch 3."""
+    before = trainable_with(EpochsOf(planned))
+    before.step()
+    before.step()
+    before.save_checkpoint(str(tmp_path))
+
+    after = trainable_with(EpochsOf(planned, first=100))  # an epoch from here would be numbered 100+
+    after.load_checkpoint(str(tmp_path))
+    report = after.step()
+
+    assert [report["epoch"]] == resumed_epochs and report["done"]
+    assert report["mean_val_loss"] == pytest.approx(1.0 / resumed_epochs[0])
+    assert after._runner.epoch == 2 + (planned - 2)  # loaded epoch 2; stepped only when epochs were left
+
+
+def test_a_checkpoint_written_before_reports_were_kept_trains_on(tmp_path):
+    before = trainable_with(EpochsOf(2))
+    before.step()
+    before.step()
+    before.save_checkpoint(str(tmp_path))
+    (tmp_path / "last_report.json").unlink()
+
+    after = trainable_with(EpochsOf(2))
+    after.load_checkpoint(str(tmp_path))
+    assert after.step()["epoch"] == 3  # what foldsweep did before: it cannot tell the trial had ended

@@ -8,6 +8,7 @@ the next trial in the same process.
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +20,15 @@ from ray.tune.result import TRAINING_ITERATION
 from pipeline.inputs.folds import Fold
 from pipeline.contract.plan import ThreadPlan, TrialPlan, plan_threads
 from pipeline.engine.lifespan import Lifespan
-from pipeline.contract.results import RUNNING_BEST_PREFIX, WORKER_MAPS, WORKER_RETIRES, WORKER_TRIALS, EpochResult, TrialInfo
+from pipeline.contract.results import (DONE, RUNNING_BEST_PREFIX, WORKER_MAPS, WORKER_RETIRES, WORKER_TRIALS, EpochResult,
+                                       TrialInfo)
 from pipeline.engine.runtime import configure_devices, configure_threads
 from pipeline.engine.stopping import Patience
 from pipeline.engine.recipe import TrainingRecipe
 from pipeline.inputs.spec import Objective, SweepSpec, TrainSpec
 
 CHECKPOINT_FILE = "folds.npz"
+LAST_REPORT_FILE = "last_report.json"
 
 
 @dataclass(frozen=True)
@@ -191,11 +194,18 @@ class FoldTrainable(tune.Trainable):
     def _start(self, config: Mapping[str, Any]) -> None:
         self._lifespan.start_trial()
         self._runner = TrialRunner(config, worker=self._worker, folds=self._folds, settings=self._settings)
+        self._last_report: dict[str, Any] | None = None
+        self._ended_report: dict[str, Any] | None = None
 
     def step(self) -> dict[str, Any]:
+        # A trial restored from the checkpoint of its last epoch (its driver was killed after
+        # that epoch, before Ray Tune saved the trial as ended) ends with that epoch's report
+        # again: Ray Tune asks a restored trial for a step without checking whether it is done,
+        # and another epoch would train past the planned ones.
+        report = self._ended_report or self._runner.step()
+        self._last_report = report
         # Every epoch says whether this process retires after the trial: the last one before a
         # trial ends (finished, pruned or NaN) is the one Ray Tune acts on (pipeline.sweep).
-        report = self._runner.step()
         maps = self._lifespan.observe()  # one read of /proc/self/maps per epoch
         return {**report, WORKER_TRIALS: self._lifespan.trials, WORKER_MAPS: maps,
                 WORKER_RETIRES: self._lifespan.should_retire(maps)}
@@ -214,6 +224,8 @@ class FoldTrainable(tune.Trainable):
         import numpy as np
 
         np.savez(Path(checkpoint_dir) / CHECKPOINT_FILE, **self._runner.state())
+        if self._last_report is not None:
+            (Path(checkpoint_dir) / LAST_REPORT_FILE).write_text(json.dumps(self._last_report, default=_json_scalar))
 
     def restore(self, checkpoint_path: Any) -> None:
         super().restore(surviving_checkpoint(checkpoint_path))
@@ -223,6 +235,11 @@ class FoldTrainable(tune.Trainable):
 
         with np.load(Path(checkpoint_dir) / CHECKPOINT_FILE) as arrays:
             self._runner.load_state(arrays)
+        # Checkpoints written before this file existed hold no report: such a trial trains on.
+        saved_report = Path(checkpoint_dir) / LAST_REPORT_FILE
+        last = json.loads(saved_report.read_text()) if saved_report.is_file() else None
+        self._last_report = last
+        self._ended_report = last if last is not None and last.get(DONE) else None
 
     def cleanup(self) -> None:
         self._runner = None
@@ -261,6 +278,13 @@ def surviving_checkpoint(saved: Any) -> Any:
     # One step is one epoch: Ray Tune's iteration count goes on from the checkpoint's epoch.
     replaced.metrics = {**saved.metrics, TRAINING_ITERATION: epoch}
     return replaced
+
+
+def _json_scalar(value: Any) -> Any:
+    """NumPy scalars in a report as the Python numbers they hold."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} in a trial's report cannot be kept in its checkpoint")
 
 
 def _holds_state(fs: Any, path: str) -> bool:
