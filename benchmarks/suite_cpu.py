@@ -93,7 +93,13 @@ def main() -> None:
     parser.add_argument("path", nargs="?", default=os.environ.get(OUTPUT_VARIABLE, DEFAULT_OUTPUT))
     parser.add_argument("--top", type=int, default=20)
     arguments = parser.parse_args()
-    records = [json.loads(line) for line in Path(arguments.path).read_text().splitlines() if line.strip()]
+    try:
+        records = [json.loads(line) for line in Path(arguments.path).read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as error:
+        parser.exit(2, f"{arguments.path}: cannot read the plugin's records ({error}); write them with "
+                       f"TEST_WORKERS=0 make test PYTEST_ARGS=\"-p benchmarks.suite_cpu\"\n")
+    if not records:
+        parser.exit(2, f"{arguments.path}: no tests recorded in it\n")
     print(summarize(records, arguments.top))
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -56,3 +58,15 @@ def test_the_summary_ranks_modules_and_tests_by_the_machines_cpu():
     assert lines[3].split()[:3] == ["7.0", "5.0", "2"]
     tests = [line.split()[-1] for line in lines[-2:]]
     assert tests == ["tests/test_b.py::two", "tests/test_a.py::three"]  # the top 2 only
+
+
+def test_the_summary_of_a_file_that_is_missing_or_empty_is_one_line_and_exit_2(tmp_path):
+    missing = subprocess.run([sys.executable, "-m", "benchmarks.suite_cpu", str(tmp_path / "none.jsonl")], cwd=REPO,
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.startswith(f"{tmp_path / 'none.jsonl'}: cannot read the plugin's records (")
+    assert "Traceback" not in missing.stderr and 'PYTEST_ARGS="-p benchmarks.suite_cpu"' in missing.stderr
+    (tmp_path / "empty.jsonl").write_text("\n")
+    empty = subprocess.run([sys.executable, "-m", "benchmarks.suite_cpu", str(tmp_path / "empty.jsonl")], cwd=REPO,
+                           capture_output=True, text=True)
+    assert (empty.returncode, empty.stderr) == (2, f"{tmp_path / 'empty.jsonl'}: no tests recorded in it\n")
