@@ -50,6 +50,9 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"-p benchmarks.suite_cpu measures the whole machine around each test, so the tests must "
                                 f"run one at a time: run it in one process (TEST_WORKERS=0 make test, or -n 0), got "
                                 f"-n {workers}")
+    # Each test appends its record as it ends; a run starts the file afresh, or the ranking would
+    # add up this run's tests and an earlier run's.
+    Path(os.environ.get(OUTPUT_VARIABLE, DEFAULT_OUTPUT)).write_text("")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -19,6 +19,7 @@ BURN = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() 
 
 def test_each_test_gets_the_cpu_of_its_process_and_of_the_subprocesses_it_ran(pytester, monkeypatch):
     output = pytester.path / "cpu.jsonl"
+    output.write_text(json.dumps({"test": "test_inner.py::an_earlier_run", "machine_cpu_s": 9.0}) + "\n")
     monkeypatch.setenv("SUITE_CPU_OUT", str(output))
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the inner pytest runs in a directory of its own
     pytester.makepyfile(test_inner=textwrap.dedent(f"""
@@ -32,7 +33,9 @@ def test_each_test_gets_the_cpu_of_its_process_and_of_the_subprocesses_it_ran(py
         """))
     result = pytester.runpytest_subprocess("-p", "benchmarks.suite_cpu")
     result.assert_outcomes(passed=2)
-    records = {record["test"].split("::")[1]: record for record in map(json.loads, output.read_text().splitlines())}
+    lines = output.read_text().splitlines()
+    records = {record["test"].split("::")[1]: record for record in map(json.loads, lines)}
+    assert len(lines) == 2 and set(records) == {"test_burns_here", "test_burns_in_a_subprocess"}, "this run's only"
     here, there = records["test_burns_here"], records["test_burns_in_a_subprocess"]
     assert here["pytest_cpu_s"] >= 0.29 and here["reaped_children_cpu_s"] < 0.05
     assert there["reaped_children_cpu_s"] >= 0.29 and there["pytest_cpu_s"] < 0.25

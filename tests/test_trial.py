@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from ray import tune
 
-from pipeline.engine.trial import CHECKPOINT_FILE, FoldTrainable, surviving_checkpoint
+from pipeline.engine.trial import CHECKPOINT_FILE, LAST_REPORT_FILE, FoldTrainable, surviving_checkpoint
 
 
 def checkpoint_dir(trial_dir: Path, index: int, epoch: int) -> Path:
@@ -117,7 +117,7 @@ def test_a_checkpoint_written_before_reports_were_kept_trains_on(tmp_path):
     before.step()
     before.step()
     before.save_checkpoint(str(tmp_path))
-    (tmp_path / "last_report.json").unlink()
+    (tmp_path / LAST_REPORT_FILE).unlink()
 
     after = trainable_with(EpochsOf(2))
     after.load_checkpoint(str(tmp_path))
