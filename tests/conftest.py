@@ -88,6 +88,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByScope(config, log)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Where collecting has imported TensorFlow (it has not started yet), this process trains on
+    the thread pools that `plan_threads` gives a trial of TINY_SPEC's one CPU, the trials the
+    suite's sweeps run, instead of TensorFlow's default of a thread per core for each pool. The
+    default's threads wait for a core the other pytest worker keeps busy: over the in-process
+    training modules, two processes at once used 313-326 CPU-s on one-CPU pools, 346-349 on the
+    default (`python -m benchmarks.suite_pools`)."""
+    if "tensorflow" not in sys.modules:
+        return
+    from pipeline.contract.plan import ExecutionChoices, plan_threads
+    from pipeline.engine.runtime import ThreadsError, configure_threads
+
+    try:
+        configure_threads(plan_threads(ExecutionChoices(), cpus=TINY_SPEC["resources"]["cpu"], n_folds=2))
+    except ThreadsError:
+        raise pytest.UsageError("TensorFlow started while the tests were collected (a tensor, variable or Keras "
+                                "SeedGenerator made at import or in a parametrize list), so the suite cannot size "
+                                "its thread pools: make it when the test runs") from None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if "PYTEST_XDIST_WORKER" not in os.environ:

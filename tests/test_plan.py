@@ -51,6 +51,7 @@ def plan(choices=ExecutionChoices(), *, models=None, threads=ONE_THREAD, device=
         asked.append(jit_compile)
         return blocker if jit_compile else "the step runs without XLA"
 
+    models = models() if callable(models) else models
     result = plan_trial(choices, models=models or [Model() for _ in sizes], threads=threads, device=device,
                         batch_size=batch_size, train_sizes=sizes, planned_epochs=epochs,
                         stacking_blocker=stacking_blocker)
@@ -69,7 +70,9 @@ def plan(choices=ExecutionChoices(), *, models=None, threads=ONE_THREAD, device=
      f"fused: 3 folds in one execution, side by side (batch 64: stacking pays up to batch {STACK_MAX_BATCH})"),
     (ExecutionChoices(), {"blocker": "BatchNormalization layers have no stacked form"}, "side_by_side",
      "fused: 3 folds in one execution, side by side (not stacked: BatchNormalization layers have no stacked form)"),
-    (ExecutionChoices(), {"models": [Model(RandomLayer()) for _ in SIZES]}, "side_by_side",
+    # Made when the test runs: a SeedGenerator made while collecting would start TensorFlow before
+    # the suite sizes its thread pools (conftest's pytest_collection_finish).
+    (ExecutionChoices(), {"models": lambda: [Model(RandomLayer()) for _ in SIZES]}, "side_by_side",
      "fused: 3 folds in one execution, side by side (not stacked: the step runs without XLA)"),
     (ExecutionChoices(), {"threads": TWO_THREADS, "sizes": [300] * 15}, "stacked",
      "fused: 15 folds in one execution, stacked into one XLA program per step"),

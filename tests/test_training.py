@@ -11,10 +11,11 @@ from pipeline.inputs.folds import make_folds
 from pipeline.inputs.hypermodel import load_builder
 from pipeline.engine.resident import resident_data
 from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
-from pipeline.contract.plan import ExecutionChoices
+from pipeline.contract.plan import ExecutionChoices, ThreadPlan, plan_threads
 from pipeline.contract.results import cv_summary
 from pipeline.engine.trainer import build_trainer
 from pipeline.engine.recipe import TrainingRecipe
+from pipeline.engine.runtime import threads_in_effect
 from pipeline.engine.training import fold_seed
 
 pytestmark = pytest.mark.training  # every test trains fold models
@@ -34,6 +35,12 @@ def trainer(data_and_folds, seed=0, batch_size=32, jit_compile="auto"):
                          {**MODEL, "batch_size": batch_size, "learning_rate": 1e-3, "optimizer": "adam"},
                          TrainingRecipe(TrainSpec(seed=seed), ExecutionChoices(jit_compile=jit_compile)),
                          data=resident_data(data.fingerprint, data.x, data.y), folds=folds)
+
+
+def test_models_trained_in_the_test_process_get_the_thread_pools_of_the_sweeps_one_cpu_trials():
+    """conftest sizes the pools once collecting has imported TensorFlow: a thread per pool, as
+    the sweeps' trials of one CPU plan, not TensorFlow's thread per core (0: its default)."""
+    assert threads_in_effect() == plan_threads(ExecutionChoices(), cpus=1, n_folds=2) == ThreadPlan(1, 1)
 
 
 def test_cv_summary_uses_sklearn_vocabulary_and_population_std():
