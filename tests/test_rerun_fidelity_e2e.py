@@ -30,7 +30,7 @@ EXECUTION_TAGS = ("foldsweep.tf_threads", "foldsweep.fused_reason", "foldsweep.j
 @pytest.fixture(scope="module")
 def sweeps(ray_cluster, tmp_path_factory):
     """Each layout's one-trial sweep, recorded in one store: {layout: trial run}. About 35 s alone,
-    up to 60 s beside the other pytest worker: one sweep per layout, because each layout is a
+    50-65 s beside the other pytest worker: one sweep per layout, because each layout is a
     different program the reruns must reproduce."""
     directory = tmp_path_factory.mktemp("fidelity")
     store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
@@ -77,6 +77,7 @@ def assert_same_trajectory(client, original, again, folds, epochs=EPOCHS):
     ("side_by_side", "side by side (2 compute threads)"),
 ])
 def test_a_rerun_reproduces_every_epoch_of_its_trial(sweeps, layout, reason):
+    """The first case sets up `sweeps` (35-65 s: a sweep per layout); each case is a rerun's own process."""
     directory, store, client, trials = sweeps
     original = trials[layout]
     assert original.data.tags["foldsweep.fused_reason"].endswith(reason)
