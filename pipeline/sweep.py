@@ -20,8 +20,7 @@ from pipeline.inputs.datasets import Dataset, load_dataset
 from pipeline.base.environment import Environment, environment_change
 from pipeline.base.errors import DataError, FoldsweepError, InputError, SpecError
 from pipeline.inputs.folds import FoldPlan, class_balance_warning, make_folds
-from pipeline.base.private_hooks import (HOOKED_LIBRARIES, RAY_OUTPUT_ENGINE_VARIABLE, RAY_TASK_WORKER_PRESTART,
-                                         require_hooks)
+from pipeline.base.private_hooks import HOOKED_LIBRARIES, RAY_OUTPUT_ENGINE_VARIABLE, require_hooks
 from pipeline.inputs.space import SearchSpace
 from pipeline.inputs.spec import SweepSpec
 from pipeline.contract.results import (BEST_EPOCH, RUNNING_BEST_PREFIX, WORKER_RETIRES, EpochSelection, SweepStatus,
@@ -502,15 +501,6 @@ def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], 
     return tuner
 
 
-def local_ray_options() -> dict[str, Any]:
-    """``ray.init``'s options for the local Ray of a sweep. Ray starts a task worker per CPU for
-    its first driver, in case it runs tasks; a sweep runs only Ray Tune's trial actors, each in a
-    process of its own, so those workers would only idle (on 32 cores, 32 Python processes that
-    import Ray and never run anything)."""
-    return {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR",
-            "_system_config": {RAY_TASK_WORKER_PRESTART: False}}
-
-
 def connect_ray(address: str | None) -> None:
     """Start a local Ray, or join the cluster at ``address``.
 
@@ -519,10 +509,11 @@ def connect_ray(address: str | None) -> None:
     """
     import ray
 
+    kwargs = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
     if address is None:
-        ray.init(**local_ray_options())
+        ray.init(**kwargs)
         return
-    kwargs = {"log_to_driver": False, "logging_level": "ERROR"}
+    kwargs.pop("include_dashboard")
     try:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -152,10 +152,8 @@ class LocalRay:
         shape = shape or self.DEFAULT
         if ray.is_initialized() and shape == self.shape:
             return
-        from pipeline.sweep import local_ray_options
-
         self.stop()
-        ray.init(**shape, **local_ray_options())  # as `foldsweep run` starts its local Ray
+        ray.init(**shape, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         self.shape = shape
 
     def stop(self) -> None:

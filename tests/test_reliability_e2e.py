@@ -57,12 +57,6 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster,
     for key, run in scores["recycled"].items():
         kept = scores["kept"][key]
         assert run.data.metrics["mean_val_loss"] == pytest.approx(kept.data.metrics["mean_val_loss"], rel=1e-6)
-    # Every worker process of the session's local Ray ran trials: none was started to idle as a
-    # task worker (a sweep runs no tasks).
-    import ray
-
-    workers = list(Path(ray._private.worker.global_worker.node.get_logs_dir_path()).glob("worker-*.out"))
-    assert len(workers) >= 3 and all(":actor_name:FoldTrainable" in log.read_text() for log in workers)
 
 
 @pytest.mark.parametrize("what", ["refit", "publish"])

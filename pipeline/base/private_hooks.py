@@ -28,9 +28,6 @@ MLFLOW_SHARED_VIEW_PARAM = "viewStateShareKey"
 MLFLOW_STORE_TABLES = frozenset({"experiments", "runs", "alembic_version"})
 # Ray Tune's default console output (its "new" output engine) prints over foldsweep's progress lines.
 RAY_OUTPUT_ENGINE_VARIABLE = "RAY_AIR_NEW_OUTPUT"
-# The raylet's setting that starts a task worker per CPU for the first driver, in case it runs
-# tasks; a Ray system-config key, read by the raylet's C++ and listed in no Python module.
-RAY_TASK_WORKER_PRESTART = "prestart_worker_first_driver"
 HOOKED_LIBRARIES = ("ray", "mlflow", "keras", "tensorflow")
 # What a process that trains (trial, rerun) relies on; Ray Tune and MLflow it does not use.
 TRAINING_LIBRARIES = ("keras", "tensorflow")
@@ -114,23 +111,6 @@ def _check_output_engine_switch() -> str | None:
     if RAY_OUTPUT_ENGINE_VARIABLE not in source:
         return f"ray.tune.experimental.output no longer reads {RAY_OUTPUT_ENGINE_VARIABLE}"
     return None
-
-
-def _check_task_worker_prestart() -> str | None:
-    import mmap
-
-    import ray
-
-    if 'kwargs.pop("_system_config"' not in inspect.getsource(ray.init):  # a keyword of its **kwargs
-        return "ray.init no longer takes _system_config"
-    raylet = Path(ray.__file__).parent / "core" / "src" / "ray" / "raylet" / "raylet"
-    try:
-        with raylet.open("rb") as binary, mmap.mmap(binary.fileno(), 0, access=mmap.ACCESS_READ) as contents:
-            known = contents.find(RAY_TASK_WORKER_PRESTART.encode()) >= 0
-    except OSError as exc:
-        return f"its raylet cannot be read ({exc})"
-    # An unknown key is no error message: the local Ray never starts (its GCS times out).
-    return None if known else f"its raylet no longer knows the system-config key {RAY_TASK_WORKER_PRESTART}"
 
 
 # -- MLflow ---------------------------------------------------------------------------------------
@@ -290,8 +270,6 @@ HOOKS: tuple[Hook, ...] = (
          ("_tune_config",), _check_moved_sweep),
     Hook("ray", f"the {RAY_OUTPUT_ENGINE_VARIABLE}=0 environment variable",
          "Ray Tune's own progress tables stay out of foldsweep's output", (), _check_output_engine_switch),
-    Hook("ray", f"ray.init(_system_config={{{RAY_TASK_WORKER_PRESTART!r}: False}})",
-         "a local Ray starts no task worker per CPU that a sweep never uses", (), _check_task_worker_prestart),
     Hook("mlflow", f"the experiment tag {MLFLOW_SHARED_VIEW_TAG}<key> and ?{MLFLOW_SHARED_VIEW_PARAM}=<key>",
          "`foldsweep ui` and the parent run's link open the sweep's trials best first", (), _check_shared_view),
     Hook("mlflow", f"the SQLite store's tables {', '.join(sorted(MLFLOW_STORE_TABLES))}",
