@@ -88,20 +88,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByScope(config, log)
 
 
+def cores_per_worker() -> int | None:
+    """The cores each pytest worker has to itself when the run shares the machine between
+    several (pytest-xdist), None in a run of one process."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Where collecting has imported TensorFlow (it has not started yet), this process trains on
-    the thread pools that `plan_threads` gives a trial of TINY_SPEC's one CPU, the trials the
-    suite's sweeps run, instead of TensorFlow's default of a thread per core for each pool. The
-    default's threads wait for a core the other pytest worker keeps busy: over the in-process
-    training modules, two processes at once used 313-326 CPU-s on one-CPU pools, 346-349 on the
-    default (`python -m benchmarks.suite_pools`)."""
-    if "tensorflow" not in sys.modules:
+    """Beside other pytest workers, a process trains on the thread pools `plan_threads` gives a
+    trial of its share of the cores (on two cores and two workers, one intra-op and one inter-op
+    thread: the pools of the suite's own one-CPU trials), once collecting has imported TensorFlow
+    (it has not started yet). TensorFlow's default, a thread per core in each pool, has its
+    threads wait for the cores the other worker holds: over the in-process training modules, two
+    processes at once used 0.76-0.94x the CPU on one-CPU pools (`python -m
+    benchmarks.suite_pools`). A run of one process keeps the default, which is faster alone."""
+    cores = cores_per_worker()
+    if cores is None or "tensorflow" not in sys.modules:
         return
     from pipeline.contract.plan import ExecutionChoices, plan_threads
     from pipeline.engine.runtime import ThreadsError, configure_threads
 
     try:
-        configure_threads(plan_threads(ExecutionChoices(), cpus=TINY_SPEC["resources"]["cpu"], n_folds=2))
+        configure_threads(plan_threads(ExecutionChoices(), cpus=cores, n_folds=2))
     except ThreadsError:
         raise pytest.UsageError("TensorFlow started while the tests were collected (a tensor, variable or Keras "
                                 "SeedGenerator made at import or in a parametrize list), so the suite cannot size "

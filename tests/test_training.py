@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import MNIST1D_EXPERIMENT
+from conftest import MNIST1D_EXPERIMENT, cores_per_worker
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.inputs.hypermodel import load_builder
@@ -37,10 +37,17 @@ def trainer(data_and_folds, seed=0, batch_size=32, jit_compile="auto"):
                          data=resident_data(data.fingerprint, data.x, data.y), folds=folds)
 
 
-def test_models_trained_in_the_test_process_get_the_thread_pools_of_the_sweeps_one_cpu_trials():
-    """conftest sizes the pools once collecting has imported TensorFlow: a thread per pool, as
-    the sweeps' trials of one CPU plan, not TensorFlow's thread per core (0: its default)."""
-    assert threads_in_effect() == plan_threads(ExecutionChoices(), cpus=1, n_folds=2) == ThreadPlan(1, 1)
+def test_models_trained_beside_other_pytest_workers_get_the_thread_pools_of_a_trial_of_their_cores():
+    """conftest sizes the pools once collecting has imported TensorFlow: beside other workers, a
+    trial's of the worker's share of the cores (two cores, two workers: a thread per pool, as the
+    sweeps' one-CPU trials plan); alone, TensorFlow's default (0)."""
+    cores = cores_per_worker()
+    if cores is None:
+        assert threads_in_effect() == ThreadPlan(0, 0)
+    else:
+        assert threads_in_effect() == plan_threads(ExecutionChoices(), cpus=cores, n_folds=2)
+    if cores == 1:
+        assert threads_in_effect() == ThreadPlan(1, 1)
 
 
 def test_cv_summary_uses_sklearn_vocabulary_and_population_std():
