@@ -95,26 +95,21 @@ def cores_per_worker() -> int | None:
     return max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Beside other pytest workers, a process trains on the thread pools `plan_threads` gives a
-    trial of its share of the cores (on two cores and two workers, one intra-op and one inter-op
-    thread: the pools of the suite's own one-CPU trials), once collecting has imported TensorFlow
-    (it has not started yet). TensorFlow's default, a thread per core in each pool, has its
-    threads wait for the cores the other worker holds: over the in-process training modules, two
-    processes at once used 0.76-0.94x the CPU on one-CPU pools (`python -m
-    benchmarks.suite_pools`). A run of one process keeps the default, which is faster alone."""
-    cores = cores_per_worker()
-    if cores is None or "tensorflow" not in sys.modules:
-        return
-    from pipeline.contract.plan import ExecutionChoices, plan_threads
-    from pipeline.engine.runtime import ThreadsError, configure_threads
+def trains_in_process(session: pytest.Session) -> bool:
+    return any(item.get_closest_marker("training") for item in session.items)
 
-    try:
-        configure_threads(plan_threads(ExecutionChoices(), cpus=cores, n_folds=2))
-    except ThreadsError:
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """TensorFlow must not start while the tests are collected: `_tensorflow_as_in_a_trial_worker`
+    sets it up at the first test, as a trial worker does before its first trial."""
+    if cores_per_worker() is None and not trains_in_process(session):
+        return
+    from pipeline.base.compile_cache import _tensorflow_flags_fixed
+
+    if _tensorflow_flags_fixed():
         raise pytest.UsageError("TensorFlow started while the tests were collected (a tensor, variable or Keras "
-                                "SeedGenerator made at import or in a parametrize list), so the suite cannot size "
-                                "its thread pools: make it when the test runs") from None
+                                "SeedGenerator made at import or in a parametrize list), so the suite cannot set "
+                                "up its thread pools and compile cache: make it when the test runs")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -143,6 +138,34 @@ def _data_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
         directory = run_directory / f"shared-{name}"
         directory.mkdir(exist_ok=True)
         os.environ[variable] = str(directory)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _tensorflow_as_in_a_trial_worker(request: pytest.FixtureRequest, _data_dir: None) -> None:
+    """Before the first test starts TensorFlow, this process is set up as a trial worker is.
+
+    - Beside other pytest workers, it trains on the thread pools `plan_threads` gives a trial of
+      its share of the cores (on two cores and two workers, one intra-op and one inter-op thread:
+      the pools of the suite's own one-CPU trials). TensorFlow's default, a thread per core in
+      each pool, has its threads wait for the cores the other worker holds: over the in-process
+      training modules, two processes at once used 0.76-0.94x the CPU on one-CPU pools (`python
+      -m benchmarks.suite_pools`). A run of one process keeps the default, faster alone.
+    - A run that trains in this process compiles through the run's compile cache, as a trial
+      worker does, and the tests that build one trainer after another clear Keras' session
+      between them, as a worker does between its trials, so that an identical program is loaded,
+      not compiled again (`test_fused` alone: 225 -> 127 CPU-s). TensorFlow reads the cache's
+      flag when it first lists its devices, which sizing its pools does: the cache comes first.
+    """
+    cores = cores_per_worker()
+    if trains_in_process(request.session):
+        from pipeline.base.compile_cache import activate, device_kind
+
+        activate(device_kind=device_kind(0))
+    if cores is not None:
+        from pipeline.contract.plan import ExecutionChoices, plan_threads
+        from pipeline.engine.runtime import configure_threads
+
+        configure_threads(plan_threads(ExecutionChoices(), cpus=cores, n_folds=2))
 
 
 class LocalRay:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -38,7 +40,7 @@ def trainer(data_and_folds, seed=0, batch_size=32, jit_compile="auto"):
 
 
 def test_models_trained_beside_other_pytest_workers_get_the_thread_pools_of_a_trial_of_their_cores():
-    """conftest sizes the pools once collecting has imported TensorFlow: beside other workers, a
+    """conftest sizes the pools before the first test starts TensorFlow: beside other workers, a
     trial's of the worker's share of the cores (two cores, two workers: a thread per pool, as the
     sweeps' one-CPU trials plan); alone, TensorFlow's default (0)."""
     cores = cores_per_worker()
@@ -48,6 +50,32 @@ def test_models_trained_beside_other_pytest_workers_get_the_thread_pools_of_a_tr
         assert threads_in_effect() == plan_threads(ExecutionChoices(), cpus=cores, n_folds=2)
     if cores == 1:
         assert threads_in_effect() == ThreadPlan(1, 1)
+
+
+def test_a_trainer_built_after_clearing_keras_session_loads_the_programs_of_an_identical_one():
+    """conftest compiles this process's programs through the run's compile cache, as a trial
+    worker's: after `keras.backend.clear_session()`, as between a worker's trials, the same
+    trainer again compiles nothing."""
+    import os
+
+    import keras
+
+    from pipeline.base import compile_cache
+    from pipeline.contract.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES
+
+    cache = compile_cache.active()
+    assert cache is not None and cache.store.parent == Path(os.environ[compile_cache.DIRECTORY_VARIABLE])
+    data = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 120}))  # programs of this test only
+    folds = make_folds(CVSpec(splitter="stratified", n_splits=2, seed=0), data).folds
+    reports = []
+    for _ in range(2):
+        keras.backend.clear_session(free_memory=False)
+        reports.append(trainer((data, folds), jit_compile="on").run_epoch().report())
+    first, second = reports
+    assert first[COMPILE_CACHE_MISSES] > 0
+    assert second[COMPILE_CACHE_MISSES] == 0 and second[COMPILE_CACHE_HITS] == first[COMPILE_CACHE_MISSES]
+    for key in ("split0_train_loss", "split1_train_loss", "mean_val_loss"):
+        assert second[key] == first[key], key  # the loaded programs train bit-identically
 
 
 def test_cv_summary_uses_sklearn_vocabulary_and_population_std():
