@@ -152,9 +152,10 @@ def _tensorflow_as_in_a_trial_worker(request: pytest.FixtureRequest, _data_dir: 
       -m benchmarks.suite_pools`). A run of one process keeps the default, faster alone.
     - A run that trains in this process compiles through the run's compile cache, as a trial
       worker does, and the tests that build one trainer after another clear Keras' session
-      between them, as a worker does between its trials, so that an identical program is loaded,
-      not compiled again (`test_fused` alone: 225 -> 127 CPU-s). TensorFlow reads the cache's
-      flag when it first lists its devices, which sizing its pools does: the cache comes first.
+      between them (`between_trials`), as a worker does between its trials, so that an identical
+      program is loaded, not compiled again (`test_fused` alone: 225 -> 127 CPU-s). TensorFlow
+      reads the cache's flag when it first lists its devices, which sizing its pools does: the
+      cache comes first.
     """
     cores = cores_per_worker()
     if trains_in_process(request.session):
@@ -166,6 +167,17 @@ def _tensorflow_as_in_a_trial_worker(request: pytest.FixtureRequest, _data_dir: 
         from pipeline.engine.runtime import configure_threads
 
         configure_threads(plan_threads(ExecutionChoices(), cpus=cores, n_folds=2))
+
+
+def between_trials() -> None:
+    """Keras' session cleared as a trial worker clears it between its trials
+    (`FoldTrainable.reset_config`), for a test that builds one trainer after another: the next
+    trainer's layers get the names, and so its programs the cache keys, of the last one's, and an
+    identical program loads from the compile cache (`_tensorflow_as_in_a_trial_worker`). Without
+    the garbage collection: it frees memory, never changes a program."""
+    import keras
+
+    keras.backend.clear_session(free_memory=False)
 
 
 class LocalRay:

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import MNIST1D_EXPERIMENT
+from conftest import MNIST1D_EXPERIMENT, between_trials
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import Fold, make_folds
 from pipeline.inputs.hypermodel import load_builder
@@ -41,7 +41,7 @@ def folds(dataset):
 def train(x, y, folds, *, fused, epochs=2, fingerprint=None, dropout=0.0, jit_compile="auto", steps_per_launch=1,
           layout="side_by_side", build=None, **params):
     """Per-fold history {fold: {key: [value per epoch]}} and the trainer."""
-    keras.backend.clear_session(free_memory=False)  # as a worker between trials: see conftest._tensorflow_as_in_a_trial_worker
+    between_trials()
     settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
     fingerprint = fingerprint or f"test-fused-{len(y)}"
     choices = ExecutionChoices(jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, layout=layout)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import math
 
-import keras
 import numpy as np
 import pytest
 
-from conftest import MNIST1D_EXPERIMENT
+from conftest import MNIST1D_EXPERIMENT, between_trials
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.inputs.hypermodel import load_builder
@@ -33,7 +32,7 @@ def data_and_folds():
 def trainer(data_and_folds, jit_compile="auto", **params):
     data, folds = data_and_folds
     settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
-    keras.backend.clear_session(free_memory=False)  # as a worker between trials: see conftest._tensorflow_as_in_a_trial_worker
+    between_trials()
     return build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"), {**MODEL, **settings},
                          TrainingRecipe(choices=ExecutionChoices(jit_compile=jit_compile)),
                          data=resident_data(data.fingerprint, data.x, data.y), folds=folds)

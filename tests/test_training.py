@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import MNIST1D_EXPERIMENT, cores_per_worker
+from conftest import MNIST1D_EXPERIMENT, between_trials, cores_per_worker
+from pipeline.base import compile_cache
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.inputs.hypermodel import load_builder
 from pipeline.engine.resident import resident_data
 from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
 from pipeline.contract.plan import ExecutionChoices, ThreadPlan, plan_threads
-from pipeline.contract.results import cv_summary
+from pipeline.contract.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES, cv_summary
 from pipeline.engine.trainer import build_trainer
 from pipeline.engine.recipe import TrainingRecipe
 from pipeline.engine.runtime import threads_in_effect
@@ -54,22 +56,15 @@ def test_models_trained_beside_other_pytest_workers_get_the_thread_pools_of_a_tr
 
 def test_a_trainer_built_after_clearing_keras_session_loads_the_programs_of_an_identical_one():
     """conftest compiles this process's programs through the run's compile cache, as a trial
-    worker's: after `keras.backend.clear_session()`, as between a worker's trials, the same
-    trainer again compiles nothing."""
-    import os
-
-    import keras
-
-    from pipeline.base import compile_cache
-    from pipeline.contract.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES
-
+    worker's: after Keras' session is cleared, as between a worker's trials, the same trainer
+    again compiles nothing."""
     cache = compile_cache.active()
     assert cache is not None and cache.store.parent == Path(os.environ[compile_cache.DIRECTORY_VARIABLE])
     data = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 120}))  # programs of this test only
     folds = make_folds(CVSpec(splitter="stratified", n_splits=2, seed=0), data).folds
     reports = []
     for _ in range(2):
-        keras.backend.clear_session(free_memory=False)
+        between_trials()
         reports.append(trainer((data, folds), jit_compile="on").run_epoch().report())
     first, second = reports
     assert first[COMPILE_CACHE_MISSES] > 0
