@@ -73,13 +73,15 @@ def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
 @exit_codes
 def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None:
     """Check a spec completely (keys, types, ranges, experiment, data, folds) without running it."""
+    from pipeline.checks import check_inputs
     from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
+    inputs = check_inputs(sweep_spec)
     import_tensorflow()
     from pipeline.sweep import prepare
 
-    prepared = prepare(sweep_spec)
+    prepared = prepare(sweep_spec, inputs=inputs)
     folds = prepared.folds.manifest()["folds"]
     console.print(
         f"[green]ok[/] {spec}: experiment {prepared.spec.experiment}, dataset {prepared.dataset.name} "
@@ -187,9 +189,11 @@ def run(
                                 "a killed driver): finished trials are kept, unfinished ones go on"),
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
+    from pipeline.checks import check_inputs
     from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
+    inputs = check_inputs(sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     import_tensorflow()
     if sweep_spec.train.refit and sweep_spec.train.compile_cache:
         # The refit compiles in this process, whose TensorFlow reads its XLA flags in prepare.
@@ -199,7 +203,7 @@ def run(
     from pipeline.records.report import Standings, leaderboard_table, selected_epoch, selected_score, short_run_id
     from pipeline.sweep import prepare, run_sweep
 
-    prepared = prepare(sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
+    prepared = prepare(sweep_spec, inputs=inputs)
     sweep_spec = prepared.spec
     if resume:
         from pipeline.records.stores import require_existing_store
@@ -307,13 +311,15 @@ def trial(
     check_numerics: bool = NumericsOption,
 ) -> None:
     """Run one config of a spec in this process (no search, no Ray), printing each epoch."""
-    from pipeline.rerun import (TrialRequest, check_fold, check_override_conditions, checked_overrides,
-                                parse_assignments, single_config, spec_threads)
+    from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides, parse_assignments,
+                                single_config, spec_threads)
+    from pipeline.checks import check_inputs
     from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
     fold_ids = check_fold(fold, sweep_spec.cv)
     assignments = parse_assignments(set_values)
+    inputs = check_inputs(sweep_spec)
     import_tensorflow()
     from pipeline.base.private_hooks import TRAINING_LIBRARIES
     from pipeline.sweep import prepare
@@ -322,11 +328,11 @@ def trial(
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
     threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
     configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads, compile_cache=sweep_spec.train.compile_cache)
-    prepared = prepare(sweep_spec, hooks=TRAINING_LIBRARIES)
+    prepared = prepare(sweep_spec, hooks=TRAINING_LIBRARIES, inputs=inputs)
     _print_warnings(prepared)
     overrides = checked_overrides(assignments, set(prepared.space.domains), prepared.experiment.hyperparameters)
-    config = single_config(prepared.spec, prepared.space.domains, prepared.experiment.hyperparameters, overrides)
-    check_override_conditions(config, overrides, prepared.space.conditions)
+    config = single_config(prepared.spec, prepared.space, prepared.experiment.hyperparameters, overrides)
+    config = _without_inactive(config, inactive_overrides(config, overrides, prepared.space.conditions))
     shown = {**prepared.space.resolve(config), **({"epochs": epochs} if epochs else {})}
     console.print(f"trial of {spec}: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()) if v is not None),
                   highlight=False)
@@ -350,7 +356,7 @@ def rerun(
     no_track: bool = typer.Option(False, "--no-track", help="Do not record the rerun in MLflow"),
 ) -> None:
     """Rerun one recorded trial in this process, with its config, data, folds and execution plan."""
-    from pipeline.rerun import (TrialRequest, check_fold, check_override_conditions, checked_overrides,
+    from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides,
                                 load_recorded_trial, parse_assignments, recorded_folds, rerun_changes)
     from pipeline.records.tracking import Tracker
 
@@ -376,8 +382,9 @@ def rerun(
     space = build_space(recorded.spec, experiment.hyperparameters,
                         own_optimizer=experiment.compiled_optimizer is not None)
     overrides = checked_overrides(overrides, set(space.domains) | set(recorded.config), experiment.hyperparameters)
-    config = {**recorded.config, **overrides}
-    check_override_conditions(config, overrides, space.conditions)
+    left_out = inactive_overrides({**recorded.config, **overrides}, overrides, space.conditions)
+    overrides = {name: value for name, value in overrides.items() if name not in left_out}
+    config = _without_inactive({**recorded.config, **overrides}, left_out)
     dataset, folds = recorded_folds(recorded)
     console.print(f"rerun of trial {recorded.run_name} ({recorded.run_id}) of sweep run {recorded.parent_run_id}"
                   + (f", with {' '.join(set_values)}" if set_values else ""), highlight=False)
@@ -386,6 +393,13 @@ def rerun(
                            epochs=epochs, eager=eager, check_numerics=check_numerics, replay=recorded.plan,
                            fit_arguments=experiment.fit_arguments, changes=rerun_changes(recorded, overrides, eager=eager))
     _run_here(request, tracking=None if no_track else (tracker, recorded))
+
+
+def _without_inactive(config: dict[str, Any], left_out: dict[str, str]) -> dict[str, Any]:
+    """The config without the ``--set`` values whose condition does not hold, each said once."""
+    for note in left_out.values():
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    return {name: value for name, value in config.items() if name not in left_out}
 
 
 def _run_here(request: Any, *, tracking: Any) -> None:

@@ -18,7 +18,7 @@ from pipeline.inputs.folds import FoldPlan, make_folds, manifest_identity
 from pipeline.contract.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads, replay_choices
 from pipeline.contract.results import DONE, EpochResult, TrialStatus
 from pipeline.inputs.spec import (TRAINING_DEFAULTS, CVSpec, DatasetSpec, Objective, ParamSpec, SweepSpec,
-                           check_training_param, parse_spec)
+                           check_training_param, parse_spec, read_yaml)
 from pipeline.records.tracking import Tracker
 
 
@@ -58,13 +58,17 @@ class NumericsFinding:
 
 
 def parse_assignments(assignments: Sequence[str]) -> dict[str, Any]:
-    """``name=value`` pairs, values read as YAML scalars (``3``, ``0.5``, ``true``, ``adam``)."""
+    """``name=value`` pairs, values read as a spec's YAML scalars (``3``, ``0.5``, ``1e-4``, ``true``, ``adam``)."""
     values: dict[str, Any] = {}
     for assignment in assignments:
         name, sep, raw = assignment.partition("=")
         if not sep or not name.strip():
             raise InputError(f"--set must be name=value, got {assignment!r}")
-        values[name.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            values[name.strip()] = read_yaml(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            raise InputError(f"--set {name.strip()}: the value must be a YAML scalar (a number, string or boolean), "
+                             f"got {raw!r}") from None
     return values
 
 
@@ -77,7 +81,7 @@ def load_recorded_trial(tracker: Tracker, run_id: str) -> RecordedTrial:
     run = tracker.recorded_trial_run(run_id)
     source = Path(f"spec.yaml of sweep run {run.parent_run_id}")
     try:
-        document = yaml.safe_load(run.spec_text)
+        document = read_yaml(run.spec_text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{source}: damaged, not valid YAML: {exc}") from None
     spec = parse_spec(document, source_path=source, source_text=run.spec_text)
@@ -184,26 +188,25 @@ def _declared_value(hp: Any, value: Any) -> Any:
     return value
 
 
-def check_override_conditions(config: Mapping[str, Any], overrides: Mapping[str, Any],
-                              conditions: Mapping[str, tuple[Any, ...]]) -> None:
-    """A ``--set`` value the trial would drop, because its hyperparameter's condition does not
-    hold in ``config`` (``units_2`` with ``num_layers=1``, a clipping threshold without
-    clipping), is refused rather than silently ignored.
-
-    Raises:
-        InputError: naming the condition and the value that fails it.
-    """
+def inactive_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any],
+                       conditions: Mapping[str, tuple[Any, ...]]) -> dict[str, str]:
+    """The ``--set`` values the trial leaves out because their hyperparameter's condition does
+    not hold in ``config`` (``units_2`` with ``num_layers=1``, a clipping threshold without
+    clipping), each with why: such a value is neither refused nor used, as the trial's record
+    leaves it out."""
     from pipeline.inputs.space import TRAINING_CONDITIONS, config_values
 
     values = config_values(config)
+    left_out = {}
     for name in overrides:
         for condition in (*TRAINING_CONDITIONS.get(name, ()), *conditions.get(name, ())):
             if not condition.is_active(values):
                 wanted = ", ".join(repr(value) for value in condition.values)
-                raise InputError(
-                    f"--set {name}: {name} only counts when {condition.name} is {wanted}, but this trial has "
-                    f"{condition.name}={values.get(condition.name)!r}, so the value would be dropped; set "
-                    f"{condition.name} too (--set {condition.name}=...)")
+                left_out[name] = (f"--set {name}={overrides[name]} is left out: {name} only counts when "
+                                  f"{condition.name} is {wanted}, and this trial has "
+                                  f"{condition.name}={values.get(condition.name)!r}")
+                break
+    return left_out
 
 
 def check_fold(fold: int | None, cv: CVSpec) -> list[int]:
@@ -326,20 +329,23 @@ def epoch_line(report: Mapping[str, Any], metric: str) -> str:
     return line
 
 
-def single_config(spec: SweepSpec, domains: Mapping[str, Any], hyperparameters: Any,
-                  overrides: Mapping[str, Any]) -> dict[str, Any]:
+def single_config(spec: SweepSpec, space: Any, hyperparameters: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """One config of a spec without searching: its fixed values, ``--set`` values, and defaults
-    (the hypermodel's, or foldsweep's training defaults) for what the spec leaves open.
+    (the hypermodel's, or foldsweep's training defaults) for what the spec leaves open. A spec
+    distribution whose condition does not hold in the config (``clip_threshold`` with
+    ``clipping: none``) needs no value: the trial leaves it out.
 
     Raises:
         InputError: a spec entry is a distribution and no ``--set`` gives its value.
     """
     from ray.tune.search import sample
 
+    from pipeline.inputs.space import TRAINING_CONDITIONS
+
     model_defaults = {hp.name: hp.default for hp in hyperparameters.space}
     config: dict[str, Any] = {}
     open_entries = []
-    for name, domain in domains.items():
+    for name, domain in space.domains.items():
         if name in overrides:
             config[name] = overrides[name]
         elif not isinstance(domain, (sample.Domain, dict)):
@@ -350,8 +356,14 @@ def single_config(spec: SweepSpec, domains: Mapping[str, Any], hyperparameters: 
             config[name] = model_defaults[name]
         else:
             config[name] = TRAINING_DEFAULTS[name]
-    if open_entries:
+    # Only a condition whose parent has a value here can tell that an entry is left out.
+    conditions = {**TRAINING_CONDITIONS, **space.conditions}
+    values = dict(config)
+    needed = [name for name in open_entries
+              if not any(condition.name in values and not condition.is_active(values)
+                         for condition in conditions.get(name, ()))]
+    if needed:
         raise InputError("search.space: a single trial needs one value for "
-                         + ", ".join(f"{name} ({spec.search.space[name].kind} in the spec)" for name in open_entries)
-                         + "; give it with --set " + " --set ".join(f"{name}=..." for name in open_entries))
+                         + ", ".join(f"{name} ({spec.search.space[name].kind} in the spec)" for name in needed)
+                         + "; give it with --set " + " --set ".join(f"{name}=..." for name in needed))
     return config

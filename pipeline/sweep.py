@@ -16,16 +16,17 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.inputs.datasets import Dataset, load_dataset
+from pipeline.checks import CheckedInputs, check_inputs
+from pipeline.inputs.datasets import Dataset
 from pipeline.base.environment import Environment, environment_change
 from pipeline.base.errors import DataError, FoldsweepError, InputError, SpecError
-from pipeline.inputs.folds import FoldPlan, class_balance_warning, make_folds
+from pipeline.inputs.folds import FoldPlan
 from pipeline.base.private_hooks import HOOKED_LIBRARIES, RAY_OUTPUT_ENGINE_VARIABLE, require_hooks
 from pipeline.inputs.space import SearchSpace
 from pipeline.inputs.spec import SweepSpec
 from pipeline.contract.results import (BEST_EPOCH, RUNNING_BEST_PREFIX, WORKER_RETIRES, EpochSelection, SweepStatus,
                               TrialStatus)
-from pipeline.records.stores import check_tracking_uri, sqlite_path
+from pipeline.records.stores import sqlite_path
 from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
 from pipeline.engine.trial import TrialSettings
 
@@ -72,10 +73,13 @@ def ray_results_dir(tracking_uri: str) -> Path:
 
 
 def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None,
-            address: str | None = None, hooks: Sequence[str] = HOOKED_LIBRARIES) -> PreparedSweep:
+            address: str | None = None, hooks: Sequence[str] = HOOKED_LIBRARIES,
+            inputs: CheckedInputs | None = None) -> PreparedSweep:
     """Check everything a sweep needs without starting Ray or writing to the tracking store.
 
     ``hooks``: the libraries whose private hooks are checked (``trial`` uses neither Ray Tune nor MLflow).
+    ``inputs``: what ``check_inputs`` already made of the spec's inputs (the commands check them
+    before TensorFlow loads); checked here otherwise.
 
     Raises:
         PrivateHookMissing: an installed library lacks what foldsweep reaches into (``private_hooks``).
@@ -84,36 +88,21 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     from pipeline.inputs.hypermodel import load_experiment
     from pipeline.inputs.space import build_space
 
+    if inputs is None:
+        inputs = check_inputs(spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     require_hooks(hooks)
-    uri = tracking_uri or spec.tracking.uri
-    check_tracking_uri(uri, source="--tracking-uri" if tracking_uri else f"{spec.source_path}: tracking.uri")
-    if num_samples is not None and num_samples < 1:
-        raise DataError(f"--num-samples must be >= 1, got {num_samples}")
-    experiment_path = spec.resolve_path(spec.experiment_path, key="experiment")
-    experiment = load_experiment(experiment_path, spec.experiment_attr, reference=spec.experiment)
+    experiment = load_experiment(inputs.experiment_path, spec.experiment_attr, reference=spec.experiment)
     spec = spec.with_fit_early_stopping(experiment.fit_early_stopping)
     space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
-    dataset_spec = spec.resolved_dataset()
-    dataset = load_dataset(dataset_spec)
-    source = dataset_spec.path or dataset.name  # what the messages name: the file, or the built-in
-    _check_classes(dataset, source)
-    _check_model_fits_data(spec, experiment, dataset, source)
-    folds = make_folds(spec.cv, dataset)
-    _check_folds_have_classes(spec, dataset, folds, source)
-    _check_batch_fits_folds(spec, space, folds)
-    # Ray itself would join the cluster $RAY_ADDRESS names: it is an input like the flag and the key.
-    source = "--address" if address else "resources.address" if spec.resources.address else "RAY_ADDRESS"
-    address = address or spec.resources.address or os.environ.get("RAY_ADDRESS") or None
-    if address is not None:
-        check_ray_address(address, source=source)
-    if address is None and spec.resources.cpu > (os.cpu_count() or 1):
-        raise SpecError(f"{spec.source_path}: resources.cpu must be <= the CPUs of this machine "
-                        f"({os.cpu_count()}), got {spec.resources.cpu:g}")
+    dataset = inputs.dataset
+    _check_model_fits_data(spec, experiment, dataset, inputs.dataset_path or dataset.name)
+    _check_batch_fits_folds(spec, space, inputs.folds)
     return PreparedSweep(
-        spec=spec, experiment_path=experiment_path, experiment=experiment, dataset=dataset, dataset_path=dataset_spec.path,
-        folds=folds, space=space, tracking_uri=uri, num_samples=num_samples or spec.search.num_samples, address=address,
-        warnings=tuple(warning for warning in [class_balance_warning(folds, dataset.y)] if warning),
+        spec=spec, experiment_path=inputs.experiment_path, experiment=experiment, dataset=dataset,
+        dataset_path=inputs.dataset_path, folds=inputs.folds, space=space, tracking_uri=inputs.tracking_uri,
+        num_samples=inputs.num_samples, address=inputs.address, warnings=inputs.warnings,
     )
+
 
 def _check_batch_fits_folds(spec: SweepSpec, space: SearchSpace, folds: FoldPlan) -> None:
     smallest = min(len(fold.train) for fold in folds.folds)
@@ -154,26 +143,6 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
                 f"dataset: labels of {source!r} go up to {int(labels.max())}, but the model of {spec.experiment} "
                 f"has only {head.units} outputs (in {name})")
     _check_replicas_fit(spec, head.parameters)
-
-
-def _check_classes(dataset: Dataset, source: str) -> None:
-    """A classifier needs two classes: with one, every trial scores a trivial accuracy of 1."""
-    classes = np.unique(dataset.y)
-    if len(classes) < 2:
-        raise DataError(f"dataset: y of {source!r} has a single class (every label is {int(classes[0])}); "
-                        "a classifier needs samples of at least two classes")
-
-
-def _check_folds_have_classes(spec: SweepSpec, dataset: Dataset, folds: FoldPlan, source: str) -> None:
-    for j, fold in enumerate(folds.folds):
-        classes = np.unique(dataset.y[fold.train])
-        if len(classes) < 2:
-            hint = " (stratified_group keeps the classes' proportions in every fold)" \
-                if spec.cv.splitter == "group" else ""
-            raise DataError(
-                f"{spec.source_path}: cv.splitter {spec.cv.splitter}: fold {j} of {source!r} trains on a "
-                f"single class ({int(classes[0])}), so its model can only learn to predict it; use fewer "
-                f"cv.n_splits, more groups, or another splitter{hint}")
 
 
 # float32 weights, their gradients and two optimizer slots (Adam's moments): what each replica
@@ -459,27 +428,6 @@ def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, r
 
 def _selection(spec: SweepSpec) -> EpochSelection:
     return EpochSelection(spec.objective, spec.train.select)
-
-
-def check_ray_address(address: str, *, source: str = "--address") -> None:
-    """Refuse a Ray address where nothing listens, at once: ray.init would wait minutes for it.
-
-    Raises:
-        InputError: malformed address, or no answer on its port.
-    """
-    import socket
-
-    if address in ("auto", "local") or address.startswith("ray://"):
-        return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise InputError(f"{source} must be host:port (e.g. 127.0.0.1:6379), got {address!r}")
-    try:
-        with socket.create_connection((host, int(port)), timeout=5):
-            pass
-    except OSError as exc:
-        raise InputError(f"{source}: no Ray cluster answers at {address!r}: "
-                         f"{exc.strerror or exc}") from None
 
 
 def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], callbacks: list[Any]) -> Any:

@@ -42,7 +42,7 @@ def test_validate_accepts_a_good_spec(write_spec):
     ({"tracking": {"uri": "http://127.0.0.1:9"}}, "tracking.uri: cannot reach an MLflow server at 'http://127.0.0.1:9'"),
     ({"search": {"space": {"batch_size": {"choice": [8, 512]}}}},
      "search.space.batch_size must be <= the smallest training fold (160 samples), got 512"),
-    ({"search": {"space": {"batch_size": -8}}}, "batch sizes must be positive integers, got -8"),
+    ({"search": {"space": {"batch_size": -8}}}, "search.space.batch_size must be a positive integer (every value it takes), got -8"),
     ({"train": {"epochs": 0}}, "train.epochs must be an integer >= 1, got 0"),
     ({"search": {"space": {"dropout": {"uniform": [0.5, 0.2]}}}}, "search.space.dropout.uniform needs low < high"),
     ({"search": {"space": {"kernel_size": {"choice": []}}}}, "search.space.kernel_size.choice must be a non-empty list"),

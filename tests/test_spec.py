@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from conftest import DELETE
 from pipeline.base.errors import SpecError
-from pipeline.inputs.spec import ParamSpec, load_spec
+from pipeline.inputs.spec import (CVSpec, EarlyStoppingSpec, ParamSpec, ResourcesSpec, SchedulerSpec, SearchSpec,
+                                  TrackingSpec, TrainSpec, load_spec, read_yaml)
 
 BAD_SPECS = [
     # (overrides, expected message fragment)
@@ -42,15 +44,23 @@ BAD_SPECS = [
     ({"search": {"space": {"filters": {"choice": [8], "grid": [8]}}}}, "search.space.filters must be a fixed value or a mapping with exactly one of"),
     ({"search": {"space": {"filters": [8, 16]}}}, "search.space.filters a list is ambiguous: write {choice: [...]} or {grid: [...]}"),
     ({"search": {"space": {"filters": None}}}, "search.space.filters must have a value, got None"),
-    ({"search": {"space": {"batch_size": 0}}}, "search.space.batch_size batch sizes must be positive integers, got 0"),
-    ({"search": {"space": {"batch_size": {"choice": [8, -4]}}}}, "search.space.batch_size batch sizes must be positive integers, got -4"),
+    ({"search": {"space": {"batch_size": 0}}}, "search.space.batch_size must be a positive integer (every value it takes), got 0"),
+    ({"search": {"space": {"batch_size": {"choice": [8, -4]}}}}, "search.space.batch_size must be a positive integer (every value it takes), got -4"),
     ({"search": {"space": {"batch_size": {"uniform": [4, 64]}}}}, "search.space.batch_size must take integer values"),
-    ({"search": {"space": {"learning_rate": -0.1}}}, "search.space.learning_rate learning rates must be numbers > 0, got -0.1"),
+    ({"search": {"space": {"learning_rate": -0.1}}}, "search.space.learning_rate must be a number > 0 (every value it takes), got -0.1"),
     ({"search": {"space": {"optimizer": "adamm"}}}, "search.space.optimizer must be one of adam, adamw, sgd, rmsprop (did you mean 'adam'?), got 'adamm'"),
     ({"search": {"space": {"optimizer": {"uniform": [0, 1]}}}}, "search.space.optimizer must be a fixed value or a choice/grid"),
     ({"train": {"epochs": 0}}, "train.epochs must be an integer >= 1, got 0"),
     ({"train": {"metric": "acc"}}, "train.metric must be one of accuracy, loss"),
     ({"train": {"mode": "maximize"}}, "train.mode must be one of max, min"),
+    # A mode against its metric's direction would crown the worst trial and refit it.
+    ({"train": {"metric": "loss", "mode": "max"}},
+     "train.mode must be min for train.metric loss (lower loss is better; a mode against it would rank the worst "
+     "trial first): drop train.mode, the metric decides it, got 'max'"),
+    ({"train": {"metric": "accuracy", "mode": "min"}}, "train.mode must be max for train.metric accuracy"),
+    ({"train": {"early_stoping": {"patience": 2}}}, "unknown key 'train.early_stoping' (did you mean 'early_stopping'?)"),
+    ({"cv": {"groups": "ignored"}}, "cv.groups must be one of respect, ignore (did you mean 'ignore'?), got 'ignored'"),
+    ({"cv": {"splitter": "group", "groups": "ignore"}}, "cv.groups ignore contradicts cv.splitter group"),
     ({"train": {"from_logits": "yes"}}, "train.from_logits must be true or false, got 'yes'"),
     ({"train": {"label_smoothing": 1}}, "train.label_smoothing must be a number below 1 (the share of a label spread over the classes), got 1.0"),
     ({"train": {"label_smoothing": -0.1}}, "train.label_smoothing must be a number >= 0, got -0.1"),
@@ -73,6 +83,39 @@ def test_bad_spec_is_refused_with_its_rule(write_spec, overrides, message):
         load_spec(path)
     assert message in str(caught.value)
     assert str(caught.value).startswith(f"{path}: ")
+
+
+WRONG_KEY = {"no_such_key": 1}
+SECTIONS = {
+    "cv": ({"cv": WRONG_KEY}, CVSpec),
+    "search": ({"search": WRONG_KEY}, SearchSpec),
+    "search.scheduler": ({"search": {"scheduler": {"name": "asha", **WRONG_KEY}}}, SchedulerSpec),
+    "train": ({"train": WRONG_KEY}, TrainSpec),
+    "train.early_stopping": ({"train": {"early_stopping": {"patience": 2, **WRONG_KEY}}}, EarlyStoppingSpec),
+    "resources": ({"resources": WRONG_KEY}, ResourcesSpec),
+    "tracking": ({"tracking": WRONG_KEY}, TrackingSpec),
+}
+
+
+@pytest.mark.parametrize("section", sorted(SECTIONS))
+def test_an_unknown_key_lists_every_key_its_section_knows(write_spec, section):
+    overrides, fields_of = SECTIONS[section]
+    with pytest.raises(SpecError) as caught:
+        load_spec(write_spec(overrides))
+    assert f"unknown key '{section}.no_such_key'" in str(caught.value)
+    known = str(caught.value).split("known keys: ")[1].split(", ")
+    assert known == sorted(field.name for field in dataclasses.fields(fields_of))
+
+
+def test_numbers_read_as_researchers_write_them(write_spec):
+    """YAML 1.1 (PyYAML's) reads 1e-4 as a string; a spec reads it, 1E-2 and .5 as numbers."""
+    path = write_spec({"search": {"space": {"learning_rate": "LR", "dropout": "DROPOUT"}}})
+    path.write_text(path.read_text().replace("LR", "{loguniform: [1e-4, 1E-2]}").replace("DROPOUT", ".5"))
+    spec = load_spec(path)
+    assert spec.search.space["learning_rate"] == ParamSpec("loguniform", (1e-4, 1e-2))
+    assert spec.search.space["dropout"] == ParamSpec("fixed", (0.5,))
+    assert read_yaml("[1e-4, -2E3, +.5e1, 3, 1.0e-4, 1e, e3, 1.2.3, adam]") == \
+        [1e-4, -2000.0, 5.0, 3, 1e-4, "1e", "e3", "1.2.3", "adam"]
 
 
 def test_missing_file_is_named(tmp_path: Path):

@@ -434,7 +434,8 @@ def check_arrays(dataset: Dataset, *, source: str) -> None:
         if len(x) != len(y):
             raise DataError(f"dataset: {source} arrays {x_name} and {y_name} differ in length: {len(x)} vs {len(y)}")
         if y.min() < 0:
-            raise DataError(f"dataset: {source} array {y_name} has negative labels, e.g. {int(y.min())}")
+            raise DataError(f"dataset: {source} array {y_name} has negative labels, e.g. {int(y.min())}; "
+                            f"{_negative_labels_fix(np.unique(y), y_name)}")
         bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if x.dtype.kind == "f" else np.zeros(len(x), bool)
         if bad.any():
             raise DataError(
@@ -472,6 +473,15 @@ def _check_label_type(y: np.ndarray, name: str, source: str) -> None:
     raise DataError(
         f"{rule}; its values are whole numbers ({values.min():g} to {values.max():g}): store them as integers, "
         f"{name}.astype(int) in code, np.savez(..., {name}={name}.astype(np.int64)) in the file")
+
+
+def _negative_labels_fix(classes: np.ndarray, name: str) -> str:
+    """How to number labels that go below 0 as classes 0..C-1."""
+    if classes.tolist() == [-1, 1]:
+        return (f"for -1/+1 labels (FordA's, an SVM's) use 0/1: {name} = ({name} > 0).astype(int) "
+                f"(np.savez(..., {name}=({name} > 0).astype(np.int64)))")
+    return (f"number the classes 0..C-1: classes = np.unique({name}), then {name} = np.searchsorted(classes, {name}) "
+            "(the same classes for y and y_test)")
 
 
 def _check_labels_start_at_0(dataset: Dataset, source: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -23,8 +24,14 @@ SCHEDULERS: tuple[str, ...] = ("fifo", "asha", "median")
 # Which epoch of a trial it is scored at: the best of its mean CV curve (as KerasTuner), or its last.
 EPOCH_SELECTIONS: tuple[str, ...] = ("best_epoch", "last")
 CLIPPING_KINDS: tuple[str, ...] = ("none", "norm", "value", "global_norm")
-METRICS: tuple[str, ...] = ("accuracy", "loss")
+# Each metric a trial can be ranked on, with the direction in which it improves.
+METRIC_DIRECTIONS: Mapping[str, Literal["max", "min"]] = {"accuracy": "max", "loss": "min"}
+METRICS: tuple[str, ...] = tuple(METRIC_DIRECTIONS)
 MODES: tuple[str, ...] = ("max", "min")
+# cv.groups: whether a dataset's groups must be kept whole in every fold (a grouped splitter),
+# or are ignored on purpose (recorded with the sweep).
+GROUP_RULES: tuple[str, ...] = ("respect", "ignore")
+GROUPED_SPLITTERS: tuple[str, ...] = ("group", "stratified_group")
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "rmsprop")
 PARAM_KINDS: tuple[str, ...] = ("choice", "grid", "uniform", "loguniform", "randint", "qrandint")
 
@@ -73,6 +80,12 @@ class CVSpec:
     n_splits: int = 5
     seed: int = 0
     n_repeats: int = 1
+    groups: Literal["respect", "ignore"] = "respect"
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the splitter keeps each group on one side of every fold."""
+        return self.splitter in GROUPED_SPLITTERS
 
     @property
     def replicas(self) -> int:
@@ -108,8 +121,8 @@ class Objective:
 
     @classmethod
     def for_metric(cls, metric: str) -> Objective:
-        """The metric with its natural direction (loss: lower is better)."""
-        return cls(metric=metric, mode="min" if metric == "loss" else "max")
+        """The metric with the direction in which it improves (loss: lower is better)."""
+        return cls(metric=metric, mode=METRIC_DIRECTIONS[metric])
 
     @property
     def key(self) -> str:
@@ -284,7 +297,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     except OSError as exc:
         raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        data = read_yaml(text)
     except DuplicateKeyError as exc:
         raise SpecError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
@@ -300,7 +313,9 @@ class DuplicateKeyError(yaml.YAMLError):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key that a mapping repeats (``train:`` written twice)."""
+    """YAML's safe loader, refusing a key that a mapping repeats (``train:`` written twice), and
+    reading numbers as YAML 1.2 and researchers write them: PyYAML follows YAML 1.1, where a float
+    needs a dot, so ``1e-4`` would be the string '1e-4'."""
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen: dict[Any, int] = {}
@@ -313,6 +328,23 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     "silently keep the last one; merge them into one")
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's float (core schema), which also reads 1e-4, 1E-3 and .5; PyYAML's own 1.1 forms
+# (1.0e-4, 1_000.5, 190:20:30.15) still match its resolver, which comes first.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$"),
+    list("-+0123456789."))
+
+
+def read_yaml(text: str) -> Any:
+    """A YAML document (a spec, a ``--set`` value) read as ``load_spec`` reads one.
+
+    Raises:
+        yaml.YAMLError: not YAML, or a mapping that repeats a key (``DuplicateKeyError``).
+    """
+    return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def parse_spec(data: Any, *, source_path: Path, source_text: str = "") -> SweepSpec:
@@ -364,8 +396,12 @@ def _parse_cv(section: _Section) -> CVSpec:
     n_splits = section.integer("n_splits", default=5, minimum=2)
     seed = section.integer("seed", default=0, minimum=0)
     n_repeats = section.integer("n_repeats", default=1, minimum=1)
+    groups = section.one_of("groups", GROUP_RULES, default="respect")
+    if groups == "ignore" and splitter in GROUPED_SPLITTERS:
+        section.fail("groups", f"ignore contradicts cv.splitter {splitter}, which keeps every group whole; drop "
+                               "cv.groups, or use cv.splitter kfold | stratified to split without the groups", groups)
     section.finish()
-    return CVSpec(splitter=splitter, n_splits=n_splits, seed=seed, n_repeats=n_repeats)
+    return CVSpec(splitter=splitter, n_splits=n_splits, seed=seed, n_repeats=n_repeats, groups=groups)
 
 
 def _parse_search(section: _Section) -> SearchSpec:
@@ -472,9 +508,9 @@ def _parse_distribution(file: str, where: str, kind: str, args: Any) -> ParamSpe
     return ParamSpec(kind, tuple(float(value) for value in args))
 
 
-# Training hyperparameters ruled by sign and type, with the plural their error messages use.
-POSITIVE_INTEGER_PARAMS: Mapping[str, str] = {"batch_size": "batch sizes", "epochs": "epochs"}
-POSITIVE_NUMBER_PARAMS: Mapping[str, str] = {"learning_rate": "learning rates", "clip_threshold": "clipping thresholds"}
+# Training hyperparameters ruled by sign and type.
+POSITIVE_INTEGER_PARAMS: tuple[str, ...] = ("batch_size", "epochs")
+POSITIVE_NUMBER_PARAMS: tuple[str, ...] = ("learning_rate", "clip_threshold")
 
 
 def check_training_param(file: str, where: str, name: str, param: ParamSpec) -> None:
@@ -486,11 +522,11 @@ def check_training_param(file: str, where: str, name: str, param: ParamSpec) -> 
             raise SpecError(f"{file}: {where} must take integer values (use choice, grid, randint or qrandint), got {param.kind}")
         for value in (*values, *bounds):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"{file}: {where} {POSITIVE_INTEGER_PARAMS[name]} must be positive integers, got {value!r}")
+                raise SpecError(f"{file}: {where} must be a positive integer (every value it takes), got {value!r}")
     elif name in POSITIVE_NUMBER_PARAMS:
         for value in (*values, *bounds):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise SpecError(f"{file}: {where} {POSITIVE_NUMBER_PARAMS[name]} must be numbers > 0, got {value!r}")
+                raise SpecError(f"{file}: {where} must be a number > 0 (every value it takes), got {value!r}")
     elif name in ("optimizer", "clipping"):
         allowed = OPTIMIZERS if name == "optimizer" else CLIPPING_KINDS
         if not values:
@@ -503,7 +539,13 @@ def check_training_param(file: str, where: str, name: str, param: ParamSpec) -> 
 def _parse_train(section: _Section) -> TrainSpec:
     epochs = section.integer("epochs", default=10, minimum=1)
     metric = section.one_of("metric", METRICS, default="accuracy")
-    mode = section.one_of("mode", MODES, default=Objective.for_metric(metric).mode)
+    direction = METRIC_DIRECTIONS[metric]
+    mode = section.one_of("mode", MODES, default=direction)
+    if mode != direction:
+        better = "higher" if direction == "max" else "lower"
+        section.fail("mode", f"must be {direction} for train.metric {metric} ({better} {metric} is better; a mode "
+                             f"against it would rank the worst trial first): drop train.mode, the metric decides "
+                             "it", mode)
     seed = section.integer("seed", default=0, minimum=0)
     from_logits = section.boolean("from_logits", default=False)
     label_smoothing = section.number("label_smoothing", default=0.0, minimum=0.0)
@@ -598,6 +640,7 @@ class _Section:
         raise SpecError(f"{self.file}: {self.key_path(key)} {rule}, got {value!r}")
 
     def peek(self, key: str) -> Any:
+        self._seen.append(key)  # a key read only when present is a known key all the same
         return self._data.get(key)
 
     def take(self, key: str) -> Any:

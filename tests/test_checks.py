@@ -1,0 +1,106 @@
+"""The checks of a spec's inputs that need no model: grouped data split with its groups kept whole
+(or ignored on purpose, and recorded so), and every data error reported before TensorFlow loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import REPO
+from pipeline.base.errors import SpecError
+from pipeline.checks import check_inputs
+from pipeline.cli import app
+from pipeline.inputs.spec import load_spec
+
+MODEL = ("import keras\ndef build(hp):\n"
+         "    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2, activation='softmax')])\n")
+
+
+def grouped_workspace(directory: Path, cv: dict) -> Path:
+    """60 samples in 12 groups of 5 near-copies (windows of one protein, say), and a spec."""
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(12), 5)
+    x = (rng.normal(size=(12, 8, 1))[groups] + 0.01 * rng.normal(size=(60, 8, 1))).astype(np.float32)
+    np.savez(directory / "grouped.npz", x=x, y=(groups % 2).astype(np.int32), groups=groups)
+    (directory / "model.py").write_text(MODEL)
+    spec = directory / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "grouped", "experiment": "model.py", "dataset": "grouped.npz",
+                                    "cv": {"n_splits": 2, **cv}, "search": {"space": {"batch_size": 8}},
+                                    "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"}}))
+    return spec
+
+
+@pytest.mark.parametrize("splitter", ["stratified", "kfold"])
+def test_grouped_data_split_without_its_groups_is_refused_before_anything_runs(without_ray, tmp_path, monkeypatch,
+                                                                                splitter):
+    import ray
+
+    spec = grouped_workspace(tmp_path, {"splitter": splitter})
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.iterdir())
+    for command in ("validate", "run"):
+        result = CliRunner().invoke(app, [command, str(spec)])
+        output = " ".join(result.output.split())
+        assert result.exit_code == 2, result.output
+        assert (f"cv.splitter {splitter} ignores the groups of '{tmp_path / 'grouped.npz'}' (12 groups over 60 "
+                "samples)") in output
+        assert "use cv.splitter: group | stratified_group, or set cv.groups: ignore" in output
+    assert sorted(tmp_path.iterdir()) == before and not ray.is_initialized()
+
+
+def test_groups_ignored_on_purpose_are_accepted_and_recorded_with_the_sweep(tmp_path):
+    from pipeline.records.tracking import Tracker
+    from pipeline.sweep import _sweep_params, prepare
+
+    spec = load_spec(grouped_workspace(tmp_path, {"splitter": "stratified", "groups": "ignore"}))
+    prepared = prepare(spec)
+    params = _sweep_params(prepared)
+    assert params["cv.groups"] == "ignore" and params["cv.splitter"] == "stratified"
+    tracker = Tracker(prepared.tracking_uri)
+    parent_run_id, _ = tracker.start_sweep(name=spec.name, spec_text=spec.source_text,
+                                           manifest=prepared.folds.manifest(), params=params, tags={},
+                                           ray_path_for=lambda run_id: str(tmp_path / run_id))
+    assert tracker.find_sweep(spec.name).params["cv.groups"] == "ignore"
+    assert parent_run_id == tracker.find_sweep(spec.name).run_id
+
+
+def test_grouped_splitters_and_data_without_groups_need_no_opt_out(tmp_path):
+    for splitter in ("group", "stratified_group"):
+        assert len(check_inputs(load_spec(grouped_workspace(tmp_path, {"splitter": splitter}))).folds) == 2
+    spec = load_spec(grouped_workspace(tmp_path, {"splitter": "stratified", "groups": "ignore"}))
+    data = dict(np.load(tmp_path / "grouped.npz"))
+    np.savez(tmp_path / "grouped.npz", x=data["x"], y=data["y"])
+    assert check_inputs(spec).warnings == (
+        f"cv.groups: ignore has nothing to ignore: '{tmp_path / 'grouped.npz'}' has no groups",)
+    with pytest.raises(SpecError, match="cv.groups ignore contradicts cv.splitter group"):
+        load_spec(grouped_workspace(tmp_path, {"splitter": "group", "groups": "ignore"}))
+
+
+@pytest.mark.parametrize("case", ["a missing data file", "a misnamed label array", "-1/+1 labels"])
+def test_a_data_error_is_reported_before_tensorflow_loads(tmp_path, case):
+    """What needs no model is checked first: the command answers without importing TensorFlow."""
+    spec = grouped_workspace(tmp_path, {"splitter": "group"})
+    data = dict(np.load(tmp_path / "grouped.npz"))
+    expected = {"a missing data file": "dataset: file not found: 'absent.npz'",
+                "a misnamed label array": "has no array 'y' (for y); its arrays are x, labels, groups",
+                "-1/+1 labels": "for -1/+1 labels (FordA's, an SVM's) use 0/1: y = (y > 0).astype(int)"}[case]
+    if case == "a missing data file":
+        spec.write_text(spec.read_text().replace("grouped.npz", "absent.npz"))
+    elif case == "a misnamed label array":
+        np.savez(tmp_path / "grouped.npz", x=data["x"], labels=data["y"], groups=data["groups"])
+    else:
+        np.savez(tmp_path / "grouped.npz", x=data["x"], y=data["y"] * 2 - 1, groups=data["groups"])
+    probe = ("import sys\nfrom typer.testing import CliRunner\nfrom pipeline.cli import app\n"
+             f"result = CliRunner().invoke(app, ['validate', {str(spec)!r}])\n"
+             "print(result.exit_code, 'tensorflow' in sys.modules, 'keras' in sys.modules)\nprint(result.output)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    first, output = done.stdout.split("\n", 1)
+    assert first == "2 False False", done.stdout + done.stderr
+    assert expected in " ".join(output.split())
