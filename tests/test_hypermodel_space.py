@@ -117,9 +117,9 @@ def test_discovery_reaches_names_inside_a_loop_with_their_condition(write_spec):
 FIT_OVERRIDES = {
     "its own loop": ("for _ in range(2):\n            model.fit(*args, **kwargs)", "calls model.fit 2 times"),
     "callbacks": ("return model.fit(*args, callbacks=[keras.callbacks.TerminateOnNaN()], "
-                  "validation_data=kwargs['validation_data'])", "passes model.fit the callback TerminateOnNaN, which "
-                  "foldsweep cannot honour"),
-    "sample weights": ("return model.fit(*args, sample_weight=None, **kwargs)", "passes model.fit sample_weight"),
+                  "validation_data=kwargs['validation_data'])", "passes model.fit 1 thing foldsweep cannot honour: (1) the "
+                  "callback TerminateOnNaN, which foldsweep cannot honour"),
+    "sample weights": ("return model.fit(*args, sample_weight=None, **kwargs)", "(1) sample_weight=...: foldsweep trains the loss unweighted"),
     "a loop of its own": ("model.train_on_batch(args[0], args[1])", "calls model.fit 0 times"),
 }
 

@@ -95,5 +95,5 @@ def test_a_fit_that_preprocesses_is_refused(tmp_path, write_spec):
     spec = write_spec({"experiment": f"{STYLES}:Preprocessing", "search": {"space": Replace({})}})
     result = CliRunner().invoke(app, ["validate", str(spec)])
     assert result.exit_code == 2, result.output
-    assert "Preprocessing: its HyperModel.fit passes model.fit other x than it was given" in \
+    assert "Preprocessing: its HyperModel.fit passes model.fit 1 thing foldsweep cannot honour: (1) other x than it was given" in \
         result.output.replace("\n", " ")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from conftest import DELETE
 from pipeline.cli import app
 from pipeline.base.errors import ExperimentError, SpecError
 from pipeline.inputs.spec import EarlyStoppingSpec, load_spec
@@ -90,7 +91,7 @@ def test_early_stopping_rules(write_spec, section, message):
 
 
 def test_the_monitor_defaults_to_the_sweeps_metric(write_spec):
-    spec = load_spec(write_spec({"train": {"metric": "loss", "early_stopping": {"patience": 4}}}))
+    spec = load_spec(write_spec({"train": {"metric": "loss", "mode": DELETE, "early_stopping": {"patience": 4}}}))
     assert spec.train.early_stopping == EarlyStoppingSpec(patience=4, monitor="loss")
     assert spec.train.early_stopping.objective.mode == "min"
 
@@ -124,10 +125,11 @@ def test_a_hypermodels_early_stopping_becomes_the_rule_and_validate_says_so(writ
 
 @pytest.mark.parametrize("callback, message", [
     ("keras.callbacks.EarlyStopping(monitor='loss', patience=2)",
-     "passes EarlyStopping(monitor='loss'); foldsweep stops a trial on its mean CV validation curve"),
+     "(1) EarlyStopping(monitor='loss'): foldsweep stops a trial on its mean CV validation curve"),
     ("keras.callbacks.EarlyStopping(monitor='val_loss', mode='max')", "mode='min' or 'auto'"),
-    ("keras.callbacks.ModelCheckpoint('best.keras')", "passes model.fit the callback ModelCheckpoint, which foldsweep "
-                                                      "cannot honour: foldsweep keeps its own per-epoch checkpoints"),
+    ("keras.callbacks.ModelCheckpoint('best.keras')", "passes model.fit 1 thing foldsweep cannot honour: (1) the "
+                                                      "callback ModelCheckpoint, which foldsweep cannot honour: foldsweep "
+                                                      "keeps its own per-epoch checkpoints"),
     ("keras.callbacks.ReduceLROnPlateau()", "the callback ReduceLROnPlateau"),
 ])
 def test_callbacks_foldsweep_cannot_honour_are_refused_by_name(write_experiment, callback, message):
@@ -155,3 +157,56 @@ def test_an_early_stopped_trial_counts_as_done_at_its_stopped_epoch():
     from pipeline.records.progress import eta_seconds
     assert progress.eta() == pytest.approx(eta_seconds(epochs_done=done, epochs_total=total, elapsed_s=1.0), rel=1e-2)
     assert np.isfinite(progress.eta())
+
+
+KERAS_IO_FIT = '''
+import keras
+import keras_tuner
+
+
+class Model(keras_tuner.HyperModel):
+    def build(self, hp):
+        return keras.Sequential([keras.Input((40, 1)), keras.layers.Flatten(), keras.layers.Dense(10, activation="softmax")])
+
+    def fit(self, hp, model, *args, **kwargs):
+        # keras.io's "Timeseries classification from scratch", ported as its author would.
+        kwargs["callbacks"] = kwargs.get("callbacks", []) + [
+            keras.callbacks.ModelCheckpoint("best_model.keras", save_best_only=True, monitor="val_loss"),
+            keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=20, min_lr=0.0001),
+            keras.callbacks.EarlyStopping(monitor="val_loss", patience=50, verbose=1),
+        ]
+        return model.fit(*args, batch_size=32, epochs=500, validation_split=0.2, verbose=1, **kwargs)
+'''
+
+
+def test_a_fit_foldsweep_cannot_honour_lists_every_problem_in_one_message(write_experiment):
+    from pathlib import Path
+
+    from pipeline.inputs.hypermodel import load_experiment
+
+    with pytest.raises(ExperimentError) as refused:
+        load_experiment(Path(write_experiment(KERAS_IO_FIT)), "Model")
+    message = str(refused.value)
+    assert "its HyperModel.fit passes model.fit 3 things foldsweep cannot honour: (1) the callback ModelCheckpoint, " \
+           "which foldsweep cannot honour: foldsweep keeps its own per-epoch checkpoints" in message
+    assert "; (2) the callback ReduceLROnPlateau, which foldsweep cannot honour: it would change the learning rate" \
+           in message
+    assert "; (3) validation_split=...: each fold's held-out part is its validation data (cv in the spec): drop it." \
+           in message
+    assert "EarlyStopping" not in message.split(". foldsweep trains")[0]  # the one it translates is no problem
+
+
+def test_a_fit_that_passes_callbacks_twice_is_told_in_its_own_words(write_experiment):
+    from pathlib import Path
+
+    from pipeline.inputs.hypermodel import load_experiment
+
+    twice = KERAS_IO_FIT.replace('kwargs["callbacks"] = kwargs.get("callbacks", []) + [', "callbacks = [").replace(
+        "validation_split=0.2, verbose=1, **kwargs)", "callbacks=callbacks, **kwargs)")
+    with pytest.raises(ExperimentError) as refused:
+        load_experiment(Path(write_experiment(twice)), "Model")
+    message = str(refused.value)
+    assert "TypeError: model.fit() got multiple values for keyword argument 'callbacks' (KerasTuner passes " \
+           "callbacks in **kwargs too: add yours to them, kwargs['callbacks'] = kwargs.get('callbacks', []) + [...])" \
+           in message
+    assert "_RecordingFit" not in message

@@ -35,7 +35,7 @@ from keras_tuner.src.engine import conditions as conditions_module
 from keras_tuner.src.engine.hyperparameters import hp_types
 
 from pipeline.base.errors import ExperimentError
-from pipeline.inputs.spec import EarlyStoppingSpec, TrainSpec
+from pipeline.inputs.spec import METRIC_DIRECTIONS, EarlyStoppingSpec, TrainSpec
 
 MAX_DISCOVERY_BUILDS = 64
 # A number hyperparameter with at most this many values is enumerated to find which of its
@@ -343,6 +343,10 @@ class _RecordingFit:
         self.calls.append((args, kwargs))
         return keras.callbacks.History()
 
+    def __repr__(self) -> str:
+        # Python names the callable in a TypeError of its call: the researcher called model.fit.
+        return "model.fit()"
+
 
 def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParameters, reference: str
               ) -> tuple[dict[str, str], tuple[EarlyStoppingSpec | None, bool]]:
@@ -356,8 +360,8 @@ def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParamete
     restores the best weights).
 
     Raises:
-        ExperimentError: the override trains on its own, changes the data, or adds arguments or
-            callbacks that foldsweep cannot reproduce.
+        ExperimentError: the override fails, trains on its own, changes the data, or adds arguments
+            or callbacks that foldsweep cannot reproduce (every one of those in one message).
     """
     if not isinstance(hypermodel, keras_tuner.HyperModel) or type(hypermodel).fit is keras_tuner.HyperModel.fit:
         return {}, (None, False)
@@ -370,9 +374,13 @@ def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParamete
     try:
         hypermodel.fit(hp, model, x, y, validation_data=validation, callbacks=callbacks)
     except Exception as exc:
+        text = str(exc)
+        twice = "got multiple values for keyword argument 'callbacks'" in text
+        hint = (" (KerasTuner passes callbacks in **kwargs too: add yours to them, kwargs['callbacks'] = "
+                "kwargs.get('callbacks', []) + [...])" if twice else "")
         raise ExperimentError(
             f"{where} failed when called as KerasTuner calls it (x, y, validation_data=..., callbacks=[...]): "
-            f"{type(exc).__name__}: {exc}. foldsweep trains the model itself: keep fit() to "
+            f"{type(exc).__name__}: {text}{hint}. foldsweep trains the model itself: keep fit() to "
             f"`return model.fit(*args, batch_size=hp..., epochs=hp..., **kwargs)`") from None
     finally:
         del model.fit
@@ -386,19 +394,23 @@ def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParamete
              "validation_data": kwargs.pop("validation_data", None)}
     expected = {"x": x, "y": y, "validation_data": validation}
     changed = [name for name in expected if given[name] is not expected[name]]
+    problems = []
     if changed or len(args) > 2:
-        raise ExperimentError(
-            f"{where} passes model.fit other {', '.join(changed) or 'positional arguments'} than it was given "
-            "(preprocessing or data of its own); foldsweep feeds the folds itself: move preprocessing into "
-            "build(hp) as layers or into the dataset")
+        problems.append(f"other {', '.join(changed) or 'positional arguments'} than it was given (preprocessing or "
+                        "data of its own): foldsweep feeds the folds itself, move preprocessing into build(hp) as "
+                        "layers or into the dataset")
     passed = kwargs.pop("callbacks", None)
     added = [] if passed is callbacks or passed is None else [cb for cb in passed if cb not in callbacks]
-    early_stopping = _early_stopping_of(added, where)
-    unknown = sorted(set(kwargs) - set(FIT_ARGUMENTS) - set(QUIET_FIT_ARGUMENTS))
-    if unknown:
+    early_stopping, refused_callbacks = _early_stopping_of(added)
+    problems += refused_callbacks
+    problems += [f"{name}=...: {FIT_ARGUMENT_ADVICE.get(name, 'foldsweep cannot reproduce it: move it into build(hp) or the spec')}"
+                 for name in sorted(set(kwargs) - set(FIT_ARGUMENTS) - set(QUIET_FIT_ARGUMENTS))]
+    if problems:
+        listed = "; ".join(f"({number}) {problem}" for number, problem in enumerate(problems, start=1))
         raise ExperimentError(
-            f"{where} passes model.fit {', '.join(unknown)}, which foldsweep cannot reproduce; it takes "
-            f"{', '.join(FIT_ARGUMENTS)} from fit(): move the rest into build(hp) or the spec")
+            f"{where} passes model.fit {len(problems)} thing{'s' if len(problems) > 1 else ''} foldsweep cannot "
+            f"honour: {listed}. foldsweep trains the folds itself and runs no Keras callbacks: it takes "
+            f"{', '.join(FIT_ARGUMENTS)} from fit(), and translates EarlyStopping on val_loss or val_accuracy")
     return _fit_sources(kwargs, hp, where), early_stopping
 
 
@@ -413,33 +425,42 @@ REFUSED_CALLBACKS: Mapping[str, str] = {
                       "step, recorded with its epoch and step, and the other folds train on",
     "CSVLogger": "every epoch of every fold is recorded in MLflow (history.csv)",
 }
+# model.fit arguments a fit() override may pass that foldsweep does not take, and what to do.
+FIT_ARGUMENT_ADVICE: Mapping[str, str] = {
+    "validation_split": "each fold's held-out part is its validation data (cv in the spec): drop it",
+    "sample_weight": "foldsweep trains the loss unweighted: drop it",
+    "class_weight": "foldsweep trains the loss unweighted: drop it",
+    "initial_epoch": "a trial trains from its first epoch (a resumed sweep goes on from its checkpoints): drop it",
+    "steps_per_epoch": "a trial's epoch is one pass over each training fold: drop it",
+    "validation_steps": "each epoch validates on the whole validation fold: drop it",
+    "validation_freq": "each epoch validates on the whole validation fold: drop it",
+    "validation_batch_size": "foldsweep validates in batches of its own (the scores do not depend on them): drop it",
+}
 
 
-def _early_stopping_of(callbacks: list[Any], where: str) -> tuple[EarlyStoppingSpec | None, bool]:
+def _early_stopping_of(callbacks: list[Any]) -> tuple[tuple[EarlyStoppingSpec | None, bool], list[str]]:
     """The rule a fit() override's ``EarlyStopping`` means on the mean CV curve, and whether it
-    restores the best weights; None when it passes none.
-
-    Raises:
-        ExperimentError: a callback other than EarlyStopping, or one that watches something
-            other than the validation loss or accuracy.
-    """
-    rules = []
+    restores the best weights (None when it passes none); and what of ``callbacks`` foldsweep
+    cannot honour: callbacks other than EarlyStopping, or one that watches something other than
+    the validation loss or accuracy, each as a phrase."""
+    rules, problems = [], []
     for callback in callbacks:
         name = type(callback).__name__
         if not isinstance(callback, keras.callbacks.EarlyStopping):
             why = REFUSED_CALLBACKS.get(name, "foldsweep trains the folds itself and runs no Keras callbacks")
-            raise ExperimentError(f"{where} passes model.fit the callback {name}, which foldsweep cannot honour: {why}; "
-                                  "EarlyStopping on val_loss or val_accuracy is the one it translates")
+            problems.append(f"the callback {name}, which foldsweep cannot honour: {why}")
+            continue
         monitor = callback.monitor.removeprefix("val_")
         if not callback.monitor.startswith("val_") or monitor not in ("loss", "accuracy"):
-            raise ExperimentError(
-                f"{where} passes EarlyStopping(monitor={callback.monitor!r}); foldsweep stops a trial on its mean CV "
-                "validation curve: monitor='val_loss' or 'val_accuracy' (the training loss says nothing of overfitting)")
-        natural = "min" if monitor == "loss" else "max"
+            problems.append(f"EarlyStopping(monitor={callback.monitor!r}): foldsweep stops a trial on its mean CV "
+                            "validation curve: monitor='val_loss' or 'val_accuracy' (the training loss says nothing "
+                            "of overfitting)")
+            continue
+        natural = METRIC_DIRECTIONS[monitor]
         if callback.mode not in ("auto", natural):
-            raise ExperimentError(f"{where} passes EarlyStopping(monitor={callback.monitor!r}, mode={callback.mode!r}); "
-                                  f"{callback.monitor} improves when it goes {'down' if natural == 'min' else 'up'}: "
-                                  f"mode='{natural}' or 'auto'")
+            problems.append(f"EarlyStopping(monitor={callback.monitor!r}, mode={callback.mode!r}): {callback.monitor} "
+                            f"improves when it goes {'down' if natural == 'min' else 'up'}: mode='{natural}' or 'auto'")
+            continue
         # Keras counts an epoch before it compares: patience 0 stops where 1 does.
         rules.append((EarlyStoppingSpec(patience=max(int(callback.patience), 1), monitor=monitor,
                                         min_delta=abs(float(callback.min_delta)),
@@ -447,8 +468,8 @@ def _early_stopping_of(callbacks: list[Any], where: str) -> tuple[EarlyStoppingS
                                         baseline=None if callback.baseline is None else float(callback.baseline)),
                       bool(callback.restore_best_weights)))
     if len(rules) > 1:
-        raise ExperimentError(f"{where} passes {len(rules)} EarlyStopping callbacks; a trial stops by one rule: keep one")
-    return rules[0] if rules else (None, False)
+        problems.append(f"{len(rules)} EarlyStopping callbacks: a trial stops by one rule, keep one")
+    return (rules[0] if len(rules) == 1 else (None, False)), problems
 
 
 def _fit_sources(kwargs: Mapping[str, Any], hp: keras_tuner.HyperParameters, where: str) -> dict[str, str]:
