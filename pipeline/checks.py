@@ -1,9 +1,8 @@
 """A spec checked against its inputs before TensorFlow or Ray loads: the store, the experiment's
-file, the data and its labels, the folds, the Ray address.
-
-Everything here answers in well under a second but the folds, which load scikit-learn's
-splitters (about 2 s): a missing file, a misnamed array or a bad label is reported at once, and
-the checks that need the model (``pipeline.sweep.prepare``) run only on inputs that passed these.
+file, the data, its labels and groups, the Ray address (``check_inputs``, well under a second:
+a missing file, a misnamed array or a bad label is reported at once); and the folds made of the
+data, once the model is known (``make_checked_folds``: a count of replicas too large for the
+model's memory is refused before its folds are made).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ class CheckedInputs:
     experiment_path: Path
     dataset: Dataset
     dataset_path: str | None  # a data file, absolute (None for a built-in)
-    folds: Any  # pipeline.inputs.folds.FoldPlan
     num_samples: int
     address: str | None
     warnings: tuple[str, ...] = ()  # what may be a mistake but is not refused
@@ -36,10 +34,10 @@ class CheckedInputs:
 
 def check_inputs(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None,
                  address: str | None = None) -> CheckedInputs:
-    """Every check of a spec's inputs that needs no model, TensorFlow or Ray.
+    """Every check of a spec's inputs that needs no model, TensorFlow, Ray or folds.
 
     Raises:
-        InputError: the store, experiment file, data, folds or Ray address cannot work as asked.
+        InputError: the store, experiment file, data or Ray address cannot work as asked.
     """
     from pipeline.records.stores import check_tracking_uri
 
@@ -54,16 +52,28 @@ def check_inputs(spec: SweepSpec, *, tracking_uri: str | None = None, num_sample
     _check_classes(dataset, source)
     _check_groups_kept_whole(spec, dataset, source)
     address = _checked_address(spec, address)
-    from pipeline.inputs.folds import class_balance_warning, make_folds
-
-    folds = make_folds(spec.cv, dataset)
-    _check_folds_have_classes(spec, dataset, folds, source)
-    warnings = [class_balance_warning(folds, dataset.y)]
+    warnings = []
     if spec.cv.groups == "ignore" and dataset.groups is None:
         warnings.append(f"cv.groups: ignore has nothing to ignore: {source!r} has no groups")
     return CheckedInputs(tracking_uri=uri, experiment_path=experiment_path, dataset=dataset,
-                         dataset_path=dataset_spec.path, folds=folds, num_samples=num_samples or spec.search.num_samples,
-                         address=address, warnings=tuple(warning for warning in warnings if warning))
+                         dataset_path=dataset_spec.path, num_samples=num_samples or spec.search.num_samples,
+                         address=address, warnings=tuple(warnings))
+
+
+def make_checked_folds(spec: SweepSpec, inputs: CheckedInputs) -> tuple[Any, tuple[str, ...]]:
+    """The sweep's folds (``pipeline.inputs.folds.FoldPlan``), each training on two classes at
+    least, and the warnings they earn (a grouped fold whose classes stray from the data's).
+
+    Raises:
+        DataError: more splits than the data allows, or a fold that trains on one class.
+    """
+    from pipeline.inputs.folds import class_balance_warning, make_folds
+
+    dataset = inputs.dataset
+    folds = make_folds(spec.cv, dataset)
+    _check_folds_have_classes(spec, dataset, folds, inputs.dataset_path or dataset.name)
+    warning = class_balance_warning(folds, dataset.y)
+    return folds, (warning,) if warning else ()
 
 
 def _check_classes(dataset: Dataset, source: str) -> None:

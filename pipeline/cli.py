@@ -96,6 +96,57 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     _print_warnings(prepared)
 
 
+class _Doing:
+    """What a command is doing while nothing else shows (seconds each): a line on a terminal that
+    the next one replaces, and that leaves nothing behind (an error after it stays one message);
+    nothing in a log. ``say`` prints a line that stays, on both."""
+
+    def __init__(self) -> None:
+        self._status: Any = None
+
+    def __call__(self, text: str) -> None:
+        if not sys.stdout.isatty():
+            return
+        if self._status is None:
+            self._status = console.status(text)
+            self._status.start()
+        else:
+            self._status.update(text)
+
+    def say(self, line: str) -> None:
+        self.done()
+        console.print(f"[dim]{line}[/]", highlight=False, soft_wrap=True)
+
+    def done(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _trials_ended_before_resume(prepared: Any, planned: int) -> int:
+    """The trials the sweep a ``--resume`` continues has ended already (said once, here).
+
+    Raises:
+        InputError: no store, or no sweep of this name to resume.
+    """
+    from pipeline.contract.results import TrialStatus
+    from pipeline.records.stores import require_existing_store
+    from pipeline.records.tracking import Tracker
+
+    name = prepared.spec.name
+    require_existing_store(prepared.tracking_uri, source="--resume", purpose=f"no sweep named {name!r} to resume")
+    tracker = Tracker(prepared.tracking_uri)
+    parent = tracker.resumable_sweep(name)
+    unfinished = (None, TrialStatus.RUNNING, TrialStatus.KILLED)
+    done = sum(record.status not in unfinished for record in tracker.trial_records(parent.run_id))
+    console.print(f"resuming sweep {name} (run {parent.run_id}): {done} of {planned} trials done", highlight=False)
+    return done
+
+
 def _print_warnings(prepared: Any) -> None:
     for warning in prepared.warnings:
         errors.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
@@ -193,61 +244,69 @@ def run(
     from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
+    doing = _Doing()
+    doing(f"checking the data and folds of {spec}")
     inputs = check_inputs(sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
+    doing(f"loading TensorFlow and building the model of {sweep_spec.experiment}")
     import_tensorflow()
     if sweep_spec.train.refit and sweep_spec.train.compile_cache:
         # The refit compiles in this process, whose TensorFlow reads its XLA flags in prepare.
         from pipeline.base.compile_cache import activate, device_kind
 
         activate(device_kind=device_kind(sweep_spec.resources.gpu))
-    from pipeline.records.report import Standings, leaderboard_table, selected_epoch, selected_score, short_run_id
+    from pipeline.contract.results import TrialStatus
+    from pipeline.records.report import (Standings, leaderboard_table, selected_epoch, selected_score, short_run_id,
+                                         status_text)
     from pipeline.sweep import prepare, run_sweep
 
     prepared = prepare(sweep_spec, inputs=inputs)
+    doing.done()
     sweep_spec = prepared.spec
-    if resume:
-        from pipeline.records.stores import require_existing_store
-
-        require_existing_store(prepared.tracking_uri, source="--resume",
-                               purpose=f"no sweep named {sweep_spec.name!r} to resume")
+    planned = prepared.space.trial_count(prepared.num_samples)
+    done_before = _trials_ended_before_resume(prepared, planned) if resume else 0
     objective = sweep_spec.objective.key
     console.print(
-        f"sweep [bold]{sweep_spec.name}[/]: {prepared.space.trial_count(prepared.num_samples)} trials x "
-        f"{_replicas_text(sweep_spec.cv)}, "
-        f"{sweep_spec.train.epochs} epochs, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
+        f"sweep [bold]{sweep_spec.name}[/]: {planned} trials x {_replicas_text(sweep_spec.cv)}, "
+        f"{_count(sweep_spec.train.epochs, 'epoch')}, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
         f"tracking {prepared.tracking_uri}", highlight=False,
     )
     _print_warnings(prepared)
+    progress = _progress(prepared, done_before=done_before)
 
     def trial_done(record: Any) -> None:
+        progress.trial_recorded(record)
         score = selected_score(record, objective)
-        shown = f"{objective} {score:.4f} at epoch {selected_epoch(record)}" if score is not None else "no score"
+        # A NaN trial's CV mean counts its NaN folds as the worst score: not a score to show.
+        shown = f" ({objective} {score:.4f} at epoch {selected_epoch(record)})" \
+            if score is not None and record.status is not TrialStatus.NAN else ""
         reason = record.error.strip().splitlines()[-1] if record.error.strip() else ""
-        console.print(f"  {record.label} ({short_run_id(record.run_id)}): {record.status} ({shown})"
+        console.print(f"  {record.label} ({short_run_id(record.run_id)}): {status_text(record)}{shown}"
                       f"{' - ' + reason if reason else ''}",
                       highlight=False)
 
     from pipeline.sweep import AfterTrialsFailed, SweepInterrupted
 
     failed: list[str] = []
-    progress = _progress(prepared)
     try:
-        outcome = run_sweep(prepared, on_trial_done=trial_done, resume=resume, progress=progress,
-                            notify=lambda line: console.print(f"[yellow]{line}[/]", highlight=False))
+        outcome = run_sweep(prepared, on_trial_done=trial_done, resume=resume, progress=progress, say=doing.say,
+                            doing=doing, notify=lambda line: console.print(f"[yellow]{line}[/]", highlight=False))
     except SweepInterrupted as interrupted:
-        again = " ".join(shlex.quote(arg) for arg in ["foldsweep", *sys.argv[1:]] if arg != "--resume")
+        again = " ".join([program_name(), *(shlex.quote(arg) for arg in sys.argv[1:] if arg != "--resume")])
         errors.print(f"interrupted: sweep run {interrupted.parent_run_id} stopped, unfinished trials marked KILLED. "
                      f"Resume with: {again} --resume", highlight=False, soft_wrap=True)
         raise typer.Exit(code=130) from None
     except AfterTrialsFailed as after:
         outcome, failed = after.outcome, after.failed
     finally:
+        doing.done()
         progress.close()
     standings = Standings.of(outcome.records, sweep_spec.objective, n_splits=sweep_spec.cv.n_splits)
     console.print(leaderboard_table(standings, title=f"{sweep_spec.name}: leaderboard"))
     _print_standings_notes(standings, prepared.tracking_uri)
-    console.print(f"{len(outcome.records)} trials in {outcome.wall_s:.0f} s; sweep run {outcome.parent_run_id}",
-                  highlight=False)
+    trained = len(outcome.records) - done_before
+    resumed = f" ({len(outcome.records)} in the sweep, {done_before} ended before this resume)" if resume else ""
+    console.print(f"{_count(trained, 'trial')} {'trained ' if resume else ''}in {outcome.wall_s:.0f} s{resumed}; "
+                  f"sweep run {outcome.parent_run_id}", highlight=False)
     _print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
     if failed:
         for what in failed:
@@ -461,25 +520,21 @@ def _check_existing_store(tracking_uri: str) -> None:
     require_existing_store(tracking_uri, source="--tracking-uri", purpose="there is no recorded sweep to read")
 
 
-def _progress(prepared: Any) -> Any:
-    """Live progress on a terminal; heartbeat lines in a log."""
-    from pipeline.records.progress import ProgressCallback, SweepProgress
+def _progress(prepared: Any, *, done_before: int = 0) -> Any:
+    """Live progress on a terminal; phase and heartbeat lines in a log."""
     from pipeline.inputs.space import resolve_config
+    from pipeline.records.callbacks import searched_values
+    from pipeline.records.progress import ProgressCallback, SweepProgress
 
     spec = prepared.spec
-    searched = [name for name, param in spec.search.space.items() if param.kind != "fixed"]
+    searched = prepared.space.searched()  # the hypermodel's searched hyperparameters too
 
     def key_params(config: Any) -> str:
-        values = resolve_config(config, prepared.space.conditions)
-        return " ".join(f"{name}={_short_value(values[name])}" for name in searched if name in values)
+        return " ".join(searched_values(resolve_config(config, prepared.space.conditions), searched))
 
     progress = SweepProgress(spec.objective, trials_planned=prepared.space.trial_count(prepared.num_samples),
-                             epochs_per_trial=spec.train.epochs)
+                             epochs_per_trial=spec.train.epochs, trials_done_before=done_before)
     return ProgressCallback(progress, describe=key_params, console=console, live=sys.stdout.isatty())
-
-
-def _short_value(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _print_ui_address(tracking_uri: str, ui_path: str, *, sweep: str, port: int = DEFAULT_UI_PORT) -> None:

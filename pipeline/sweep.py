@@ -7,6 +7,7 @@ refused before a cluster starts. ``run_sweep`` is the only place that builds a T
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import traceback
@@ -16,7 +17,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.checks import CheckedInputs, check_inputs
+from pipeline.checks import CheckedInputs, check_inputs, make_checked_folds
 from pipeline.inputs.datasets import Dataset
 from pipeline.base.environment import Environment, environment_change
 from pipeline.base.errors import DataError, FoldsweepError, InputError, SpecError
@@ -96,11 +97,12 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
     space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
     dataset = inputs.dataset
     _check_model_fits_data(spec, experiment, dataset, inputs.dataset_path or dataset.name)
-    _check_batch_fits_folds(spec, space, inputs.folds)
+    folds, fold_warnings = make_checked_folds(spec, inputs)
+    _check_batch_fits_folds(spec, space, folds)
     return PreparedSweep(
         spec=spec, experiment_path=inputs.experiment_path, experiment=experiment, dataset=dataset,
-        dataset_path=inputs.dataset_path, folds=inputs.folds, space=space, tracking_uri=inputs.tracking_uri,
-        num_samples=inputs.num_samples, address=inputs.address, warnings=inputs.warnings,
+        dataset_path=inputs.dataset_path, folds=folds, space=space, tracking_uri=inputs.tracking_uri,
+        num_samples=inputs.num_samples, address=inputs.address, warnings=(*inputs.warnings, *fold_warnings),
     )
 
 
@@ -186,14 +188,18 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord], None] | None = None,
-              notify: Callable[[str], None] = print, resume: bool = False, progress: Any = None) -> SweepOutcome:
+              notify: Callable[[str], None] = print, say: Callable[[str], None] = lambda line: None,
+              doing: Callable[[str], None] = lambda line: None, resume: bool = False,
+              progress: Any = None) -> SweepOutcome:
     """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials.
 
     Four steps: open the sweep (its parent run, or the one a resume continues), build the
     tuner, fit it, and, once every trial has ended, publish the sweep's tables and refit the best
     config. Whatever happens, the parent run ends in a final state.
 
-    ``progress`` is a Ray Tune callback that shows the sweep as it runs (``pipeline.records.progress``).
+    ``progress`` is a Ray Tune callback that shows the sweep as it runs (``pipeline.records.progress``);
+    ``doing`` hears what the sweep is doing for a few seconds (starting Ray), ``say`` what it is
+    doing that stays worth reading (where it records, the refit), ``notify`` what deserves attention.
 
     With ``resume``, continue the latest sweep of this spec's name through Ray Tune's restore:
     finished trials stay as they are, unfinished ones go on from their last checkpoint, and the
@@ -213,10 +219,17 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     resumable = tracker.resumable_sweep(prepared.spec.name) if resume else None
     started_ray = not ray.is_initialized()
     if started_ray:
+        doing(f"joining the Ray cluster at {prepared.address}" if prepared.address else "starting a local Ray")
         connect_ray(prepared.address)
     try:
-        gpu = check_cluster_resources(prepared.spec, ray.cluster_resources(), notify)
+        cluster = ray.cluster_resources()
+        gpu = check_cluster_resources(prepared.spec, cluster, notify)
         parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable, notify)
+        resources = prepared.spec.resources
+        at_once = int(min(cluster.get("CPU", 0) // resources.cpu, resources.max_concurrent or math.inf))
+        say(f"sweep run {parent_run_id} records to {prepared.tracking_uri}; up to {at_once} trial"
+            f"{'s' if at_once != 1 else ''} at a time, each on {resources.cpu:g} CPU"
+            + (f" and {gpu:g} GPU" if gpu else "") + " (a worker's first trial starts TensorFlow and places the data)")
         try:
             tuner = _build_tuner(prepared, tracker, parent_run_id, ray_path, gpu=gpu, resume=resume,
                                  on_trial_done=on_trial_done, progress=progress)
@@ -232,7 +245,7 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     finally:
         if started_ray:
             ray.shutdown()
-    return _after_trials(prepared, tracker, parent_run_id, configs, notify, started)
+    return _after_trials(prepared, tracker, parent_run_id, configs, notify, say, started)
 
 
 def _open_sweep(prepared: PreparedSweep, tracker: Tracker, resumable: SweepRecord | None,
@@ -262,10 +275,12 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
     from pipeline.records.callbacks import MlflowTrialCallback
 
     spec = prepared.spec
-    callbacks = [MlflowTrialCallback(tracker.uri, parent_run_id=parent_run_id, sweep_name=spec.name,
-                                     selection=_selection(spec), on_recorded=on_trial_done,
-                                     conditions=prepared.space.conditions, searched=prepared.space.searched())]
+    recording = MlflowTrialCallback(tracker.uri, parent_run_id=parent_run_id, sweep_name=spec.name,
+                                    selection=_selection(spec), on_recorded=on_trial_done,
+                                    conditions=prepared.space.conditions, searched=prepared.space.searched())
+    callbacks = [recording]
     if progress is not None:
+        progress.run_ids = recording.run_ids  # trials are named by their runs from their start
         callbacks.append(progress)
     data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
     trainable = tune.with_resources(
@@ -345,7 +360,7 @@ def _retiring_workers() -> Iterator[None]:
 
 
 def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, configs: dict[str, dict[str, Any]],
-                  notify: Callable[[str], None], started: float) -> SweepOutcome:
+                  notify: Callable[[str], None], say: Callable[[str], None], started: float) -> SweepOutcome:
     """Every trial has ended: publish the sweep's tables and plots, refit the best config, and
     close the parent run, whatever fails: FAILED with the traceback if publishing does, FINISHED
     with ``foldsweep.refit=error: ...`` if the refit does (the trials' results stand).
@@ -363,7 +378,7 @@ def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str,
     try:
         if spec.train.refit:
             try:
-                summary = _refit_best(prepared, tracker, parent_run_id, records, configs, notify)
+                summary = _refit_best(prepared, tracker, parent_run_id, records, configs, notify, say)
             except Exception as exc:
                 summary = {Tag.REFIT: f"error: {type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH]}
                 failed.append(f"the refit: {type(exc).__name__}: {exc}")
@@ -397,7 +412,8 @@ def _close_sweep(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
 
 
 def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, records: list[TrialRecord],
-                configs: dict[str, dict[str, Any]], notify: Callable[[str], None]) -> dict[str, float | str]:
+                configs: dict[str, dict[str, Any]], notify: Callable[[str], None],
+                say: Callable[[str], None]) -> dict[str, float | str]:
     """Train the best config on the whole CV training split; score it on the held-out test split."""
     import tempfile
 
@@ -416,12 +432,13 @@ def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, r
     best = ranking[0]
     # The epochs the best trial was scored at (train.select), else all it trained.
     epochs = int(best.metrics.get(BEST_EPOCH, best.params.get("epochs", spec.train.epochs)))
+    say(f"refitting {best.run_name} on all {len(dataset.y)} training samples ({epochs} epoch{'s' if epochs != 1 else ''})")
     with tempfile.TemporaryDirectory(prefix="foldsweep-refit-") as directory:
         result = refit(load_builder(prepared.experiment_path, spec.experiment_attr), configs[best.trial_id], dataset,
                        epochs=epochs, recipe=prepared.trial_settings().recipe, directory=Path(directory))
         tracker.publish_sweep_files(parent_run_id, files={result.model_path: None})
     scores = refit_scores(result)
-    notify(f"refit of {best.run_name} on all {len(dataset.y)} training samples ({epochs} epochs): "
+    notify(f"refit of {best.run_name} on all {len(dataset.y)} training samples ({epochs} epoch{'s' if epochs != 1 else ''}): "
            + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
     return {**scores, "refit_epochs": float(epochs), Tag.REFIT: "ok", Tag.REFIT_OF: best.run_id}
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from conftest import REPO
 from pipeline.base.errors import SpecError
-from pipeline.checks import check_inputs
+from pipeline.checks import check_inputs, make_checked_folds
 from pipeline.cli import app
 from pipeline.inputs.spec import load_spec
 
@@ -72,7 +72,8 @@ def test_groups_ignored_on_purpose_are_accepted_and_recorded_with_the_sweep(tmp_
 
 def test_grouped_splitters_and_data_without_groups_need_no_opt_out(tmp_path):
     for splitter in ("group", "stratified_group"):
-        assert len(check_inputs(load_spec(grouped_workspace(tmp_path, {"splitter": splitter}))).folds) == 2
+        spec = load_spec(grouped_workspace(tmp_path, {"splitter": splitter}))
+        assert len(make_checked_folds(spec, check_inputs(spec))[0]) == 2
     spec = load_spec(grouped_workspace(tmp_path, {"splitter": "stratified", "groups": "ignore"}))
     data = dict(np.load(tmp_path / "grouped.npz"))
     np.savez(tmp_path / "grouped.npz", x=data["x"], y=data["y"])

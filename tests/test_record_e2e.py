@@ -127,6 +127,51 @@ def test_the_new_plots_draw_every_trial(recorded_sweep):
     assert all(0.0 <= value <= 1.0 for row in coordinates.rows for value in row)
 
 
+def test_the_live_best_is_the_leaderboards_best_after_every_recorded_trial(recorded_sweep):
+    """Fed the recorded trials in the order they ended, as the sweep feeds them."""
+    from pipeline.inputs.spec import Objective
+    from pipeline.records.progress import SweepProgress
+    from pipeline.records.report import Standings, selected_score
+    from pipeline.records.tracking import Tracker
+
+    _, parent, _ = recorded_sweep.runs()
+    records = Tracker(recorded_sweep.uri).trial_records(parent.info.run_id)
+    objective = Objective("accuracy", "max")
+    progress = SweepProgress(objective, trials_planned=len(records), epochs_per_trial=2)
+    for count, record in enumerate(records, start=1):
+        progress.recorded(record)
+        board = Standings.of(records[:count], objective, n_splits=2)
+        best = board.ranked[0] if board.ranked else None
+        assert progress.best() is best
+        if best is not None:
+            assert f"best {objective.key} {selected_score(best, objective.key):.4f} at epoch" in progress.summary_line()
+    assert progress.best() is not None and any(record.status == "nan" for record in records)
+
+
+def test_every_title_and_label_of_every_plot_lies_inside_its_figure(recorded_sweep):
+    """The parallel coordinates of two axes clipped its title ("yperparameters") and the values
+    of its last axis ("global_nor")."""
+    import matplotlib.pyplot as plt
+
+    from pipeline.inputs.spec import Objective
+    from pipeline.records.plots import PLOTS, plot_figures
+    from pipeline.records.tracking import Tracker
+
+    tracker = Tracker(recorded_sweep.uri)
+    _, parent, _ = recorded_sweep.runs()
+    records = tracker.trial_records(parent.info.run_id)
+    objective = Objective("accuracy", "max")
+    figures = plot_figures(records, objective, tracker.metric_histories([r.run_id for r in records], objective.key))
+    assert list(figures) == list(PLOTS)
+    for name, figure in figures.items():
+        # What is drawn (titles, labels, the values beside each axis), in inches: within the figure.
+        drawn = figure.get_tightbbox(figure.canvas.get_renderer())
+        width, height = figure.get_size_inches()
+        assert drawn.x0 >= -0.01 and drawn.y0 >= -0.01 and drawn.x1 <= width + 0.01 and drawn.y1 <= height + 0.01, \
+            (name, drawn, (width, height))
+        plt.close(figure)
+
+
 def test_refit_scores_the_best_config_on_the_held_out_test_split(recorded_sweep):
     directory = recorded_sweep.directory
     client, parent, _ = recorded_sweep.runs()

@@ -100,13 +100,18 @@ def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(ray_cluster
     assert 2 <= len(done_before) < TRIALS
     if stop == signal.SIGINT:
         assert sweep.returncode == 130, output
-        assert "--resume" in output
+        # The command as it was run (not on the PATH here: by its path), to paste again.
+        assert f"Resume with: {command[0]} run spec.yaml --resume" in " ".join(output.split()), output
         assert parents[0].info.status == "KILLED" and parents[0].data.tags["foldsweep.status"] == "interrupted"
         assert all(run.info.status in ("FINISHED", "KILLED") for run in trials)
 
     resumed = CliRunner().invoke(app, ["run", str(tmp_path / "spec.yaml"), "--resume"])
 
     assert resumed.exit_code == 0, resumed.output
+    assert f"resuming sweep resume (run {parent_id}): {len(done_before)} of {TRIALS} trials done" in resumed.output
+    left = TRIALS - len(done_before)
+    assert f"{left} trial{'s' if left > 1 else ''} trained in " in resumed.output
+    assert f"({TRIALS} in the sweep, {len(done_before)} ended before this resume)" in resumed.output
     client, parents, trials = runs(tmp_path)
     assert [parent.info.run_id for parent in parents] == [parent_id]
     assert parents[0].info.status == "FINISHED" and parents[0].data.tags["foldsweep.resumes"] == "1"

@@ -113,6 +113,18 @@ def _check_output_engine_switch() -> str | None:
     return None
 
 
+def _check_internal_kv() -> str | None:
+    module = "ray.experimental.internal_kv"
+    for function in ("_internal_kv_initialized", "_internal_kv_put", "_internal_kv_get", "_internal_kv_del"):
+        if problem := _missing(module, function):
+            return problem
+    for function, wanted in (("_internal_kv_put", ("key", "value", "overwrite", "namespace")),
+                             ("_internal_kv_get", ("key", "namespace")), ("_internal_kv_del", ("key", "namespace"))):
+        if not set(wanted) <= set(_parameters(_attribute(module, function))):
+            return f"{module}.{function} no longer takes {', '.join(wanted)}"
+    return None
+
+
 # -- MLflow ---------------------------------------------------------------------------------------
 
 def mlflow_ui_scripts() -> list[Path]:
@@ -270,6 +282,9 @@ HOOKS: tuple[Hook, ...] = (
          ("_tune_config",), _check_moved_sweep),
     Hook("ray", f"the {RAY_OUTPUT_ENGINE_VARIABLE}=0 environment variable",
          "Ray Tune's own progress tables stay out of foldsweep's output", (), _check_output_engine_switch),
+    Hook("ray", "ray.experimental.internal_kv's put, get and delete by namespace, from workers and the driver",
+         "the progress view says what each trial's worker does before its first epoch (pipeline.contract.phases)",
+         ("_internal_kv_initialized", "_internal_kv_put", "_internal_kv_get", "_internal_kv_del"), _check_internal_kv),
     Hook("mlflow", f"the experiment tag {MLFLOW_SHARED_VIEW_TAG}<key> and ?{MLFLOW_SHARED_VIEW_PARAM}=<key>",
          "`foldsweep ui` and the parent run's link open the sweep's trials best first", (), _check_shared_view),
     Hook("mlflow", f"the SQLite store's tables {', '.join(sorted(MLFLOW_STORE_TABLES))}",

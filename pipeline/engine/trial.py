@@ -19,6 +19,7 @@ from ray.tune.result import TRAINING_ITERATION
 
 from pipeline.inputs.folds import Fold
 from pipeline.contract.plan import ThreadPlan, TrialPlan, plan_threads
+from pipeline.contract.phases import Phase, announce
 from pipeline.engine.lifespan import Lifespan
 from pipeline.contract.results import (DONE, RUNNING_BEST_PREFIX, WORKER_MAPS, WORKER_RETIRES, WORKER_TRIALS, EpochResult,
                                        TrialInfo)
@@ -89,12 +90,16 @@ def configure_tensorflow(*, gpus: float, threads: ThreadPlan, compile_cache: boo
     return notice
 
 
-def set_up_worker(settings: TrialSettings, *, x: Any, y: Any, threads: ThreadPlan) -> Worker:
+def set_up_worker(settings: TrialSettings, *, x: Any, y: Any, threads: ThreadPlan,
+                  on_phase: Callable[[Phase], None] = lambda phase: None) -> Worker:
     """Configure TensorFlow for this process's trials (before anything starts it), copy the data
-    to the device once, and load the experiment's builder."""
+    to the device once, and load the experiment's builder; ``on_phase`` hears each step begin."""
+    on_phase(Phase.TENSORFLOW)
     notice = configure_tensorflow(gpus=settings.gpus, threads=threads, compile_cache=settings.train.compile_cache)
     from pipeline.inputs.hypermodel import load_builder
     from pipeline.engine.resident import resident_data
+
+    on_phase(Phase.DATA)
 
     return Worker(data=resident_data(settings.dataset_fingerprint, x, y),
                   build_fn=load_builder(Path(settings.experiment_path), settings.experiment_attr),
@@ -185,7 +190,7 @@ class FoldTrainable(tune.Trainable):
     def setup(self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold],
               settings: TrialSettings) -> None:
         threads = plan_threads(settings.recipe.choices, cpus=settings.cpus, n_folds=len(folds))
-        self._worker = set_up_worker(settings, x=data["x"], y=data["y"], threads=threads)
+        self._worker = set_up_worker(settings, x=data["x"], y=data["y"], threads=threads, on_phase=self._announce)
         self._lifespan = Lifespan(settings.max_trials_per_worker)
         self._folds = folds
         self._settings = settings
@@ -193,9 +198,14 @@ class FoldTrainable(tune.Trainable):
 
     def _start(self, config: Mapping[str, Any]) -> None:
         self._lifespan.start_trial()
+        self._announce(Phase.MODELS)
         self._runner = TrialRunner(config, worker=self._worker, folds=self._folds, settings=self._settings)
+        self._announce(Phase.FIRST_EPOCH)
         self._last_report: dict[str, Any] | None = None
         self._ended_report: dict[str, Any] | None = None
+
+    def _announce(self, phase: Phase) -> None:
+        announce(self.trial_id, phase)
 
     def step(self) -> dict[str, Any]:
         # A trial restored from the checkpoint of its last epoch (its driver was killed after

@@ -12,16 +12,17 @@ from pipeline.contract.results import EpochSelection, TrialStatus, ended_status,
 from pipeline.records.tracking import Tag, Tracker, TrialRecord, TrialRecorder
 
 
-# How many searched values a trial's run name shows; the rest are in its params.
-RUN_NAME_VALUES = 3
-
-
 def trial_run_name(trial_id: str, values: Mapping[str, Any], searched: Sequence[str]) -> str:
-    """``trial-00003 lr=0.003 batch_size=8``: the trial's number in its sweep and the first values
-    of what the sweep searches, so that a list of runs (the MLflow UI's) says which is which."""
-    shown = [f"{name}={values[name]:.4g}" if isinstance(values[name], float) else f"{name}={values[name]}"
-             for name in searched if name in values][:RUN_NAME_VALUES]
-    return " ".join([trial_label(trial_id), *shown])
+    """``trial-00003 learning_rate=0.003 batch_size=8 filters=32``: the trial's number in its sweep
+    and every value the sweep searches (the spec's and the hypermodel's), so that a list of runs
+    (the MLflow UI's) says which is which."""
+    return " ".join([trial_label(trial_id), *searched_values(values, searched)])
+
+
+def searched_values(values: Mapping[str, Any], searched: Sequence[str]) -> list[str]:
+    """``name=value`` of each searched hyperparameter a trial uses (an inactive one has none)."""
+    return [f"{name}={values[name]:.4g}" if isinstance(values[name], float) else f"{name}={values[name]}"
+            for name in searched if name in values]
 
 
 class MlflowTrialCallback(Callback):
@@ -38,6 +39,7 @@ class MlflowTrialCallback(Callback):
         self.on_recorded = on_recorded
         self.conditions = dict(conditions or {})
         self._run_ids: dict[str, str] = {}
+        self.run_ids: dict[str, str] = {}  # every trial's run id, ended ones too (the progress view names them)
         self._recorded_epochs: dict[str, frozenset[int]] = {}
         self._retries: dict[str, int] = {}
         self._tracker: Tracker | None = None
@@ -69,7 +71,7 @@ class MlflowTrialCallback(Callback):
             recorder = self.tracker.trial_recorder(
                 parent_run_id=self.parent_run_id, role="trial", config=values, tags={Tag.SWEEP: self.sweep_name},
                 run_name=trial_run_name(trial.trial_id, values, getattr(self, "searched", ())), trial_id=trial.trial_id)
-            self._run_ids[trial.trial_id] = recorder.run_id
+            self._run_ids[trial.trial_id] = self.run_ids[trial.trial_id] = recorder.run_id
             self._recorded_epochs[trial.trial_id] = recorder.recorded_epochs
         return TrialRecorder(self.tracker, self._run_ids[trial.trial_id], self.selection,
                              recorded_epochs=self._recorded_epochs.get(trial.trial_id, frozenset()))

@@ -105,20 +105,41 @@ def write_plots(records: Sequence[TrialRecord], objective: Objective, directory:
                 histories: Mapping[str, Sequence[tuple[int, float]]]) -> list[Path]:
     """The sweep's plots as PNG files in ``directory`` (``PLOTS``); returns their paths.
     ``histories`` is each trial run's objective per epoch (``Tracker.metric_histories``)."""
-    key = objective.key
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, figure in plot_figures(records, objective, histories).items():
+        figure.savefig(directory / name, dpi=100)
+        plt.close(figure)
+        paths.append(directory / name)
+    return paths
+
+
+def plot_figures(records: Sequence[TrialRecord], objective: Objective,
+                 histories: Mapping[str, Sequence[tuple[int, float]]]) -> dict[str, Any]:
+    """Each of ``PLOTS`` as a matplotlib figure, laid out (the caller saves and closes them)."""
     import matplotlib
 
     matplotlib.use("Agg")
+    figures = [_score_vs_batch_size(records, objective), _nan_rates(records), _throughput(records),
+               _learning_curves(learning_curve_data(records, objective, histories), objective),
+               _parallel_coordinates(parallel_coordinates_data(records, objective), objective)]
+    for figure in figures:
+        figure.tight_layout()
+    return dict(zip(PLOTS, figures))
+
+
+def _batches(records: Sequence[TrialRecord]) -> list[int]:
+    return sorted({b for b in (_group(record)[0] for record in records) if b is not None})
+
+
+def _score_vs_batch_size(records: Sequence[TrialRecord], objective: Objective) -> Any:
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = [directory / name for name in PLOTS]
-    kinds = sorted({_group(record)[1] for record in records})
-    batches = sorted({b for b in (_group(record)[0] for record in records) if b is not None})
-
+    key = objective.key
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    for kind in kinds:
+    for kind in sorted({_group(record)[1] for record in records}):
         members = [r for r in records if _group(r)[1] == kind and r.status in (TrialStatus.OK, TrialStatus.PRUNED)
                    and selected_score(r, key) is not None and _group(r)[0] is not None]
         axes.scatter([_group(r)[0] for r in members], [selected_score(r, key) for r in members], label=kind, alpha=0.8)
@@ -126,15 +147,19 @@ def write_plots(records: Sequence[TrialRecord], objective: Objective, directory:
     if failed:
         bottom = min((selected_score(r, key) for r in records if selected_score(r, key) is not None), default=0.0)
         axes.scatter([_group(r)[0] for r in failed], [bottom] * len(failed), marker="x", color="red", label="NaN")
-    _batch_axis(axes, batches)
+    _batch_axis(axes, _batches(records))
     axes.set_ylabel(key)
     axes.set_title(f"{key} vs batch size, by gradient clipping")
     if axes.get_legend_handles_labels()[0]:  # no scored trial (all failed early): no legend to draw
         axes.legend(title="clipping")
-    figure.tight_layout()
-    figure.savefig(paths[0], dpi=100)
-    plt.close(figure)
+    return figure
 
+
+def _nan_rates(records: Sequence[TrialRecord]) -> Any:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    kinds, batches = sorted({_group(record)[1] for record in records}), _batches(records)
     rates = np.full((len(kinds), max(len(batches), 1)), np.nan)
     labels = [["" for _ in range(rates.shape[1])] for _ in kinds]
     for row in nan_table_rows(records):
@@ -155,24 +180,20 @@ def write_plots(records: Sequence[TrialRecord], objective: Objective, directory:
     axes.set_ylabel("clipping")
     axes.set_title("share of trials that went NaN")
     figure.colorbar(image, ax=axes)
-    figure.tight_layout()
-    figure.savefig(paths[1], dpi=100)
-    plt.close(figure)
+    return figure
+
+
+def _throughput(records: Sequence[TrialRecord]) -> Any:
+    import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     measured = [r for r in records if math.isfinite(r.metrics.get(TRAIN_RATE, math.nan))
                 and _group(r)[0] is not None]
     axes.scatter([_group(r)[0] for r in measured], [r.metrics[TRAIN_RATE] for r in measured], alpha=0.8)
-    _batch_axis(axes, batches)
+    _batch_axis(axes, _batches(records))
     axes.set_ylabel("training samples/s (all folds, compilation excluded)")
     axes.set_title("training throughput vs batch size")
-    figure.tight_layout()
-    figure.savefig(paths[2], dpi=100)
-    plt.close(figure)
-
-    _learning_curves(learning_curve_data(records, objective, histories), objective, paths[3])
-    _parallel_coordinates(parallel_coordinates_data(records, objective), objective, paths[4])
-    return paths
+    return figure
 
 
 def _batch_axis(axes: Any, batches: Sequence[int]) -> None:
@@ -182,7 +203,7 @@ def _batch_axis(axes: Any, batches: Sequence[int]) -> None:
     axes.set_xlabel("batch size")
 
 
-def _learning_curves(curves: Sequence[Curve], objective: Objective, path: Path) -> None:
+def _learning_curves(curves: Sequence[Curve], objective: Objective) -> Any:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -208,12 +229,10 @@ def _learning_curves(curves: Sequence[Curve], objective: Objective, path: Path) 
                    "(o: the epoch each is scored at)")
     if axes.get_legend_handles_labels()[0]:
         axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    return figure
 
 
-def _parallel_coordinates(data: Coordinates, objective: Objective, path: Path) -> None:
+def _parallel_coordinates(data: Coordinates, objective: Objective) -> Any:
     import matplotlib
     import matplotlib.pyplot as plt
     from matplotlib import cm, colors
@@ -230,10 +249,11 @@ def _parallel_coordinates(data: Coordinates, objective: Objective, path: Path) -
             axes.axvline(position, color="black", linewidth=0.6)
             for index, label in enumerate(labels):
                 axes.text(position, index / max(len(labels) - 1, 1), f" {label}", fontsize=7, va="center")
-        axes.set_xticks(list(positions), list(data.axes), rotation=20)
+        # Room right of the last axis for its values, which are written beside it.
+        widest = max((len(label) for label in data.ticks[-1]), default=0)
+        axes.set_xlim(-0.3, len(data.axes) - 1 + max(0.3, 0.05 * widest))
+        axes.set_xticks(list(positions), list(data.axes), rotation=20, ha="right", rotation_mode="anchor")
         figure.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes, label=objective.key)
     axes.set_yticks([])
-    axes.set_title(f"hyperparameters of {len(data.rows)} scored trials, coloured by {objective.key}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    axes.set_title(f"hyperparameters of {len(data.rows)} scored trials\ncoloured by {objective.key}", fontsize=11)
+    return figure

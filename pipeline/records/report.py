@@ -164,7 +164,7 @@ def leaderboard_table(standings: Standings, *, title: str = "") -> Table:
                       _params_text(record, varying))
     for record in records:
         if record not in standings.ranked:
-            table.add_row("-", short_run_id(record.run_id), record.label, "-", "-", "-", _status_text(record),
+            table.add_row("-", short_run_id(record.run_id), record.label, "-", "-", "-", status_text(record),
                           _params_text(record, varying))
     return table
 
@@ -197,7 +197,8 @@ def _epoch_text(record: TrialRecord) -> str:
     return str(epoch) if epoch is not None else "-"
 
 
-def _status_text(record: TrialRecord) -> str:
+def status_text(record: TrialRecord) -> str:
+    """A trial's status, with where it went NaN for a NaN trial."""
     status = record.status or record.state.lower()
     if status is TrialStatus.NAN:
         tags = record.tags
@@ -369,7 +370,7 @@ def sweep_description(standings: Standings, *, sweep_name: str, test_scores: Map
         rank = str(standings.rank(record)) if record in ordered else "-"
         score = _score_text(record, objective) if record in ordered else "-"
         cells = [rank, f"{record.label} ({short_run_id(record.run_id)})", score, _epoch_text(record) if record in ordered else "-",
-                 standings.versus_best(record), _status_text(record),
+                 standings.versus_best(record), status_text(record),
                  *(_short(record.params.get(name, "-")) for name in varying)]
         rows.append("| " + " | ".join(cells) + " |")
     # MLflow keeps at most 8,000 characters of a tag: the best rows fit, the rest is in cv_results.csv.
@@ -400,7 +401,7 @@ def trial_description(record: TrialRecord, standings: Standings) -> str:
     how it compares with the best, and its status."""
     rank = standings.rank(record)
     if rank is None:
-        return f"Not ranked: status {_status_text(record)}."
+        return f"Not ranked: status {status_text(record)}."
     versus = standings.versus_best(record)
     comparison = "" if versus == "-" else (
         " The best trial." if rank == 1 else f" Against the best on the same {standings.replicas} replicas: {versus}.")
