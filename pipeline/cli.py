@@ -569,6 +569,8 @@ def ui(
     port: int = typer.Option(DEFAULT_UI_PORT, "--port", help="Port on 127.0.0.1"),
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 for a tracking store, opening on a sweep's trials."""
+    import socket
+
     from pipeline.base.errors import TrackingError
     from pipeline.base.private_hooks import require_hooks
     from pipeline.records.report import split_params
@@ -578,6 +580,11 @@ def ui(
     check_tracking_uri(tracking_uri, source="--tracking-uri")
     if not 0 < port < 65536:
         raise InputError(f"--port must be between 1 and 65535, got {port}")
+    # Another server there would answer for ours, whose address would then open that one.
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            raise InputError(f"--port: a server already listens on 127.0.0.1:{port} (another foldsweep ui or MLflow "
+                             f"UI?): stop it or choose another --port")
     require_hooks(["mlflow"])
     tracker = Tracker(tracking_uri)  # a new store is created (or upgraded) here, not by two processes at once
     try:
@@ -596,10 +603,10 @@ def ui(
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri,
                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    console.print(f"MLflow UI for {tracking_uri} at {address} (Ctrl-C stops it)", highlight=False, soft_wrap=True)
     # MLflow's UI runs a server with worker processes of its own; in a session of its own the
-    # whole group can be stopped, so that stopping `foldsweep ui` leaves nothing running.
-    server = subprocess.Popen(command, start_new_session=True, env=environment)
+    # whole group can be stopped, so that stopping `foldsweep ui` leaves nothing running. Its
+    # chatter goes to standard error: standard output is the address line alone.
+    server = subprocess.Popen(command, start_new_session=True, env=environment, stdout=sys.__stderr__)
     stopped = False
 
     def stop(signum: int = signal.SIGTERM, frame: Any = None) -> None:
@@ -611,13 +618,54 @@ def ui(
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, stop)
     try:
-        code = server.wait()
+        # The address is printed once it opens: MLflow takes seconds to start.
+        code = _wait_until_answering(server, address)
+        if code is None:
+            console.print(f"MLflow UI for {tracking_uri} at {address} (Ctrl-C stops it)", highlight=False,
+                          soft_wrap=True)
+            code = server.wait()
+        elif not stopped:
+            errors.print(f"[bold red]error:[/] the MLflow UI server exited with code {code} before it answered at "
+                         f"http://127.0.0.1:{port}", highlight=False, soft_wrap=True)
+            code = code or 1  # `mlflow ui` ends with 0 even when its port is taken
     except KeyboardInterrupt:
         stop()
         server.wait()
         return
+    except TimeoutError as exc:
+        stop()
+        raise FoldsweepError(str(exc)) from None
     if not stopped:
         raise typer.Exit(code=code)
+
+
+def _wait_until_answering(server: subprocess.Popen, url: str, *, deadline_s: float = 120.0) -> int | None:
+    """Ask ``url`` until it answers: None once it does, or the server's exit code if it ends first.
+
+    Raises:
+        TimeoutError: neither within ``deadline_s``.
+    """
+    import time
+    import urllib.error
+    import urllib.request
+
+    # Straight to the loopback address, never through an http_proxy of the environment.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            with opener.open(url, timeout=5):
+                return None
+        except urllib.error.HTTPError:  # an answer all the same: what it says is the browser's to show
+            return None
+        except OSError:  # nothing listens yet, or the server is still starting
+            pass
+        try:
+            return server.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the MLflow UI server did not answer at {url} within {deadline_s:g} s; "
+                                   "stopped it") from None
 
 
 def stop_process_tree(pid: int, *, grace_s: float = 10.0) -> None:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import secrets
 import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
@@ -467,23 +468,51 @@ def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], 
 
 
 def connect_ray(address: str | None) -> None:
-    """Start a local Ray, or join the cluster at ``address``.
+    """Start a local Ray (``start_local_ray``), or join the cluster at ``address``.
 
     Raises:
         InputError: nothing answers at ``address``.
     """
     import ray
 
-    kwargs = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
-    if address is None:
-        ray.init(**kwargs)
+    if address in (None, "local"):
+        start_local_ray()
         return
-    kwargs.pop("include_dashboard")
     try:
-        ray.init(address=address, **kwargs)
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise InputError(f"resources.address / --address: cannot connect to a Ray cluster at {address!r}: "
                          f"{str(exc).splitlines()[0]}") from None
+
+
+RAY_TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def start_local_ray(**shape: Any) -> None:
+    """A Ray of this process's own (``shape``: ``ray.init``'s ``num_cpus``, ``num_gpus``), whose
+    token no other user of the machine can read.
+
+    Ray 2.60 makes a local Ray refuse any connection without its token and, given none, writes a
+    new one to ~/.ray/auth_token with the umask's mode: 0644 on most machines, where whoever can
+    read the home directory of a shared server could run code as the researcher on this Ray. Ray
+    reads RAY_AUTH_TOKEN before any file, and every process it starts (its workers) inherits the
+    environment, which only its owner can read (/proc/PID/environ): the token stays there.
+    """
+    import ray
+
+    give_ray_a_private_token(os.environ)
+    # "local": a new Ray even where `ray start` left its cluster's address for a bare ray.init()
+    # to join; this process's token would shadow that cluster's own.
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR", **shape)
+
+
+def give_ray_a_private_token(environ: MutableMapping[str, str]) -> None:
+    """A new random RAY_AUTH_TOKEN in ``environ``, unless it names a token already: the
+    researcher's own (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH, a file Ray reads before
+    ~/.ray/auth_token), or the one an earlier Ray of this process got, which Ray keeps for the
+    whole process once loaded."""
+    if not any(environ.get(name) for name in RAY_TOKEN_VARIABLES):
+        environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # 256 bits, as Ray's own tokens
 
 
 def check_cluster_resources(spec: SweepSpec, cluster: dict[str, float], notify: Callable[[str], None]) -> float:

@@ -193,11 +193,13 @@ class LocalRay:
     def ensure(self, **shape: int) -> None:
         import ray
 
+        from pipeline.sweep import start_local_ray
+
         shape = shape or self.DEFAULT
         if ray.is_initialized() and shape == self.shape:
             return
         self.stop()
-        ray.init(**shape, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        start_local_ray(**shape)  # as `foldsweep run` starts its own
         self.shape = shape
 
     def stop(self) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app, ui_command
+from conftest import free_port
+from pipeline.cli import _wait_until_answering, app, ui_command
 
 runner = CliRunner()
 
@@ -128,3 +129,50 @@ def test_help_lists_every_command():
 
 def test_ui_command_is_pasteable():
     assert ui_command("sqlite:///mlflow.db").endswith("ui --tracking-uri sqlite:///mlflow.db")
+
+
+def test_ui_refuses_a_port_another_server_listens_on(tmp_path):
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        result = invoke("ui", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--port", str(port))
+    assert result.exit_code == 2
+    assert f"--port: a server already listens on 127.0.0.1:{port}" in " ".join(result.output.split())
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.fixture
+def started():
+    """Processes of the test's own (stand-ins for the MLflow server), killed afterwards."""
+    processes = []
+
+    def start(*arguments: str) -> subprocess.Popen:
+        processes.append(subprocess.Popen([sys.executable, *arguments], stdin=subprocess.PIPE))
+        return processes[-1]
+
+    yield start
+    for process in processes:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def test_the_ui_waits_for_its_server_to_answer(started):
+    port = free_port()
+    server = started("-m", "http.server", "--bind", "127.0.0.1", str(port))
+    assert _wait_until_answering(server, f"http://127.0.0.1:{port}/#/experiments/1") is None
+    assert server.poll() is None
+
+
+def test_the_ui_gives_the_exit_code_of_a_server_that_ends_before_answering(started):
+    ended = started("-c", "raise SystemExit(3)")
+    assert _wait_until_answering(ended, f"http://127.0.0.1:{free_port()}/") == 3
+
+
+def test_the_ui_stops_waiting_for_a_server_that_never_answers(started):
+    silent = started("-c", "import sys; sys.stdin.read()")  # runs until its standard input closes
+    with pytest.raises(TimeoutError, match="did not answer at http://127.0.0.1:.* within 0.5 s"):
+        _wait_until_answering(silent, f"http://127.0.0.1:{free_port()}/", deadline_s=0.5)
+    assert silent.poll() is None

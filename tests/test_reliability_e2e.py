@@ -5,6 +5,7 @@ with its server, a fresh store survives a second opener, damaged input is bad in
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, Replace, answers, free_port, merged, sweep_runs, wait_for
+from conftest import REPO, TINY_SPEC, Replace, answers, free_port, merged, sweep_runs
 from pipeline.cli import _alive, _descendants, app
 
 pytestmark = pytest.mark.e2e
@@ -141,10 +142,12 @@ def test_sigterm_stops_the_ui_and_everything_it_started(tmp_path):
     port = free_port()
     ui = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "ui", "--tracking-uri",
                            f"sqlite:///{tmp_path / 'mlflow.db'}", "--port", str(port)], cwd=tmp_path,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        wait_for(lambda: answers(f"http://127.0.0.1:{port}/health"), seconds=120, what="the MLflow UI")
+        printed = ui.stdout.readline()
+        # The address the line gives opens at once: it is printed once the server answers.
+        assert answers(re.search(r" at (http://127\.0\.0\.1:\d+\S*)", printed).group(1)), printed
         family = _descendants(ui.pid)
         assert family, "the UI runs in a server process of its own"
         commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in family

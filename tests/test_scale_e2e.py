@@ -115,10 +115,14 @@ def two_node_cluster(without_ray):
     their own processes, where `ray stop` would end every Ray on the machine."""
     from ray._private.authentication_test_utils import reset_auth_token_state
 
-    # Ray 2.60's `ray start` clusters authenticate with a token (~/.ray/auth_token); every
-    # process that joins, the sweep's driver included, must say so. Ray reads RAY_AUTH_MODE once
-    # per process (a local `ray.init` sets it): its own test helper makes it read it again, here
-    # and once it is put back.
+    from pipeline.sweep import give_ray_a_private_token
+
+    # Ray 2.60's `ray start` clusters authenticate with a token when RAY_AUTH_MODE=token; every
+    # process that joins, the sweep's driver included, must say so and hold the token. As the
+    # README's recipe, every node and the driver get the same RAY_AUTH_TOKEN: this process's
+    # (its local Rays' too). Ray reads RAY_AUTH_MODE once per process (a local `ray.init` sets
+    # it): its own test helper makes it read it again, here and once it is put back.
+    give_ray_a_private_token(os.environ)
     mode_before = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "token"
     reset_auth_token_state()

@@ -1,0 +1,74 @@
+"""The local Ray a sweep starts: its token in no file and no place another user of the machine can read."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline.sweep import give_ray_a_private_token
+
+
+def test_a_process_without_a_token_gets_a_new_random_one():
+    first, second = {}, {"RAY_AUTH_TOKEN": ""}  # an empty one is none to Ray
+
+    give_ray_a_private_token(first)
+    give_ray_a_private_token(second)
+
+    assert re.fullmatch(r"[0-9a-f]{64}", first["RAY_AUTH_TOKEN"])
+    assert re.fullmatch(r"[0-9a-f]{64}", second["RAY_AUTH_TOKEN"])
+    assert first["RAY_AUTH_TOKEN"] != second["RAY_AUTH_TOKEN"]
+
+
+def test_a_second_local_ray_of_the_process_keeps_its_token():
+    environ = {}
+    give_ray_a_private_token(environ)
+    token = environ["RAY_AUTH_TOKEN"]
+
+    give_ray_a_private_token(environ)
+
+    assert environ == {"RAY_AUTH_TOKEN": token}
+
+
+@pytest.mark.parametrize("own", [{"RAY_AUTH_TOKEN": "researchers-own"},
+                                 {"RAY_AUTH_TOKEN_PATH": "/home/me/.secrets/ray_token"}])
+def test_the_researchers_own_token_is_kept(own):
+    environ = dict(own)
+
+    give_ray_a_private_token(environ)
+
+    assert environ == own
+
+
+def _holds(path: Path, token: bytes) -> bool:
+    try:
+        return token in path.read_bytes()
+    except OSError:  # a socket, or a file gone since it was listed
+        return False
+
+
+@pytest.mark.e2e
+def test_the_local_ray_takes_its_token_from_the_environment_and_writes_it_nowhere(ray_cluster):
+    """The session's Ray, started as `foldsweep run` starts its own: its driver and its workers
+    authenticate with the token of this process's environment, which no file, no command line and
+    no worker environment readable by another user holds."""
+    import ray
+    from ray._raylet import AuthenticationTokenLoader
+
+    token = AuthenticationTokenLoader.instance().get_raw_token(ignore_auth_mode=True)
+    assert token == os.environ.get("RAY_AUTH_TOKEN"), "the driver connected with a token not RAY_AUTH_TOKEN's"
+
+    @ray.remote(num_cpus=0)
+    def worker() -> tuple[int, bool]:
+        return os.getpid(), os.environ.get("RAY_AUTH_TOKEN") == token
+
+    pid, inherited = ray.get(worker.remote())
+    assert inherited, "a Ray worker authenticates with the token of its environment"
+    assert os.stat(f"/proc/{pid}/environ").st_mode & 0o077 == 0, "a worker's environment is its owner's alone"
+    secret = token.encode()
+    assert not _holds(Path.home() / ".ray" / "auth_token", secret)
+    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    assert [path for path in session.rglob("*") if path.is_file() and _holds(path, secret)] == []
+    assert [path for path in Path("/proc").glob("[0-9]*/cmdline") if _holds(path, secret)] == []
