@@ -451,7 +451,8 @@ def rerun(
                            config=config, conditions=space.conditions, fold_ids=fold_ids, threads=threads,
                            epochs=epochs, eager=eager, check_numerics=check_numerics, replay=recorded.plan,
                            fit_arguments=experiment.fit_arguments, changes=rerun_changes(recorded, overrides, eager=eager))
-    _run_here(request, tracking=None if no_track else (tracker, recorded))
+    _run_here(request, tracking=None if no_track else (tracker, recorded),
+              recorded_tags=tracker.trial_record(recorded.run_id).tags if check_numerics else None)
 
 
 def _without_inactive(config: dict[str, Any], left_out: dict[str, str]) -> dict[str, Any]:
@@ -461,10 +462,11 @@ def _without_inactive(config: dict[str, Any], left_out: dict[str, str]) -> dict[
     return {name: value for name, value in config.items() if name not in left_out}
 
 
-def _run_here(request: Any, *, tracking: Any) -> None:
+def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None:
     """The in-process trial both `trial` and `rerun` run, printing each epoch as it ends; a rerun
-    also says (and records) what makes it differ from the trial it reruns."""
-    from pipeline.rerun import epoch_line, run_in_process
+    also says (and records) what makes it differ from the trial it reruns, and where that trial
+    went NaN (``recorded_tags``, its record's tags) against the first non-finite value found."""
+    from pipeline.rerun import epoch_line, recorded_nan_line, run_in_process
     from pipeline.contract.results import STOPPED_EPOCH, EpochSelection, TrialStatus
     from pipeline.inputs.space import resolve_config
     from pipeline.records.tracking import Tag
@@ -504,11 +506,15 @@ def _run_here(request: Any, *, tracking: Any) -> None:
         raise
     if finding is not None:
         console.print(f"[bold red]first non-finite value:[/] {finding.describe()}", highlight=False, soft_wrap=True)
+        if recorded_tags is not None:
+            console.print(recorded_nan_line(finding, recorded_tags), highlight=False, soft_wrap=True)
     console.print(f"status: {status.value}", highlight=False)
     if recorder is not None:
-        tags = {} if finding is None else {Tag.NUMERICS_OP: finding.op_type, Tag.NUMERICS_NODE: finding.node,
-                                           Tag.NUMERICS_LAYER: finding.layer}
-        recorder.finish(status, tags=tags)
+        found = {} if finding is None else {
+            Tag.NUMERICS_OP: finding.op_type, Tag.NUMERICS_NODE: finding.node, Tag.NUMERICS_LAYER: finding.layer,
+            Tag.NUMERICS_VARIABLE: finding.variable, Tag.NUMERICS_FOLD: finding.fold,
+            Tag.NUMERICS_EPOCH: finding.epoch, Tag.NUMERICS_STEP: finding.step}
+        recorder.finish(status, tags={tag: str(value) for tag, value in found.items() if value not in ("", None)})
         console.print(f"recorded as run {recorder.run_id} (tag {Tag.RERUN_OF}={recorded.run_id})", highlight=False)
 
 

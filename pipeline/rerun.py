@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import yaml
 
@@ -16,10 +17,13 @@ from pipeline.base.environment import Environment, environment_change
 from pipeline.base.errors import DataError, InputError, SpecError, TrackingError
 from pipeline.inputs.folds import FoldPlan, make_folds, manifest_identity
 from pipeline.contract.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads, replay_choices
-from pipeline.contract.results import DONE, EpochResult, TrialStatus
+from pipeline.contract.results import DONE, EVAL_STEP, NAN_EPOCH, NAN_FOLD, NAN_STEP, EpochResult, TrialStatus
 from pipeline.inputs.spec import (TRAINING_DEFAULTS, CVSpec, DatasetSpec, Objective, ParamSpec, SweepSpec,
                            check_training_param, parse_spec, read_yaml)
 from pipeline.records.tracking import Tracker
+
+if TYPE_CHECKING:
+    from pipeline.engine.training import StoppedCall
 
 
 @dataclass(frozen=True)
@@ -45,16 +49,74 @@ class RecordedTrial:
         return spec_threads(self.spec, n_folds=self.spec.cv.replicas, eager=eager, check_numerics=check_numerics)
 
 
+class NumericsPart(Enum):
+    """What of a training step the first non-finite value came from."""
+
+    LAYER = "layer"  # the forward pass of one of the model's layers
+    LAYER_GRADIENT = "layer gradient"  # the backward pass through one of its layers
+    GRADIENT_NORM = "gradient norm"  # foldsweep's own health check of the step (``pipeline.engine.training``)
+    OUTSIDE = "outside"  # none of these: the loss, a regularizer, the optimizer's update...
+
+
 @dataclass(frozen=True)
 class NumericsFinding:
-    """The first op TensorFlow's numeric checking caught producing NaN/Inf."""
+    """The first op TensorFlow's numeric checking caught producing NaN/Inf, and where: the fold,
+    epoch and step the check stopped (from the fold engine it stopped), and the layer of that
+    fold's model the op belongs to, or, for the gradient norm, the variable whose gradient's
+    squares went non-finite first and its layer. Empty strings and None where it cannot tell."""
 
     op_type: str
-    node: str
-    layer: str
+    node: str  # the graph node ("" when eager: no graph)
+    part: NumericsPart
+    layer: str = ""  # "conv1d (Conv1D)": a layer the fold's model has
+    variable: str = ""  # "conv1d/kernel"
+    fold: int | None = None
+    epoch: int | None = None
+    step: int | None = None  # within the epoch, 0-based; EVAL_STEP in validation
+
+    def place(self) -> str:
+        return place_text(self.fold, self.epoch, self.step)
 
     def describe(self) -> str:
-        return f"op {self.op_type} (node {self.node}) in layer {self.layer}"
+        op = f"op {self.op_type}" + (f", node {self.node}" if self.node else "")
+        if self.part is NumericsPart.GRADIENT_NORM:
+            what = f"the gradient norm, foldsweep's own check of each step ({op})"
+            if self.variable:
+                what += (f": the gradient of {self.variable}, a variable of layer {self.layer}, is the first whose sum "
+                         "of squares is not finite")
+        elif self.part is NumericsPart.LAYER:
+            what = f"{op} in layer {self.layer}"
+        elif self.part is NumericsPart.LAYER_GRADIENT:
+            what = f"{op} in the gradient of layer {self.layer}"
+        elif self.node:
+            what = f"{op}, outside the model's layers"
+        else:
+            what = f"{op} (run eagerly, no graph node names its layer; without --eager, one does)"
+        place = self.place()
+        return f"{place}: {what}" if place else what
+
+
+def place_text(fold: int | None, epoch: int | None, step: int | None) -> str:
+    """``fold 0, epoch 2, step 17``, or ``fold 0, validation of epoch 2`` (as much as is known)."""
+    parts = [f"fold {fold}"] if fold is not None else []
+    if epoch is not None:
+        parts.append(f"validation of epoch {epoch}" if step == EVAL_STEP else f"epoch {epoch}")
+    if step is not None and step != EVAL_STEP:
+        parts.append(f"step {step}")
+    return ", ".join(parts)
+
+
+def recorded_nan_line(finding: NumericsFinding, recorded_tags: Mapping[str, str]) -> str:
+    """Where the recorded trial went NaN (its tags nan_fold, nan_epoch, nan_step), against where
+    this run's numeric checking stopped: a rerun may walk another trajectory (numeric checking
+    runs without XLA, for one)."""
+    if recorded_tags.get(NAN_EPOCH) is None:
+        return "the recorded trial did not go NaN"
+    recorded = place_text(*(int(recorded_tags[key]) for key in (NAN_FOLD, NAN_EPOCH, NAN_STEP)))
+    source = "its tags foldsweep.nan_fold, nan_epoch, nan_step"
+    if recorded == finding.place():
+        return f"the recorded trial went NaN at the same place ({recorded}: {source})"
+    return f"the recorded trial went NaN at {recorded} ({source}), not where this run's check stopped"
 
 
 def parse_assignments(assignments: Sequence[str]) -> dict[str, Any]:
@@ -273,9 +335,9 @@ def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[
             report = runner.step()
             on_epoch(report)
     except tf.errors.InvalidArgumentError as exc:
-        if not check_numerics:
+        if not check_numerics or "Detected Infinity or NaN" not in str(exc):
             raise
-        return TrialStatus.NAN, numerics_finding(str(exc), runner.trainer.models), report
+        return TrialStatus.NAN, numerics_finding(str(exc), runner.trainer.stopped_call()), report
     finally:
         if check_numerics:
             tf.debugging.disable_check_numerics()
@@ -295,21 +357,72 @@ def rerun_changes(recorded: RecordedTrial, overrides: Mapping[str, Any], *, eage
     return tuple(changes)
 
 
-def numerics_finding(message: str, models: Sequence[Any]) -> NumericsFinding:
-    """Op type, graph node and layer out of TensorFlow's check-numerics error text."""
-    op = re.search(r'graph op "([^"]+)"', message) or re.search(r"op of type (\w+)", message)
-    node = re.search(r"Detected at node (\S+?)/CheckNumerics", message)
-    node_name = node.group(1) if node else ""
-    layers = {layer.name: type(layer).__name__ for model in models for layer in model.layers}
-    scopes = node_name.split("/")
-    # Graph name scopes are layer names, uniquified with a _N suffix when traced more than once.
-    candidates = [*scopes[:-1], *(re.sub(r"_\d+$", "", scope) for scope in scopes[:-1])]
-    layer = next((scope for scope in candidates[1:] if scope in layers), None)
-    if layer is not None:
-        layer = f"{layer} ({layers[layer]})"
-    else:
-        layer = scopes[-2] if len(scopes) > 1 else "?"
-    return NumericsFinding(op_type=op.group(1) if op else "?", node=node_name or "?", layer=layer)
+def numerics_finding(message: str, stopped: StoppedCall | None) -> NumericsFinding:
+    """What TensorFlow's check-numerics error text says (op type, graph node), placed in the fold
+    engine the check stopped: its fold, epoch and step, and its model's layers.
+
+    The node's name scopes are the fold model's, then its layers' (``gradient_tape/`` first for
+    the backward pass); foldsweep's gradient norm is ``global_norm/L2Loss``, ``L2Loss_1``, ...,
+    one per gradient in ``StoppedCall.norm_variables``' order.
+    """
+    op = re.search(r'(?:graph|eagerly-executing) op "([^"]+)"', message)
+    node = re.search(r"\{\{node ([^}]+?)/CheckNumerics\w*\}\}", message) or \
+        re.search(r"Detected at node (\S+?)/CheckNumerics", message)
+    finding = NumericsFinding(op_type=op.group(1) if op else "?", node=node.group(1) if node else "",
+                              part=NumericsPart.OUTSIDE)
+    if stopped is None:
+        return finding
+    finding = replace(finding, fold=stopped.fold, epoch=stopped.epoch, step=stopped.step)
+    scopes = finding.node.split("/")
+    norm = re.fullmatch(r"global_norm(?:_\d+)?/L2Loss(?:_(\d+))?", finding.node)
+    if norm and int(norm.group(1) or 0) < len(stopped.norm_variables):
+        variable = stopped.norm_variables[int(norm.group(1) or 0)]
+        owner = _owner(stopped.model, variable)
+        return replace(finding, part=NumericsPart.GRADIENT_NORM, variable=variable.path,
+                       layer=_layer_text(owner) if owner is not None else "")
+    if re.fullmatch(r"global_norm(?:_\d+)?", scopes[0]):  # the sum of the squares, or its root
+        return replace(finding, part=NumericsPart.GRADIENT_NORM)
+    backward = scopes[0] == "gradient_tape"
+    layers = _scoped_layers(stopped.model, scopes[1:-1] if backward else scopes[:-1])
+    if not layers:
+        return finding
+    return replace(finding, part=NumericsPart.LAYER_GRADIENT if backward else NumericsPart.LAYER,
+                   layer="/".join([*(layer.name for layer in layers[:-1]), _layer_text(layers[-1])]))
+
+
+def _scoped_layers(model: Any, scopes: Sequence[str]) -> list[Any]:
+    """The layers, outermost first, of ``model`` whose calls the graph name scopes ``scopes``
+    (the model's own first) are.
+
+    Keras opens a layer's name scope twice per call, to build it and to call it, so in a graph a
+    layer's ops are under its name with one more ``_N`` suffix than it has (a model's conv1d and
+    conv1d_1: conv1d_1 and conv1d_1_2); its name as it is comes second.
+    """
+    def called(scope: str, layers: Sequence[Any]) -> Any:
+        names = (re.sub(r"_\d+$", "", scope), scope)
+        return next((layer for name in names for layer in layers if layer.name == name), None)
+
+    if not scopes or called(scopes[0], [model]) is None:
+        return []
+    found: list[Any] = []
+    for scope in scopes[1:]:
+        layer = called(scope, getattr(found[-1] if found else model, "layers", ()))
+        if layer is None:
+            break
+        found.append(layer)
+    return found
+
+
+def _owner(model: Any, variable: Any) -> Any:
+    """The innermost layer of ``model`` that holds ``variable``."""
+    for layer in model.layers:
+        if any(held is variable for held in layer.trainable_variables):
+            return (_owner(layer, variable) if hasattr(layer, "layers") else None) or layer
+    return None
+
+
+def _layer_text(layer: Any) -> str:
+    return f"{layer.name} ({type(layer).__name__})"
 
 
 def epoch_line(report: Mapping[str, Any], metric: str) -> str:

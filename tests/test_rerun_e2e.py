@@ -91,20 +91,49 @@ def test_rerun_one_fold_with_fewer_epochs_without_tracking(unclipped_trials, rer
     assert shown == pytest.approx(recorded, rel=1e-3)
 
 
-def test_check_numerics_names_the_op_and_layer_of_a_nan_trial(unclipped_trials, rerun):
+def test_check_numerics_places_a_nan_trials_overflowing_gradient_norm_in_its_fold_epoch_step_and_layer(
+        unclipped_trials, rerun, monkeypatch):
+    """lr 50 unclipped: the first non-finite value is foldsweep's own gradient norm. The rerun names
+    the variable whose gradient's squares overflowed first and its layer, one of the NaN fold's
+    model, and the fold, epoch and step the recorded trial went NaN at (the divergence is
+    explosive: without XLA it goes NaN at the same step)."""
+    import pipeline.rerun
+
     directory, client, trials, _ = unclipped_trials
     nan_trial = trials["50.0"]
     assert nan_trial.data.tags["foldsweep.status"] == "nan"
+    recorded = {key: nan_trial.data.tags[f"foldsweep.nan_{key}"] for key in ("fold", "epoch", "step")}
+    stopped = []
+
+    def placed(message, stopped_call):  # the real reading; what it was placed in is kept
+        stopped.append(stopped_call)
+        return numerics_finding(message, stopped_call)
+
+    numerics_finding = pipeline.rerun.numerics_finding
+    monkeypatch.setattr(pipeline.rerun, "numerics_finding", placed)
 
     result = rerun(directory, nan_trial.info.run_id, "--check-numerics")
 
     assert result.exit_code == 0, result.output
-    line = next(line for line in result.output.splitlines() if line.startswith("first non-finite value:"))
-    op = line.split("op ")[1].split()[0]
-    assert op not in ("?", "Placeholder") and "in layer" in line and "layer ?" not in line
+    output = " ".join(result.output.split())  # the console wraps long lines
+    place = f"fold {recorded['fold']}, epoch {recorded['epoch']}, step {recorded['step']}"
+    assert (f"first non-finite value: {place}: the gradient norm, foldsweep's own check of each step (op L2Loss, "
+            "node global_norm/L2Loss") in output
+    assert f"the recorded trial went NaN at the same place ({place}: its tags foldsweep.nan_fold" in output
     again = client.search_runs([nan_trial.info.experiment_id],
                                filter_string=f"tags.`foldsweep.rerun_of` = '{nan_trial.info.run_id}'")[0]
-    assert again.data.tags["foldsweep.status"] == "nan" and again.data.tags["foldsweep.numerics_op"] == op
+    tags = again.data.tags
+    assert tags["foldsweep.status"] == "nan" and tags["foldsweep.numerics_op"] == "L2Loss"
+    assert {key: tags[f"foldsweep.numerics_{key}"] for key in ("fold", "epoch", "step")} == recorded
+    assert re.fullmatch(r"global_norm/L2Loss(_\d+)?", tags["foldsweep.numerics_node"])
+    # The layer and variable are the NaN fold's model's own (never the norm's scope, global_norm).
+    (call,) = stopped
+    assert str(call.fold) == recorded["fold"]
+    layers = {f"{layer.name} ({type(layer).__name__})": layer for layer in call.model.layers}
+    layer = layers[tags["foldsweep.numerics_layer"]]
+    assert tags["foldsweep.numerics_variable"] in {variable.path for variable in layer.trainable_variables}
+    assert f"the gradient of {tags['foldsweep.numerics_variable']}, a variable of layer " \
+           f"{tags['foldsweep.numerics_layer']}, is the first whose sum of squares is not finite" in output
 
 
 def test_set_reruns_the_nan_trial_with_clipping(unclipped_trials, rerun):

@@ -124,7 +124,7 @@ def test_check_numerics_says_that_it_changes_the_trajectory(sweeps, monkeypatch,
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "differs from the trial" in line)
     assert "jit_compile True -> False" in line and "numbers may differ from the recorded ones" in line
-    assert "first non-finite value: op " in result.output
+    assert "first non-finite value: fold " in result.output
     again = the_rerun(client, original)
     assert "jit_compile True -> False" in again.data.tags["foldsweep.rerun_differs"]
 

@@ -26,7 +26,7 @@ from pipeline.engine.resident import ResidentData
 from pipeline.contract.results import EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport, Throughput
 from pipeline.engine.runtime import threads_in_effect
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe
-from pipeline.engine.training import CallTimer, FoldEngine, FoldExecutor, SequentialFolds, fold_seed
+from pipeline.engine.training import CallTimer, FoldEngine, FoldExecutor, SequentialFolds, StoppedCall, fold_seed
 
 
 class FoldTrainer:
@@ -80,6 +80,14 @@ class FoldTrainer:
         failures = [(k, engine.failure) for k, engine in zip(self.fold_ids, self.engines) if engine.failure is not None]
         return EpochResult(epoch=self.epoch, fold_ids=tuple(self.fold_ids), folds=tuple(scores),
                            throughput=self.throughput(), nan=NanReport.of(failures))
+
+    def stopped_call(self) -> StoppedCall | None:
+        """Where an error (TensorFlow's numeric checking) stopped the last ``run_epoch``: the fold
+        engine it stopped mid-call, with the fold's number; None when it stopped none alone (folds
+        trained side by side or stacked are one call, which numeric checking never makes)."""
+        stopped = [(k, engine.stopped_call()) for k, engine in zip(self.fold_ids, self.engines)]
+        stopped = [(k, call) for k, call in stopped if call is not None]
+        return replace(stopped[0][1], fold=stopped[0][0]) if len(stopped) == 1 else None
 
     def throughput(self) -> Throughput:
         """Training and evaluation samples/s with compilation excluded, and compilation seconds,

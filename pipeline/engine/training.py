@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import keras
 import numpy as np
@@ -40,8 +40,19 @@ def fold_seed(trial_seed: int, fold: int) -> int:
     return int(np.random.SeedSequence([trial_seed, fold]).generate_state(1)[0])
 
 
+class FoldSteps(NamedTuple):
+    """One fold's training launch and evaluation, uncompiled (``fold_steps``)."""
+
+    train_steps: Callable[..., Any]
+    evaluate_batch: Callable[..., Any]
+    # The variables whose gradients the step's global norm adds up, in its order (a variable
+    # whose gradient is None is left out), known once the step is traced: TensorFlow names the
+    # norm's ops global_norm/L2Loss, L2Loss_1, ... in that order.
+    norm_variables: list[Any]
+
+
 def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: TrainingLoss, data: ResidentData
-               ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+               ) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
     ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
@@ -49,6 +60,7 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
     import tensorflow as tf
 
     features, labels = data.x, data.y
+    norm_variables: list[Any] = []
 
     def train_step(indices, enabled):
         x = tf.gather(features, indices)
@@ -59,7 +71,10 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
             if model.losses:
                 value = value + tf.add_n(model.losses)
         gradients = tape.gradient(value, model.trainable_variables)
-        norm = tf.linalg.global_norm([g for g in gradients if g is not None])
+        normed = [(gradient, variable) for gradient, variable in zip(gradients, model.trainable_variables)
+                  if gradient is not None]
+        norm_variables[:] = [variable for _, variable in normed]
+        norm = tf.linalg.global_norm([gradient for gradient, _ in normed])
         # A scalar test per step: a non-finite loss or gradient is never applied, so the fold
         # stops with the weights of its last good step.
         healthy = tf.math.is_finite(value) & tf.math.is_finite(norm)
@@ -87,7 +102,7 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         predictions = model(tf.gather(features, indices), training=False)
         return tf.reduce_sum(loss.per_sample(y, predictions)), tf.reduce_sum(loss.correct(y, predictions))
 
-    return train_steps, evaluate_batch
+    return FoldSteps(train_steps, evaluate_batch, norm_variables)
 
 
 def _failed(tally: Any) -> Any:
@@ -120,6 +135,20 @@ def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: Any,
                              (tf.constant(0), tally))
     _, tally = tf.while_loop(lambda step, tally: (step < n_steps) & ~stopped(tally), next_step, (launched, tally))
     return tally
+
+
+@dataclass(frozen=True)
+class StoppedCall:
+    """Where an error (TensorFlow's numeric checking) stopped a fold engine mid-call: its model,
+    the variables its step's gradient norm adds up (``FoldSteps.norm_variables``), the epoch
+    (1-based) and the step within it (0-based; ``EVAL_STEP`` in validation), as ``NanEvent``
+    counts them, and the fold's number in the sweep once the trainer adds it."""
+
+    model: Any
+    norm_variables: tuple[Any, ...]
+    epoch: int
+    step: int
+    fold: int | None = None
 
 
 @dataclass(frozen=True)
@@ -208,8 +237,12 @@ class FoldEngine:
         # The XLA-compiled launch (None when the step runs without XLA): each trace is a program.
         self.compiled_steps: Any = None
         self.shuffle = shuffle
+        # What the engine is running, from the start of a call until it returns, so that an error
+        # leaves it set (``stopped_call``): the epoch, and in training the steps the optimizer
+        # had applied before it.
+        self._running: tuple[int, int | None] | None = None
         optimizer.build(model.trainable_variables)
-        train_steps, evaluate_batch = fold_steps(model, optimizer, loss, data)
+        train_steps, evaluate_batch, self.norm_variables = fold_steps(model, optimizer, loss, data)
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
         # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and
@@ -269,8 +302,10 @@ class FoldEngine:
             return tf.constant(full), tf.constant(remainder)
 
     def train_epoch(self, epoch: int) -> float:
+        self._running = (epoch, int(self.optimizer.iterations.numpy()))
         started = time.perf_counter()
         tally = EpochTally.of(self._train_epoch(*self.epoch_batch_tensors(epoch)))
+        self._running = None
         self.train_timer.add(time.perf_counter() - started, self.train_samples)
         return self.close_epoch(epoch, tally)
 
@@ -283,9 +318,21 @@ class FoldEngine:
                                     grad_norm=tally.last_norm if good else math.nan)
         return tally.loss_sum / tally.trained if good else math.nan
 
+    def stopped_call(self) -> StoppedCall | None:
+        """What this engine was running when an error stopped it; None if nothing was stopped."""
+        if self._running is None:
+            return None
+        epoch, applied = self._running
+        # Under numeric checking every step before the one it stopped in was applied (a step is
+        # skipped only for a non-finite loss or gradient norm, where the check stops first), so
+        # the steps the optimizer applied since the epoch began number the step it stopped in.
+        step = EVAL_STEP if applied is None else int(self.optimizer.iterations.numpy()) - applied
+        return StoppedCall(self.model, tuple(self.norm_variables), epoch + 1, step)
+
     def evaluate(self, epoch: int) -> tuple[float, float]:
         import tensorflow as tf
 
+        self._running = (epoch, None)
         started = time.perf_counter()
         loss_sum = correct = 0.0
         for begin in range(0, len(self._val_indices), EVAL_BATCH_SIZE):
@@ -294,6 +341,7 @@ class FoldEngine:
             batch_loss, batch_correct = self._evaluate_batch(indices)
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
+        self._running = None
         self.eval_timer.add(time.perf_counter() - started, len(self._val_indices))
         loss, accuracy = loss_sum / len(self._val_indices), correct / len(self._val_indices)
         if not math.isfinite(loss) and self.failure is None:
