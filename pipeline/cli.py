@@ -94,7 +94,10 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     _print_warnings(prepared)
 
 
-def _print_warnings(prepared: Any) -> None:
+def _print_warnings(prepared: Any, *, num_samples_source: str = "search.num_samples") -> None:
+    notice = prepared.space.repeats_notice(prepared.num_samples, source=num_samples_source)
+    if notice:
+        console.print(f"[yellow]notice:[/] {notice}", highlight=False, soft_wrap=True)
     for warning in prepared.warnings:
         errors.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
 
@@ -213,7 +216,7 @@ def run(
         f"{sweep_spec.train.epochs} epochs, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
         f"tracking {prepared.tracking_uri}", highlight=False,
     )
-    _print_warnings(prepared)
+    _print_warnings(prepared, num_samples_source="--num-samples" if num_samples else "search.num_samples")
 
     def trial_done(record: Any) -> None:
         score = selected_score(record, objective)
