@@ -147,7 +147,10 @@ def _trials_ended_before_resume(prepared: Any, planned: int) -> int:
     return done
 
 
-def _print_warnings(prepared: Any) -> None:
+def _print_warnings(prepared: Any, *, num_samples_source: str = "search.num_samples") -> None:
+    notice = prepared.space.repeats_notice(prepared.num_samples, source=num_samples_source)
+    if notice:
+        console.print(f"[yellow]notice:[/] {notice}", highlight=False, soft_wrap=True)
     for warning in prepared.warnings:
         errors.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
 
@@ -270,7 +273,7 @@ def run(
         f"{_count(sweep_spec.train.epochs, 'epoch')}, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
         f"tracking {prepared.tracking_uri}", highlight=False,
     )
-    _print_warnings(prepared)
+    _print_warnings(prepared, num_samples_source="--num-samples" if num_samples else "search.num_samples")
     progress = _progress(prepared, done_before=done_before)
 
     def trial_done(record: Any) -> None:

@@ -536,21 +536,23 @@ def check_cluster_resources(spec: SweepSpec, cluster: dict[str, float], notify: 
 
 
 def make_searcher(spec: SweepSpec, space: SearchSpace) -> Any:
-    """Random and grid search sample the param space; Optuna TPE runs a define-by-run space, so
-    that a hyperparameter that does not apply (a threshold without clipping) is never suggested."""
+    """Random and grid search sample the param space as Ray Tune does; Optuna TPE runs a
+    define-by-run space, so that a hyperparameter that does not apply (a threshold without
+    clipping) is never suggested. None of them makes a config twice (``pipeline.inputs.searchers``)."""
     if spec.search.algorithm == "optuna":
         import optuna
-        from ray.tune.search.optuna import OptunaSearch
+
+        from pipeline.inputs.searchers import DistinctOptunaSearch
 
         # Optuna learns a trial's value from its last report: with train.select best_epoch that is
         # the best of its mean CV curve so far, the score the leaderboard ranks it by (schedulers
         # keep acting on each epoch's own mean, the Tuner's metric).
         metric = f"{RUNNING_BEST_PREFIX}{spec.objective.key}" if spec.train.select == "best_epoch" else spec.objective.key
-        return OptunaSearch(space=space.optuna_define_by_run(), metric=metric, mode=spec.objective.mode,
-                            sampler=optuna.samplers.TPESampler(seed=spec.search.seed))
-    from ray.tune.search.basic_variant import BasicVariantGenerator
+        return DistinctOptunaSearch(space, metric=metric, mode=spec.objective.mode,
+                                    sampler=optuna.samplers.TPESampler(seed=spec.search.seed))
+    from pipeline.inputs.searchers import DistinctVariantGenerator
 
-    return BasicVariantGenerator(random_state=spec.search.seed, max_concurrent=spec.resources.max_concurrent or 0)
+    return DistinctVariantGenerator(space, seed=spec.search.seed, max_concurrent=spec.resources.max_concurrent or 0)
 
 
 def _limits_itself(searcher: Any) -> bool:

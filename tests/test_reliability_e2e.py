@@ -101,7 +101,8 @@ def test_eight_concurrent_trials_record_every_epoch_once(ray_cluster, tmp_path, 
     """About 30 s alone, up to 120 s beside the other pytest worker: eight worker processes start
     TensorFlow at once on two cores (a quarter of a CPU each, so that the session's Ray holds all
     eight)."""
-    spec = write(tmp_path, "eight", search={"num_samples": 8, "space": {"kernel_size": 3}},
+    spec = write(tmp_path, "eight", search={"num_samples": 8, "space": {
+        "kernel_size": 3, "learning_rate": {"loguniform": [1e-3, 1e-2]}}},  # eight configs: a sweep repeats none
                  train={"epochs": 2, "jit_compile": False},
                  resources={"cpu": 0.25, "max_concurrent": 8})
     result = CliRunner().invoke(app, ["run", str(spec)])

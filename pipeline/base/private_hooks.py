@@ -106,6 +106,36 @@ def _check_moved_sweep() -> str | None:
     return None
 
 
+def _check_variant_generator() -> str | None:
+    module = "ray.tune.search.basic_variant"
+    for problem in (_missing(module, "_TrialIterator"), _missing(module, "_VariantIterator"),
+                    _missing("ray.tune.experiment", "_convert_to_experiment_list")):
+        if problem:
+            return problem
+    trial_iterator = _attribute(module, "_TrialIterator")
+    wanted = {"uuid_prefix", "num_samples", "unresolved_spec", "start", "random_state"}
+    if not wanted <= set(_parameters(trial_iterator)):
+        return f"_TrialIterator no longer takes {', '.join(sorted(wanted - set(_parameters(trial_iterator))))}"
+    if "self.variants and self.variants.has_next()" not in inspect.getsource(trial_iterator.__next__):
+        return "_TrialIterator no longer makes its trials of self.variants first"
+    state = vars(_attribute(module, "BasicVariantGenerator")())
+    missing = [name for name in ("_iterators", "_trial_generator", "_total_samples", "_random_state", "_uuid_prefix")
+               if name not in state]
+    return f"BasicVariantGenerator no longer keeps {', '.join(missing)}" if missing else None
+
+
+def _check_optuna_trials() -> str | None:
+    module = "ray.tune.search.optuna.optuna_search"
+    if problem := _missing(module, "OptunaSearch"):
+        return problem
+    searcher = _attribute(module, "OptunaSearch")
+    if "self._ot_trials[trial_id] = self._ot_study.ask()" not in inspect.getsource(searcher.suggest):
+        return "OptunaSearch.suggest no longer asks self._ot_study for the trial it keeps in self._ot_trials"
+    if "ot_trial = self._ot_trials[trial_id]" not in inspect.getsource(searcher.on_trial_complete):
+        return "OptunaSearch.on_trial_complete no longer tells the trial it keeps in self._ot_trials"
+    return None
+
+
 def _check_output_engine_switch() -> str | None:
     source = inspect.getsource(importlib.import_module("ray.tune.experimental.output"))
     if RAY_OUTPUT_ENGINE_VARIABLE not in source:
@@ -280,6 +310,13 @@ HOOKS: tuple[Hook, ...] = (
     Hook("ray", "ray.tune.Tuner._local_tuner._tune_config.search_alg and ray.train._internal.storage.StorageContext",
          "a sweep resumed from another directory makes its new trials there, not where it was recorded",
          ("_tune_config",), _check_moved_sweep),
+    Hook("ray", "ray.tune.search.basic_variant's _TrialIterator, _VariantIterator and BasicVariantGenerator's "
+         "_iterators, _random_state and _uuid_prefix",
+         "random and grid search never make a config twice (pipeline.inputs.searchers makes Ray Tune's trials of the "
+         "space's own draw)", ("_iterators", "_random_state", "_uuid_prefix"), _check_variant_generator),
+    Hook("ray", "ray.tune.search.optuna.OptunaSearch's _ot_trials and _ot_study",
+         "Optuna never has a config trained twice (pipeline.inputs.searchers answers a repeated proposal itself)",
+         ("_ot_trials", "_ot_study"), _check_optuna_trials),
     Hook("ray", f"the {RAY_OUTPUT_ENGINE_VARIABLE}=0 environment variable",
          "Ray Tune's own progress tables stay out of foldsweep's output", (), _check_output_engine_switch),
     Hook("ray", "ray.experimental.internal_kv's put, get and delete by namespace, from workers and the driver",

@@ -10,13 +10,18 @@ Some hyperparameters only count under a condition: ``clip_threshold`` when ``cli
 conditional scope when its parent has one of the scope's values. ``resolve_config`` turns a sampled config into the values
 a trial actually uses (and records); Optuna is given a define-by-run space that does not even
 suggest the inactive ones.
+
+Two sampled configs that resolve to the same values are the same config, and no sweep trains one
+twice: ``SearchSpace.trial_count`` counts the distinct configs a sweep can draw, and
+``SearchSpace.draw`` draws Ray Tune's variants without repeating one.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Container, Iterator, Mapping
 
 import keras_tuner
 from keras_tuner.src.engine import conditions as conditions_module
@@ -37,6 +42,11 @@ OWN_OPTIMIZER_SETTINGS = ("optimizer", "learning_rate")
 TRAINING_CONDITIONS: Mapping[str, tuple[Any, ...]] = {
     "clip_threshold": (conditions_module.Parent("clipping", ["norm", "value", "global_norm"]),),
 }
+# A random search draws again where Ray Tune's draw repeats a config (so a sweep that met no
+# repeat draws exactly as Ray Tune does). A config that is rarely drawn (the top value of a
+# log-uniform integer) could keep a space's last few configs from being met for long: after this
+# many rounds of draws per sample, the configs still wanted are taken in order.
+ROUNDS_PER_SAMPLE = 10
 
 
 @dataclass(frozen=True)
@@ -47,12 +57,60 @@ class SearchSpace:
     conditions: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     domains: Mapping[str, Any] = field(default_factory=dict)
 
+    # The trials each grid point runs, by num_samples: counted once (counting walks the space).
+    _quotas: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict, init=False, repr=False,
+                                                           compare=False)
+
     def trial_count(self, num_samples: int) -> int:
-        """Trials a sweep runs: every grid point, num_samples times (Ray Tune's semantics)."""
-        points = 1
-        for domain in self.param_space.values():
-            points *= len(domain["grid_search"]) if _is_grid(domain) else 1
-        return points * num_samples
+        """Trials a sweep runs: ``num_samples`` configs at every grid point (Ray Tune's semantics),
+        but never one config twice: where fewer distinct configs remain, each runs once."""
+        return sum(self._quotas_of(num_samples).values())
+
+    def repeats_notice(self, num_samples: int, *, source: str = "search.num_samples") -> str | None:
+        """What a researcher should know when the space has fewer distinct configs than asked for."""
+        points = len(self._quotas_of(num_samples))
+        trials = self.trial_count(num_samples)
+        if trials == points * num_samples:
+            return None
+        if points == 1:
+            return (f"{source} {num_samples} exceeds the {trials} distinct configs of the search space: each runs "
+                    f"once ({trials} trials); search.algorithm: grid enumerates them")
+        if num_samples == 1:
+            return (f"the {points} grid points make {trials} distinct configs (where a grid hyperparameter does not "
+                    f"apply, as a clip_threshold without clipping, its values make one config): each runs once")
+        return (f"{source} {num_samples} at each of the {points} grid points would repeat configs: they make "
+                f"{trials} distinct ones, and each runs once ({trials} trials, not {points * num_samples})")
+
+    def draw(self, spec: dict[str, Any], *, num_samples: int, random_state: Any) -> list[tuple[dict, dict]]:
+        """Ray Tune's variants of an experiment ``spec`` (resolved vars, resolved spec) for
+        ``num_samples``: Ray Tune's own draws from ``random_state``, in its order, but a config drawn
+        before is drawn again, until every grid point has its ``trial_count`` share."""
+        from ray.tune.search.variant_generator import generate_variants
+
+        wanted = dict(self._quotas_of(num_samples))
+        taken: set[str] = set()
+        drawn: list[tuple[dict, dict]] = []
+
+        def take(point: tuple[int, ...], resolved: dict[str, Any], variant: tuple[dict, dict]) -> None:
+            taken.add(config_key(resolved))
+            wanted[point] -= 1
+            drawn.append(variant)
+
+        rounds = 0
+        while any(wanted.values()):
+            if rounds == ROUNDS_PER_SAMPLE * num_samples:
+                for point in [point for point, count in wanted.items() if count]:
+                    for resolved in self._configs_at(point):
+                        if wanted[point] and config_key(resolved) not in taken and not _stands_for_many(resolved):
+                            take(point, resolved, _variant_of(spec, resolved))
+            rounds += 1
+            for resolved_vars, variant_spec in generate_variants(spec, random_state=random_state):
+                config = variant_spec["config"]
+                point = self._point_of(config)
+                resolved = self.resolve(config)
+                if wanted[point] and config_key(resolved) not in taken and self._owner(resolved) == point:
+                    take(point, resolved, (resolved_vars, variant_spec))
+        return drawn
 
     def largest_value(self, name: str) -> Any:
         """The largest value a numeric hyperparameter can take (None for unknown names)."""
@@ -75,6 +133,67 @@ class SearchSpace:
     def optuna_define_by_run(self) -> Callable[[Any], dict[str, Any]]:
         """Optuna's define-by-run space: suggests only what is active given earlier answers."""
         return _OptunaSpace(dict(self.domains), dict(self.conditions))
+
+    def untried(self, tried: Container[str]) -> dict[str, Any] | None:
+        """The searched values of the first config whose ``config_key`` is not in ``tried`` (of a
+        space without grid entries; a continuous hyperparameter left out), None when all were."""
+        searched = self.searched()
+        for resolved in self._configs_at(()):
+            if _stands_for_many(resolved) or config_key(resolved) not in tried:
+                return {name: value for name, value in resolved.items()
+                        if name in searched and not isinstance(value, sample.Domain)}
+        return None
+
+    def _grids(self) -> dict[str, list[Any]]:
+        return {name: domain["grid_search"] for name, domain in self.param_space.items() if _is_grid(domain)}
+
+    def _quotas_of(self, num_samples: int) -> dict[tuple[int, ...], int]:
+        """Each grid point (its values' indices) with the distinct configs it runs: up to
+        ``num_samples`` of those it owns."""
+        if num_samples not in self._quotas:
+            points = itertools.product(*(range(len(values)) for values in self._grids().values()))
+            self._quotas[num_samples] = {point: _at_most(num_samples, self._configs_at(point)) for point in points}
+        return self._quotas[num_samples]
+
+    def _point_of(self, config: Mapping[str, Any]) -> tuple[int, ...]:
+        return tuple(values.index(config[name]) for name, values in self._grids().items())
+
+    def _owner(self, resolved: Mapping[str, Any]) -> tuple[int, ...]:
+        """The first grid point that makes ``resolved``: where a grid hyperparameter does not apply
+        (a threshold without clipping), every one of its grid values makes the same config."""
+        return tuple(next(index for index, value in enumerate(values) if _agrees(name, value, resolved))
+                     for name, values in self._grids().items())
+
+    def _configs_at(self, point: tuple[int, ...]) -> Iterator[dict[str, Any]]:
+        """The distinct resolved configs that grid ``point`` owns, in order: every combination of
+        the values its sampled hyperparameters can take where they apply; a continuous one stays
+        its domain (which stands for endlessly many configs)."""
+        conditions = {**TRAINING_CONDITIONS, **self.conditions}
+        parents = {condition.name for rules in conditions.values() for condition in rules}
+        fixed = {name: domain for name, domain in self.param_space.items() if not isinstance(domain, sample.Domain)}
+        fixed.update({name: values[index] for (name, values), index in zip(self._grids().items(), point)})
+        sampled = _parents_first([name for name in self.param_space if name not in fixed], conditions)
+        seen: set[str] = set()
+
+        def combinations(index: int, config: dict[str, Any]) -> Iterator[dict[str, Any]]:
+            if index == len(sampled):
+                yield config
+                return
+            name = sampled[index]
+            domain = self.param_space[name]
+            values = _finite_values(domain)
+            applies = all(condition.is_active(config_values(config)) for condition in conditions.get(name, ()))
+            # One value stands for all where the hyperparameter does not apply, unless another one's
+            # condition reads it.
+            for value in [domain] if values is None else values if applies or name in parents else values[:1]:
+                yield from combinations(index + 1, {**config, name: value})
+
+        for config in combinations(0, fixed):
+            resolved = self.resolve(config)
+            key = config_key(resolved)
+            if key not in seen and self._owner(resolved) == point:
+                seen.add(key)
+                yield resolved
 
 
 def build_space(spec: SweepSpec, hyperparameters: keras_tuner.HyperParameters, *,
@@ -168,6 +287,63 @@ def _is_grid(domain: Any) -> bool:
 
 def _is_finite(domain: Any) -> bool:
     return _is_grid(domain) or isinstance(domain, sample.Categorical) or not isinstance(domain, sample.Domain)
+
+
+def _finite_values(domain: Any) -> list[Any] | None:
+    """Every value a sampled domain can draw, as Ray Tune draws them; None for a continuous one."""
+    if isinstance(domain, sample.Categorical):
+        return list(domain.categories)
+    if not isinstance(domain, sample.Integer):
+        return None
+    sampler = domain.get_sampler()
+    if isinstance(sampler, sample.Quantized):
+        # Ray Tune draws multiples of q between the bounds, both included unless q is 1.
+        q = sampler.q
+        lower, upper = -(-domain.lower // q), domain.upper // q + (0 if q == 1 else 1)
+        return [index * q for index in range(lower, upper)]
+    return list(range(domain.lower, domain.upper))
+
+
+def _at_most(count: int, configs: Iterator[dict[str, Any]]) -> int:
+    """How many ``configs`` there are, up to ``count``; one that stands for many fills it."""
+    found = 0
+    for config in configs:
+        found = count if _stands_for_many(config) else found + 1
+        if found >= count:
+            break
+    return found
+
+
+def _stands_for_many(resolved: Mapping[str, Any]) -> bool:
+    return any(isinstance(value, sample.Domain) for value in resolved.values())
+
+
+def config_key(resolved: Mapping[str, Any]) -> str:
+    """What tells resolved configs apart: two with equal keys are the same config."""
+    return repr(sorted(resolved.items()))
+
+
+def _agrees(name: str, value: Any, resolved: Mapping[str, Any]) -> bool:
+    """Whether grid ``value`` of ``name`` can have made ``resolved`` (a clipping pair is two values)."""
+    values = value if name == CLIP_PAIR else {name: value}
+    return all(key not in resolved or resolved[key] == wanted for key, wanted in values.items())
+
+
+def _parents_first(names: list[str], conditions: Mapping[str, tuple[Any, ...]]) -> list[str]:
+    """``names`` in order, but each after the ones its conditions read."""
+    def depth(name: str) -> int:
+        return 1 + max((depth(condition.name) for condition in conditions.get(name, ()) if condition.name in names),
+                       default=0)
+
+    return sorted(names, key=depth)
+
+
+def _variant_of(spec: dict[str, Any], resolved: dict[str, Any]) -> tuple[dict, dict]:
+    """A resolved config as Ray Tune's variant of ``spec`` (resolved vars, resolved spec)."""
+    variant = copy.deepcopy(spec)
+    variant["config"] = dict(resolved)
+    searched = [name for name, domain in spec["config"].items() if isinstance(domain, (sample.Domain, dict))]
+    return {("config", name): resolved[name] for name in searched if name in resolved}, variant
 
 
 def _values(domain: Any) -> list[Any]:

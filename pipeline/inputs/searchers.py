@@ -1,0 +1,77 @@
+"""Ray Tune's searchers, made never to suggest a config twice: random and grid search draw from the
+``SearchSpace``; Optuna TPE is asked again when it proposes a config it proposed before.
+
+Imports Ray Tune's search modules (``pipeline.sweep`` imports this one when it builds a Tuner).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import optuna
+from ray.tune.experiment import _convert_to_experiment_list
+from ray.tune.search import Searcher
+from ray.tune.search.basic_variant import BasicVariantGenerator, _TrialIterator, _VariantIterator
+from ray.tune.search.optuna import OptunaSearch
+
+from pipeline.inputs.space import SearchSpace, config_key
+
+# Proposals of configs already suggested that Optuna may make in a row before the next config not
+# yet tried is given to it (a TPE that has settled on a few configs proposes them again and again).
+REPEATS_BEFORE_A_NEW_CONFIG = 10
+
+
+class DistinctVariantGenerator(BasicVariantGenerator):
+    """Ray Tune's BasicVariantGenerator (random search, grid entries enumerated), whose trials are
+    the space's ``draw``: Ray Tune's own draws from the same seed, without a repeated config, as
+    many as ``SearchSpace.trial_count`` says.
+
+    Its state is Ray Tune's (the drawn variants not yet made into trials), saved and restored as
+    Ray Tune does for a resumed sweep."""
+
+    def __init__(self, space: SearchSpace, *, seed: int | None, max_concurrent: int = 0):
+        super().__init__(random_state=seed, max_concurrent=max_concurrent)
+        self.space = space
+
+    def add_configurations(self, experiments: Any) -> None:
+        for experiment in _convert_to_experiment_list(experiments):
+            drawn = self.space.draw(experiment.spec, num_samples=experiment.spec.get("num_samples", 1),
+                                    random_state=self._random_state)
+            trials = _TrialIterator(uuid_prefix=self._uuid_prefix, num_samples=0, unresolved_spec=experiment.spec,
+                                    start=self._total_samples, random_state=self._random_state)
+            # A trial iterator makes trials of its variants first: here they are all of them.
+            trials.variants = _VariantIterator(drawn)
+            self._total_samples += len(drawn)
+            self._iterators.append(trials)
+            self._trial_generator = itertools.chain(self._trial_generator, trials)
+
+
+class DistinctOptunaSearch(OptunaSearch):
+    """Ray Tune's OptunaSearch over the space's define-by-run function, which never suggests a
+    config twice. A repeated proposal is not trained: Optuna is told it failed (TPE leaves failed
+    trials out of what it learns, so nothing is learned twice) and asked again; after
+    ``REPEATS_BEFORE_A_NEW_CONFIG`` such proposals in a row it is given the first config not yet
+    tried, and when none is left the search is finished. So a sweep runs
+    ``SearchSpace.trial_count`` trials, as random search does."""
+
+    def __init__(self, space: SearchSpace, **kwargs: Any):
+        super().__init__(space=space.optuna_define_by_run(), **kwargs)
+        self.search_space = space
+        self.suggested: set[str] = set()  # the keys of the configs suggested
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        for _ in range(REPEATS_BEFORE_A_NEW_CONFIG):
+            config = super().suggest(trial_id)
+            key = config_key(self.search_space.resolve(config))
+            if key not in self.suggested:
+                self.suggested.add(key)
+                return config
+            self._ot_study.tell(self._ot_trials.pop(trial_id), state=optuna.trial.TrialState.FAIL)
+        untried = self.search_space.untried(self.suggested)
+        if untried is None:
+            return Searcher.FINISHED
+        self._ot_study.enqueue_trial(untried)
+        config = super().suggest(trial_id)
+        self.suggested.add(config_key(self.search_space.resolve(config)))
+        return config
