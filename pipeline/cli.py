@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from pipeline.base.errors import FoldsweepError, InputError
 from pipeline.base.quiet import import_tensorflow, quiet_environment
@@ -34,9 +35,16 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# Captured output (CI logs, pipes) gets room for the leaderboard's columns.
-console = Console(width=None if sys.stdout.isatty() else 150)
-errors = Console(stderr=True)
+# Captured output (CI logs, pipes) gets room for the leaderboard's columns. No markup: what is
+# printed holds a researcher's values and messages, whose brackets ("[low, high]") rich would
+# take for styles and drop; the few styled words are Text.
+console = Console(width=None if sys.stdout.isatty() else 150, markup=False)
+errors = Console(stderr=True, markup=False)
+
+
+def styled(label: str, style: str, rest: str = "") -> Text:
+    """``label`` in ``style``, then ``rest`` as it is."""
+    return Text.assemble((label, style), rest)
 
 DEFAULT_UI_PORT = 5000
 TrackingUriOption = typer.Option(None, "--tracking-uri", help="MLflow tracking URI [default: the spec's tracking.uri, or sqlite:///mlflow.db]")
@@ -51,10 +59,10 @@ def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except InputError as exc:
-            errors.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+            errors.print(styled("error:", "bold red", f" {exc}"), highlight=False, soft_wrap=True)
             raise typer.Exit(code=2) from None
         except FoldsweepError as exc:  # not the input's fault, yet nothing a traceback would explain
-            errors.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+            errors.print(styled("error:", "bold red", f" {exc}"), highlight=False, soft_wrap=True)
             raise typer.Exit(code=1) from None
         except typer.Exit:
             raise
@@ -62,8 +70,8 @@ def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
             errors.print("interrupted")
             raise typer.Exit(code=130) from None
         except Exception:
-            errors.print("[bold red]internal error[/] (please report it with the traceback below)")
-            errors.print(traceback.format_exc(), markup=False, highlight=False)
+            errors.print(styled("internal error", "bold red", " (please report it with the traceback below)"))
+            errors.print(traceback.format_exc(), highlight=False)
             raise typer.Exit(code=1) from None
 
     return wrapper
@@ -84,11 +92,11 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     prepared = prepare(sweep_spec, inputs=inputs)
     folds = prepared.folds.manifest()["folds"]
     console.print(
-        f"[green]ok[/] {spec}: experiment {prepared.spec.experiment}, dataset {prepared.dataset.name} "
+        styled("ok", "green", f" {spec}: experiment {prepared.spec.experiment}, dataset {prepared.dataset.name} "
         f"{prepared.dataset.x.shape}, {_replicas_text(prepared.spec.cv)} "
         f"(val sizes {', '.join(str(f['val_size']) for f in folds)}), "
         f"{len(prepared.space.domains)} hyperparameters, {prepared.spec.search.algorithm} search, "
-        f"{prepared.space.trial_count(prepared.num_samples)} trials",
+        f"{prepared.space.trial_count(prepared.num_samples)} trials"),
         highlight=False,
     )
     for line in compile_notes(prepared.spec, prepared.experiment):
@@ -115,7 +123,7 @@ class _Doing:
 
     def say(self, line: str) -> None:
         self.done()
-        console.print(f"[dim]{line}[/]", highlight=False, soft_wrap=True)
+        console.print(line, style="dim", highlight=False, soft_wrap=True)
 
     def done(self) -> None:
         if self._status is not None:
@@ -150,9 +158,9 @@ def _trials_ended_before_resume(prepared: Any, planned: int) -> int:
 def _print_warnings(prepared: Any, *, num_samples_source: str = "search.num_samples") -> None:
     notice = prepared.space.repeats_notice(prepared.num_samples, source=num_samples_source)
     if notice:
-        console.print(f"[yellow]notice:[/] {notice}", highlight=False, soft_wrap=True)
+        console.print(styled("notice:", "yellow", f" {notice}"), highlight=False, soft_wrap=True)
     for warning in prepared.warnings:
-        errors.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+        errors.print(styled("warning:", "yellow", f" {warning}"), highlight=False, soft_wrap=True)
 
 
 def _print_standings_notes(standings: Any, tracking_uri: str) -> None:
@@ -163,7 +171,7 @@ def _print_standings_notes(standings: Any, tracking_uri: str) -> None:
         console.print(standings.ties_line(), highlight=False, soft_wrap=True)
     command = rerun_command(standings, tracking_uri, program=program_name())
     if command:
-        console.print(f"rerun the best trial: [bold]{command}[/]", highlight=False, soft_wrap=True)
+        console.print(Text.assemble("rerun the best trial: ", (command, "bold")), highlight=False, soft_wrap=True)
 
 
 def _replicas_text(cv: Any) -> str:
@@ -269,9 +277,9 @@ def run(
     done_before = _trials_ended_before_resume(prepared, planned) if resume else 0
     objective = sweep_spec.objective.key
     console.print(
-        f"sweep [bold]{sweep_spec.name}[/]: {planned} trials x {_replicas_text(sweep_spec.cv)}, "
+        Text.assemble("sweep ", (sweep_spec.name, "bold"), f": {planned} trials x {_replicas_text(sweep_spec.cv)}, "
         f"{_count(sweep_spec.train.epochs, 'epoch')}, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
-        f"tracking {prepared.tracking_uri}", highlight=False,
+        f"tracking {prepared.tracking_uri}"), highlight=False,
     )
     _print_warnings(prepared, num_samples_source="--num-samples" if num_samples else "search.num_samples")
     progress = _progress(prepared, done_before=done_before)
@@ -292,7 +300,7 @@ def run(
     failed: list[str] = []
     try:
         outcome = run_sweep(prepared, on_trial_done=trial_done, resume=resume, progress=progress, say=doing.say,
-                            doing=doing, notify=lambda line: console.print(f"[yellow]{line}[/]", highlight=False))
+                            doing=doing, notify=lambda line: console.print(line, style="yellow", highlight=False))
     except SweepInterrupted as interrupted:
         again = " ".join([program_name(), *(shlex.quote(arg) for arg in sys.argv[1:] if arg != "--resume")])
         errors.print(f"interrupted: sweep run {interrupted.parent_run_id} stopped, unfinished trials marked KILLED. "
@@ -313,7 +321,7 @@ def run(
     _print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
     if failed:
         for what in failed:
-            errors.print(f"[bold red]error:[/] every trial ended and is recorded, but {what}", highlight=False,
+            errors.print(styled("error:", "bold red", f" every trial ended and is recorded, but {what}"), highlight=False,
                          soft_wrap=True)
         raise typer.Exit(code=1)
 
@@ -461,7 +469,7 @@ def rerun(
 def _without_inactive(config: dict[str, Any], left_out: dict[str, str]) -> dict[str, Any]:
     """The config without the ``--set`` values whose condition does not hold, each said once."""
     for note in left_out.values():
-        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        console.print(styled("note:", "yellow", f" {note}"), highlight=False, soft_wrap=True)
     return {name: value for name, value in config.items() if name not in left_out}
 
 
@@ -487,7 +495,7 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
                       highlight=False, soft_wrap=True)
         if differences:
             differs = ", ".join(differences)
-            console.print(f"[yellow]differs from the trial: {differs}; numbers may differ from the recorded ones[/]",
+            console.print(f"differs from the trial: {differs}; numbers may differ from the recorded ones", style="yellow",
                           highlight=False, soft_wrap=True)
             if recorder is not None:
                 recorder.set_tags({Tag.RERUN_DIFFERS: differs})
@@ -508,7 +516,8 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
                             error=traceback.format_exc())
         raise
     if finding is not None:
-        console.print(f"[bold red]first non-finite value:[/] {finding.describe()}", highlight=False, soft_wrap=True)
+        console.print(styled("first non-finite value:", "bold red", f" {finding.describe()}"), highlight=False,
+                      soft_wrap=True)
         if recorded_tags is not None:
             console.print(recorded_nan_line(finding, recorded_tags), highlight=False, soft_wrap=True)
     console.print(f"status: {status.value}", highlight=False)
@@ -547,8 +556,8 @@ def _progress(prepared: Any, *, done_before: int = 0) -> Any:
 
 
 def _print_ui_address(tracking_uri: str, ui_path: str, *, sweep: str, port: int = DEFAULT_UI_PORT) -> None:
-    console.print(f"Open the MLflow UI on this sweep: [bold]{ui_command(tracking_uri, sweep=sweep)}[/] "
-                  f"then browse http://127.0.0.1:{port}{ui_path}", highlight=False, soft_wrap=True)
+    console.print(Text.assemble("Open the MLflow UI on this sweep: ", (ui_command(tracking_uri, sweep=sweep), "bold"),
+                                f" then browse http://127.0.0.1:{port}{ui_path}"), highlight=False, soft_wrap=True)
 
 
 def program_name() -> str:
@@ -634,8 +643,9 @@ def ui(
                           soft_wrap=True)
             code = server.wait()
         elif not stopped:
-            errors.print(f"[bold red]error:[/] the MLflow UI server exited with code {code} before it answered at "
-                         f"http://127.0.0.1:{port}", highlight=False, soft_wrap=True)
+            errors.print(styled("error:", "bold red", f" the MLflow UI server exited with code {code} before it "
+                                                      f"answered at http://127.0.0.1:{port}"), highlight=False,
+                         soft_wrap=True)
             code = code or 1  # `mlflow ui` ends with 0 even when its port is taken
     except KeyboardInterrupt:
         stop()

@@ -71,6 +71,7 @@ FILES = {
     "broken.yaml": "name: x\ncv: {n_splits: 3\n",
     "unknown_hp.yaml": spec_text(search={"space": {"batch_size": 8, "unitz_0": 8}}),
     "select.yaml": spec_text(train={"epochs": 1, "select": "best"}),
+    "bounds.yaml": spec_text(search={"space": {"batch_size": 8, "learning_rate": {"loguniform": ["low", "high"]}}}),
     "mode.yaml": spec_text(train={"epochs": 1, "metric": "loss", "mode": "max"}),
     "ungrouped.yaml": spec_text(dataset="grouped.npz"),
     "early.yaml": spec_text(train={"epochs": 1, "early_stoping": {"patience": 2}}),
@@ -120,6 +121,9 @@ CASES = [
     ("a spec that is not YAML", ["run", "broken.yaml"], ["not valid YAML at line"]),
     ("a hyperparameter the model does not have", ["run", "unknown_hp.yaml"], ["search.space.unitz_0"]),
     ("an unknown epoch selection", ["validate", "select.yaml"], ["train.select must be one of best_epoch, last"]),
+    # A terminal that read "[low, high]" as a style would print "must be finite numbers , got".
+    ("bounds that are not numbers", ["validate", "bounds.yaml"],
+     ["search.space.learning_rate.loguniform must be finite numbers [low, high], got ['low', 'high']"]),
     ("a mode against its metric", ["run", "mode.yaml"],
      ["train.mode must be min for train.metric loss (lower loss is better", "drop train.mode", "got 'max'"]),
     ("grouped data split without its groups", ["run", "ungrouped.yaml"],

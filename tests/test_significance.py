@@ -172,16 +172,9 @@ def test_the_learning_curve_title_counts_what_it_highlights(tmp_path):
     histories = {r.run_id: [(1, 0.5), (2, 0.6)] for r in records}
     curves = learning_curve_data(records, Objective(), histories)
     assert HIGHLIGHTED > len(curves) and sum(0 < curve.rank <= HIGHLIGHTED for curve in curves) == 2
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    titles = []
-    original = plt.Axes.set_title
-    try:
-        plt.Axes.set_title = lambda self, text, *a, **k: titles.append(text) or original(self, text, *a, **k)
-        _learning_curves(curves, Objective(), tmp_path / "curves.png")
-    finally:
-        plt.Axes.set_title = original
+    figure = _learning_curves(curves, Objective())
+    titles = [axes.get_title() for axes in figure.axes]
+    plt.close(figure)
     assert titles == ["learning curves: 2 trials, the 2 best highlighted (o: the epoch each is scored at)"]

@@ -152,10 +152,12 @@ def test_an_early_stopped_trial_counts_as_done_at_its_stopped_epoch():
     progress.ended("a", "", "ok")
     progress.result("b", "", {"epoch": 7, "epochs_planned": 40, "mean_val_accuracy": 0.7})
     assert progress.counts()["done"] == 1
-    done, total = 7 + 7, 7 + 40  # a is whole at 7 epochs; b has 33 to go
-    progress.started -= 1.0
+    # a is whole at its 7 epochs (47 in all, not 80); b's 7 came in the 1 s since a ended, 33 to go.
+    since, epochs_then = progress.rate_start
+    progress.rate_start = (since - 1.0, epochs_then)
     from pipeline.records.progress import eta_seconds
-    assert progress.eta() == pytest.approx(eta_seconds(epochs_done=done, epochs_total=total, elapsed_s=1.0), rel=1e-2)
+    assert progress.eta() == pytest.approx(eta_seconds(epochs_done=14 - 7, epochs_total=47 - 7, elapsed_s=1.0),
+                                           rel=1e-2)
     assert np.isfinite(progress.eta())
 
 
