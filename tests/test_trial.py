@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from ray import tune
 
+from pipeline.engine.lifespan import WorkerState
 from pipeline.engine.trial import CHECKPOINT_FILE, LAST_REPORT_FILE, FoldTrainable, surviving_checkpoint
 
 
@@ -88,7 +89,7 @@ class EpochsOf:
 
 def trainable_with(runner: EpochsOf) -> FoldTrainable:
     trainable = object.__new__(FoldTrainable)
-    trainable._lifespan = SimpleNamespace(observe=lambda: 0, trials=1, should_retire=lambda maps: False)
+    trainable._lifespan = SimpleNamespace(observe=lambda: WorkerState(0, 0.0), trials=1, retire_reason=lambda state: "")
     trainable._runner, trainable._last_report, trainable._ended_report = runner, None, None
     return trainable
 

@@ -300,6 +300,18 @@ def _check_content_names() -> str | None:
     return None
 
 
+def _check_gradient_registry() -> str | None:
+    from tensorflow.python.framework import ops
+    from tensorflow.python.ops import custom_gradient
+
+    registry = getattr(getattr(ops, "gradient_registry", None), "_registry", None)
+    if not isinstance(registry, dict):
+        return "tensorflow.python.framework.ops.gradient_registry._registry is no longer a dict"
+    if '"CustomGradient-%s"' not in inspect.getsource(custom_gradient.generate_name):
+        return "tf.custom_gradient no longer registers its gradients as CustomGradient-<uid>"
+    return None
+
+
 HOOKS: tuple[Hook, ...] = (
     Hook("ray", "ray.tune.execution.tune_controller.TuneController._maybe_cache_trial_actor",
          "a worker that retires (max_trials_per_worker) ends with its trial instead of being reused",
@@ -344,6 +356,9 @@ HOOKS: tuple[Hook, ...] = (
          "named, and TensorFlow taking definitions that differ only in custom-gradient names as one",
          "trials of one program would never find each other's compiled XLA programs, or a trial would fail "
          "(pipeline.base.compile_cache's content names)", (), _check_content_names),
+    Hook("tensorflow", "ops.gradient_registry._registry, where tf.custom_gradient registers CustomGradient-<uid>",
+         "a worker's memory does not grow by every trial's traced graphs (pipeline.engine.lifespan.release_trial)",
+         ("_registry",), _check_gradient_registry),
     Hook("tensorflow", "the eager context's _initialized and _physical_devices",
          "a process whose TensorFlow already read its XLA flags would count compile-cache hits it never had",
          ("_initialized", "_physical_devices"), _check_context_state),

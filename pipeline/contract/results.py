@@ -47,9 +47,11 @@ VERSION_FIELDS = ("tensorflow_version", "keras_version", "ray_version", "python_
 # params where the trial's config does not already hold them.
 PARAMS_IN_EFFECT = "params_in_effect"
 # A worker process's life (pipeline.engine.lifespan): which trial of its process this is (a tag), its
-# memory mappings after each epoch (a metric), and whether it retires after this trial.
+# memory mappings and resident memory after each epoch (metrics), and why it retires after this
+# trial ("" when it does not; a tag foldsweep.worker_retires when it does).
 WORKER_TRIALS = "worker_trials"
 WORKER_MAPS = "worker_maps"
+WORKER_RSS = "worker_rss_mb"
 WORKER_RETIRES = "worker_retires"
 # What says where the trial ran in every result (Ray Tune adds pid, node_ip and hostname): tags too.
 RAY_PLACEMENT_FIELDS = ("pid", "node_ip", "hostname", WORKER_TRIALS)
@@ -67,7 +69,7 @@ def trial_label(trial_id: str) -> str:
 # Keys that steer Ray Tune or that it adds for itself; not findings, so never recorded.
 BOOKKEEPING_KEYS = frozenset({
     *(f"{RUNNING_BEST_PREFIX}mean_val_{metric}" for metric in ("accuracy", "loss")),
-    DONE, EPOCH, EPOCHS_PLANNED, FOLD_IDS, WORKER_RETIRES, "trial_id", "training_iteration", "time_this_iter_s", "time_total_s",
+    DONE, EPOCH, EPOCHS_PLANNED, FOLD_IDS, "trial_id", "training_iteration", "time_this_iter_s", "time_total_s",
     "timestamp", "date", "time_since_restore", "iterations_since_restore", "experiment_tag", "config",
     "checkpoint_dir_name", "should_checkpoint", "timesteps_total", "episodes_total", "timesteps_since_restore",
     "warmup_time",
@@ -80,7 +82,8 @@ RETRIES = "retries"
 BEST_EPOCH = "best_epoch"
 SELECTED_PREFIX = "selected_"
 # Metrics recorded once per trial, or a count rather than a finding per epoch: not in history.csv.
-NOT_IN_HISTORY = frozenset({N_PARAMS, TRIAL_WALL_S, RETRIES, NAN_FAILURES, WORKER_MAPS, BEST_EPOCH, STOPPED_EPOCH})
+NOT_IN_HISTORY = frozenset({N_PARAMS, TRIAL_WALL_S, RETRIES, NAN_FAILURES, WORKER_MAPS, WORKER_RSS, BEST_EPOCH,
+                            STOPPED_EPOCH})
 # A fold that went NaN counts as the worst score in its trial's CV mean and std, finite, so that
 # no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
 NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "train_loss": 1e6}
@@ -399,13 +402,16 @@ def ended_status(last_report: Mapping[str, Any]) -> TrialStatus:
 
 
 def placement_tags(report: Mapping[str, Any]) -> dict[str, str]:
-    """Where the trial ran, in every report (Ray Tune's pid and node, the worker's trial count):
-    tags ``foldsweep.<field>``."""
-    return {key: str(report[key]) for key in RAY_PLACEMENT_FIELDS if key in report}
+    """Where the trial ran, in every report (Ray Tune's pid and node, the worker's trial count),
+    and why its worker retires after it: tags ``foldsweep.<field>``."""
+    retires = {WORKER_RETIRES: report[WORKER_RETIRES]} if isinstance(report.get(WORKER_RETIRES), str) and \
+        report[WORKER_RETIRES] else {}
+    return {**{key: str(report[key]) for key in RAY_PLACEMENT_FIELDS if key in report}, **retires}
 
 
 def placement_metrics(report: Mapping[str, Any]) -> dict[str, float]:
-    return {WORKER_MAPS: float(report[WORKER_MAPS])} if WORKER_MAPS in report else {}
+    """The worker's mappings and resident memory after the epoch."""
+    return {key: float(report[key]) for key in (WORKER_MAPS, WORKER_RSS) if key in report}
 
 
 def recorded_keys(report: Mapping[str, Any]) -> set[str]:
@@ -422,7 +428,10 @@ def recorded_keys(report: Mapping[str, Any]) -> set[str]:
 def unrecorded_keys(report: Mapping[str, Any]) -> set[str]:
     """Keys of a report that neither reach MLflow nor are declared bookkeeping: what would be
     silently dropped (none may be)."""
-    return set(report) - recorded_keys(report) - BOOKKEEPING_KEYS
+    # Before a retirement reason (a worker that runs on, or a checkpoint of an older release's
+    # yes/no), the key holds nothing to record.
+    quiet = {WORKER_RETIRES} if not isinstance(report.get(WORKER_RETIRES), str) or not report[WORKER_RETIRES] else set()
+    return set(report) - recorded_keys(report) - BOOKKEEPING_KEYS - quiet
 
 
 def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] | None = None) -> dict[str, float]:

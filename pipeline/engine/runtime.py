@@ -109,6 +109,12 @@ def memory_per_trial_mb(*, cpus: float, gpus: float, max_concurrent: int | None)
             return None
         share = min(gpus, 1.0)
         return int(total * share), f"{share:g} of a {total} MiB GPU"
+    return host_memory_per_trial_mb(cpus=cpus, max_concurrent=max_concurrent)
+
+
+def host_memory_per_trial_mb(*, cpus: float, max_concurrent: int | None) -> tuple[int, str] | None:
+    """A trial's share of the host's memory, in MiB, among the trials that run side by side, and
+    where that figure comes from; None where /proc does not tell the host's size."""
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             total = next(int(line.split()[1]) // 1024 for line in meminfo if line.startswith("MemTotal:"))

@@ -20,10 +20,10 @@ from ray.tune.result import TRAINING_ITERATION
 from pipeline.inputs.folds import Fold
 from pipeline.contract.plan import ThreadPlan, TrialPlan, plan_threads
 from pipeline.contract.phases import Phase, announce
-from pipeline.engine.lifespan import Lifespan
-from pipeline.contract.results import (DONE, RUNNING_BEST_PREFIX, WORKER_MAPS, WORKER_RETIRES, WORKER_TRIALS, EpochResult,
-                                       TrialInfo)
-from pipeline.engine.runtime import configure_devices, configure_threads
+from pipeline.engine.lifespan import Lifespan, registered_gradients, release_trial
+from pipeline.contract.results import (DONE, RUNNING_BEST_PREFIX, WORKER_MAPS, WORKER_RETIRES, WORKER_RSS, WORKER_TRIALS,
+                                       EpochResult, TrialInfo)
+from pipeline.engine.runtime import configure_devices, configure_threads, host_memory_per_trial_mb
 from pipeline.engine.stopping import Patience
 from pipeline.engine.recipe import TrainingRecipe
 from pipeline.inputs.spec import Objective, SweepSpec, TrainSpec
@@ -45,6 +45,8 @@ class TrialSettings:
     gpus: float = 0.0
     objective: Objective = Objective()
     max_trials_per_worker: int | str = "auto"
+    max_worker_memory: int | str = "auto"  # MiB
+    max_concurrent: int | None = None
 
     @classmethod
     def from_spec(cls, spec: SweepSpec, *, experiment_path: Path, dataset_fingerprint: str,
@@ -55,7 +57,16 @@ class TrialSettings:
         return cls(experiment_path=str(experiment_path), experiment_attr=spec.experiment_attr,
                    dataset_fingerprint=dataset_fingerprint, recipe=recipe, cpus=spec.resources.cpu,
                    gpus=spec.resources.gpu, objective=spec.objective,
-                   max_trials_per_worker=spec.resources.max_trials_per_worker)
+                   max_trials_per_worker=spec.resources.max_trials_per_worker,
+                   max_worker_memory=spec.resources.max_worker_memory, max_concurrent=spec.resources.max_concurrent)
+
+    def worker_memory_mb(self) -> float | None:
+        """The memory a worker may hold (``resources.max_worker_memory``; auto: a trial's share of
+        the host's memory), None where the host does not tell its size."""
+        if self.max_worker_memory != "auto":
+            return float(self.max_worker_memory)
+        share = host_memory_per_trial_mb(cpus=self.cpus, max_concurrent=self.max_concurrent)
+        return None if share is None else float(share[0])
 
     @property
     def train(self) -> TrainSpec:
@@ -191,12 +202,13 @@ class FoldTrainable(tune.Trainable):
               settings: TrialSettings) -> None:
         threads = plan_threads(settings.recipe.choices, cpus=settings.cpus, n_folds=len(folds))
         self._worker = set_up_worker(settings, x=data["x"], y=data["y"], threads=threads, on_phase=self._announce)
-        self._lifespan = Lifespan(settings.max_trials_per_worker)
+        self._lifespan = Lifespan(settings.max_trials_per_worker, max_rss_mb=settings.worker_memory_mb())
         self._folds = folds
         self._settings = settings
         self._start(config)
 
     def _start(self, config: Mapping[str, Any]) -> None:
+        self._gradients_before = registered_gradients()
         self._lifespan.start_trial()
         self._announce(Phase.MODELS)
         self._runner = TrialRunner(config, worker=self._worker, folds=self._folds, settings=self._settings)
@@ -216,9 +228,9 @@ class FoldTrainable(tune.Trainable):
         self._last_report = report
         # Every epoch says whether this process retires after the trial: the last one before a
         # trial ends (finished, pruned or NaN) is the one Ray Tune acts on (pipeline.sweep).
-        maps = self._lifespan.observe()  # one read of /proc/self/maps per epoch
-        return {**report, WORKER_TRIALS: self._lifespan.trials, WORKER_MAPS: maps,
-                WORKER_RETIRES: self._lifespan.should_retire(maps)}
+        worker = self._lifespan.observe()  # one read of /proc/self/maps and status per epoch
+        return {**report, WORKER_TRIALS: self._lifespan.trials, WORKER_MAPS: worker.maps, WORKER_RSS: worker.rss_mb,
+                WORKER_RETIRES: self._lifespan.retire_reason(worker)}
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         import keras
@@ -227,6 +239,7 @@ class FoldTrainable(tune.Trainable):
         # the next one: dropping the references and clearing Keras' global state does that.
         self._runner = None
         keras.backend.clear_session()
+        release_trial(self._gradients_before)
         self._start(new_config)
         return True
 

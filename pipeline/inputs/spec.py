@@ -202,6 +202,9 @@ class ResourcesSpec:
     # Trials one worker process runs before a fresh one takes over; auto: as its memory
     # mappings near the kernel's limit (pipeline.engine.lifespan).
     max_trials_per_worker: int | Literal["auto"] = "auto"
+    # MiB a worker process may hold before a fresh one takes over; auto: a trial's share of the
+    # host's memory (pipeline.engine.lifespan).
+    max_worker_memory: int | Literal["auto"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -606,9 +609,10 @@ def _parse_resources(section: _Section) -> ResourcesSpec:
     max_failures = section.integer("max_failures", default=0, minimum=0)
     address = section.string("address", pattern_hint="a Ray address such as 127.0.0.1:6379 or auto")
     max_trials_per_worker = _auto_or_positive_integer(section, "max_trials_per_worker")
+    max_worker_memory = _auto_or_positive_integer(section, "max_worker_memory")
     section.finish()
     return ResourcesSpec(cpu=cpu, gpu=gpu, max_concurrent=max_concurrent, max_failures=max_failures, address=address,
-                         max_trials_per_worker=max_trials_per_worker)
+                         max_trials_per_worker=max_trials_per_worker, max_worker_memory=max_worker_memory)
 
 
 def _suggest(value: Any, choices: tuple[str, ...] | list[str]) -> str:
