@@ -45,8 +45,9 @@ EXECUTION_TAGS = ("foldsweep.tf_threads", "foldsweep.fused_reason", "foldsweep.j
 @pytest.fixture(scope="module")
 def sweeps(ray_cluster, tmp_path_factory):
     """Each layout's one-trial sweep, recorded in one store: {layout: trial run}. About 35 s alone,
-    50-65 s beside the other pytest worker: one sweep per layout, because each layout is a
-    different program the reruns must reproduce."""
+    50-65 s beside the other pytest worker for the first four (195 s for all five measured on a
+    busy machine): one sweep per layout, because each layout is a different program the reruns
+    must reproduce."""
     directory = tmp_path_factory.mktemp("fidelity")
     store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
     (directory / "bn_dropout.py").write_text(BN_DROPOUT_EXPERIMENT)
