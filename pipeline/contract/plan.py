@@ -35,7 +35,13 @@ ForcedDraws = Literal["auto", "keras", "counter"]
 # drawing from Keras' generator turn it around: its random-number ops under XLA on CPU made the
 # MNIST-1D CNN's step 4-5x slower (7.4k vs 41k samples/s at bs 16, one thread), so such a step
 # runs without XLA on CPU. foldsweep's own draws (RandomDraws "counter") cost an elementwise op
-# under XLA, so a model whose random layers it draws follows the batch-size rule.
+# under XLA, so a model whose random layers it draws follows the batch-size rule: one fold, one
+# thread, us per step with XLA and foldsweep's Dropout / without XLA and Keras' Dropout (XLA without
+# Dropout): MNIST-1D CNN bs 8: 541 / 740 (552); protein CNN bs 8: 935 / 1062 (930), bs 256:
+# 16,773 / 22,678 (15,909). Without XLA, foldsweep's draws run as separate kernels: 758 and 1163 at
+# bs 8, 22,662 at bs 256 (best of 4 interleaved epochs each, in one process on a busy 2-core
+# machine; per trial: `python -m benchmarks.cv_throughput --model mnist1d_cnn,protein_cnn --cpus 1
+# --variants engine-xla,engine-noxla --baseline REV`, REV's engine-noxla drawing Keras' numbers).
 XLA_MAX_BATCH_ON_CPU = 256
 
 # Unrolling 8 steps into one XLA launch removes most of the per-launch cost left at small
