@@ -169,14 +169,16 @@ def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, varia
 
 def baseline_code(revision: str) -> Path:
     """A directory holding foldsweep's ``pipeline`` package at the git ``revision`` and this
-    checkout's benchmarks, so that the same measurement runs the engine as it was."""
+    checkout's benchmarks and experiments (the models measured), so that the same measurement
+    runs the engine as it was."""
     archive = subprocess.run(["git", "archive", revision, "pipeline"], cwd=REPO, capture_output=True)
     if archive.returncode != 0:
         raise SystemExit(f"--baseline: git archive {revision} failed: {archive.stderr.decode().strip()}")
     directory = Path(tempfile.mkdtemp(prefix=f"cv-throughput-{revision}-"))
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tree:
         tree.extractall(directory, filter="data")
-    shutil.copytree(REPO / "benchmarks", directory / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("benchmarks", "experiments"):
+        shutil.copytree(REPO / folder, directory / folder, ignore=shutil.ignore_patterns("__pycache__"))
     return directory
 
 
