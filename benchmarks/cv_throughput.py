@@ -9,7 +9,8 @@ it is written for): `plain`, the 3-conv CNN without Dropout, BatchNormalization 
 (Dropout 0.1) and `protein_cnn` (Dropout 0.2), and `protein_cnn_bn` (`batch_norm: true`); `fcn`,
 keras.io's fully convolutional network (three Conv1D + BatchNormalization blocks).
 `--baseline REV` measures every engine variant a second time with foldsweep's engine as it was
-at the git revision REV, in the same rounds (rows `variant@REV`): before and after side by side. samples/s counts the CV training
+at the git revision REV, right after this checkout's (rows `variant@REV`): before and after side
+by side. samples/s counts the CV training
 samples of all folds per second with compilation excluded: for every variant the first epoch
 (tracing and compilation) is timed apart and the rate comes from the --epochs after it. Run-to-run
 noise on a shared 2-core machine reaches 30%, so the variants are measured in turn, --repeats
@@ -251,11 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [(model, dataset) for model in models for dataset in datasets if dataset in MODELS[model]]
     if not workloads:
         raise SystemExit(f"--model {args.model} runs on none of --datasets {args.datasets}")
-    # (row name, variant, code measured): this checkout's, then the baseline's for each engine variant.
-    measurements: list[tuple[str, str, Path | None]] = [(variant, variant, None) for variant in variants]
-    if args.baseline:
-        code = baseline_code(args.baseline)
-        measurements += [(f"{variant}@{args.baseline}", variant, code) for variant in variants if variant != "naive"]
+    # (row name, variant, code measured): each variant with this checkout's engine, then with the
+    # baseline's right after it, so that a pair shares the machine's state of the moment.
+    code = baseline_code(args.baseline) if args.baseline else None
+    measurements: list[tuple[str, str, Path | None]] = []
+    for variant in variants:
+        measurements.append((variant, variant, None))
+        if code is not None and variant != "naive":
+            measurements.append((f"{variant}@{args.baseline}", variant, code))
     width = max(14, *(len(name) + 2 for name, _, _ in measurements))
     rows = []
     print(f"{'model':<16}{'dataset':<12}{'batch':>6}{'variant':>{width}}{'samples/s':>12}{'vs first':>10}"
