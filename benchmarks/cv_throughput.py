@@ -3,7 +3,14 @@ unfused (one compiled loop per fold) and fused (all folds in one execution: `fus
 a sweep picks for `--cpus`, `stacked` or `side` forced), one training step per compiled launch or
 8 unrolled (`-x8`).
 
-Same data, same folds, same model and epochs. samples/s counts the CV training
+Same data, same folds, same model and epochs. `--model` picks the models (each on the datasets
+it is written for): `plain`, the 3-conv CNN without Dropout, BatchNormalization or regularizer
+(`--dropout` adds a Dropout layer); the shipped hypermodels at their defaults, `mnist1d_cnn`
+(Dropout 0.1) and `protein_cnn` (Dropout 0.2), and `protein_cnn_bn` (`batch_norm: true`); `fcn`,
+keras.io's fully convolutional network (three Conv1D + BatchNormalization blocks).
+`--baseline REV` measures every engine variant a second time with foldsweep's engine as it was
+at the git revision REV, right after this checkout's (rows `variant@REV`): before and after side
+by side. samples/s counts the CV training
 samples of all folds per second with compilation excluded: for every variant the first epoch
 (tracing and compilation) is timed apart and the rate comes from the --epochs after it. Run-to-run
 noise on a shared 2-core machine reaches 30%, so the variants are measured in turn, --repeats
@@ -18,27 +25,34 @@ them for that variant (`--cpus` = the trial's resources.cpu; unfused trials get 
 thread, fused ones one per fold) and the naive workflow with TensorFlow's defaults. A fresh
 process also keeps the compiled XLA programs of one measurement from piling up in the next.
 
-    .venv/bin/python -m benchmarks.cv_throughput [--quick] [--json PATH]
+    .venv/bin/python -m benchmarks.cv_throughput [--quick] [--model protein_cnn,fcn] [--baseline REV] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 
-from benchmarks.common import cnn_builder, mnist1d, naive_fold_fit, peak_rss_mb, protein_windows  # noqa: E402
+from benchmarks.common import (cnn_builder, fcn_builder, mnist1d, naive_fold_fit, peak_rss_mb,  # noqa: E402
+                               protein_windows)
+from pipeline.inputs.datasets import data_dir  # noqa: E402
 from pipeline.inputs.folds import make_folds  # noqa: E402
+from pipeline.inputs.hypermodel import build_model, load_builder  # noqa: E402
 from pipeline.contract.plan import ExecutionChoices, plan_threads  # noqa: E402
 from pipeline.engine.resident import resident_data  # noqa: E402
 from pipeline.inputs.spec import CVSpec  # noqa: E402
@@ -48,12 +62,29 @@ from pipeline.engine.recipe import TrainingRecipe  # noqa: E402
 
 N_SPLITS = 3
 DATASETS = ("mnist1d", "protein")
+REPO = Path(__file__).resolve().parents[1]
+# --model name -> the datasets it is written for.
+MODELS = {"plain": DATASETS, "mnist1d_cnn": ("mnist1d",), "protein_cnn": ("protein",),
+          "protein_cnn_bn": ("protein",), "fcn": DATASETS}
 
 
-def measure_naive(dataset, folds, build, batch_size: int, epochs: int) -> dict[str, float]:
+def model_under_test(name: str, dataset, *, dropout: bool) -> tuple[Callable[[Any], Any], dict[str, Any]]:
+    """The model's build(hp) and the hyperparameter values it is built with (the hypermodels'
+    defaults otherwise)."""
+    if name == "plain":
+        return cnn_builder(dataset.input_shape, dataset.n_classes, dropout=0.2 if dropout else 0.0), {}
+    if name == "fcn":
+        return fcn_builder(dataset.input_shape, dataset.n_classes), {}
+    experiment = name.removesuffix("_bn")
+    return load_builder(REPO / "experiments" / f"{experiment}.py", "build"), (
+        {"batch_norm": True} if name.endswith("_bn") else {})
+
+
+def measure_naive(dataset, folds, build, values, batch_size: int, epochs: int) -> dict[str, float]:
     samples = seconds = 0.0
     for k, fold in enumerate(folds):
-        epoch_seconds, _ = naive_fold_fit(build, dataset.x[fold.train], dataset.y[fold.train],
+        epoch_seconds, _ = naive_fold_fit(lambda: build_model(build, values, input_shape=dataset.input_shape),
+                                          dataset.x[fold.train], dataset.y[fold.train],
                                           dataset.x[fold.val], dataset.y[fold.val],
                                           batch_size=batch_size, epochs=epochs, seed=k)
         samples += len(fold.train) * (epochs - 1)
@@ -77,8 +108,8 @@ def variant_choices(variant: str) -> ExecutionChoices:
     return ExecutionChoices(jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, layout=layout)
 
 
-def measure_engine(dataset, folds, build, batch_size: int, epochs: int, variant: str) -> dict[str, float]:
-    trainer = build_trainer(build, {"batch_size": batch_size, "learning_rate": 1e-3, "optimizer": "adam"},
+def measure_engine(dataset, folds, build, values, batch_size: int, epochs: int, variant: str) -> dict[str, float]:
+    trainer = build_trainer(build, {"batch_size": batch_size, "learning_rate": 1e-3, "optimizer": "adam", **values},
                             TrainingRecipe(choices=variant_choices(variant)),
                             data=resident_data(dataset.fingerprint, dataset.x, dataset.y), folds=folds,
                             planned_epochs=epochs)
@@ -111,24 +142,45 @@ def measure_here(args: argparse.Namespace) -> dict[str, Any]:
         configure_threads(plan_threads(variant_choices(variant), cpus=args.cpus, n_folds=cv.replicas))
     dataset = load_workload(args.datasets, args.quick)
     folds = make_folds(cv, dataset).folds
-    build = cnn_builder(dataset.input_shape, dataset.n_classes, dropout=0.2 if args.dropout else 0.0)
+    build, values = model_under_test(args.model, dataset, dropout=args.dropout)
     batch_size = int(args.batch_sizes)
     if variant == "naive":
-        measured = measure_naive(dataset, folds, build, batch_size, epochs)
+        measured = measure_naive(dataset, folds, build, values, batch_size, epochs)
     else:
-        measured = measure_engine(dataset, folds, build, batch_size, epochs, variant)
+        measured = measure_engine(dataset, folds, build, values, batch_size, epochs, variant)
     return {**measured, "dataset": dataset.name, "threads": threads_in_effect().describe(), "peak_rss_mb": peak_rss_mb()}
 
 
-def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, variant: str) -> dict[str, Any]:
+def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, variant: str, *, model: str = "plain",
+                  code: Path | None = None) -> dict[str, Any]:
+    """One measurement in a fresh process; with ``code``, a directory whose ``pipeline`` package
+    is measured instead of this checkout's (``baseline_code``)."""
     command = [sys.executable, "-m", "benchmarks.cv_throughput", "--measure", variant, "--datasets", dataset,
-               "--batch-sizes", str(batch_size), "--cpus", str(args.cpus), "--epochs", str(args.epochs),
-               "--cv-repeats", str(args.cv_repeats)]
+               "--model", model, "--batch-sizes", str(batch_size), "--cpus", str(args.cpus), "--epochs",
+               str(args.epochs), "--cv-repeats", str(args.cv_repeats)]
     command += ["--quick"] * args.quick + ["--dropout"] * args.dropout
-    finished = subprocess.run(command, capture_output=True, text=True)
+    # The working directory comes first on a `-m` module's path: its `pipeline` is the one measured.
+    finished = subprocess.run(command, capture_output=True, text=True, cwd=code or REPO,
+                              env={**os.environ, "FOLDSWEEP_DATA_DIR": str(data_dir())})
     if finished.returncode != 0:
-        raise SystemExit(f"{variant} on {dataset} at batch {batch_size} failed:\n{finished.stderr[-3000:]}")
+        raise SystemExit(f"{variant} of {model} on {dataset} at batch {batch_size}{f' ({code})' if code else ''} "
+                         f"failed:\n{finished.stderr[-3000:]}")
     return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
+def baseline_code(revision: str) -> Path:
+    """A directory holding foldsweep's ``pipeline`` package at the git ``revision`` and this
+    checkout's benchmarks and experiments (the models measured), so that the same measurement
+    runs the engine as it was."""
+    archive = subprocess.run(["git", "archive", revision, "pipeline"], cwd=REPO, capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"--baseline: git archive {revision} failed: {archive.stderr.decode().strip()}")
+    directory = Path(tempfile.mkdtemp(prefix=f"cv-throughput-{revision}-"))
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tree:
+        tree.extractall(directory, filter="data")
+    for folder in ("benchmarks", "experiments"):
+        shutil.copytree(REPO / folder, directory / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return directory
 
 
 def paired_ratio(runs: list[dict[str, Any]], baseline: list[dict[str, Any]] | None) -> float | None:
@@ -158,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this path")
     parser.add_argument("--batch-sizes", default="8,64,256")
     parser.add_argument("--datasets", default="mnist1d,protein", help="comma list of mnist1d, protein")
+    parser.add_argument("--model", default="plain",
+                        help="comma list of " + ", ".join(MODELS) + "; each runs on the datasets it is written for")
     parser.add_argument("--epochs", type=int, help="timed epochs per measurement, after the compiling one "
                                                    "(default 6, 1 with --quick)")
     parser.add_argument("--repeats", type=int, help="measurements per variant, interleaved; the median is kept "
@@ -165,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="naive,engine,fused,engine-x8,fused-x8",
                         help="comma list of naive, " + ", ".join(ENGINE_VARIANTS) + " (engine = unfused, auto = "
                              "what a sweep picks; -xla/-noxla force XLA on or off)")
-    parser.add_argument("--dropout", action="store_true",
-                        help="add a Dropout layer to the CNN (random layers: XLA off on CPU)")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also measure every engine variant with foldsweep's engine at this git revision")
+    parser.add_argument("--dropout", action="store_true", help="add a Dropout layer to the plain CNN")
     parser.add_argument("--cpus", type=int, default=os.cpu_count(),
                         help="the trial's resources.cpu, which sizes TensorFlow's threads (default: every CPU)")
     parser.add_argument("--cv-repeats", type=int, default=1,
@@ -190,24 +245,43 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in datasets if name not in DATASETS]
     if unknown:
         raise SystemExit(f"--datasets: unknown {', '.join(unknown)}; known: {', '.join(DATASETS)}")
+    models = args.model.split(",")
+    unknown = [name for name in models if name not in MODELS]
+    if unknown:
+        raise SystemExit(f"--model: unknown {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    workloads = [(model, dataset) for model in models for dataset in datasets if dataset in MODELS[model]]
+    if not workloads:
+        raise SystemExit(f"--model {args.model} runs on none of --datasets {args.datasets}")
+    # (row name, variant, code measured): each variant with this checkout's engine, then with the
+    # baseline's right after it, so that a pair shares the machine's state of the moment.
+    code = baseline_code(args.baseline) if args.baseline else None
+    measurements: list[tuple[str, str, Path | None]] = []
+    for variant in variants:
+        measurements.append((variant, variant, None))
+        if code is not None and variant != "naive":
+            measurements.append((f"{variant}@{args.baseline}", variant, code))
+    width = max(14, *(len(name) + 2 for name, _, _ in measurements))
     rows = []
-    print(f"{'dataset':<12}{'batch':>6}{'variant':>14}{'samples/s':>12}{'vs first':>10}{'vs engine':>11}"
-          f"{'vs unfused':>12}{'compile_s':>11}{'cores':>7}{'peak RSS MB':>13}  TensorFlow threads", flush=True)
-    for dataset in datasets:
+    print(f"{'model':<16}{'dataset':<12}{'batch':>6}{'variant':>{width}}{'samples/s':>12}{'vs first':>10}"
+          f"{'vs engine':>11}{'vs unfused':>12}{'compile_s':>11}{'cores':>7}{'peak RSS MB':>13}  TensorFlow threads",
+          flush=True)
+    for model, dataset in workloads:
         for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
-            measured: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
+            measured: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in measurements}
             for _ in range(repeats):
-                for variant in variants:
-                    measured[variant].append(measure_apart(args, dataset, batch_size, variant))
-            rates = {variant: float(np.median([run["rate"] for run in runs])) for variant, runs in measured.items()}
-            for variant, rate in rates.items():
-                runs = measured[variant]
-                versus_first = paired_ratio(runs, measured[variants[0]])
-                versus_engine = paired_ratio(runs, measured.get("engine"))
+                for name, variant, code in measurements:
+                    measured[name].append(measure_apart(args, dataset, batch_size, variant, model=model, code=code))
+            for name, variant, _ in measurements:
+                runs = measured[name]
+                rate = float(np.median([run["rate"] for run in runs]))
+                suffix = name.removeprefix(variant)
+                versus_first = paired_ratio(runs, measured[measurements[0][0]])
+                versus_engine = paired_ratio(runs, measured.get("engine" + suffix))
                 fused_kind = variant.split("-")[0]
-                unfused = variant.replace(fused_kind, "engine", 1) if fused_kind in FUSED_VARIANTS else None
+                unfused = variant.replace(fused_kind, "engine", 1) + suffix if fused_kind in FUSED_VARIANTS else None
                 versus_unfused = paired_ratio(runs, measured.get(unfused))
-                row = {"dataset": runs[0]["dataset"], "batch_size": batch_size, "variant": variant,
+                row = {"model": model, "dataset": runs[0]["dataset"], "batch_size": batch_size, "variant": name,
+                       "code": args.baseline if suffix else "checkout",
                        "samples_per_s": round(rate, 1), "runs": [round(run["rate"], 1) for run in runs],
                        "vs_first": round(versus_first, 3), "vs_engine": _rounded(versus_engine, 3),
                        "vs_unfused": _rounded(versus_unfused, 3),
@@ -216,13 +290,29 @@ def main(argv: list[str] | None = None) -> int:
                        "peak_rss_mb": round(max(run["peak_rss_mb"] for run in runs), 1),
                        "threads": runs[0]["threads"], "cpus": args.cpus, "fusion": runs[0].get("fusion", "")}
                 rows.append(row)
-                print(f"{row['dataset']:<12}{batch_size:>6}{variant:>14}{rate:>12.0f}{versus_first:>9.2f}x"
-                      f"{_cell(versus_engine, '.2f', 'x'):>11}{_cell(versus_unfused, '.2f', 'x'):>12}"
-                      f"{_cell(row['compile_s'], '.1f'):>11}{_cell(row['cores'], '.2f'):>7}"
-                      f"{row['peak_rss_mb']:>13.0f}  {row['threads']}", flush=True)
+                print(f"{model:<16}{row['dataset']:<12}{batch_size:>6}{name:>{width}}{rate:>12.0f}"
+                      f"{versus_first:>9.2f}x{_cell(versus_engine, '.2f', 'x'):>11}"
+                      f"{_cell(versus_unfused, '.2f', 'x'):>12}{_cell(row['compile_s'], '.1f'):>11}"
+                      f"{_cell(row['cores'], '.2f'):>7}{row['peak_rss_mb']:>13.0f}  {row['threads']}", flush=True)
+    if "naive" in variants and len(measurements) > 2:
+        print_best(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def print_best(rows: list[dict[str, Any]]) -> None:
+    """Per model, dataset and batch size: the fastest variant of each code measured, against
+    the naive per-fold fit of the same rounds."""
+    print("\nbest variant against the naive per-fold fit", flush=True)
+    groups: dict[tuple[str, str, int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["variant"] != "naive":
+            groups.setdefault((row["model"], row["dataset"], row["batch_size"], row["code"]), []).append(row)
+    for (model, dataset, batch_size, code), group in groups.items():
+        best = max(group, key=lambda row: row["vs_first"])
+        print(f"{model:<16}{dataset:<12}{batch_size:>6}  {code:<10} {best['vs_first']:>6.2f}x  {best['variant']} "
+              f"({best['fusion']})", flush=True)
 
 
 if __name__ == "__main__":

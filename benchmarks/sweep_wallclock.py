@@ -48,7 +48,7 @@ def naive_loop(epochs: int) -> tuple[float, list[float]]:
         model_values = {**FIXED, "filters": config["filters"]}
         accuracies = []
         for k, fold in enumerate(folds):
-            _, accuracy = naive_fold_fit(lambda hp: build_model(build_fn, model_values),
+            _, accuracy = naive_fold_fit(lambda: build_model(build_fn, model_values),
                                          dataset.x[fold.train], dataset.y[fold.train],
                                          dataset.x[fold.val], dataset.y[fold.val],
                                          batch_size=config["batch_size"], epochs=epochs,

@@ -491,8 +491,9 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
             selection=EpochSelection(request.spec.objective, request.spec.train.select))
 
     def on_plan(plan: Any, differences: list[str]) -> None:
-        console.print(f"{plan.reason}; steps per launch: {plan.steps_per_launch}; threads: {plan.threads.describe()}",
-                      highlight=False, soft_wrap=True)
+        draws = f"; random draws: {plan.random_draws}" if plan.random_draws != "none" else ""
+        console.print(f"{plan.reason}; steps per launch: {plan.steps_per_launch}; threads: {plan.threads.describe()}"
+                      f"{draws}", highlight=False, soft_wrap=True)
         if differences:
             differs = ", ".join(differences)
             console.print(f"differs from the trial: {differs}; numbers may differ from the recorded ones", style="yellow",

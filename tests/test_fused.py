@@ -16,7 +16,7 @@ from pipeline.inputs.hypermodel import load_builder
 from pipeline.contract.plan import ExecutionChoices
 from pipeline.engine.resident import resident_data
 from pipeline.inputs.spec import CVSpec, DatasetSpec
-from pipeline.engine.stacked import forward_matches, model_blocker, steps_blocker
+from pipeline.engine.stacked import forward_matches, forward_mismatch, model_blocker, steps_blocker
 from pipeline.engine.trainer import build_trainer
 from pipeline.engine.recipe import TrainingRecipe
 
@@ -93,7 +93,7 @@ def unfused_reference(dataset, folds, trained_once):
 
 @pytest.mark.parametrize("dropout, jit, steps_per_launch, layout", [
     (0.0, "auto", 1, "side_by_side"), (0.0, "auto", 4, "side_by_side"), (0.2, "off", 1, "side_by_side"),
-    (0.0, "auto", 1, "stacked"), (0.0, "auto", 4, "stacked")])
+    (0.0, "auto", 1, "stacked"), (0.0, "auto", 4, "stacked"), (0.2, "auto", 1, "stacked")])
 def test_fused_and_unfused_per_fold_histories_match(dataset, folds, unfused_reference, dropout, jit,
                                                      steps_per_launch, layout):
     # Folds of 164 training samples: 20 full batches of 8 each and a remainder of 4 (with 4 steps
@@ -266,12 +266,106 @@ def test_a_layer_that_mixes_samples_fails_the_forward_check():
 def test_fold_models_without_a_stacked_form_train_side_by_side(dataset, folds):
     def build(hp):
         inputs = keras.Input(shape=dataset.input_shape)
-        x = keras.layers.BatchNormalization()(keras.layers.Conv1D(4, 3)(inputs))
-        return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(x)))
+        x = keras.layers.Flatten()(keras.layers.DepthwiseConv1D(3)(keras.layers.Conv1D(4, 3)(inputs)))
+        return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(x))
 
     trainer = build_trainer(build, {"batch_size": 8}, TrainingRecipe(choices=ExecutionChoices(layout="stacked")),
                             data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds)
     assert trainer.plan.layout == "side_by_side"
-    assert trainer.plan.reason.endswith("side by side (not stacked: 2 non-trainable variables (layer state))")
+    assert trainer.plan.reason.endswith("side by side (not stacked: DepthwiseConv1D layers have no stacked form)")
     result = trainer.run_epoch()
     assert all(math.isfinite(scores.val_loss) for scores in result.folds)
+
+
+def every_stacked_form(hp):
+    """The MNIST-1D CNN with every layer stacked folds have a form for besides Dense and Conv1D,
+    and each fold's own loss terms: BatchNormalization (its momentum and epsilon not Keras'
+    defaults), LayerNormalization, a kernel and an activity regularizer, and the random layers."""
+    layers = keras.layers
+    inputs = keras.Input(shape=(40, 1))
+    x = layers.Conv1D(8, 3, padding="same", use_bias=False, kernel_regularizer=keras.regularizers.L2(1e-3))(inputs)
+    x = layers.BatchNormalization(momentum=0.9, epsilon=1e-2)(x)
+    x = layers.Activation("relu", activity_regularizer=keras.regularizers.L1(1e-3))(x)
+    x = layers.SpatialDropout1D(0.1)(layers.MaxPooling1D(2)(x))
+    x = layers.Dense(16, activation="relu")(layers.Dropout(0.3)(layers.Flatten()(x)))
+    x = layers.GaussianDropout(0.1)(layers.GaussianNoise(0.1)(layers.LayerNormalization()(x)))
+    return keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
+
+
+def test_stacked_folds_train_batch_norm_regularizers_and_random_layers_as_each_fold_alone(dataset, folds):
+    # SGD, whose updates carry float rounding as it is (Adam's normalised steps magnify it).
+    settings = {"build": every_stacked_form, "optimizer": "sgd", "learning_rate": 0.01}
+    stacked, stacked_trainer = train(dataset.x, dataset.y, folds, fused="on", layout="stacked", **settings)
+    alone, alone_trainer = train(dataset.x, dataset.y, folds, fused="off", **settings)
+    assert stacked_trainer.plan.layout == "stacked" and stacked_trainer.plan.random_draws == "counter"
+    assert alone_trainer.plan.random_draws == "counter" and alone_trainer.plan.jit_compile
+    for k in range(len(folds)):
+        for key in HISTORY_KEYS:
+            np.testing.assert_allclose(stacked[k][key], alone[k][key], rtol=1e-5, err_msg=f"fold {k} {key}")
+    # Every variable, moving statistics and generator states included, as the fold trained alone.
+    for stacked_model, alone_model in zip(stacked_trainer.models, alone_trainer.models):
+        assert len(stacked_model.non_trainable_variables) == 2 + 4  # moving mean and variance, 4 generators
+        for a, b in zip(stacked_model.variables, alone_model.variables):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=a.path)
+    generators = [v for v in stacked_trainer.models[0].non_trainable_variables if "seed" in v.path]
+    steps = 2 * math.ceil(len(folds[0].train) / 8)
+    assert [int(np.asarray(v)[1]) for v in generators] == [steps] * 4  # one draw per layer and step
+
+
+def _integer_samples(n_folds, rows, width, vocabulary):
+    return np.random.default_rng(0).integers(0, vocabulary, size=(n_folds * rows, width)).astype(np.float32)
+
+
+def test_the_forward_check_compares_state_and_loss_terms_and_leaves_the_fold_models_as_they_were():
+    def build():
+        inputs = keras.Input(shape=(6,))
+        x = keras.layers.Embedding(5, 3, embeddings_regularizer=keras.regularizers.L2(0.1))(inputs)
+        x = keras.layers.BatchNormalization()(keras.layers.Conv1D(4, 3, activity_regularizer="l2")(x))
+        x = keras.layers.LayerNormalization()(keras.layers.Dropout(0.5)(keras.layers.Flatten()(x)))
+        return keras.Model(inputs, keras.layers.Dense(2)(x))
+
+    models = _three_models(build)
+    before = [[np.asarray(v) for v in model.variables] for model in models]
+    assert model_blocker(models[0], random_draws="counter") is None
+    assert forward_mismatch(models, _integer_samples(3, 4, 6, 5)) is None
+    for model, values in zip(models, before):
+        for variable, value in zip(model.variables, values):
+            np.testing.assert_array_equal(variable, value, err_msg=variable.path)
+    assert "from Keras' generator" in model_blocker(models[0], random_draws="keras")
+
+
+class _BatchPenalty(keras.layers.Layer):
+    """A weightless layer adding its own loss over the whole batch (keras.io's add_loss guide)."""
+
+    def call(self, x):
+        self.add_loss(keras.ops.mean(keras.ops.abs(x)))
+        return x
+
+
+def test_the_forward_check_refuses_loss_terms_it_cannot_give_each_fold():
+    def build():
+        inputs = keras.Input(shape=(4,))
+        return keras.Model(inputs, keras.layers.Dense(2)(_BatchPenalty()(inputs)))
+
+    models = _three_models(build)
+    assert model_blocker(models[0]) is None  # weightless: only the forward check can tell
+    samples = np.random.default_rng(0).normal(size=(3 * 4, 4)).astype(np.float32)
+    assert forward_mismatch(models, samples) == (
+        "the stacked forward pass does not reproduce the model's loss terms (model.losses)")
+
+
+# Layers made when the test runs (a SeedGenerator made while collecting would start TensorFlow).
+@pytest.mark.parametrize("layer, reason", [
+    (lambda: keras.layers.BatchNormalization(renorm=True, name="odd"), "batch normalization 'odd' with renorm=True"),
+    (lambda: keras.layers.Dense(4, kernel_constraint="max_norm", name="odd"), "layer 'odd' has a weight constraint"),
+    (lambda: keras.layers.Dropout(0.2, noise_shape=(1, None), name="odd"),
+     "layer 'odd' has a noise_shape that fixes the batch axis"),
+    (lambda: keras.layers.Activation("relu", activity_regularizer=lambda x: keras.ops.max(x), name="odd"),
+     "layer 'odd' has an activity_regularizer (function) not known to add up over samples"),
+])
+def test_what_has_no_stacked_form_is_named(layer, reason):
+    def build():
+        inputs = keras.Input(shape=(4,))
+        return keras.Model(inputs, keras.layers.Dense(2)(layer()(inputs)))
+
+    assert model_blocker(_three_models(build)[0], random_draws="counter") == reason

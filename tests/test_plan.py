@@ -8,8 +8,8 @@ import json
 import pytest
 
 from pipeline.contract.plan import (STACK_MAX_BATCH, UNROLL_MAX_BATCH, UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS,
-                           XLA_MAX_BATCH_ON_CPU, ExecutionChoices, ThreadPlan, TrialPlan, has_random_layers,
-                           plan_threads, plan_trial, shared_variable_count)
+                           XLA_MAX_BATCH_ON_CPU, ExecutionChoices, ThreadPlan, TrialPlan, plan_differences,
+                           plan_threads, plan_trial, replay_choices, shared_variable_count)
 
 
 class Layer:
@@ -47,7 +47,7 @@ def plan(choices=ExecutionChoices(), *, models=None, threads=ONE_THREAD, device=
          sizes=SIZES, blocker=None) -> TrialPlan:
     asked = []
 
-    def stacking_blocker(jit_compile):
+    def stacking_blocker(jit_compile, random_draws):
         asked.append(jit_compile)
         return blocker if jit_compile else "the step runs without XLA"
 
@@ -116,8 +116,34 @@ def test_xla_follows_device_batch_size_and_random_layers_and_can_be_forced():
     assert not plan(models=noisy).jit_compile and plan(models=noisy, device=GPU).jit_compile
     assert not plan(ExecutionChoices(jit_compile="off")).jit_compile
     assert plan(ExecutionChoices(jit_compile="on"), batch_size=1024, models=noisy).jit_compile
-    assert has_random_layers(noisy[0]) and not has_random_layers(Model())
-    assert has_random_layers(Model(Layer(), RandomLayer("generator")))
+    assert not plan(models=[Model(Layer(), RandomLayer("generator")) for _ in SIZES]).jit_compile
+
+
+def test_random_layers_draw_foldsweeps_numbers_where_it_can_draw_every_one_and_compile_as_any_layer():
+    import keras
+
+    def models(*layers):
+        return [Model(*layers) for _ in SIZES]
+
+    drawn = models(keras.layers.Dropout(0.2), keras.layers.GaussianNoise(0.1))
+    decided = plan(models=drawn)
+    assert decided.random_draws == "counter" and decided.jit_compile and decided.layout == "stacked"
+    assert not plan(models=drawn, batch_size=XLA_MAX_BATCH_ON_CPU * 2).jit_compile  # the batch-size rule alone
+    # A layer foldsweep does not draw for (an augmentation layer, a custom one) keeps Keras' generator.
+    mixed = plan(models=models(keras.layers.Dropout(0.2), RandomLayer()))
+    assert mixed.random_draws == "keras" and not mixed.jit_compile
+    assert plan().random_draws == "none"
+    # A plan recorded before foldsweep drew its own numbers replays with Keras' generator.
+    recorded = plan(models=drawn).as_dict()
+    del recorded["random_draws"]
+    old = TrialPlan.from_dict(recorded)
+    assert old.random_draws == "keras"
+    replayed = plan(replay_choices(old), models=drawn)
+    assert replayed.random_draws == "keras" and replayed.jit_compile  # the recorded XLA, forced
+    assert plan_differences(old, replayed) == []
+    assert plan_differences(old, decided) == ["random draws keras -> counter"]
+    assert replay_choices(plan()).random_draws == "auto"
+    assert plan_differences(TrialPlan.from_dict({**plan().as_dict(), "random_draws": "keras"}), plan()) == []
 
 
 def test_steps_per_launch_unrolls_only_where_it_pays():

@@ -262,6 +262,63 @@ def _check_seed_generators() -> str | None:
             return f"keras.layers.{type(layer).__name__} no longer holds a keras.random.SeedGenerator"
     return None
 
+
+# Keras' TensorFlow backend module through which keras.random and the random layers draw, and the
+# functions of it foldsweep replaces while it traces its training step (pipeline.engine.draws),
+# with the parameters its replacements take.
+KERAS_RANDOM_MODULE = "keras.src.backend.tensorflow.random"
+KERAS_RANDOM_DRAWS = {"dropout": ("inputs", "rate", "noise_shape", "seed"),
+                      "normal": ("shape", "mean", "stddev", "dtype", "seed"),
+                      "uniform": ("shape", "minval", "maxval", "dtype", "seed")}
+# The keras.layers whose every random number comes from those functions with the layer's own
+# SeedGenerator, so that foldsweep can draw them (exactly these classes: a subclass may draw otherwise).
+COUNTER_DRAWN_LAYERS = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "GaussianNoise",
+                        "GaussianDropout", "AlphaDropout")
+
+
+def counter_drawn(layer: object) -> bool:
+    """Whether foldsweep can draw a Keras layer's random numbers (``COUNTER_DRAWN_LAYERS``)."""
+    import keras
+
+    return any(type(layer) is getattr(keras.layers, name) for name in COUNTER_DRAWN_LAYERS)
+
+
+def _check_counter_draws() -> str | None:
+    import keras
+    import numpy as np
+
+    module = importlib.import_module(KERAS_RANDOM_MODULE)
+    for name, parameters in KERAS_RANDOM_DRAWS.items():
+        function = getattr(module, name, None)
+        if function is None or tuple(_parameters(function)) != parameters:
+            return f"{KERAS_RANDOM_MODULE}.{name} no longer takes ({', '.join(parameters)})"
+    drawn: list[tuple[str, object]] = []
+    originals = {name: getattr(module, name) for name in KERAS_RANDOM_DRAWS}
+
+    def recording(name: str) -> Callable[..., object]:
+        def draw(*args: object, **kwargs: object) -> object:
+            drawn.append((name, kwargs.get("seed")))
+            return originals[name](*args, **kwargs)
+        return draw
+
+    try:
+        for name in KERAS_RANDOM_DRAWS:
+            setattr(module, name, recording(name))
+        for layer_name in COUNTER_DRAWN_LAYERS:
+            cls = getattr(keras.layers, layer_name)
+            layer = cls(0.1) if layer_name == "GaussianNoise" else cls(0.5)
+            rank = {"1D": 3, "2D": 4, "3D": 5}.get(layer_name[-2:], 3)
+            drawn.clear()
+            layer(np.ones((2,) + (3,) * (rank - 1), np.float32), training=True)
+            generators = {id(value) for value in vars(layer).values() if isinstance(value, keras.random.SeedGenerator)}
+            if not drawn or any(id(seed) not in generators for _, seed in drawn):
+                return (f"keras.layers.{layer_name} no longer draws through {KERAS_RANDOM_MODULE}'s "
+                        f"{', '.join(KERAS_RANDOM_DRAWS)} with its own SeedGenerator")
+    finally:
+        for name, function in originals.items():
+            setattr(module, name, function)
+    return None
+
 def _check_context_state() -> str | None:
     from tensorflow.python.eager import context
 
@@ -350,8 +407,12 @@ HOOKS: tuple[Hook, ...] = (
          "compile(loss_weights=...) is refused instead of silently trained unweighted",
          ("_compile_loss", "_user_loss_weights"), _check_compiled_loss_weights),
     Hook("keras", "the keras.random.SeedGenerator held by every layer that draws random numbers",
-         "models with dropout or noise layers are never stacked (each fold draws its own numbers)",
+         "models with random layers foldsweep cannot draw for are never stacked (each fold draws its own numbers)",
          (), _check_seed_generators),
+    Hook("keras", f"{KERAS_RANDOM_MODULE}'s {', '.join(KERAS_RANDOM_DRAWS)}, looked up at each draw by "
+         f"keras.layers.{', '.join(COUNTER_DRAWN_LAYERS)} with their own SeedGenerator",
+         "foldsweep draws those layers' numbers inside its compiled step, per fold, with Keras' rates, noise shapes "
+         "and scaling (pipeline.engine.draws)", (), _check_counter_draws),
     Hook("tensorflow", "atomic_function.from_func_graph(name, graph), through which every traced function is "
          "named, and TensorFlow taking definitions that differ only in custom-gradient names as one",
          "trials of one program would never find each other's compiled XLA programs, or a trial would fail "

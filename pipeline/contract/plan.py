@@ -1,5 +1,6 @@
 """How a trial executes, decided once: XLA or not, steps per launch, the folds' layout and its
-reason, TensorFlow's thread pools, the device. Every threshold of those decisions is here.
+reason, whose random numbers the model's random layers draw, TensorFlow's thread pools, the
+device. Every threshold of those decisions is here.
 
 Two moments: ``plan_threads`` before TensorFlow starts (thread pools cannot change afterwards),
 ``plan_trial`` once the fold models exist (XLA, unrolling and layout depend on the model). The
@@ -16,18 +17,31 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from pipeline.base.private_hooks import holds_seed_generator
+from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
 from pipeline.inputs.spec import AutoSwitch
 
 Layout = Literal["unfused", "side_by_side", "stacked"]
 ForcedLayout = Literal["auto", "stacked", "side_by_side"]
+# Whose random numbers a model's random layers draw in training: none (no random layer), Keras'
+# own generator, or foldsweep's counter-based hash (pipeline.engine.draws), which XLA compiles
+# into the step at the cost of an elementwise op and which stacks per fold.
+RandomDraws = Literal["none", "keras", "counter"]
+ForcedDraws = Literal["auto", "keras", "counter"]
 
 # On CPU, XLA wins big while per-step overhead dominates (bs 8: 3-4x over the same loop
 # without it) and stops paying around bs 256-512, where it was measured equal or up to 25%
 # slower depending on the model (`python -m benchmarks.cv_throughput --variants
 # engine-xla,engine-noxla`); above this batch size the step runs without XLA. Random layers
-# (Dropout, GaussianNoise, ...) turn it around: their random-number ops under XLA on CPU made
-# the MNIST-1D CNN's step 4-5x slower (7.4k vs 41k samples/s at bs 16, one thread).
+# drawing from Keras' generator turn it around: its random-number ops under XLA on CPU made the
+# MNIST-1D CNN's step 4-5x slower (7.4k vs 41k samples/s at bs 16, one thread), so such a step
+# runs without XLA on CPU. foldsweep's own draws (RandomDraws "counter") cost an elementwise op
+# under XLA, so a model whose random layers it draws follows the batch-size rule: one fold, one
+# thread, us per step with XLA and foldsweep's Dropout / without XLA and Keras' Dropout (XLA without
+# Dropout): MNIST-1D CNN bs 8: 541 / 740 (552); protein CNN bs 8: 935 / 1062 (930), bs 256:
+# 16,773 / 22,678 (15,909). Without XLA, foldsweep's draws run as separate kernels: 758 and 1163 at
+# bs 8, 22,662 at bs 256 (best of 4 interleaved epochs each, in one process on a busy 2-core
+# machine; per trial: `python -m benchmarks.cv_throughput --model mnist1d_cnn,protein_cnn --cpus 1
+# --variants engine-xla,engine-noxla --baseline REV`, REV's engine-noxla drawing Keras' numbers).
 XLA_MAX_BATCH_ON_CPU = 256
 
 # Unrolling 8 steps into one XLA launch removes most of the per-launch cost left at small
@@ -63,6 +77,7 @@ class ExecutionChoices:
     layout: ForcedLayout = "auto"
     eager: bool = False
     check_numerics: bool = False
+    random_draws: ForcedDraws = "auto"
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,8 @@ class TrialPlan:
     reason: str
     threads: ThreadPlan
     device: str
+    # Plans recorded before foldsweep drew random numbers itself had random layers draw Keras'.
+    random_draws: RandomDraws = "keras"
 
     @property
     def fused(self) -> bool:
@@ -123,18 +140,20 @@ def plan_threads(choices: ExecutionChoices, *, cpus: float, n_folds: int) -> Thr
 
 def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: ThreadPlan, device: str,
                batch_size: int, train_sizes: Sequence[int], planned_epochs: int,
-               stacking_blocker: Callable[[bool], str | None]) -> TrialPlan:
+               stacking_blocker: Callable[[bool, RandomDraws], str | None]) -> TrialPlan:
     """The whole plan of a trial whose fold models are built.
 
     Args:
         models: one built model per fold (looked at, not run).
         threads: the thread pools TensorFlow runs with in this process.
         train_sizes: each fold's training samples.
-        stacking_blocker: why these models cannot train stacked with or without XLA (given as
-            its argument), or None; asked only when stacking is wanted (it runs the models).
+        stacking_blocker: why these models cannot train stacked with or without XLA and with
+            the random draws given as its arguments, or None; asked only when stacking is wanted
+            (it runs the models).
     """
+    random_draws = _random_draws(choices.random_draws, models[0])
     jit_compile = _use_xla(choices.jit_compile, batch_size=batch_size, device=device,
-                           stochastic=has_random_layers(models[0]))
+                           stochastic=random_draws == "keras")
     planned_steps = planned_epochs * min(train_sizes) // batch_size
     steps = _steps_per_launch(choices.steps_per_launch, jit_compile=jit_compile and not choices.eager,
                               batch_size=batch_size, planned_steps=planned_steps)
@@ -146,7 +165,7 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
                                                                      else "")
         stack = _wants_stacking(choices.layout, compute_threads=threads.compute_threads, device=device,
                                 batch_size=batch_size, n_folds=len(models))
-        blocker = stacking_blocker(jit_compile) if stack else None
+        blocker = stacking_blocker(jit_compile, random_draws) if stack else None
         if stack and blocker is None:
             layout, reason = "stacked", f"{fused}, stacked into one XLA program per step"
         else:
@@ -154,17 +173,19 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
             why = _side_by_side_why(threads.compute_threads, batch_size, blocker, n_folds=len(models))
             reason = f"{fused}, side by side ({why})"
     return TrialPlan(jit_compile=jit_compile, steps_per_launch=steps, layout=layout, reason=reason, threads=threads,
-                     device=device)
+                     device=device, random_draws=random_draws)
 
 
 def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: bool = False) -> ExecutionChoices:
     """The choices that make ``plan_trial`` decide again what a recorded plan decided, as far as
-    the debugging options allow (eager and numeric checking run without XLA, unfused)."""
+    the debugging options allow (eager and numeric checking run without XLA, unfused; the random
+    numbers stay the recorded ones)."""
     return ExecutionChoices(
         jit_compile="off" if eager or check_numerics else ("on" if recorded.jit_compile else "off"),
         fused="on" if recorded.fused else "off", steps_per_launch=recorded.steps_per_launch,
         layout="auto" if recorded.layout == "unfused" else recorded.layout, eager=eager,
-        check_numerics=check_numerics)
+        check_numerics=check_numerics,
+        random_draws="auto" if recorded.random_draws == "none" else recorded.random_draws)
 
 
 def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
@@ -185,6 +206,8 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
         differences.append(f"threads {recorded.threads.describe()} -> {now.threads.describe()}")
     if _device_kind(now.device) != _device_kind(recorded.device):
         differences.append(f"device {recorded.device} -> {now.device}")
+    if now.random_draws != recorded.random_draws and "counter" in (now.random_draws, recorded.random_draws):
+        differences.append(f"random draws {recorded.random_draws} -> {now.random_draws}")
     return differences
 
 
@@ -192,9 +215,20 @@ def _device_kind(device: str) -> str:
     return "GPU" if "GPU" in device else "CPU"
 
 
+def _random_draws(choice: ForcedDraws, model: Any) -> RandomDraws:
+    """foldsweep's own draws wherever it can draw for every random layer of the model (or where
+    a recorded plan had them), unless Keras' generator is asked for (a plan recorded before)."""
+    random_layers = [layer for layer in model._flatten_layers() if holds_seed_generator(layer)]
+    if not random_layers:
+        return "none"
+    if choice == "keras" or not all(counter_drawn(layer) for layer in random_layers):
+        return "keras"
+    return "counter"
+
+
 def _use_xla(choice: AutoSwitch, *, batch_size: int, device: str, stochastic: bool) -> bool:
-    """Forced by the spec, else by device, batch size and whether the model draws random numbers
-    in training."""
+    """Forced by the spec, else by device, batch size and whether the model draws Keras' random
+    numbers in training."""
     if choice != "auto":
         return choice == "on"
     if "GPU" in device:
@@ -263,11 +297,6 @@ def _side_by_side_why(compute_threads: int, batch_size: int, blocker: str | None
     if batch_size > STACK_MAX_BATCH and _loops_take_turns(compute_threads, n_folds):
         return f"batch {batch_size}: stacking pays up to batch {STACK_MAX_BATCH}"
     return f"{compute_threads} compute thread{'s' if compute_threads != 1 else ''}"
-
-
-def has_random_layers(model: Any) -> bool:
-    """Whether any of the model's layers draws random numbers when training."""
-    return any(holds_seed_generator(layer) for layer in model._flatten_layers())
 
 
 def shared_variable_count(models: Sequence[Any]) -> int:

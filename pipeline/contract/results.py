@@ -270,7 +270,7 @@ class TrialInfo:
                 "node_id": self.node_id, "hostname": self.hostname, "data_transfers": self.data_transfers,
                 "tf_threads": plan.threads.describe(), "jit_compile": plan.jit_compile, "fused": plan.fused,
                 "fused_reason": plan.reason, "steps_per_launch": plan.steps_per_launch,
-                "compile_source": self.compile_source, "loss": self.loss, **self.versions}
+                "random_draws": plan.random_draws, "compile_source": self.compile_source, "loss": self.loss, **self.versions}
 
     @classmethod
     def from_report(cls, report: Mapping[str, Any]) -> TrialInfo | None:

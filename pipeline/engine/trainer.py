@@ -21,7 +21,7 @@ from pipeline.inputs.folds import Fold
 from pipeline.engine.fused import FusedFolds
 from pipeline.inputs.hypermodel import build_model, output_units
 from pipeline.inputs.losses import TrainingLoss
-from pipeline.contract.plan import TrialPlan, plan_differences, plan_trial
+from pipeline.contract.plan import RandomDraws, TrialPlan, plan_differences, plan_trial
 from pipeline.engine.resident import ResidentData
 from pipeline.contract.results import EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport, Throughput
 from pipeline.engine.runtime import threads_in_effect
@@ -45,7 +45,7 @@ class FoldTrainer:
         self.engines = [
             FoldEngine(model, optimizer.make(), data, fold, batch_size=params.batch_size, seed=fold_seed(seed, k),
                        jit_compile=plan.jit_compile, loss=loss, eager=eager, steps_per_launch=plan.steps_per_launch,
-                       shuffle=params.shuffle)
+                       shuffle=params.shuffle, counter_draws=plan.random_draws == "counter")
             for k, fold, model in zip(self.fold_ids, folds, models)
         ]
         self._executor = _executor(plan, self.engines, params, data=data, loss=loss, optimizer=optimizer)
@@ -153,11 +153,11 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
     optimizer = recipe.optimizer(models[0], params)
     loss = recipe.loss(models[0], units=output_units(models[0], input_shape))
 
-    def stacking_blocker(jit_compile: bool) -> str | None:
+    def stacking_blocker(jit_compile: bool, random_draws: RandomDraws) -> str | None:
         from pipeline.engine.stacked import stacking_blocker
 
         return stacking_blocker(models, data, [fold.train for fold in folds], batch_size=params.batch_size,
-                                jit_compile=jit_compile, optimizer=optimizer)
+                                jit_compile=jit_compile, random_draws=random_draws, optimizer=optimizer)
 
     plan = plan_trial(recipe.choices, models=models, threads=threads_in_effect(), device=data.device,
                       batch_size=params.batch_size, train_sizes=[len(fold.train) for fold in folds],

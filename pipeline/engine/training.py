@@ -12,6 +12,7 @@ execution; ``pipeline.engine.stacked`` stacked into one XLA program.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 import keras
 import numpy as np
 
+from pipeline.engine import draws
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.engine.resident import ResidentData
@@ -51,21 +53,23 @@ class FoldSteps(NamedTuple):
     norm_variables: list[Any]
 
 
-def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: TrainingLoss, data: ResidentData
-               ) -> FoldSteps:
+def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: TrainingLoss, data: ResidentData,
+               *, counter_draws: bool = False) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
     ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
-    the summed loss and correct predictions of one batch."""
+    the summed loss and correct predictions of one batch. With ``counter_draws`` the model's
+    random layers draw foldsweep's numbers (``pipeline.engine.draws``), else Keras' own."""
     import tensorflow as tf
 
     features, labels = data.x, data.y
     norm_variables: list[Any] = []
+    random_numbers = draws.counter_draws if counter_draws else contextlib.nullcontext
 
     def train_step(indices, enabled):
         x = tf.gather(features, indices)
         y = tf.gather(labels, indices)
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, random_numbers():
             predictions = model(x, training=True)
             value = tf.reduce_mean(loss.per_sample(y, predictions))
             if model.losses:
@@ -220,7 +224,7 @@ class FoldEngine:
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, data: ResidentData,
                  fold: Fold, *, batch_size: int, seed: int, jit_compile: bool, loss: TrainingLoss = TrainingLoss(
                      keras.losses.sparse_categorical_crossentropy), eager: bool = False, steps_per_launch: int = 1,
-                 shuffle: bool = True):
+                 shuffle: bool = True, counter_draws: bool = False):
         import tensorflow as tf
 
         self.model = model
@@ -242,7 +246,8 @@ class FoldEngine:
         # had applied before it.
         self._running: tuple[int, int | None] | None = None
         optimizer.build(model.trainable_variables)
-        train_steps, evaluate_batch, self.norm_variables = fold_steps(model, optimizer, loss, data)
+        train_steps, evaluate_batch, self.norm_variables = fold_steps(model, optimizer, loss, data,
+                                                                      counter_draws=counter_draws)
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
         # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and
