@@ -70,6 +70,12 @@ BAD_SPECS = [
     ({"train": {"steps_per_launch": "many"}}, "train.steps_per_launch must be auto or an integer >= 1, got 'many'"),
     ({"resources": {"cpu": 0}}, "resources.cpu must be a number > 0, got 0"),
     ({"resources": {"gpu": -0.5}}, "resources.gpu must be a number >= 0, got -0.5"),
+    ({"resources": {"gpu": 1.5}},
+     "resources.gpu must be a share of one GPU (at most 1) or a whole number of GPUs, got 1.5"),
+    ({"resources": {"gpu": 2}}, "resources.gpu must be at most 1: foldsweep trains all the folds of a trial on one "
+                                "GPU, so a trial reserving more would leave the others idle; to run more trials at "
+                                "once, give each a share (gpu: 0.5 runs two trials on a GPU) or raise "
+                                "resources.max_concurrent, got 2"),
     ({"resources": {"max_concurrent": 0}}, "resources.max_concurrent must be an integer >= 1, got 0"),
     ({"tracking": {"uri": 42}}, "tracking.uri must be a string, got 42"),
     ({"tracking": {"url": "sqlite:///x.db"}}, "unknown key 'tracking.url' (did you mean 'uri'?)"),
@@ -175,6 +181,11 @@ def test_jit_compile_and_fusion_can_be_forced(write_spec, value, expected):
 def test_steps_per_launch_is_auto_or_a_number(write_spec, value, expected):
     train = {} if value is None else {"steps_per_launch": value}
     assert load_spec(write_spec({"train": train})).train.steps_per_launch == expected
+
+
+@pytest.mark.parametrize("gpu", [0, 0.25, 1, 1.0])
+def test_a_trial_takes_a_share_of_one_gpu_or_one_gpu(write_spec, gpu):
+    assert load_spec(write_spec({"resources": {"gpu": gpu}})).resources.gpu == gpu
 
 
 SHIPPED_SPECS = sorted((Path(__file__).resolve().parents[1] / "sweeps").glob("*.yaml"))

@@ -604,7 +604,7 @@ def _auto_or_positive_integer(section: _Section, key: str) -> int | Literal["aut
 
 def _parse_resources(section: _Section) -> ResourcesSpec:
     cpu = section.number("cpu", default=1.0, minimum=0.0, strict=True)
-    gpu = section.number("gpu", default=0.0, minimum=0.0)
+    gpu = _gpu_share(section)
     max_concurrent = section.integer("max_concurrent", default=None, minimum=1)
     max_failures = section.integer("max_failures", default=0, minimum=0)
     address = section.string("address", pattern_hint="a Ray address such as 127.0.0.1:6379 or auto")
@@ -613,6 +613,23 @@ def _parse_resources(section: _Section) -> ResourcesSpec:
     section.finish()
     return ResourcesSpec(cpu=cpu, gpu=gpu, max_concurrent=max_concurrent, max_failures=max_failures, address=address,
                          max_trials_per_worker=max_trials_per_worker, max_worker_memory=max_worker_memory)
+
+
+def _gpu_share(section: _Section) -> float:
+    """A trial's GPUs: a share of one GPU (trials packed onto it), or one whole GPU.
+
+    Ray hands out GPUs above 1 whole only, and foldsweep trains a trial's folds on one device
+    (``pipeline.engine.resident.training_device``): a trial reserving 2 would keep the second
+    idle and from every other trial, so it is refused rather than left idle.
+    """
+    gpu = section.number("gpu", default=0.0, minimum=0.0)
+    if gpu > 1 and not gpu.is_integer():
+        section.fail("gpu", "must be a share of one GPU (at most 1) or a whole number of GPUs", gpu)
+    if gpu > 1:
+        section.fail("gpu", "must be at most 1: foldsweep trains all the folds of a trial on one GPU, so a trial "
+                     "reserving more would leave the others idle; to run more trials at once, give each a share "
+                     "(gpu: 0.5 runs two trials on a GPU) or raise resources.max_concurrent", int(gpu))
+    return gpu
 
 
 def _suggest(value: Any, choices: tuple[str, ...] | list[str]) -> str:
