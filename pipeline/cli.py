@@ -87,8 +87,10 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     sweep_spec = load_spec(spec)
     inputs = check_inputs(sweep_spec)
     import_tensorflow()
+    from pipeline.engine.runtime import hide_gpus
     from pipeline.sweep import prepare
 
+    hide_gpus()  # as a sweep's driver: a check needs no GPU, and takes none from a sweep running there
     prepared = prepare(sweep_spec, inputs=inputs)
     folds = prepared.folds.manifest()["folds"]
     console.print(
@@ -261,10 +263,19 @@ def run(
     doing(f"loading TensorFlow and building the model of {sweep_spec.experiment}")
     import_tensorflow()
     if sweep_spec.train.refit and sweep_spec.train.compile_cache:
-        # The refit compiles in this process, whose TensorFlow reads its XLA flags in prepare.
+        # The refit compiles in this process (on CPU, below), whose TensorFlow reads its XLA
+        # flags in prepare.
         from pipeline.base.compile_cache import activate, device_kind
 
-        activate(device_kind=device_kind(sweep_spec.resources.gpu))
+        activate(device_kind=device_kind(0))
+    from pipeline.engine.runtime import hide_gpus
+
+    # The driver holds no GPU memory: its TensorFlow (the default model built in prepare, the
+    # refit) sees no GPU, and every GPU is the trials'. So the refit trains on CPU: TensorFlow
+    # fixes its devices here, long before the refit, and a GPU visible to the driver would keep
+    # a CUDA context, and all the memory the refit grew into (TensorFlow's allocator never
+    # gives it back), for the whole sweep.
+    hide_gpus()
     from pipeline.contract.results import TrialStatus
     from pipeline.records.report import (Standings, leaderboard_table, selected_epoch, selected_score, short_run_id,
                                          status_text)

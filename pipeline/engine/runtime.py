@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import NamedTuple
 
 from pipeline.base.errors import FoldsweepError
 from pipeline.contract.plan import ThreadPlan
 
-_device_notice: str | None = None
+# The GPU share this process's devices were set up for, and what was done.
+_device_notice: tuple[float, str] | None = None
 
 
 class ThreadsError(FoldsweepError):
@@ -50,47 +52,132 @@ def threads_in_effect() -> ThreadPlan:
                       inter_op=tf.config.threading.get_inter_op_parallelism_threads())
 
 
-def configure_devices(gpu_fraction: float) -> str:
-    """Set GPU memory behaviour before TensorFlow initialises its devices in this process.
+class DeviceError(FoldsweepError):
+    """TensorFlow's devices cannot be set up as a trial needs (they started earlier in this process)."""
 
-    A fractional slot (``gpu_fraction`` < 1) gets a memory limit of that fraction of the device
-    when the device size is known, else memory growth, so trials packed onto one GPU do not
-    take each other's memory. Returns a one-line notice of what was done.
+
+# Per process on a shared GPU, what lies outside TensorFlow's allocator and so outside its memory
+# limit: the CUDA context and the code of cuBLAS and cuDNN that it loads (a few hundred MiB each
+# on current drivers, more on a GPU with more multiprocessors). A fractional slot's limit leaves
+# it free, so that n slots of 1/n fit on the card together with their n contexts.
+GPU_CONTEXT_RESERVE_MB = 600
+
+
+class GpuMemory(NamedTuple):
+    total_mb: int
+    free_mb: int | None  # None where nvidia-smi does not tell it
+
+
+def configure_devices(gpu_fraction: float) -> str:
+    """Set this process's GPUs for trials of ``gpu_fraction`` GPUs each, before TensorFlow
+    initialises its devices, and return a one-line notice of what was done.
+
+    - 0: no GPU is visible to TensorFlow (``hide_gpus``): Ray 2.60 no longer hides GPUs from a
+      worker that asked for none (ray#54868), and TensorFlow would train on the first it sees.
+    - a fraction below 1: a memory ceiling (``fractional_memory_limit_mb``) with memory growth,
+      so that the slots packed onto one GPU grow into their shares instead of each reserving its
+      share at start-up; growth alone where the GPU's size is unknown.
+    - 1: memory growth: the whole GPU, taken as the trial needs it.
+
+    Raises:
+        DeviceError: TensorFlow has already set up its devices here otherwise (a trial in this
+            process would hold more of the GPU than its slot, or a GPU it did not reserve).
     """
     global _device_notice
-    if _device_notice is not None:
-        return _device_notice
+    if _device_notice is not None and _device_notice[0] == gpu_fraction:
+        return _device_notice[1]
     import tensorflow as tf
 
+    if gpu_fraction == 0:
+        notice = ("resources.gpu is 0: this worker's TensorFlow sees no GPU, training on CPU" if hide_gpus()
+                  else "no GPU visible to this worker: training on CPU")
+        _device_notice = (gpu_fraction, notice)
+        return notice
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
-        _device_notice = "no GPU visible to this worker: training on CPU"
-        return _device_notice
-    total_mb = _gpu_memory_mb()
+        _device_notice = (gpu_fraction, "no GPU visible to this worker: training on CPU")
+        return _device_notice[1]
+    memory = _gpu_memory() if gpu_fraction < 1 else None
+    limit = None if memory is None else fractional_memory_limit_mb(gpu_fraction, memory)
+    # TensorFlow's Python API refuses memory growth on a device with a memory limit (context.py
+    # set_memory_growth: "Cannot set memory growth on device when virtual devices configured")
+    # and drops allow_growth from its GPUOptions once a limit is set; its GPU allocator reads
+    # TF_FORCE_GPU_ALLOW_GROWTH when it is created and takes it over the options, so the limit
+    # (the allocator's size) and growth (allocate only what is used) combine through it.
+    os.environ["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     try:
         for gpu in gpus:
-            if 0 < gpu_fraction < 1 and total_mb:
-                limit = int(gpu_fraction * total_mb)
-                tf.config.set_logical_device_configuration(
-                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit)])
-                _device_notice = f"GPU slot: {gpu_fraction:g} of {total_mb} MB -> memory limit {limit} MB"
+            if limit is not None:
+                tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit)])
             else:
                 tf.config.experimental.set_memory_growth(gpu, True)
-                _device_notice = "GPU with memory growth"
-    except RuntimeError:
-        _device_notice = "GPU already initialised in this process; memory settings unchanged"
-    return _device_notice
+    except RuntimeError as exc:
+        raise DeviceError(
+            f"resources.gpu {gpu_fraction:g}: TensorFlow has already set up the GPUs of this process, so it can no "
+            f"longer be limited to its slot ({exc}); run the trial in a fresh process") from None
+    if limit is not None:
+        free = f", {memory.free_mb} MiB free" if memory.free_mb is not None else ""
+        notice = (f"GPU slot {gpu_fraction:g} of {memory.total_mb} MiB{free}: memory grows up to {limit} MiB "
+                  f"({GPU_CONTEXT_RESERVE_MB} MiB left for the CUDA context)")
+    elif gpu_fraction < 1:
+        notice = f"GPU slot {gpu_fraction:g} of a GPU of unknown size (nvidia-smi did not answer): memory growth, no ceiling"
+    else:
+        notice = "GPU with memory growth"
+    _device_notice = (gpu_fraction, notice)
+    return notice
 
 
-def _gpu_memory_mb() -> int | None:
-    """Total memory of the first visible GPU, from nvidia-smi (which Ray's device mask respects)."""
+def fractional_memory_limit_mb(gpu_fraction: float, memory: GpuMemory) -> int:
+    """The most a slot of ``gpu_fraction`` of a GPU may allocate, in MiB: its share of the
+    card, or what is free when less (another process holds part of it), less the reserve for
+    its CUDA context."""
+    share = int(gpu_fraction * memory.total_mb)
+    if memory.free_mb is not None:
+        share = min(share, memory.free_mb)
+    return max(share - GPU_CONTEXT_RESERVE_MB, 1)
+
+
+def hide_gpus() -> bool:
+    """Keep every GPU from this process's TensorFlow, before it initialises its devices: it then
+    creates no CUDA context and takes no memory on any. Returns whether there were GPUs to hide.
+
+    CUDA reads ``CUDA_VISIBLE_DEVICES`` once, when TensorFlow first lists its devices: the
+    variable is empty for that moment only, so that the processes this one starts (a local Ray
+    and its workers) still see the machine's GPUs. ``set_visible_devices`` keeps TensorFlow off
+    any GPU that CUDA found all the same (CUDA started earlier in the process).
+
+    Raises:
+        DeviceError: TensorFlow already runs on a GPU in this process.
+    """
+    import tensorflow as tf
+
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        gpus = tf.config.list_physical_devices("GPU")
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError as exc:
+        raise DeviceError(f"TensorFlow already runs on a GPU in this process ({exc}); resources.gpu 0 and the "
+                          "sweep's driver keep TensorFlow off the GPUs: run it in a fresh process") from None
+    finally:
+        if saved is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    return bool(gpus)
+
+
+def _gpu_memory() -> GpuMemory | None:
+    """Total and free memory of the first visible GPU, from nvidia-smi (which Ray's device mask
+    respects); None where it does not answer."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    command = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    command = ["nvidia-smi", "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"]
     if visible:
         command += ["-i", visible]
     try:
         output = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True).stdout
-        return int(output.strip().splitlines()[0])
+        total, _, free = output.strip().splitlines()[0].partition(",")
+        return GpuMemory(int(total), int(free) if free.strip() else None)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
 
@@ -104,11 +191,13 @@ def memory_per_trial_mb(*, cpus: float, gpus: float, max_concurrent: int | None)
     the GPU when it runs on one whose size is known, else its share of the host's memory among
     the trials that run side by side. None when neither is known."""
     if gpus > 0:
-        total = _gpu_memory_mb()
-        if total is None:
+        memory = _gpu_memory()
+        if memory is None:
             return None
-        share = min(gpus, 1.0)
-        return int(total * share), f"{share:g} of a {total} MiB GPU"
+        if gpus >= 1:
+            return memory.total_mb, f"a {memory.total_mb} MiB GPU"
+        return (fractional_memory_limit_mb(gpus, GpuMemory(memory.total_mb, None)),
+                f"{gpus:g} of a {memory.total_mb} MiB GPU less {GPU_CONTEXT_RESERVE_MB} MiB for its CUDA context")
     return host_memory_per_trial_mb(cpus=cpus, max_concurrent=max_concurrent)
 
 
