@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import keras
 import numpy as np
 import pytest
 import yaml
@@ -104,6 +105,26 @@ REFUSED = {
     "loss weights": (
         experiment(compile_args="loss='sparse_categorical_crossentropy', loss_weights=[2.0]"), labelled(BINARY),
         ["loss_weights=[2.0]"]),
+    # Keras' fit scales the loss under mixed_float16; foldsweep's step does not (MIXED_PRECISION_FIX).
+    "mixed_float16 set at import, as keras.io's examples do": (
+        experiment(compile_args="loss='sparse_categorical_crossentropy'",
+                   prelude="keras.mixed_precision.set_global_policy('mixed_float16')\n"), labelled(BINARY),
+        ["model.py sets the global dtype policy 'mixed_float16'", "does not scale the loss as Keras' fit does",
+         "drop the call to keras.mixed_precision.set_global_policy"]),
+    "mixed_bfloat16 set by the build": (
+        experiment().replace("def build(hp):\n", "def build(hp):\n    keras.config.set_dtype_policy('mixed_bfloat16')\n"),
+        labelled(BINARY), ["sets the global dtype policy 'mixed_bfloat16'"]),
+    "a layer under mixed_float16": (
+        experiment().replace("activation='softmax'", "activation='softmax', dtype='mixed_float16'"), labelled(BINARY),
+        ["(Dense) computes under the dtype policy 'mixed_float16'", "drop dtype='mixed_float16'"]),
+    "a LossScaleOptimizer compiled in float32": (
+        experiment(compile_args="loss='sparse_categorical_crossentropy'").replace(
+            "optimizer='adam'", "optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05))"),
+        labelled(BINARY), ["compiles a LossScaleOptimizer", "compile the optimizer it wraps"]),
+    "mixed_float16 in one branch of the space only": (
+        experiment().replace("def build(hp):\n", "def build(hp):\n    if hp.Boolean('half', default=False):\n"
+                             "        keras.mixed_precision.set_global_policy('mixed_float16')\n"),
+        labelled(BINARY), ["built with {'half': True} sets the global dtype policy 'mixed_float16'"]),
     "a Python if on a tensor in the loss, which fit cannot trace": (
         experiment(compile_args="loss=halved", prelude=BRANCHY_LOSS), labelled(BINARY),
         ["its loss halved cannot be traced as Keras' fit traces its training step",
@@ -135,6 +156,25 @@ def test_a_model_foldsweep_would_train_otherwise_is_refused_before_anything_runs
     assert "Traceback" not in output
     assert not ray.is_initialized()
     assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+    assert keras.config.dtype_policy().name == "float32"  # a refused build's policy reaches no later one
+
+
+def test_a_build_that_sets_mixed_precision_in_a_worker_fails_its_trial_and_leaves_float32_behind():
+    """A worker's build (``build_model``) refuses it too: a branch the space's discovery did not
+    build, or an experiment file changed after validation, fails its trial with the reason, and
+    the worker's next trial builds in float32."""
+    from pipeline.base.errors import ExperimentError
+    from pipeline.inputs.hypermodel import build_model
+
+    def build(hp):
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        return keras.Sequential([keras.Input((8, 1)), keras.layers.Flatten(), keras.layers.Dense(2)])
+
+    with pytest.raises(ExperimentError, match="experiment: build\\(hp\\) sets the global dtype policy 'mixed_float16'"):
+        build_model(build, {})
+    assert keras.config.dtype_policy().name == "float32"
+    assert build_model(lambda hp: keras.Sequential([keras.Input((8, 1)), keras.layers.Dense(2)]), {}).dtype_policy.name \
+        == "float32"
 
 
 def test_a_fold_that_trains_on_one_class_is_refused(tmp_path, monkeypatch):

@@ -398,7 +398,8 @@ HOOKS: tuple[Hook, ...] = (
     Hook("mlflow", "the MLFLOW_SERVER_ENABLE_JOB_EXECUTION environment variable",
          "`foldsweep ui` starts no GenAI job runner processes", (), _check_job_execution_switch),
     Hook("keras", "keras.layers.Layer._flatten_layers(include_self, recursive)",
-         "random layers and the stacked form's layers are found in nested models",
+         "random layers, a layer under mixed precision (refused) and the stacked form's layers are found in nested "
+         "models",
          ("_flatten_layers",), _check_flatten_layers),
     Hook("keras", "Sequential._functional, Functional._nodes_by_depth and _run_through_graph(operation_fn=)",
          "stacked folds run the model's own layer graph with per-fold weights",
