@@ -51,6 +51,8 @@ def test_validate_accepts_a_good_spec(write_spec):
     ({"resources": {"address": "127.0.0.1:9"}}, "no Ray cluster answers at '127.0.0.1:9'"),
     ({"resources": {"address": "nowhere"}}, "must be host:port (e.g. 127.0.0.1:6379), got 'nowhere'"),
     ({"resources": {"max_failures": -1}}, "resources.max_failures must be an integer >= 0, got -1"),
+    ({"resources": {"gpu": 1.5}}, "resources.gpu must be a share of one GPU (at most 1) or a whole number of GPUs, got 1.5"),
+    ({"resources": {"gpu": 2}}, "resources.gpu must be at most 1: foldsweep trains all the folds of a trial on one GPU"),
     ({"cv": {"n_repeats": 0}}, "cv.n_repeats must be an integer >= 1, got 0"),
     ({"cv": {"n_repeats": 10_000_000}}, "cv.n_repeats: 10000000 repeats x 2 folds = 20,000,000 replicas of the default model"),
     ({"train": {"select": "best"}}, "train.select must be one of best_epoch, last"),
