@@ -173,8 +173,8 @@ def test_a_build_that_sets_mixed_precision_in_a_worker_fails_its_trial_and_leave
     with pytest.raises(ExperimentError, match="experiment: build\\(hp\\) sets the global dtype policy 'mixed_float16'"):
         build_model(build, {})
     assert keras.config.dtype_policy().name == "float32"
-    assert build_model(lambda hp: keras.Sequential([keras.Input((8, 1)), keras.layers.Dense(2)]), {}).dtype_policy.name \
-        == "float32"
+    afterwards = build_model(lambda hp: keras.Sequential([keras.Input((8, 1)), keras.layers.Dense(2)]), {})
+    assert afterwards.dtype_policy.name == "float32"
 
 
 def test_a_fold_that_trains_on_one_class_is_refused(tmp_path, monkeypatch):

@@ -163,7 +163,8 @@ def test_the_driver_keeps_tensorflow_off_the_gpus(two_gpus, monkeypatch, write_s
     monkeypatch.setattr(pipeline.inputs.hypermodel, "load_experiment", loading)
     monkeypatch.setattr(pipeline.sweep, "run_sweep", run_sweep)
     result = CliRunner().invoke(app, [command, str(write_spec())])
-    assert two_gpus[:3] == [("list", "GPU", ""), ("visible", [], "GPU"), ("build",)], result.output
+    assert two_gpus[:2] == [("list", "GPU", ""), ("visible", [], "GPU")], result.output
+    assert ("build",) in two_gpus[2:], result.output  # the default model is built after
     if command == "run":
         assert two_gpus[-1] == ("ray", "0,1") and "stopped before Ray starts" in result.output
     else:

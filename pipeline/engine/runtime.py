@@ -108,7 +108,8 @@ def configure_devices(gpu_fraction: float) -> str:
     try:
         for gpu in gpus:
             if limit is not None:
-                tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit)])
+                tf.config.set_logical_device_configuration(
+                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit)])
             else:
                 tf.config.experimental.set_memory_growth(gpu, True)
     except RuntimeError as exc:
@@ -120,7 +121,8 @@ def configure_devices(gpu_fraction: float) -> str:
         notice = (f"GPU slot {gpu_fraction:g} of {memory.total_mb} MiB{free}: memory grows up to {limit} MiB "
                   f"({GPU_CONTEXT_RESERVE_MB} MiB left for the CUDA context)")
     elif gpu_fraction < 1:
-        notice = f"GPU slot {gpu_fraction:g} of a GPU of unknown size (nvidia-smi did not answer): memory growth, no ceiling"
+        notice = (f"GPU slot {gpu_fraction:g} of a GPU of unknown size (nvidia-smi did not answer): memory growth, "
+                  "no ceiling")
     else:
         notice = "GPU with memory growth"
     _device_notice = (gpu_fraction, notice)
