@@ -33,19 +33,20 @@ def write(tmp_path: Path, name: str, **overrides) -> Path:
 
 
 def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster, tmp_path, empty_store):
-    """The same 4-trial grid twice, one trial at a time, so that workers that retire (every two
-    trials, then by a memory budget no worker fits, so after every trial) and a worker kept for
+    """A 4-trial grid, one trial at a time, so that workers that retire (every two trials; by a
+    memory budget no worker fits, so after every trial, on half the grid) and a worker kept for
     the whole sweep can be compared score for score."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     scores = {}
-    for name, resources in (("recycled", {"max_trials_per_worker": 2}), ("budgeted", {"max_worker_memory": 1}),
-                            ("kept", {})):
-        spec = write(tmp_path, name, search={"num_samples": 1, "space": Replace(GRID)},
+    half_grid = {**GRID, "filters": 16}
+    for name, grid, resources in (("recycled", GRID, {"max_trials_per_worker": 2}),
+                                  ("budgeted", half_grid, {"max_worker_memory": 1}), ("kept", GRID, {})):
+        spec = write(tmp_path, name, search={"num_samples": 1, "space": Replace(grid)},
                      train={"epochs": 1}, resources={"max_concurrent": 1, **resources})
         result = CliRunner().invoke(app, ["run", str(spec)])
         assert result.exit_code == 0, result.output
         _, _, trials = sweep_runs(uri, name)
-        assert len(trials) == 4 and all(run.info.status == "FINISHED" for run in trials)
+        assert len(trials) == (2 if name == "budgeted" else 4) and all(run.info.status == "FINISHED" for run in trials)
         assert not any("foldsweep.retries" in run.data.tags for run in trials)
         scores[name] = {(run.data.params["kernel_size"], run.data.params["filters"]): run for run in trials}
         pids = [run.data.tags["foldsweep.pid"] for run in trials]
@@ -58,14 +59,15 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster,
             assert {run.data.tags["foldsweep.data_transfers"] for run in trials} == {"1"}
             assert sorted(retired) == ["", "", *["ran 2 trials (resources.max_trials_per_worker)"] * 2]
         elif name == "budgeted":
-            assert len(set(pids)) == 4, "a fresh worker process after every trial"
+            assert len(set(pids)) == 2, "a fresh worker process after every trial"
             assert all(reason.endswith("would pass resources.max_worker_memory (1 MiB)") for reason in retired)
         else:
             assert len(set(pids)) == 1 and retired == [""] * 4, "one worker for the whole sweep"
-    for key, kept in scores["kept"].items():
-        for retiring in ("recycled", "budgeted"):
-            assert scores[retiring][key].data.metrics["mean_val_loss"] == pytest.approx(
-                kept.data.metrics["mean_val_loss"], rel=1e-6)
+    assert set(scores["budgeted"]) < set(scores["kept"]) == set(scores["recycled"])
+    for retiring in ("recycled", "budgeted"):
+        for key, run in scores[retiring].items():
+            assert run.data.metrics["mean_val_loss"] == pytest.approx(
+                scores["kept"][key].data.metrics["mean_val_loss"], rel=1e-6)
 
 
 @pytest.mark.parametrize("what", ["refit", "publish"])
