@@ -55,7 +55,7 @@ from pipeline.inputs.folds import make_folds  # noqa: E402
 from pipeline.inputs.hypermodel import build_model, load_builder  # noqa: E402
 from pipeline.contract.plan import ExecutionChoices, plan_threads  # noqa: E402
 from pipeline.engine.resident import resident_data  # noqa: E402
-from pipeline.inputs.spec import CVSpec  # noqa: E402
+from pipeline.inputs.spec import CVSpec, read_yaml  # noqa: E402
 from pipeline.engine.trainer import build_trainer, threads_in_effect  # noqa: E402
 from pipeline.engine.trial import configure_threads  # noqa: E402
 from pipeline.engine.recipe import TrainingRecipe  # noqa: E402
@@ -68,16 +68,28 @@ MODELS = {"plain": DATASETS, "mnist1d_cnn": ("mnist1d",), "protein_cnn": ("prote
           "protein_cnn_bn": ("protein",), "fcn": DATASETS}
 
 
-def model_under_test(name: str, dataset, *, dropout: bool) -> tuple[Callable[[Any], Any], dict[str, Any]]:
+def model_under_test(name: str, dataset, *, dropout: bool,
+                     hp: dict[str, Any] | None = None) -> tuple[Callable[[Any], Any], dict[str, Any]]:
     """The model's build(hp) and the hyperparameter values it is built with (the hypermodels'
-    defaults otherwise)."""
+    defaults otherwise, and ``hp`` over them)."""
     if name == "plain":
         return cnn_builder(dataset.input_shape, dataset.n_classes, dropout=0.2 if dropout else 0.0), {}
     if name == "fcn":
         return fcn_builder(dataset.input_shape, dataset.n_classes), {}
     experiment = name.removesuffix("_bn")
     return load_builder(REPO / "experiments" / f"{experiment}.py", "build"), (
-        {"batch_norm": True} if name.endswith("_bn") else {})
+        {"batch_norm": True} if name.endswith("_bn") else {}) | (hp or {})
+
+
+def hp_values(pairs: list[str]) -> dict[str, Any]:
+    """``--hp dropout=0.0`` pairs, their values read as a spec reads them (numbers, booleans)."""
+    values = {}
+    for pair in pairs:
+        name, separator, value = pair.partition("=")
+        if not separator:
+            raise SystemExit(f"--hp: expected NAME=VALUE, got {pair!r}")
+        values[name] = read_yaml(value)
+    return values
 
 
 def measure_naive(dataset, folds, build, values, batch_size: int, epochs: int) -> dict[str, float]:
@@ -142,7 +154,7 @@ def measure_here(args: argparse.Namespace) -> dict[str, Any]:
         configure_threads(plan_threads(variant_choices(variant), cpus=args.cpus, n_folds=cv.replicas))
     dataset = load_workload(args.datasets, args.quick)
     folds = make_folds(cv, dataset).folds
-    build, values = model_under_test(args.model, dataset, dropout=args.dropout)
+    build, values = model_under_test(args.model, dataset, dropout=args.dropout, hp=hp_values(args.hp))
     batch_size = int(args.batch_sizes)
     if variant == "naive":
         measured = measure_naive(dataset, folds, build, values, batch_size, epochs)
@@ -159,6 +171,7 @@ def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, varia
                "--model", model, "--batch-sizes", str(batch_size), "--cpus", str(args.cpus), "--epochs",
                str(args.epochs), "--cv-repeats", str(args.cv_repeats)]
     command += ["--quick"] * args.quick + ["--dropout"] * args.dropout
+    command += [f"--hp={pair}" for pair in args.hp]
     # The working directory comes first on a `-m` module's path: its `pipeline` is the one measured.
     finished = subprocess.run(command, capture_output=True, text=True, cwd=code or REPO,
                               env={**os.environ, "FOLDSWEEP_DATA_DIR": str(data_dir())})
@@ -222,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", metavar="REV",
                         help="also measure every engine variant with foldsweep's engine at this git revision")
     parser.add_argument("--dropout", action="store_true", help="add a Dropout layer to the plain CNN")
+    parser.add_argument("--hp", action="append", default=[], metavar="NAME=VALUE",
+                        help="a hypermodel's hyperparameter instead of its default (repeatable), "
+                             "e.g. --model protein_cnn --hp dropout=0.0")
     parser.add_argument("--cpus", type=int, default=os.cpu_count(),
                         help="the trial's resources.cpu, which sizes TensorFlow's threads (default: every CPU)")
     parser.add_argument("--cv-repeats", type=int, default=1,
@@ -280,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                 fused_kind = variant.split("-")[0]
                 unfused = variant.replace(fused_kind, "engine", 1) + suffix if fused_kind in FUSED_VARIANTS else None
                 versus_unfused = paired_ratio(runs, measured.get(unfused))
-                row = {"model": model, "dataset": runs[0]["dataset"], "batch_size": batch_size, "variant": name,
+                row = {"model": model, "hp": hp_values(args.hp), "dataset": runs[0]["dataset"],
+                       "batch_size": batch_size, "variant": name,
                        "code": args.baseline if suffix else "checkout",
                        "samples_per_s": round(rate, 1), "runs": [round(run["rate"], 1) for run in runs],
                        "vs_first": round(versus_first, 3), "vs_engine": _rounded(versus_engine, 3),
