@@ -19,6 +19,14 @@ round ran back to back, so a slow spell of the machine cancels out) rather than 
 `vs unfused` compares a fused variant with the unfused one of the same launch size (fused-x8 with
 engine-x8); compile_s is the trial's compilation seconds;
 cores is the CPU time over the wall time of the timed epochs (how many cores the variant kept busy).
+spread is how far a variant's rate moved between rounds ((largest - smallest) / median).
+
+How far from the machine's limit: each round also measures the float32 FLOP/s of a large
+XLA-compiled matmul on `--cpus` threads (the `peak` row), and each variant's GFLOP/s is its
+samples/s times the model's training FLOPs per sample, counted from its convolutions and dense
+layers (`benchmarks.flops`, checked against TensorFlow's graph profiler in tests/test_flops.py);
+`% peak` is the median over rounds of that over the same round's peak. The naive fit runs on
+TensorFlow's default threads (every core), the peak on `--cpus`.
 
 Each measurement runs in a fresh process, with TensorFlow's threads sized as a sweep worker sizes
 them for that variant (`--cpus` = the trial's resources.cpu; unfused trials get one inter-op
@@ -50,10 +58,11 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import (cnn_builder, fcn_builder, mnist1d, naive_fold_fit, peak_rss_mb,  # noqa: E402
                                protein_windows)
+from benchmarks.flops import matmul_peak_flops, training_flops_per_sample  # noqa: E402
 from pipeline.inputs.datasets import data_dir  # noqa: E402
 from pipeline.inputs.folds import make_folds  # noqa: E402
 from pipeline.inputs.hypermodel import build_model, load_builder  # noqa: E402
-from pipeline.contract.plan import ExecutionChoices, plan_threads  # noqa: E402
+from pipeline.contract.plan import ExecutionChoices, ThreadPlan, plan_threads  # noqa: E402
 from pipeline.engine.resident import resident_data  # noqa: E402
 from pipeline.inputs.spec import CVSpec, read_yaml  # noqa: E402
 from pipeline.engine.trainer import build_trainer, threads_in_effect  # noqa: E402
@@ -113,6 +122,8 @@ ENGINE_VARIANTS = {"engine": ("auto", "off", 1, "auto"), "fused": ("auto", "on",
                    "engine-xla": ("on", "off", 1, "auto"), "engine-noxla": ("off", "off", 1, "auto"),
                    "fused-xla": ("on", "on", 1, "auto"), "fused-noxla": ("off", "on", 1, "auto")}
 FUSED_VARIANTS = ("fused", "stacked", "side")
+# The machine's float32 peak on the measured threads (``benchmarks.flops``), measured in every round.
+PEAK = "peak"
 
 
 def variant_choices(variant: str) -> ExecutionChoices:
@@ -149,6 +160,10 @@ def load_workload(name: str, quick: bool):
 def measure_here(args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in this process, sized as a sweep worker would size it."""
     variant, epochs = args.measure, 1 + args.epochs
+    if variant == PEAK:
+        configure_threads(ThreadPlan(intra_op=args.cpus, inter_op=1))
+        return {"flops_per_s": matmul_peak_flops(), "threads": threads_in_effect().describe(),
+                "peak_rss_mb": peak_rss_mb()}
     cv = CVSpec(splitter="stratified", n_splits=N_SPLITS, seed=0, n_repeats=args.cv_repeats)
     if variant != "naive":
         configure_threads(plan_threads(variant_choices(variant), cpus=args.cpus, n_folds=cv.replicas))
@@ -160,7 +175,9 @@ def measure_here(args: argparse.Namespace) -> dict[str, Any]:
         measured = measure_naive(dataset, folds, build, values, batch_size, epochs)
     else:
         measured = measure_engine(dataset, folds, build, values, batch_size, epochs, variant)
-    return {**measured, "dataset": dataset.name, "threads": threads_in_effect().describe(), "peak_rss_mb": peak_rss_mb()}
+    flops = training_flops_per_sample(build_model(build, values, input_shape=dataset.input_shape))
+    return {**measured, "dataset": dataset.name, "threads": threads_in_effect().describe(), "peak_rss_mb": peak_rss_mb(),
+            "train_flops_per_sample": flops}
 
 
 def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, variant: str, *, model: str = "plain",
@@ -200,7 +217,25 @@ def paired_ratio(runs: list[dict[str, Any]], baseline: list[dict[str, Any]] | No
     """The median over rounds of a variant's rate over the baseline's rate in the same round."""
     if baseline is None:
         return None
-    return float(np.median([run["rate"] / base["rate"] for run, base in zip(runs, baseline)]))
+    return float(np.median(round_ratios(runs, baseline)))
+
+
+def round_ratios(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> list[float]:
+    return [run["rate"] / base["rate"] for run, base in zip(runs, baseline)]
+
+
+def spread(values: list[float]) -> float:
+    """How far a measurement moved between rounds: (largest - smallest) / median."""
+    return float((max(values) - min(values)) / np.median(values))
+
+
+def flops_per_s(run: dict[str, Any]) -> float:
+    return run["rate"] * run["train_flops_per_sample"]
+
+
+def share_of_peak(runs: list[dict[str, Any]], peaks: list[dict[str, Any]]) -> float:
+    """The median over rounds of a variant's FLOP/s over the peak measured in the same round."""
+    return float(np.median([flops_per_s(run) / peak["flops_per_s"] for run, peak in zip(runs, peaks)]))
 
 
 def _known(value: float | None) -> float | None:
@@ -228,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, help="timed epochs per measurement, after the compiling one "
                                                    "(default 6, 1 with --quick)")
     parser.add_argument("--repeats", type=int, help="measurements per variant, interleaved; the median is kept "
-                                                    "(default 3, 1 with --quick)")
+                                                    "(default 3, --quick too)")
     parser.add_argument("--variants", default="naive,engine,fused,engine-x8,fused-x8",
                         help="comma list of naive, " + ", ".join(ENGINE_VARIANTS) + " (engine = unfused, auto = "
                              "what a sweep picks; -xla/-noxla force XLA on or off)")
@@ -248,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure_here(args)))
         return 0
 
-    repeats = (1 if args.quick else 3) if args.repeats is None else args.repeats
+    repeats = 3 if args.repeats is None else args.repeats
     args.epochs = (1 if args.quick else 6) if args.epochs is None else args.epochs
     for flag, value in (("--repeats", repeats), ("--epochs", args.epochs)):
         if value < 1:
@@ -278,18 +313,32 @@ def main(argv: list[str] | None = None) -> int:
             measurements.append((f"{variant}@{args.baseline}", variant, code))
     width = max(14, *(len(name) + 2 for name, _, _ in measurements))
     rows = []
-    print(f"{'model':<16}{'dataset':<12}{'batch':>6}{'variant':>{width}}{'samples/s':>12}{'vs first':>10}"
-          f"{'vs engine':>11}{'vs unfused':>12}{'compile_s':>11}{'cores':>7}{'peak RSS MB':>13}  TensorFlow threads",
-          flush=True)
+    print(f"{'model':<16}{'dataset':<12}{'batch':>6}{'variant':>{width}}{'samples/s':>12}{'spread':>8}"
+          f"{'vs first':>10}{'vs engine':>11}{'vs unfused':>12}{'GFLOP/s':>9}{'% peak':>8}{'compile_s':>11}"
+          f"{'cores':>7}{'peak RSS MB':>13}  TensorFlow threads", flush=True)
     for model, dataset in workloads:
         for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
             measured: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in measurements}
+            peaks: list[dict[str, Any]] = []
             for _ in range(repeats):
+                peaks.append(measure_apart(args, dataset, batch_size, PEAK, model=model))
                 for name, variant, code in measurements:
                     measured[name].append(measure_apart(args, dataset, batch_size, variant, model=model, code=code))
+            peak_rates = [peak["flops_per_s"] for peak in peaks]
+            peak_row = {"model": model, "hp": hp_values(args.hp), "dataset": "float32 matmul", "batch_size": batch_size,
+                        "variant": PEAK, "code": "checkout", "gflops_per_s": round(float(np.median(peak_rates)) / 1e9, 1),
+                        "gflops_runs": [round(rate / 1e9, 1) for rate in peak_rates],
+                        "spread": round(spread(peak_rates), 3), "pct_of_peak": 100.0, "threads": peaks[0]["threads"],
+                        "cpus": args.cpus}
+            rows.append(peak_row)
+            print(f"{model:<16}{'(matmul)':<12}{batch_size:>6}{PEAK:>{width}}{'':>12}{spread(peak_rates):>7.0%}"
+                  f"{'':>10}{'':>11}{'':>12}{peak_row['gflops_per_s']:>9.1f}{100:>7.0f}%{'':>11}{'':>7}"
+                  f"{max(peak['peak_rss_mb'] for peak in peaks):>13.0f}  {peak_row['threads']}", flush=True)
             for name, variant, _ in measurements:
                 runs = measured[name]
                 rate = float(np.median([run["rate"] for run in runs]))
+                percent = 100 * share_of_peak(runs, peaks)
+                gflops = float(np.median([flops_per_s(run) for run in runs])) / 1e9
                 suffix = name.removeprefix(variant)
                 versus_first = paired_ratio(runs, measured[measurements[0][0]])
                 versus_engine = paired_ratio(runs, measured.get("engine" + suffix))
@@ -300,16 +349,22 @@ def main(argv: list[str] | None = None) -> int:
                        "batch_size": batch_size, "variant": name,
                        "code": args.baseline if suffix else "checkout",
                        "samples_per_s": round(rate, 1), "runs": [round(run["rate"], 1) for run in runs],
-                       "vs_first": round(versus_first, 3), "vs_engine": _rounded(versus_engine, 3),
+                       "spread": round(spread([run["rate"] for run in runs]), 3),
+                       "vs_first": round(versus_first, 3),
+                       "vs_first_runs": [round(r, 3) for r in round_ratios(runs, measured[measurements[0][0]])],
+                       "vs_engine": _rounded(versus_engine, 3),
                        "vs_unfused": _rounded(versus_unfused, 3),
+                       "train_flops_per_sample": runs[0]["train_flops_per_sample"],
+                       "gflops_per_s": round(gflops, 2), "pct_of_peak": round(percent, 2),
                        "compile_s": _rounded(float(np.median([run["compile_s"] for run in runs])), 2),
                        "cores": _rounded(float(np.median([run["cores"] for run in runs])), 2),
                        "peak_rss_mb": round(max(run["peak_rss_mb"] for run in runs), 1),
                        "threads": runs[0]["threads"], "cpus": args.cpus, "fusion": runs[0].get("fusion", "")}
                 rows.append(row)
                 print(f"{model:<16}{row['dataset']:<12}{batch_size:>6}{name:>{width}}{rate:>12.0f}"
-                      f"{versus_first:>9.2f}x{_cell(versus_engine, '.2f', 'x'):>11}"
-                      f"{_cell(versus_unfused, '.2f', 'x'):>12}{_cell(row['compile_s'], '.1f'):>11}"
+                      f"{row['spread']:>7.0%}{versus_first:>9.2f}x{_cell(versus_engine, '.2f', 'x'):>11}"
+                      f"{_cell(versus_unfused, '.2f', 'x'):>12}{gflops:>9.1f}{percent:>7.1f}%"
+                      f"{_cell(row['compile_s'], '.1f'):>11}"
                       f"{_cell(row['cores'], '.2f'):>7}{row['peak_rss_mb']:>13.0f}  {row['threads']}", flush=True)
     if "naive" in variants and len(measurements) > 2:
         print_best(rows)
@@ -324,7 +379,7 @@ def print_best(rows: list[dict[str, Any]]) -> None:
     print("\nbest variant against the naive per-fold fit", flush=True)
     groups: dict[tuple[str, str, int, str], list[dict[str, Any]]] = {}
     for row in rows:
-        if row["variant"] != "naive":
+        if row["variant"] not in ("naive", PEAK):
             groups.setdefault((row["model"], row["dataset"], row["batch_size"], row["code"]), []).append(row)
     for (model, dataset, batch_size, code), group in groups.items():
         best = max(group, key=lambda row: row["vs_first"])

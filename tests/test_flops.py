@@ -1,0 +1,29 @@
+"""The benchmark's FLOP count from a model's layers, against TensorFlow's graph profiler."""
+
+import pytest
+
+from benchmarks.common import cnn_builder
+from benchmarks.cv_throughput import REPO
+from benchmarks.flops import forward_macs, profiled_forward_flops, training_flops_per_sample
+from pipeline.inputs.hypermodel import build_model, load_builder
+
+
+@pytest.mark.parametrize("name, build, values", [
+    ("protein_cnn", load_builder(REPO / "experiments" / "protein_cnn.py", "build"), {}),
+    ("protein_cnn filters 32, 3 layers", load_builder(REPO / "experiments" / "protein_cnn.py", "build"),
+     {"filters": 32, "conv_layers": 3, "kernel_size": 7}),
+    ("plain CNN on MNIST-1D", cnn_builder((40, 1), 10), {}),
+])
+def test_the_layers_count_agrees_with_tensorflows_profiler(name, build, values):
+    model = build_model(build, values)
+    counted = 2 * forward_macs(model)
+    profiled = profiled_forward_flops(model)
+    # the profiler also counts biases, activations and pooling, which the layers' count leaves out
+    assert counted <= profiled <= 1.03 * counted, (name, counted, profiled)
+
+
+def test_protein_cnn_at_its_defaults_costs_what_its_layers_say():
+    model = build_model(load_builder(REPO / "experiments" / "protein_cnn.py", "build"), {})
+    # conv 15x64x5x21 + conv 15x64x5x64 + dense 960x64 + dense 64x3
+    assert forward_macs(model) == 15 * 64 * 5 * 21 + 15 * 64 * 5 * 64 + 960 * 64 + 64 * 3
+    assert training_flops_per_sample(model) == 6 * forward_macs(model)
