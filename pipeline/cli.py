@@ -348,7 +348,8 @@ def report(
     from pipeline.base.environment import recorded_environment
     from pipeline.base.private_hooks import require_hooks
     from pipeline.records.publish import publish
-    from pipeline.records.report import Standings, leaderboard_table, nan_table_rows, rows_table, throughput_rows
+    from pipeline.records.report import (Standings, account_rows, leaderboard_table, nan_table_rows, rows_table,
+                                         throughput_rows)
     from pipeline.records.tracking import Tracker
 
     _check_existing_store(tracking_uri)
@@ -361,6 +362,9 @@ def report(
     _print_standings_notes(standings, tracking_uri)
     console.print(rows_table(nan_table_rows(records), "NaN failures by batch size and clipping"))
     console.print(rows_table(throughput_rows(records), "throughput by batch size (medians)"))
+    time_rows = account_rows(records)
+    if time_rows:
+        console.print(rows_table(time_rows, "where each trial's time went (seconds, share of its wall clock)"))
     test_scores = {key: value for key, value in parent.metrics.items() if key.startswith("test_")}
     if test_scores:
         console.print("refit on the held-out test split: " +
@@ -489,7 +493,8 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
     also says (and records) what makes it differ from the trial it reruns, and where that trial
     went NaN (``recorded_tags``, its record's tags) against the first non-finite value found."""
     from pipeline.rerun import epoch_line, recorded_nan_line, run_in_process
-    from pipeline.contract.results import STOPPED_EPOCH, EpochSelection, TrialStatus
+    from pipeline.contract.results import STOPPED_EPOCH, EpochResult, EpochSelection, TrialStatus
+    from pipeline.records.report import account_text
     from pipeline.inputs.space import resolve_config
     from pipeline.records.tracking import Tag
 
@@ -521,7 +526,7 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
             recorder.log_epoch(report)
 
     try:
-        status, finding, _ = run_in_process(request, on_plan=on_plan, on_epoch=on_epoch)
+        status, finding, last_report = run_in_process(request, on_plan=on_plan, on_epoch=on_epoch)
     except BaseException as exc:
         if recorder is not None:
             recorder.finish(TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt) else TrialStatus.ERROR,
@@ -533,12 +538,16 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
         if recorded_tags is not None:
             console.print(recorded_nan_line(finding, recorded_tags), highlight=False, soft_wrap=True)
     console.print(f"status: {status.value}", highlight=False)
+    account = EpochResult.from_report(last_report).account if last_report else None
+    if account is not None:
+        console.print(f"where the time went: {account_text(account)}", highlight=False, soft_wrap=True)
     if recorder is not None:
         found = {} if finding is None else {
             Tag.NUMERICS_OP: finding.op_type, Tag.NUMERICS_NODE: finding.node, Tag.NUMERICS_LAYER: finding.layer,
             Tag.NUMERICS_VARIABLE: finding.variable, Tag.NUMERICS_FOLD: finding.fold,
             Tag.NUMERICS_EPOCH: finding.epoch, Tag.NUMERICS_STEP: finding.step}
-        recorder.finish(status, tags={tag: str(value) for tag, value in found.items() if value not in ("", None)})
+        recorder.finish(status, last_report=last_report,
+                        tags={tag: str(value) for tag, value in found.items() if value not in ("", None)})
         console.print(f"recorded as run {recorder.run_id} (tag {Tag.RERUN_OF}={recorded.run_id})", highlight=False)
 
 

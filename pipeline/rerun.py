@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -313,6 +314,7 @@ def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[
     numerics finding, last report)."""
     from pipeline.engine.trial import TrialRunner, TrialSettings, set_up_worker
 
+    started = time.perf_counter()  # the trial's time account starts with its worker's set-up
     eager, check_numerics, replay = request.eager, request.check_numerics, request.replay
     settings = TrialSettings.from_spec(request.spec, experiment_path=request.experiment_path,
                                        dataset_fingerprint=request.dataset.fingerprint, conditions=request.conditions,
@@ -324,7 +326,8 @@ def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[
     import tensorflow as tf
 
     runner = TrialRunner(request.config, worker=worker, folds=[request.folds.folds[k] for k in request.fold_ids],
-                         fold_ids=request.fold_ids, settings=settings, epochs=request.epochs, replay=replay)
+                         fold_ids=request.fold_ids, settings=settings, epochs=request.epochs, replay=replay,
+                         started=started)
     executed = runner.trainer.plan
     on_plan(executed, [*request.changes, *(plan_differences(replay, executed) if replay is not None else [])])
     if check_numerics:
