@@ -383,6 +383,10 @@ EagerOption = typer.Option(False, "--eager", help="Run eagerly (no tf.function),
 NumericsOption = typer.Option(False, "--check-numerics",
                               help="TensorFlow numeric checking: stop at the first NaN/Inf and name its op and layer")
 SetOption = typer.Option([], "--set", help="name=value: change one hyperparameter (repeatable)")
+ProfileOption = typer.Option(False, "--profile", help="Run TensorFlow's profiler around one epoch and say where "
+                             "its time went (trace under profiles/)")
+ProfileEpochOption = typer.Option(None, "--profile-epoch", help="The epoch --profile profiles (implies it) "
+                                  "[default: the first after the compiling one]")
 
 
 @app.command()
@@ -394,10 +398,13 @@ def trial(
     epochs: Optional[int] = EpochsOption,
     eager: bool = EagerOption,
     check_numerics: bool = NumericsOption,
+    profile: bool = ProfileOption,
+    profile_epoch: Optional[int] = ProfileEpochOption,
 ) -> None:
     """Run one config of a spec in this process (no search, no Ray), printing each epoch."""
     from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides, parse_assignments,
-                                single_config, spec_threads)
+                                planned_epochs, single_config, spec_threads)
+    from pipeline.rerun import profile_epoch as check_profile_epoch
     from pipeline.checks import check_inputs
     from pipeline.inputs.spec import load_spec
 
@@ -412,6 +419,9 @@ def trial(
 
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
     threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
+    profiled = profile or profile_epoch is not None
+    if profiled:
+        _trace_xla_ops()
     configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads, compile_cache=sweep_spec.train.compile_cache)
     prepared = prepare(sweep_spec, hooks=TRAINING_LIBRARIES, inputs=inputs)
     _print_warnings(prepared)
@@ -419,12 +429,15 @@ def trial(
     config = single_config(prepared.spec, prepared.space, prepared.experiment.hyperparameters, overrides)
     config = _without_inactive(config, inactive_overrides(config, overrides, prepared.space.conditions))
     shown = {**prepared.space.resolve(config), **({"epochs": epochs} if epochs else {})}
+    planned = planned_epochs(prepared.spec, prepared.space.resolve(config), epochs)
+    profiled_epoch = check_profile_epoch(profile_epoch, planned=planned) if profiled else None
     console.print(f"trial of {spec}: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()) if v is not None),
                   highlight=False)
     _run_here(TrialRequest(spec=prepared.spec, experiment_path=prepared.experiment_path, dataset=prepared.dataset,
                            folds=prepared.folds, config=config, conditions=prepared.space.conditions,
                            fold_ids=fold_ids, threads=threads, epochs=epochs, eager=eager,
-                           check_numerics=check_numerics, fit_arguments=prepared.experiment.fit_arguments),
+                           check_numerics=check_numerics, fit_arguments=prepared.experiment.fit_arguments,
+                           profile_epoch=profiled_epoch, profile_dir=PROFILES / f"trial-{spec.stem}"),
               tracking=None)
 
 
@@ -439,10 +452,13 @@ def rerun(
     check_numerics: bool = NumericsOption,
     set_values: list[str] = SetOption,
     no_track: bool = typer.Option(False, "--no-track", help="Do not record the rerun in MLflow"),
+    profile: bool = ProfileOption,
+    profile_epoch: Optional[int] = ProfileEpochOption,
 ) -> None:
     """Rerun one recorded trial in this process, with its config, data, folds and execution plan."""
     from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides,
-                                load_recorded_trial, parse_assignments, recorded_folds, rerun_changes)
+                                load_recorded_trial, parse_assignments, planned_epochs, recorded_folds, rerun_changes)
+    from pipeline.rerun import profile_epoch as check_profile_epoch
     from pipeline.records.tracking import Tracker
 
     # What can be refused without TensorFlow is, first: a wrong id or option answers at once.
@@ -459,6 +475,9 @@ def rerun(
 
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)
+    profiled = profile or profile_epoch is not None
+    if profiled:
+        _trace_xla_ops()
     configure_tensorflow(gpus=recorded.spec.resources.gpu, threads=threads,
                          compile_cache=recorded.spec.train.compile_cache)
     require_hooks(TRAINING_LIBRARIES)  # its checks build small models: TensorFlow starts here
@@ -470,15 +489,51 @@ def rerun(
     left_out = inactive_overrides({**recorded.config, **overrides}, overrides, space.conditions)
     overrides = {name: value for name, value in overrides.items() if name not in left_out}
     config = _without_inactive({**recorded.config, **overrides}, left_out)
+    profiled_epoch = check_profile_epoch(profile_epoch, planned=planned_epochs(spec, config, epochs)) \
+        if profiled else None
     dataset, folds = recorded_folds(recorded)
     console.print(f"rerun of trial {recorded.run_name} ({recorded.run_id}) of sweep run {recorded.parent_run_id}"
                   + (f", with {' '.join(set_values)}" if set_values else ""), highlight=False)
     request = TrialRequest(spec=spec, experiment_path=recorded.experiment_path, dataset=dataset, folds=folds,
                            config=config, conditions=space.conditions, fold_ids=fold_ids, threads=threads,
                            epochs=epochs, eager=eager, check_numerics=check_numerics, replay=recorded.plan,
-                           fit_arguments=experiment.fit_arguments, changes=rerun_changes(recorded, overrides, eager=eager))
+                           fit_arguments=experiment.fit_arguments, profile_epoch=profiled_epoch,
+                           profile_dir=PROFILES / f"rerun-{recorded.run_id[:8]}",
+                           changes=rerun_changes(recorded, overrides, eager=eager, profile_epoch=profiled_epoch))
     _run_here(request, tracking=None if no_track else (tracker, recorded),
               recorded_tags=tracker.trial_record(recorded.run_id).tags if check_numerics else None)
+
+
+def profile_lines(profile: Any) -> list[str]:
+    """What a profiled epoch (``pipeline.engine.profile.EpochProfile``) says, as printed."""
+    import importlib.util
+
+    def part(seconds: float) -> str:
+        return f"{seconds:.3f} s ({seconds / profile.wall_s:.0%})" if profile.wall_s > 0 else f"{seconds:.3f} s"
+
+    parts = ", ".join(f"{name} {part(seconds)}" for name, seconds in profile.parts.items())
+    lines = [f"profile of epoch {profile.epoch}: its wall clock {profile.wall_s:.3f} s = {parts}; the gap holds the "
+             f"profiler's start, {profile.profiler_start_s:.3f} s",
+             "top operations by self time, all folds (share of all operations' self time):"]
+    lines += [f"  {op.self_s:9.4f} s  {op.share:6.1%}  {op.name}" for op in profile.top_ops]
+    lines.append(f"no operation runs for {profile.host_between_share:.0%} of the training launches' time: the host "
+                 "between launches (dispatch, loop control, Python)")
+    viewer = f"xprof --logdir={shlex.quote(str(profile.logdir))} --port=6006"
+    if importlib.util.find_spec("xprof") is None:  # the optional extra (pyproject.toml: profile)
+        viewer = f"uv run --extra profile {viewer}"
+    lines.append(f"trace: {profile.trace_file}; open it with: {viewer}")
+    return lines
+
+
+# Where --profile writes its traces (TensorFlow's profiler adds plugins/profile/<time>/ below).
+PROFILES = Path("profiles")
+
+
+def _trace_xla_ops() -> None:
+    """XLA marks each op of its programs for the profiler: before TensorFlow reads its flags."""
+    from pipeline.engine.profile import enable_xla_op_tracing
+
+    enable_xla_op_tracing()
 
 
 def _without_inactive(config: dict[str, Any], left_out: dict[str, str]) -> dict[str, Any]:
@@ -525,8 +580,17 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
         if recorder is not None:
             recorder.log_epoch(report)
 
+    def on_profile(profile: Any) -> None:
+        for line in profile_lines(profile):
+            console.print(line, highlight=False, soft_wrap=True)
+        if recorder is not None:
+            # This profile's run of the trace directory, laid out as the viewer reads a logdir.
+            run = profile.trace_file.parent
+            recorder.log_directory(run, f"profile/{run.relative_to(profile.logdir).as_posix()}")
+
     try:
-        status, finding, last_report = run_in_process(request, on_plan=on_plan, on_epoch=on_epoch)
+        status, finding, last_report = run_in_process(request, on_plan=on_plan, on_epoch=on_epoch,
+                                                      on_profile=on_profile)
     except BaseException as exc:
         if recorder is not None:
             recorder.finish(TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt) else TrialStatus.ERROR,

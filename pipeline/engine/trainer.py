@@ -23,6 +23,7 @@ from pipeline.engine.fused import FusedFolds
 from pipeline.inputs.hypermodel import build_model, output_units
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.contract.plan import RandomDraws, TrialPlan, plan_differences, plan_trial
+from pipeline.engine.profile import TRAIN_REGION, VALIDATION_REGION
 from pipeline.engine.resident import ResidentData
 from pipeline.contract.account import TimeAccount
 from pipeline.contract.results import (COMPILE_S, EVAL_S, GAP_S, SETUP_S, TRAIN_S, EpochResult, FoldScores,
@@ -43,17 +44,24 @@ class EpochClock:
     train_s: float = 0.0
     eval_s: float = 0.0
     gap_s: float = 0.0
-    last_gap_s: float | None = None  # before the last epoch; None for the first
+    # The last epoch's: the pause before it (None for the first), its training and validation,
+    # and its wall clock since the epoch before it was validated (None for the first).
+    last_gap_s: float | None = None
+    last_train_s: float = 0.0
+    last_eval_s: float = 0.0
+    last_wall_s: float | None = None
 
     def close_epoch(self, began: float, trained: float, validated: float) -> None:
         if self.last_validated is None:
             self.first_began = began
-            self.last_gap_s = None
+            self.last_gap_s = self.last_wall_s = None
         else:
             self.last_gap_s = began - self.last_validated
+            self.last_wall_s = validated - self.last_validated
             self.gap_s += self.last_gap_s
-        self.train_s += trained - began
-        self.eval_s += validated - trained
+        self.last_train_s, self.last_eval_s = trained - began, validated - trained
+        self.train_s += self.last_train_s
+        self.eval_s += self.last_eval_s
         self.last_validated = validated
 
 
@@ -94,19 +102,25 @@ class FoldTrainer:
         return replace(result, throughput=self.throughput())
 
     def _run_epoch(self) -> EpochResult:
+        from tensorflow.profiler.experimental import Trace
+
+        # The regions mark a profiled epoch's trace (pipeline.engine.profile); unprofiled, each
+        # costs a flag's test.
         began = time.perf_counter()
         live = tuple(i for i, engine in enumerate(self.engines) if engine.failure is None)
-        train_losses = self._executor.train_epoch(self.epoch, live) if live else {}
+        with Trace(TRAIN_REGION):
+            train_losses = self._executor.train_epoch(self.epoch, live) if live else {}
         trained = time.perf_counter()
         scores = []
-        for i, engine in enumerate(self.engines):
-            if i not in train_losses:  # frozen since it went NaN; the other folds train on
-                scores.append(FoldScores.frozen())
-                continue
-            val_loss, val_accuracy = engine.evaluate(self.epoch)
-            if engine.failure is not None:
-                val_loss = val_accuracy = math.nan
-            scores.append(FoldScores(train_losses[i], val_loss, val_accuracy))
+        with Trace(VALIDATION_REGION):
+            for i, engine in enumerate(self.engines):
+                if i not in train_losses:  # frozen since it went NaN; the other folds train on
+                    scores.append(FoldScores.frozen())
+                    continue
+                val_loss, val_accuracy = engine.evaluate(self.epoch)
+                if engine.failure is not None:
+                    val_loss = val_accuracy = math.nan
+                scores.append(FoldScores(train_losses[i], val_loss, val_accuracy))
         self.clock.close_epoch(began, trained, time.perf_counter())
         self.epoch += 1
         failures = [(k, engine.failure) for k, engine in zip(self.fold_ids, self.engines) if engine.failure is not None]

@@ -481,6 +481,10 @@ class TrialRecorder:
         for artifact, text in (info.mlflow_texts() if info else {}).items():
             self._client.log_text(self.run_id, text, artifact)
 
+    def log_directory(self, directory: Path, artifact_path: str) -> None:
+        """A directory's files as the run's artifacts under ``artifact_path`` (a profile's trace)."""
+        self._client.log_artifacts(self.run_id, str(directory), artifact_path)
+
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
             self._client.set_tag(self.run_id, key, value[:MAX_TAG_LENGTH])
