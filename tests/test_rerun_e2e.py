@@ -106,7 +106,6 @@ def test_rerun_profile_says_where_a_steady_epoch_goes_and_keeps_its_trace(unclip
     listed = [item.path for item in client.list_artifacts(rerun_run.info.run_id, "profile/plugins/profile")]
     assert len(listed) == 1
     assert any(item.path.endswith(".xplane.pb") for item in client.list_artifacts(rerun_run.info.run_id, listed[0]))
-    print(ran.output)
     # The rerun's own record holds its account; the trial's is untouched.
     assert rerun_run.data.metrics["trial_wall_s"] > 0 and "gap_s" in rerun_run.data.metrics
     assert client.get_run(original.info.run_id).data.metrics == original.data.metrics
