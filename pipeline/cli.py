@@ -348,8 +348,8 @@ def report(
     from pipeline.base.environment import recorded_environment
     from pipeline.base.private_hooks import require_hooks
     from pipeline.records.publish import publish
-    from pipeline.records.report import (Standings, account_rows, leaderboard_table, nan_table_rows, rows_table,
-                                         throughput_rows)
+    from pipeline.records.report import (Standings, account_rows, account_table, leaderboard_table, nan_table_rows,
+                                         rows_table, throughput_rows)
     from pipeline.records.tracking import Tracker
 
     _check_existing_store(tracking_uri)
@@ -364,7 +364,7 @@ def report(
     console.print(rows_table(throughput_rows(records), "throughput by batch size (medians)"))
     time_rows = account_rows(records)
     if time_rows:
-        console.print(rows_table(time_rows, "where each trial's time went (seconds, share of its wall clock)"))
+        console.print(account_table(time_rows))
     test_scores = {key: value for key, value in parent.metrics.items() if key.startswith("test_")}
     if test_scores:
         console.print("refit on the held-out test split: " +

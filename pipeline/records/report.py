@@ -349,13 +349,24 @@ def account_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
                         tuple((name, sum(dict(account.parts)[name] for _, account in accounts))
                               for name, _ in accounts[0][1].parts))
     return [{"trial": label, TRIAL_WALL_S: account.wall_s,
-             **{name: _seconds_share(seconds, share) for (name, seconds), share
+             **{name: _seconds_share(seconds, share, between="\n") for (name, seconds), share
                 in zip(account.as_dict().items(), account.shares().values())}}
             for label, account in [*accounts, (f"all {len(accounts)}", total)]]
 
 
-def _seconds_share(seconds: float, share: float) -> str:
-    return f"{seconds:.2f} ({share:.0%})" if math.isfinite(share) else f"{seconds:.2f}"
+def _seconds_share(seconds: float, share: float, *, between: str = " ") -> str:
+    return f"{seconds:.2f}{between}{share:.0%}" if math.isfinite(share) else f"{seconds:.2f}"
+
+
+def account_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """The accounts as a table that fits an 80-column terminal: each part's share under its seconds."""
+    table = Table(title="where each trial's time went (seconds, share)", box=None, pad_edge=False,
+                  header_style="bold")
+    for column in (rows[0] if rows else {}):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(_cell(value) for value in row.values()))
+    return table
 
 
 def account_text(account: TimeAccount) -> str:
