@@ -467,6 +467,11 @@ def rerun(
     recorded = load_recorded_trial(tracker, run_id)
     fold_ids = check_fold(fold, recorded.spec.cv)
     overrides = parse_assignments(set_values)
+    profiled = profile or profile_epoch is not None
+    planned = planned_epochs(recorded.spec, {**recorded.config, **overrides}, epochs)
+    # an --set epochs that is no number is refused below, with the other --set values
+    profiled_epoch = check_profile_epoch(profile_epoch, planned=planned) if profiled and isinstance(planned, int) \
+        else None
     import_tensorflow()
     from pipeline.inputs.hypermodel import load_experiment
     from pipeline.base.private_hooks import TRAINING_LIBRARIES, require_hooks
@@ -475,8 +480,7 @@ def rerun(
 
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)
-    profiled = profile or profile_epoch is not None
-    if profiled:
+    if profiled_epoch is not None:
         _trace_xla_ops()
     configure_tensorflow(gpus=recorded.spec.resources.gpu, threads=threads,
                          compile_cache=recorded.spec.train.compile_cache)
@@ -489,8 +493,6 @@ def rerun(
     left_out = inactive_overrides({**recorded.config, **overrides}, overrides, space.conditions)
     overrides = {name: value for name, value in overrides.items() if name not in left_out}
     config = _without_inactive({**recorded.config, **overrides}, left_out)
-    profiled_epoch = check_profile_epoch(profile_epoch, planned=planned_epochs(spec, config, epochs)) \
-        if profiled else None
     dataset, folds = recorded_folds(recorded)
     console.print(f"rerun of trial {recorded.run_name} ({recorded.run_id}) of sweep run {recorded.parent_run_id}"
                   + (f", with {' '.join(set_values)}" if set_values else ""), highlight=False)

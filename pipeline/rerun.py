@@ -319,8 +319,8 @@ def profile_epoch(asked: int | None, *, planned: int) -> int:
     if asked is None:
         return 2 if planned >= 2 else 1
     if not 1 <= asked <= planned:
-        raise InputError(f"--profile-epoch must be between 1 and {planned} (the trial trains {planned} epochs), "
-                         f"got {asked}")
+        trains = f"{planned} epoch" + ("s" if planned != 1 else "")
+        raise InputError(f"--profile-epoch must be between 1 and {planned} (the trial trains {trains}), got {asked}")
     return asked
 
 

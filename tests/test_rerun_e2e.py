@@ -190,6 +190,9 @@ def test_set_reruns_the_nan_trial_with_clipping(unclipped_trials, rerun):
     (["TRIAL", "--fold", "2"], "--fold must be between 0 and 1 (the sweep's trials train 2 folds), got 2"),
     (["TRIAL", "--set", "fliters=3"], "--set fliters: not a hyperparameter of this trial"),
     (["TRIAL", "--set", "filters"], "--set must be name=value, got 'filters'"),
+    (["TRIAL", "--profile-epoch", "3"], "--profile-epoch must be between 1 and 2 (the trial trains 2 epochs), got 3"),
+    (["TRIAL", "--profile", "--epochs", "1", "--profile-epoch", "2"],
+     "--profile-epoch must be between 1 and 1 (the trial trains 1 epoch), got 2"),
 ])
 def test_bad_rerun_requests_exit_2(unclipped_trials, rerun, args, message):
     directory, _, trials, parent = unclipped_trials
