@@ -83,6 +83,10 @@ def test_each_trial_accounts_for_its_wall_clock(recorded_sweep):
         gaps = {metric.step: metric.value for metric in client.get_metric_history(run_id, "epoch_gap_s")}
         assert sorted(gaps) == epochs[1:] and all(gap > 0 for gap in gaps.values())
         assert metrics["gap_s"] == pytest.approx(sum(gaps.values()))
+    # A worker's first trial starts it: loading foldsweep and TensorFlow, placing the data.
+    first = [run.data.metrics["setup_s"] for run in trials if run.data.tags["foldsweep.worker_trials"] == "1"]
+    later = [run.data.metrics["setup_s"] for run in trials if run.data.tags["foldsweep.worker_trials"] != "1"]
+    assert first and later and min(first) > max(later)
     records = Tracker(recorded_sweep.uri).trial_records(parent.info.run_id)
     rows = account_rows(records)
     assert [row["trial"] for row in rows] == [record.label for record in records] + ["all 4"]

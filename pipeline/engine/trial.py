@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ray import tune
 from ray.tune.result import TRAINING_ITERATION
 
+from pipeline.base.loaded import LOADED_AT
 from pipeline.inputs.folds import Fold
 from pipeline.contract.plan import ThreadPlan, TrialPlan, plan_threads
 from pipeline.contract.phases import Phase, announce
@@ -207,7 +208,9 @@ class FoldTrainable(tune.Trainable):
 
     def setup(self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold],
               settings: TrialSettings) -> None:
-        started = time.perf_counter()  # the first trial's account starts with the worker's set-up
+        # A worker's first trial accounts for its start-up from when the process began loading
+        # foldsweep (and TensorFlow with it) to unpickle this trainable.
+        started = min(LOADED_AT, time.perf_counter())
         threads = plan_threads(settings.recipe.choices, cpus=settings.cpus, n_folds=len(folds))
         self._worker = set_up_worker(settings, x=data["x"], y=data["y"], threads=threads, on_phase=self._announce)
         self._lifespan = Lifespan(settings.max_trials_per_worker, max_rss_mb=settings.worker_memory_mb())
