@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -402,6 +403,7 @@ def trial(
     profile_epoch: Optional[int] = ProfileEpochOption,
 ) -> None:
     """Run one config of a spec in this process (no search, no Ray), printing each epoch."""
+    started = time.perf_counter()  # the trial's time account counts the command's start-up
     from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides, parse_assignments,
                                 planned_epochs, single_config, spec_threads)
     from pipeline.rerun import profile_epoch as check_profile_epoch
@@ -437,7 +439,7 @@ def trial(
                            folds=prepared.folds, config=config, conditions=prepared.space.conditions,
                            fold_ids=fold_ids, threads=threads, epochs=epochs, eager=eager,
                            check_numerics=check_numerics, fit_arguments=prepared.experiment.fit_arguments,
-                           profile_epoch=profiled_epoch, profile_dir=PROFILES / f"trial-{spec.stem}"),
+                           profile_epoch=profiled_epoch, profile_dir=PROFILES / f"trial-{spec.stem}", started=started),
               tracking=None)
 
 
@@ -456,6 +458,7 @@ def rerun(
     profile_epoch: Optional[int] = ProfileEpochOption,
 ) -> None:
     """Rerun one recorded trial in this process, with its config, data, folds and execution plan."""
+    started = time.perf_counter()  # the trial's time account counts the command's start-up
     from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides,
                                 load_recorded_trial, parse_assignments, planned_epochs, recorded_folds, rerun_changes)
     from pipeline.rerun import profile_epoch as check_profile_epoch
@@ -500,7 +503,7 @@ def rerun(
                            config=config, conditions=space.conditions, fold_ids=fold_ids, threads=threads,
                            epochs=epochs, eager=eager, check_numerics=check_numerics, replay=recorded.plan,
                            fit_arguments=experiment.fit_arguments, profile_epoch=profiled_epoch,
-                           profile_dir=PROFILES / f"rerun-{recorded.run_id[:8]}",
+                           profile_dir=PROFILES / f"rerun-{recorded.run_id[:8]}", started=started,
                            changes=rerun_changes(recorded, overrides, eager=eager, profile_epoch=profiled_epoch))
     _run_here(request, tracking=None if no_track else (tracker, recorded),
               recorded_tags=tracker.trial_record(recorded.run_id).tags if check_numerics else None)

@@ -304,6 +304,8 @@ class TrialRequest:
     fit_arguments: Mapping[str, str] = field(default_factory=dict)
     # What the request changes against a recorded trial, besides its plan (--set, --eager).
     changes: tuple[str, ...] = ()
+    # When the command began (``time.perf_counter``): where the trial's time account starts.
+    started: float | None = None
     # --profile: TensorFlow's profiler around this epoch (1-based), its trace written here.
     profile_epoch: int | None = None
     profile_dir: Path | None = None
@@ -340,7 +342,7 @@ def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[
     report)."""
     from pipeline.engine.trial import TrialRunner, TrialSettings, set_up_worker
 
-    started = time.perf_counter()  # the trial's time account starts with its worker's set-up
+    started = request.started if request.started is not None else time.perf_counter()
     eager, check_numerics, replay = request.eager, request.check_numerics, request.replay
     settings = TrialSettings.from_spec(request.spec, experiment_path=request.experiment_path,
                                        dataset_fingerprint=request.dataset.fingerprint, conditions=request.conditions,
