@@ -99,8 +99,9 @@ ACCOUNT_KEYS = (TRIAL_WALL_S, SETUP_S, TRAIN_S, EVAL_S, GAP_S, OTHER_S)
 
 
 def trial_account(values: Mapping[str, Any]) -> TimeAccount | None:
-    """A trial's time account from its report or its record's metrics (None before accounts)."""
-    return TimeAccount.read(values, wall=TRIAL_WALL_S, parts=TRIAL_PARTS)
+    """A trial's time account from its report or its record's metrics; None for a trial recorded
+    before accounts were kept (which has ``trial_wall_s`` and ``compile_s``, but no ``setup_s``)."""
+    return TimeAccount.read(values, wall=TRIAL_WALL_S, parts=TRIAL_PARTS) if SETUP_S in values else None
 
 
 # Metrics recorded once per trial, or a count rather than a finding per epoch: not in history.csv.
