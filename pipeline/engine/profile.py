@@ -2,14 +2,15 @@
 
 ``foldsweep rerun --profile`` and ``foldsweep trial --profile`` run one steady-state epoch between
 ``tf.profiler.experimental.start`` and ``stop``, which write an XSpace where the viewers read it
-(``<logdir>/plugins/profile/<run>/<host>.xplane.pb``: XProf, TensorBoard's profile plugin). The
-same library turns it into the viewer's timeline (``xspace_to_tools_data(..., "trace_viewer@")``):
-trace events, each on a thread, an operation marked by its arguments (``is_eager`` on a
-TensorFlow op, ``hlo_op`` on an XLA one). From those this module sums each operation's self time
-(its time less that of the events inside it on its thread) over the folds, and how much of the
-training no operation ran at all: the host between launches (dispatch, loop control, Python).
-The trainer marks its training and validation (``TRAIN_REGION``, ``VALIDATION_REGION``), so the
-trace says how long each took.
+(``<logdir>/plugins/profile/<run>/<host>.xplane.pb``: XProf, TensorBoard's profile plugin). This
+module reads that file with TensorFlow's own protocol buffer (``xplane_pb2``), a thread (XLine) at
+a time: an epoch at batch 8 is millions of events, and TensorFlow's conversion to the viewer's
+JSON timeline took 11 GB for one. An event is an operation when TensorFlow says so: an XLA op
+carries the ``hlo_op`` stat, a TensorFlow op is named ``node:type``. Each operation's self time
+(its time less that of the events inside it on its thread) is summed over its calls and the
+folds, and the share of the training during which no operation ran at all is the host between
+launches (dispatch, loop control, Python). The trainer marks its training and validation
+(``TRAIN_REGION``, ``VALIDATION_REGION``), so the trace says how long each took.
 
 An XLA program on the CPU is one TensorFlow op; its HLO ops reach the trace only when XLA is told
 to mark them, before TensorFlow starts (``enable_xla_op_tracing``; a compile-cache store of its
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,99 +103,118 @@ class EpochProfiler:
         return written[-1]
 
 
-def trace_events(xspace: Path) -> list[dict[str, Any]]:
-    """The XSpace's events as the trace viewer shows them (TensorFlow's own conversion)."""
-    import json
-
-    from tensorflow.python.profiler.internal import _pywrap_profiler_plugin
-
-    data, converted = _pywrap_profiler_plugin.xspace_to_tools_data([str(xspace)], "trace_viewer@", {})
-    if not converted:
-        raise RuntimeError(f"TensorFlow cannot read the trace {xspace}: {data!r}")
-    return json.loads(data)["traceEvents"]
+# Events TensorFlow marks as ops that hold other operations: a function's or XLA program's launch
+# (counted as the operations inside it) and the graph's loops and conditions around them.
+LAUNCHES = ("StatefulPartitionedCall", "PartitionedCall", "XlaLaunch", "XlaLaunchV2", "_XlaRun", "_XlaCompile")
 
 
-def op_name(event: Mapping[str, Any]) -> str | None:
+def op_name(name: str, display_name: str, *, hlo: bool) -> str | None:
     """The operation an event is a call of, its instance number left out so that every fold's
-    (and every step's) calls add up (``convolution.1`` -> ``convolution``); None for an event
-    that is no operation, or that holds a compiled program's operations (counted as those)."""
-    args = event.get("args") or {}
-    if "hlo_op" in args:
-        return re.sub(r"\.\d+$", "", str(args["hlo_op"]))
-    if "is_eager" in args:
-        name = str(event.get("name", ""))
-        if name.startswith("__") or "Xla" in name:  # a function or XLA program's launch
-            return None
-        return name
-    return None
+    (and every step's) calls add up (``convolution.1`` -> ``convolution``): an XLA op (``hlo``,
+    the event has TensorFlow's ``hlo_op`` stat) by its name, a TensorFlow op by its type (the
+    event's display name; its name is ``node:type``); None for an event that is neither, or a
+    launch of operations counted on their own."""
+    if hlo:
+        return re.sub(r"\.\d+$", "", name)
+    if not display_name or ":" not in name or display_name.startswith("__") or display_name in LAUNCHES:
+        return None
+    return display_name
 
 
-def self_times(events: Iterable[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], float]]:
-    """Each complete event with its self time in microseconds: its duration less that of the
-    events directly inside it on its thread."""
-    by_thread: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
-    for event in events:
-        if event.get("ph") == "X" and "dur" in event:
-            by_thread[(event.get("pid"), event.get("tid"))].append(event)
-    timed = []
-    for thread_events in by_thread.values():
-        thread_events.sort(key=lambda event: (float(event["ts"]), -float(event["dur"])))
-        stack: list[list[Any]] = []  # [event, end, children's time]
-        for event in thread_events:
-            start, end = float(event["ts"]), float(event["ts"]) + float(event["dur"])
+class TraceTimes:
+    """What the trace's threads add up to: each operation's self time (its time less that of the
+    events directly inside it on its thread), summed over calls and folds; when operations ran;
+    and the regions foldsweep marked. Fed a thread at a time, so that a trace of millions of
+    events (an epoch of thousands of steps) is read without holding them."""
+
+    def __init__(self) -> None:
+        self.self_us: dict[str, float] = defaultdict(float)
+        self.regions: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        self._starts = array("d")
+        self._ends = array("d")
+
+    def add_thread(self, events: Iterable[tuple[str, str | None, float, float]]) -> None:
+        """One thread's events as (name, operation or None, start, end) in microseconds, in the
+        order they started."""
+        stack: list[list[Any]] = []  # [operation, end, duration, children's time]
+        for name, op, start, end in events:
             while stack and stack[-1][1] <= start:
-                done = stack.pop()
-                timed.append((done[0], float(done[0]["dur"]) - done[2]))
+                self._close(stack.pop())
             if stack:
-                stack[-1][2] += min(end, stack[-1][1]) - start
-            stack.append([event, end, 0.0])
-        timed.extend((done[0], float(done[0]["dur"]) - done[2]) for done in stack)
-    return timed
+                stack[-1][3] += min(end, stack[-1][1]) - start
+            stack.append([op, end, end - start, 0.0])
+            if name in (TRAIN_REGION, VALIDATION_REGION):
+                self.regions[name].append((start, end))
+            if op is not None:
+                self._starts.append(start)
+                self._ends.append(end)
+        while stack:
+            self._close(stack.pop())
+
+    def _close(self, entry: list[Any]) -> None:
+        if entry[0] is not None:
+            self.self_us[entry[0]] += max(entry[2] - entry[3], 0.0)
+
+    def top_operations(self, top: int = TOP_OPS) -> list[OpTime]:
+        """The operations with the most self time, with their share of all operations' self time."""
+        whole = sum(self.self_us.values())
+        ranked = sorted(self.self_us.items(), key=lambda item: -item[1])[:top]
+        return [OpTime(name, seconds / 1e6, seconds / whole if whole else 0.0) for name, seconds in ranked]
+
+    def idle_share(self, windows: Sequence[tuple[float, float]]) -> float:
+        """The share of ``windows`` during which no operation ran on any thread."""
+        import numpy as np
+
+        starts, ends = np.frombuffer(self._starts), np.frombuffer(self._ends)
+        total = busy = 0.0
+        for low, high in windows:
+            total += high - low
+            begin, end = np.maximum(starts, low), np.minimum(ends, high)
+            inside = end > begin
+            begin, end = begin[inside], end[inside]
+            order = np.argsort(begin, kind="stable")
+            begin, end = begin[order], end[order]
+            # each call adds what it covers beyond the furthest end of the calls before it
+            reach = np.concatenate([[low], np.maximum.accumulate(end)[:-1]]) if len(end) else end
+            busy += float(np.sum(np.clip(end - np.maximum(begin, reach), 0.0, None)))
+        return 1.0 - busy / total if total else float("nan")
 
 
-def top_operations(events: Sequence[Mapping[str, Any]], *, top: int = TOP_OPS) -> list[OpTime]:
-    """The operations with the most self time, summed over their calls, with their share of all
-    operations' self time."""
-    totals: dict[str, float] = defaultdict(float)
-    for event, self_us in self_times(events):
-        name = op_name(event)
-        if name is not None:
-            totals[name] += max(self_us, 0.0)
-    whole = sum(totals.values())
-    ranked = sorted(totals.items(), key=lambda item: -item[1])[:top]
-    return [OpTime(name, seconds / 1e6, seconds / whole if whole else 0.0) for name, seconds in ranked]
+def read_xspace(xspace: Path) -> TraceTimes:
+    """The times of the XSpace TensorFlow's profiler wrote (its own protocol buffer, the one the
+    viewers read), its threads one at a time."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(xspace.read_bytes())
+    times = TraceTimes()
+    for plane in space.planes:
+        hlo_stats = {key for key, stat in plane.stat_metadata.items() if stat.name == "hlo_op"}
+        metadata = plane.event_metadata
+        known: dict[int, str | None] = {}  # an event's operation, the same for every event of its metadata
 
-def regions(events: Sequence[Mapping[str, Any]], name: str) -> list[tuple[float, float]]:
-    """The (start, end) in microseconds of each event named ``name`` (a region foldsweep marks)."""
-    return [(float(event["ts"]), float(event["ts"]) + float(event["dur"])) for event in events
-            if event.get("ph") == "X" and event.get("name") == name]
+        def operation(event: Any) -> str | None:
+            if event.metadata_id not in known:
+                about = metadata[event.metadata_id]
+                hlo = any(stat.metadata_id in hlo_stats for stat in event.stats)
+                known[event.metadata_id] = op_name(about.name, about.display_name, hlo=hlo)
+            return known[event.metadata_id]
 
-
-def idle_share(events: Sequence[Mapping[str, Any]], windows: Sequence[tuple[float, float]]) -> float:
-    """The share of ``windows`` during which no operation ran on any thread."""
-    calls = sorted((float(event["ts"]), float(event["ts"]) + float(event["dur"])) for event in events
-                   if event.get("ph") == "X" and op_name(event) is not None)
-    total = busy = 0.0
-    for low, high in windows:
-        total += high - low
-        reach = low
-        for start, end in calls:
-            start, end = max(start, reach), min(end, high)
-            if end > start:
-                busy += end - start
-                reach = end
-    return 1.0 - busy / total if total else float("nan")
+        for line in plane.lines:
+            origin = line.timestamp_ns * 1e3  # microseconds; events are placed in picoseconds
+            events = sorted(line.events, key=lambda event: (event.offset_ps, -event.duration_ps))
+            times.add_thread((metadata[event.metadata_id].name, operation(event), origin + event.offset_ps / 1e6,
+                              origin + (event.offset_ps + event.duration_ps) / 1e6) for event in events)
+    return times
 
 
 def summarize(xspace: Path, *, epoch: int, logdir: Path, epoch_wall_s: float, gap_s: float,
               profiler_start_s: float) -> EpochProfile:
     """What the trace of one epoch says, with the trial clock's measure of that epoch's wall time
     and of the gap before it."""
-    events = trace_events(xspace)
-    training = regions(events, TRAIN_REGION)
-    validation = regions(events, VALIDATION_REGION)
+    times = read_xspace(xspace)
+    training, validation = times.regions[TRAIN_REGION], times.regions[VALIDATION_REGION]
     return EpochProfile(epoch=epoch, wall_s=epoch_wall_s, train_s=sum(end - start for start, end in training) / 1e6,
                         validation_s=sum(end - start for start, end in validation) / 1e6, gap_s=gap_s,
-                        profiler_start_s=profiler_start_s, top_ops=tuple(top_operations(events)),
-                        host_between_share=idle_share(events, training), logdir=logdir, trace_file=xspace)
+                        profiler_start_s=profiler_start_s, top_ops=tuple(times.top_operations()),
+                        host_between_share=times.idle_share(training), logdir=logdir, trace_file=xspace)
