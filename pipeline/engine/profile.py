@@ -26,7 +26,7 @@ from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 XLA_TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 TRAIN_REGION = "foldsweep.train"
