@@ -7,7 +7,7 @@ The package is layered; each layer's ``__init__`` says what it owns and what it 
 ``cli``.
 """
 
-from pipeline.base import old_paths
+from pipeline.base import loaded, old_paths  # noqa: F401  (loaded: first, to time the loading)
 
 __version__ = "0.1.0"
 

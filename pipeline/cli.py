@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -348,7 +349,8 @@ def report(
     from pipeline.base.environment import recorded_environment
     from pipeline.base.private_hooks import require_hooks
     from pipeline.records.publish import publish
-    from pipeline.records.report import Standings, leaderboard_table, nan_table_rows, rows_table, throughput_rows
+    from pipeline.records.report import (Standings, account_rows, account_table, leaderboard_table, nan_table_rows,
+                                         rows_table, throughput_rows)
     from pipeline.records.tracking import Tracker
 
     _check_existing_store(tracking_uri)
@@ -361,6 +363,9 @@ def report(
     _print_standings_notes(standings, tracking_uri)
     console.print(rows_table(nan_table_rows(records), "NaN failures by batch size and clipping"))
     console.print(rows_table(throughput_rows(records), "throughput by batch size (medians)"))
+    time_rows = account_rows(records)
+    if time_rows:
+        console.print(account_table(time_rows))
     test_scores = {key: value for key, value in parent.metrics.items() if key.startswith("test_")}
     if test_scores:
         console.print("refit on the held-out test split: " +
@@ -379,6 +384,10 @@ EagerOption = typer.Option(False, "--eager", help="Run eagerly (no tf.function),
 NumericsOption = typer.Option(False, "--check-numerics",
                               help="TensorFlow numeric checking: stop at the first NaN/Inf and name its op and layer")
 SetOption = typer.Option([], "--set", help="name=value: change one hyperparameter (repeatable)")
+ProfileOption = typer.Option(False, "--profile", help="Run TensorFlow's profiler around one epoch and say where "
+                             "its time went (trace under profiles/)")
+ProfileEpochOption = typer.Option(None, "--profile-epoch", help="The epoch --profile profiles (implies it) "
+                                  "[default: the first after the compiling one]")
 
 
 @app.command()
@@ -390,10 +399,14 @@ def trial(
     epochs: Optional[int] = EpochsOption,
     eager: bool = EagerOption,
     check_numerics: bool = NumericsOption,
+    profile: bool = ProfileOption,
+    profile_epoch: Optional[int] = ProfileEpochOption,
 ) -> None:
     """Run one config of a spec in this process (no search, no Ray), printing each epoch."""
+    started = time.perf_counter()  # the trial's time account counts the command's start-up
     from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides, parse_assignments,
-                                single_config, spec_threads)
+                                planned_epochs, single_config, spec_threads)
+    from pipeline.rerun import profile_epoch as check_profile_epoch
     from pipeline.checks import check_inputs
     from pipeline.inputs.spec import load_spec
 
@@ -408,6 +421,9 @@ def trial(
 
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
     threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
+    profiled = profile or profile_epoch is not None
+    if profiled:
+        _trace_xla_ops()
     configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads, compile_cache=sweep_spec.train.compile_cache)
     prepared = prepare(sweep_spec, hooks=TRAINING_LIBRARIES, inputs=inputs)
     _print_warnings(prepared)
@@ -415,12 +431,15 @@ def trial(
     config = single_config(prepared.spec, prepared.space, prepared.experiment.hyperparameters, overrides)
     config = _without_inactive(config, inactive_overrides(config, overrides, prepared.space.conditions))
     shown = {**prepared.space.resolve(config), **({"epochs": epochs} if epochs else {})}
+    planned = planned_epochs(prepared.spec, prepared.space.resolve(config), epochs)
+    profiled_epoch = check_profile_epoch(profile_epoch, planned=planned) if profiled else None
     console.print(f"trial of {spec}: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()) if v is not None),
                   highlight=False)
     _run_here(TrialRequest(spec=prepared.spec, experiment_path=prepared.experiment_path, dataset=prepared.dataset,
                            folds=prepared.folds, config=config, conditions=prepared.space.conditions,
                            fold_ids=fold_ids, threads=threads, epochs=epochs, eager=eager,
-                           check_numerics=check_numerics, fit_arguments=prepared.experiment.fit_arguments),
+                           check_numerics=check_numerics, fit_arguments=prepared.experiment.fit_arguments,
+                           profile_epoch=profiled_epoch, profile_dir=PROFILES / f"trial-{spec.stem}", started=started),
               tracking=None)
 
 
@@ -435,10 +454,14 @@ def rerun(
     check_numerics: bool = NumericsOption,
     set_values: list[str] = SetOption,
     no_track: bool = typer.Option(False, "--no-track", help="Do not record the rerun in MLflow"),
+    profile: bool = ProfileOption,
+    profile_epoch: Optional[int] = ProfileEpochOption,
 ) -> None:
     """Rerun one recorded trial in this process, with its config, data, folds and execution plan."""
+    started = time.perf_counter()  # the trial's time account counts the command's start-up
     from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides,
-                                load_recorded_trial, parse_assignments, recorded_folds, rerun_changes)
+                                load_recorded_trial, parse_assignments, planned_epochs, recorded_folds, rerun_changes)
+    from pipeline.rerun import profile_epoch as check_profile_epoch
     from pipeline.records.tracking import Tracker
 
     # What can be refused without TensorFlow is, first: a wrong id or option answers at once.
@@ -447,6 +470,11 @@ def rerun(
     recorded = load_recorded_trial(tracker, run_id)
     fold_ids = check_fold(fold, recorded.spec.cv)
     overrides = parse_assignments(set_values)
+    profiled = profile or profile_epoch is not None
+    planned = planned_epochs(recorded.spec, {**recorded.config, **overrides}, epochs)
+    # an --set epochs that is no number is refused below, with the other --set values
+    profiled_epoch = check_profile_epoch(profile_epoch, planned=planned) if profiled and isinstance(planned, int) \
+        else None
     import_tensorflow()
     from pipeline.inputs.hypermodel import load_experiment
     from pipeline.base.private_hooks import TRAINING_LIBRARIES, require_hooks
@@ -455,6 +483,8 @@ def rerun(
 
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)
+    if profiled_epoch is not None:
+        _trace_xla_ops()
     configure_tensorflow(gpus=recorded.spec.resources.gpu, threads=threads,
                          compile_cache=recorded.spec.train.compile_cache)
     require_hooks(TRAINING_LIBRARIES)  # its checks build small models: TensorFlow starts here
@@ -472,9 +502,43 @@ def rerun(
     request = TrialRequest(spec=spec, experiment_path=recorded.experiment_path, dataset=dataset, folds=folds,
                            config=config, conditions=space.conditions, fold_ids=fold_ids, threads=threads,
                            epochs=epochs, eager=eager, check_numerics=check_numerics, replay=recorded.plan,
-                           fit_arguments=experiment.fit_arguments, changes=rerun_changes(recorded, overrides, eager=eager))
+                           fit_arguments=experiment.fit_arguments, profile_epoch=profiled_epoch,
+                           profile_dir=PROFILES / f"rerun-{recorded.run_id[:8]}", started=started,
+                           changes=rerun_changes(recorded, overrides, eager=eager, profile_epoch=profiled_epoch))
     _run_here(request, tracking=None if no_track else (tracker, recorded),
               recorded_tags=tracker.trial_record(recorded.run_id).tags if check_numerics else None)
+
+
+def profile_lines(profile: Any) -> list[str]:
+    """What a profiled epoch (``pipeline.engine.profile.EpochProfile``) says, as printed."""
+    import importlib.util
+
+    def part(seconds: float) -> str:
+        return f"{seconds:.3f} s ({seconds / profile.wall_s:.0%})" if profile.wall_s > 0 else f"{seconds:.3f} s"
+
+    parts = ", ".join(f"{name} {part(seconds)}" for name, seconds in profile.parts.items())
+    lines = [f"profile of epoch {profile.epoch}: its wall clock {profile.wall_s:.3f} s = {parts}; the gap holds the "
+             f"profiler's start, {profile.profiler_start_s:.3f} s",
+             "top operations by self time, all folds (share of all operations' self time):"]
+    lines += [f"  {op.self_s:9.4f} s  {op.share:6.1%}  {op.name}" for op in profile.top_ops]
+    lines.append(f"no operation runs for {profile.host_between_share:.0%} of the training launches' time: the host "
+                 "between launches (dispatch, loop control, Python)")
+    viewer = f"xprof --logdir={shlex.quote(str(profile.logdir))} --port=6006"
+    if importlib.util.find_spec("xprof") is None:  # the optional extra (pyproject.toml: profile)
+        viewer = f"uv run --extra profile {viewer}"
+    lines.append(f"trace: {profile.trace_file}; open it with: {viewer}")
+    return lines
+
+
+# Where --profile writes its traces (TensorFlow's profiler adds plugins/profile/<time>/ below).
+PROFILES = Path("profiles")
+
+
+def _trace_xla_ops() -> None:
+    """XLA marks each op of its programs for the profiler: before TensorFlow reads its flags."""
+    from pipeline.engine.profile import enable_xla_op_tracing
+
+    enable_xla_op_tracing()
 
 
 def _without_inactive(config: dict[str, Any], left_out: dict[str, str]) -> dict[str, Any]:
@@ -489,7 +553,8 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
     also says (and records) what makes it differ from the trial it reruns, and where that trial
     went NaN (``recorded_tags``, its record's tags) against the first non-finite value found."""
     from pipeline.rerun import epoch_line, recorded_nan_line, run_in_process
-    from pipeline.contract.results import STOPPED_EPOCH, EpochSelection, TrialStatus
+    from pipeline.contract.results import STOPPED_EPOCH, EpochResult, EpochSelection, TrialStatus
+    from pipeline.records.report import account_text
     from pipeline.inputs.space import resolve_config
     from pipeline.records.tracking import Tag
 
@@ -520,8 +585,17 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
         if recorder is not None:
             recorder.log_epoch(report)
 
+    def on_profile(profile: Any) -> None:
+        for line in profile_lines(profile):
+            console.print(line, highlight=False, soft_wrap=True)
+        if recorder is not None:
+            # This profile's run of the trace directory, laid out as the viewer reads a logdir.
+            run = profile.trace_file.parent
+            recorder.log_directory(run, f"profile/{run.relative_to(profile.logdir).as_posix()}")
+
     try:
-        status, finding, _ = run_in_process(request, on_plan=on_plan, on_epoch=on_epoch)
+        status, finding, last_report = run_in_process(request, on_plan=on_plan, on_epoch=on_epoch,
+                                                      on_profile=on_profile)
     except BaseException as exc:
         if recorder is not None:
             recorder.finish(TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt) else TrialStatus.ERROR,
@@ -533,12 +607,16 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
         if recorded_tags is not None:
             console.print(recorded_nan_line(finding, recorded_tags), highlight=False, soft_wrap=True)
     console.print(f"status: {status.value}", highlight=False)
+    account = EpochResult.from_report(last_report).account if last_report else None
+    if account is not None:
+        console.print(f"where the time went: {account_text(account)}", highlight=False, soft_wrap=True)
     if recorder is not None:
         found = {} if finding is None else {
             Tag.NUMERICS_OP: finding.op_type, Tag.NUMERICS_NODE: finding.node, Tag.NUMERICS_LAYER: finding.layer,
             Tag.NUMERICS_VARIABLE: finding.variable, Tag.NUMERICS_FOLD: finding.fold,
             Tag.NUMERICS_EPOCH: finding.epoch, Tag.NUMERICS_STEP: finding.step}
-        recorder.finish(status, tags={tag: str(value) for tag, value in found.items() if value not in ("", None)})
+        recorder.finish(status, last_report=last_report,
+                        tags={tag: str(value) for tag, value in found.items() if value not in ("", None)})
         console.print(f"recorded as run {recorder.run_id} (tag {Tag.RERUN_OF}={recorded.run_id})", highlight=False)
 
 

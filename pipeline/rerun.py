@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -23,6 +24,7 @@ from pipeline.inputs.spec import (TRAINING_DEFAULTS, CVSpec, DatasetSpec, Object
 from pipeline.records.tracking import Tracker
 
 if TYPE_CHECKING:
+    from pipeline.engine.profile import EpochProfile
     from pipeline.engine.training import StoppedCall
 
 
@@ -302,17 +304,45 @@ class TrialRequest:
     fit_arguments: Mapping[str, str] = field(default_factory=dict)
     # What the request changes against a recorded trial, besides its plan (--set, --eager).
     changes: tuple[str, ...] = ()
+    # When the command began (``time.perf_counter``): where the trial's time account starts.
+    started: float | None = None
+    # --profile: TensorFlow's profiler around this epoch (1-based), its trace written here.
+    profile_epoch: int | None = None
+    profile_dir: Path | None = None
+
+
+def profile_epoch(asked: int | None, *, planned: int) -> int:
+    """The epoch ``--profile`` profiles: ``--profile-epoch``, else the first after the one that
+    compiles (the first, when it is the only one).
+
+    Raises:
+        InputError: an epoch the trial does not train.
+    """
+    if asked is None:
+        return 2 if planned >= 2 else 1
+    if not 1 <= asked <= planned:
+        trains = f"{planned} epoch" + ("s" if planned != 1 else "")
+        raise InputError(f"--profile-epoch must be between 1 and {planned} (the trial trains {trains}), got {asked}")
+    return asked
+
+
+def planned_epochs(spec: SweepSpec, config: Mapping[str, Any], epochs: int | None) -> int:
+    """The epochs a trial of ``config`` trains: ``--epochs``, its config's own, else ``train.epochs``."""
+    return epochs or config.get("epochs") or spec.train.epochs
 
 
 def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[str]], None],
                    on_epoch: Callable[[dict[str, Any]], None],
+                   on_profile: Callable[[EpochProfile], None] = lambda profile: None,
                    ) -> tuple[TrialStatus, NumericsFinding | None, dict[str, Any]]:
     """Run one trial here through ``TrialRunner``; calls ``on_plan`` with the plan executed and
     what may make it walk another trajectory than the recorded trial (the request's changes and
-    the plan's differences), then ``on_epoch`` with each epoch's report. Returns (status,
-    numerics finding, last report)."""
+    the plan's differences), then ``on_epoch`` with each epoch's report, and ``on_profile`` with
+    the profiled epoch's (``request.profile_epoch``). Returns (status, numerics finding, last
+    report)."""
     from pipeline.engine.trial import TrialRunner, TrialSettings, set_up_worker
 
+    started = request.started if request.started is not None else time.perf_counter()
     eager, check_numerics, replay = request.eager, request.check_numerics, request.replay
     settings = TrialSettings.from_spec(request.spec, experiment_path=request.experiment_path,
                                        dataset_fingerprint=request.dataset.fingerprint, conditions=request.conditions,
@@ -324,7 +354,8 @@ def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[
     import tensorflow as tf
 
     runner = TrialRunner(request.config, worker=worker, folds=[request.folds.folds[k] for k in request.fold_ids],
-                         fold_ids=request.fold_ids, settings=settings, epochs=request.epochs, replay=replay)
+                         fold_ids=request.fold_ids, settings=settings, epochs=request.epochs, replay=replay,
+                         started=started)
     executed = runner.trainer.plan
     on_plan(executed, [*request.changes, *(plan_differences(replay, executed) if replay is not None else [])])
     if check_numerics:
@@ -332,7 +363,10 @@ def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[
     report: dict[str, Any] = {}
     try:
         while not report.get(DONE):
-            report = runner.step()
+            if runner.trainer.epoch + 1 == request.profile_epoch:
+                report = _profiled_step(runner, request, on_profile)
+            else:
+                report = runner.step()
             on_epoch(report)
     except tf.errors.InvalidArgumentError as exc:
         if not check_numerics or "Detected Infinity or NaN" not in str(exc):
@@ -344,11 +378,32 @@ def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[
     return EpochResult.from_report(report).status(), None, report
 
 
-def rerun_changes(recorded: RecordedTrial, overrides: Mapping[str, Any], *, eager: bool) -> tuple[str, ...]:
+def _profiled_step(runner: Any, request: TrialRequest, on_profile: Callable[[EpochProfile], None]) -> dict[str, Any]:
+    """One epoch of ``runner`` under TensorFlow's profiler, then what its trace says."""
+    from pipeline.engine.profile import EpochProfiler, summarize
+
+    profiler = EpochProfiler(request.profile_epoch, request.profile_dir)
+    profiler.start()
+    try:
+        report = runner.step()
+    finally:
+        xspace = profiler.stop()
+    clock = runner.trainer.clock
+    wall = clock.last_wall_s if clock.last_wall_s is not None else clock.last_train_s + clock.last_eval_s
+    on_profile(summarize(xspace, epoch=request.profile_epoch, logdir=profiler.logdir, epoch_wall_s=wall,
+                         gap_s=clock.last_gap_s or 0.0, profiler_start_s=profiler.start_s))
+    return report
+
+
+def rerun_changes(recorded: RecordedTrial, overrides: Mapping[str, Any], *, eager: bool,
+                  profile_epoch: int | None = None) -> tuple[str, ...]:
     """What a rerun asks to change against its recorded trial, besides the plan."""
     changes = [f"--set {name}={value}" for name, value in overrides.items() if recorded.config.get(name) != value]
     if eager:
         changes.append("--eager (op by op)")
+    if profile_epoch is not None:
+        changes.append(f"--profile (TensorFlow's profiler around epoch {profile_epoch}: its times are the "
+                       "profiled ones, recorded on the rerun's run only)")
     if recorded.plan is None:
         changes.append("no plan recorded with the trial (executed as the spec decides today)")
     environment = environment_change(recorded.sweep_tags, Environment.current())

@@ -60,6 +60,40 @@ def test_the_trial_record_has_history_summary_and_system_info(recorded_sweep):
         assert metric in run.data.metrics
 
 
+def test_each_trial_accounts_for_its_wall_clock(recorded_sweep):
+    """Issue 52: setup, compile, training, validation, the gaps between epochs and the rest add up
+    to the trial's wall clock, the rest is small, and each epoch after the first has its gap."""
+    from pipeline.records.plots import time_account_data
+    from pipeline.records.report import account_rows
+    from pipeline.records.tracking import Tracker
+
+    client, parent, trials = recorded_sweep.runs()
+    parts = ("setup_s", "compile_s", "train_s", "eval_s", "gap_s", "other_s")
+    for run in trials:
+        metrics, run_id = run.data.metrics, run.info.run_id
+        wall = metrics["trial_wall_s"]
+        epochs = sorted(metric.step for metric in client.get_metric_history(run_id, "nan_failures"))
+        assert sum(metrics.get(part, 0.0) for part in parts) == pytest.approx(wall, rel=0.05)
+        assert abs(metrics["other_s"]) < 0.10 * wall, {part: metrics.get(part) for part in parts}
+        assert metrics["setup_s"] > 0 and metrics["train_s"] > 0 and metrics["eval_s"] > 0
+        # Compiling is told apart from training once a second epoch ran in every fold (in the
+        # NaN trial a fold stopped in its first: there its compiling is counted in train_s).
+        if run.data.tags["foldsweep.status"] == "ok":
+            assert metrics["compile_s"] > 0
+        gaps = {metric.step: metric.value for metric in client.get_metric_history(run_id, "epoch_gap_s")}
+        assert sorted(gaps) == epochs[1:] and all(gap > 0 for gap in gaps.values())
+        assert metrics["gap_s"] == pytest.approx(sum(gaps.values()))
+    # A worker's first trial starts it: loading foldsweep and TensorFlow, placing the data.
+    first = [run.data.metrics["setup_s"] for run in trials if run.data.tags["foldsweep.worker_trials"] == "1"]
+    later = [run.data.metrics["setup_s"] for run in trials if run.data.tags["foldsweep.worker_trials"] != "1"]
+    assert first and later and min(first) > max(later)
+    records = Tracker(recorded_sweep.uri).trial_records(parent.info.run_id)
+    rows = account_rows(records)
+    assert [row["trial"] for row in rows] == [record.label for record in records] + ["all 4"]
+    assert rows[-1]["trial_wall_s"] == pytest.approx(sum(run.data.metrics["trial_wall_s"] for run in trials))
+    assert len(time_account_data(records)) == 4
+
+
 def test_the_parent_run_holds_cv_results_plots_and_a_ranking(recorded_sweep):
     directory = recorded_sweep.directory
     client, parent, trials = recorded_sweep.runs()
@@ -193,6 +227,7 @@ def test_report_prints_the_tables_and_refreshes_the_plots(recorded_sweep):
         assert "diverging: leaderboard" in result.output
         assert "NaN failures by batch size and clipping" in result.output
         assert "throughput by batch size" in result.output
+        assert "where each trial's time went" in result.output and "other_s" in result.output
         assert "test_accuracy" in result.output
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} == set(before)
     missing = CliRunner().invoke(app, ["report", "nosuch", "--tracking-uri", uri])

@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, merged, seed_store
+from conftest import REPO, TINY_SPEC, foldsweep, merged, seed_store
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.spec import DatasetSpec
@@ -74,6 +74,41 @@ def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_ap
     # The original is untouched, and nothing but the rerun was added.
     assert client.get_run(original.info.run_id).data.metrics == original.data.metrics
     assert len(client.search_runs([parent.info.experiment_id])) == runs_before + 1
+
+
+def test_rerun_profile_says_where_a_steady_epoch_goes_and_keeps_its_trace(unclipped_trials, tmp_path):
+    """Issue 52: `rerun --profile` in a fresh process (XLA marks its ops only if told before
+    TensorFlow starts), as a researcher runs it."""
+    directory, client, trials, parent = unclipped_trials
+    original = trials["0.01"]
+    ran = foldsweep("rerun", original.info.run_id, "--profile", "--tracking-uri",
+                    f"sqlite:///{directory / 'mlflow.db'}", cwd=tmp_path)
+    assert ran.exit_code == 0, ran.output
+    assert re.search(r"differs from the trial: [^\n]*--profile \(TensorFlow's profiler around epoch 2", ran.output)
+    trace = Path(re.search(r"trace: (\S+\.xplane\.pb);", ran.output).group(1))
+    trace = trace if trace.is_absolute() else tmp_path / trace
+    assert trace.is_file() and trace.stat().st_size > 0
+    assert trace.is_relative_to(tmp_path / "profiles") and "plugins/profile" in trace.as_posix()
+    # The epoch's wall clock, measured by the trial's clock, against its parts: training and
+    # validation as the trace marks them, the gap before them as the clock measured it.
+    wall, train, validation, gap = (float(value) for value in re.search(
+        r"profile of epoch 2: its wall clock ([\d.]+) s = training launches ([\d.]+) s \([^)]*\), validation "
+        r"([\d.]+) s \([^)]*\), gap before the epoch ([\d.]+) s", ran.output).groups())
+    assert train > 0 and validation > 0
+    assert train + validation + gap == pytest.approx(wall, rel=0.10)
+    top = ran.output.split("top operations by self time")[1].split("no operation runs")[0]
+    assert "conv" in top.lower(), top
+    assert re.search(r"no operation runs for \d+% of the training", ran.output)
+    assert "xprof --logdir=" in ran.output
+    rerun_run = client.search_runs([parent.info.experiment_id], order_by=["attributes.start_time DESC"],
+                                   filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
+    assert "--profile" in rerun_run.data.tags["foldsweep.rerun_differs"]
+    listed = [item.path for item in client.list_artifacts(rerun_run.info.run_id, "profile/plugins/profile")]
+    assert len(listed) == 1
+    assert any(item.path.endswith(".xplane.pb") for item in client.list_artifacts(rerun_run.info.run_id, listed[0]))
+    # The rerun's own record holds its account; the trial's is untouched.
+    assert rerun_run.data.metrics["trial_wall_s"] > 0 and "gap_s" in rerun_run.data.metrics
+    assert client.get_run(original.info.run_id).data.metrics == original.data.metrics
 
 
 def test_rerun_one_fold_with_fewer_epochs_without_tracking(unclipped_trials, rerun):
@@ -155,6 +190,9 @@ def test_set_reruns_the_nan_trial_with_clipping(unclipped_trials, rerun):
     (["TRIAL", "--fold", "2"], "--fold must be between 0 and 1 (the sweep's trials train 2 folds), got 2"),
     (["TRIAL", "--set", "fliters=3"], "--set fliters: not a hyperparameter of this trial"),
     (["TRIAL", "--set", "filters"], "--set must be name=value, got 'filters'"),
+    (["TRIAL", "--profile-epoch", "3"], "--profile-epoch must be between 1 and 2 (the trial trains 2 epochs), got 3"),
+    (["TRIAL", "--profile", "--epochs", "1", "--profile-epoch", "2"],
+     "--profile-epoch must be between 1 and 1 (the trial trains 1 epoch), got 2"),
 ])
 def test_bad_rerun_requests_exit_2(unclipped_trials, rerun, args, message):
     directory, _, trials, parent = unclipped_trials

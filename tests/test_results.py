@@ -14,8 +14,9 @@ from conftest import MNIST1D_EXPERIMENT
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.contract.plan import TrialPlan
+from pipeline.contract.account import TimeAccount
 from pipeline.contract.results import (BOOKKEEPING_KEYS, EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport,
-                              Throughput, TrialStatus, recorded_keys, unrecorded_keys)
+                              Throughput, TrialStatus, recorded_keys, trial_account, unrecorded_keys)
 from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
 from pipeline.inputs.hypermodel import load_builder
 from pipeline.engine.resident import resident_data
@@ -23,18 +24,44 @@ from pipeline.engine.recipe import TrainingRecipe
 from pipeline.engine.trial import TrialRunner, TrialSettings, Worker
 
 
-def epoch_result(*, epoch=2, planned=3, nan=NanReport()) -> EpochResult:
+ACCOUNT = TimeAccount.of(20.0, setup_s=5.0, compile_s=3.0, train_s=8.0, eval_s=1.5, gap_s=2.0)
+
+
+def epoch_result(*, epoch=2, planned=3, nan=NanReport(), account=None, gap=None) -> EpochResult:
     return EpochResult(epoch=epoch, fold_ids=(0, 2), folds=(FoldScores(0.5, 0.6, 0.7), FoldScores(0.4, 0.5, 0.9)),
                        throughput=Throughput(100.0, 200.0, 3.0, (FoldThroughput(50.0, 1.0), FoldThroughput(60.0, math.nan))),
-                       nan=nan, epochs_planned=planned)
+                       nan=nan, epochs_planned=planned, account=account, epoch_gap_s=gap)
 
 
 def test_a_report_reads_back_as_the_same_result():
     nan = NanReport(1, 2, NanEvent(epoch=1, step=4, last_finite_loss=0.3, grad_norm=7.0))
-    for result in (epoch_result(), epoch_result(nan=nan)):
+    for result in (epoch_result(), epoch_result(nan=nan), epoch_result(account=ACCOUNT, gap=0.25)):
         again = EpochResult.from_report(json.loads(json.dumps(result.report())))
         assert json.dumps(again.report()) == json.dumps(result.report())  # NaN != NaN, so compared as text
         assert again.nan == result.nan and again.folds == result.folds
+
+
+def test_a_time_account_leaves_the_unmeasured_rest_to_other_s_and_reads_back_from_a_report():
+    assert ACCOUNT.other_s == pytest.approx(0.5)
+    assert sum(ACCOUNT.as_dict().values()) == pytest.approx(ACCOUNT.wall_s)
+    assert ACCOUNT.shares() == pytest.approx({"setup_s": 0.25, "compile_s": 0.15, "train_s": 0.4, "eval_s": 0.075,
+                                              "gap_s": 0.1, "other_s": 0.025})
+    report = epoch_result(account=ACCOUNT, gap=0.25).report()
+    # Its compile_s is the throughput's (3.0 here), reported once.
+    assert {key: report[key] for key in ("trial_wall_s", "setup_s", "train_s", "eval_s", "gap_s", "other_s",
+                                         "epoch_gap_s", "compile_s")} == pytest.approx(
+        {"trial_wall_s": 20.0, "setup_s": 5.0, "train_s": 8.0, "eval_s": 1.5, "gap_s": 2.0, "other_s": 0.5,
+         "epoch_gap_s": 0.25, "compile_s": 3.0})
+    assert trial_account(report) == ACCOUNT
+    # Before a second epoch compiling is not told apart (NaN): none of the wall clock is put on it.
+    unmeasured = {**report, "compile_s": math.nan, "other_s": 3.5}
+    assert trial_account(unmeasured).as_dict()["compile_s"] == 0.0
+    assert trial_account(unmeasured).other_s == pytest.approx(3.5)
+    assert trial_account({"trial_wall_s": 9.0, "compile_s": 1.0}) is None  # recorded before accounts were kept
+    # The gap is a finding per epoch; the account is recorded once, when the trial ends.
+    metrics = epoch_result(account=ACCOUNT, gap=0.25).mlflow_metrics()
+    assert metrics["epoch_gap_s"] == 0.25 and "setup_s" not in metrics and "trial_wall_s" not in metrics
+    assert "epoch_gap_s" not in epoch_result(account=ACCOUNT).report()
 
 
 def test_the_report_speaks_scikit_learns_vocabulary():

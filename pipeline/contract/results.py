@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from pipeline.contract.account import OTHER_S, TimeAccount
 from pipeline.contract.plan import TrialPlan
 from pipeline.inputs.spec import Objective
 
@@ -74,16 +75,38 @@ BOOKKEEPING_KEYS = frozenset({
     "checkpoint_dir_name", "should_checkpoint", "timesteps_total", "episodes_total", "timesteps_since_restore",
     "warmup_time",
 })
-# Recorded once a trial ends (not per epoch).
+# Recorded once a trial ends (not per epoch): from its start in its process to its last report.
 TRIAL_WALL_S = "trial_wall_s"
 RETRIES = "retries"
 # A trial is scored at one epoch of its mean CV curve (train.select), recorded once it ends: the
 # epoch as ``best_epoch``, and every CV score of that epoch again under ``selected_``.
 BEST_EPOCH = "best_epoch"
 SELECTED_PREFIX = "selected_"
+# Where a trial's wall clock went (``TimeAccount``), each a whole-trial total recorded once it
+# ends: start-up until its first training launch (the worker's TensorFlow and data for a process's
+# first trial, the fold models for every trial), compiling (``compile_s``, the throughput's own),
+# training launches and validation without their compiling, and the pauses between one epoch's
+# validation and the next epoch's training (reporting, checkpoints, bookkeeping); ``other_s`` is
+# the rest. ``epoch_gap_s`` is each epoch's pause before it trained, recorded per epoch.
+SETUP_S = "setup_s"
+TRAIN_S = "train_s"
+EVAL_S = "eval_s"
+GAP_S = "gap_s"
+EPOCH_GAP_S = "epoch_gap_s"
+TRIAL_PARTS = (SETUP_S, COMPILE_S, TRAIN_S, EVAL_S, GAP_S)
+# What a trial's report says of its account (``compile_s`` is reported as its throughput).
+ACCOUNT_KEYS = (TRIAL_WALL_S, SETUP_S, TRAIN_S, EVAL_S, GAP_S, OTHER_S)
+
+
+def trial_account(values: Mapping[str, Any]) -> TimeAccount | None:
+    """A trial's time account from its report or its record's metrics; None for a trial recorded
+    before accounts were kept (which has ``trial_wall_s`` and ``compile_s``, but no ``setup_s``)."""
+    return TimeAccount.read(values, wall=TRIAL_WALL_S, parts=TRIAL_PARTS) if SETUP_S in values else None
+
+
 # Metrics recorded once per trial, or a count rather than a finding per epoch: not in history.csv.
-NOT_IN_HISTORY = frozenset({N_PARAMS, TRIAL_WALL_S, RETRIES, NAN_FAILURES, WORKER_MAPS, WORKER_RSS, BEST_EPOCH,
-                            STOPPED_EPOCH})
+NOT_IN_HISTORY = frozenset({N_PARAMS, RETRIES, NAN_FAILURES, WORKER_MAPS, WORKER_RSS, BEST_EPOCH, STOPPED_EPOCH,
+                            *ACCOUNT_KEYS})
 # A fold that went NaN counts as the worst score in its trial's CV mean and std, finite, so that
 # no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
 NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "train_loss": 1e6}
@@ -315,6 +338,10 @@ class EpochResult:
     epochs_planned: int = 0
     done: bool = False
     stopped_epoch: int | None = None  # the trial's own early stopping ended it here
+    # The trial's time account at this epoch's report, and the pause before this epoch trained
+    # (None for a process's first epoch, which start-up precedes).
+    account: TimeAccount | None = None
+    epoch_gap_s: float | None = None
 
     def with_progress(self, *, epochs_planned: int) -> EpochResult:
         """Planned epochs known, and done when reached or when every fold went NaN."""
@@ -345,7 +372,17 @@ class EpochResult:
         stopped = {STOPPED_EPOCH: self.stopped_epoch} if self.stopped_epoch is not None else {}
         return {EPOCH: self.epoch, EPOCHS_PLANNED: self.epochs_planned, DONE: self.done,
                 FOLD_IDS: list(self.fold_ids), **self.cv_summary(), **self.throughput_values(),
-                **self.nan.as_dict(), **stopped, **(info.report() if info else {})}
+                **self.nan.as_dict(), **stopped, **self.account_values(), **(info.report() if info else {})}
+
+    def account_values(self) -> dict[str, float]:
+        """The time account as reported (its ``compile_s`` is the throughput's) and the epoch's gap."""
+        values: dict[str, float] = {}
+        if self.account is not None:
+            account = self.account.as_dict()
+            values = {TRIAL_WALL_S: self.account.wall_s, **{key: account[key] for key in ACCOUNT_KEYS[1:]}}
+        if self.epoch_gap_s is not None:
+            values[EPOCH_GAP_S] = self.epoch_gap_s
+        return values
 
     def throughput_values(self) -> dict[str, float]:
         throughput = self.throughput
@@ -378,16 +415,21 @@ class EpochResult:
                              grad_norm=float(report["nan_grad_norm"]))
         nan = NanReport(int(report.get(NAN_FAILURES, 0)), report.get("nan_fold"), event)
         stopped = report.get(STOPPED_EPOCH)
+        gap = report.get(EPOCH_GAP_S)
         return cls(epoch=int(report[EPOCH]), fold_ids=fold_ids, folds=folds, throughput=throughput, nan=nan,
                    epochs_planned=int(report.get(EPOCHS_PLANNED, 0)), done=bool(report.get(DONE, False)),
-                   stopped_epoch=None if stopped is None else int(stopped))
+                   stopped_epoch=None if stopped is None else int(stopped), account=trial_account(report),
+                   epoch_gap_s=None if gap is None else float(gap))
 
     def mlflow_metrics(self) -> dict[str, float]:
         """Metrics at step = epoch: a fold's NaN is recorded as NaN (it is the finding); a
-        throughput not yet measurable (compilation time before a second epoch) is left out."""
+        throughput not yet measurable (compilation time before a second epoch) is left out. The
+        time account is recorded once, when the trial ends (``TrialRecorder.finish``)."""
         metrics = {**self.cv_summary(), NAN_FAILURES: float(self.nan.failures)}
         if self.stopped_epoch is not None:
             metrics[STOPPED_EPOCH] = float(self.stopped_epoch)
+        if self.epoch_gap_s is not None:
+            metrics[EPOCH_GAP_S] = self.epoch_gap_s
         metrics.update({key: float(value) for key, value in self.throughput_values().items() if math.isfinite(value)})
         return metrics
 
@@ -421,8 +463,9 @@ def recorded_keys(report: Mapping[str, Any]) -> set[str]:
     info = TrialInfo.from_report(report)
     # the info's fields as reported: recorded as tags, params, metrics and artifacts
     from_info = set(info.report()) if info is not None else set()
+    # the account: recorded when the trial ends, from its last report
     return {*result.mlflow_metrics(), *result.throughput_values(), *result.mlflow_tags(), *placement_tags(report),
-            *placement_metrics(report), *from_info}
+            *placement_metrics(report), *result.account_values(), *from_info}
 
 
 def unrecorded_keys(report: Mapping[str, Any]) -> set[str]:

@@ -9,7 +9,8 @@ through the plan's executor (one after another, side by side, or stacked) and re
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import keras
@@ -22,11 +23,46 @@ from pipeline.engine.fused import FusedFolds
 from pipeline.inputs.hypermodel import build_model, output_units
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.contract.plan import RandomDraws, TrialPlan, plan_differences, plan_trial
+from pipeline.engine.profile import TRAIN_REGION, VALIDATION_REGION
 from pipeline.engine.resident import ResidentData
-from pipeline.contract.results import EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport, Throughput
+from pipeline.contract.account import TimeAccount
+from pipeline.contract.results import (COMPILE_S, EVAL_S, GAP_S, SETUP_S, TRAIN_S, EpochResult, FoldScores,
+                                       FoldThroughput, NanEvent, NanReport, Throughput)
 from pipeline.engine.runtime import threads_in_effect
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe
 from pipeline.engine.training import CallTimer, FoldEngine, FoldExecutor, SequentialFolds, StoppedCall, fold_seed
+
+
+@dataclass
+class EpochClock:
+    """When a trainer's epochs ran, on ``time.perf_counter``: the first one's start, the last
+    one's end, the seconds of training launches and of validation (compiling included), and the
+    pauses between one epoch's validation and the next one's training."""
+
+    first_began: float | None = None
+    last_validated: float | None = None
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    gap_s: float = 0.0
+    # The last epoch's: the pause before it (None for the first), its training and validation,
+    # and its wall clock since the epoch before it was validated (None for the first).
+    last_gap_s: float | None = None
+    last_train_s: float = 0.0
+    last_eval_s: float = 0.0
+    last_wall_s: float | None = None
+
+    def close_epoch(self, began: float, trained: float, validated: float) -> None:
+        if self.last_validated is None:
+            self.first_began = began
+            self.last_gap_s = self.last_wall_s = None
+        else:
+            self.last_gap_s = began - self.last_validated
+            self.last_wall_s = validated - self.last_validated
+            self.gap_s += self.last_gap_s
+        self.last_train_s, self.last_eval_s = trained - began, validated - trained
+        self.train_s += self.last_train_s
+        self.eval_s += self.last_eval_s
+        self.last_validated = validated
 
 
 class FoldTrainer:
@@ -50,6 +86,7 @@ class FoldTrainer:
         ]
         self._executor = _executor(plan, self.engines, params, data=data, loss=loss, optimizer=optimizer)
         self._cache = _CacheUse.start(plan, self.engines, self._executor) if not eager else None
+        self.clock = EpochClock()
 
     @property
     def models(self) -> list[keras.Model]:
@@ -65,21 +102,46 @@ class FoldTrainer:
         return replace(result, throughput=self.throughput())
 
     def _run_epoch(self) -> EpochResult:
+        from tensorflow.profiler.experimental import Trace
+
+        # The regions mark a profiled epoch's trace (pipeline.engine.profile); unprofiled, each
+        # costs a flag's test.
+        began = time.perf_counter()
         live = tuple(i for i, engine in enumerate(self.engines) if engine.failure is None)
-        train_losses = self._executor.train_epoch(self.epoch, live) if live else {}
+        with Trace(TRAIN_REGION):
+            train_losses = self._executor.train_epoch(self.epoch, live) if live else {}
+        trained = time.perf_counter()
         scores = []
-        for i, engine in enumerate(self.engines):
-            if i not in train_losses:  # frozen since it went NaN; the other folds train on
-                scores.append(FoldScores.frozen())
-                continue
-            val_loss, val_accuracy = engine.evaluate(self.epoch)
-            if engine.failure is not None:
-                val_loss = val_accuracy = math.nan
-            scores.append(FoldScores(train_losses[i], val_loss, val_accuracy))
+        with Trace(VALIDATION_REGION):
+            for i, engine in enumerate(self.engines):
+                if i not in train_losses:  # frozen since it went NaN; the other folds train on
+                    scores.append(FoldScores.frozen())
+                    continue
+                val_loss, val_accuracy = engine.evaluate(self.epoch)
+                if engine.failure is not None:
+                    val_loss = val_accuracy = math.nan
+                scores.append(FoldScores(train_losses[i], val_loss, val_accuracy))
+        self.clock.close_epoch(began, trained, time.perf_counter())
         self.epoch += 1
         failures = [(k, engine.failure) for k, engine in zip(self.fold_ids, self.engines) if engine.failure is not None]
         return EpochResult(epoch=self.epoch, fold_ids=tuple(self.fold_ids), folds=tuple(scores),
-                           throughput=self.throughput(), nan=NanReport.of(failures))
+                           throughput=self.throughput(), nan=NanReport.of(failures), epoch_gap_s=self.clock.last_gap_s)
+
+    def time_account(self, *, started: float, now: float) -> TimeAccount:
+        """Where the wall clock from ``started`` (the trial's start in this process) to ``now``
+        went (``pipeline.contract.results.TRIAL_PARTS``). Compiling is the throughput's
+        ``compile_s``, taken out of the training and validation it happened in; before it can be
+        told apart (one epoch), it is counted in them."""
+        clock = self.clock
+        compile_s = self.throughput().compile_s
+        train_compile = eval_compile = 0.0
+        if math.isfinite(compile_s):
+            train_compile = sum(engine.train_timer.compile_s() for engine in self.engines)
+            eval_compile = sum(_zero_if_nan(engine.eval_timer.compile_s()) for engine in self.engines)
+        first = clock.first_began if clock.first_began is not None else now
+        return TimeAccount.of(now - started, **{SETUP_S: first - started, COMPILE_S: train_compile + eval_compile,
+                                               TRAIN_S: clock.train_s - train_compile,
+                                               EVAL_S: clock.eval_s - eval_compile, GAP_S: clock.gap_s})
 
     def stopped_call(self) -> StoppedCall | None:
         """Where an error (TensorFlow's numeric checking) stopped the last ``run_epoch``: the fold

@@ -10,13 +10,15 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ray import tune
 from ray.tune.result import TRAINING_ITERATION
 
+from pipeline.base.loaded import LOADED_AT
 from pipeline.inputs.folds import Fold
 from pipeline.contract.plan import ThreadPlan, TrialPlan, plan_threads
 from pipeline.contract.phases import Phase, announce
@@ -125,10 +127,14 @@ class TrialRunner:
     """
 
     def __init__(self, config: Mapping[str, Any], *, worker: Worker, folds: Sequence[Fold], settings: TrialSettings,
-                 fold_ids: Sequence[int] | None = None, epochs: int | None = None, replay: TrialPlan | None = None):
+                 fold_ids: Sequence[int] | None = None, epochs: int | None = None, replay: TrialPlan | None = None,
+                 started: float | None = None):
+        """``started``: when the trial began in this process (``time.perf_counter``; its worker's
+        set-up for a process's first trial), where its time account starts; else now."""
         from pipeline.inputs.space import resolve_config
         from pipeline.engine.trainer import build_trainer
 
+        self.started = time.perf_counter() if started is None else started
         recipe = settings.recipe
         self.config = resolve_config(config, recipe.conditions)
         self.epochs = epochs or recipe.values(self.config)[2]
@@ -154,8 +160,10 @@ class TrialRunner:
         return result
 
     def step(self) -> dict[str, Any]:
-        """One epoch as Ray Tune's flat result; the first in this process says where it ran."""
+        """One epoch as Ray Tune's flat result, with the trial's time account until now; the first
+        in this process says where it ran."""
         result = self.next_epoch()
+        result = replace(result, account=self.trainer.time_account(started=self.started, now=time.perf_counter()))
         info = None if self._info_reported else self.info()
         self._info_reported = True
         return {**result.report(info), f"{RUNNING_BEST_PREFIX}{self._objective.key}": self.running_best}
@@ -200,18 +208,23 @@ class FoldTrainable(tune.Trainable):
 
     def setup(self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold],
               settings: TrialSettings) -> None:
+        # A worker's first trial accounts for its start-up from when the process began loading
+        # foldsweep (and TensorFlow with it) to unpickle this trainable.
+        started = min(LOADED_AT, time.perf_counter())
         threads = plan_threads(settings.recipe.choices, cpus=settings.cpus, n_folds=len(folds))
         self._worker = set_up_worker(settings, x=data["x"], y=data["y"], threads=threads, on_phase=self._announce)
         self._lifespan = Lifespan(settings.max_trials_per_worker, max_rss_mb=settings.worker_memory_mb())
         self._folds = folds
         self._settings = settings
-        self._start(config)
+        self._start(config, started=started)
 
-    def _start(self, config: Mapping[str, Any]) -> None:
+    def _start(self, config: Mapping[str, Any], *, started: float | None = None) -> None:
+        started = time.perf_counter() if started is None else started
         self._gradients_before = registered_gradients()
         self._lifespan.start_trial()
         self._announce(Phase.MODELS)
-        self._runner = TrialRunner(config, worker=self._worker, folds=self._folds, settings=self._settings)
+        self._runner = TrialRunner(config, worker=self._worker, folds=self._folds, settings=self._settings,
+                                   started=started)
         self._announce(Phase.FIRST_EPOCH)
         self._last_report: dict[str, Any] | None = None
         self._ended_report: dict[str, Any] | None = None
@@ -237,10 +250,11 @@ class FoldTrainable(tune.Trainable):
 
         # Nothing of the previous trial (models, optimizers, traced graphs) may survive into
         # the next one: dropping the references and clearing Keras' global state does that.
+        started = time.perf_counter()  # releasing the last trial is this one's start-up
         self._runner = None
         keras.backend.clear_session()
         release_trial(self._gradients_before)
-        self._start(new_config)
+        self._start(new_config, started=started)
         return True
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:

@@ -98,7 +98,7 @@ class MlflowTrialCallback(Callback):
     def _finish(self, trial: Any, *, status: TrialStatus, error: str | None = None) -> None:
         recorder = self._recorder(trial)
         del self._run_ids[trial.trial_id]
-        recorder.finish(status, error=error, wall_s=(trial.last_result or {}).get("time_total_s"))
+        recorder.finish(status, error=error, last_report=trial.last_result)
         if self.on_recorded is not None:
             self.on_recorded(self.tracker.trial_record(recorder.run_id))
 

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pipeline.records.report import _group, nan_table_rows, selected_epoch, selected_score, shared_ranks, split_params
-from pipeline.contract.results import NAN_EPOCH, TRAIN_RATE, TrialStatus
+from pipeline.contract.account import TimeAccount
+from pipeline.contract.results import NAN_EPOCH, TRAIN_RATE, TrialStatus, trial_account
 from pipeline.inputs.spec import Objective
 from pipeline.records.tracking import TrialRecord
 
-PLOTS = ("score_vs_batch_size.png", "nan_rate_heatmap.png", "throughput_vs_batch_size.png", "learning_curves.png",
-         "parallel_coordinates.png")
+PLOTS = ("score_vs_batch_size.png", "nan_rate_heatmap.png", "throughput_vs_batch_size.png", "time_account.png",
+         "learning_curves.png", "parallel_coordinates.png")
 HIGHLIGHTED = 3  # the best trials drawn bold in the learning curves
 
 
@@ -123,7 +124,7 @@ def plot_figures(records: Sequence[TrialRecord], objective: Objective,
 
     matplotlib.use("Agg")
     figures = [_score_vs_batch_size(records, objective), _nan_rates(records), _throughput(records),
-               _learning_curves(learning_curve_data(records, objective, histories), objective),
+               _time_account(time_account_data(records)), _learning_curves(learning_curve_data(records, objective, histories), objective),
                _parallel_coordinates(parallel_coordinates_data(records, objective), objective)]
     for figure in figures:
         figure.tight_layout()
@@ -193,6 +194,36 @@ def _throughput(records: Sequence[TrialRecord]) -> Any:
     _batch_axis(axes, _batches(records))
     axes.set_ylabel("training samples/s (all folds, compilation excluded)")
     axes.set_title("training throughput vs batch size")
+    return figure
+
+
+def time_account_data(records: Sequence[TrialRecord]) -> list[tuple[str, TimeAccount]]:
+    """Each trial with a time account, labelled with its number and batch size."""
+    accounts = []
+    for record in records:
+        account = trial_account(record.metrics)
+        if account is not None:
+            batch = _group(record)[0]
+            accounts.append((record.label + (f"\nbatch {batch}" if batch is not None else ""), account))
+    return accounts
+
+
+def _time_account(accounts: Sequence[tuple[str, TimeAccount]]) -> Any:
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(max(7, 0.6 * len(accounts) + 2), 4.5))
+    names = list(accounts[0][1].as_dict()) if accounts else []
+    bottoms = [0.0] * len(accounts)
+    for name in names:
+        # other_s can come out a little below zero (clocks read a moment apart): drawn as none
+        heights = [max(0.0, account.as_dict()[name]) for _, account in accounts]
+        axes.bar(range(len(accounts)), heights, bottom=bottoms, label=name)
+        bottoms = [bottom + height for bottom, height in zip(bottoms, heights)]
+    axes.set_xticks(range(len(accounts)), [label for label, _ in accounts], fontsize=7)
+    axes.set_ylabel("seconds of the trial's wall clock")
+    axes.set_title("where each trial's time went")
+    if names:
+        axes.legend(fontsize=8)
     return figure
 
 

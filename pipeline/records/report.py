@@ -19,7 +19,8 @@ from typing import Any, Mapping, Sequence
 from rich.table import Table
 
 from pipeline.contract.results import (BEST_EPOCH, COMPILE_S, EVAL_RATE, NAN_EPOCH, NAN_FAILURES, NAN_FOLD, NAN_STEP, SELECTED_PREFIX,
-                                       TRAIN_RATE, TRIAL_WALL_S, TrialStatus, split_key)
+                                       TRAIN_RATE, TRIAL_WALL_S, TrialStatus, split_key, trial_account)
+from pipeline.contract.account import TimeAccount
 from pipeline.records.significance import SIGNIFICANCE_LEVEL, Comparison, corrected_ttest, val_train_ratio
 from pipeline.inputs.spec import Objective
 from pipeline.records.tracking import TrialRecord
@@ -335,6 +336,44 @@ def throughput_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
             row[column] = statistics.median(values) if values else math.nan
         rows.append(row)
     return rows
+
+
+def account_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+    """Per trial with a time account (in the order given), its wall clock and where it went,
+    each part as seconds and share; then the same summed over those trials."""
+    accounts = [(record.label, trial_account(record.metrics)) for record in records]
+    accounts = [(label, account) for label, account in accounts if account is not None]
+    if not accounts:
+        return []
+    total = TimeAccount(sum(account.wall_s for _, account in accounts),
+                        tuple((name, sum(dict(account.parts)[name] for _, account in accounts))
+                              for name, _ in accounts[0][1].parts))
+    return [{"trial": label, TRIAL_WALL_S: account.wall_s,
+             **{name: _seconds_share(seconds, share, between="\n") for (name, seconds), share
+                in zip(account.as_dict().items(), account.shares().values())}}
+            for label, account in [*accounts, (f"all {len(accounts)}", total)]]
+
+
+def _seconds_share(seconds: float, share: float, *, between: str = " ") -> str:
+    return f"{seconds:.2f}{between}{share:.0%}" if math.isfinite(share) else f"{seconds:.2f}"
+
+
+def account_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """The accounts as a table that fits an 80-column terminal: each part's share under its seconds."""
+    table = Table(title="where each trial's time went (seconds, share)", box=None, pad_edge=False,
+                  header_style="bold")
+    for column in (rows[0] if rows else {}):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(_cell(value) for value in row.values()))
+    return table
+
+
+def account_text(account: TimeAccount) -> str:
+    """``12.3 s wall: setup_s 3.10 (25%), compile_s ...``: a trial's account on one line."""
+    return f"{account.wall_s:.2f} s wall: " + ", ".join(
+        f"{name} {_seconds_share(seconds, share)}"
+        for (name, seconds), share in zip(account.as_dict().items(), account.shares().values()))
 
 
 def rows_table(rows: Sequence[dict[str, Any]], title: str) -> Table:

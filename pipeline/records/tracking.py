@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.base.errors import TrackingError
-from pipeline.contract.results import (BEST_EPOCH, NAN_FAILURES, PLAN_ARTIFACT, RETRIES, SELECTED_PREFIX, TRIAL_WALL_S,
-                                       EpochResult, EpochSelection, SweepStatus, TrialInfo, TrialStatus, in_history,
+from pipeline.contract.results import (BEST_EPOCH, EPOCH_GAP_S, FOLD_IDS, NAN_FAILURES, PLAN_ARTIFACT, RETRIES,
+                                       SELECTED_PREFIX, EpochResult, EpochSelection, SweepStatus, TrialInfo, TrialStatus, in_history,
                                        placement_metrics, placement_tags, trial_label)
 from pipeline.inputs.spec import Objective
 from pipeline.base.private_hooks import MLFLOW_SHARED_VIEW_PARAM, MLFLOW_SHARED_VIEW_TAG
@@ -481,6 +481,10 @@ class TrialRecorder:
         for artifact, text in (info.mlflow_texts() if info else {}).items():
             self._client.log_text(self.run_id, text, artifact)
 
+    def log_directory(self, directory: Path, artifact_path: str) -> None:
+        """A directory's files as the run's artifacts under ``artifact_path`` (a profile's trace)."""
+        self._client.log_artifacts(self.run_id, str(directory), artifact_path)
+
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
             self._client.set_tag(self.run_id, key, value[:MAX_TAG_LENGTH])
@@ -489,14 +493,18 @@ class TrialRecorder:
         self._client.set_tag(self.run_id, Tag.RETRIES, str(retries))
         self._client.log_metric(self.run_id, RETRIES, float(retries))
 
-    def finish(self, status: TrialStatus, *, error: str | None = None, wall_s: float | None = None,
+    def finish(self, status: TrialStatus, *, error: str | None = None, last_report: Mapping[str, Any] | None = None,
                tags: Mapping[str, str] | None = None) -> None:
-        """End the run: status tag, error text, wall time, the selected epoch and its scores,
-        ``history.csv``, run state."""
+        """End the run: status tag, error text, the time account of its last report (wall time
+        and where it went), the selected epoch and its scores, ``history.csv``, run state."""
         from mlflow.entities import Metric
 
-        if wall_s is not None:
-            self._client.log_metric(self.run_id, TRIAL_WALL_S, float(wall_s))
+        account = EpochResult.from_report(last_report).account_values() if last_report and FOLD_IDS in last_report \
+            else {}
+        account.pop(EPOCH_GAP_S, None)  # recorded with its epoch
+        if account:
+            now = int(time.time() * 1000)
+            self._client.log_batch(self.run_id, metrics=[Metric(key, value, now, 0) for key, value in account.items()])
         for key, value in {Tag.STATUS: status.value, **(tags or {})}.items():
             self._client.set_tag(self.run_id, key, value)
         if error:
