@@ -132,7 +132,8 @@ def measure_host_waits(quick: bool) -> list[dict[str, Any]]:
             engine.train_epoch(1)
             tf.profiler.experimental.stop()
             planes = [str(path) for path in Path(logdir).rglob("*.xplane.pb")]
-            data, _ = _pywrap_profiler_plugin.xspace_to_tools_data(planes, "trace_viewer", {})
+            # "trace_viewer@" is the trace viewer's JSON (Chrome trace events); "trace_viewer" a protobuf.
+            data, _ = _pywrap_profiler_plugin.xspace_to_tools_data(planes, "trace_viewer@", {})
         events = json.loads(data).get("traceEvents", []) if data else []
         full, remainder = engine.epoch_batches(1)
         steps = len(full) + (1 if len(remainder) else 0)

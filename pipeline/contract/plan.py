@@ -1,6 +1,8 @@
 """How a trial executes, decided once: XLA or not, steps per launch, the folds' layout and its
 reason, whose random numbers the model's random layers draw, TensorFlow's thread pools, the
-device. Every threshold of those decisions is here.
+device, and on a GPU its own rules (when the host tests for a failed fold, how stacked folds
+convolve, TF32, the GPU and determinism setting recorded). Every threshold of those decisions is
+here.
 
 Two moments: ``plan_threads`` before TensorFlow starts (thread pools cannot change afterwards),
 ``plan_trial`` once the fold models exist (XLA, unrolling and layout depend on the model). The
