@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from pipeline.contract.plan import (STACK_MAX_BATCH, UNROLL_MAX_BATCH, UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS,
-                           XLA_MAX_BATCH_ON_CPU, ExecutionChoices, ThreadPlan, TrialPlan, plan_differences,
-                           plan_threads, plan_trial, replay_choices, shared_variable_count)
+from pipeline.contract.plan import (GPU_UNROLL_MAX_BATCH, GPU_UNROLL_MIN_PLANNED_STEPS, STACK_MAX_BATCH,
+                                    UNROLL_MAX_BATCH, UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS, XLA_MAX_BATCH_ON_CPU,
+                                    ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads,
+                                    plan_trial, replay_choices, shared_variable_count)
 
 
 class Layer:
@@ -44,17 +45,18 @@ SIZES = [300, 300, 300]
 
 
 def plan(choices=ExecutionChoices(), *, models=None, threads=ONE_THREAD, device=CPU, batch_size=8, epochs=2,
-         sizes=SIZES, blocker=None) -> TrialPlan:
+         sizes=SIZES, blocker=None, tf32=False) -> TrialPlan:
     asked = []
 
-    def stacking_blocker(jit_compile, random_draws):
+    def stacking_blocker(jit_compile, random_draws, convolutions):
         asked.append(jit_compile)
+        assert convolutions == ("grouped" if device == GPU else "patches")
         return blocker if jit_compile else "the step runs without XLA"
 
     models = models() if callable(models) else models
     result = plan_trial(choices, models=models or [Model() for _ in sizes], threads=threads, device=device,
                         batch_size=batch_size, train_sizes=sizes, planned_epochs=epochs,
-                        stacking_blocker=stacking_blocker)
+                        stacking_blocker=stacking_blocker, tf32=tf32)
     # The blocker runs the models (a forward check): asked only when stacking is wanted.
     assert len(asked) == (1 if result.layout == "stacked" or "not stacked" in result.reason else 0)
     return result
@@ -178,3 +180,44 @@ def test_a_plan_survives_its_record():
     assert TrialPlan.from_dict(json.loads(json.dumps(decided.as_dict()))) == decided
     assert decided.threads.describe() == "intra-op 2, inter-op 3"
     assert ThreadPlan(0, 0).describe() == "intra-op default, inter-op default"
+
+
+def test_the_gpu_plan_tests_for_a_failed_fold_once_per_epoch():
+    assert plan(device=GPU).stop_test == "per_epoch" and plan(device=GPU, threads=TWO_THREADS).stop_test == "per_epoch"
+    assert plan().stop_test == "per_launch"
+    # Debugging runs op by op, where stopping at the failing step is the point.
+    assert plan(ExecutionChoices(eager=True), device=GPU).stop_test == "per_launch"
+    assert plan(ExecutionChoices(check_numerics=True), device=GPU).stop_test == "per_launch"
+    # A plan recorded before the rule tested before every launch; the masked step trains the same
+    # numbers, so the test alone is no difference a rerun reports.
+    recorded = plan(device=GPU).as_dict()
+    del recorded["stop_test"]
+    assert TrialPlan.from_dict(recorded).stop_test == "per_launch"
+    assert plan_differences(TrialPlan.from_dict(recorded), plan(device=GPU)) == []
+
+
+def test_the_gpu_rules_stack_at_every_batch_size_with_grouped_convolutions_and_unroll_to_their_thresholds():
+    for batch_size in (8, 64, 512):
+        decided = plan(device=GPU, threads=TWO_THREADS, batch_size=batch_size)
+        assert decided.layout == "stacked" and decided.stacked_convolutions == "grouped"
+    assert plan(batch_size=64).layout == "side_by_side" and plan().stacked_convolutions == "patches"
+    assert plan(ExecutionChoices(layout="side_by_side"), device=GPU).layout == "side_by_side"
+    # Steps per launch: the GPU's own thresholds (planned steps per fold = epochs * 300 // batch).
+    enough = GPU_UNROLL_MIN_PLANNED_STEPS * 8 // 300 + 1
+    assert plan(device=GPU, epochs=enough).steps_per_launch == UNROLLED_STEPS
+    assert plan(device=GPU, epochs=enough - 2).steps_per_launch == 1 and plan(epochs=enough).steps_per_launch == 1
+    many = [GPU_UNROLL_MIN_PLANNED_STEPS * GPU_UNROLL_MAX_BATCH] * 3
+    assert plan(device=GPU, batch_size=GPU_UNROLL_MAX_BATCH, sizes=many, epochs=1).steps_per_launch == UNROLLED_STEPS
+    assert plan(device=GPU, batch_size=GPU_UNROLL_MAX_BATCH * 2, sizes=many, epochs=1).steps_per_launch == 1
+
+
+def test_tf32_is_recorded_for_a_gpu_and_a_change_of_it_or_of_the_stacked_convolutions_is_a_difference():
+    on, off = plan(device=GPU, tf32=True), plan(device=GPU)
+    assert on.tf32 and not off.tf32 and not plan(tf32=True).tf32  # TF32 is a GPU's
+    assert TrialPlan.from_dict(json.loads(json.dumps(on.as_dict()))) == on
+    assert plan_differences(on, off) == ["TF32 on -> off"]
+    patches = TrialPlan.from_dict({**on.as_dict(), "stacked_convolutions": "patches"})
+    assert plan_differences(patches, on) == ["stacked convolutions patches -> grouped"]
+    old = dict(plan().as_dict())
+    del old["stacked_convolutions"], old["tf32"]
+    assert TrialPlan.from_dict(old) == plan()

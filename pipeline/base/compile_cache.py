@@ -9,8 +9,10 @@ can crash a trial, so foldsweep puts three things around it:
   file. Each process therefore compiles into a directory of its own, seeded with hard links to
   the shared store's entries that pass the check (complete, their key matching their file name,
   their checksum unchanged); new entries enter the store by an atomic link once complete.
-- **One store per TensorFlow version, XLA flags and device kind**, so that none of them ever
-  reuses a stale entry; TensorFlow's own key adds the program's HLO, which it compares in full.
+- **One store per TensorFlow version, XLA flags, determinism setting and device kind** (a GPU's
+  model, driver, CUDA and cuDNN), so that none of them ever reuses a stale entry; TensorFlow's own
+  key adds the program's HLO, which it compares in full. A GPU that cannot be identified gets no
+  cache (``UnknownGpu``): its programs would be filed under another device's key.
 - **Names from content.** TensorFlow names every traced function after a process-wide counter,
   and the name is part of the cache key: two trials with the same program in one worker process
   got different keys. ``content_names`` names each traced function after its graph instead.
@@ -26,11 +28,12 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+from pipeline.base.accelerator import deterministic_ops, gpu_identity
 
 DISABLE_VARIABLE = "FOLDSWEEP_COMPILE_CACHE"  # off / 0 / false: no persistent cache
 DIRECTORY_VARIABLE = "FOLDSWEEP_COMPILE_CACHE_DIR"
@@ -188,19 +191,24 @@ def store_name(device_kind: str) -> str:
 
     flags = sorted(flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(TF_CACHE_FLAG))
     identity = json.dumps({"tensorflow": tf.__version__, "tf_xla_flags": flags,
-                           "xla_flags": os.environ.get("XLA_FLAGS", ""), "device": device_kind}, sort_keys=True)
+                           "xla_flags": os.environ.get("XLA_FLAGS", ""), "device": device_kind,
+                           "deterministic_ops": deterministic_ops()}, sort_keys=True)
     return f"tf{tf.__version__}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
 def device_kind(gpus: float) -> str:
-    """What XLA compiles for: the GPU models in use (read without starting TensorFlow's devices,
-    which would fix its flags), else the host CPU's architecture and features."""
+    """What XLA compiles for: the GPUs in use with their driver, CUDA and cuDNN (read without
+    starting TensorFlow's devices, which would fix its flags), else, where the process may use no
+    GPU, the host CPU's architecture and features.
+
+    Raises:
+        UnknownGpu: the process may use a GPU that cannot be identified (``nvidia-smi`` missing
+            or failing where GPUs are present): no CPU's identity stands in for it.
+    """
     if gpus > 0:
-        command = ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"]
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            names = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True).stdout
-            if names.strip():
-                return "gpu:" + ";".join(sorted(line.strip() for line in names.splitlines() if line.strip()))
+        identity = gpu_identity()
+        if identity is not None:
+            return "gpu:" + identity.describe()
     features = ""
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:

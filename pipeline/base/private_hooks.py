@@ -327,6 +327,15 @@ def _check_context_state() -> str | None:
     return f"tensorflow.python.eager.context.Context has no {', '.join(missing)}" if missing else None
 
 
+def _check_op_determinism() -> str | None:
+    from tensorflow.python.framework import config
+
+    getter = getattr(config, "is_op_determinism_enabled", None)
+    if not callable(getter) or not isinstance(getter(), bool):
+        return "tensorflow.python.framework.config.is_op_determinism_enabled() is missing or no longer a bool"
+    return None
+
+
 def _check_content_names() -> str | None:
     import tensorflow as tf
     from tensorflow.python.eager.polymorphic_function import atomic_function, concrete_function
@@ -421,6 +430,9 @@ HOOKS: tuple[Hook, ...] = (
     Hook("tensorflow", "ops.gradient_registry._registry, where tf.custom_gradient registers CustomGradient-<uid>",
          "a worker's memory does not grow by every trial's traced graphs (pipeline.engine.lifespan.release_trial)",
          ("_registry",), _check_gradient_registry),
+    Hook("tensorflow", "tensorflow.python.framework.config.is_op_determinism_enabled() (not in tf.config)",
+         "a trial's plan and the compile cache's key miss tf.config.experimental.enable_op_determinism() "
+         "(pipeline.base.accelerator)", (), _check_op_determinism),
     Hook("tensorflow", "the eager context's _initialized and _physical_devices",
          "a process whose TensorFlow already read its XLA flags would count compile-cache hits it never had",
          ("_initialized", "_physical_devices"), _check_context_state),

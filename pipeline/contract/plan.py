@@ -1,6 +1,8 @@
 """How a trial executes, decided once: XLA or not, steps per launch, the folds' layout and its
 reason, whose random numbers the model's random layers draw, TensorFlow's thread pools, the
-device. Every threshold of those decisions is here.
+device, and on a GPU its own rules (when the host tests for a failed fold, how stacked folds
+convolve, TF32, the GPU and determinism setting recorded). Every threshold of those decisions is
+here.
 
 Two moments: ``plan_threads`` before TensorFlow starts (thread pools cannot change afterwards),
 ``plan_trial`` once the fold models exist (XLA, unrolling and layout depend on the model). The
@@ -17,6 +19,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence
 
+from pipeline.base.accelerator import GpuIdentity
 from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
 from pipeline.inputs.spec import AutoSwitch
 
@@ -27,6 +30,14 @@ ForcedLayout = Literal["auto", "stacked", "side_by_side"]
 # into the step at the cost of an elementwise op and which stacks per fold.
 RandomDraws = Literal["none", "keras", "counter"]
 ForcedDraws = Literal["auto", "keras", "counter"]
+# When the host reads a fold's tally to leave its epoch early: before every launch (a step that
+# fails ends the epoch's loop; the unfused and side-by-side step applies its update under a
+# tf.cond), or once, at the end of the epoch (every step's update is masked instead, so that a
+# fold that failed keeps its weights, optimizer and layer state through the steps that follow).
+StopTest = Literal["per_launch", "per_epoch"]
+# How stacked folds convolve: each fold's kernel as one product of patches (CPU), or all folds'
+# kernels as one grouped convolution (feature_group_count = k, the GPU's form).
+StackedConvolutions = Literal["patches", "grouped"]
 
 # On CPU, XLA wins big while per-step overhead dominates (bs 8: 3-4x over the same loop
 # without it) and stops paying around bs 256-512, where it was measured equal or up to 25%
@@ -54,17 +65,47 @@ XLA_MAX_BATCH_ON_CPU = 256
 UNROLLED_STEPS = 8
 UNROLL_MAX_BATCH = 64
 UNROLL_MIN_PLANNED_STEPS = 50_000
+# On a GPU, a launch costs the host its dispatch (the executor's loop iteration and XLA's launch:
+# tens of microseconds) whatever the batch, and with the per-epoch stop test the host enqueues
+# launches ahead of the device, so that this cost hides behind the device's work while a step
+# takes longer than it, and shows while a step is shorter: at small batches (a small CNN's step
+# at batch 8-128 is a few tens of microseconds of GPU time). So the GPU unrolls up to batch 128
+# and from a tenth of the CPU's planned steps (its compile of an unrolled program costs about
+# what the CPU's does; its steps are cheaper to win it back). Chosen from that reasoning, not
+# measured here (no GPU): `python -m benchmarks.gpu_check` measures 1, 8 and 32 steps per launch
+# per batch size, to set these on the first GPU machine.
+GPU_UNROLL_MAX_BATCH = 128
+GPU_UNROLL_MIN_PLANNED_STEPS = 5_000
 
 # Stacked convolutions are products of patches, slower than the backend's convolutions once a
 # batch has enough work: 3 folds with one compute thread, stacked against unfused (MNIST-1D /
 # protein windows): batch 8 1.45x / 1.84x, 16 1.26x / 1.46x, 32 0.87x / 1.11x, 64 0.69x / 0.97x,
 # 256 0.56x / 0.60x (`python -m benchmarks.cv_throughput --variants engine,fused --cpus 1`).
+# Measured on CPU, so a CPU rule only.
 STACK_MAX_BATCH = 16
+# On a GPU the folds stack at every batch size and their convolutions are grouped convolutions:
+# the patch products above are the CPU's calibration (im2col copies every input tap), where a
+# grouped convolution is one cuDNN kernel over all folds, what HFTA measured on GPUs (fusing the
+# models of a sweep into grouped kernels trained them 2-15x faster than one model per process,
+# gaining most at small batches and still gaining at large ones, where side-by-side loops only
+# queue on the device's one stream). Not measured here (no GPU): `python -m benchmarks.gpu_check`
+# measures stacked against side by side per batch size on the first GPU machine.
+STACKED_CONVOLUTIONS_ON_GPU: StackedConvolutions = "grouped"
 # Side by side, folds beyond a few per compute thread only take turns, while stacking saves each
 # one's fixed cost per step: at batch 8 with 2 compute threads (MNIST-1D), side by side against
 # stacked ran 1.22x at 6 folds, 1.02x at 9, 0.68x at 15 (repeated CV; `python -m
 # benchmarks.replicas --batch-sizes 8 --replicas 6,9 --layouts side,stacked`).
 SIDE_BY_SIDE_MAX_FOLDS_PER_THREAD = 4
+
+# On a GPU the host must not wait for the device inside an epoch: a loop condition that reads the
+# tally, or a tf.cond's predicate (XLA on GPU copies it to the host and waits for the stream), is
+# a device-to-host copy and a sync per launch, which at small batches costs more than the step
+# (a GPU step of a small CNN takes tens of microseconds; a sync drains the queue of launches the
+# host had enqueued ahead). So the GPU plan masks each step's update and tests for a failed fold
+# once per epoch: a fold that fails early in an epoch idles through the rest of it, masked. On CPU
+# the host and the "device" are one, a wait costs nothing, and skipping the failed fold's steps
+# is cheaper: the CPU keeps the per-launch test (and its numbers).
+STOP_TEST_ON_GPU: StopTest = "per_epoch"
 
 
 @dataclass(frozen=True)
@@ -110,6 +151,18 @@ class TrialPlan:
     device: str
     # Plans recorded before foldsweep drew random numbers itself had random layers draw Keras'.
     random_draws: RandomDraws = "keras"
+    # Plans recorded before the GPU rules tested for a failed fold before every launch, convolved
+    # stacked folds as patch products and did not record TF32.
+    stop_test: StopTest = "per_launch"
+    stacked_convolutions: StackedConvolutions = "patches"
+    # Whether the GPU's matrix products and convolutions may round their inputs to TensorFlow's
+    # TF32 (on by default, effective on Ampere and newer): a trajectory another than in float32,
+    # and the stacked forward check's tolerance (``pipeline.engine.stacked``). False on CPU.
+    tf32: bool = False
+    # The GPU the trial computed on, with its driver, CUDA and cuDNN (None on CPU, or where it
+    # could not be identified), and whether TensorFlow's ops ran deterministically.
+    gpu: GpuIdentity | None = None
+    deterministic_ops: bool = False
 
     @property
     def fused(self) -> bool:
@@ -120,7 +173,8 @@ class TrialPlan:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrialPlan:
-        return cls(**{**values, "threads": ThreadPlan(**values["threads"])})
+        gpu = values.get("gpu")
+        return cls(**{**values, "threads": ThreadPlan(**values["threads"]), "gpu": GpuIdentity(**gpu) if gpu else None})
 
 
 def plan_threads(choices: ExecutionChoices, *, cpus: float, n_folds: int) -> ThreadPlan:
@@ -140,23 +194,29 @@ def plan_threads(choices: ExecutionChoices, *, cpus: float, n_folds: int) -> Thr
 
 def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: ThreadPlan, device: str,
                batch_size: int, train_sizes: Sequence[int], planned_epochs: int,
-               stacking_blocker: Callable[[bool, RandomDraws], str | None]) -> TrialPlan:
+               stacking_blocker: Callable[[bool, RandomDraws, StackedConvolutions], str | None],
+               tf32: bool = False, gpu: GpuIdentity | None = None, deterministic_ops: bool = False) -> TrialPlan:
     """The whole plan of a trial whose fold models are built.
 
     Args:
         models: one built model per fold (looked at, not run).
         threads: the thread pools TensorFlow runs with in this process.
         train_sizes: each fold's training samples.
-        stacking_blocker: why these models cannot train stacked with or without XLA and with
-            the random draws given as its arguments, or None; asked only when stacking is wanted
-            (it runs the models).
+        stacking_blocker: why these models cannot train stacked with or without XLA, with the
+            random draws and the stacked convolutions given as its arguments, or None; asked only
+            when stacking is wanted (it runs the models).
+        tf32: whether TensorFlow may compute in TF32 on ``device`` (a GPU's, as its process has it).
+        gpu: the GPU of ``device`` identified (``pipeline.base.accelerator``), recorded.
+        deterministic_ops: whether TensorFlow runs its ops deterministically here, recorded.
     """
     random_draws = _random_draws(choices.random_draws, models[0])
     jit_compile = _use_xla(choices.jit_compile, batch_size=batch_size, device=device,
                            stochastic=random_draws == "keras")
     planned_steps = planned_epochs * min(train_sizes) // batch_size
     steps = _steps_per_launch(choices.steps_per_launch, jit_compile=jit_compile and not choices.eager,
-                              batch_size=batch_size, planned_steps=planned_steps)
+                              batch_size=batch_size, planned_steps=planned_steps, device=device)
+    on_gpu = _device_kind(device) == "GPU"
+    convolutions: StackedConvolutions = STACKED_CONVOLUTIONS_ON_GPU if on_gpu else "patches"
     unfused = _unfused_reason(choices, n_folds=len(models), shared_variables=shared_variable_count(models))
     if unfused is not None:
         layout, reason = "unfused", unfused
@@ -165,7 +225,7 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
                                                                      else "")
         stack = _wants_stacking(choices.layout, compute_threads=threads.compute_threads, device=device,
                                 batch_size=batch_size, n_folds=len(models))
-        blocker = stacking_blocker(jit_compile, random_draws) if stack else None
+        blocker = stacking_blocker(jit_compile, random_draws, convolutions) if stack else None
         if stack and blocker is None:
             layout, reason = "stacked", f"{fused}, stacked into one XLA program per step"
         else:
@@ -173,7 +233,9 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
             why = _side_by_side_why(threads.compute_threads, batch_size, blocker, n_folds=len(models))
             reason = f"{fused}, side by side ({why})"
     return TrialPlan(jit_compile=jit_compile, steps_per_launch=steps, layout=layout, reason=reason, threads=threads,
-                     device=device, random_draws=random_draws)
+                     device=device, random_draws=random_draws, stop_test=_stop_test(choices, device=device),
+                     stacked_convolutions=convolutions, tf32=tf32 and on_gpu, gpu=gpu if on_gpu else None,
+                     deterministic_ops=deterministic_ops)
 
 
 def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: bool = False) -> ExecutionChoices:
@@ -208,11 +270,33 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
         differences.append(f"device {recorded.device} -> {now.device}")
     if now.random_draws != recorded.random_draws and "counter" in (now.random_draws, recorded.random_draws):
         differences.append(f"random draws {recorded.random_draws} -> {now.random_draws}")
+    if (now.layout == recorded.layout == "stacked"
+            and now.stacked_convolutions != recorded.stacked_convolutions):
+        differences.append(f"stacked convolutions {recorded.stacked_convolutions} -> {now.stacked_convolutions}")
+    if now.tf32 != recorded.tf32:
+        differences.append(f"TF32 {_on_off(recorded.tf32)} -> {_on_off(now.tf32)}")
+    if recorded.gpu is not None and now.gpu is not None:
+        differences.extend(recorded.gpu.differences(now.gpu))
+    if now.deterministic_ops != recorded.deterministic_ops:
+        differences.append(f"deterministic ops {_on_off(recorded.deterministic_ops)} -> "
+                           f"{_on_off(now.deterministic_ops)}")
     return differences
+
+
+def _on_off(value: bool) -> str:
+    return "on" if value else "off"
 
 
 def _device_kind(device: str) -> str:
     return "GPU" if "GPU" in device else "CPU"
+
+
+def _stop_test(choices: ExecutionChoices, *, device: str) -> StopTest:
+    """Once per epoch on a GPU (``STOP_TEST_ON_GPU``), else before every launch; eager debugging and
+    numeric checking run op by op, where a wait is no cost and stopping at once is the point."""
+    if _device_kind(device) == "GPU" and not choices.eager and not choices.check_numerics:
+        return STOP_TEST_ON_GPU
+    return "per_launch"
 
 
 def _random_draws(choice: ForcedDraws, model: Any) -> RandomDraws:
@@ -237,13 +321,17 @@ def _use_xla(choice: AutoSwitch, *, batch_size: int, device: str, stochastic: bo
 
 
 def _steps_per_launch(choice: int | Literal["auto"], *, jit_compile: bool, batch_size: int,
-                      planned_steps: int) -> int:
-    """The spec's number, else unrolled where it pays; one without XLA (nothing to unroll)."""
+                      planned_steps: int, device: str = "/CPU:0") -> int:
+    """The spec's number, else unrolled where it pays (the device's thresholds); one without
+    XLA (nothing to unroll)."""
     if not jit_compile:
         return 1
     if choice != "auto":
         return int(choice)
-    if batch_size > UNROLL_MAX_BATCH or planned_steps < UNROLL_MIN_PLANNED_STEPS:
+    gpu = _device_kind(device) == "GPU"
+    max_batch = GPU_UNROLL_MAX_BATCH if gpu else UNROLL_MAX_BATCH
+    min_steps = GPU_UNROLL_MIN_PLANNED_STEPS if gpu else UNROLL_MIN_PLANNED_STEPS
+    if batch_size > max_batch or planned_steps < min_steps:
         return 1
     return UNROLLED_STEPS
 
@@ -284,7 +372,9 @@ def _wants_stacking(layout: ForcedLayout, *, compute_threads: int, device: str, 
     """
     if layout != "auto":
         return layout == "stacked"
-    return batch_size <= STACK_MAX_BATCH and ("GPU" in device or _loops_take_turns(compute_threads, n_folds))
+    if _device_kind(device) == "GPU":  # at every batch size (STACKED_CONVOLUTIONS_ON_GPU)
+        return True
+    return batch_size <= STACK_MAX_BATCH and _loops_take_turns(compute_threads, n_folds)
 
 
 def _loops_take_turns(compute_threads: int, n_folds: int) -> bool:

@@ -21,7 +21,21 @@ class ResidentData:
     fingerprint: str
     device: str
     x: object  # tf.Tensor (samples, ...) float32
-    y: object  # tf.Tensor (samples,) int32
+    y: object  # tf.Tensor (samples,) of integer_dtype(device); the steps read it as int32
+
+    @property
+    def index_dtype(self) -> type:
+        """The dtype of index batches sent to this data's device (``integer_dtype``)."""
+        return integer_dtype(self.device)
+
+
+def integer_dtype(device: str) -> type:
+    """int64 on a GPU, int32 on CPU. TensorFlow keeps an int32 tensor placed on a GPU in host
+    memory (its GPU kernels take int32 from the host), so int32 labels and index batches would
+    cross to the device at every launch that gathers them; int64 ones stay on the device. The
+    steps cast the gathered labels to int32, where a GPU's compiled step holds them, so that the
+    loss sees the labels it sees on CPU."""
+    return np.int64 if "GPU" in device else np.int32
 
 
 def transfers() -> int:
@@ -46,7 +60,7 @@ def resident_data(fingerprint: str, x: np.ndarray, y: np.ndarray) -> ResidentDat
     device = training_device()
     with tf.device(device):
         features = tf.constant(np.asarray(x, dtype=np.float32))
-        labels = tf.constant(np.asarray(y, dtype=np.int32))
+        labels = tf.constant(np.asarray(y, dtype=integer_dtype(device)))
     _transfers += 1
     # One dataset per sweep is the norm; keeping older ones would only hold device memory.
     _resident.clear()

@@ -52,6 +52,17 @@ def threads_in_effect() -> ThreadPlan:
                       inter_op=tf.config.threading.get_inter_op_parallelism_threads())
 
 
+def tf32_in_effect(device: str) -> bool:
+    """Whether TensorFlow may round a GPU's matrix products and convolutions to TF32 in this
+    process (its default, effective on Ampere and newer; ``NVIDIA_TF32_OVERRIDE=0`` or
+    ``tf.config.experimental.enable_tensor_float_32_execution(False)`` turn it off). False on CPU."""
+    import tensorflow as tf
+
+    if "GPU" not in device or os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        return False
+    return bool(tf.config.experimental.tensor_float_32_execution_enabled())
+
+
 class DeviceError(FoldsweepError):
     """TensorFlow's devices cannot be set up as a trial needs (they started earlier in this process)."""
 

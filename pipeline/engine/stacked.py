@@ -34,7 +34,7 @@ import keras
 import numpy as np
 
 from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
-from pipeline.contract.plan import RandomDraws
+from pipeline.contract.plan import RandomDraws, StackedConvolutions, StopTest
 from pipeline.engine import draws
 from pipeline.engine.resident import ResidentData
 from pipeline.inputs.losses import TrainingLoss
@@ -53,8 +53,19 @@ ELEMENTWISE_OPTIMIZERS = (keras.optimizers.Adam, keras.optimizers.AdamW, keras.o
                           keras.optimizers.Nadam, keras.optimizers.Adamax, keras.optimizers.Adagrad,
                           keras.optimizers.Lion)
 # The stacked forward pass must give each fold model's own outputs up to float rounding
-# (its convolutions are patch products, not the backend's convolution kernels).
+# (its convolutions are patch products or grouped convolutions, not the fold model's kernels).
 FORWARD_CHECK_RTOL, FORWARD_CHECK_ATOL = 1e-4, 1e-5
+# Under TF32 (a GPU's default on Ampere and newer) a product rounds its inputs to 10 mantissa bits
+# (a relative 2^-11 = 4.9e-4 each), so two forms of one layer differ by about 1e-3 relative per
+# layer, past float32's tolerance, and stacking would quietly fall back. What the check is for (a
+# fold's samples or weights mixed with another's, a layer's form wrong) changes outputs by their
+# own order of magnitude, which this tolerance still refuses.
+FORWARD_CHECK_TF32_RTOL, FORWARD_CHECK_TF32_ATOL = 1e-2, 1e-3
+
+
+def forward_tolerance(tf32: bool) -> tuple[float, float]:
+    """(rtol, atol) of the stacked forward check on a device computing in TF32 or not."""
+    return (FORWARD_CHECK_TF32_RTOL, FORWARD_CHECK_TF32_ATOL) if tf32 else (FORWARD_CHECK_RTOL, FORWARD_CHECK_ATOL)
 
 
 def model_blocker(model: keras.Model, *, random_draws: RandomDraws = "none") -> str | None:
@@ -146,8 +157,10 @@ def steps_blocker(folds_train_sizes: Sequence[int], batch_size: int) -> str | No
 
 def stacking_blocker(models: Sequence[keras.Model], data: ResidentData, train_folds: Sequence[np.ndarray], *,
                      batch_size: int, jit_compile: bool, optimizer: OptimizerRecipe,
-                     random_draws: RandomDraws = "none") -> str | None:
-    """Why these fold models cannot train stacked, or None (their stacked forward pass checked)."""
+                     random_draws: RandomDraws = "none", convolutions: StackedConvolutions = "patches",
+                     tf32: bool = False) -> str | None:
+    """Why these fold models cannot train stacked, or None (their stacked forward pass checked
+    in the form the plan would train, to the device's tolerance)."""
     import tensorflow as tf
 
     if not jit_compile:
@@ -160,7 +173,7 @@ def stacking_blocker(models: Sequence[keras.Model], data: ResidentData, train_fo
         return blocker
     rows = min(batch_size, *(len(train) for train in train_folds))
     samples = tf.gather(data.x, np.concatenate([train[:rows] for train in train_folds]).astype(np.int32))
-    return forward_mismatch(models, samples)
+    return forward_mismatch(models, samples, convolutions=convolutions, tf32=tf32)
 
 
 def _graph(model: keras.Model) -> Any:
@@ -179,10 +192,12 @@ class StackedForm:
     variable for trainable weights, a variable for state (moving statistics, generator states),
     which the pass updates as each fold's own layers would."""
 
-    def __init__(self, template: keras.Model, values: Mapping[int, Any], n_folds: int):
+    def __init__(self, template: keras.Model, values: Mapping[int, Any], n_folds: int, *,
+                 convolutions: StackedConvolutions = "patches"):
         self._template = template
         self._values = values
         self._n_folds = n_folds
+        self._convolution = _grouped_convolution if convolutions == "grouped" else _convolution
         generators = [getattr(layer, "seed_generator", None) for layer in
                       template._flatten_layers(include_self=False, recursive=True) if counter_drawn(layer)]
         self._random_states = {id(generator): values[id(generator.state)] for generator in generators
@@ -203,7 +218,7 @@ class StackedForm:
             if isinstance(layer, keras.layers.Dense):
                 call = lambda inputs, **_: _dense(layer, fold_weights, inputs, n_folds)  # noqa: E731
             elif isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D)):
-                call = lambda inputs, **_: _convolution(layer, fold_weights, inputs, n_folds)  # noqa: E731
+                call = lambda inputs, **_: self._convolution(layer, fold_weights, inputs, n_folds)  # noqa: E731
             elif isinstance(layer, keras.layers.BatchNormalization):
                 call = lambda inputs, **_: _batch_normalization(  # noqa: E731
                     layer, fold_weights, inputs, sample_weights, n_folds)
@@ -292,6 +307,29 @@ def _convolution(layer, fold_weights, inputs, n_folds):
     kernel = fold_weights(layer.kernel)
     kernel = tf.reshape(kernel, [n_folds, -1, kernel.shape[-1]])  # [k, taps * channels, filters]
     outputs = tf.einsum("kb...c,kcf->kb...f", patches, kernel)
+    return _bias_and_activation(layer, fold_weights, outputs)
+
+
+def _grouped_convolution(layer, fold_weights, inputs, n_folds):
+    """The same convolution as one grouped convolution (``feature_group_count`` k, the GPU's
+    form: one cuDNN kernel for every fold): the folds' samples side by side in the channels
+    ([b, ..., k * channels]) and their kernels side by side in the filters, fold g's channels
+    meeting fold g's kernel only."""
+    import tensorflow as tf
+
+    rank = len(layer.kernel_size)
+    x = _per_fold(inputs, n_folds)  # [k, b, *spatial, c]
+    channels = x.shape[-1]
+    x = tf.transpose(x, [1, *range(2, rank + 2), 0, rank + 2])  # [b, *spatial, k, c]
+    x = tf.reshape(x, [-1, *x.shape[1:rank + 1], n_folds * channels])
+    kernel = fold_weights(layer.kernel)  # [k, *taps, c, f]
+    filters = kernel.shape[-1]
+    kernel = tf.transpose(kernel, [*range(1, rank + 2), 0, rank + 2])  # [*taps, c, k, f]
+    kernel = tf.reshape(kernel, [*layer.kernel_size, channels, n_folds * filters])
+    outputs = tf.nn.convolution(x, kernel, strides=layer.strides, padding=layer.padding.upper(),
+                                dilations=layer.dilation_rate)  # [b, *out, k * f]
+    outputs = tf.reshape(outputs, [-1, *outputs.shape[1:rank + 1], n_folds, filters])
+    outputs = tf.transpose(outputs, [rank + 1, 0, *range(1, rank + 1), rank + 2])  # [k, b, *out, f]
     return _bias_and_activation(layer, fold_weights, outputs)
 
 
@@ -390,11 +428,13 @@ def stacked_weights(models: Sequence[keras.Model]) -> list[np.ndarray]:
     return [over_folds(weights) for weights in zip(*(model.trainable_variables for model in models))]
 
 
-def forward_mismatch(models: Sequence[keras.Model], samples: Any) -> str | None:
+def forward_mismatch(models: Sequence[keras.Model], samples: Any, *, convolutions: StackedConvolutions = "patches",
+                     tf32: bool = False) -> str | None:
     """What of the stacked forward pass differs from each fold model's own in training (outputs,
-    updated moving statistics and generator states, loss terms), or None. ``samples`` are the
-    folds' batches merged fold-major, different per fold so that mixing across folds shows. The
-    fold models' state is as it was afterwards."""
+    updated moving statistics and generator states, loss terms), beyond the tolerance of a
+    device computing in TF32 or not (``forward_tolerance``), or None. ``samples`` are the folds'
+    batches merged fold-major, different per fold so that mixing across folds shows. The fold
+    models' state is as it was afterwards."""
     import tensorflow as tf
 
     template, n_folds = models[0], len(models)
@@ -405,7 +445,8 @@ def forward_mismatch(models: Sequence[keras.Model], samples: Any) -> str | None:
     stacked_states = [tf.Variable(over_folds(per_fold)) for per_fold in zip(*before)]
     values.update({id(variable): stacked for variable, stacked in zip(states[0], stacked_states)})
     batches = np.split(np.asarray(samples), n_folds)
-    outputs, penalties = StackedForm(template, values, n_folds)(samples, tf.ones([n_folds, len(batches[0])]))
+    outputs, penalties = StackedForm(template, values, n_folds, convolutions=convolutions)(
+        samples, tf.ones([n_folds, len(batches[0])]))
     drawn = any(counter_drawn(layer) for layer in template._flatten_layers())
     random_numbers = draws.counter_draws if drawn else contextlib.nullcontext
     own, own_penalties = [], []
@@ -420,9 +461,11 @@ def forward_mismatch(models: Sequence[keras.Model], samples: Any) -> str | None:
             for variable, value in zip(fold, values_before):
                 variable.assign(value)
 
+    rtol, atol = forward_tolerance(tf32)
+
     def close(a: Any, b: Any) -> bool:
         a, b = np.asarray(a), np.asarray(b)
-        return a.shape == b.shape and np.allclose(a, b, rtol=FORWARD_CHECK_RTOL, atol=FORWARD_CHECK_ATOL)
+        return a.shape == b.shape and np.allclose(a, b, rtol=rtol, atol=atol)
 
     if not close(outputs, np.concatenate(own)):
         return "the stacked forward pass does not reproduce the model's outputs"
@@ -434,9 +477,9 @@ def forward_mismatch(models: Sequence[keras.Model], samples: Any) -> str | None:
     return None
 
 
-def forward_matches(models: Sequence[keras.Model], samples: Any) -> bool:
+def forward_matches(models: Sequence[keras.Model], samples: Any, **form: Any) -> bool:
     """Whether the stacked forward pass gives what each fold model gives (``forward_mismatch``)."""
-    return forward_mismatch(models, samples) is None
+    return forward_mismatch(models, samples, **form) is None
 
 
 def fold_square_sums(gradient):
@@ -488,16 +531,19 @@ class StackedFolds:
     """
 
     def __init__(self, engines: Sequence[FoldEngine], params: TrainingParams, *, data: ResidentData,
-                 loss: TrainingLoss, optimizer: OptimizerRecipe, steps_per_launch: int):
+                 loss: TrainingLoss, optimizer: OptimizerRecipe, steps_per_launch: int,
+                 stop_test: StopTest = "per_launch", convolutions: StackedConvolutions = "patches"):
         import tensorflow as tf
 
         self._engines = list(engines)
         self._batch_size = params.batch_size
+        self._index_dtype = data.index_dtype
         n_folds = len(engines)
         stacked = _stacked_state(engines, optimizer)
         self._pairs = stacked.pairs
+        self._copy_functions: dict[tuple[int, ...], tuple[Any, Any]] = {}
         steps = tf.function(_stacked_steps(engines[0].model, stacked, loss=loss, clipping=optimizer.clipping,
-                                           data=data), jit_compile=True, autograph=False)
+                                           data=data, convolutions=convolutions), jit_compile=True, autograph=False)
         self.compiled_steps = steps
 
         def stopped(tally, live):
@@ -508,7 +554,8 @@ class StackedFolds:
             zeros = tf.zeros([n_folds])
             tally = (zeros, tf.zeros([n_folds], tf.int32), -tf.ones([n_folds], tf.int32), zeros, zeros)
             return launch_loop(lambda *arguments: steps(*arguments[:2], live, *arguments[2:]), (indices, weights),
-                               tally, steps_per_launch=steps_per_launch, stopped=lambda tally: stopped(tally, live))
+                               tally, steps_per_launch=steps_per_launch,
+                               stopped=None if stop_test == "per_epoch" else lambda tally: stopped(tally, live))
 
         self._train_epoch = tf.function(train_epoch, autograph=False)
 
@@ -520,7 +567,7 @@ class StackedFolds:
             full, remainder = self._engines[i].epoch_batches(epoch)
             per_fold[i] = [*full, remainder] if len(remainder) else list(full)
         n_steps = len(next(iter(per_fold.values())))
-        indices = np.zeros((n_steps, len(self._engines), self._batch_size), dtype=np.int32)
+        indices = np.zeros((n_steps, len(self._engines), self._batch_size), dtype=self._index_dtype)
         weights = np.zeros(indices.shape, dtype=np.float32)
         for i, batches in per_fold.items():
             for step, batch in enumerate(batches):
@@ -546,17 +593,32 @@ class StackedFolds:
 
     def _load(self, live: tuple[int, ...]) -> None:
         """Stack the engines' weights, layer state and optimizer state (they may have been restored)."""
-        for stacked, per_fold in self._pairs:
-            if stacked.shape.rank:
-                stacked.assign(over_folds(per_fold))
-            else:  # the step count and learning rate, the same in every fold that trains on
-                stacked.assign(np.asarray(per_fold[live[0]]))
+        self._copies(live)[0]()
 
     def _store(self, live: tuple[int, ...]) -> None:
-        for stacked, per_fold in self._pairs:
-            values = np.asarray(stacked)
-            for i in live:
-                per_fold[i].assign(values[i] if stacked.shape.rank else values)
+        self._copies(live)[1]()
+
+    def _copies(self, live: tuple[int, ...]) -> tuple[Callable[[], None], Callable[[], None]]:
+        """(load, store) for the live folds as compiled copies between the fold engines' variables
+        and the stacked ones: device to device, so that on a GPU the weights and optimizer state
+        never visit the host between epochs (the same values as a copy through the host)."""
+        import tensorflow as tf
+
+        if live not in self._copy_functions:
+            def load():
+                for stacked, per_fold in self._pairs:
+                    if stacked.shape.rank:
+                        stacked.assign(tf.stack([variable.value for variable in per_fold]))
+                    else:  # the step count and learning rate, the same in every fold that trains on
+                        stacked.assign(per_fold[live[0]].value)
+
+            def store():
+                for stacked, per_fold in self._pairs:
+                    for i in live:
+                        per_fold[i].assign(stacked.value[i] if stacked.shape.rank else stacked.value)
+
+            self._copy_functions[live] = (tf.function(load, autograph=False), tf.function(store, autograph=False))
+        return self._copy_functions[live]
 
 
 class _Stacked(NamedTuple):
@@ -600,7 +662,8 @@ def _stacked_state(engines: Sequence[FoldEngine], recipe: OptimizerRecipe) -> _S
 
 
 def _stacked_steps(template: keras.Model, stacked: _Stacked, *, loss: TrainingLoss,
-                   clipping: tuple[str, float | None], data: ResidentData) -> Any:
+                   clipping: tuple[str, float | None], data: ResidentData,
+                   convolutions: StackedConvolutions = "patches") -> Any:
     """The stacked folds' training launch, uncompiled: ``train_steps(indices, weights, live,
     first_step, tally)`` runs the unrolled steps of every fold at once ([steps, k, batch]) and
     returns the per-fold tally after them."""
@@ -608,7 +671,7 @@ def _stacked_steps(template: keras.Model, stacked: _Stacked, *, loss: TrainingLo
 
     variables, optimizer = stacked.weights, stacked.optimizer
     n_folds = int(variables[0].shape[0])
-    form = StackedForm(template, stacked.values(template), n_folds)
+    form = StackedForm(template, stacked.values(template), n_folds, convolutions=convolutions)
     # What a fold that does not apply a step keeps: its slices of the weights and of the
     # optimizer's per-variable state (the step count and learning rate are shared scalars).
     states = {id(state) for state in stacked.states}
@@ -619,7 +682,7 @@ def _stacked_steps(template: keras.Model, stacked: _Stacked, *, loss: TrainingLo
     def train_step(indices, weights, active):
         # indices, weights: [k, batch]; a weight of 0 pads a fold's short last batch.
         x = tf.gather(features, tf.reshape(indices, [-1]))
-        y = tf.reshape(tf.gather(labels, indices), [-1])
+        y = tf.cast(tf.reshape(tf.gather(labels, indices), [-1]), tf.int32)  # int64 on a GPU
         counts = tf.reduce_sum(weights, axis=1)
         # Layer state (moving statistics, generator states) moves in the forward pass of every
         # fold that trains, as a fold model's own does whether its step is then applied or not.

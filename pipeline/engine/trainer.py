@@ -17,18 +17,19 @@ import keras
 import numpy as np
 
 from pipeline.base import compile_cache
+from pipeline.base.accelerator import GpuIdentity, UnknownGpu, deterministic_ops, gpu_identity
 from pipeline.base.compile_cache import CacheCounts, CompileCache, content_names
 from pipeline.inputs.folds import Fold
 from pipeline.engine.fused import FusedFolds
 from pipeline.inputs.hypermodel import build_model, output_units
 from pipeline.inputs.losses import TrainingLoss
-from pipeline.contract.plan import RandomDraws, TrialPlan, plan_differences, plan_trial
+from pipeline.contract.plan import RandomDraws, StackedConvolutions, TrialPlan, plan_differences, plan_trial
 from pipeline.engine.profile import TRAIN_REGION, VALIDATION_REGION
 from pipeline.engine.resident import ResidentData
 from pipeline.contract.account import TimeAccount
 from pipeline.contract.results import (COMPILE_S, EVAL_S, GAP_S, SETUP_S, TRAIN_S, EpochResult, FoldScores,
                                        FoldThroughput, NanEvent, NanReport, Throughput)
-from pipeline.engine.runtime import threads_in_effect
+from pipeline.engine.runtime import tf32_in_effect, threads_in_effect
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe
 from pipeline.engine.training import CallTimer, FoldEngine, FoldExecutor, SequentialFolds, StoppedCall, fold_seed
 
@@ -81,7 +82,7 @@ class FoldTrainer:
         self.engines = [
             FoldEngine(model, optimizer.make(), data, fold, batch_size=params.batch_size, seed=fold_seed(seed, k),
                        jit_compile=plan.jit_compile, loss=loss, eager=eager, steps_per_launch=plan.steps_per_launch,
-                       shuffle=params.shuffle, counter_draws=plan.random_draws == "counter")
+                       shuffle=params.shuffle, counter_draws=plan.random_draws == "counter", stop_test=plan.stop_test)
             for k, fold, model in zip(self.fold_ids, folds, models)
         ]
         self._executor = _executor(plan, self.engines, params, data=data, loss=loss, optimizer=optimizer)
@@ -215,19 +216,35 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
     optimizer = recipe.optimizer(models[0], params)
     loss = recipe.loss(models[0], units=output_units(models[0], input_shape))
 
-    def stacking_blocker(jit_compile: bool, random_draws: RandomDraws) -> str | None:
+    tf32 = tf32_in_effect(data.device)
+
+    def stacking_blocker(jit_compile: bool, random_draws: RandomDraws,
+                         convolutions: StackedConvolutions) -> str | None:
         from pipeline.engine.stacked import stacking_blocker
 
         return stacking_blocker(models, data, [fold.train for fold in folds], batch_size=params.batch_size,
-                                jit_compile=jit_compile, random_draws=random_draws, optimizer=optimizer)
+                                jit_compile=jit_compile, random_draws=random_draws, optimizer=optimizer,
+                                convolutions=convolutions, tf32=tf32)
 
     plan = plan_trial(recipe.choices, models=models, threads=threads_in_effect(), device=data.device,
                       batch_size=params.batch_size, train_sizes=[len(fold.train) for fold in folds],
-                      planned_epochs=planned_epochs or epochs, stacking_blocker=stacking_blocker)
+                      planned_epochs=planned_epochs or epochs, stacking_blocker=stacking_blocker, tf32=tf32,
+                      gpu=_gpu_identity(data.device), deterministic_ops=deterministic_ops())
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay
     return FoldTrainer(models, params, data=data, folds=folds, plan=plan, seed=seed, fold_ids=fold_ids,
                        optimizer=optimizer, loss=loss, eager=recipe.choices.eager)
+
+
+def _gpu_identity(device: str) -> GpuIdentity | None:
+    """The GPU of ``device``, None on CPU or where it cannot be identified (a trial trains on
+    regardless; its compile cache is off then, with the notice)."""
+    if "GPU" not in device:
+        return None
+    try:
+        return gpu_identity()
+    except UnknownGpu:
+        return None
 
 
 def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingParams, *, data: ResidentData,
@@ -236,7 +253,8 @@ def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingPa
         from pipeline.engine.stacked import StackedFolds
 
         return StackedFolds(engines, params, data=data, loss=loss, optimizer=optimizer,
-                            steps_per_launch=plan.steps_per_launch)
+                            steps_per_launch=plan.steps_per_launch, stop_test=plan.stop_test,
+                            convolutions=plan.stacked_convolutions)
     if plan.layout == "side_by_side":
         return FusedFolds(engines)
     return SequentialFolds(engines)

@@ -25,6 +25,7 @@ from pipeline.engine import draws
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.engine.resident import ResidentData
+from pipeline.contract.plan import StopTest
 from pipeline.contract.results import EVAL_STEP, NanEvent
 
 METRIC_NAMES: tuple[str, ...] = ("loss", "accuracy")
@@ -54,12 +55,15 @@ class FoldSteps(NamedTuple):
 
 
 def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: TrainingLoss, data: ResidentData,
-               *, counter_draws: bool = False) -> FoldSteps:
+               *, counter_draws: bool = False, masked: bool = False) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
     ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
     the summed loss and correct predictions of one batch. With ``counter_draws`` the model's
-    random layers draw foldsweep's numbers (``pipeline.engine.draws``), else Keras' own."""
+    random layers draw foldsweep's numbers (``pipeline.engine.draws``), else Keras' own. With
+    ``masked`` (the plan's per-epoch stop test) a step computes its update whatever its health
+    and keeps it only where it applies, with no tf.cond: a step not active keeps the layer state
+    too, so that steps after a failure change nothing."""
     import tensorflow as tf
 
     features, labels = data.x, data.y
@@ -68,7 +72,9 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
 
     def train_step(indices, enabled):
         x = tf.gather(features, indices)
-        y = tf.gather(labels, indices)
+        y = tf.cast(tf.gather(labels, indices), tf.int32)  # int64 on a GPU (``integer_dtype``)
+        states = list(model.non_trainable_variables) if masked else []
+        states_before = [tf.identity(state.value) for state in states]
         with tf.GradientTape() as tape, random_numbers():
             predictions = model(x, training=True)
             value = tf.reduce_mean(loss.per_sample(y, predictions))
@@ -82,6 +88,12 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         # A scalar test per step: a non-finite loss or gradient is never applied, so the fold
         # stops with the weights of its last good step.
         healthy = tf.math.is_finite(value) & tf.math.is_finite(norm)
+
+        if masked:
+            _masked_update(optimizer, gradients, model.trainable_variables, applied=healthy & enabled)
+            for state, before in zip(states, states_before):
+                state.assign(tf.where(enabled, state.value, before))
+            return value, norm, healthy
 
         def apply():
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
@@ -102,11 +114,25 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         return tally
 
     def evaluate_batch(indices):
-        y = tf.gather(labels, indices)
+        y = tf.cast(tf.gather(labels, indices), tf.int32)
         predictions = model(tf.gather(features, indices), training=False)
         return tf.reduce_sum(loss.per_sample(y, predictions)), tf.reduce_sum(loss.correct(y, predictions))
 
     return FoldSteps(train_steps, evaluate_batch, norm_variables)
+
+
+def _masked_update(optimizer: keras.optimizers.Optimizer, gradients: Sequence[Any], variables: Sequence[Any], *,
+                   applied: Any) -> None:
+    """The optimizer's update of ``variables`` kept where ``applied``, else every variable it
+    touches (weights and optimizer state, its step count included) left as it was: the same
+    values as applying under a tf.cond, with no predicate for the host to read."""
+    import tensorflow as tf
+
+    kept = [*variables, *optimizer.variables]
+    previous = [tf.identity(variable.value) for variable in kept]
+    optimizer.apply_gradients(zip(gradients, variables))
+    for variable, before in zip(kept, previous):
+        variable.assign(tf.where(applied, variable.value, before))
 
 
 def _failed(tally: Any) -> Any:
@@ -114,12 +140,14 @@ def _failed(tally: Any) -> Any:
 
 
 def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: Any, *, steps_per_launch: int,
-                stopped: Callable[[Any], Any]) -> Any:
+                stopped: Callable[[Any], Any] | None) -> Any:
     """An epoch's training steps as one graph loop (inside the epoch's ``tf.function``):
     ``steps_per_launch`` of them per compiled launch, then the steps that do not fill a launch one
-    per launch, left as soon as ``stopped(tally)``. ``batches`` are the steps' arguments, each
-    with the epoch's steps first; ``steps(*arguments of some steps, first step, tally)`` returns
-    the tally after them. The fold engine and the stacked folds train through it alike."""
+    per launch, left as soon as ``stopped(tally)``; with ``stopped`` None (the per-epoch stop
+    test, masked steps) every launch runs and the loop never reads the tally. ``batches`` are the
+    steps' arguments, each with the epoch's steps first; ``steps(*arguments of some steps, first
+    step, tally)`` returns the tally after them. The fold engine and the stacked folds train
+    through it alike."""
     import tensorflow as tf
 
     n_steps = tf.shape(batches[0])[0]
@@ -133,6 +161,10 @@ def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: Any,
     def next_step(step, tally):
         return step + 1, steps(*(batch[step][tf.newaxis] for batch in batches), step, tally)
 
+    if stopped is None:  # the counters are host integers (shapes): the loop reads no device value
+        _, tally = tf.while_loop(lambda launch, tally: launch < n_launches, next_launch, (tf.constant(0), tally))
+        _, tally = tf.while_loop(lambda step, tally: step < n_steps, next_step, (launched, tally))
+        return tally
     # A fresh tally has not stopped, so testing before each launch is leaving right after the
     # one that stopped it.
     _, tally = tf.while_loop(lambda launch, tally: (launch < n_launches) & ~stopped(tally), next_launch,
@@ -224,7 +256,7 @@ class FoldEngine:
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, data: ResidentData,
                  fold: Fold, *, batch_size: int, seed: int, jit_compile: bool, loss: TrainingLoss = TrainingLoss(
                      keras.losses.sparse_categorical_crossentropy), eager: bool = False, steps_per_launch: int = 1,
-                 shuffle: bool = True, counter_draws: bool = False):
+                 shuffle: bool = True, counter_draws: bool = False, stop_test: StopTest = "per_launch"):
         import tensorflow as tf
 
         self.model = model
@@ -233,8 +265,8 @@ class FoldEngine:
         self.seed = seed
         self.jit_compile = jit_compile
         self.device = data.device
-        self._train_indices = np.asarray(fold.train, dtype=np.int32)
-        self._val_indices = np.asarray(fold.val, dtype=np.int32)
+        self._train_indices = np.asarray(fold.train, dtype=data.index_dtype)
+        self._val_indices = np.asarray(fold.val, dtype=data.index_dtype)
         self.train_timer = CallTimer()
         self.eval_timer = CallTimer()
         self.failure: NanEvent | None = None
@@ -246,8 +278,9 @@ class FoldEngine:
         # had applied before it.
         self._running: tuple[int, int | None] | None = None
         optimizer.build(model.trainable_variables)
+        per_epoch = stop_test == "per_epoch"
         train_steps, evaluate_batch, self.norm_variables = fold_steps(model, optimizer, loss, data,
-                                                                      counter_draws=counter_draws)
+                                                                      counter_draws=counter_draws, masked=per_epoch)
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
         # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and
@@ -264,10 +297,14 @@ class FoldEngine:
             # Zeros, not NaN, for the last loss and norm, so that TensorFlow's numeric checking
             # (rerun --check-numerics) only ever stops at a value the model produced.
             tally = (tf.constant(0.0), tf.constant(0), tf.constant(-1), tf.constant(0.0), tf.constant(0.0))
-            tally = launch_loop(steps, (full_batches,), tally, steps_per_launch=steps_per_launch, stopped=_failed)
+            tally = launch_loop(steps, (full_batches,), tally, steps_per_launch=steps_per_launch,
+                                stopped=None if per_epoch else _failed)
             if remainder.shape[0]:
-                tally = tf.cond(_failed(tally), lambda: tally,
-                                lambda: steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally))
+                def last():
+                    return steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally)
+
+                # Masked steps need no test: after a failure the remainder applies nothing.
+                tally = last() if per_epoch else tf.cond(_failed(tally), lambda: tally, last)
             return tally
 
         if eager:

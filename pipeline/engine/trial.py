@@ -92,15 +92,28 @@ def configure_tensorflow(*, gpus: float, threads: ThreadPlan, compile_cache: boo
     Raises:
         ThreadsError: TensorFlow already runs here with other thread pools.
     """
-    from pipeline.base.compile_cache import activate, deactivate, device_kind
-
-    if compile_cache:  # TensorFlow reads its XLA flags once, when it sets up its devices
-        activate(device_kind=device_kind(gpus))
-    else:
-        deactivate()
+    cache_notice = use_compile_cache(gpus=gpus, wanted=compile_cache)
     notice = configure_devices(gpus)
     configure_threads(threads)
-    return notice
+    return "; ".join(part for part in (notice, cache_notice) if part)
+
+
+def use_compile_cache(*, gpus: float, wanted: bool) -> str:
+    """The persistent compile cache on for this process's device (TensorFlow reads its XLA flags
+    once, when it sets up its devices), or off when not ``wanted`` or when the GPU cannot be
+    identified; returns the notice of that ("" when on or not wanted)."""
+    from pipeline.base.accelerator import UnknownGpu
+    from pipeline.base.compile_cache import activate, deactivate, device_kind
+
+    if not wanted:
+        deactivate()
+        return ""
+    try:
+        activate(device_kind=device_kind(gpus))
+    except UnknownGpu as exc:
+        deactivate()
+        return f"compile cache off: the GPU cannot be identified ({exc})"
+    return ""
 
 
 def set_up_worker(settings: TrialSettings, *, x: Any, y: Any, threads: ThreadPlan,
