@@ -6,7 +6,11 @@ working directory: with the cache off, with an empty cache (cold), and again wit
 cold run filled (warm). For each: wall clock, total `compile_s` over the trials, and the cache
 hits and misses the trials recorded in MLflow.
 
-    .venv/bin/python -m benchmarks.compile_cache [--epochs N] [--json PATH]
+`--one-trial` runs instead one trial of 8 unrolled steps per launch (batch 8, 3 folds, MNIST-1D
+1,500 samples), where what is left of a warm start is tracing and loading: its cold and warm
+`compile_s`, and whether every fold's recorded losses are the same in the three runs.
+
+    .venv/bin/python -m benchmarks.compile_cache [--one-trial] [--epochs N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "mnist1d_cnn.py"
 
 
-def spec(epochs: int, workdir: Path) -> Path:
-    document = {
+def spec(epochs: int, workdir: Path, *, one_trial: bool = False) -> Path:
+    document = one_trial_document(epochs) if one_trial else {
         "name": "compile-cache",
         "experiment": f"{EXPERIMENT}:build",
         "dataset": "mnist1d",
@@ -41,14 +45,29 @@ def spec(epochs: int, workdir: Path) -> Path:
             "conv_layers": 2, "filters": 32, "kernel_size": 5, "dropout": 0.0}},
         "train": {"epochs": epochs, "metric": "accuracy", "mode": "max", "jit_compile": True, "refit": False},
         "resources": {"cpu": 1, "max_concurrent": 2},
-        "tracking": {"uri": f"sqlite:///{workdir / 'mlflow.db'}"},
     }
+    document["tracking"] = {"uri": f"sqlite:///{workdir / 'mlflow.db'}"}
     path = workdir / "compile_cache.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 
 
-def run_sweep(epochs: int, *, cache_dir: Path | None) -> dict:
+def one_trial_document(epochs: int) -> dict:
+    return {
+        "name": "compile-cache-one-trial",
+        "experiment": f"{EXPERIMENT}:build",
+        "dataset": {"name": "mnist1d", "num_samples": 1875, "train_split": 0.8},  # 1,500 to cross-validate
+        "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
+        "search": {"num_samples": 1, "seed": 0, "space": {
+            "learning_rate": 0.001, "batch_size": 8, "conv_layers": 2, "filters": 32, "kernel_size": 5,
+            "dropout": 0.0}},
+        "train": {"epochs": epochs, "metric": "accuracy", "mode": "max", "jit_compile": True, "refit": False,
+                  "steps_per_launch": 8},
+        "resources": {"cpu": 1, "max_concurrent": 1},
+    }
+
+
+def run_sweep(epochs: int, *, cache_dir: Path | None, one_trial: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as directory:
         workdir = Path(directory)
         environment = {**os.environ, "FOLDSWEEP_DATA_DIR": str(REPO / "data")}
@@ -56,7 +75,8 @@ def run_sweep(epochs: int, *, cache_dir: Path | None) -> dict:
             environment["FOLDSWEEP_COMPILE_CACHE"] = "off"
         else:
             environment["FOLDSWEEP_COMPILE_CACHE_DIR"] = str(cache_dir)
-        command = [str(Path(sys.executable).parent / "foldsweep"), "run", str(spec(epochs, workdir))]
+        command = [str(Path(sys.executable).parent / "foldsweep"), "run",
+                   str(spec(epochs, workdir, one_trial=one_trial))]
         started = time.perf_counter()
         subprocess.run(command, check=True, cwd=workdir, stdout=subprocess.DEVNULL, env=environment)
         wall_s = time.perf_counter() - started
@@ -67,7 +87,7 @@ def trial_totals(uri: str) -> dict:
     import mlflow
 
     client = mlflow.MlflowClient(uri)
-    totals = {"trials": 0, "compile_s": 0.0, "hits": 0, "misses": 0}
+    totals = {"trials": 0, "compile_s": 0.0, "hits": 0, "misses": 0, "fold_losses": {}}
     for experiment in client.search_experiments():
         for run in client.search_runs([experiment.experiment_id]):
             metrics = run.data.metrics
@@ -77,6 +97,10 @@ def trial_totals(uri: str) -> dict:
             totals["compile_s"] += metrics["compile_s"]
             totals["hits"] += int(metrics.get("compile_cache_hits", 0))
             totals["misses"] += int(metrics.get("compile_cache_misses", 0))
+            totals["fold_losses"][run.data.params.get("learning_rate", "") + run.data.params.get("batch_size", "") +
+                                  run.data.params.get("clipping", "")] = {
+                key: [m.value for m in client.get_metric_history(run.info.run_id, key)]
+                for key in sorted(metrics) if key.startswith("split") and key.endswith("_loss")}
     totals["compile_s"] = round(totals["compile_s"], 1)
     return totals
 
@@ -85,18 +109,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the result as JSON to this path")
+    parser.add_argument("--one-trial", action="store_true",
+                        help="one trial of 8 steps per launch at batch 8 (MNIST-1D, 1,500 samples)")
     args = parser.parse_args(argv)
     from benchmarks.common import mnist1d
 
     mnist1d()  # generate the dataset first so no run pays for it
     with tempfile.TemporaryDirectory() as cache:
-        result = {"off": run_sweep(args.epochs, cache_dir=None),
-                  "cold": run_sweep(args.epochs, cache_dir=Path(cache)),
-                  "warm": run_sweep(args.epochs, cache_dir=Path(cache))}
+        result = {"off": run_sweep(args.epochs, cache_dir=None, one_trial=args.one_trial),
+                  "cold": run_sweep(args.epochs, cache_dir=Path(cache), one_trial=args.one_trial),
+                  "warm": run_sweep(args.epochs, cache_dir=Path(cache), one_trial=args.one_trial)}
     for name, row in result.items():
         print(f"{name:>4}: wall {row['wall_s']:6.1f} s  compile_s {row['compile_s']:6.1f}  hits {row['hits']:3d}  "
               f"misses {row['misses']:3d}  ({row['trials']} trials)")
     off = result["off"]
+    same = all(result[name]["fold_losses"] == off["fold_losses"] for name in ("cold", "warm"))
+    print(f"every fold's recorded losses the same with the cache off, cold and warm: {'yes' if same else 'NO'}")
+    print(f"warm compile_s / cold: {result['warm']['compile_s'] / max(result['cold']['compile_s'], 1e-9):.2f}")
     for name in ("cold", "warm"):
         row = result[name]
         print(f"{name} vs off: compile {off['compile_s'] / max(row['compile_s'], 1e-9):.2f}x lower, "

@@ -45,6 +45,7 @@ CHECKSUM_SUFFIX = ".sha256"
 PROCESS_DIRECTORIES = ".processes"
 # Far above TensorFlow's own counter, so a content name never equals one TensorFlow hands out.
 CONTENT_NAME_FLOOR = 10 ** 18
+CAPTURED_NAME = "captured"
 GRADIENT_OP_TYPE = "_gradient_op_type"
 
 
@@ -362,11 +363,15 @@ def content_names() -> Iterator[None]:
     cache key, so two trials with the same program never found each other's. Named by content,
     every trial whose program is the same, in this process or any other, finds it compiled; two
     whose programs differ (another dropout rate or clip threshold baked in) never share a name,
-    which TensorFlow's in-memory cache, keyed by name and argument shapes, relies on.
+    which TensorFlow's in-memory cache, keyed by name and argument shapes, relies on. What a
+    called function captured reaches its caller unnamed, and is named by appearance in it.
     """
+    from tensorflow.core.function.capture import capture_container
     from tensorflow.python.eager.polymorphic_function import atomic_function
+    from tensorflow.python.types import core
 
     original = atomic_function.from_func_graph
+    original_capture = capture_container.FunctionCaptures.capture_by_value
 
     def from_func_graph(name: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
         renamed = content_name(name, graph)
@@ -374,11 +379,21 @@ def content_names() -> Iterator[None]:
             graph.name = renamed
         return original(renamed, graph, *args, **kwargs)
 
+    def capture_by_value(self: Any, graph: Any, tensor: Any, name: str | None = None) -> Any:
+        # A function called inside another passes its captured variables and tensors to the
+        # caller, which captures them unnamed: TensorFlow names each after a process-wide counter
+        # too. The graph numbers them by appearance instead (captured, captured_1, ...).
+        if name is None and isinstance(tensor, core.Value):
+            name = CAPTURED_NAME
+        return original_capture(self, graph, tensor, name)
+
     atomic_function.from_func_graph = from_func_graph
+    capture_container.FunctionCaptures.capture_by_value = capture_by_value
     try:
         yield
     finally:
         atomic_function.from_func_graph = original
+        capture_container.FunctionCaptures.capture_by_value = original_capture
 
 
 def content_name(name: Any, graph: Any) -> Any:

@@ -363,6 +363,18 @@ def _check_content_names() -> str | None:
         names.append(kept[-1].name.decode())
     if names[0] != names[1] or int(names[0].rpartition("_")[2]) < CONTENT_NAME_FLOOR:
         return f"two traces of one function are named {names[0]} and {names[1]}, not after their graph"
+    # A function that calls another (a launch calling its step, traced once) captures what the
+    # callee captured: named by appearance, two traces of it are one program.
+    weights, names = tf.Variable([2.0]), []
+    for _ in range(2):
+        step = tf.function(lambda x: x * weights)  # noqa: B023
+        with content_names():
+            launch = tf.function(lambda x: step(step(x)))  # noqa: B023
+            kept.append(launch.get_concrete_function(tf.TensorSpec([1], tf.float32)))
+        names.append(kept[-1].name.decode())
+    if names[0] != names[1]:
+        return (f"two traces of a function calling another are named {names[0]} and {names[1]}: "
+                "FunctionCaptures.capture_by_value(graph, tensor, name) names captures otherwise")
     return None
 
 
@@ -424,7 +436,8 @@ HOOKS: tuple[Hook, ...] = (
          "foldsweep draws those layers' numbers inside its compiled step, per fold, with Keras' rates, noise shapes "
          "and scaling (pipeline.engine.draws)", (), _check_counter_draws),
     Hook("tensorflow", "atomic_function.from_func_graph(name, graph), through which every traced function is "
-         "named, and TensorFlow taking definitions that differ only in custom-gradient names as one",
+         "named, FunctionCaptures.capture_by_value(graph, tensor, name), which names a called function's captures "
+         "in its caller, and TensorFlow taking definitions that differ only in custom-gradient names as one",
          "trials of one program would never find each other's compiled XLA programs, or a trial would fail "
          "(pipeline.base.compile_cache's content names)", (), _check_content_names),
     Hook("tensorflow", "ops.gradient_registry._registry, where tf.custom_gradient registers CustomGradient-<uid>",

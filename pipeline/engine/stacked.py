@@ -39,7 +39,8 @@ from pipeline.engine import draws
 from pipeline.engine.resident import ResidentData
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams
-from pipeline.engine.training import EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step
+from pipeline.engine.training import (EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step,
+                                      traced_once)
 
 STACKED_LAYERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.BatchNormalization,
                   keras.layers.LayerNormalization, keras.layers.Embedding)
@@ -707,10 +708,12 @@ def _stacked_steps(template: keras.Model, stacked: _Stacked, *, loss: TrainingLo
             state.assign(tf.where(_over_folds(active, state.shape.rank), state.value, before))
         return losses, norms, healthy, counts
 
+    step = traced_once(train_step, eager=False)
+
     def train_steps(indices, weights, live, first_step, tally):
         for j in range(indices.shape[0]):
             active = live & (tally[2] < 0)
-            losses, norms, healthy, counts = train_step(indices[j], weights[j], active)
+            losses, norms, healthy, counts = step(indices[j], weights[j], active)
             tally = tally_step(tally, step=first_step + j, loss=losses, norm=norms, healthy=healthy,
                                active=active, samples=counts)
         return tally

@@ -54,8 +54,23 @@ class FoldSteps(NamedTuple):
     norm_variables: list[Any]
 
 
+def traced_once(step: Callable[..., Any], *, eager: bool) -> Callable[..., Any]:
+    """A training step that a launch of several unrolled steps traces once, not once per step.
+
+    The launch calls it as a function of its own, which TensorFlow (and XLA, when the launch is
+    compiled) inlines where it is called: the program is the one the unrolled Python copies made,
+    bit for bit, but tracing a Keras model's forward and backward pass, the larger part of a
+    warm start from the compile cache, is paid once per launch shape instead of once per step.
+    (A launch written as a graph loop instead, which XLA would also compile once, trains 3.6-11x
+    slower per step on CPU: XLA:CPU runs a convolution's gradient inside a loop body 3.5x slower
+    at batch 8 and more at 64; ``python -m benchmarks.launch_form``.)"""
+    import tensorflow as tf
+
+    return step if eager else tf.function(step, autograph=False)
+
+
 def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: TrainingLoss, data: ResidentData,
-               *, counter_draws: bool = False, masked: bool = False) -> FoldSteps:
+               *, counter_draws: bool = False, masked: bool = False, eager: bool = False) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
     ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
@@ -63,7 +78,7 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
     random layers draw foldsweep's numbers (``pipeline.engine.draws``), else Keras' own. With
     ``masked`` (the plan's per-epoch stop test) a step computes its update whatever its health
     and keeps it only where it applies, with no tf.cond: a step not active keeps the layer state
-    too, so that steps after a failure change nothing."""
+    too, so that steps after a failure change nothing. With ``eager`` the steps run op by op."""
     import tensorflow as tf
 
     features, labels = data.x, data.y
@@ -102,13 +117,15 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         tf.cond(healthy & enabled, apply, lambda: (0,))
         return value, norm, healthy
 
+    step = traced_once(train_step, eager=eager)
+
     def train_steps(batches, first_step, tally):
         # One compiled launch: the steps of ``batches`` (a static number of steps, unrolled),
         # each adding to the epoch's tally inside the launch. Once a step fails, the steps after
         # it in the launch apply nothing.
         for j in range(batches.shape[0]):
             active = tally[2] < 0
-            value, norm, healthy = train_step(batches[j], active)
+            value, norm, healthy = step(batches[j], active)
             tally = tally_step(tally, step=first_step + j, loss=value, norm=norm, healthy=healthy, active=active,
                                samples=batches.shape[1])
         return tally
@@ -280,7 +297,8 @@ class FoldEngine:
         optimizer.build(model.trainable_variables)
         per_epoch = stop_test == "per_epoch"
         train_steps, evaluate_batch, self.norm_variables = fold_steps(model, optimizer, loss, data,
-                                                                      counter_draws=counter_draws, masked=per_epoch)
+                                                                      counter_draws=counter_draws, masked=per_epoch,
+                                                                      eager=eager)
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
         # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and
