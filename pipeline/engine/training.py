@@ -61,9 +61,9 @@ def traced_once(step: Callable[..., Any], *, eager: bool) -> Callable[..., Any]:
     compiled) inlines where it is called: the program is the one the unrolled Python copies made,
     bit for bit, but tracing a Keras model's forward and backward pass, the larger part of a
     warm start from the compile cache, is paid once per launch shape instead of once per step.
-    (A launch written as a graph loop instead, which XLA would also compile once, trains 3.6-11x
-    slower per step on CPU: XLA:CPU runs a convolution's gradient inside a loop body 3.5x slower
-    at batch 8 and more at 64; ``python -m benchmarks.launch_form``.)"""
+    (A launch written as a graph loop instead, which XLA would also compile once, trained 2.9-15x
+    slower per step on CPU, at batch 8 and 64 on both datasets: XLA:CPU runs a convolution's
+    gradient inside a loop body 3.5x slower already at batch 8; ``python -m benchmarks.launch_form``.)"""
     import tensorflow as tf
 
     return step if eager else tf.function(step, autograph=False)
