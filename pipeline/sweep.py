@@ -21,7 +21,7 @@ import numpy as np
 from pipeline.checks import CheckedInputs, check_inputs, make_checked_folds
 from pipeline.inputs.datasets import Dataset
 from pipeline.base.environment import Environment, environment_change
-from pipeline.base.errors import DataError, FoldsweepError, InputError, SpecError
+from pipeline.base.errors import DataError, ExperimentError, FoldsweepError, InputError, SpecError
 from pipeline.inputs.folds import FoldPlan
 from pipeline.base.private_hooks import HOOKED_LIBRARIES, RAY_OUTPUT_ENGINE_VARIABLE, require_hooks
 from pipeline.inputs.space import SearchSpace
@@ -145,7 +145,30 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
             raise DataError(
                 f"dataset: labels of {source!r} go up to {int(labels.max())}, but the model of {spec.experiment} "
                 f"has only {head.units} outputs (in {name})")
+    _check_objective_computed(spec, head.scorers)
     _check_replicas_fit(spec, head.parameters)
+
+
+def _check_objective_computed(spec: SweepSpec, scorers: Sequence[Any]) -> None:
+    """``train.metric`` (and an early stopping monitor) is a scalar score the model computes."""
+    from pipeline.inputs.scoring import objective_problem
+
+    train = spec.train
+    for scorer in scorers:
+        if not scorer.scalar:
+            raise ExperimentError(
+                f"experiment: the model of {spec.experiment} compiles the metric {scorer.name}, which gives several "
+                "values per fold (one per class, as F1Score(average=None)); foldsweep records one value per metric "
+                "and fold: compile it with average='macro' or 'weighted', or drop it")
+    watched = [("train", train.metric, train.mode)]
+    if train.early_stopping is not None:
+        watched.append(("train.early_stopping", train.early_stopping.monitor, train.early_stopping.objective.mode))
+    for section, metric, mode in watched:
+        problem = objective_problem(metric, mode, scorers, classifier=True)
+        if problem:
+            key, rule = problem
+            key = "monitor" if section != "train" and key == "metric" else key
+            raise SpecError(f"{spec.source_path}: {section}.{key} {rule}, got {metric!r}")
 
 
 # float32 weights, their gradients and two optimizer slots (Adam's moments): what each replica

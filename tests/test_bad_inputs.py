@@ -40,6 +40,27 @@ class Custom(keras.Sequential):
 def build(hp):
     return Custom([keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")])
 '''
+VECTOR_METRIC_MODEL = '''
+import keras
+
+
+class PerClass(keras.metrics.Metric):
+    def __init__(self, name="per_class", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable((2,), initializer="zeros", name="total")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.total.assign_add(keras.ops.sum(y_pred, axis=0))
+
+    def result(self):
+        return self.total
+
+
+def build(hp):
+    model = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")])
+    model.compile(loss="sparse_categorical_crossentropy", metrics=[PerClass()])
+    return model
+'''
 GOOD_SPEC = {"name": "good", "experiment": "loop.py", "dataset": "good.npz", "cv": {"n_splits": 2},
              "search": {"space": {"batch_size": 8}}, "train": {"epochs": 1}, "tracking": {"uri": "sqlite:///store.db"}}
 
@@ -87,6 +108,10 @@ FILES = {
     "y_test.yaml": spec_text(dataset="y_test.npz"),
     "truncated.yaml": spec_text(dataset="truncated.npz"),
     "linear.yaml": spec_text(experiment="linear.py"),
+    "uncomputed.yaml": spec_text(train={"epochs": 1, "metric": "auc"}),
+    "direction.yaml": spec_text(train={"epochs": 1, "metric": "mcc"}),
+    "vector.yaml": spec_text(experiment="vector.py", train={"epochs": 1, "metric": "per_class", "mode": "max"}),
+    "vector.py": VECTOR_METRIC_MODEL,
     "override.yaml": spec_text(experiment="override.py"),
     "notdb.db": "not a database\n",
 }
@@ -188,6 +213,13 @@ CASES = [
     # experiment modules
     ("a linear head without from_logits", ["run", "linear.yaml"], ["set train.from_logits: true"]),
     ("a train_step override", ["validate", "override.yaml"], ["Custom overrides train_step"]),
+    # objectives
+    ("an objective the model does not compute", ["validate", "uncomputed.yaml"],
+     ["train.metric must be a score the model computes (accuracy, loss: its loss", "got 'auc'"]),
+    ("a metric of unknown direction without a mode", ["validate", "direction.yaml"],
+     ["train.mode is required for train.metric mcc"]),
+    ("a metric with a value per class", ["run", "vector.yaml"],
+     ["compiles the metric per_class, which gives several values per fold", "average='macro'"]),
     # record ids
     ("an unknown run id", ["rerun", "0123456789abcdef0123456789abcdef", "--tracking-uri", "{store}"],
      ["RUN_ID: no trial run with id '0123456789abcdef0123456789abcdef'"]),

@@ -112,6 +112,29 @@ def dropout(hp):
     return compiled(body(1, "sigmoid", dropout=0.5), keras.optimizers.Adam(0.01), "binary_crossentropy")
 
 
+class MCC(keras.metrics.Metric):
+    """Matthews' correlation from the fold's confusion counts: a researcher's own stateful metric."""
+
+    def __init__(self, name="mcc", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.counts = self.add_variable((4,), initializer="zeros", name="counts")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        truth = keras.ops.cast(keras.ops.reshape(y_true, (-1,)), "float32")
+        said = keras.ops.cast(keras.ops.reshape(y_pred, (-1,)) > 0.5, "float32")
+        self.counts.assign_add(keras.ops.stack([keras.ops.sum(truth * said), keras.ops.sum((1 - truth) * (1 - said)),
+                                                keras.ops.sum((1 - truth) * said), keras.ops.sum(truth * (1 - said))]))
+
+    def result(self):
+        tp, tn, fp, fn = (self.counts[i] for i in range(4))
+        return (tp * tn - fp * fn) / keras.ops.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn) + 1e-9)
+
+
+def metrics(hp):
+    return compiled(body(1, "sigmoid"), keras.optimizers.Adam(0.01), "binary_crossentropy",
+                    metrics=("accuracy", keras.metrics.AUC(name="auc"), keras.metrics.TruePositives(name="tp"), MCC()))
+
+
 # Without their feature these are the plain sigmoid model: one name, so that its fit is made once.
 schedule_dropped = regularizer_dropped = add_loss_dropped = batch_norm_dropped = dropout_dropped = sigmoid
 '''
@@ -278,3 +301,46 @@ def test_dropout_stacked_trains_as_keras_fit_does_by_its_statistics(workspace):
     # what another stream changes in training.
     assert abs(ours.val_accuracy - keras_with.val_accuracy) <= 3 * TOLERANCE, (ours, keras_with)
     assert_stacked_forward_is_each_folds_own(trainer, spec)
+
+
+COMPILED_METRICS = ("auc", "tp", "mcc")
+
+
+def test_every_compiled_metric_is_each_folds_own_over_the_whole_fold_as_keras_evaluate(workspace, threads_kept):
+    """AUC, TruePositives and a researcher's Metric subclass, as `trial` prints them per fold,
+    equal what Keras' evaluate gives on each fold after its own fit; a mean of batch means (here
+    of TruePositives, a count) would land far away."""
+    import keras
+
+    from pipeline.inputs.hypermodel import build_model, load_builder
+    from pipeline.inputs.spec import load_spec
+    from pipeline.sweep import prepare
+    from pipeline.engine.training import epoch_order, fold_seed
+
+    spec = spec_for(workspace, "metrics")
+    result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])
+    assert result.exit_code == 0, result.output
+    last = [line for line in result.output.splitlines() if line.startswith(f"epoch {EPOCHS}:")][0]
+    ours = {}
+    for part in last.split(" | "):
+        fold = re.match(r"(?:epoch \d+: )?fold (\d+) ", part)
+        if fold:
+            ours.update({(int(fold.group(1)), name): float(value) for name, value in re.findall(r"val_(\w+) (\S+)", part)})
+    prepared = prepare(load_spec(spec))
+    data = prepared.dataset
+    build = load_builder(workspace / "parity.py", "metrics")
+    for k, fold in enumerate(prepared.folds.folds):
+        seed = fold_seed(prepared.spec.train.seed, k)
+        keras.utils.set_random_seed(seed)
+        model = build_model(build, {}, input_shape=data.input_shape)
+        for epoch in range(EPOCHS):
+            order = epoch_order(fold.train, seed=seed, epoch=epoch)
+            model.fit(data.x[order], data.y[order], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        x_val, y_val = data.x[fold.val], data.y[fold.val]
+        theirs = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
+        for name in COMPILED_METRICS:
+            assert abs(ours[(k, name)] - theirs[name]) <= TOLERANCE * max(1.0, abs(theirs[name])), (k, name, ours, theirs)
+        batch_means = np.mean([model.evaluate(x_val[i:i + BATCH], y_val[i:i + BATCH], verbose=0, return_dict=True)["tp"]
+                               for i in range(0, len(y_val), BATCH)])
+        assert abs(batch_means - theirs["tp"]) >= 0.5 * theirs["tp"], (batch_means, theirs["tp"])
+    keras.backend.clear_session()

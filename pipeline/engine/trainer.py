@@ -34,7 +34,7 @@ class FoldTrainer:
 
     def __init__(self, models: Sequence[keras.Model], params: TrainingParams, *, data: ResidentData,
                  folds: Sequence[Fold], plan: TrialPlan, seed: int, fold_ids: Sequence[int], optimizer: OptimizerRecipe,
-                 loss: TrainingLoss, eager: bool = False):
+                 loss: TrainingLoss, eager: bool = False, metrics: Sequence[str] = ()):
         self.params = params
         self.plan = plan
         self.optimizer = optimizer
@@ -45,9 +45,12 @@ class FoldTrainer:
         self.engines = [
             FoldEngine(model, optimizer.make(), data, fold, batch_size=params.batch_size, seed=fold_seed(seed, k),
                        jit_compile=plan.jit_compile, loss=loss, eager=eager, steps_per_launch=plan.steps_per_launch,
-                       shuffle=params.shuffle, counter_draws=plan.random_draws == "counter")
+                       shuffle=params.shuffle, counter_draws=plan.random_draws == "counter", metrics=metrics)
             for k, fold, model in zip(self.fold_ids, folds, models)
         ]
+        # Which way each metric besides loss and accuracy improves ("" when unknown): what a fold
+        # that went NaN counts as in the CV mean.
+        self.directions = {scorer.name: scorer.direction or "" for scorer in self.engines[0].metrics.scorers()}
         self._executor = _executor(plan, self.engines, params, data=data, loss=loss, optimizer=optimizer)
         self._cache = _CacheUse.start(plan, self.engines, self._executor) if not eager else None
 
@@ -70,16 +73,17 @@ class FoldTrainer:
         scores = []
         for i, engine in enumerate(self.engines):
             if i not in train_losses:  # frozen since it went NaN; the other folds train on
-                scores.append(FoldScores.frozen())
+                scores.append(FoldScores.frozen(engine.metrics.names))
                 continue
-            val_loss, val_accuracy = engine.evaluate(self.epoch)
+            val_loss, val_accuracy, others = engine.evaluate(self.epoch)
             if engine.failure is not None:
                 val_loss = val_accuracy = math.nan
-            scores.append(FoldScores(train_losses[i], val_loss, val_accuracy))
+                others = {name: math.nan for name in others}
+            scores.append(FoldScores(train_losses[i], val_loss, val_accuracy, others))
         self.epoch += 1
         failures = [(k, engine.failure) for k, engine in zip(self.fold_ids, self.engines) if engine.failure is not None]
         return EpochResult(epoch=self.epoch, fold_ids=tuple(self.fold_ids), folds=tuple(scores),
-                           throughput=self.throughput(), nan=NanReport.of(failures))
+                           throughput=self.throughput(), nan=NanReport.of(failures), directions=self.directions)
 
     def stopped_call(self) -> StoppedCall | None:
         """Where an error (TensorFlow's numeric checking) stopped the last ``run_epoch``: the fold
@@ -165,7 +169,7 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay
     return FoldTrainer(models, params, data=data, folds=folds, plan=plan, seed=seed, fold_ids=fold_ids,
-                       optimizer=optimizer, loss=loss, eager=recipe.choices.eager)
+                       optimizer=optimizer, loss=loss, eager=recipe.choices.eager, metrics=recipe.train.metrics)
 
 
 def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingParams, *, data: ResidentData,

@@ -24,6 +24,7 @@ import numpy as np
 from pipeline.engine import draws
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.losses import TrainingLoss
+from pipeline.inputs.scoring import ValidationMetrics
 from pipeline.engine.resident import ResidentData
 from pipeline.contract.results import EVAL_STEP, NanEvent
 
@@ -54,11 +55,12 @@ class FoldSteps(NamedTuple):
 
 
 def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: TrainingLoss, data: ResidentData,
-               *, counter_draws: bool = False) -> FoldSteps:
+               *, counter_draws: bool = False, metrics: ValidationMetrics | None = None) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
     ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
-    the summed loss and correct predictions of one batch. With ``counter_draws`` the model's
+    the summed loss and correct predictions of one batch, adding it to ``metrics``' states (Keras'
+    stateful metrics, as its ``test_step`` updates them). With ``counter_draws`` the model's
     random layers draw foldsweep's numbers (``pipeline.engine.draws``), else Keras' own."""
     import tensorflow as tf
 
@@ -104,6 +106,8 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
     def evaluate_batch(indices):
         y = tf.gather(labels, indices)
         predictions = model(tf.gather(features, indices), training=False)
+        if metrics is not None:
+            metrics.update(y, predictions)
         return tf.reduce_sum(loss.per_sample(y, predictions)), tf.reduce_sum(loss.correct(y, predictions))
 
     return FoldSteps(train_steps, evaluate_batch, norm_variables)
@@ -224,7 +228,7 @@ class FoldEngine:
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, data: ResidentData,
                  fold: Fold, *, batch_size: int, seed: int, jit_compile: bool, loss: TrainingLoss = TrainingLoss(
                      keras.losses.sparse_categorical_crossentropy), eager: bool = False, steps_per_launch: int = 1,
-                 shuffle: bool = True, counter_draws: bool = False):
+                 shuffle: bool = True, counter_draws: bool = False, metrics: Sequence[str] = ()):
         import tensorflow as tf
 
         self.model = model
@@ -246,8 +250,15 @@ class FoldEngine:
         # had applied before it.
         self._running: tuple[int, int | None] | None = None
         optimizer.build(model.trainable_variables)
+        # The model's compiled metrics and the spec's, this fold's own objects, their variables
+        # made before the evaluation is traced.
+        self.metrics = ValidationMetrics(model, metrics)
+        with tf.device(self.device):
+            first = self._val_indices[:1]
+            self.metrics.build(tf.gather(data.y, first), model(tf.gather(data.x, first), training=False))
         train_steps, evaluate_batch, self.norm_variables = fold_steps(model, optimizer, loss, data,
-                                                                      counter_draws=counter_draws)
+                                                                      counter_draws=counter_draws,
+                                                                      metrics=self.metrics)
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
         # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and
@@ -334,11 +345,14 @@ class FoldEngine:
         step = EVAL_STEP if applied is None else int(self.optimizer.iterations.numpy()) - applied
         return StoppedCall(self.model, tuple(self.norm_variables), epoch + 1, step)
 
-    def evaluate(self, epoch: int) -> tuple[float, float]:
+    def evaluate(self, epoch: int) -> tuple[float, float, dict[str, float]]:
+        """The validation fold's loss, accuracy and every other metric (``ValidationMetrics``),
+        each over all its samples."""
         import tensorflow as tf
 
         self._running = (epoch, None)
         started = time.perf_counter()
+        self.metrics.reset()
         loss_sum = correct = 0.0
         for begin in range(0, len(self._val_indices), EVAL_BATCH_SIZE):
             with tf.device(self.device):
@@ -346,13 +360,14 @@ class FoldEngine:
             batch_loss, batch_correct = self._evaluate_batch(indices)
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
+        others = {name: float(value) for name, value in self.metrics.results().items()}
         self._running = None
         self.eval_timer.add(time.perf_counter() - started, len(self._val_indices))
         loss, accuracy = loss_sum / len(self._val_indices), correct / len(self._val_indices)
         if not math.isfinite(loss) and self.failure is None:
             self.failure = NanEvent(epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"),
                                     grad_norm=float("nan"))
-        return loss, accuracy
+        return loss, accuracy, others
 
 
 class FoldExecutor(Protocol):

@@ -35,6 +35,7 @@ from keras_tuner.src.engine import conditions as conditions_module
 from keras_tuner.src.engine.hyperparameters import hp_types
 
 from pipeline.base.errors import ExperimentError
+from pipeline.inputs.scoring import direction_of
 from pipeline.inputs.spec import METRIC_DIRECTIONS, EarlyStoppingSpec, TrainSpec
 
 MAX_DISCOVERY_BUILDS = 64
@@ -127,7 +128,23 @@ class Experiment:
                 f"experiment: the model of {self.reference} ends in {last_layer}: on the data's first {len(samples)} "
                 f"samples {problem}, but its loss {loss.describe()} reads them as probabilities. If they are "
                 f"logits, {fix}; else end the model in activation='{activation}'")
-        return ModelHead(units=units, parameters=parameters, loss=loss)
+        return ModelHead(units=units, parameters=parameters, loss=loss,
+                         scorers=self._scorers(model, outputs, train))
+
+    def _scorers(self, model: keras.Model, outputs: np.ndarray, train: TrainSpec) -> tuple[Any, ...]:
+        """The metrics the model compiles and ``train.metrics`` names, as Keras builds them on
+        labels and outputs of the model's shapes."""
+        from pipeline.inputs.scoring import ValidationMetrics
+
+        try:
+            metrics = ValidationMetrics(model, train.metrics)
+            metrics.build(np.zeros(outputs.shape[:-1], np.int32), outputs)
+            return metrics.scorers()
+        except Exception as exc:
+            named = f" and train.metrics {list(train.metrics)}" if train.metrics else ""
+            raise ExperimentError(
+                f"experiment: the metrics of {self.reference}'s compile{named} cannot be built as Keras builds them "
+                f"on its outputs of shape {outputs.shape[1:]}: {type(exc).__name__}: {_first_line(exc)}") from None
 
 
 @dataclass(frozen=True)
@@ -137,6 +154,7 @@ class ModelHead:
     units: int
     parameters: int
     loss: Any  # pipeline.inputs.losses.TrainingLoss
+    scorers: tuple[Any, ...] = ()  # pipeline.inputs.scoring.Scorer of each compiled and train.metrics metric
 
 
 def output_units(model: keras.Model, input_shape: tuple[int, ...]) -> int:
@@ -500,13 +518,17 @@ def _early_stopping_of(callbacks: list[Any]) -> tuple[tuple[EarlyStoppingSpec | 
             problems.append(f"the callback {name}, which foldsweep cannot honour: {why}")
             continue
         monitor = callback.monitor.removeprefix("val_")
-        if not callback.monitor.startswith("val_") or monitor not in ("loss", "accuracy"):
+        if not callback.monitor.startswith("val_"):
             problems.append(f"EarlyStopping(monitor={callback.monitor!r}): foldsweep stops a trial on its mean CV "
-                            "validation curve: monitor='val_loss' or 'val_accuracy' (the training loss says nothing "
-                            "of overfitting)")
+                            "validation curve: monitor='val_loss', 'val_accuracy' or 'val_<metric>' (the training "
+                            "loss says nothing of overfitting)")
             continue
-        natural = METRIC_DIRECTIONS[monitor]
-        if callback.mode not in ("auto", natural):
+        natural = METRIC_DIRECTIONS.get(monitor) or direction_of(monitor)
+        if natural is None and callback.mode == "auto":
+            problems.append(f"EarlyStopping(monitor={callback.monitor!r}, mode='auto'): neither Keras nor KerasTuner "
+                            f"knows which way {monitor} improves: mode='max' or 'min'")
+            continue
+        if natural is not None and callback.mode not in ("auto", natural):
             problems.append(f"EarlyStopping(monitor={callback.monitor!r}, mode={callback.mode!r}): {callback.monitor} "
                             f"improves when it goes {'down' if natural == 'min' else 'up'}: mode='{natural}' or 'auto'")
             continue
@@ -514,7 +536,8 @@ def _early_stopping_of(callbacks: list[Any]) -> tuple[tuple[EarlyStoppingSpec | 
         rules.append((EarlyStoppingSpec(patience=max(int(callback.patience), 1), monitor=monitor,
                                         min_delta=abs(float(callback.min_delta)),
                                         start_from_epoch=int(callback.start_from_epoch),
-                                        baseline=None if callback.baseline is None else float(callback.baseline)),
+                                        baseline=None if callback.baseline is None else float(callback.baseline),
+                                        mode=natural or callback.mode),
                       bool(callback.restore_best_weights)))
     if len(rules) > 1:
         problems.append(f"{len(rules)} EarlyStopping callbacks: a trial stops by one rule, keep one")
@@ -633,3 +656,7 @@ def schedule_text(schedule: Any) -> str:
 
 def _short_number(value: Any) -> str:
     return f"{value:.7g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else str(value)
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""
