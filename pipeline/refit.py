@@ -19,7 +19,7 @@ REFIT_MODEL_ARTIFACT = "refit_model.keras"
 @dataclass(frozen=True)
 class RefitResult:
     test_loss: float
-    test_accuracy: float
+    test_accuracy: float | None  # None for regression
     epochs: int
     model_path: Path
     # Every other metric the trials computed, on the test split: {name: value}, recorded as test_<name>.
@@ -55,4 +55,4 @@ def refit(build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs:
 def refit_scores(result: RefitResult) -> dict[str, float]:
     scores = {"test_loss": result.test_loss, "test_accuracy": result.test_accuracy,
               **{f"test_{name}": value for name, value in result.test_metrics.items()}}
-    return {key: value for key, value in scores.items() if math.isfinite(value)}
+    return {key: value for key, value in scores.items() if value is not None and math.isfinite(value)}

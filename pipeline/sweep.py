@@ -129,11 +129,13 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
         raise DataError(
             f"dataset: samples of {source!r} have shape {dataset.input_shape}, but the model of "
             f"{spec.experiment} expects inputs of shape {tuple(expected)}")
-    head = experiment.head(dataset.x[:HEAD_CHECK_SAMPLES], train=spec.train)
+    head = experiment.head(dataset.x[:HEAD_CHECK_SAMPLES], train=spec.train, labels=dataset.y[:HEAD_CHECK_SAMPLES])
     for name, labels in (("y", dataset.y), ("y_test", dataset.y_test)):
         if labels is None:
             continue
-        if head.loss.binary:
+        if head.loss.regression:
+            _check_targets_fit_outputs(spec, head, labels, name, source)
+        elif head.loss.binary:
             others = sorted(set(np.unique(labels).tolist()) - {0, 1})
             if others:
                 raise DataError(
@@ -145,11 +147,23 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
             raise DataError(
                 f"dataset: labels of {source!r} go up to {int(labels.max())}, but the model of {spec.experiment} "
                 f"has only {head.units} outputs (in {name})")
-    _check_objective_computed(spec, head.scorers)
+    _check_objective_computed(spec, head.scorers, classifier=not head.loss.regression)
     _check_replicas_fit(spec, head.parameters)
 
 
-def _check_objective_computed(spec: SweepSpec, scorers: Sequence[Any]) -> None:
+def _check_targets_fit_outputs(spec: SweepSpec, head: Any, targets: np.ndarray, name: str, source: str) -> None:
+    """Float targets of one sample have the shape of the model's output for it, or one axis less
+    against a last axis of 1 (a target per sample against Dense(1), as Keras' losses take it)."""
+    target, output = tuple(targets.shape[1:]), tuple(head.output_shape)
+    if target == output or (target + (1,)) == output:
+        return
+    raise DataError(
+        f"dataset: {name} of {source!r} holds float (regression) targets of shape {target} per sample, but the model "
+        f"of {spec.experiment} outputs shape {output} per sample and its loss {head.loss.describe()} compares the two "
+        f"element by element: end the model in Dense({int(np.prod(target)) if target else 1}) (reshaped to {target or '(1,)'}), "
+        "or store targets of its output's shape")
+
+def _check_objective_computed(spec: SweepSpec, scorers: Sequence[Any], *, classifier: bool = True) -> None:
     """``train.metric`` (and an early stopping monitor) is a scalar score the model computes."""
     from pipeline.inputs.scoring import objective_problem
 
@@ -164,7 +178,7 @@ def _check_objective_computed(spec: SweepSpec, scorers: Sequence[Any]) -> None:
     if train.early_stopping is not None:
         watched.append(("train.early_stopping", train.early_stopping.monitor, train.early_stopping.objective.mode))
     for section, metric, mode in watched:
-        problem = objective_problem(metric, mode, scorers, classifier=True)
+        problem = objective_problem(metric, mode, scorers, classifier=classifier)
         if problem:
             key, rule = problem
             key = "monitor" if section != "train" and key == "metric" else key

@@ -61,6 +61,15 @@ def build(hp):
     model.compile(loss="sparse_categorical_crossentropy", metrics=[PerClass()])
     return model
 '''
+REGRESSION_MODEL = """
+import keras
+
+
+def build(hp):
+    model = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(1)])
+    model.compile(loss="mse", metrics=["mae"])
+    return model
+"""
 GOOD_SPEC = {"name": "good", "experiment": "loop.py", "dataset": "good.npz", "cv": {"n_splits": 2},
              "search": {"space": {"batch_size": 8}}, "train": {"epochs": 1}, "tracking": {"uri": "sqlite:///store.db"}}
 
@@ -112,6 +121,16 @@ FILES = {
     "direction.yaml": spec_text(train={"epochs": 1, "metric": "mcc"}),
     "vector.yaml": spec_text(experiment="vector.py", train={"epochs": 1, "metric": "per_class", "mode": "max"}),
     "vector.py": VECTOR_METRIC_MODEL,
+    "reg.py": REGRESSION_MODEL,
+    "no_loss.yaml": spec_text(dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"},
+                              train={"epochs": 1, "metric": "loss"}),
+    "class_loss.yaml": spec_text(dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"},
+                                 train={"epochs": 1, "metric": "loss", "loss": "sparse_categorical_crossentropy"}),
+    "shape.yaml": spec_text(dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"},
+                            train={"epochs": 1, "metric": "loss", "loss": "mean_squared_error"}),
+    "stratified_float.yaml": spec_text(experiment="reg.py", dataset="regress.npz", train={"epochs": 1, "metric": "mae"}),
+    "accuracy_of_regression.yaml": spec_text(experiment="reg.py", dataset="regress.npz",
+                                             cv={"n_splits": 2, "splitter": "kfold"}, train={"epochs": 1}),
     "override.yaml": spec_text(experiment="override.py"),
     "notdb.db": "not a database\n",
 }
@@ -126,6 +145,7 @@ DATA = {
     "mismatch.npz": arrays(y=(np.arange(50) % 2).astype(np.int32)),
     "nan.npz": arrays(x=np.full((60, 8, 1), np.nan, np.float32)),
     "one_class.npz": arrays(y=np.zeros(60, np.int32)),
+    "regress.npz": arrays(y=np.linspace(-1.0, 2.0, 60).astype(np.float32)),
     "y_test.npz": arrays(x_test=np.zeros((4, 8, 1), np.float32), y_test=np.array([0, 1, 2, 1], np.int32)),
 }
 
@@ -220,6 +240,18 @@ CASES = [
      ["train.mode is required for train.metric mcc"]),
     ("a metric with a value per class", ["run", "vector.yaml"],
      ["compiles the metric per_class, which gives several values per fold", "average='macro'"]),
+    # regression targets
+    ("float targets and no loss named", ["validate", "no_loss.yaml"],
+     ["the targets are floats (regression) and neither the model's compile nor the spec names a loss: set train.loss"]),
+    ("float targets with a classification loss", ["validate", "class_loss.yaml"],
+     ["the loss is sparse_categorical_crossentropy, a classification loss"]),
+    ("targets whose shape does not fit the output", ["run", "shape.yaml"],
+     ["holds float (regression) targets of shape () per sample, but the model", "outputs shape (2,) per sample",
+      "its loss mean_squared_error"]),
+    ("stratified folds of float targets", ["validate", "stratified_float.yaml"],
+     ["cv.splitter stratified keeps each class's share in every fold", "use cv.splitter: kfold, or group"]),
+    ("accuracy as the objective of a regression", ["validate", "accuracy_of_regression.yaml"],
+     ["train.metric must be a score the model computes (loss, mae:", "got 'accuracy'"]),
     # record ids
     ("an unknown run id", ["rerun", "0123456789abcdef0123456789abcdef", "--tracking-uri", "{store}"],
      ["RUN_ID: no trial run with id '0123456789abcdef0123456789abcdef'"]),

@@ -36,6 +36,11 @@ from pipeline.cli import app
 pytestmark = pytest.mark.training  # every test trains the same model with keras fit and with foldsweep
 
 TOLERANCE = 0.01
+# Regression scores are continuous: only float rounding separates foldsweep's step from fit's,
+# and `trial` prints 4 decimals (hence the absolute 1e-4).
+REGRESSION_TOLERANCE = 1e-3
+PRINTED = 1e-4
+REGRESSION_FAR = 0.3
 FAR = 0.15
 DROPOUT_TOLERANCE = 0.02
 DROPOUT_FAR = 0.05
@@ -135,6 +140,11 @@ def metrics(hp):
                     metrics=("accuracy", keras.metrics.AUC(name="auc"), keras.metrics.TruePositives(name="tp"), MCC()))
 
 
+def regression(hp):  # a float target per sample, regressed with MSE, scored by MAE and RMSE too
+    return compiled(body(1, None), keras.optimizers.Adam(0.01), "mse",
+                    metrics=("mae", keras.metrics.RootMeanSquaredError()))
+
+
 # Without their feature these are the plain sigmoid model: one name, so that its fit is made once.
 schedule_dropped = regularizer_dropped = add_loss_dropped = batch_norm_dropped = dropout_dropped = sigmoid
 '''
@@ -150,19 +160,23 @@ def workspace(tmp_path_factory):
     # Far from zero mean: the model learns where BatchNormalization centres its inputs, and its
     # validation uses the moving averages, which are right only if their momentum is.
     np.savez(directory / "shifted.npz", x=x + 20.0, y=y)
+    # A continuous target: the bump's height, with noise; an int cast would keep mostly 0 and -1.
+    target = (x[:, 4:8, 0].mean(axis=1) + 0.1 * np.random.default_rng(1).normal(size=len(x))).astype(np.float32)
+    np.savez(directory / "regress.npz", x=x, y=target)
     (directory / "parity.py").write_text(EXPERIMENT)
     return directory
 
 
-def spec_for(directory: Path, builder: str, *, dataset: str = "binary.npz", jit_compile: bool | str = False) -> Path:
+def spec_for(directory: Path, builder: str, *, dataset: str = "binary.npz", jit_compile: bool | str = False,
+             splitter: str = "stratified", **train: Any) -> Path:
     path = directory / f"{builder}.yaml"
     path.write_text(yaml.safe_dump({
         "name": f"parity-{builder}", "experiment": f"parity.py:{builder}", "dataset": dataset,
-        "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
+        "cv": {"splitter": splitter, "n_splits": 3, "seed": 0},
         "search": {"space": {"batch_size": BATCH}},
         # Compilation is not what is compared here; without XLA the cases run in seconds.
         # More epochs than are trained: `trial --epochs` says how many, in its header too.
-        "train": {"epochs": EPOCHS + 4, "seed": 0, "jit_compile": jit_compile},
+        "train": {"epochs": EPOCHS + 4, "seed": 0, "jit_compile": jit_compile, **train},
         "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
     }))
     return path
@@ -306,6 +320,60 @@ def test_dropout_stacked_trains_as_keras_fit_does_by_its_statistics(workspace):
 COMPILED_METRICS = ("auc", "tp", "mcc")
 
 
+def trial_fold_scores(spec: Path) -> dict[tuple[int, str], float]:
+    """{(fold, name): val_<name>} of the last epoch `foldsweep trial` prints."""
+    result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])
+    assert result.exit_code == 0, result.output
+    last = [line for line in result.output.splitlines() if line.startswith(f"epoch {EPOCHS}:")][0]
+    scores = {}
+    for part in last.split(" | "):
+        fold = re.match(r"(?:epoch \d+: )?fold (\d+) ", part)
+        if fold:
+            scores.update({(int(fold.group(1)), name): float(value) for name, value in re.findall(r"val_(\w+) (\S+)", part)})
+    return scores
+
+
+def keras_fold_scores(spec: Path, builder: str, *, cast=None) -> list[dict[str, float]]:
+    """Keras' fit of each fold on foldsweep's batches (the targets through ``cast`` if given), then
+    its evaluate on the fold's validation samples."""
+    import keras
+
+    from pipeline.inputs.hypermodel import build_model, load_builder
+    from pipeline.inputs.spec import load_spec
+    from pipeline.sweep import prepare
+    from pipeline.engine.training import epoch_order, fold_seed
+
+    prepared = prepare(load_spec(spec))
+    data = prepared.dataset
+    build = load_builder(spec.parent / "parity.py", builder)
+    results = []
+    for k, fold in enumerate(prepared.folds.folds):
+        seed = fold_seed(prepared.spec.train.seed, k)
+        keras.utils.set_random_seed(seed)
+        model = build_model(build, {}, input_shape=data.input_shape)
+        for epoch in range(EPOCHS):
+            order = epoch_order(fold.train, seed=seed, epoch=epoch)
+            y = data.y[order] if cast is None else cast(data.y[order])
+            model.fit(data.x[order], y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        results.append(model.evaluate(data.x[fold.val], data.y[fold.val], batch_size=BATCH, verbose=0,
+                                      return_dict=True))
+    keras.backend.clear_session()
+    return results
+
+
+def test_a_regression_cnn_trains_and_scores_as_keras_fit_and_evaluate(workspace, threads_kept):
+    """Float targets, MSE, and compiled MAE and RMSE per fold as Keras' fit + evaluate give them;
+    the same model trained on the targets cast to int (what foldsweep's int labels did) lands far."""
+    spec = spec_for(workspace, "regression", dataset="regress.npz", splitter="kfold", metric="mae")
+    ours = trial_fold_scores(spec)
+    theirs = keras_fold_scores(spec, "regression")
+    truncated = keras_fold_scores(spec, "regression", cast=lambda y: y.astype(np.int32))
+    for k, scores in enumerate(theirs):
+        for name in ("loss", "mae", "root_mean_squared_error"):
+            assert ours[(k, name)] == pytest.approx(scores[name], rel=REGRESSION_TOLERANCE, abs=PRINTED), (k, name, ours, scores)
+        assert abs(truncated[k]["mae"] - scores["mae"]) >= REGRESSION_FAR * scores["mae"], (truncated[k], scores)
+
+
 def test_every_compiled_metric_is_each_folds_own_over_the_whole_fold_as_keras_evaluate(workspace, threads_kept):
     """AUC, TruePositives and a researcher's Metric subclass, as `trial` prints them per fold,
     equal what Keras' evaluate gives on each fold after its own fit; a mean of batch means (here
@@ -318,14 +386,7 @@ def test_every_compiled_metric_is_each_folds_own_over_the_whole_fold_as_keras_ev
     from pipeline.engine.training import epoch_order, fold_seed
 
     spec = spec_for(workspace, "metrics")
-    result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])
-    assert result.exit_code == 0, result.output
-    last = [line for line in result.output.splitlines() if line.startswith(f"epoch {EPOCHS}:")][0]
-    ours = {}
-    for part in last.split(" | "):
-        fold = re.match(r"(?:epoch \d+: )?fold (\d+) ", part)
-        if fold:
-            ours.update({(int(fold.group(1)), name): float(value) for name, value in re.findall(r"val_(\w+) (\S+)", part)})
+    ours = trial_fold_scores(spec)
     prepared = prepare(load_spec(spec))
     data = prepared.dataset
     build = load_builder(workspace / "parity.py", "metrics")

@@ -209,16 +209,17 @@ class FoldScores:
 
     train_loss: float
     val_loss: float
-    val_accuracy: float
+    val_accuracy: float | None  # None for regression, which has no accuracy
     metrics: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
-    def frozen(cls, metrics: Sequence[str] = ()) -> FoldScores:
+    def frozen(cls, metrics: Sequence[str] = (), *, classifier: bool = True) -> FoldScores:
         """A fold that went NaN earlier: it trains no more, its scores are NaN."""
-        return cls(math.nan, math.nan, math.nan, {name: math.nan for name in metrics})
+        return cls(math.nan, math.nan, math.nan if classifier else None, {name: math.nan for name in metrics})
 
     def as_dict(self) -> dict[str, float]:
-        return {"train_loss": self.train_loss, "val_loss": self.val_loss, "val_accuracy": self.val_accuracy,
+        accuracy = {"val_accuracy": self.val_accuracy} if self.val_accuracy is not None else {}
+        return {"train_loss": self.train_loss, "val_loss": self.val_loss, **accuracy,
                 **{f"val_{name}": value for name, value in self.metrics.items()}}
 
     def score(self, name: str) -> float:
@@ -391,7 +392,7 @@ class EpochResult:
     def from_report(cls, report: Mapping[str, Any]) -> EpochResult:
         fold_ids = tuple(int(k) for k in report[FOLD_IDS])
         directions = json.loads(report.get(SCORE_DIRECTIONS) or "{}")
-        folds = tuple(FoldScores(**{name: float(report[split_key(k, name)]) for name in FOLD_SCORE_NAMES},
+        folds = tuple(FoldScores(**{name: _optional_float(report.get(split_key(k, name))) for name in FOLD_SCORE_NAMES},
                                  metrics={name: float(report[split_key(k, f"val_{name}")]) for name in directions})
                       for k in fold_ids)
         throughput = Throughput(
@@ -480,6 +481,10 @@ def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] 
         summary[f"mean_{key}"] = float(scored.mean())
         summary[f"std_{key}"] = float(scored.std())
     return summary
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _optional_int(value: Any) -> int | None:

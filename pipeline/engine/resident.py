@@ -21,7 +21,7 @@ class ResidentData:
     fingerprint: str
     device: str
     x: object  # tf.Tensor (samples, ...) float32
-    y: object  # tf.Tensor (samples,) int32
+    y: object  # tf.Tensor (samples, ...): int32 class labels, or float32 regression targets
 
 
 def transfers() -> int:
@@ -46,7 +46,8 @@ def resident_data(fingerprint: str, x: np.ndarray, y: np.ndarray) -> ResidentDat
     device = training_device()
     with tf.device(device):
         features = tf.constant(np.asarray(x, dtype=np.float32))
-        labels = tf.constant(np.asarray(y, dtype=np.int32))
+        # Regression targets stay floats (an int cast would truncate them); labels are int32.
+        labels = tf.constant(np.asarray(y, dtype=np.float32 if np.asarray(y).dtype.kind == "f" else np.int32))
     _transfers += 1
     # One dataset per sweep is the norm; keeping older ones would only hold device memory.
     _resident.clear()

@@ -619,7 +619,7 @@ def _stacked_steps(template: keras.Model, stacked: _Stacked, *, loss: TrainingLo
     def train_step(indices, weights, active):
         # indices, weights: [k, batch]; a weight of 0 pads a fold's short last batch.
         x = tf.gather(features, tf.reshape(indices, [-1]))
-        y = tf.reshape(tf.gather(labels, indices), [-1])
+        y = tf.reshape(tf.gather(labels, indices), [-1, *labels.shape[1:]])  # the folds' batches, one after another
         counts = tf.reduce_sum(weights, axis=1)
         # Layer state (moving statistics, generator states) moves in the forward pass of every
         # fold that trains, as a fold model's own does whether its step is then applied or not.

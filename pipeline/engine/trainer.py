@@ -73,11 +73,12 @@ class FoldTrainer:
         scores = []
         for i, engine in enumerate(self.engines):
             if i not in train_losses:  # frozen since it went NaN; the other folds train on
-                scores.append(FoldScores.frozen(engine.metrics.names))
+                scores.append(FoldScores.frozen(engine.metrics.names, classifier=not engine.regression))
                 continue
             val_loss, val_accuracy, others = engine.evaluate(self.epoch)
             if engine.failure is not None:
-                val_loss = val_accuracy = math.nan
+                val_loss = math.nan
+                val_accuracy = None if val_accuracy is None else math.nan
                 others = {name: math.nan for name in others}
             scores.append(FoldScores(train_losses[i], val_loss, val_accuracy, others))
         self.epoch += 1
@@ -155,7 +156,7 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
         keras.utils.set_random_seed(fold_seed(seed, k))
         models.append(build_model(build_fn, model_values, input_shape=input_shape))
     optimizer = recipe.optimizer(models[0], params)
-    loss = recipe.loss(models[0], units=output_units(models[0], input_shape))
+    loss = recipe.loss(models[0], units=output_units(models[0], input_shape), regression=data.y.dtype.is_floating)
 
     def stacking_blocker(jit_compile: bool, random_draws: RandomDraws) -> str | None:
         from pipeline.engine.stacked import stacking_blocker

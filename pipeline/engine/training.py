@@ -108,7 +108,8 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         predictions = model(tf.gather(features, indices), training=False)
         if metrics is not None:
             metrics.update(y, predictions)
-        return tf.reduce_sum(loss.per_sample(y, predictions)), tf.reduce_sum(loss.correct(y, predictions))
+        correct = tf.constant(0.0) if loss.regression else tf.reduce_sum(loss.correct(y, predictions))
+        return tf.reduce_sum(loss.per_sample(y, predictions)), correct
 
     return FoldSteps(train_steps, evaluate_batch, norm_variables)
 
@@ -233,6 +234,7 @@ class FoldEngine:
 
         self.model = model
         self.optimizer = optimizer
+        self.regression = loss.regression
         self.batch_size = batch_size
         self.seed = seed
         self.jit_compile = jit_compile
@@ -345,9 +347,9 @@ class FoldEngine:
         step = EVAL_STEP if applied is None else int(self.optimizer.iterations.numpy()) - applied
         return StoppedCall(self.model, tuple(self.norm_variables), epoch + 1, step)
 
-    def evaluate(self, epoch: int) -> tuple[float, float, dict[str, float]]:
-        """The validation fold's loss, accuracy and every other metric (``ValidationMetrics``),
-        each over all its samples."""
+    def evaluate(self, epoch: int) -> tuple[float, float | None, dict[str, float]]:
+        """The validation fold's loss, accuracy (None for regression) and every other metric
+        (``ValidationMetrics``), each over all its samples."""
         import tensorflow as tf
 
         self._running = (epoch, None)
@@ -364,6 +366,8 @@ class FoldEngine:
         self._running = None
         self.eval_timer.add(time.perf_counter() - started, len(self._val_indices))
         loss, accuracy = loss_sum / len(self._val_indices), correct / len(self._val_indices)
+        if self.regression:
+            accuracy = None
         if not math.isfinite(loss) and self.failure is None:
             self.failure = NanEvent(epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"),
                                     grad_norm=float("nan"))

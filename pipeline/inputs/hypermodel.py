@@ -75,7 +75,7 @@ class Experiment:
         """
         return self.head(np.zeros((1, *input_shape), np.float32), train=TrainSpec(from_logits=True)).units
 
-    def head(self, samples: np.ndarray, *, train: TrainSpec) -> ModelHead:
+    def head(self, samples: np.ndarray, *, train: TrainSpec, labels: np.ndarray | None = None) -> ModelHead:
         """The default model built on the shape of ``samples`` (real ones, a small batch), its
         outputs on them and the loss it trains with (``train.from_logits`` for foldsweep's own).
 
@@ -107,8 +107,9 @@ class Experiment:
                 f"experiment: the model of {self.reference} ends in {last_layer}, whose one output is 1 for every "
                 "sample (a softmax over one unit), so nothing it learns can change a prediction: a binary "
                 "classifier ends in Dense(1, activation='sigmoid')")
+        regression = labels is not None and labels.dtype.kind == "f"
         try:
-            loss = training_loss(model, train=train, units=units)
+            loss = training_loss(model, train=train, units=units, regression=regression)
         except ExperimentError as exc:
             raise ExperimentError(f"experiment: {self.reference}: {exc}") from None
         untraceable = graph_problem(loss, outputs)
@@ -128,17 +129,19 @@ class Experiment:
                 f"experiment: the model of {self.reference} ends in {last_layer}: on the data's first {len(samples)} "
                 f"samples {problem}, but its loss {loss.describe()} reads them as probabilities. If they are "
                 f"logits, {fix}; else end the model in activation='{activation}'")
-        return ModelHead(units=units, parameters=parameters, loss=loss,
-                         scorers=self._scorers(model, outputs, train))
+        return ModelHead(units=units, parameters=parameters, loss=loss, output_shape=tuple(outputs.shape[1:]),
+                         scorers=self._scorers(model, outputs, train, labels))
 
-    def _scorers(self, model: keras.Model, outputs: np.ndarray, train: TrainSpec) -> tuple[Any, ...]:
+    def _scorers(self, model: keras.Model, outputs: np.ndarray, train: TrainSpec,
+                 labels: np.ndarray | None) -> tuple[Any, ...]:
         """The metrics the model compiles and ``train.metrics`` names, as Keras builds them on
         labels and outputs of the model's shapes."""
         from pipeline.inputs.scoring import ValidationMetrics
 
         try:
             metrics = ValidationMetrics(model, train.metrics)
-            metrics.build(np.zeros(outputs.shape[:-1], np.int32), outputs)
+            targets = labels[:len(outputs)] if labels is not None else np.zeros(outputs.shape[:-1], np.int32)
+            metrics.build(targets, outputs)
             return metrics.scorers()
         except Exception as exc:
             named = f" and train.metrics {list(train.metrics)}" if train.metrics else ""
@@ -155,6 +158,7 @@ class ModelHead:
     parameters: int
     loss: Any  # pipeline.inputs.losses.TrainingLoss
     scorers: tuple[Any, ...] = ()  # pipeline.inputs.scoring.Scorer of each compiled and train.metrics metric
+    output_shape: tuple[int, ...] = ()  # of one sample
 
 
 def output_units(model: keras.Model, input_shape: tuple[int, ...]) -> int:

@@ -8,6 +8,12 @@ arg max. The loss is the one the hypermodel compiled, or foldsweep's: sparse cat
 cross-entropy, binary cross-entropy for one unit, reading logits where ``train.from_logits``
 says so.
 
+Float targets are regressed: the loss is the one the model compiles or ``train.loss`` names
+(mean squared error, mean absolute error, Huber, log-cosh, any Keras loss), given the targets as
+floats, a target of shape ``[batch]`` as ``[batch, 1]`` against one output (what Keras' losses do
+with it); no accuracy is scored. A classification loss on float targets, and float targets with
+no loss named, are refused.
+
 What ``fit`` would train differently, or not at all, is refused here, by name: a categorical
 loss on one unit (always 0), a binary loss on several units (one yes/no per unit, not a class),
 a reduction other than the batch mean.
@@ -62,12 +68,16 @@ class TrainingLoss:
     binary: bool = False
     from_logits: bool | None = False
     kind: str | None = "sparse_categorical_crossentropy"  # the Keras loss it is, if one of CATEGORICAL/BINARY_LOSSES
+    regression: bool = False  # float targets, no accuracy
 
     def targets(self, labels: Any, predictions: Any) -> Any:
         """What the loss is given for integer ``labels``: ``[batch, 1]`` floats for a binary head,
         one-hot rows for a loss that expects them, else the labels."""
         import tensorflow as tf
 
+        if self.regression:
+            targets = tf.cast(labels, predictions.dtype)
+            return targets[..., tf.newaxis] if targets.shape.rank == predictions.shape.rank - 1 else targets
         if self.binary:
             return tf.cast(labels, predictions.dtype)[:, tf.newaxis]
         if self.one_hot:
@@ -97,18 +107,32 @@ class TrainingLoss:
         return f"{self.name}{logits}"
 
 
-def training_loss(model: keras.Model, *, train: TrainSpec, units: int) -> TrainingLoss:
-    """The loss a compiled model asks for, else foldsweep's (``train.from_logits`` applies to
-    foldsweep's own); ``units`` is the model's number of outputs.
+def training_loss(model: keras.Model, *, train: TrainSpec, units: int, regression: bool = False) -> TrainingLoss:
+    """The loss a compiled model asks for, else the one ``train.loss`` names, else foldsweep's
+    (``train.from_logits`` applies to foldsweep's own); ``units`` is the model's number of
+    outputs, ``regression`` whether the targets are floats.
 
     Raises:
         ExperimentError: the compiled loss cannot train a classifier of ``units`` outputs on
-            integer labels as ``fit`` would (see the module's docstring).
+            integer labels as ``fit`` would, or regress float targets (see the module's docstring).
     """
     compiled = getattr(model, "loss", None)
     binary = units == 1
+    if compiled is not None and train.loss is not None:
+        raise ExperimentError(
+            f"train.loss names {train.loss}, and the model compiles its own loss ({compiled!r}): one loss trains "
+            "a model, drop train.loss or the compile's loss")
+    if compiled is None and train.loss is not None:
+        compiled = train.loss
     if compiled is None:
+        if regression:
+            raise ExperimentError(
+                "the targets are floats (regression) and neither the model's compile nor the spec names a loss: "
+                "set train.loss (e.g. mean_squared_error, mean_absolute_error, huber, log_cosh) or compile one; "
+                "foldsweep's own loss is a classifier's cross-entropy")
         return _own_loss(train, binary=binary)
+    if regression:
+        return _regression_loss(compiled)
     if train.label_smoothing:
         raise ExperimentError(
             f"train.label_smoothing applies to foldsweep's own loss, and the model compiles its own ({compiled!r}): "
@@ -122,6 +146,28 @@ def training_loss(model: keras.Model, *, train: TrainSpec, units: int) -> Traini
     _refuse_unfit(loss, kind, name, units)
     return TrainingLoss(fn, one_hot=not binary and _expects_one_hot(loss, fn, name, kind), name=name, binary=binary,
                         from_logits=_from_logits(loss, kind), kind=kind)
+
+
+def _regression_loss(compiled: Any) -> TrainingLoss:
+    try:
+        loss = keras.losses.get(compiled) if isinstance(compiled, str) else compiled
+    except (ValueError, TypeError):
+        raise ExperimentError(f"train.loss must be a Keras loss identifier (e.g. mean_squared_error, huber), "
+                              f"got {compiled!r}") from None
+    fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
+    name = getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__)
+    kind = _KERAS_LOSS_KINDS.get(type(loss) if isinstance(loss, keras.losses.Loss) else loss)
+    if kind is not None:
+        raise ExperimentError(
+            f"the targets are floats (regression), and the loss is {name}, a classification loss that reads them as "
+            "class labels or probabilities: compile (or set train.loss to) a regression loss such as "
+            "mean_squared_error, mean_absolute_error, huber or log_cosh, or store class labels as integers")
+    reduction = getattr(loss, "reduction", None)
+    if reduction not in MEAN_REDUCTIONS:
+        raise ExperimentError(
+            f"the loss {name} has reduction={reduction!r}; foldsweep trains on the batch mean, as Keras' default "
+            "'sum_over_batch_size' does: drop the reduction argument")
+    return TrainingLoss(fn, name=name, from_logits=None, kind=None, regression=True)
 
 
 def _own_loss(train: TrainSpec, *, binary: bool) -> TrainingLoss:

@@ -24,11 +24,32 @@ Direction = Literal["max", "min"]
 # The scores foldsweep computes itself, whatever the model compiles: the loss, and the accuracy of
 # a classifier (Keras' accuracy for the model's head, ``pipeline.inputs.losses``).
 OWN_SCORES: Mapping[str, Direction] = {"loss": "min", "accuracy": "max"}
-# Keras metrics that improve upwards which KerasTuner's name rule (``infer_metric_direction``)
-# takes for errors: it calls every other class in keras.metrics "min".
-_MAX_CLASSES = frozenset({"F1Score", "FBetaScore", "R2Score", "IoU", "MeanIoU", "BinaryIoU", "OneHotIoU",
-                          "OneHotMeanIoU", "PrecisionAtRecall", "RecallAtPrecision", "SensitivityAtSpecificity",
-                          "SpecificityAtSensitivity", "TruePositives", "TrueNegatives"})
+# Which way each Keras metric improves, by class name and by the names Keras gives it (its default
+# ``name`` and the string identifiers ``compile`` takes): KerasTuner's rule (``infer_metric_direction``:
+# accuracies, AUC, precision, recall and the like are max, everything else in keras.metrics min)
+# with what that rule gets wrong put right (F-scores, R2, correlations, IoU and the at-threshold
+# metrics improve upwards). Written out rather than asked of Keras, because the spec is read
+# before TensorFlow may start (a trial's thread pools are set first); tests/test_scoring.py
+# checks it against KerasTuner and Keras.
+_MAX = ("AUC", "auc", "Accuracy", "accuracy", "acc", "BinaryAccuracy", "binary_accuracy", "CategoricalAccuracy",
+        "categorical_accuracy", "SparseCategoricalAccuracy", "sparse_categorical_accuracy", "TopKCategoricalAccuracy",
+        "top_k_categorical_accuracy", "SparseTopKCategoricalAccuracy", "sparse_top_k_categorical_accuracy",
+        "Precision", "precision", "Recall", "recall", "PrecisionAtRecall", "RecallAtPrecision",
+        "SensitivityAtSpecificity", "SpecificityAtSensitivity", "TruePositives", "true_positives", "TrueNegatives",
+        "true_negatives", "F1Score", "f1_score", "FBetaScore", "fbeta_score", "R2Score", "r2_score",
+        "CosineSimilarity", "cosine_similarity", "PearsonCorrelation", "pearson_correlation",
+        "ConcordanceCorrelation", "concordance_correlation", "IoU", "MeanIoU", "mean_iou", "BinaryIoU", "binary_iou",
+        "OneHotIoU", "OneHotMeanIoU")
+_MIN = ("loss", "BinaryCrossentropy", "binary_crossentropy", "CategoricalCrossentropy", "categorical_crossentropy",
+        "SparseCategoricalCrossentropy", "sparse_categorical_crossentropy", "binary_focal_crossentropy",
+        "categorical_focal_crossentropy", "CategoricalHinge", "categorical_hinge", "Hinge", "hinge", "SquaredHinge",
+        "squared_hinge", "KLDivergence", "kl_divergence", "kld", "LogCoshError", "log_cosh", "logcosh",
+        "log_cosh_error", "MeanAbsoluteError", "mean_absolute_error", "mae", "MeanAbsolutePercentageError",
+        "mean_absolute_percentage_error", "mape", "MeanSquaredError", "mean_squared_error", "mse",
+        "MeanSquaredLogarithmicError", "mean_squared_logarithmic_error", "msle", "RootMeanSquaredError",
+        "root_mean_squared_error", "rmse", "Poisson", "poisson", "huber", "Huber", "FalsePositives", "false_positives",
+        "FalseNegatives", "false_negatives")
+KNOWN_DIRECTIONS: Mapping[str, Direction] = {**{name: "min" for name in _MIN}, **{name: "max" for name in _MAX}}
 # What a fold that went NaN counts as in its trial's CV mean and std: the worst score, finite, so
 # that no NaN reaches a searcher (the fold's own split{k} value stays NaN in the record).
 WORST_HIGH = 1e6
@@ -55,30 +76,25 @@ class Scorer:
         return WORST_LOW if self.direction == "max" else WORST_HIGH
 
 
+def is_regression(y: Any) -> bool:
+    """The task kind, decided once from the targets: float targets are regressed (any shape),
+    integer ones are class labels."""
+    import numpy as np
+
+    return np.asarray(y).dtype.kind == "f"
+
+
 def direction_of(metric: Any) -> Direction | None:
-    """Which way a metric (a Keras metric object, or a name) improves, as KerasTuner infers it,
-    with the max metrics its rule misses; None when unknown."""
-    from keras_tuner.engine.metrics_tracking import infer_metric_direction
-
-    if isinstance(metric, str) and metric in OWN_SCORES:
-        return OWN_SCORES[metric]
+    """Which way a metric (a Keras metric object, or a name) improves (``KNOWN_DIRECTIONS``);
+    None when unknown, as for a researcher's own Metric subclass."""
     if isinstance(metric, str):
-        import keras
-
-        try:  # a name Keras knows: its class says what KerasTuner's rule misses
-            if type(keras.metrics.get(metric)).__name__ in _MAX_CLASSES:
-                return "max"
-        except Exception:
-            pass
-    if type(metric).__name__ in _MAX_CLASSES or (isinstance(metric, str) and metric in _MAX_CLASSES):
-        return "max"
-    module = getattr(type(metric), "__module__", "") or ""
-    if not isinstance(metric, str) and not module.startswith("keras"):
-        return None  # a researcher's own Metric: its class name says nothing KerasTuner could read
-    try:
-        return infer_metric_direction(metric)
-    except Exception:
-        return None
+        return KNOWN_DIRECTIONS.get(metric)
+    cls = type(metric)
+    if not (getattr(cls, "__module__", "") or "").startswith("keras"):
+        return None  # a researcher's own Metric: its name says nothing of its direction
+    if cls.__name__ == "MeanMetricWrapper":  # a metric function compile wrapped, named as compile was given it
+        return KNOWN_DIRECTIONS.get(getattr(metric, "name", ""))
+    return KNOWN_DIRECTIONS.get(cls.__name__)
 
 
 def compiled_metric_arguments(model: Any) -> tuple[list[Any], list[Any]]:

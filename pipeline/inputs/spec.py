@@ -185,6 +185,8 @@ class TrainSpec:
     mode: Literal["max", "min"] = "max"
     # Keras metric identifiers scored besides the model's compiled metrics (for uncompiled models).
     metrics: tuple[str, ...] = ()
+    # A Keras loss identifier for a model that compiles none (required for float targets).
+    loss: str | None = None
     seed: int = 0
     from_logits: bool = False
     # Of foldsweep's own loss: each label's target spread over the classes by this share.
@@ -552,6 +554,7 @@ def _parse_train(section: _Section) -> TrainSpec:
     metric = _metric_name(section, "metric", default="accuracy")
     metrics = _metric_names(section, "metrics")
     mode = _mode_for(section, metric)
+    loss = section.string("loss", pattern_hint="a Keras loss identifier (e.g. mean_squared_error, huber)")
     seed = section.integer("seed", default=0, minimum=0)
     from_logits = section.boolean("from_logits", default=False)
     label_smoothing = section.number("label_smoothing", default=0.0, minimum=0.0)
@@ -567,7 +570,7 @@ def _parse_train(section: _Section) -> TrainSpec:
     early_stopping = _parse_early_stopping(section, objective=Objective(metric, mode)) \
         if section.peek("early_stopping") is not None else None
     section.finish()
-    return TrainSpec(epochs=epochs, metric=metric, mode=mode, metrics=metrics, seed=seed, from_logits=from_logits,
+    return TrainSpec(epochs=epochs, metric=metric, mode=mode, metrics=metrics, loss=loss, seed=seed, from_logits=from_logits,
                      label_smoothing=label_smoothing, jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, refit=refit,
                      select=select, early_stopping=early_stopping, compile_cache=compile_cache)
 
