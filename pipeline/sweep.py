@@ -94,7 +94,7 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
         inputs = check_inputs(spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     require_hooks(hooks)
     experiment = load_experiment(inputs.experiment_path, spec.experiment_attr, reference=spec.experiment)
-    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping)
+    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(experiment.fit_class_weight)
     space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
     dataset = inputs.dataset
     _check_model_fits_data(spec, experiment, dataset, inputs.dataset_path or dataset.name)
@@ -147,6 +147,9 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
             raise DataError(
                 f"dataset: labels of {source!r} go up to {int(labels.max())}, but the model of {spec.experiment} "
                 f"has only {head.units} outputs (in {name})")
+    if head.loss.regression and spec.train.class_weight is not None:
+        raise SpecError(f"{spec.source_path}: train.class_weight weighs classes, and {source!r} holds float "
+                        f"(regression) targets, which have none: drop it, got {spec.train.class_weight!r}")
     _check_objective_computed(spec, head.scorers, classifier=not head.loss.regression)
     _check_replicas_fit(spec, head.parameters)
 

@@ -84,3 +84,23 @@ def test_an_objective_is_a_scalar_score_the_model_computes_with_a_known_directio
     key, rule = objective_problem("mae", None, scorers, classifier=True)
     assert key == "metric" and "(accuracy, loss, auc, mcc, f1_score:" in rule
     assert (Scorer("auc", "max").worst, Scorer("mae", "min").worst, Scorer("accuracy", "max").worst) == (-1e6, 1e6, 0.0)
+
+
+def test_balanced_class_weights_come_from_each_training_folds_own_labels():
+    from types import SimpleNamespace
+
+    from sklearn.utils.class_weight import compute_class_weight
+
+    from pipeline.engine.trainer import fold_class_weights
+    from pipeline.inputs.folds import Fold
+
+    y = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 1])
+    fold = Fold(train=np.array([0, 1, 2, 3, 5, 6]), val=np.array([4, 7, 8, 9]))
+    data = SimpleNamespace(y=y)
+    balanced = fold_class_weights("balanced", data, fold)
+    # the training fold's labels 0,0,0,1,2,2: never the validation fold's
+    assert balanced.tolist() == pytest.approx(
+        compute_class_weight("balanced", classes=np.array([0, 1, 2]), y=y[fold.train]).tolist())
+    assert balanced[1] == pytest.approx(6 / (3 * 1))
+    assert fold_class_weights({1: 4.0}, data, fold).tolist() == [1.0, 4.0, 1.0]  # unnamed classes weigh 1, as fit
+    assert fold_class_weights(None, data, fold) is None

@@ -57,6 +57,9 @@ BAD_SPECS = [
                                    "whether a higher mcc is better (max) or worse (min), got None"),
     ({"train": {"metric": "mae", "mode": "max"}}, "train.mode must be min for train.metric mae"),
     ({"train": {"metrics": "auc"}}, "train.metrics must be a list of Keras metric identifiers"),
+    ({"train": {"class_weight": {0: 1.0, 1: -2}}}, "train.class_weight must be balanced or a mapping of integer class "
+                                                  "labels to weights > 0"),
+    ({"train": {"class_weight": "inverse"}}, "train.class_weight must be balanced or a mapping"),
     ({"train": {"mode": "maximize"}}, "train.mode must be one of max, min"),
     # A mode against its metric's direction would crown the worst trial and refit it.
     ({"train": {"metric": "loss", "mode": "max"}},
@@ -172,6 +175,12 @@ def test_a_keras_metric_as_objective_gets_its_direction(write_spec, metric, mode
     spec = load_spec(write_spec({"train": {"mode": DELETE, "metric": metric, "metrics": ["auc"]}}))
     assert (spec.objective.metric, spec.objective.mode) == (metric.removeprefix("val_"), mode)
     assert spec.train.metrics == ("auc",)
+
+
+def test_class_weights_are_balanced_or_given_per_label(write_spec):
+    assert load_spec(write_spec({"train": {"class_weight": "balanced"}})).train.class_weight == "balanced"
+    assert load_spec(write_spec({"train": {"class_weight": {0: 1, 1: 4.5}}})).train.class_weight == {0: 1.0, 1: 4.5}
+    assert load_spec(write_spec({})).train.class_weight is None
 
 
 def test_a_metric_of_unknown_direction_ranks_by_the_mode_given_and_early_stopping_watches_it(write_spec):

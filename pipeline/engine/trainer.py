@@ -34,7 +34,8 @@ class FoldTrainer:
 
     def __init__(self, models: Sequence[keras.Model], params: TrainingParams, *, data: ResidentData,
                  folds: Sequence[Fold], plan: TrialPlan, seed: int, fold_ids: Sequence[int], optimizer: OptimizerRecipe,
-                 loss: TrainingLoss, eager: bool = False, metrics: Sequence[str] = ()):
+                 loss: TrainingLoss, eager: bool = False, metrics: Sequence[str] = (),
+                 class_weight: str | Mapping[int, float] | None = None):
         self.params = params
         self.plan = plan
         self.optimizer = optimizer
@@ -45,7 +46,8 @@ class FoldTrainer:
         self.engines = [
             FoldEngine(model, optimizer.make(), data, fold, batch_size=params.batch_size, seed=fold_seed(seed, k),
                        jit_compile=plan.jit_compile, loss=loss, eager=eager, steps_per_launch=plan.steps_per_launch,
-                       shuffle=params.shuffle, counter_draws=plan.random_draws == "counter", metrics=metrics)
+                       shuffle=params.shuffle, counter_draws=plan.random_draws == "counter", metrics=metrics,
+                       class_weights=fold_class_weights(class_weight, data, fold))
             for k, fold, model in zip(self.fold_ids, folds, models)
         ]
         # Which way each metric besides loss and accuracy improves ("" when unknown): what a fold
@@ -161,6 +163,8 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
     def stacking_blocker(jit_compile: bool, random_draws: RandomDraws) -> str | None:
         from pipeline.engine.stacked import stacking_blocker
 
+        if recipe.train.class_weight is not None:
+            return "train.class_weight (each fold's own weights) is not yet applied in the stacked step"
         return stacking_blocker(models, data, [fold.train for fold in folds], batch_size=params.batch_size,
                                 jit_compile=jit_compile, random_draws=random_draws, optimizer=optimizer)
 
@@ -170,7 +174,30 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay
     return FoldTrainer(models, params, data=data, folds=folds, plan=plan, seed=seed, fold_ids=fold_ids,
-                       optimizer=optimizer, loss=loss, eager=recipe.choices.eager, metrics=recipe.train.metrics)
+                       optimizer=optimizer, loss=loss, eager=recipe.choices.eager, metrics=recipe.train.metrics,
+                       class_weight=recipe.train.class_weight)
+
+
+def fold_class_weights(class_weight: str | Mapping[int, float] | None, data: ResidentData,
+                       fold: Fold) -> np.ndarray | None:
+    """Each class's weight in a fold's training loss, indexed by label (``train.class_weight``):
+    balanced by scikit-learn's rule from the fold's own training labels (never its validation
+    data), or the given weights (1 for a class they leave out, as Keras' fit)."""
+    if class_weight is None:
+        return None
+    labels = np.asarray(data.y)
+    weights = np.ones(int(labels.max()) + 1, np.float32)
+    if class_weight == "balanced":
+        from sklearn.utils.class_weight import compute_class_weight
+
+        train = labels[np.asarray(fold.train)]
+        present = np.unique(train)
+        weights[present] = compute_class_weight("balanced", classes=present, y=train)
+        return weights
+    for label, weight in class_weight.items():
+        if label < len(weights):
+            weights[label] = weight
+    return weights
 
 
 def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingParams, *, data: ResidentData,

@@ -55,7 +55,8 @@ class FoldSteps(NamedTuple):
 
 
 def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: TrainingLoss, data: ResidentData,
-               *, counter_draws: bool = False, metrics: ValidationMetrics | None = None) -> FoldSteps:
+               *, counter_draws: bool = False, metrics: ValidationMetrics | None = None,
+               class_weights: np.ndarray | None = None) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
     ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
@@ -66,6 +67,9 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
 
     features, labels = data.x, data.y
     norm_variables: list[Any] = []
+    # fit(class_weight=...): each sample's loss weighted by its class's weight, the batch's loss
+    # their mean (Keras' sum_over_batch_size divides by the batch, not by the weights' sum).
+    weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
     random_numbers = draws.counter_draws if counter_draws else contextlib.nullcontext
 
     def train_step(indices, enabled):
@@ -73,7 +77,10 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         y = tf.gather(labels, indices)
         with tf.GradientTape() as tape, random_numbers():
             predictions = model(x, training=True)
-            value = tf.reduce_mean(loss.per_sample(y, predictions))
+            per_sample = loss.per_sample(y, predictions)
+            if weights is not None:
+                per_sample = per_sample * tf.cast(tf.gather(weights, y), per_sample.dtype)
+            value = tf.reduce_mean(per_sample)
             if model.losses:
                 value = value + tf.add_n(model.losses)
         gradients = tape.gradient(value, model.trainable_variables)
@@ -229,7 +236,8 @@ class FoldEngine:
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, data: ResidentData,
                  fold: Fold, *, batch_size: int, seed: int, jit_compile: bool, loss: TrainingLoss = TrainingLoss(
                      keras.losses.sparse_categorical_crossentropy), eager: bool = False, steps_per_launch: int = 1,
-                 shuffle: bool = True, counter_draws: bool = False, metrics: Sequence[str] = ()):
+                 shuffle: bool = True, counter_draws: bool = False, metrics: Sequence[str] = (),
+                 class_weights: np.ndarray | None = None):
         import tensorflow as tf
 
         self.model = model
@@ -260,7 +268,8 @@ class FoldEngine:
             self.metrics.build(tf.gather(data.y, first), model(tf.gather(data.x, first), training=False))
         train_steps, evaluate_batch, self.norm_variables = fold_steps(model, optimizer, loss, data,
                                                                       counter_draws=counter_draws,
-                                                                      metrics=self.metrics)
+                                                                      metrics=self.metrics,
+                                                                      class_weights=class_weights)
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
         # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and

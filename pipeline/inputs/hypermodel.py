@@ -63,6 +63,8 @@ class Experiment:
     # The EarlyStopping a fit() override passes, as a rule on the mean CV curve.
     fit_early_stopping: EarlyStoppingSpec | None = None
     fit_restores_best_weights: bool = False
+    # The class_weight a fit() override passes ({label: weight}), as train.class_weight.
+    fit_class_weight: Mapping[int, float] | None = None
 
     def build(self, values: Mapping[str, Any], input_shape: tuple[int, ...] | None = None) -> keras.Model:
         return build_model(self.build_fn, values, input_shape=input_shape)
@@ -225,13 +227,13 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
     input_shape = tuple(model.inputs[0].shape[1:]) if _declared_inputs(model) else None
     _refuse_own_training(model, reference)
     compiled, schedule = _compiled_optimizer(model, reference)
-    fit_arguments, (early_stopping, restores_best) = _read_fit(hypermodel, model, hp, reference)
+    fit_arguments, (early_stopping, restores_best), class_weight = _read_fit(hypermodel, model, hp, reference)
     _discover(build_fn, hp, reference)
     # Keras' names start afresh for the trials; no garbage collection, which takes seconds in a
     # large process for models this small.
     keras.backend.clear_session(free_memory=False)
     return Experiment(reference, build_fn, hp, input_shape, compiled, schedule, fit_arguments, early_stopping,
-                      restores_best)
+                      restores_best, class_weight)
 
 
 # The methods through which Keras 3 lets a model train or score itself its own way, with what to
@@ -420,7 +422,7 @@ class _RecordingFit:
 
 
 def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParameters, reference: str
-              ) -> tuple[dict[str, str], tuple[EarlyStoppingSpec | None, bool]]:
+              ) -> tuple[dict[str, str], tuple[EarlyStoppingSpec | None, bool], dict[int, float] | None]:
     """What a HyperModel's ``fit`` override asks of training, read with a recording model.
 
     The override is called as KerasTuner's tuner calls it (``x``, ``y``, ``validation_data``,
@@ -435,7 +437,7 @@ def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParamete
             or callbacks that foldsweep cannot reproduce (every one of those in one message).
     """
     if not isinstance(hypermodel, keras_tuner.HyperModel) or type(hypermodel).fit is keras_tuner.HyperModel.fit:
-        return {}, (None, False)
+        return {}, (None, False), None
     where = f"experiment: {reference}: its HyperModel.fit"
     recording = _RecordingFit()
     x, y = np.zeros((2, 1), np.float32), np.zeros((2,), np.int32)
@@ -474,6 +476,9 @@ def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParamete
     added = [] if passed is callbacks or passed is None else [cb for cb in passed if cb not in callbacks]
     early_stopping, refused_callbacks = _early_stopping_of(added)
     problems += refused_callbacks
+    class_weight, weight_problem = _fit_class_weight(kwargs.pop("class_weight", None), hypermodel, model, hp, x,
+                                                     validation)
+    problems += [weight_problem] if weight_problem else []
     problems += [f"{name}=...: {FIT_ARGUMENT_ADVICE.get(name, 'foldsweep cannot reproduce it: move it into build(hp) or the spec')}"
                  for name in sorted(set(kwargs) - set(FIT_ARGUMENTS) - set(QUIET_FIT_ARGUMENTS))]
     if problems:
@@ -482,7 +487,35 @@ def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParamete
             f"{where} passes model.fit {len(problems)} thing{'s' if len(problems) > 1 else ''} foldsweep cannot "
             f"honour: {listed}. foldsweep trains the folds itself and runs no Keras callbacks: it takes "
             f"{', '.join(FIT_ARGUMENTS)} from fit(), and translates EarlyStopping on val_loss or val_accuracy")
-    return _fit_sources(kwargs, hp, where), early_stopping
+    return _fit_sources(kwargs, hp, where), early_stopping, class_weight
+
+
+def _fit_class_weight(class_weight: Any, hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParameters,
+                      x: np.ndarray, validation: Any) -> tuple[dict[int, float] | None, str | None]:
+    """The class weights a fit() override passes, as constant {label: weight}; a problem when they
+    are not such a mapping, or change with the labels the override is given (computed from them:
+    foldsweep computes balanced weights from each training fold itself)."""
+    if class_weight is None:
+        return None, None
+    advice = "use train.class_weight: balanced (computed from each training fold's labels) or {label: weight}"
+    try:
+        weights = {int(label): float(weight) for label, weight in dict(class_weight).items()}
+    except (TypeError, ValueError):
+        return None, f"class_weight={class_weight!r}: not a mapping of class labels to weights: {advice}"
+    if any(not np.isfinite(weight) or weight <= 0 for weight in weights.values()):
+        return None, f"class_weight={class_weight!r}: weights must be finite and > 0"
+    again = _RecordingFit()
+    model.fit = again
+    try:
+        hypermodel.fit(hp, model, x, np.ones((len(x),), np.int32), validation_data=validation, callbacks=[])
+    except Exception:
+        pass
+    finally:
+        del model.fit
+    other = again.calls[0][1].get("class_weight") if len(again.calls) == 1 else None
+    if other is None or {int(k): float(v) for k, v in dict(other).items()} != weights:
+        return None, f"class_weight=... computed from the labels fit() is given, which are not a fold's: {advice}"
+    return weights, None
 
 
 # The callbacks foldsweep runs none of: why each common one cannot be honoured, and what does
@@ -500,7 +533,6 @@ REFUSED_CALLBACKS: Mapping[str, str] = {
 FIT_ARGUMENT_ADVICE: Mapping[str, str] = {
     "validation_split": "each fold's held-out part is its validation data (cv in the spec): drop it",
     "sample_weight": "foldsweep trains the loss unweighted: drop it",
-    "class_weight": "foldsweep trains the loss unweighted: drop it",
     "initial_epoch": "a trial trains from its first epoch (a resumed sweep goes on from its checkpoints): drop it",
     "steps_per_epoch": "a trial's epoch is one pass over each training fold: drop it",
     "validation_steps": "each epoch validates on the whole validation fold: drop it",

@@ -187,6 +187,9 @@ class TrainSpec:
     metrics: tuple[str, ...] = ()
     # A Keras loss identifier for a model that compiles none (required for float targets).
     loss: str | None = None
+    # fit(class_weight=...): "balanced" (scikit-learn's rule, from each training fold's labels) or
+    # {label: weight}; None trains the loss unweighted.
+    class_weight: str | Mapping[int, float] | None = None
     seed: int = 0
     from_logits: bool = False
     # Of foldsweep's own loss: each label's target spread over the classes by this share.
@@ -284,6 +287,13 @@ class SweepSpec:
     def objective(self) -> Objective:
         """What schedulers, searchers and the leaderboard rank on."""
         return Objective(metric=self.train.metric, mode=self.train.mode)
+
+    def with_fit_class_weight(self, class_weight: Mapping[int, float] | None) -> SweepSpec:
+        """The spec with a HyperModel.fit's class_weight as its ``train.class_weight``, where the
+        spec sets none (the spec's own wins)."""
+        if class_weight is None or self.train.class_weight is not None:
+            return self
+        return replace(self, train=replace(self.train, class_weight=dict(class_weight)))
 
     def with_fit_early_stopping(self, rule: EarlyStoppingSpec | None) -> SweepSpec:
         """The spec with a HyperModel.fit's EarlyStopping as its ``train.early_stopping``, where
@@ -555,6 +565,7 @@ def _parse_train(section: _Section) -> TrainSpec:
     metrics = _metric_names(section, "metrics")
     mode = _mode_for(section, metric)
     loss = section.string("loss", pattern_hint="a Keras loss identifier (e.g. mean_squared_error, huber)")
+    class_weight = _class_weight(section)
     seed = section.integer("seed", default=0, minimum=0)
     from_logits = section.boolean("from_logits", default=False)
     label_smoothing = section.number("label_smoothing", default=0.0, minimum=0.0)
@@ -570,7 +581,8 @@ def _parse_train(section: _Section) -> TrainSpec:
     early_stopping = _parse_early_stopping(section, objective=Objective(metric, mode)) \
         if section.peek("early_stopping") is not None else None
     section.finish()
-    return TrainSpec(epochs=epochs, metric=metric, mode=mode, metrics=metrics, loss=loss, seed=seed, from_logits=from_logits,
+    return TrainSpec(epochs=epochs, metric=metric, mode=mode, metrics=metrics, loss=loss, class_weight=class_weight,
+                     seed=seed, from_logits=from_logits,
                      label_smoothing=label_smoothing, jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, refit=refit,
                      select=select, early_stopping=early_stopping, compile_cache=compile_cache)
 
@@ -583,6 +595,21 @@ def _metric_name(section: _Section, key: str, *, default: str) -> str:
         section.fail(key, "must be a metric's name (loss, accuracy, or a Keras metric the model compiles or "
                           "train.metrics names, e.g. auc or mean_absolute_error)", value)
     return value.removeprefix("val_")
+
+
+def _class_weight(section: _Section) -> str | dict[int, float] | None:
+    value = section.take("class_weight")
+    if value is None or value == "balanced":
+        return value
+    rule = ("must be balanced or a mapping of integer class labels to weights > 0 (as fit(class_weight=...)), "
+            "e.g. {0: 1.0, 1: 5.0}")
+    if not isinstance(value, dict) or not value:
+        section.fail("class_weight", rule, value)
+    for label, weight in value.items():
+        if isinstance(label, bool) or not isinstance(label, int) or label < 0 or isinstance(weight, bool) or \
+                not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+            section.fail("class_weight", rule, value)
+    return {int(label): float(weight) for label, weight in value.items()}
 
 
 def _metric_names(section: _Section, key: str) -> tuple[str, ...]:
