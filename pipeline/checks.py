@@ -78,7 +78,7 @@ def make_checked_folds(spec: SweepSpec, inputs: CheckedInputs) -> tuple[Any, tup
 
 def _check_classes(dataset: Dataset, source: str) -> None:
     """A classifier needs two classes: with one, every trial scores a trivial accuracy of 1."""
-    if dataset.y.dtype.kind == "f":  # regression targets have no classes
+    if dataset.y.dtype.kind == "f" or dataset.y.ndim > 1:  # regression targets; labels per position (at validate)
         return
     classes = np.unique(dataset.y)
     if len(classes) < 2:
@@ -102,7 +102,7 @@ def _check_groups_kept_whole(spec: SweepSpec, dataset: Dataset, source: str) -> 
 
 
 def _check_folds_have_classes(spec: SweepSpec, dataset: Dataset, folds: Any, source: str) -> None:
-    if dataset.y.dtype.kind == "f":
+    if dataset.y.dtype.kind == "f" or dataset.y.ndim > 1:
         return
     for j, fold in enumerate(folds.folds):
         classes = np.unique(dataset.y[fold.train])

@@ -135,6 +135,8 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
             continue
         if head.loss.regression:
             _check_targets_fit_outputs(spec, head, labels, name, source)
+        elif head.loss.per_position:
+            _check_positions_fit_outputs(spec, head, labels, name, source)
         elif head.loss.binary:
             others = sorted(set(np.unique(labels).tolist()) - {0, 1})
             if others:
@@ -147,11 +149,36 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
             raise DataError(
                 f"dataset: labels of {source!r} go up to {int(labels.max())}, but the model of {spec.experiment} "
                 f"has only {head.units} outputs (in {name})")
+    if head.loss.per_position and spec.train.class_weight is not None:
+        raise SpecError(f"{spec.source_path}: train.class_weight is not yet applied to labels per position (a padded "
+                        f"position's label indexes no weight): drop it, got {spec.train.class_weight!r}")
     if head.loss.regression and spec.train.class_weight is not None:
         raise SpecError(f"{spec.source_path}: train.class_weight weighs classes, and {source!r} holds float "
                         f"(regression) targets, which have none: drop it, got {spec.train.class_weight!r}")
     _check_objective_computed(spec, head.scorers, classifier=not head.loss.regression)
     _check_replicas_fit(spec, head.parameters)
+
+
+def _check_positions_fit_outputs(spec: SweepSpec, head: Any, labels: np.ndarray, name: str, source: str) -> None:
+    """Labels per position fill the model's output but its class axis, are classes of it, and are
+    negative only where the loss ignores them (``ignore_class``)."""
+    loss = head.loss
+    target, output = tuple(labels.shape[1:]), tuple(head.output_shape)
+    if target != output[:-1]:
+        raise DataError(
+            f"dataset: {name} of {source!r} holds integer labels of shape {target} per sample (one per position), but "
+            f"the model of {spec.experiment} outputs shape {output} per sample and its loss {loss.describe()} wants a "
+            f"label for each of its leading axes {output[:-1]} (its last axis, {output[-1]}, are the classes): "
+            "make the two agree")
+    kept = labels[labels != loss.ignore_class] if loss.ignore_class is not None else labels
+    if kept.size and kept.min() < 0:
+        raise DataError(
+            f"dataset: {name} of {source!r} has negative labels per position (e.g. {int(kept.min())}) that its loss "
+            f"{loss.describe()} does not ignore: padded positions need "
+            f"keras.losses.SparseCategoricalCrossentropy(ignore_class={int(kept.min())})")
+    if kept.size and int(kept.max()) >= head.units:
+        raise DataError(f"dataset: labels of {source!r} go up to {int(kept.max())}, but the model of {spec.experiment} "
+                        f"has only {head.units} outputs per position (in {name})")
 
 
 def _check_targets_fit_outputs(spec: SweepSpec, head: Any, targets: np.ndarray, name: str, source: str) -> None:

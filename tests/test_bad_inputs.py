@@ -122,6 +122,7 @@ FILES = {
     "vector.yaml": spec_text(experiment="vector.py", train={"epochs": 1, "metric": "per_class", "mode": "max"}),
     "vector.py": VECTOR_METRIC_MODEL,
     "reg.py": REGRESSION_MODEL,
+    "positions.yaml": spec_text(dataset="positions.npz", cv={"n_splits": 2, "splitter": "kfold"}, train={"epochs": 1}),
     "no_loss.yaml": spec_text(dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"},
                               train={"epochs": 1, "metric": "loss"}),
     "class_loss.yaml": spec_text(dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"},
@@ -146,6 +147,7 @@ DATA = {
     "nan.npz": arrays(x=np.full((60, 8, 1), np.nan, np.float32)),
     "one_class.npz": arrays(y=np.zeros(60, np.int32)),
     "regress.npz": arrays(y=np.linspace(-1.0, 2.0, 60).astype(np.float32)),
+    "positions.npz": arrays(y=(np.arange(60 * 8).reshape(60, 8) % 2).astype(np.int32)),
     "y_test.npz": arrays(x_test=np.zeros((4, 8, 1), np.float32), y_test=np.array([0, 1, 2, 1], np.int32)),
 }
 
@@ -249,9 +251,11 @@ CASES = [
      ["holds float (regression) targets of shape () per sample, but the model", "outputs shape (2,) per sample",
       "its loss mean_squared_error"]),
     ("stratified folds of float targets", ["validate", "stratified_float.yaml"],
-     ["cv.splitter stratified keeps each class's share in every fold", "use cv.splitter: kfold, or group"]),
+     ["cv.splitter stratified keeps each class's share of the samples in every fold", "float (regression) targets", "use cv.splitter: kfold, or group"]),
     ("accuracy as the objective of a regression", ["validate", "accuracy_of_regression.yaml"],
      ["train.metric must be a score the model computes (loss, mae:", "got 'accuracy'"]),
+    ("labels per position for a model of one label per sample", ["validate", "positions.yaml"],
+     ["holds integer labels of shape (8,) per sample (one per position), but the model", "outputs shape (2,)"]),
     # record ids
     ("an unknown run id", ["rerun", "0123456789abcdef0123456789abcdef", "--tracking-uri", "{store}"],
      ["RUN_ID: no trial run with id '0123456789abcdef0123456789abcdef'"]),

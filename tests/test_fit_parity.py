@@ -145,6 +145,14 @@ def regression(hp):  # a float target per sample, regressed with MSE, scored by 
                     metrics=("mae", keras.metrics.RootMeanSquaredError()))
 
 
+def per_position(hp):  # a label per position of the window, padded positions -1 and ignored by the loss
+    model = keras.Sequential([layers.Conv1D(8, 3, padding="same", activation="relu"),
+                              layers.Conv1D(2, 1, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(ignore_class=-1), metrics=["accuracy"])
+    return model
+
+
 # Without their feature these are the plain sigmoid model: one name, so that its fit is made once.
 schedule_dropped = regularizer_dropped = add_loss_dropped = batch_norm_dropped = dropout_dropped = sigmoid
 '''
@@ -163,6 +171,11 @@ def workspace(tmp_path_factory):
     # A continuous target: the bump's height, with noise; an int cast would keep mostly 0 and -1.
     target = (x[:, 4:8, 0].mean(axis=1) + 0.1 * np.random.default_rng(1).normal(size=len(x))).astype(np.float32)
     np.savez(directory / "regress.npz", x=x, y=target)
+    # A label per position (the signal's sign there), windows of 8 to 16 positions padded with -1.
+    labels = (x[:, :, 0] > 0).astype(np.int32)
+    lengths = np.random.default_rng(2).integers(8, 17, len(x))
+    labels[np.arange(16)[None, :] >= lengths[:, None]] = -1
+    np.savez(directory / "positions.npz", x=x, y=labels)
     (directory / "parity.py").write_text(EXPERIMENT)
     return directory
 
@@ -451,4 +464,25 @@ def test_class_weights_train_as_keras_fit_class_weight(workspace, threads_kept):
                     assert val == pytest.approx(history["val_loss"][0], rel=0.01, abs=PRINTED), (k, epoch, val, history)
                 elif epoch == 0:  # unweighted, the first epoch's training loss is a fraction of the weighted one
                     assert history["loss"][0] < 0.6 * train, (k, train, history)
+    keras.backend.clear_session()
+
+
+def test_labels_per_position_with_ignored_padding_score_as_keras_fit_and_evaluate(workspace, threads_kept):
+    """A [batch, L, classes] model with SparseCategoricalCrossentropy(ignore_class=-1): the
+    per-fold validation loss (each batch's mean over the positions kept, as Keras reduces it) and
+    the compiled accuracy equal Keras' fit + evaluate; the mean over every position, padding
+    included, lands far away."""
+    import keras
+
+    spec = spec_for(workspace, "per_position", dataset="positions.npz", splitter="kfold", metric="loss")
+    ours = trial_fold_scores(spec)
+    theirs = keras_fold_scores(spec, "per_position")
+    data = np.load(workspace / "positions.npz")
+    padded = float(np.mean(data["y"] == -1))
+    assert padded > 0.2
+    for k, scores in enumerate(theirs):
+        for name in ("loss", "accuracy"):
+            assert ours[(k, name)] == pytest.approx(scores[name], rel=REGRESSION_TOLERANCE, abs=2 * PRINTED), (k, name, ours, scores)
+        # A mean over every position (the padded ones adding 0) would be (1 - padded) of it.
+        assert abs(ours[(k, "loss")] * (1 - padded) - scores["loss"]) >= 0.15 * scores["loss"]
     keras.backend.clear_session()

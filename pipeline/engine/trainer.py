@@ -75,7 +75,7 @@ class FoldTrainer:
         scores = []
         for i, engine in enumerate(self.engines):
             if i not in train_losses:  # frozen since it went NaN; the other folds train on
-                scores.append(FoldScores.frozen(engine.metrics.names, classifier=not engine.regression))
+                scores.append(FoldScores.frozen(engine.metrics.names, classifier=engine.own_accuracy))
                 continue
             val_loss, val_accuracy, others = engine.evaluate(self.epoch)
             if engine.failure is not None:
@@ -158,13 +158,17 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
         keras.utils.set_random_seed(fold_seed(seed, k))
         models.append(build_model(build_fn, model_values, input_shape=input_shape))
     optimizer = recipe.optimizer(models[0], params)
-    loss = recipe.loss(models[0], units=output_units(models[0], input_shape), regression=data.y.dtype.is_floating)
+    per_position = data.y.shape.rank > 1 and not data.y.dtype.is_floating
+    loss = recipe.loss(models[0], units=output_units(models[0], input_shape), regression=data.y.dtype.is_floating,
+                       per_position=per_position)
 
     def stacking_blocker(jit_compile: bool, random_draws: RandomDraws) -> str | None:
         from pipeline.engine.stacked import stacking_blocker
 
         if recipe.train.class_weight is not None:
             return "train.class_weight (each fold's own weights) is not yet applied in the stacked step"
+        if data.y.shape.rank > 1:
+            return "targets with more than one value per sample (per position, or a vector) are not yet stacked"
         return stacking_blocker(models, data, [fold.train for fold in folds], batch_size=params.batch_size,
                                 jit_compile=jit_compile, random_draws=random_draws, optimizer=optimizer)
 

@@ -56,7 +56,7 @@ class FoldSteps(NamedTuple):
 
 def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: TrainingLoss, data: ResidentData,
                *, counter_draws: bool = False, metrics: ValidationMetrics | None = None,
-               class_weights: np.ndarray | None = None) -> FoldSteps:
+               class_weights: np.ndarray | None = None, batch_size: int = 1) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
     ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
@@ -80,7 +80,7 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
             per_sample = loss.per_sample(y, predictions)
             if weights is not None:
                 per_sample = per_sample * tf.cast(tf.gather(weights, y), per_sample.dtype)
-            value = tf.reduce_mean(per_sample)
+            value = loss.batch_loss(y, per_sample)
             if model.losses:
                 value = value + tf.add_n(model.losses)
         gradients = tape.gradient(value, model.trainable_variables)
@@ -115,8 +115,10 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         predictions = model(tf.gather(features, indices), training=False)
         if metrics is not None:
             metrics.update(y, predictions)
-        correct = tf.constant(0.0) if loss.regression else tf.reduce_sum(loss.correct(y, predictions))
-        return tf.reduce_sum(loss.per_sample(y, predictions)), correct
+        correct = tf.reduce_sum(loss.correct(y, predictions)) if loss.own_accuracy else tf.constant(0.0)
+        # Keras' evaluate adds up its batches' losses (of the trial's batch size) weighted by
+        # their sizes: with ignore_class that is not the mean over every position kept.
+        return loss.batches_loss_sum(y, loss.per_sample(y, predictions), batch_size), correct
 
     return FoldSteps(train_steps, evaluate_batch, norm_variables)
 
@@ -242,7 +244,7 @@ class FoldEngine:
 
         self.model = model
         self.optimizer = optimizer
-        self.regression = loss.regression
+        self.own_accuracy = loss.own_accuracy
         self.batch_size = batch_size
         self.seed = seed
         self.jit_compile = jit_compile
@@ -262,14 +264,17 @@ class FoldEngine:
         optimizer.build(model.trainable_variables)
         # The model's compiled metrics and the spec's, this fold's own objects, their variables
         # made before the evaluation is traced.
-        self.metrics = ValidationMetrics(model, metrics)
+        self.metrics = ValidationMetrics(model, metrics, own_accuracy=loss.own_accuracy)
+        # Validation chunks hold whole batches of the trial's size (see ``batches_loss_sum``).
+        self._eval_chunk = batch_size * max(1, EVAL_BATCH_SIZE // batch_size)
         with tf.device(self.device):
             first = self._val_indices[:1]
             self.metrics.build(tf.gather(data.y, first), model(tf.gather(data.x, first), training=False))
         train_steps, evaluate_batch, self.norm_variables = fold_steps(model, optimizer, loss, data,
                                                                       counter_draws=counter_draws,
                                                                       metrics=self.metrics,
-                                                                      class_weights=class_weights)
+                                                                      class_weights=class_weights,
+                                                                      batch_size=batch_size)
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
         # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and
@@ -365,9 +370,9 @@ class FoldEngine:
         started = time.perf_counter()
         self.metrics.reset()
         loss_sum = correct = 0.0
-        for begin in range(0, len(self._val_indices), EVAL_BATCH_SIZE):
+        for begin in range(0, len(self._val_indices), self._eval_chunk):
             with tf.device(self.device):
-                indices = tf.constant(self._val_indices[begin:begin + EVAL_BATCH_SIZE])
+                indices = tf.constant(self._val_indices[begin:begin + self._eval_chunk])
             batch_loss, batch_correct = self._evaluate_batch(indices)
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
@@ -375,7 +380,7 @@ class FoldEngine:
         self._running = None
         self.eval_timer.add(time.perf_counter() - started, len(self._val_indices))
         loss, accuracy = loss_sum / len(self._val_indices), correct / len(self._val_indices)
-        if self.regression:
+        if not self.own_accuracy:
             accuracy = None
         if not math.isfinite(loss) and self.failure is None:
             self.failure = NanEvent(epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"),

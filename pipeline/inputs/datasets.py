@@ -434,7 +434,7 @@ def check_arrays(dataset: Dataset, *, source: str) -> None:
         _check_label_type(y, y_name, source)
         if len(x) != len(y):
             raise DataError(f"dataset: {source} arrays {x_name} and {y_name} differ in length: {len(x)} vs {len(y)}")
-        if y.dtype.kind != "f" and y.min() < 0:
+        if y.dtype.kind != "f" and y.ndim == 1 and y.min() < 0:
             raise DataError(f"dataset: {source} array {y_name} has negative labels, e.g. {int(y.min())}; "
                             f"{_negative_labels_fix(np.unique(y), y_name)}")
         bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if x.dtype.kind == "f" else np.zeros(len(x), bool)
@@ -442,7 +442,7 @@ def check_arrays(dataset: Dataset, *, source: str) -> None:
             raise DataError(
                 f"dataset: {source} array {x_name} has {int(bad.sum())} samples with NaN/Inf, "
                 f"first at index {int(np.argmax(bad))}")
-    if dataset.y.dtype.kind != "f":
+    if dataset.y.dtype.kind != "f" and dataset.y.ndim == 1:
         _check_labels_start_at_0(dataset, source)
     if dataset.x_test is not None and dataset.x_test.shape[1:] != dataset.x.shape[1:]:
         raise DataError(f"dataset: {source} x_test samples have shape {dataset.x_test.shape[1:]}, x has {dataset.x.shape[1:]}")
@@ -463,6 +463,8 @@ def _check_label_type(y: np.ndarray, name: str, source: str) -> None:
             return  # regression targets
     if y.ndim == 2 and y.shape[1] == 1:
         raise DataError(f"{rule}: one label per sample, flattened: {name}.ravel()")
+    if y.ndim >= 2 and y.dtype.kind in "iu":
+        return  # labels per position, checked against the model's output at validate
     if y.ndim == 2:
         raise DataError(f"{rule}: if these are one-hot rows, store the class numbers: {name}.argmax(axis=1)")
     if y.ndim != 1 or y.dtype.kind not in "iuf":

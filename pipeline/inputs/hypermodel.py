@@ -110,8 +110,9 @@ class Experiment:
                 "sample (a softmax over one unit), so nothing it learns can change a prediction: a binary "
                 "classifier ends in Dense(1, activation='sigmoid')")
         regression = labels is not None and labels.dtype.kind == "f"
+        per_position = labels is not None and labels.dtype.kind in "iu" and labels.ndim >= 2
         try:
-            loss = training_loss(model, train=train, units=units, regression=regression)
+            loss = training_loss(model, train=train, units=units, regression=regression, per_position=per_position)
         except ExperimentError as exc:
             raise ExperimentError(f"experiment: {self.reference}: {exc}") from None
         untraceable = graph_problem(loss, outputs)
@@ -132,16 +133,16 @@ class Experiment:
                 f"samples {problem}, but its loss {loss.describe()} reads them as probabilities. If they are "
                 f"logits, {fix}; else end the model in activation='{activation}'")
         return ModelHead(units=units, parameters=parameters, loss=loss, output_shape=tuple(outputs.shape[1:]),
-                         scorers=self._scorers(model, outputs, train, labels))
+                         scorers=self._scorers(model, outputs, train, labels, own_accuracy=loss.own_accuracy))
 
     def _scorers(self, model: keras.Model, outputs: np.ndarray, train: TrainSpec,
-                 labels: np.ndarray | None) -> tuple[Any, ...]:
+                 labels: np.ndarray | None, *, own_accuracy: bool = True) -> tuple[Any, ...]:
         """The metrics the model compiles and ``train.metrics`` names, as Keras builds them on
         labels and outputs of the model's shapes."""
         from pipeline.inputs.scoring import ValidationMetrics
 
         try:
-            metrics = ValidationMetrics(model, train.metrics)
+            metrics = ValidationMetrics(model, train.metrics, own_accuracy=own_accuracy)
             targets = labels[:len(outputs)] if labels is not None else np.zeros(outputs.shape[:-1], np.int32)
             metrics.build(targets, outputs)
             return metrics.scorers()

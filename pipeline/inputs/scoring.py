@@ -84,6 +84,15 @@ def is_regression(y: Any) -> bool:
     return np.asarray(y).dtype.kind == "f"
 
 
+def is_per_position(y: Any) -> bool:
+    """Integer labels with more than one per sample (``(n, L, ...)``, one per residue of a
+    window): sequence labelling, for a model whose output has those axes plus a class axis."""
+    import numpy as np
+
+    y = np.asarray(y)
+    return y.dtype.kind in "iu" and y.ndim >= 2
+
+
 def direction_of(metric: Any) -> Direction | None:
     """Which way a metric (a Keras metric object, or a name) improves (``KNOWN_DIRECTIONS``);
     None when unknown, as for a researcher's own Metric subclass."""
@@ -111,13 +120,15 @@ class ValidationMetrics:
     compile arguments plus the spec's ``train.metrics``; ``update`` runs inside the compiled
     evaluation, ``results`` reads them after the fold's last batch."""
 
-    def __init__(self, model: Any, extra: Sequence[str] = ()):
+    def __init__(self, model: Any, extra: Sequence[str] = (), *, own_accuracy: bool = True):
         from keras.src.trainers.compile_utils import CompileMetrics
 
         metrics, weighted = compiled_metric_arguments(model)
-        # The accuracy foldsweep computes itself (the same rule as Keras' "accuracy" string).
-        metrics = [metric for metric in [*metrics, *extra] if not (isinstance(metric, str) and metric == "accuracy")]
-        weighted = [metric for metric in weighted if not (isinstance(metric, str) and metric == "accuracy")]
+        metrics = [*metrics, *extra]
+        if own_accuracy:  # the accuracy foldsweep computes itself (the same rule as Keras' "accuracy" string)
+            metrics = [metric for metric in metrics if not (isinstance(metric, str) and metric == "accuracy")]
+            weighted = [metric for metric in weighted if not (isinstance(metric, str) and metric == "accuracy")]
+        self._own = OWN_SCORES if own_accuracy else {"loss": "min"}
         self._compiled = CompileMetrics(metrics, weighted) if metrics or weighted else None
         self.names: tuple[str, ...] = ()
 
@@ -126,7 +137,7 @@ class ValidationMetrics:
         if self._compiled is None:
             return
         self._compiled.build(labels, predictions)
-        self.names = tuple(metric.name for metric in self._compiled.metrics if metric.name not in OWN_SCORES)
+        self.names = tuple(metric.name for metric in self._compiled.metrics if metric.name not in self._own)
 
     def update(self, labels: Any, predictions: Any) -> None:
         if self._compiled is not None:
@@ -153,7 +164,7 @@ class ValidationMetrics:
 
         values = self._compiled.result()
         return tuple(Scorer(metric.name, direction_of(metric), np.asarray(values[metric.name]).size == 1)
-                     for metric in self._compiled.metrics if metric.name not in OWN_SCORES)
+                     for metric in self._compiled.metrics if metric.name not in self._own)
 
 
 def objective_problem(metric: str, mode: str | None, scorers: Sequence[Scorer], *,
