@@ -574,7 +574,7 @@ def _early_stopping_of(callbacks: list[Any]) -> tuple[tuple[EarlyStoppingSpec | 
                                         min_delta=abs(float(callback.min_delta)),
                                         start_from_epoch=int(callback.start_from_epoch),
                                         baseline=None if callback.baseline is None else float(callback.baseline),
-                                        mode=natural or callback.mode),
+                                        mode=None if monitor in METRIC_DIRECTIONS else natural or callback.mode),
                       bool(callback.restore_best_weights)))
     if len(rules) > 1:
         problems.append(f"{len(rules)} EarlyStopping callbacks: a trial stops by one rule, keep one")

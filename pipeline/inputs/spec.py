@@ -665,7 +665,8 @@ def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStop
         section.fail("baseline", "must be a number", baseline)
     section.finish()
     return EarlyStoppingSpec(patience=patience, monitor=monitor, min_delta=min_delta, start_from_epoch=start_from_epoch,
-                             baseline=None if baseline is None else float(baseline), mode=mode)
+                             baseline=None if baseline is None else float(baseline),
+                             mode=None if monitor in METRIC_DIRECTIONS else mode)
 
 
 def _auto_or_boolean(section: _Section, key: str) -> AutoSwitch:
