@@ -78,6 +78,8 @@ def make_checked_folds(spec: SweepSpec, inputs: CheckedInputs) -> tuple[Any, tup
 
 def _check_classes(dataset: Dataset, source: str) -> None:
     """A classifier needs two classes: with one, every trial scores a trivial accuracy of 1."""
+    if dataset.y.dtype.kind == "f" or dataset.y.ndim > 1:  # regression targets; labels per position (at validate)
+        return
     classes = np.unique(dataset.y)
     if len(classes) < 2:
         raise DataError(f"dataset: y of {source!r} has a single class (every label is {int(classes[0])}); "
@@ -100,6 +102,8 @@ def _check_groups_kept_whole(spec: SweepSpec, dataset: Dataset, source: str) -> 
 
 
 def _check_folds_have_classes(spec: SweepSpec, dataset: Dataset, folds: Any, source: str) -> None:
+    if dataset.y.dtype.kind == "f" or dataset.y.ndim > 1:
+        return
     for j, fold in enumerate(folds.folds):
         classes = np.unique(dataset.y[fold.train])
         if len(classes) < 2:

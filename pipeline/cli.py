@@ -489,7 +489,8 @@ def rerun(
                          compile_cache=recorded.spec.train.compile_cache)
     require_hooks(TRAINING_LIBRARIES)  # its checks build small models: TensorFlow starts here
     experiment = load_experiment(recorded.experiment_path, recorded.spec.experiment_attr)
-    spec = recorded.spec.with_fit_early_stopping(experiment.fit_early_stopping)
+    spec = recorded.spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(
+        experiment.fit_class_weight)
     space = build_space(recorded.spec, experiment.hyperparameters,
                         own_optimizer=experiment.compiled_optimizer is not None)
     overrides = checked_overrides(overrides, set(space.domains) | set(recorded.config), experiment.hyperparameters)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,9 +19,11 @@ REFIT_MODEL_ARTIFACT = "refit_model.keras"
 @dataclass(frozen=True)
 class RefitResult:
     test_loss: float
-    test_accuracy: float
+    test_accuracy: float | None  # None for regression
     epochs: int
     model_path: Path
+    # Every other metric the trials computed, on the test split: {name: value}, recorded as test_<name>.
+    test_metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 def refit(build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs: int, recipe: TrainingRecipe,
@@ -46,9 +48,11 @@ def refit(build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs:
     path = directory / REFIT_MODEL_ARTIFACT
     trainer.models[0].save(path)
     scores = result.folds[0]
-    return RefitResult(test_loss=scores.val_loss, test_accuracy=scores.val_accuracy, epochs=epochs, model_path=path)
+    return RefitResult(test_loss=scores.val_loss, test_accuracy=scores.val_accuracy, epochs=epochs, model_path=path,
+                       test_metrics=dict(scores.metrics))
 
 
 def refit_scores(result: RefitResult) -> dict[str, float]:
-    return {key: value for key, value in {"test_loss": result.test_loss, "test_accuracy": result.test_accuracy}.items()
-            if math.isfinite(value)}
+    scores = {"test_loss": result.test_loss, "test_accuracy": result.test_accuracy,
+              **{f"test_{name}": value for name, value in result.test_metrics.items()}}
+    return {key: value for key, value in scores.items() if value is not None and math.isfinite(value)}

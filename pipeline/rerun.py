@@ -487,8 +487,10 @@ def epoch_line(report: Mapping[str, Any], metric: str) -> str:
 
     result = EpochResult.from_report(report)
     folds = " | ".join(
-        f"fold {k} train_loss {number(scores.train_loss)} val_loss {number(scores.val_loss)} "
-        f"val_accuracy {number(scores.val_accuracy)}" for k, scores in zip(result.fold_ids, result.folds))
+        f"fold {k} train_loss {number(scores.train_loss)} val_loss {number(scores.val_loss)}"
+        + (f" val_accuracy {number(scores.val_accuracy)}" if scores.val_accuracy is not None else "")
+        + "".join(f" val_{name} {number(value)}" for name, value in scores.metrics.items())
+        for k, scores in zip(result.fold_ids, result.folds))
     objective = Objective(metric=metric)
     line = f"epoch {result.epoch}: {folds} | {objective.key} {number(result.cv_summary()[objective.key])}"
     if result.nan.event is not None:

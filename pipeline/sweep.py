@@ -21,7 +21,7 @@ import numpy as np
 from pipeline.checks import CheckedInputs, check_inputs, make_checked_folds
 from pipeline.inputs.datasets import Dataset
 from pipeline.base.environment import Environment, environment_change
-from pipeline.base.errors import DataError, FoldsweepError, InputError, SpecError
+from pipeline.base.errors import DataError, ExperimentError, FoldsweepError, InputError, SpecError
 from pipeline.inputs.folds import FoldPlan
 from pipeline.base.private_hooks import HOOKED_LIBRARIES, RAY_OUTPUT_ENGINE_VARIABLE, require_hooks
 from pipeline.inputs.space import SearchSpace
@@ -94,7 +94,7 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
         inputs = check_inputs(spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     require_hooks(hooks)
     experiment = load_experiment(inputs.experiment_path, spec.experiment_attr, reference=spec.experiment)
-    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping)
+    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(experiment.fit_class_weight)
     space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
     dataset = inputs.dataset
     _check_model_fits_data(spec, experiment, dataset, inputs.dataset_path or dataset.name)
@@ -129,11 +129,15 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
         raise DataError(
             f"dataset: samples of {source!r} have shape {dataset.input_shape}, but the model of "
             f"{spec.experiment} expects inputs of shape {tuple(expected)}")
-    head = experiment.head(dataset.x[:HEAD_CHECK_SAMPLES], train=spec.train)
+    head = experiment.head(dataset.x[:HEAD_CHECK_SAMPLES], train=spec.train, labels=dataset.y[:HEAD_CHECK_SAMPLES])
     for name, labels in (("y", dataset.y), ("y_test", dataset.y_test)):
         if labels is None:
             continue
-        if head.loss.binary:
+        if head.loss.regression:
+            _check_targets_fit_outputs(spec, head, labels, name, source)
+        elif head.loss.per_position:
+            _check_positions_fit_outputs(spec, head, labels, name, source)
+        elif head.loss.binary:
             others = sorted(set(np.unique(labels).tolist()) - {0, 1})
             if others:
                 raise DataError(
@@ -145,7 +149,70 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
             raise DataError(
                 f"dataset: labels of {source!r} go up to {int(labels.max())}, but the model of {spec.experiment} "
                 f"has only {head.units} outputs (in {name})")
+    if head.loss.per_position and spec.train.class_weight is not None:
+        raise SpecError(f"{spec.source_path}: train.class_weight is not yet applied to labels per position (a padded "
+                        f"position's label indexes no weight): drop it, got {spec.train.class_weight!r}")
+    if head.loss.regression and spec.train.class_weight is not None:
+        raise SpecError(f"{spec.source_path}: train.class_weight weighs classes, and {source!r} holds float "
+                        f"(regression) targets, which have none: drop it, got {spec.train.class_weight!r}")
+    _check_objective_computed(spec, head.scorers, classifier=not head.loss.regression)
     _check_replicas_fit(spec, head.parameters)
+
+
+def _check_positions_fit_outputs(spec: SweepSpec, head: Any, labels: np.ndarray, name: str, source: str) -> None:
+    """Labels per position fill the model's output but its class axis, are classes of it, and are
+    negative only where the loss ignores them (``ignore_class``)."""
+    loss = head.loss
+    target, output = tuple(labels.shape[1:]), tuple(head.output_shape)
+    if target != output[:-1]:
+        raise DataError(
+            f"dataset: {name} of {source!r} holds integer labels of shape {target} per sample (one per position), but "
+            f"the model of {spec.experiment} outputs shape {output} per sample and its loss {loss.describe()} wants a "
+            f"label for each of its leading axes {output[:-1]} (its last axis, {output[-1]}, are the classes): "
+            "make the two agree")
+    kept = labels[labels != loss.ignore_class] if loss.ignore_class is not None else labels
+    if kept.size and kept.min() < 0:
+        raise DataError(
+            f"dataset: {name} of {source!r} has negative labels per position (e.g. {int(kept.min())}) that its loss "
+            f"{loss.describe()} does not ignore: padded positions need "
+            f"keras.losses.SparseCategoricalCrossentropy(ignore_class={int(kept.min())})")
+    if kept.size and int(kept.max()) >= head.units:
+        raise DataError(f"dataset: labels of {source!r} go up to {int(kept.max())}, but the model of {spec.experiment} "
+                        f"has only {head.units} outputs per position (in {name})")
+
+
+def _check_targets_fit_outputs(spec: SweepSpec, head: Any, targets: np.ndarray, name: str, source: str) -> None:
+    """Float targets of one sample have the shape of the model's output for it, or one axis less
+    against a last axis of 1 (a target per sample against Dense(1), as Keras' losses take it)."""
+    target, output = tuple(targets.shape[1:]), tuple(head.output_shape)
+    if target == output or (target + (1,)) == output:
+        return
+    raise DataError(
+        f"dataset: {name} of {source!r} holds float (regression) targets of shape {target} per sample, but the model "
+        f"of {spec.experiment} outputs shape {output} per sample and its loss {head.loss.describe()} compares the two "
+        f"element by element: end the model in Dense({int(np.prod(target)) if target else 1}) (reshaped to {target or '(1,)'}), "
+        "or store targets of its output's shape")
+
+def _check_objective_computed(spec: SweepSpec, scorers: Sequence[Any], *, classifier: bool = True) -> None:
+    """``train.metric`` (and an early stopping monitor) is a scalar score the model computes."""
+    from pipeline.inputs.scoring import objective_problem
+
+    train = spec.train
+    for scorer in scorers:
+        if not scorer.scalar:
+            raise ExperimentError(
+                f"experiment: the model of {spec.experiment} compiles the metric {scorer.name}, which gives several "
+                "values per fold (one per class, as F1Score(average=None)); foldsweep records one value per metric "
+                "and fold: compile it with average='macro' or 'weighted', or drop it")
+    watched = [("train", train.metric, train.mode)]
+    if train.early_stopping is not None:
+        watched.append(("train.early_stopping", train.early_stopping.monitor, train.early_stopping.objective.mode))
+    for section, metric, mode in watched:
+        problem = objective_problem(metric, mode, scorers, classifier=classifier)
+        if problem:
+            key, rule = problem
+            key = "monitor" if section != "train" and key == "metric" else key
+            raise SpecError(f"{spec.source_path}: {section}.{key} {rule}, got {metric!r}")
 
 
 # float32 weights, their gradients and two optimizer slots (Adam's moments): what each replica

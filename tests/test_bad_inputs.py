@@ -40,6 +40,36 @@ class Custom(keras.Sequential):
 def build(hp):
     return Custom([keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")])
 '''
+VECTOR_METRIC_MODEL = '''
+import keras
+
+
+class PerClass(keras.metrics.Metric):
+    def __init__(self, name="per_class", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable((2,), initializer="zeros", name="total")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.total.assign_add(keras.ops.sum(y_pred, axis=0))
+
+    def result(self):
+        return self.total
+
+
+def build(hp):
+    model = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")])
+    model.compile(loss="sparse_categorical_crossentropy", metrics=[PerClass()])
+    return model
+'''
+REGRESSION_MODEL = """
+import keras
+
+
+def build(hp):
+    model = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(1)])
+    model.compile(loss="mse", metrics=["mae"])
+    return model
+"""
 GOOD_SPEC = {"name": "good", "experiment": "loop.py", "dataset": "good.npz", "cv": {"n_splits": 2},
              "search": {"space": {"batch_size": 8}}, "train": {"epochs": 1}, "tracking": {"uri": "sqlite:///store.db"}}
 
@@ -87,6 +117,21 @@ FILES = {
     "y_test.yaml": spec_text(dataset="y_test.npz"),
     "truncated.yaml": spec_text(dataset="truncated.npz"),
     "linear.yaml": spec_text(experiment="linear.py"),
+    "uncomputed.yaml": spec_text(train={"epochs": 1, "metric": "auc"}),
+    "direction.yaml": spec_text(train={"epochs": 1, "metric": "mcc"}),
+    "vector.yaml": spec_text(experiment="vector.py", train={"epochs": 1, "metric": "per_class", "mode": "max"}),
+    "vector.py": VECTOR_METRIC_MODEL,
+    "reg.py": REGRESSION_MODEL,
+    "positions.yaml": spec_text(dataset="positions.npz", cv={"n_splits": 2, "splitter": "kfold"}, train={"epochs": 1}),
+    "no_loss.yaml": spec_text(dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"},
+                              train={"epochs": 1, "metric": "loss"}),
+    "class_loss.yaml": spec_text(dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"},
+                                 train={"epochs": 1, "metric": "loss", "loss": "sparse_categorical_crossentropy"}),
+    "shape.yaml": spec_text(dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"},
+                            train={"epochs": 1, "metric": "loss", "loss": "mean_squared_error"}),
+    "stratified_float.yaml": spec_text(experiment="reg.py", dataset="regress.npz", train={"epochs": 1, "metric": "mae"}),
+    "accuracy_of_regression.yaml": spec_text(experiment="reg.py", dataset="regress.npz",
+                                             cv={"n_splits": 2, "splitter": "kfold"}, train={"epochs": 1}),
     "override.yaml": spec_text(experiment="override.py"),
     "notdb.db": "not a database\n",
 }
@@ -101,6 +146,8 @@ DATA = {
     "mismatch.npz": arrays(y=(np.arange(50) % 2).astype(np.int32)),
     "nan.npz": arrays(x=np.full((60, 8, 1), np.nan, np.float32)),
     "one_class.npz": arrays(y=np.zeros(60, np.int32)),
+    "regress.npz": arrays(y=np.linspace(-1.0, 2.0, 60).astype(np.float32)),
+    "positions.npz": arrays(y=(np.arange(60 * 8).reshape(60, 8) % 2).astype(np.int32)),
     "y_test.npz": arrays(x_test=np.zeros((4, 8, 1), np.float32), y_test=np.array([0, 1, 2, 1], np.int32)),
 }
 
@@ -188,6 +235,27 @@ CASES = [
     # experiment modules
     ("a linear head without from_logits", ["run", "linear.yaml"], ["set train.from_logits: true"]),
     ("a train_step override", ["validate", "override.yaml"], ["Custom overrides train_step"]),
+    # objectives
+    ("an objective the model does not compute", ["validate", "uncomputed.yaml"],
+     ["train.metric must be a score the model computes (accuracy, loss: its loss", "got 'auc'"]),
+    ("a metric of unknown direction without a mode", ["validate", "direction.yaml"],
+     ["train.mode is required for train.metric mcc"]),
+    ("a metric with a value per class", ["run", "vector.yaml"],
+     ["compiles the metric per_class, which gives several values per fold", "average='macro'"]),
+    # regression targets
+    ("float targets and no loss named", ["validate", "no_loss.yaml"],
+     ["the targets are floats (regression) and neither the model's compile nor the spec names a loss: set train.loss"]),
+    ("float targets with a classification loss", ["validate", "class_loss.yaml"],
+     ["the loss is sparse_categorical_crossentropy, a classification loss"]),
+    ("targets whose shape does not fit the output", ["run", "shape.yaml"],
+     ["holds float (regression) targets of shape () per sample, but the model", "outputs shape (2,) per sample",
+      "its loss mean_squared_error"]),
+    ("stratified folds of float targets", ["validate", "stratified_float.yaml"],
+     ["cv.splitter stratified keeps each class's share of the samples in every fold", "float (regression) targets", "use cv.splitter: kfold, or group"]),
+    ("accuracy as the objective of a regression", ["validate", "accuracy_of_regression.yaml"],
+     ["train.metric must be a score the model computes (loss, mae:", "got 'accuracy'"]),
+    ("labels per position for a model of one label per sample", ["validate", "positions.yaml"],
+     ["holds integer labels of shape (8,) per sample (one per position), but the model", "outputs shape (2,)"]),
     # record ids
     ("an unknown run id", ["rerun", "0123456789abcdef0123456789abcdef", "--tracking-uri", "{store}"],
      ["RUN_ID: no trial run with id '0123456789abcdef0123456789abcdef'"]),

@@ -1,6 +1,7 @@
 """A binary classifier end to end: a KerasTuner hypermodel ending in one sigmoid unit, compiled
-with binary_crossentropy, swept stacked on real Ray and MLflow, scored by binary accuracy, refit
-on the test split, ranked in cv_results.csv, its divergence recorded as NaN, and rerun."""
+with binary_crossentropy and a compiled AUC, swept stacked on real Ray and MLflow, scored by binary
+accuracy and ranked by its AUC, refit on the test split, ranked in cv_results.csv, its divergence
+recorded as NaN, and rerun."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class BindingSite(keras_tuner.HyperModel):
         x = keras.layers.Flatten()(x)
         outputs = keras.layers.Dense(1, activation="sigmoid")(x)
         model = keras.Model(inputs, outputs)
-        model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+        model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy", keras.metrics.AUC(name="auc")])
         return model
 '''
 
@@ -48,7 +49,7 @@ def binary_sweep(ray_cluster, tmp_path_factory):
         # Batch 8 on one CPU: the folds are stacked into one XLA program; a rate of 1e6 diverges.
         "search": {"algorithm": "grid", "space": {"optimizer": "sgd", "learning_rate": {"grid": [0.01, 1.0e+6]},
                                                   "batch_size": 8, "filters": 8}},
-        "train": {"epochs": EPOCHS, "seed": 0}, "resources": {"cpu": 1, "max_concurrent": 1},
+        "train": {"epochs": EPOCHS, "seed": 0, "metric": "auc"}, "resources": {"cpu": 1, "max_concurrent": 1},
         "tracking": {"uri": store}}))
     result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
     assert result.exit_code == 0, result.output
@@ -86,7 +87,20 @@ def test_the_binary_sweep_is_ranked_refit_and_tabled(binary_sweep):
     assert ok["rank_val_accuracy"] == "1" and next(row for row in rows if row["status"] == "nan")["rank_val_accuracy"] == ""
     assert float(ok["mean_val_accuracy"]) == pytest.approx(np.mean(
         [learned.data.metrics[f"selected_split{k}_val_accuracy"] for k in range(3)]))
-    assert f"{float(ok['mean_val_accuracy']):.4f}" in output  # the leaderboard
+    # Ranked by the compiled AUC (max): its columns, rank, and the refit's test_auc, which is what
+    # the saved refit model scores on the test split.
+    assert ok["rank_val_auc"] == "1" and 0.8 < float(ok["mean_val_auc"]) <= 1.0 and ok["std_val_auc"] != ""
+    assert float(ok["mean_val_auc"]) == pytest.approx(np.mean(
+        [learned.data.metrics[f"selected_split{k}_val_auc"] for k in range(3)]))
+    assert parent.data.params["train.mode"] == "max"
+    assert f"{float(ok['mean_val_auc']):.4f}" in output  # the leaderboard ranks on it
+    import keras
+
+    model = keras.models.load_model(client.download_artifacts(parent.info.run_id, "refit_model.keras", str(directory)))
+    data = np.load(directory / "sites.npz")
+    auc = keras.metrics.AUC()
+    auc.update_state(data["y_test"], model.predict(data["x_test"], verbose=0))
+    assert parent.data.metrics["test_auc"] == pytest.approx(float(auc.result()), abs=1e-4)
 
 
 def test_a_rerun_of_a_binary_trial_reproduces_its_per_fold_losses(binary_sweep):
@@ -98,7 +112,7 @@ def test_a_rerun_of_a_binary_trial_reproduces_its_per_fold_losses(binary_sweep):
     again = client.search_runs([original.info.experiment_id],
                                filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
     for k in range(3):
-        for key in (f"split{k}_train_loss", f"split{k}_val_loss", f"split{k}_val_accuracy"):
+        for key in (f"split{k}_train_loss", f"split{k}_val_loss", f"split{k}_val_accuracy", f"split{k}_val_auc"):
             recorded = [m.value for m in sorted(client.get_metric_history(original.info.run_id, key), key=lambda m: m.step)]
             rerun = [m.value for m in sorted(client.get_metric_history(again.info.run_id, key), key=lambda m: m.step)]
             assert len(recorded) == EPOCHS and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key

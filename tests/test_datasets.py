@@ -193,6 +193,15 @@ def labels_file(tmp_path: Path, y, y_test=None) -> Path:
     return save(tmp_path, **arrays)
 
 
+def test_float_targets_that_are_not_whole_numbers_are_regression_targets(tmp_path):
+    from pipeline.inputs.scoring import is_regression
+
+    path = labels_file(tmp_path, [0.5, 1.25, -2.0, 1.0], None)
+    dataset = load_dataset(DatasetSpec(path=str(path)))
+    assert is_regression(dataset.y) and dataset.n_classes == 0
+    assert dataset.y.tolist() == [0.5, 1.25, -2.0, 1.0]  # negative targets too: no class numbering rule
+
+
 @pytest.mark.parametrize(("y", "y_test", "message"), [
     ([0.0, 1.0, 2.0, 1.0], None,
      "array y must be 1-D integer class labels, got dtype float64 shape (4,); its values are whole numbers (0 to 2): "
@@ -201,13 +210,7 @@ def labels_file(tmp_path: Path, y, y_test=None) -> Path:
      "array y_test must be 1-D integer class labels, got dtype float64 shape (2,); its values are whole numbers "
      "(0 to 2): store them as integers, y_test.astype(int) in code, "
      "np.savez(..., y_test=y_test.astype(np.int64)) in the file"),
-    ([0.5, 1.25, 2.0, 1.0], None,
-     "array y must be 1-D integer class labels, got dtype float64 shape (4,), with values that are not whole "
-     "numbers, e.g. 0.5 at index 0: these look like regression targets, and foldsweep trains classifiers "
-     "(labels 0..C-1, one per class); bin them into classes first if that is what you mean"),
-    ([0.0, np.nan, 1.0], None,
-     "array y must be 1-D integer class labels, got dtype float64 shape (3,), with 1 NaN/Inf labels, "
-     "first at index 1"),
+    ([0.0, np.nan, 1.0], None, "array y has 1 samples with NaN/Inf targets, first at index 1"),
     ([1, 2, 3, 2], None,
      "array y: labels must start at 0 (a model with C outputs predicts classes 0..C-1), got labels 1..3 with no 0; "
      "they look counted from 1: shift them, y - 1 (np.savez(..., y=y - 1))"),

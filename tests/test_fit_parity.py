@@ -36,6 +36,11 @@ from pipeline.cli import app
 pytestmark = pytest.mark.training  # every test trains the same model with keras fit and with foldsweep
 
 TOLERANCE = 0.01
+# Regression scores are continuous: only float rounding separates foldsweep's step from fit's,
+# and `trial` prints 4 decimals (hence the absolute 1e-4).
+REGRESSION_TOLERANCE = 1e-3
+PRINTED = 1e-4
+REGRESSION_FAR = 0.3
 FAR = 0.15
 DROPOUT_TOLERANCE = 0.02
 DROPOUT_FAR = 0.05
@@ -112,6 +117,42 @@ def dropout(hp):
     return compiled(body(1, "sigmoid", dropout=0.5), keras.optimizers.Adam(0.01), "binary_crossentropy")
 
 
+class MCC(keras.metrics.Metric):
+    """Matthews' correlation from the fold's confusion counts: a researcher's own stateful metric."""
+
+    def __init__(self, name="mcc", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.counts = self.add_variable((4,), initializer="zeros", name="counts")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        truth = keras.ops.cast(keras.ops.reshape(y_true, (-1,)), "float32")
+        said = keras.ops.cast(keras.ops.reshape(y_pred, (-1,)) > 0.5, "float32")
+        self.counts.assign_add(keras.ops.stack([keras.ops.sum(truth * said), keras.ops.sum((1 - truth) * (1 - said)),
+                                                keras.ops.sum((1 - truth) * said), keras.ops.sum(truth * (1 - said))]))
+
+    def result(self):
+        tp, tn, fp, fn = (self.counts[i] for i in range(4))
+        return (tp * tn - fp * fn) / keras.ops.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn) + 1e-9)
+
+
+def metrics(hp):
+    return compiled(body(1, "sigmoid"), keras.optimizers.Adam(0.01), "binary_crossentropy",
+                    metrics=("accuracy", keras.metrics.AUC(name="auc"), keras.metrics.TruePositives(name="tp"), MCC()))
+
+
+def regression(hp):  # a float target per sample, regressed with MSE, scored by MAE and RMSE too
+    return compiled(body(1, None), keras.optimizers.Adam(0.01), "mse",
+                    metrics=("mae", keras.metrics.RootMeanSquaredError()))
+
+
+def per_position(hp):  # a label per position of the window, padded positions -1 and ignored by the loss
+    model = keras.Sequential([layers.Conv1D(8, 3, padding="same", activation="relu"),
+                              layers.Conv1D(2, 1, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(ignore_class=-1), metrics=["accuracy"])
+    return model
+
+
 # Without their feature these are the plain sigmoid model: one name, so that its fit is made once.
 schedule_dropped = regularizer_dropped = add_loss_dropped = batch_norm_dropped = dropout_dropped = sigmoid
 '''
@@ -127,19 +168,28 @@ def workspace(tmp_path_factory):
     # Far from zero mean: the model learns where BatchNormalization centres its inputs, and its
     # validation uses the moving averages, which are right only if their momentum is.
     np.savez(directory / "shifted.npz", x=x + 20.0, y=y)
+    # A continuous target: the bump's height, with noise; an int cast would keep mostly 0 and -1.
+    target = (x[:, 4:8, 0].mean(axis=1) + 0.1 * np.random.default_rng(1).normal(size=len(x))).astype(np.float32)
+    np.savez(directory / "regress.npz", x=x, y=target)
+    # A label per position (the signal's sign there), windows of 8 to 16 positions padded with -1.
+    labels = (x[:, :, 0] > 0).astype(np.int32)
+    lengths = np.random.default_rng(2).integers(8, 17, len(x))
+    labels[np.arange(16)[None, :] >= lengths[:, None]] = -1
+    np.savez(directory / "positions.npz", x=x, y=labels)
     (directory / "parity.py").write_text(EXPERIMENT)
     return directory
 
 
-def spec_for(directory: Path, builder: str, *, dataset: str = "binary.npz", jit_compile: bool | str = False) -> Path:
+def spec_for(directory: Path, builder: str, *, dataset: str = "binary.npz", jit_compile: bool | str = False,
+             splitter: str = "stratified", **train: Any) -> Path:
     path = directory / f"{builder}.yaml"
     path.write_text(yaml.safe_dump({
         "name": f"parity-{builder}", "experiment": f"parity.py:{builder}", "dataset": dataset,
-        "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
+        "cv": {"splitter": splitter, "n_splits": 3, "seed": 0},
         "search": {"space": {"batch_size": BATCH}},
         # Compilation is not what is compared here; without XLA the cases run in seconds.
         # More epochs than are trained: `trial --epochs` says how many, in its header too.
-        "train": {"epochs": EPOCHS + 4, "seed": 0, "jit_compile": jit_compile},
+        "train": {"epochs": EPOCHS + 4, "seed": 0, "jit_compile": jit_compile, **train},
         "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
     }))
     return path
@@ -278,3 +328,161 @@ def test_dropout_stacked_trains_as_keras_fit_does_by_its_statistics(workspace):
     # what another stream changes in training.
     assert abs(ours.val_accuracy - keras_with.val_accuracy) <= 3 * TOLERANCE, (ours, keras_with)
     assert_stacked_forward_is_each_folds_own(trainer, spec)
+
+
+COMPILED_METRICS = ("auc", "tp", "mcc")
+
+
+def trial_fold_scores(spec: Path) -> dict[tuple[int, str], float]:
+    """{(fold, name): val_<name>} of the last epoch `foldsweep trial` prints."""
+    result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])
+    assert result.exit_code == 0, result.output
+    last = [line for line in result.output.splitlines() if line.startswith(f"epoch {EPOCHS}:")][0]
+    scores = {}
+    for part in last.split(" | "):
+        fold = re.match(r"(?:epoch \d+: )?fold (\d+) ", part)
+        if fold:
+            scores.update({(int(fold.group(1)), name): float(value) for name, value in re.findall(r"val_(\w+) (\S+)", part)})
+    return scores
+
+
+def keras_fold_scores(spec: Path, builder: str, *, cast=None) -> list[dict[str, float]]:
+    """Keras' fit of each fold on foldsweep's batches (the targets through ``cast`` if given), then
+    its evaluate on the fold's validation samples."""
+    import keras
+
+    from pipeline.inputs.hypermodel import build_model, load_builder
+    from pipeline.inputs.spec import load_spec
+    from pipeline.sweep import prepare
+    from pipeline.engine.training import epoch_order, fold_seed
+
+    prepared = prepare(load_spec(spec))
+    data = prepared.dataset
+    build = load_builder(spec.parent / "parity.py", builder)
+    results = []
+    for k, fold in enumerate(prepared.folds.folds):
+        seed = fold_seed(prepared.spec.train.seed, k)
+        keras.utils.set_random_seed(seed)
+        model = build_model(build, {}, input_shape=data.input_shape)
+        for epoch in range(EPOCHS):
+            order = epoch_order(fold.train, seed=seed, epoch=epoch)
+            y = data.y[order] if cast is None else cast(data.y[order])
+            model.fit(data.x[order], y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        results.append(model.evaluate(data.x[fold.val], data.y[fold.val], batch_size=BATCH, verbose=0,
+                                      return_dict=True))
+    keras.backend.clear_session()
+    return results
+
+
+def test_a_regression_cnn_trains_and_scores_as_keras_fit_and_evaluate(workspace, threads_kept):
+    """Float targets, MSE, and compiled MAE and RMSE per fold as Keras' fit + evaluate give them;
+    the same model trained on the targets cast to int (what foldsweep's int labels did) lands far."""
+    spec = spec_for(workspace, "regression", dataset="regress.npz", splitter="kfold", metric="mae")
+    ours = trial_fold_scores(spec)
+    theirs = keras_fold_scores(spec, "regression")
+    truncated = keras_fold_scores(spec, "regression", cast=lambda y: y.astype(np.int32))
+    for k, scores in enumerate(theirs):
+        for name in ("loss", "mae", "root_mean_squared_error"):
+            assert ours[(k, name)] == pytest.approx(scores[name], rel=REGRESSION_TOLERANCE, abs=PRINTED), (k, name, ours, scores)
+        assert abs(truncated[k]["mae"] - scores["mae"]) >= REGRESSION_FAR * scores["mae"], (truncated[k], scores)
+
+
+def test_every_compiled_metric_is_each_folds_own_over_the_whole_fold_as_keras_evaluate(workspace, threads_kept):
+    """AUC, TruePositives and a researcher's Metric subclass, as `trial` prints them per fold,
+    equal what Keras' evaluate gives on each fold after its own fit; a mean of batch means (here
+    of TruePositives, a count) would land far away."""
+    import keras
+
+    from pipeline.inputs.hypermodel import build_model, load_builder
+    from pipeline.inputs.spec import load_spec
+    from pipeline.sweep import prepare
+    from pipeline.engine.training import epoch_order, fold_seed
+
+    spec = spec_for(workspace, "metrics")
+    ours = trial_fold_scores(spec)
+    prepared = prepare(load_spec(spec))
+    data = prepared.dataset
+    build = load_builder(workspace / "parity.py", "metrics")
+    for k, fold in enumerate(prepared.folds.folds):
+        seed = fold_seed(prepared.spec.train.seed, k)
+        keras.utils.set_random_seed(seed)
+        model = build_model(build, {}, input_shape=data.input_shape)
+        for epoch in range(EPOCHS):
+            order = epoch_order(fold.train, seed=seed, epoch=epoch)
+            model.fit(data.x[order], data.y[order], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        x_val, y_val = data.x[fold.val], data.y[fold.val]
+        theirs = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
+        for name in COMPILED_METRICS:
+            assert abs(ours[(k, name)] - theirs[name]) <= TOLERANCE * max(1.0, abs(theirs[name])), (k, name, ours, theirs)
+        batch_means = np.mean([model.evaluate(x_val[i:i + BATCH], y_val[i:i + BATCH], verbose=0, return_dict=True)["tp"]
+                               for i in range(0, len(y_val), BATCH)])
+        assert abs(batch_means - theirs["tp"]) >= 0.5 * theirs["tp"], (batch_means, theirs["tp"])
+    keras.backend.clear_session()
+
+
+CLASS_WEIGHT = {0: 1.0, 1: 5.0}
+
+
+def test_class_weights_train_as_keras_fit_class_weight(workspace, threads_kept):
+    """train.class_weight weighs each training sample's loss as fit(class_weight=...) does: the
+    training loss (weighted) and the validation loss (unweighted) per fold land where Keras' own
+    land; fit without the weights trains a loss far from it. The stacked layout does not apply
+    them yet, so the trial falls back and says why."""
+    import keras
+
+    from pipeline.inputs.hypermodel import build_model, load_builder
+    from pipeline.inputs.spec import load_spec
+    from pipeline.sweep import prepare
+    from pipeline.engine.training import epoch_order, fold_seed
+
+    spec = spec_for(workspace, "sigmoid", class_weight=CLASS_WEIGHT)
+    result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])
+    assert result.exit_code == 0, result.output
+    ours = {}
+    for line in result.output.splitlines():
+        epoch = re.match(r"epoch (\d+): ", line)
+        if epoch:
+            for k, train, val in re.findall(r"fold (\d+) train_loss (\S+) val_loss (\S+)", line):
+                ours[(int(epoch.group(1)), int(k))] = (float(train), float(val))
+    prepared = prepare(load_spec(spec))
+    assert prepared.spec.train.class_weight == CLASS_WEIGHT
+    data = prepared.dataset
+    build = load_builder(workspace / "parity.py", "sigmoid")
+    for weighted in (True, False):
+        for k, fold in enumerate(prepared.folds.folds):
+            seed = fold_seed(prepared.spec.train.seed, k)
+            keras.utils.set_random_seed(seed)
+            model = build_model(build, {}, input_shape=data.input_shape)
+            for epoch in range(EPOCHS):
+                order = epoch_order(fold.train, seed=seed, epoch=epoch)
+                history = model.fit(data.x[order], data.y[order], batch_size=BATCH, epochs=1, shuffle=False,
+                                    validation_data=(data.x[fold.val], data.y[fold.val]), verbose=0,
+                                    class_weight=CLASS_WEIGHT if weighted else None).history
+                train, val = ours[(epoch + 1, k)]
+                if weighted:
+                    assert train == pytest.approx(history["loss"][0], rel=0.01, abs=PRINTED), (k, epoch, train, history)
+                    assert val == pytest.approx(history["val_loss"][0], rel=0.01, abs=PRINTED), (k, epoch, val, history)
+                elif epoch == 0:  # unweighted, the first epoch's training loss is a fraction of the weighted one
+                    assert history["loss"][0] < 0.6 * train, (k, train, history)
+    keras.backend.clear_session()
+
+
+def test_labels_per_position_with_ignored_padding_score_as_keras_fit_and_evaluate(workspace, threads_kept):
+    """A [batch, L, classes] model with SparseCategoricalCrossentropy(ignore_class=-1): the
+    per-fold validation loss (each batch's mean over the positions kept, as Keras reduces it) and
+    the compiled accuracy equal Keras' fit + evaluate; the mean over every position, padding
+    included, lands far away."""
+    import keras
+
+    spec = spec_for(workspace, "per_position", dataset="positions.npz", splitter="kfold", metric="loss")
+    ours = trial_fold_scores(spec)
+    theirs = keras_fold_scores(spec, "per_position")
+    data = np.load(workspace / "positions.npz")
+    padded = float(np.mean(data["y"] == -1))
+    assert padded > 0.2
+    for k, scores in enumerate(theirs):
+        for name in ("loss", "accuracy"):
+            assert ours[(k, name)] == pytest.approx(scores[name], rel=REGRESSION_TOLERANCE, abs=2 * PRINTED), (k, name, ours, scores)
+        # A mean over every position (the padded ones adding 0) would be (1 - padded) of it.
+        assert abs(ours[(k, "loss")] * (1 - padded) - scores["loss"]) >= 0.15 * scores["loss"]
+    keras.backend.clear_session()

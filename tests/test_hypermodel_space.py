@@ -121,7 +121,24 @@ FIT_OVERRIDES = {
                   "callback TerminateOnNaN, which foldsweep cannot honour"),
     "sample weights": ("return model.fit(*args, sample_weight=None, **kwargs)", "(1) sample_weight=...: foldsweep trains the loss unweighted"),
     "a loop of its own": ("model.train_on_batch(args[0], args[1])", "calls model.fit 0 times"),
+    # Weights computed from the labels fit() is given would be the probe's, not each fold's.
+    "class weights of its labels": ("return model.fit(*args, class_weight={int(args[1][0]): 2.0}, **kwargs)",
+                                    "(1) class_weight=... computed from the labels fit() is given, which are not a "
+                                    "fold's: use train.class_weight: balanced"),
 }
+
+
+def test_a_fit_override_passing_class_weights_weighs_the_training_loss_as_the_spec_would(write_experiment):
+    source = ("import keras\nimport keras_tuner\n\n"
+              "class Model(keras_tuner.HyperModel):\n"
+              "    def build(self, hp):\n"
+              "        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2, activation='softmax')])\n"
+              "        model.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
+              "        return model\n\n"
+              "    def fit(self, hp, model, *args, **kwargs):\n"
+              "        return model.fit(*args, class_weight={0: 1, 1: 3.5}, **kwargs)\n")
+    experiment = load_experiment(write_experiment(source), "Model")
+    assert experiment.fit_class_weight == {0: 1.0, 1: 3.5}
 
 
 @pytest.mark.parametrize("what", FIT_OVERRIDES)

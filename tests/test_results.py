@@ -82,6 +82,23 @@ def test_mlflow_gets_nan_scores_but_no_unmeasured_throughput():
                                     "nan_last_finite_loss": "0.3", "nan_grad_norm": "7.0"}
 
 
+def test_every_metric_of_a_fold_is_reported_read_back_and_a_nan_fold_counts_as_its_worst():
+    """Compiled metrics ride along as val_<name>; a regression has no accuracy; a NaN fold counts
+    as each metric's worst by its direction (unknown: the mean stays NaN), on the driver too."""
+    folds = (FoldScores(0.5, 0.6, None, {"mae": 0.2, "r2_score": 0.7, "mcc": 0.3}),
+             FoldScores.frozen(("mae", "r2_score", "mcc"), classifier=False))
+    result = EpochResult(epoch=1, fold_ids=(0, 1), folds=folds, throughput=epoch_result().throughput,
+                         directions={"mae": "min", "r2_score": "max", "mcc": ""})
+    report = json.loads(json.dumps(result.report()))
+    assert "split0_val_accuracy" not in report and report["split0_val_mae"] == 0.2
+    assert report["mean_val_mae"] == pytest.approx((0.2 + 1e6) / 2)
+    assert report["mean_val_r2_score"] == pytest.approx((0.7 - 1e6) / 2)
+    assert math.isnan(report["mean_val_mcc"])
+    again = EpochResult.from_report(report)
+    assert again.folds[0] == folds[0] and again.cv_summary()["mean_val_mae"] == report["mean_val_mae"]
+    assert not unrecorded_keys({**report, "running_best_mean_val_mae": 0.2})
+
+
 def test_status_follows_nan_and_planned_epochs():
     assert epoch_result(epoch=3, planned=3).status() is TrialStatus.OK
     assert epoch_result(epoch=2, planned=3).status() is TrialStatus.PRUNED

@@ -51,7 +51,15 @@ BAD_SPECS = [
     ({"search": {"space": {"optimizer": "adamm"}}}, "search.space.optimizer must be one of adam, adamw, sgd, rmsprop (did you mean 'adam'?), got 'adamm'"),
     ({"search": {"space": {"optimizer": {"uniform": [0, 1]}}}}, "search.space.optimizer must be a fixed value or a choice/grid"),
     ({"train": {"epochs": 0}}, "train.epochs must be an integer >= 1, got 0"),
-    ({"train": {"metric": "acc"}}, "train.metric must be one of accuracy, loss"),
+    ({"train": {"metric": "val accuracy"}}, "train.metric must be a metric's name (loss, accuracy, or a Keras metric"),
+    # Neither Keras nor KerasTuner knows which way a researcher's own metric improves.
+    ({"train": {"metric": "mcc", "mode": DELETE}}, "train.mode is required for train.metric mcc: neither Keras nor KerasTuner knows "
+                                   "whether a higher mcc is better (max) or worse (min), got None"),
+    ({"train": {"metric": "mae", "mode": "max"}}, "train.mode must be min for train.metric mae"),
+    ({"train": {"metrics": "auc"}}, "train.metrics must be a list of Keras metric identifiers"),
+    ({"train": {"class_weight": {0: 1.0, 1: -2}}}, "train.class_weight must be balanced or a mapping of integer class "
+                                                  "labels to weights > 0"),
+    ({"train": {"class_weight": "inverse"}}, "train.class_weight must be balanced or a mapping"),
     ({"train": {"mode": "maximize"}}, "train.mode must be one of max, min"),
     # A mode against its metric's direction would crown the worst trial and refit it.
     ({"train": {"metric": "loss", "mode": "max"}},
@@ -150,6 +158,7 @@ def test_valid_spec_fills_defaults(write_spec):
     assert spec.cv.n_splits == 2 and spec.cv.n_repeats == 1 and spec.cv.replicas == 2
     assert spec.train.select == "best_epoch"  # scored at the best epoch of the mean CV curve, as KerasTuner
     assert spec.train.mode == "min"  # the natural direction of the chosen metric
+
     assert spec.objective.key == "mean_val_loss" and spec.objective.better(0.1, than=0.2)
     assert spec.resources.gpu == 0.0
     assert spec.train.label_smoothing == 0.0  # foldsweep's own loss, unsmoothed, as Keras' default
@@ -159,6 +168,26 @@ def test_valid_spec_fills_defaults(write_spec):
     assert spec.search.space["filters"] == ParamSpec("fixed", (16,))
     assert spec.dataset.name == "mnist1d" and spec.dataset.options == {"num_samples": 400}
     assert "name: tiny" in spec.source_text
+
+@pytest.mark.parametrize(("metric", "mode"), [("auc", "max"), ("val_auc", "max"), ("mae", "min"),
+                                              ("root_mean_squared_error", "min"), ("precision", "max"), ("r2_score", "max")])
+def test_a_keras_metric_as_objective_gets_its_direction(write_spec, metric, mode):
+    spec = load_spec(write_spec({"train": {"mode": DELETE, "metric": metric, "metrics": ["auc"]}}))
+    assert (spec.objective.metric, spec.objective.mode) == (metric.removeprefix("val_"), mode)
+    assert spec.train.metrics == ("auc",)
+
+
+def test_class_weights_are_balanced_or_given_per_label(write_spec):
+    assert load_spec(write_spec({"train": {"class_weight": "balanced"}})).train.class_weight == "balanced"
+    assert load_spec(write_spec({"train": {"class_weight": {0: 1, 1: 4.5}}})).train.class_weight == {0: 1.0, 1: 4.5}
+    assert load_spec(write_spec({})).train.class_weight is None
+
+
+def test_a_metric_of_unknown_direction_ranks_by_the_mode_given_and_early_stopping_watches_it(write_spec):
+    spec = load_spec(write_spec({"train": {"metric": "mcc", "mode": "max", "early_stopping": {"patience": 2}}}))
+    assert spec.objective.key == "mean_val_mcc" and spec.objective.mode == "max"
+    assert spec.train.early_stopping.objective == spec.objective
+
 
 
 def test_string_dataset_is_a_name_or_a_file(write_spec):

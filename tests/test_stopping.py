@@ -80,7 +80,9 @@ def test_the_rule_stops_patience_epochs_after_the_best_and_a_nan_fold_is_no_wors
 @pytest.mark.parametrize("section, message", [
     ({"early_stopping": {}}, "train.early_stopping.patience is required"),
     ({"early_stopping": {"patience": 0}}, "train.early_stopping.patience must be an integer >= 1, got 0"),
-    ({"early_stopping": {"patience": 2, "monitor": "val_loss"}}, "train.early_stopping.monitor must be one of accuracy, loss"),
+    # Any validation metric may be watched (val_loss is read as loss); one of unknown direction needs its mode.
+    ({"early_stopping": {"patience": 2, "monitor": "mcc"}}, "train.early_stopping.mode is required for monitor mcc"),
+    ({"early_stopping": {"patience": 2, "monitor": "val loss"}}, "train.early_stopping.monitor must be a metric's name"),
     ({"early_stopping": {"patience": 2, "min_delta": -1}}, "train.early_stopping.min_delta must be a number >= 0"),
     ({"early_stopping": {"patience": 2, "baseline": "high"}}, "train.early_stopping.baseline must be a number"),
     ({"early_stopping": {"patience": 2, "wait": 1}}, "unknown key 'train.early_stopping.wait'"),

@@ -246,6 +246,27 @@ def _check_compiled_loss_weights() -> str | None:
     return None
 
 
+def _check_compile_metrics() -> str | None:
+    if problem := _missing("keras.src.trainers.compile_utils", "CompileMetrics"):
+        return problem
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    auc = keras.metrics.AUC(name="auc")
+    model.compile(loss="mse", metrics=["mae", auc], weighted_metrics=["mse"])
+    compiled = getattr(model, "_compile_metrics", None)
+    if getattr(compiled, "_user_metrics", None) != ["mae", auc] or \
+            getattr(compiled, "_user_weighted_metrics", None) != ["mse"]:
+        return ("a compiled model no longer shows compile(metrics=, weighted_metrics=) as "
+                "_compile_metrics._user_metrics and _user_weighted_metrics")
+    from keras.src.trainers.compile_utils import CompileMetrics
+
+    for method in ("build", "update_state", "result", "reset_state"):
+        if not callable(getattr(CompileMetrics, method, None)):
+            return f"keras' CompileMetrics has no {method}"
+    return None
+
+
 def holds_seed_generator(layer: object) -> bool:
     """Whether a Keras layer draws random numbers: it holds a SeedGenerator, Dropout and the noise
     layers as ``seed_generator``, the augmentation layers (RandomFlip...) as ``generator``."""
@@ -428,6 +449,10 @@ HOOKS: tuple[Hook, ...] = (
     Hook("keras", "model._compile_loss._user_loss_weights",
          "compile(loss_weights=...) is refused instead of silently trained unweighted",
          ("_compile_loss", "_user_loss_weights"), _check_compiled_loss_weights),
+    Hook("keras", "model._compile_metrics._user_metrics/_user_weighted_metrics and "
+         "keras.src.trainers.compile_utils.CompileMetrics",
+         "every metric a model compiles is built, named and accumulated per fold as Keras' evaluate does",
+         ("_compile_metrics", "_user_metrics", "_user_weighted_metrics"), _check_compile_metrics),
     Hook("keras", "the keras.random.SeedGenerator held by every layer that draws random numbers",
          "models with random layers foldsweep cannot draw for are never stacked (each fold draws its own numbers)",
          (), _check_seed_generators),

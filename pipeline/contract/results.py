@@ -39,6 +39,9 @@ COMPILE_S = "compile_s"
 COMPILE_CACHE_HITS = "compile_cache_hits"
 COMPILE_CACHE_MISSES = "compile_cache_misses"
 FOLD_SCORE_NAMES = ("train_loss", "val_loss", "val_accuracy")
+# Which way each other validation metric improves ({name: "max" | "min" | ""}): a report's
+# bookkeeping, from which the driver counts a NaN fold as that metric's worst score.
+SCORE_DIRECTIONS = "score_directions"
 NAN_FOLD, NAN_EPOCH, NAN_STEP = "nan_fold", "nan_epoch", "nan_step"
 NAN_FIELDS = (NAN_FOLD, NAN_EPOCH, NAN_STEP, "nan_last_finite_loss", "nan_grad_norm")
 # The library versions a trial reports once per process (with where and how it ran: TrialInfo),
@@ -69,7 +72,7 @@ def trial_label(trial_id: str) -> str:
 
 # Keys that steer Ray Tune or that it adds for itself; not findings, so never recorded.
 BOOKKEEPING_KEYS = frozenset({
-    *(f"{RUNNING_BEST_PREFIX}mean_val_{metric}" for metric in ("accuracy", "loss")),
+    *(f"{RUNNING_BEST_PREFIX}mean_val_{metric}" for metric in ("accuracy", "loss")), SCORE_DIRECTIONS,
     DONE, EPOCH, EPOCHS_PLANNED, FOLD_IDS, "trial_id", "training_iteration", "time_this_iter_s", "time_total_s",
     "timestamp", "date", "time_since_restore", "iterations_since_restore", "experiment_tag", "config",
     "checkpoint_dir_name", "should_checkpoint", "timesteps_total", "episodes_total", "timesteps_since_restore",
@@ -117,12 +120,26 @@ def split_key(fold: int, name: str) -> str:
 
 
 def is_cv_score(key: str) -> bool:
-    """A key ``cv_summary`` makes: ``split{k}_``, ``mean_`` or ``std_`` of a fold score."""
-    for name in FOLD_SCORE_NAMES:
-        head = key.removesuffix(f"_{name}")
-        if head != key and (head in ("mean", "std") or (head.startswith("split") and head[5:].isdigit())):
-            return True
-    return False
+    """A key ``cv_summary`` makes: ``split{k}_``, ``mean_`` or ``std_`` of a fold score (the
+    training loss or a ``val_`` score)."""
+    head, _, name = key.partition("_")
+    if not (head in ("mean", "std") or (head.startswith("split") and head[5:].isdigit())):
+        return False
+    return name == "train_loss" or (name.startswith("val_") and len(name) > 4)
+
+
+def is_bookkeeping(key: str) -> bool:
+    """A key that steers Ray Tune or that it adds for itself (the running best of any objective)."""
+    return key in BOOKKEEPING_KEYS or key.startswith(RUNNING_BEST_PREFIX)
+
+
+def worst_scores(directions: Mapping[str, str]) -> dict[str, float]:
+    """What a NaN fold counts as for each fold score: ``NAN_FOLD_SCORES`` and, for every other
+    metric, its worst by direction (NaN when its direction is unknown)."""
+    from pipeline.inputs.scoring import Scorer
+
+    return {**{f"val_{name}": Scorer(name, direction or None).worst for name, direction in directions.items()},
+            **NAN_FOLD_SCORES}
 
 
 def in_history(key: str) -> bool:
@@ -210,17 +227,27 @@ class NanEvent:
 
 @dataclass(frozen=True)
 class FoldScores:
+    """One fold's epoch: its training loss, validation loss and accuracy, and every other metric
+    it computes ({name: value}, recorded as ``val_<name>``), each over the whole validation fold."""
+
     train_loss: float
     val_loss: float
-    val_accuracy: float
+    val_accuracy: float | None  # None for regression, which has no accuracy
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
-    def frozen(cls) -> FoldScores:
+    def frozen(cls, metrics: Sequence[str] = (), *, classifier: bool = True) -> FoldScores:
         """A fold that went NaN earlier: it trains no more, its scores are NaN."""
-        return cls(math.nan, math.nan, math.nan)
+        return cls(math.nan, math.nan, math.nan if classifier else None, {name: math.nan for name in metrics})
 
     def as_dict(self) -> dict[str, float]:
-        return {"train_loss": self.train_loss, "val_loss": self.val_loss, "val_accuracy": self.val_accuracy}
+        accuracy = {"val_accuracy": self.val_accuracy} if self.val_accuracy is not None else {}
+        return {"train_loss": self.train_loss, "val_loss": self.val_loss, **accuracy,
+                **{f"val_{name}": value for name, value in self.metrics.items()}}
+
+    def score(self, name: str) -> float:
+        """``val_<name>``."""
+        return self.as_dict()[f"val_{name}"]
 
 
 @dataclass(frozen=True)
@@ -338,6 +365,7 @@ class EpochResult:
     epochs_planned: int = 0
     done: bool = False
     stopped_epoch: int | None = None  # the trial's own early stopping ended it here
+    directions: Mapping[str, str] = field(default_factory=dict)  # SCORE_DIRECTIONS
     # The trial's time account at this epoch's report, and the pause before this epoch trained
     # (None for a process's first epoch, which start-up precedes).
     account: TimeAccount | None = None
@@ -354,10 +382,10 @@ class EpochResult:
 
     def live_scores(self, name: str) -> list[float]:
         """``val_<name>`` of the folds still training (a NaN fold's frozen scores left out)."""
-        return [getattr(fold, f"val_{name}") for fold in self.folds if math.isfinite(fold.val_loss)]
+        return [fold.score(name) for fold in self.folds if math.isfinite(fold.val_loss)]
 
     def cv_summary(self) -> dict[str, float]:
-        return cv_summary([fold.as_dict() for fold in self.folds], self.fold_ids)
+        return cv_summary([fold.as_dict() for fold in self.folds], self.fold_ids, worst=worst_scores(self.directions))
 
     def status(self) -> TrialStatus:
         """ok, nan, or pruned (stopped before its planned epochs)."""
@@ -372,6 +400,7 @@ class EpochResult:
         stopped = {STOPPED_EPOCH: self.stopped_epoch} if self.stopped_epoch is not None else {}
         return {EPOCH: self.epoch, EPOCHS_PLANNED: self.epochs_planned, DONE: self.done,
                 FOLD_IDS: list(self.fold_ids), **self.cv_summary(), **self.throughput_values(),
+                SCORE_DIRECTIONS: json.dumps(dict(self.directions), sort_keys=True),
                 **self.nan.as_dict(), **stopped, **self.account_values(), **(info.report() if info else {})}
 
     def account_values(self) -> dict[str, float]:
@@ -399,7 +428,9 @@ class EpochResult:
     @classmethod
     def from_report(cls, report: Mapping[str, Any]) -> EpochResult:
         fold_ids = tuple(int(k) for k in report[FOLD_IDS])
-        folds = tuple(FoldScores(**{name: float(report[split_key(k, name)]) for name in FOLD_SCORE_NAMES})
+        directions = json.loads(report.get(SCORE_DIRECTIONS) or "{}")
+        folds = tuple(FoldScores(**{name: _optional_float(report.get(split_key(k, name))) for name in FOLD_SCORE_NAMES},
+                                 metrics={name: float(report[split_key(k, f"val_{name}")]) for name in directions})
                       for k in fold_ids)
         throughput = Throughput(
             train_samples_per_s=report[TRAIN_RATE], eval_samples_per_s=report[EVAL_RATE],
@@ -418,8 +449,8 @@ class EpochResult:
         gap = report.get(EPOCH_GAP_S)
         return cls(epoch=int(report[EPOCH]), fold_ids=fold_ids, folds=folds, throughput=throughput, nan=nan,
                    epochs_planned=int(report.get(EPOCHS_PLANNED, 0)), done=bool(report.get(DONE, False)),
-                   stopped_epoch=None if stopped is None else int(stopped), account=trial_account(report),
-                   epoch_gap_s=None if gap is None else float(gap))
+                   stopped_epoch=None if stopped is None else int(stopped), directions=directions,
+                   account=trial_account(report), epoch_gap_s=None if gap is None else float(gap))
 
     def mlflow_metrics(self) -> dict[str, float]:
         """Metrics at step = epoch: a fold's NaN is recorded as NaN (it is the finding); a
@@ -474,24 +505,29 @@ def unrecorded_keys(report: Mapping[str, Any]) -> set[str]:
     # Before a retirement reason (a worker that runs on, or a checkpoint of an older release's
     # yes/no), the key holds nothing to record.
     quiet = {WORKER_RETIRES} if not isinstance(report.get(WORKER_RETIRES), str) or not report[WORKER_RETIRES] else set()
-    return set(report) - recorded_keys(report) - BOOKKEEPING_KEYS - quiet
+    return {key for key in set(report) - recorded_keys(report) - quiet if not is_bookkeeping(key)}
 
 
-def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] | None = None) -> dict[str, float]:
+def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] | None = None, *,
+               worst: Mapping[str, float] = NAN_FOLD_SCORES) -> dict[str, float]:
     """Per-fold results -> split{k}_<key>, mean_<key>, std_<key> (population std, as sklearn).
 
     A non-finite fold value stays as it is in split{k}_<key> and counts as the worst score
-    (``NAN_FOLD_SCORES``) in the mean and std, which therefore stay finite.
+    (``worst``: ``worst_scores``) in the mean and std, which therefore stay finite.
     """
     summary: dict[str, float] = {}
     for key in per_fold[0]:
         values = np.array([fold[key] for fold in per_fold], dtype=np.float64)
         for k, value in zip(fold_ids if fold_ids is not None else range(len(values)), values):
             summary[split_key(k, key)] = float(value)
-        scored = np.where(np.isfinite(values), values, NAN_FOLD_SCORES.get(key, np.nan))
+        scored = np.where(np.isfinite(values), values, worst.get(key, np.nan))
         summary[f"mean_{key}"] = float(scored.mean())
         summary[f"std_{key}"] = float(scored.std())
     return summary
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _optional_int(value: Any) -> int | None:

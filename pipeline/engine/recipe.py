@@ -158,5 +158,5 @@ class TrainingRecipe:
     def optimizer(self, model: keras.Model, params: TrainingParams) -> OptimizerRecipe:
         return optimizer_recipe(model, params, spec_names=self.spec_names)
 
-    def loss(self, model: keras.Model, *, units: int) -> TrainingLoss:
-        return training_loss(model, train=self.train, units=units)
+    def loss(self, model: keras.Model, *, units: int, regression: bool = False, per_position: bool = False) -> TrainingLoss:
+        return training_loss(model, train=self.train, units=units, regression=regression, per_position=per_position)

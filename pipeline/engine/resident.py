@@ -21,7 +21,7 @@ class ResidentData:
     fingerprint: str
     device: str
     x: object  # tf.Tensor (samples, ...) float32
-    y: object  # tf.Tensor (samples,) of integer_dtype(device); the steps read it as int32
+    y: object  # tf.Tensor (samples, ...): class labels of integer_dtype(device), or float32 regression targets
 
     @property
     def index_dtype(self) -> type:
@@ -33,9 +33,17 @@ def integer_dtype(device: str) -> type:
     """int64 on a GPU, int32 on CPU. TensorFlow keeps an int32 tensor placed on a GPU in host
     memory (its GPU kernels take int32 from the host), so int32 labels and index batches would
     cross to the device at every launch that gathers them; int64 ones stay on the device. The
-    steps cast the gathered labels to int32, where a GPU's compiled step holds them, so that the
-    loss sees the labels it sees on CPU."""
+    steps cast the gathered labels to int32 (``step_labels``), where a GPU's compiled step holds
+    them, so that the loss sees the labels it sees on CPU."""
     return np.int64 if "GPU" in device else np.int32
+
+
+def step_labels(labels: object) -> object:
+    """Gathered labels as the loss sees them on every device: class labels as int32 (int64 on a
+    GPU, ``integer_dtype``), regression targets unchanged."""
+    import tensorflow as tf
+
+    return tf.cast(labels, tf.int32) if labels.dtype.is_integer else labels
 
 
 def transfers() -> int:
@@ -60,7 +68,9 @@ def resident_data(fingerprint: str, x: np.ndarray, y: np.ndarray) -> ResidentDat
     device = training_device()
     with tf.device(device):
         features = tf.constant(np.asarray(x, dtype=np.float32))
-        labels = tf.constant(np.asarray(y, dtype=integer_dtype(device)))
+        # Regression targets stay floats (an int cast would truncate them); class labels are integers.
+        targets = np.asarray(y)
+        labels = tf.constant(targets.astype(np.float32 if targets.dtype.kind == "f" else integer_dtype(device)))
     _transfers += 1
     # One dataset per sweep is the norm; keeping older ones would only hold device memory.
     _resident.clear()

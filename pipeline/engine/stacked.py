@@ -36,7 +36,7 @@ import numpy as np
 from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
 from pipeline.contract.plan import RandomDraws, StackedConvolutions, StopTest
 from pipeline.engine import draws
-from pipeline.engine.resident import ResidentData
+from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams
 from pipeline.engine.training import (EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step,
@@ -683,7 +683,8 @@ def _stacked_steps(template: keras.Model, stacked: _Stacked, *, loss: TrainingLo
     def train_step(indices, weights, active):
         # indices, weights: [k, batch]; a weight of 0 pads a fold's short last batch.
         x = tf.gather(features, tf.reshape(indices, [-1]))
-        y = tf.cast(tf.reshape(tf.gather(labels, indices), [-1]), tf.int32)  # int64 on a GPU
+        # the folds' batches, one after another (int64 class labels on a GPU: ``step_labels``)
+        y = step_labels(tf.reshape(tf.gather(labels, indices), [-1, *labels.shape[1:]]))
         counts = tf.reduce_sum(weights, axis=1)
         # Layer state (moving statistics, generator states) moves in the forward pass of every
         # fold that trains, as a fold model's own does whether its step is then applied or not.

@@ -71,7 +71,8 @@ class FoldTrainer:
 
     def __init__(self, models: Sequence[keras.Model], params: TrainingParams, *, data: ResidentData,
                  folds: Sequence[Fold], plan: TrialPlan, seed: int, fold_ids: Sequence[int], optimizer: OptimizerRecipe,
-                 loss: TrainingLoss, eager: bool = False):
+                 loss: TrainingLoss, eager: bool = False, metrics: Sequence[str] = (),
+                 class_weight: str | Mapping[int, float] | None = None):
         self.params = params
         self.plan = plan
         self.optimizer = optimizer
@@ -82,9 +83,13 @@ class FoldTrainer:
         self.engines = [
             FoldEngine(model, optimizer.make(), data, fold, batch_size=params.batch_size, seed=fold_seed(seed, k),
                        jit_compile=plan.jit_compile, loss=loss, eager=eager, steps_per_launch=plan.steps_per_launch,
-                       shuffle=params.shuffle, counter_draws=plan.random_draws == "counter", stop_test=plan.stop_test)
+                       shuffle=params.shuffle, counter_draws=plan.random_draws == "counter", stop_test=plan.stop_test,
+                       metrics=metrics, class_weights=fold_class_weights(class_weight, data, fold))
             for k, fold, model in zip(self.fold_ids, folds, models)
         ]
+        # Which way each metric besides loss and accuracy improves ("" when unknown): what a fold
+        # that went NaN counts as in the CV mean.
+        self.directions = {scorer.name: scorer.direction or "" for scorer in self.engines[0].metrics.scorers()}
         self._executor = _executor(plan, self.engines, params, data=data, loss=loss, optimizer=optimizer)
         self._cache = _CacheUse.start(plan, self.engines, self._executor) if not eager else None
         self.clock = EpochClock()
@@ -116,17 +121,20 @@ class FoldTrainer:
         with Trace(VALIDATION_REGION):
             for i, engine in enumerate(self.engines):
                 if i not in train_losses:  # frozen since it went NaN; the other folds train on
-                    scores.append(FoldScores.frozen())
+                    scores.append(FoldScores.frozen(engine.metrics.names, classifier=engine.own_accuracy))
                     continue
-                val_loss, val_accuracy = engine.evaluate(self.epoch)
+                val_loss, val_accuracy, others = engine.evaluate(self.epoch)
                 if engine.failure is not None:
-                    val_loss = val_accuracy = math.nan
-                scores.append(FoldScores(train_losses[i], val_loss, val_accuracy))
+                    val_loss = math.nan
+                    val_accuracy = None if val_accuracy is None else math.nan
+                    others = {name: math.nan for name in others}
+                scores.append(FoldScores(train_losses[i], val_loss, val_accuracy, others))
         self.clock.close_epoch(began, trained, time.perf_counter())
         self.epoch += 1
         failures = [(k, engine.failure) for k, engine in zip(self.fold_ids, self.engines) if engine.failure is not None]
         return EpochResult(epoch=self.epoch, fold_ids=tuple(self.fold_ids), folds=tuple(scores),
-                           throughput=self.throughput(), nan=NanReport.of(failures), epoch_gap_s=self.clock.last_gap_s)
+                           throughput=self.throughput(), nan=NanReport.of(failures), directions=self.directions,
+                           epoch_gap_s=self.clock.last_gap_s)
 
     def time_account(self, *, started: float, now: float) -> TimeAccount:
         """Where the wall clock from ``started`` (the trial's start in this process) to ``now``
@@ -214,7 +222,9 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
         keras.utils.set_random_seed(fold_seed(seed, k))
         models.append(build_model(build_fn, model_values, input_shape=input_shape))
     optimizer = recipe.optimizer(models[0], params)
-    loss = recipe.loss(models[0], units=output_units(models[0], input_shape))
+    per_position = data.y.shape.rank > 1 and not data.y.dtype.is_floating
+    loss = recipe.loss(models[0], units=output_units(models[0], input_shape), regression=data.y.dtype.is_floating,
+                       per_position=per_position)
 
     tf32 = tf32_in_effect(data.device)
 
@@ -222,6 +232,10 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
                          convolutions: StackedConvolutions) -> str | None:
         from pipeline.engine.stacked import stacking_blocker
 
+        if recipe.train.class_weight is not None:
+            return "train.class_weight (each fold's own weights) is not yet applied in the stacked step"
+        if data.y.shape.rank > 1:
+            return "targets with more than one value per sample (per position, or a vector) are not yet stacked"
         return stacking_blocker(models, data, [fold.train for fold in folds], batch_size=params.batch_size,
                                 jit_compile=jit_compile, random_draws=random_draws, optimizer=optimizer,
                                 convolutions=convolutions, tf32=tf32)
@@ -233,7 +247,30 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay
     return FoldTrainer(models, params, data=data, folds=folds, plan=plan, seed=seed, fold_ids=fold_ids,
-                       optimizer=optimizer, loss=loss, eager=recipe.choices.eager)
+                       optimizer=optimizer, loss=loss, eager=recipe.choices.eager, metrics=recipe.train.metrics,
+                       class_weight=recipe.train.class_weight)
+
+
+def fold_class_weights(class_weight: str | Mapping[int, float] | None, data: ResidentData,
+                       fold: Fold) -> np.ndarray | None:
+    """Each class's weight in a fold's training loss, indexed by label (``train.class_weight``):
+    balanced by scikit-learn's rule from the fold's own training labels (never its validation
+    data), or the given weights (1 for a class they leave out, as Keras' fit)."""
+    if class_weight is None:
+        return None
+    labels = np.asarray(data.y)
+    weights = np.ones(int(labels.max()) + 1, np.float32)
+    if class_weight == "balanced":
+        from sklearn.utils.class_weight import compute_class_weight
+
+        train = labels[np.asarray(fold.train)]
+        present = np.unique(train)
+        weights[present] = compute_class_weight("balanced", classes=present, y=train)
+        return weights
+    for label, weight in class_weight.items():
+        if label < len(weights):
+            weights[label] = weight
+    return weights
 
 
 def _gpu_identity(device: str) -> GpuIdentity | None:

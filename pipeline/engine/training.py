@@ -24,7 +24,8 @@ import numpy as np
 from pipeline.engine import draws
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.losses import TrainingLoss
-from pipeline.engine.resident import ResidentData
+from pipeline.inputs.scoring import ValidationMetrics
+from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.contract.plan import StopTest
 from pipeline.contract.results import EVAL_STEP, NanEvent
 
@@ -70,11 +71,14 @@ def traced_once(step: Callable[..., Any], *, eager: bool) -> Callable[..., Any]:
 
 
 def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: TrainingLoss, data: ResidentData,
-               *, counter_draws: bool = False, masked: bool = False, eager: bool = False) -> FoldSteps:
+               *, counter_draws: bool = False, masked: bool = False, eager: bool = False,
+               metrics: ValidationMetrics | None = None, class_weights: np.ndarray | None = None,
+               batch_size: int = 1) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
     ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
-    the summed loss and correct predictions of one batch. With ``counter_draws`` the model's
+    the summed loss and correct predictions of one batch, adding it to ``metrics``' states (Keras'
+    stateful metrics, as its ``test_step`` updates them). With ``counter_draws`` the model's
     random layers draw foldsweep's numbers (``pipeline.engine.draws``), else Keras' own. With
     ``masked`` (the plan's per-epoch stop test) a step computes its update whatever its health
     and keeps it only where it applies, with no tf.cond: a step not active keeps the layer state
@@ -83,16 +87,22 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
 
     features, labels = data.x, data.y
     norm_variables: list[Any] = []
+    # fit(class_weight=...): each sample's loss weighted by its class's weight, the batch's loss
+    # their mean (Keras' sum_over_batch_size divides by the batch, not by the weights' sum).
+    weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
     random_numbers = draws.counter_draws if counter_draws else contextlib.nullcontext
 
     def train_step(indices, enabled):
         x = tf.gather(features, indices)
-        y = tf.cast(tf.gather(labels, indices), tf.int32)  # int64 on a GPU (``integer_dtype``)
+        y = step_labels(tf.gather(labels, indices))
         states = list(model.non_trainable_variables) if masked else []
         states_before = [tf.identity(state.value) for state in states]
         with tf.GradientTape() as tape, random_numbers():
             predictions = model(x, training=True)
-            value = tf.reduce_mean(loss.per_sample(y, predictions))
+            per_sample = loss.per_sample(y, predictions)
+            if weights is not None:
+                per_sample = per_sample * tf.cast(tf.gather(weights, y), per_sample.dtype)
+            value = loss.batch_loss(y, per_sample)
             if model.losses:
                 value = value + tf.add_n(model.losses)
         gradients = tape.gradient(value, model.trainable_variables)
@@ -131,9 +141,14 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         return tally
 
     def evaluate_batch(indices):
-        y = tf.cast(tf.gather(labels, indices), tf.int32)
+        y = step_labels(tf.gather(labels, indices))
         predictions = model(tf.gather(features, indices), training=False)
-        return tf.reduce_sum(loss.per_sample(y, predictions)), tf.reduce_sum(loss.correct(y, predictions))
+        if metrics is not None:
+            metrics.update(y, predictions)
+        correct = tf.reduce_sum(loss.correct(y, predictions)) if loss.own_accuracy else tf.constant(0.0)
+        # Keras' evaluate adds up its batches' losses (of the trial's batch size) weighted by
+        # their sizes: with ignore_class that is not the mean over every position kept.
+        return loss.batches_loss_sum(y, loss.per_sample(y, predictions), batch_size), correct
 
     return FoldSteps(train_steps, evaluate_batch, norm_variables)
 
@@ -273,11 +288,13 @@ class FoldEngine:
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, data: ResidentData,
                  fold: Fold, *, batch_size: int, seed: int, jit_compile: bool, loss: TrainingLoss = TrainingLoss(
                      keras.losses.sparse_categorical_crossentropy), eager: bool = False, steps_per_launch: int = 1,
-                 shuffle: bool = True, counter_draws: bool = False, stop_test: StopTest = "per_launch"):
+                 shuffle: bool = True, counter_draws: bool = False, stop_test: StopTest = "per_launch",
+                 metrics: Sequence[str] = (), class_weights: np.ndarray | None = None):
         import tensorflow as tf
 
         self.model = model
         self.optimizer = optimizer
+        self.own_accuracy = loss.own_accuracy
         self.batch_size = batch_size
         self.seed = seed
         self.jit_compile = jit_compile
@@ -295,10 +312,20 @@ class FoldEngine:
         # had applied before it.
         self._running: tuple[int, int | None] | None = None
         optimizer.build(model.trainable_variables)
+        # The model's compiled metrics and the spec's, this fold's own objects, their variables
+        # made before the evaluation is traced.
+        self.metrics = ValidationMetrics(model, metrics, own_accuracy=loss.own_accuracy)
+        # Validation chunks hold whole batches of the trial's size (see ``batches_loss_sum``).
+        self._eval_chunk = batch_size * max(1, EVAL_BATCH_SIZE // batch_size)
+        with tf.device(self.device):
+            first = self._val_indices[:1]
+            self.metrics.build(step_labels(tf.gather(data.y, first)), model(tf.gather(data.x, first), training=False))
         per_epoch = stop_test == "per_epoch"
         train_steps, evaluate_batch, self.norm_variables = fold_steps(model, optimizer, loss, data,
                                                                       counter_draws=counter_draws, masked=per_epoch,
-                                                                      eager=eager)
+                                                                      eager=eager, metrics=self.metrics,
+                                                                      class_weights=class_weights,
+                                                                      batch_size=batch_size)
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
         # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and
@@ -389,25 +416,31 @@ class FoldEngine:
         step = EVAL_STEP if applied is None else int(self.optimizer.iterations.numpy()) - applied
         return StoppedCall(self.model, tuple(self.norm_variables), epoch + 1, step)
 
-    def evaluate(self, epoch: int) -> tuple[float, float]:
+    def evaluate(self, epoch: int) -> tuple[float, float | None, dict[str, float]]:
+        """The validation fold's loss, accuracy (None for regression) and every other metric
+        (``ValidationMetrics``), each over all its samples."""
         import tensorflow as tf
 
         self._running = (epoch, None)
         started = time.perf_counter()
+        self.metrics.reset()
         loss_sum = correct = 0.0
-        for begin in range(0, len(self._val_indices), EVAL_BATCH_SIZE):
+        for begin in range(0, len(self._val_indices), self._eval_chunk):
             with tf.device(self.device):
-                indices = tf.constant(self._val_indices[begin:begin + EVAL_BATCH_SIZE])
+                indices = tf.constant(self._val_indices[begin:begin + self._eval_chunk])
             batch_loss, batch_correct = self._evaluate_batch(indices)
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
+        others = {name: float(value) for name, value in self.metrics.results().items()}
         self._running = None
         self.eval_timer.add(time.perf_counter() - started, len(self._val_indices))
         loss, accuracy = loss_sum / len(self._val_indices), correct / len(self._val_indices)
+        if not self.own_accuracy:
+            accuracy = None
         if not math.isfinite(loss) and self.failure is None:
             self.failure = NanEvent(epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"),
                                     grad_norm=float("nan"))
-        return loss, accuracy
+        return loss, accuracy, others
 
 
 class FoldExecutor(Protocol):

@@ -37,7 +37,8 @@ class Dataset:
 
     @property
     def n_classes(self) -> int:
-        return int(self.y.max()) + 1
+        """The number of classes (0 for float, regression, targets)."""
+        return 0 if self.y.dtype.kind == "f" else int(self.y.max()) + 1
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -433,7 +434,7 @@ def check_arrays(dataset: Dataset, *, source: str) -> None:
         _check_label_type(y, y_name, source)
         if len(x) != len(y):
             raise DataError(f"dataset: {source} arrays {x_name} and {y_name} differ in length: {len(x)} vs {len(y)}")
-        if y.min() < 0:
+        if y.dtype.kind != "f" and y.ndim == 1 and y.min() < 0:
             raise DataError(f"dataset: {source} array {y_name} has negative labels, e.g. {int(y.min())}; "
                             f"{_negative_labels_fix(np.unique(y), y_name)}")
         bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if x.dtype.kind == "f" else np.zeros(len(x), bool)
@@ -441,7 +442,8 @@ def check_arrays(dataset: Dataset, *, source: str) -> None:
             raise DataError(
                 f"dataset: {source} array {x_name} has {int(bad.sum())} samples with NaN/Inf, "
                 f"first at index {int(np.argmax(bad))}")
-    _check_labels_start_at_0(dataset, source)
+    if dataset.y.dtype.kind != "f" and dataset.y.ndim == 1:
+        _check_labels_start_at_0(dataset, source)
     if dataset.x_test is not None and dataset.x_test.shape[1:] != dataset.x.shape[1:]:
         raise DataError(f"dataset: {source} x_test samples have shape {dataset.x_test.shape[1:]}, x has {dataset.x.shape[1:]}")
     if dataset.groups is not None and len(dataset.groups) != len(dataset.y):
@@ -449,10 +451,20 @@ def check_arrays(dataset: Dataset, *, source: str) -> None:
 
 
 def _check_label_type(y: np.ndarray, name: str, source: str) -> None:
-    """Class labels are a 1-D integer array; the common ways of getting that wrong get a hint."""
+    """Class labels are a 1-D integer array, regression targets floats of any shape that are not
+    all whole numbers; the common ways of getting that wrong get a hint."""
     rule = f"dataset: {source} array {name} must be 1-D integer class labels, got dtype {y.dtype} shape {y.shape}"
+    if y.dtype.kind == "f" and y.ndim >= 1 and len(y):
+        finite = np.isfinite(y.reshape(len(y), -1)).all(axis=1)
+        if not finite.all():
+            raise DataError(f"dataset: {source} array {name} has {int((~finite).sum())} samples with NaN/Inf "
+                            f"targets, first at index {int(np.argmin(finite))}")
+        if (y != np.round(y)).any():
+            return  # regression targets
     if y.ndim == 2 and y.shape[1] == 1:
         raise DataError(f"{rule}: one label per sample, flattened: {name}.ravel()")
+    if y.ndim >= 2 and y.dtype.kind in "iu":
+        return  # labels per position, checked against the model's output at validate
     if y.ndim == 2:
         raise DataError(f"{rule}: if these are one-hot rows, store the class numbers: {name}.argmax(axis=1)")
     if y.ndim != 1 or y.dtype.kind not in "iuf":

@@ -81,6 +81,11 @@ def make_folds(cv: CVSpec, dataset: Dataset) -> FoldPlan:
         raise DataError(f"cv.n_splits must be <= the number of samples ({n_samples}), got {cv.n_splits}")
     stratified = cv.splitter in ("stratified", "stratified_group")
     grouped = cv.splitter in ("group", "stratified_group")
+    if stratified and (np.asarray(dataset.y).dtype.kind == "f" or np.asarray(dataset.y).ndim > 1):
+        what = "float (regression) targets" if np.asarray(dataset.y).dtype.kind == "f" else "labels per position"
+        raise DataError(f"cv.splitter {cv.splitter} keeps each class's share of the samples in every fold, and "
+                        f"{dataset.name!r} has {what}, not one class per sample: use cv.splitter: "
+                        "kfold, or group to keep related samples together")
     if stratified:
         counts = np.bincount(dataset.y)
         smallest = int(counts[counts > 0].min())
@@ -137,7 +142,7 @@ def class_balance_warning(plan: FoldPlan, y: np.ndarray) -> str | None:
 
     Only ``group`` is checked: the stratified splitters keep the proportions by construction, and
     ``kfold`` draws samples one at a time, so its folds stray only by chance."""
-    if plan.cv.splitter != "group" or not plan.folds:
+    if plan.cv.splitter != "group" or not plan.folds or np.asarray(y).dtype.kind == "f" or np.asarray(y).ndim > 1:
         return None
     y = np.asarray(y)
     n_classes = int(y.max()) + 1

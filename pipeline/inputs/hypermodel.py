@@ -35,6 +35,7 @@ from keras_tuner.src.engine import conditions as conditions_module
 from keras_tuner.src.engine.hyperparameters import hp_types
 
 from pipeline.base.errors import ExperimentError
+from pipeline.inputs.scoring import direction_of
 from pipeline.inputs.spec import METRIC_DIRECTIONS, EarlyStoppingSpec, TrainSpec
 
 MAX_DISCOVERY_BUILDS = 64
@@ -62,6 +63,8 @@ class Experiment:
     # The EarlyStopping a fit() override passes, as a rule on the mean CV curve.
     fit_early_stopping: EarlyStoppingSpec | None = None
     fit_restores_best_weights: bool = False
+    # The class_weight a fit() override passes ({label: weight}), as train.class_weight.
+    fit_class_weight: Mapping[int, float] | None = None
 
     def build(self, values: Mapping[str, Any], input_shape: tuple[int, ...] | None = None) -> keras.Model:
         return build_model(self.build_fn, values, input_shape=input_shape)
@@ -74,7 +77,7 @@ class Experiment:
         """
         return self.head(np.zeros((1, *input_shape), np.float32), train=TrainSpec(from_logits=True)).units
 
-    def head(self, samples: np.ndarray, *, train: TrainSpec) -> ModelHead:
+    def head(self, samples: np.ndarray, *, train: TrainSpec, labels: np.ndarray | None = None) -> ModelHead:
         """The default model built on the shape of ``samples`` (real ones, a small batch), its
         outputs on them and the loss it trains with (``train.from_logits`` for foldsweep's own).
 
@@ -106,8 +109,10 @@ class Experiment:
                 f"experiment: the model of {self.reference} ends in {last_layer}, whose one output is 1 for every "
                 "sample (a softmax over one unit), so nothing it learns can change a prediction: a binary "
                 "classifier ends in Dense(1, activation='sigmoid')")
+        regression = labels is not None and labels.dtype.kind == "f"
+        per_position = labels is not None and labels.dtype.kind in "iu" and labels.ndim >= 2
         try:
-            loss = training_loss(model, train=train, units=units)
+            loss = training_loss(model, train=train, units=units, regression=regression, per_position=per_position)
         except ExperimentError as exc:
             raise ExperimentError(f"experiment: {self.reference}: {exc}") from None
         untraceable = graph_problem(loss, outputs)
@@ -127,7 +132,25 @@ class Experiment:
                 f"experiment: the model of {self.reference} ends in {last_layer}: on the data's first {len(samples)} "
                 f"samples {problem}, but its loss {loss.describe()} reads them as probabilities. If they are "
                 f"logits, {fix}; else end the model in activation='{activation}'")
-        return ModelHead(units=units, parameters=parameters, loss=loss)
+        return ModelHead(units=units, parameters=parameters, loss=loss, output_shape=tuple(outputs.shape[1:]),
+                         scorers=self._scorers(model, outputs, train, labels, own_accuracy=loss.own_accuracy))
+
+    def _scorers(self, model: keras.Model, outputs: np.ndarray, train: TrainSpec,
+                 labels: np.ndarray | None, *, own_accuracy: bool = True) -> tuple[Any, ...]:
+        """The metrics the model compiles and ``train.metrics`` names, as Keras builds them on
+        labels and outputs of the model's shapes."""
+        from pipeline.inputs.scoring import ValidationMetrics
+
+        try:
+            metrics = ValidationMetrics(model, train.metrics, own_accuracy=own_accuracy)
+            targets = labels[:len(outputs)] if labels is not None else np.zeros(outputs.shape[:-1], np.int32)
+            metrics.build(targets, outputs)
+            return metrics.scorers()
+        except Exception as exc:
+            named = f" and train.metrics {list(train.metrics)}" if train.metrics else ""
+            raise ExperimentError(
+                f"experiment: the metrics of {self.reference}'s compile{named} cannot be built as Keras builds them "
+                f"on its outputs of shape {outputs.shape[1:]}: {type(exc).__name__}: {_first_line(exc)}") from None
 
 
 @dataclass(frozen=True)
@@ -137,6 +160,8 @@ class ModelHead:
     units: int
     parameters: int
     loss: Any  # pipeline.inputs.losses.TrainingLoss
+    scorers: tuple[Any, ...] = ()  # pipeline.inputs.scoring.Scorer of each compiled and train.metrics metric
+    output_shape: tuple[int, ...] = ()  # of one sample
 
 
 def output_units(model: keras.Model, input_shape: tuple[int, ...]) -> int:
@@ -203,13 +228,13 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
     input_shape = tuple(model.inputs[0].shape[1:]) if _declared_inputs(model) else None
     _refuse_own_training(model, reference)
     compiled, schedule = _compiled_optimizer(model, reference)
-    fit_arguments, (early_stopping, restores_best) = _read_fit(hypermodel, model, hp, reference)
+    fit_arguments, (early_stopping, restores_best), class_weight = _read_fit(hypermodel, model, hp, reference)
     _discover(build_fn, hp, reference)
     # Keras' names start afresh for the trials; no garbage collection, which takes seconds in a
     # large process for models this small.
     keras.backend.clear_session(free_memory=False)
     return Experiment(reference, build_fn, hp, input_shape, compiled, schedule, fit_arguments, early_stopping,
-                      restores_best)
+                      restores_best, class_weight)
 
 
 # The methods through which Keras 3 lets a model train or score itself its own way, with what to
@@ -398,7 +423,7 @@ class _RecordingFit:
 
 
 def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParameters, reference: str
-              ) -> tuple[dict[str, str], tuple[EarlyStoppingSpec | None, bool]]:
+              ) -> tuple[dict[str, str], tuple[EarlyStoppingSpec | None, bool], dict[int, float] | None]:
     """What a HyperModel's ``fit`` override asks of training, read with a recording model.
 
     The override is called as KerasTuner's tuner calls it (``x``, ``y``, ``validation_data``,
@@ -413,7 +438,7 @@ def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParamete
             or callbacks that foldsweep cannot reproduce (every one of those in one message).
     """
     if not isinstance(hypermodel, keras_tuner.HyperModel) or type(hypermodel).fit is keras_tuner.HyperModel.fit:
-        return {}, (None, False)
+        return {}, (None, False), None
     where = f"experiment: {reference}: its HyperModel.fit"
     recording = _RecordingFit()
     x, y = np.zeros((2, 1), np.float32), np.zeros((2,), np.int32)
@@ -452,6 +477,9 @@ def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParamete
     added = [] if passed is callbacks or passed is None else [cb for cb in passed if cb not in callbacks]
     early_stopping, refused_callbacks = _early_stopping_of(added)
     problems += refused_callbacks
+    class_weight, weight_problem = _fit_class_weight(kwargs.pop("class_weight", None), hypermodel, model, hp, x,
+                                                     validation)
+    problems += [weight_problem] if weight_problem else []
     problems += [f"{name}=...: {FIT_ARGUMENT_ADVICE.get(name, 'foldsweep cannot reproduce it: move it into build(hp) or the spec')}"
                  for name in sorted(set(kwargs) - set(FIT_ARGUMENTS) - set(QUIET_FIT_ARGUMENTS))]
     if problems:
@@ -460,7 +488,35 @@ def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParamete
             f"{where} passes model.fit {len(problems)} thing{'s' if len(problems) > 1 else ''} foldsweep cannot "
             f"honour: {listed}. foldsweep trains the folds itself and runs no Keras callbacks: it takes "
             f"{', '.join(FIT_ARGUMENTS)} from fit(), and translates EarlyStopping on val_loss or val_accuracy")
-    return _fit_sources(kwargs, hp, where), early_stopping
+    return _fit_sources(kwargs, hp, where), early_stopping, class_weight
+
+
+def _fit_class_weight(class_weight: Any, hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParameters,
+                      x: np.ndarray, validation: Any) -> tuple[dict[int, float] | None, str | None]:
+    """The class weights a fit() override passes, as constant {label: weight}; a problem when they
+    are not such a mapping, or change with the labels the override is given (computed from them:
+    foldsweep computes balanced weights from each training fold itself)."""
+    if class_weight is None:
+        return None, None
+    advice = "use train.class_weight: balanced (computed from each training fold's labels) or {label: weight}"
+    try:
+        weights = {int(label): float(weight) for label, weight in dict(class_weight).items()}
+    except (TypeError, ValueError):
+        return None, f"class_weight={class_weight!r}: not a mapping of class labels to weights: {advice}"
+    if any(not np.isfinite(weight) or weight <= 0 for weight in weights.values()):
+        return None, f"class_weight={class_weight!r}: weights must be finite and > 0"
+    again = _RecordingFit()
+    model.fit = again
+    try:
+        hypermodel.fit(hp, model, x, np.ones((len(x),), np.int32), validation_data=validation, callbacks=[])
+    except Exception:
+        pass
+    finally:
+        del model.fit
+    other = again.calls[0][1].get("class_weight") if len(again.calls) == 1 else None
+    if other is None or {int(k): float(v) for k, v in dict(other).items()} != weights:
+        return None, f"class_weight=... computed from the labels fit() is given, which are not a fold's: {advice}"
+    return weights, None
 
 
 # The callbacks foldsweep runs none of: why each common one cannot be honoured, and what does
@@ -478,7 +534,6 @@ REFUSED_CALLBACKS: Mapping[str, str] = {
 FIT_ARGUMENT_ADVICE: Mapping[str, str] = {
     "validation_split": "each fold's held-out part is its validation data (cv in the spec): drop it",
     "sample_weight": "foldsweep trains the loss unweighted: drop it",
-    "class_weight": "foldsweep trains the loss unweighted: drop it",
     "initial_epoch": "a trial trains from its first epoch (a resumed sweep goes on from its checkpoints): drop it",
     "steps_per_epoch": "a trial's epoch is one pass over each training fold: drop it",
     "validation_steps": "each epoch validates on the whole validation fold: drop it",
@@ -500,13 +555,17 @@ def _early_stopping_of(callbacks: list[Any]) -> tuple[tuple[EarlyStoppingSpec | 
             problems.append(f"the callback {name}, which foldsweep cannot honour: {why}")
             continue
         monitor = callback.monitor.removeprefix("val_")
-        if not callback.monitor.startswith("val_") or monitor not in ("loss", "accuracy"):
+        if not callback.monitor.startswith("val_"):
             problems.append(f"EarlyStopping(monitor={callback.monitor!r}): foldsweep stops a trial on its mean CV "
-                            "validation curve: monitor='val_loss' or 'val_accuracy' (the training loss says nothing "
-                            "of overfitting)")
+                            "validation curve: monitor='val_loss', 'val_accuracy' or 'val_<metric>' (the training "
+                            "loss says nothing of overfitting)")
             continue
-        natural = METRIC_DIRECTIONS[monitor]
-        if callback.mode not in ("auto", natural):
+        natural = METRIC_DIRECTIONS.get(monitor) or direction_of(monitor)
+        if natural is None and callback.mode == "auto":
+            problems.append(f"EarlyStopping(monitor={callback.monitor!r}, mode='auto'): neither Keras nor KerasTuner "
+                            f"knows which way {monitor} improves: mode='max' or 'min'")
+            continue
+        if natural is not None and callback.mode not in ("auto", natural):
             problems.append(f"EarlyStopping(monitor={callback.monitor!r}, mode={callback.mode!r}): {callback.monitor} "
                             f"improves when it goes {'down' if natural == 'min' else 'up'}: mode='{natural}' or 'auto'")
             continue
@@ -514,7 +573,8 @@ def _early_stopping_of(callbacks: list[Any]) -> tuple[tuple[EarlyStoppingSpec | 
         rules.append((EarlyStoppingSpec(patience=max(int(callback.patience), 1), monitor=monitor,
                                         min_delta=abs(float(callback.min_delta)),
                                         start_from_epoch=int(callback.start_from_epoch),
-                                        baseline=None if callback.baseline is None else float(callback.baseline)),
+                                        baseline=None if callback.baseline is None else float(callback.baseline),
+                                        mode=None if monitor in METRIC_DIRECTIONS else natural or callback.mode),
                       bool(callback.restore_best_weights)))
     if len(rules) > 1:
         problems.append(f"{len(rules)} EarlyStopping callbacks: a trial stops by one rule, keep one")
@@ -633,3 +693,7 @@ def schedule_text(schedule: Any) -> str:
 
 def _short_number(value: Any) -> str:
     return f"{value:.7g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else str(value)
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""

@@ -8,6 +8,12 @@ arg max. The loss is the one the hypermodel compiled, or foldsweep's: sparse cat
 cross-entropy, binary cross-entropy for one unit, reading logits where ``train.from_logits``
 says so.
 
+Float targets are regressed: the loss is the one the model compiles or ``train.loss`` names
+(mean squared error, mean absolute error, Huber, log-cosh, any Keras loss), given the targets as
+floats, a target of shape ``[batch]`` as ``[batch, 1]`` against one output (what Keras' losses do
+with it); no accuracy is scored. A classification loss on float targets, and float targets with
+no loss named, are refused.
+
 What ``fit`` would train differently, or not at all, is refused here, by name: a categorical
 loss on one unit (always 0), a binary loss on several units (one yes/no per unit, not a class),
 a reduction other than the batch mean.
@@ -17,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import keras
@@ -62,14 +68,54 @@ class TrainingLoss:
     binary: bool = False
     from_logits: bool | None = False
     kind: str | None = "sparse_categorical_crossentropy"  # the Keras loss it is, if one of CATEGORICAL/BINARY_LOSSES
+    regression: bool = False  # float targets, no accuracy
+    # Labels per position ([batch, L] against outputs [batch, L, classes]): accuracy is only
+    # what the model compiles, and a label equal to ``ignore_class`` counts in no loss.
+    per_position: bool = False
+    ignore_class: int | None = None
+
+    @property
+    def own_accuracy(self) -> bool:
+        """Whether foldsweep scores the accuracy itself (one class label per sample)."""
+        return not self.regression and not self.per_position
+
+    def batch_loss(self, labels: Any, per_sample: Any) -> Any:
+        """The batch's loss as Keras reduces it (sum_over_batch_size): the mean over every sample
+        and position, or with ``ignore_class`` the sum over the positions not ignored divided by
+        their count (Keras' mask reduction)."""
+        import tensorflow as tf
+
+        if self.ignore_class is None:
+            return tf.reduce_mean(per_sample)
+        valid = tf.cast(tf.not_equal(labels, self.ignore_class), per_sample.dtype)
+        return tf.reduce_sum(per_sample) / (tf.reduce_sum(valid) + keras.backend.epsilon())
+
+    def batches_loss_sum(self, labels: Any, per_sample: Any, batch_size: int) -> Any:
+        """The validation loss of ``labels``' samples as Keras' evaluate adds it up in batches of
+        ``batch_size``: each batch's ``batch_loss`` times its number of samples, summed."""
+        import tensorflow as tf
+
+        rows = tf.shape(per_sample)[0]
+        flat = tf.reshape(per_sample, [rows, -1])
+        if self.ignore_class is None:
+            return tf.reduce_sum(tf.reduce_mean(flat, axis=1))
+        valid = tf.cast(tf.not_equal(tf.reshape(labels, [rows, -1]), self.ignore_class), flat.dtype)
+        batch = tf.range(rows) // batch_size
+        sums = tf.math.segment_sum(tf.reduce_sum(flat, axis=1), batch)
+        counts = tf.math.segment_sum(tf.reduce_sum(valid, axis=1), batch)
+        samples = tf.math.segment_sum(tf.ones([rows], flat.dtype), batch)
+        return tf.reduce_sum(sums / (counts + keras.backend.epsilon()) * samples)
 
     def targets(self, labels: Any, predictions: Any) -> Any:
         """What the loss is given for integer ``labels``: ``[batch, 1]`` floats for a binary head,
         one-hot rows for a loss that expects them, else the labels."""
         import tensorflow as tf
 
+        if self.regression:
+            targets = tf.cast(labels, predictions.dtype)
+            return targets[..., tf.newaxis] if targets.shape.rank == predictions.shape.rank - 1 else targets
         if self.binary:
-            return tf.cast(labels, predictions.dtype)[:, tf.newaxis]
+            return tf.cast(labels, predictions.dtype)[..., tf.newaxis]
         if self.one_hot:
             return tf.one_hot(labels, tf.shape(predictions)[-1], dtype=predictions.dtype)
         return labels
@@ -97,16 +143,45 @@ class TrainingLoss:
         return f"{self.name}{logits}"
 
 
-def training_loss(model: keras.Model, *, train: TrainSpec, units: int) -> TrainingLoss:
-    """The loss a compiled model asks for, else foldsweep's (``train.from_logits`` applies to
-    foldsweep's own); ``units`` is the model's number of outputs.
+def training_loss(model: keras.Model, *, train: TrainSpec, units: int, regression: bool = False,
+                  per_position: bool = False) -> TrainingLoss:
+    """The loss a compiled model asks for, else the one ``train.loss`` names, else foldsweep's
+    (``train.from_logits`` applies to foldsweep's own); ``units`` is the model's number of
+    outputs, ``regression`` whether the targets are floats.
 
     Raises:
         ExperimentError: the compiled loss cannot train a classifier of ``units`` outputs on
-            integer labels as ``fit`` would (see the module's docstring).
+            integer labels as ``fit`` would, or regress float targets (see the module's docstring).
     """
     compiled = getattr(model, "loss", None)
     binary = units == 1
+    if compiled is not None and train.loss is not None:
+        raise ExperimentError(
+            f"train.loss names {train.loss}, and the model compiles its own loss ({compiled!r}): one loss trains "
+            "a model, drop train.loss or the compile's loss")
+    if compiled is None and train.loss is not None:
+        compiled = train.loss
+    if compiled is None and regression:
+        raise ExperimentError(
+            "the targets are floats (regression) and neither the model's compile nor the spec names a loss: "
+            "set train.loss (e.g. mean_squared_error, mean_absolute_error, huber, log_cosh) or compile one; "
+            "foldsweep's own loss is a classifier's cross-entropy")
+    if regression:
+        return _regression_loss(compiled)
+    loss = _classification_loss(model, compiled, train, units, binary)
+    return replace(loss, per_position=True, ignore_class=_ignore_class(compiled)) if per_position else loss
+
+
+def _ignore_class(compiled: Any) -> int | None:
+    """A SparseCategoricalCrossentropy's ``ignore_class`` (padded positions), if it sets one."""
+    if isinstance(compiled, keras.losses.Loss):
+        value = compiled.get_config().get("ignore_class")
+        return None if value is None else int(value)
+    return None
+
+
+def _classification_loss(model: keras.Model, compiled: Any, train: TrainSpec, units: int,
+                         binary: bool) -> TrainingLoss:
     if compiled is None:
         return _own_loss(train, binary=binary)
     if train.label_smoothing:
@@ -122,6 +197,28 @@ def training_loss(model: keras.Model, *, train: TrainSpec, units: int) -> Traini
     _refuse_unfit(loss, kind, name, units)
     return TrainingLoss(fn, one_hot=not binary and _expects_one_hot(loss, fn, name, kind), name=name, binary=binary,
                         from_logits=_from_logits(loss, kind), kind=kind)
+
+
+def _regression_loss(compiled: Any) -> TrainingLoss:
+    try:
+        loss = keras.losses.get(compiled) if isinstance(compiled, str) else compiled
+    except (ValueError, TypeError):
+        raise ExperimentError(f"train.loss must be a Keras loss identifier (e.g. mean_squared_error, huber), "
+                              f"got {compiled!r}") from None
+    fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
+    name = getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__)
+    kind = _KERAS_LOSS_KINDS.get(type(loss) if isinstance(loss, keras.losses.Loss) else loss)
+    if kind is not None:
+        raise ExperimentError(
+            f"the targets are floats (regression), and the loss is {name}, a classification loss that reads them as "
+            "class labels or probabilities: compile (or set train.loss to) a regression loss such as "
+            "mean_squared_error, mean_absolute_error, huber or log_cosh, or store class labels as integers")
+    reduction = getattr(loss, "reduction", None)
+    if reduction not in MEAN_REDUCTIONS:
+        raise ExperimentError(
+            f"the loss {name} has reduction={reduction!r}; foldsweep trains on the batch mean, as Keras' default "
+            "'sum_over_batch_size' does: drop the reduction argument")
+    return TrainingLoss(fn, name=name, from_logits=None, kind=None, regression=True)
 
 
 def _own_loss(train: TrainSpec, *, binary: bool) -> TrainingLoss:
@@ -188,7 +285,7 @@ def outputs_problem(loss: TrainingLoss, outputs: np.ndarray) -> str | None:
     probabilities under a cross-entropy that says they are (None when they can)."""
     if not loss.reads_probabilities or outputs.size == 0:
         return None
-    outputs = outputs.reshape(len(outputs), -1)
+    outputs = outputs.reshape(-1, outputs.shape[-1])  # a row of class probabilities per sample (and position)
     low, high = float(np.min(outputs)), float(np.max(outputs))
     if loss.binary:
         if low < 0.0 or high > 1.0:
@@ -208,7 +305,7 @@ def graph_problem(loss: TrainingLoss, outputs: np.ndarray) -> tuple[str, str] | 
     labels of class 0."""
     import tensorflow as tf
 
-    labels = tf.zeros([len(outputs)], tf.int64)
+    labels = tf.zeros(outputs.shape[:-1], tf.int64)
     try:
         tf.function(loss.per_sample, autograph=False).get_concrete_function(labels, tf.constant(outputs))
     except tf.errors.OperatorNotAllowedInGraphError as exc:

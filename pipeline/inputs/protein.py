@@ -8,6 +8,12 @@ residues centred on it, one-hot over the 20 amino acids plus a padding symbol be
 ends, labelled with the centre residue's state. ``groups`` is the protein id, so grouped CV keeps
 all windows of a protein on one side of a fold.
 
+``target`` chooses what a window is labelled with: ``centre`` (the centre residue's state, one
+class per window), ``per_residue`` (the state of every residue of the window, ``(width,)``
+integer labels, -1 where the window reaches beyond the chain: padding for a loss with
+``ignore_class=-1``), or ``helix_fraction`` (a continuous per-window property for regression: the
+share of the window's residues in a helix, padding left out).
+
 Conformational parameters from Chou, P. Y. & Fasman, G. D. (1978). Prediction of the secondary
 structure of proteins from their amino acid sequence. Advances in Enzymology and Related Areas of
 Molecular Biology 47, 45-148 (Table of P(alpha), P(beta), P(turn); turn values stand in for coil).
@@ -62,7 +68,9 @@ DEFAULTS: Mapping[str, Any] = {
     "min_length": 80,
     "max_length": 400,
     "seed": 0,
+    "target": "centre",     # centre | per_residue | helix_fraction (see the module's docstring)
 }
+TARGETS = ("centre", "per_residue", "helix_fraction")
 
 
 def expected_state_shares() -> np.ndarray:
@@ -94,6 +102,8 @@ def validate(options: Mapping[str, Any]) -> None:
     low, high = integer("min_length", width), integer("max_length", 1)
     if high < low:
         raise DataError(f"dataset.max_length must be >= dataset.min_length ({low}), got {high}")
+    if options["target"] not in TARGETS:
+        raise DataError(f"dataset.target must be one of {', '.join(TARGETS)}, got {options['target']!r}")
     fraction = options["test_fraction"]
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
         raise DataError(f"dataset.test_fraction must be a number in [0, 1), got {fraction!r}")
@@ -116,10 +126,10 @@ def generate(options: Mapping[str, Any]) -> dict[str, np.ndarray]:
     n_test = int(round(options["n_proteins"] * options["test_fraction"]))
     train = range(options["n_proteins"] - n_test)
     test = range(options["n_proteins"] - n_test, options["n_proteins"])
-    x, y, groups = _windows(sequences, states, train, options["width"])
+    x, y, groups = _windows(sequences, states, train, options["width"], options["target"])
     arrays = {"x": x, "y": y, "groups": groups}
     if n_test:
-        arrays["x_test"], arrays["y_test"], _ = _windows(sequences, states, test, options["width"])
+        arrays["x_test"], arrays["y_test"], _ = _windows(sequences, states, test, options["width"], options["target"])
     return arrays
 
 
@@ -136,7 +146,7 @@ def _segment_states(rng: np.random.Generator, length: int) -> np.ndarray:
 
 
 def _windows(sequences: list[np.ndarray], states: list[np.ndarray], proteins: range,
-             width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             width: int, target: str = "centre") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     half = width // 2
     one_hot = np.eye(len(AMINO_ACIDS) + 1, dtype=np.float32)
     xs, ys, groups = [], [], []
@@ -144,6 +154,14 @@ def _windows(sequences: list[np.ndarray], states: list[np.ndarray], proteins: ra
         padded = np.concatenate([np.full(half, PADDING), sequences[protein], np.full(half, PADDING)])
         index = np.arange(len(sequences[protein]))[:, None] + np.arange(width)[None, :]
         xs.append(one_hot[padded[index]])
-        ys.append(states[protein])
+        window_states = np.concatenate([np.full(half, -1), states[protein], np.full(half, -1)])[index]
+        if target == "per_residue":
+            ys.append(window_states)
+        elif target == "helix_fraction":
+            inside = window_states >= 0
+            ys.append(((window_states == 0) & inside).sum(axis=1) / inside.sum(axis=1))
+        else:
+            ys.append(states[protein])
         groups.append(np.full(len(sequences[protein]), protein, dtype=np.int32))
-    return np.concatenate(xs), np.concatenate(ys).astype(np.int32), np.concatenate(groups)
+    y = np.concatenate(ys)
+    return np.concatenate(xs), y.astype(np.float32 if target == "helix_fraction" else np.int32), np.concatenate(groups)

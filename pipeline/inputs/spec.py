@@ -24,9 +24,12 @@ SCHEDULERS: tuple[str, ...] = ("fifo", "asha", "median")
 # Which epoch of a trial it is scored at: the best of its mean CV curve (as KerasTuner), or its last.
 EPOCH_SELECTIONS: tuple[str, ...] = ("best_epoch", "last")
 CLIPPING_KINDS: tuple[str, ...] = ("none", "norm", "value", "global_norm")
-# Each metric a trial can be ranked on, with the direction in which it improves.
+# The scores foldsweep computes for every classifier, with the direction in which each improves;
+# any metric the model compiles or train.metrics names can be ranked on too (pipeline.inputs.scoring).
 METRIC_DIRECTIONS: Mapping[str, Literal["max", "min"]] = {"accuracy": "max", "loss": "min"}
 METRICS: tuple[str, ...] = tuple(METRIC_DIRECTIONS)
+# A Keras metric identifier or name: what train.metric, train.metrics and a monitor may hold.
+_METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MODES: tuple[str, ...] = ("max", "min")
 # cv.groups: whether a dataset's groups must be kept whole in every fold (a grouped splitter),
 # or are ignored on purpose (recorded with the sweep).
@@ -120,9 +123,10 @@ class Objective:
     mode: Literal["max", "min"] = "max"
 
     @classmethod
-    def for_metric(cls, metric: str) -> Objective:
-        """The metric with the direction in which it improves (loss: lower is better)."""
-        return cls(metric=metric, mode=METRIC_DIRECTIONS[metric])
+    def for_metric(cls, metric: str, mode: Literal["max", "min"] | None = None) -> Objective:
+        """The metric with the direction in which it improves (loss: lower is better): ``mode``
+        for a metric of foldsweep's it does not know the direction of."""
+        return cls(metric=metric, mode=mode or METRIC_DIRECTIONS[metric])
 
     @property
     def key(self) -> str:
@@ -159,11 +163,13 @@ class EarlyStoppingSpec:
     min_delta: float = 0.0
     start_from_epoch: int = 0
     baseline: float | None = None
+    # The monitored metric's direction where foldsweep does not know it (train.mode for train.metric).
+    mode: Literal["max", "min"] | None = None
 
     @property
     def objective(self) -> Objective:
         """The curve watched and its direction (loss: lower is better)."""
-        return Objective.for_metric(self.monitor)
+        return Objective.for_metric(self.monitor, self.mode)
 
     def describe(self) -> str:
         extras = [f"min_delta: {self.min_delta:g}"] if self.min_delta else []
@@ -177,6 +183,13 @@ class TrainSpec:
     epochs: int = 10
     metric: str = "accuracy"
     mode: Literal["max", "min"] = "max"
+    # Keras metric identifiers scored besides the model's compiled metrics (for uncompiled models).
+    metrics: tuple[str, ...] = ()
+    # A Keras loss identifier for a model that compiles none (required for float targets).
+    loss: str | None = None
+    # fit(class_weight=...): "balanced" (scikit-learn's rule, from each training fold's labels) or
+    # {label: weight}; None trains the loss unweighted.
+    class_weight: str | Mapping[int, float] | None = None
     seed: int = 0
     from_logits: bool = False
     # Of foldsweep's own loss: each label's target spread over the classes by this share.
@@ -274,6 +287,13 @@ class SweepSpec:
     def objective(self) -> Objective:
         """What schedulers, searchers and the leaderboard rank on."""
         return Objective(metric=self.train.metric, mode=self.train.mode)
+
+    def with_fit_class_weight(self, class_weight: Mapping[int, float] | None) -> SweepSpec:
+        """The spec with a HyperModel.fit's class_weight as its ``train.class_weight``, where the
+        spec sets none (the spec's own wins)."""
+        if class_weight is None or self.train.class_weight is not None:
+            return self
+        return replace(self, train=replace(self.train, class_weight=dict(class_weight)))
 
     def with_fit_early_stopping(self, rule: EarlyStoppingSpec | None) -> SweepSpec:
         """The spec with a HyperModel.fit's EarlyStopping as its ``train.early_stopping``, where
@@ -541,14 +561,11 @@ def check_training_param(file: str, where: str, name: str, param: ParamSpec) -> 
 
 def _parse_train(section: _Section) -> TrainSpec:
     epochs = section.integer("epochs", default=10, minimum=1)
-    metric = section.one_of("metric", METRICS, default="accuracy")
-    direction = METRIC_DIRECTIONS[metric]
-    mode = section.one_of("mode", MODES, default=direction)
-    if mode != direction:
-        better = "higher" if direction == "max" else "lower"
-        section.fail("mode", f"must be {direction} for train.metric {metric} ({better} {metric} is better; a mode "
-                             f"against it would rank the worst trial first): drop train.mode, the metric decides "
-                             "it", mode)
+    metric = _metric_name(section, "metric", default="accuracy")
+    metrics = _metric_names(section, "metrics")
+    mode = _mode_for(section, metric)
+    loss = section.string("loss", pattern_hint="a Keras loss identifier (e.g. mean_squared_error, huber)")
+    class_weight = _class_weight(section)
     seed = section.integer("seed", default=0, minimum=0)
     from_logits = section.boolean("from_logits", default=False)
     label_smoothing = section.number("label_smoothing", default=0.0, minimum=0.0)
@@ -561,20 +578,85 @@ def _parse_train(section: _Section) -> TrainSpec:
     refit = section.boolean("refit", default=True)
     select = section.one_of("select", EPOCH_SELECTIONS, default="best_epoch")
     compile_cache = section.boolean("compile_cache", default=True)
-    early_stopping = _parse_early_stopping(section, default_monitor=metric) if section.peek("early_stopping") \
-        is not None else None
+    early_stopping = _parse_early_stopping(section, objective=Objective(metric, mode)) \
+        if section.peek("early_stopping") is not None else None
     section.finish()
-    return TrainSpec(epochs=epochs, metric=metric, mode=mode, seed=seed, from_logits=from_logits,
+    return TrainSpec(epochs=epochs, metric=metric, mode=mode, metrics=metrics, loss=loss, class_weight=class_weight,
+                     seed=seed, from_logits=from_logits,
                      label_smoothing=label_smoothing, jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, refit=refit,
                      select=select, early_stopping=early_stopping, compile_cache=compile_cache)
 
 
-def _parse_early_stopping(train: _Section, *, default_monitor: str) -> EarlyStoppingSpec:
+def _metric_name(section: _Section, key: str, *, default: str) -> str:
+    value = section.take(key)
+    if value is None:
+        return default
+    if not isinstance(value, str) or not _METRIC_NAME.match(value):
+        section.fail(key, "must be a metric's name (loss, accuracy, or a Keras metric the model compiles or "
+                          "train.metrics names, e.g. auc or mean_absolute_error)", value)
+    return value.removeprefix("val_")
+
+
+def _class_weight(section: _Section) -> str | dict[int, float] | None:
+    value = section.take("class_weight")
+    if value is None or value == "balanced":
+        return value
+    rule = ("must be balanced or a mapping of integer class labels to weights > 0 (as fit(class_weight=...)), "
+            "e.g. {0: 1.0, 1: 5.0}")
+    if not isinstance(value, dict) or not value:
+        section.fail("class_weight", rule, value)
+    for label, weight in value.items():
+        if isinstance(label, bool) or not isinstance(label, int) or label < 0 or isinstance(weight, bool) or \
+                not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+            section.fail("class_weight", rule, value)
+    return {int(label): float(weight) for label, weight in value.items()}
+
+
+def _metric_names(section: _Section, key: str) -> tuple[str, ...]:
+    value = section.take(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(name, str) and _METRIC_NAME.match(name) for name in value):
+        section.fail(key, "must be a list of Keras metric identifiers (e.g. [auc, mae, RootMeanSquaredError])", value)
+    return tuple(value)
+
+
+def _mode_for(section: _Section, metric: str) -> Literal["max", "min"]:
+    """``mode`` for ``metric``: its own direction where Keras or KerasTuner know it (a mode against
+    it is refused), else the spec's, which is then required."""
+    from pipeline.inputs.scoring import direction_of
+
+    direction = METRIC_DIRECTIONS.get(metric) or direction_of(metric)
+    mode = section.one_of("mode", MODES, default=direction or "")
+    if not mode:
+        section.fail("mode", f"is required for train.metric {metric}: neither Keras nor KerasTuner knows whether a "
+                             f"higher {metric} is better (max) or worse (min)", None)
+    if direction is not None and mode != direction:
+        better = "higher" if direction == "max" else "lower"
+        section.fail("mode", f"must be {direction} for train.metric {metric} ({better} {metric} is better; a mode "
+                             f"against it would rank the worst trial first): drop train.mode, the metric decides "
+                             "it", mode)
+    return mode  # type: ignore[return-value]
+
+
+def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStoppingSpec:
     section = train.section("early_stopping")
     patience = section.integer("patience", default=None, minimum=1)
     if patience is None:
         section.fail("patience", "is required (epochs without improvement before a trial stops, >= 1)", None)
-    monitor = section.one_of("monitor", METRICS, default=default_monitor)
+    monitor = _metric_name(section, "monitor", default=objective.metric)
+    if monitor == objective.metric:
+        known = objective.mode
+    else:
+        from pipeline.inputs.scoring import direction_of
+
+        known = METRIC_DIRECTIONS.get(monitor) or direction_of(monitor)
+    mode = section.one_of("mode", MODES, default=known or "")
+    if not mode:
+        section.fail("mode", f"is required for monitor {monitor}: neither Keras nor KerasTuner knows whether a higher "
+                             f"{monitor} is better (max) or worse (min)", None)
+    if known is not None and mode != known:
+        section.fail("mode", f"must be {known} for monitor {monitor}", mode)
     min_delta = section.number("min_delta", default=0.0, minimum=0.0)
     start_from_epoch = section.integer("start_from_epoch", default=0, minimum=0)
     baseline = section.take("baseline")
@@ -582,8 +664,9 @@ def _parse_early_stopping(train: _Section, *, default_monitor: str) -> EarlyStop
                                  or not math.isfinite(baseline)):
         section.fail("baseline", "must be a number", baseline)
     section.finish()
-    return EarlyStoppingSpec(patience=patience, monitor=monitor, min_delta=min_delta,
-                             start_from_epoch=start_from_epoch, baseline=None if baseline is None else float(baseline))
+    return EarlyStoppingSpec(patience=patience, monitor=monitor, min_delta=min_delta, start_from_epoch=start_from_epoch,
+                             baseline=None if baseline is None else float(baseline),
+                             mode=None if monitor in METRIC_DIRECTIONS else mode)
 
 
 def _auto_or_boolean(section: _Section, key: str) -> AutoSwitch:

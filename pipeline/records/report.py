@@ -25,6 +25,7 @@ from pipeline.records.significance import SIGNIFICANCE_LEVEL, Comparison, correc
 from pipeline.inputs.spec import Objective
 from pipeline.records.tracking import TrialRecord
 
+# The scores every classifier's trials are ranked by in cv_results.csv, besides the objective.
 METRICS = ("accuracy", "loss")
 DESCRIPTION_BUDGET = 7500  # characters of a run description (MLflow keeps 8,000 of a tag)
 THROUGHPUT_COLUMNS = (TRAIN_RATE, EVAL_RATE, COMPILE_S, TRIAL_WALL_S)
@@ -252,20 +253,25 @@ def cv_results(standings: Standings) -> list[dict[str, Any]]:
     epoch, ``best_epoch``), plus the comparison with the best, status, NaN and throughput."""
     records = standings.records
     names = param_names(records)
-    replicas = max((len(replica_scores(record, Objective.for_metric(metric))) for record in records
-                    for metric in METRICS), default=0)
-    ranks = {metric: shared_ranks(records, Objective.for_metric(metric)) for metric in METRICS}
+    metrics = recorded_metrics(records, standings.objective)
+    replicas = max((len(replica_scores(record, Objective(metric))) for record in records for metric in metrics),
+                   default=0)
+    # Ranked: the objective (in its direction), and loss and accuracy as before.
+    objectives = {metric: Objective.for_metric(metric) for metric in METRICS if metric in metrics}
+    objectives[standings.objective.metric] = standings.objective
+    ranks = {metric: shared_ranks(records, objective) for metric, objective in objectives.items()}
     rows = []
     for record in records:
         row: dict[str, Any] = {"run_id": record.run_id, "trial_id": record.trial_id, "status": record.status,
                                BEST_EPOCH: _blank(selected_epoch(record))}
         row.update({f"param_{name}": record.params.get(name, "") for name in names})
-        for metric in METRICS:
+        for metric in metrics:
             for k in range(replicas):
                 row[split_key(k, f"val_{metric}")] = _blank(selected_score(record, split_key(k, f"val_{metric}")))
             for stat in ("mean", "std"):
                 row[f"{stat}_val_{metric}"] = _blank(selected_score(record, f"{stat}_val_{metric}"))
-            row[f"rank_val_{metric}"] = ranks[metric].get(record.run_id, "")
+            if metric in ranks:
+                row[f"rank_val_{metric}"] = ranks[metric].get(record.run_id, "")
         row["pvalue_vs_best"] = _blank(standings.pvalue(record))
         row["tied_with_best"] = _blank(standings.tied(record))
         row["mean_train_loss"] = _blank(selected_score(record, "mean_train_loss"))
@@ -274,6 +280,15 @@ def cv_results(standings: Standings) -> list[dict[str, Any]]:
         row.update({tag: record.tags.get(tag, "") for tag in NAN_TAGS})
         rows.append(row)
     return rows
+
+
+def recorded_metrics(records: Sequence[TrialRecord], objective: Objective) -> list[str]:
+    """The validation metrics the trials recorded (``mean_val_<name>``): loss and accuracy first,
+    then the objective, then the others by name."""
+    found = {key.removeprefix(f"{SELECTED_PREFIX}mean_val_").removeprefix("mean_val_") for record in records
+             for key in record.metrics if key.startswith(("mean_val_", f"{SELECTED_PREFIX}mean_val_"))}
+    first = [metric for metric in (*METRICS, objective.metric) if metric in found or metric == objective.metric]
+    return list(dict.fromkeys([*first, *sorted(found - set(first))]))
 
 
 def _blank(value: Any) -> Any:

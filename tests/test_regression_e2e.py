@@ -1,0 +1,97 @@
+"""A regression end to end: float targets, a CNN compiled with MSE and a compiled MAE, swept on real
+Ray and MLflow and ranked by the MAE (lower is better): leaderboard order, cv_results.csv columns
+(no accuracy), the best run, the refit's test_mae against what the saved refit model scores, and a
+rerun reproducing the recorded MAE histories."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import binary_data, foldsweep, seed_store, sweep_runs
+from pipeline.cli import app
+
+pytestmark = pytest.mark.e2e
+
+EPOCHS = 2
+MODEL = '''
+import keras
+
+
+def build(hp):
+    model = keras.Sequential([keras.layers.Conv1D(4, 3, activation="relu"), keras.layers.Flatten(),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    return model
+'''
+
+
+def regression_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    x, _ = binary_data(n, seed=seed)
+    return x, (x[:, 4:8, 0].mean(axis=1) + 0.05 * np.random.default_rng(seed).normal(size=n)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def regression_sweep(ray_cluster, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("regression")
+    x, y = regression_data(240, 0)
+    x_test, y_test = regression_data(80, 1)
+    np.savez(directory / "bumps.npz", x=x, y=y, x_test=x_test, y_test=y_test)
+    (directory / "bumps.py").write_text(MODEL)
+    store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
+    (directory / "spec.yaml").write_text(yaml.safe_dump({
+        "name": "bumps", "experiment": "bumps.py", "dataset": "bumps.npz",
+        "cv": {"splitter": "kfold", "n_splits": 3, "seed": 0},
+        "search": {"algorithm": "grid", "space": {"learning_rate": {"grid": [0.01, 0.0001]}, "batch_size": 16}},
+        "train": {"epochs": EPOCHS, "seed": 0, "metric": "mae"}, "resources": {"cpu": 1, "max_concurrent": 1},
+        "tracking": {"uri": store}}))
+    result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
+    assert result.exit_code == 0, result.output
+    client, parent, trials = sweep_runs(store, "bumps")
+    by_rate = {float(run.data.params["learning_rate"]): run for run in trials}
+    return directory, store, result.output, client, parent, by_rate
+
+
+def test_a_regression_sweep_is_ranked_by_its_compiled_mae_lower_first(regression_sweep):
+    directory, _, output, client, parent, by_rate = regression_sweep
+    fast, slow = by_rate[0.01], by_rate[0.0001]
+    assert parent.data.params["train.mode"] == "min"
+    assert fast.data.metrics["selected_mean_val_mae"] < slow.data.metrics["selected_mean_val_mae"]
+    assert parent.data.tags["foldsweep.best_run_id"] == fast.info.run_id
+    assert "split0_val_accuracy" not in fast.data.metrics and "split0_val_mae" in fast.data.metrics
+    rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "cv_results.csv", str(directory)))))
+    ranks = {row["run_id"]: row["rank_val_mae"] for row in rows}
+    assert ranks == {fast.info.run_id: "1", slow.info.run_id: "2"}
+    assert "mean_val_accuracy" not in rows[0] and {"mean_val_loss", "std_val_mae", "split2_val_mae"} <= set(rows[0])
+    # the leaderboard: best (lowest MAE) first
+    assert output.index(f"{fast.data.metrics['selected_mean_val_mae']:.4f}") < \
+        output.index(f"{slow.data.metrics['selected_mean_val_mae']:.4f}")
+
+
+def test_the_refits_test_mae_is_what_the_saved_model_scores(regression_sweep):
+    import keras
+
+    directory, _, _, client, parent, _ = regression_sweep
+    model = keras.models.load_model(client.download_artifacts(parent.info.run_id, "refit_model.keras", str(directory)))
+    data = np.load(directory / "bumps.npz")
+    mae = float(np.mean(np.abs(model.predict(data["x_test"], verbose=0)[:, 0] - data["y_test"])))
+    assert parent.data.metrics["test_mae"] == pytest.approx(mae, rel=1e-4)
+    assert "test_accuracy" not in parent.data.metrics
+
+
+def test_a_rerun_reproduces_the_recorded_mae_histories(regression_sweep):
+    directory, store, _, client, _, by_rate = regression_sweep
+    original = by_rate[0.01]
+    ran = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
+    assert ran.exit_code == 0, ran.output
+    again = client.search_runs([original.info.experiment_id],
+                               filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
+    for k in range(3):
+        key = f"split{k}_val_mae"
+        recorded = [m.value for m in sorted(client.get_metric_history(original.info.run_id, key), key=lambda m: m.step)]
+        rerun = [m.value for m in sorted(client.get_metric_history(again.info.run_id, key), key=lambda m: m.step)]
+        assert len(recorded) == EPOCHS and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key
