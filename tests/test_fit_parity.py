@@ -145,6 +145,15 @@ def regression(hp):  # a float target per sample, regressed with MSE, scored by 
                     metrics=("mae", keras.metrics.RootMeanSquaredError()))
 
 
+def huber(hp):  # the same regression under Huber's loss, scored by log-cosh and MAE
+    return compiled(body(1, None), keras.optimizers.Adam(0.01), keras.losses.Huber(delta=0.5),
+                    metrics=(keras.metrics.LogCoshError(name="logcosh"), "mae"))
+
+
+def log_cosh(hp):  # and under log-cosh's
+    return compiled(body(1, None), keras.optimizers.Adam(0.01), "log_cosh", metrics=("mae",))
+
+
 def per_position(hp):  # a label per position of the window, padded positions -1 and ignored by the loss
     model = keras.Sequential([layers.Conv1D(8, 3, padding="same", activation="relu"),
                               layers.Conv1D(2, 1, activation="softmax")])
@@ -374,17 +383,21 @@ def keras_fold_scores(spec: Path, builder: str, *, cast=None) -> list[dict[str, 
     return results
 
 
-def test_a_regression_cnn_trains_and_scores_as_keras_fit_and_evaluate(workspace, threads_kept):
-    """Float targets, MSE, and compiled MAE and RMSE per fold as Keras' fit + evaluate give them;
-    the same model trained on the targets cast to int (what foldsweep's int labels did) lands far."""
-    spec = spec_for(workspace, "regression", dataset="regress.npz", splitter="kfold", metric="mae")
+@pytest.mark.parametrize("builder, names", [("regression", ("loss", "mae", "root_mean_squared_error")),
+                                            ("huber", ("loss", "logcosh", "mae")), ("log_cosh", ("loss", "mae"))])
+def test_a_regression_cnn_trains_and_scores_as_keras_fit_and_evaluate(workspace, threads_kept, builder, names):
+    """Float targets under MSE, Huber and log-cosh, and their compiled metrics per fold, as Keras'
+    fit + evaluate give them; the same model trained on the targets cast to int (what foldsweep's
+    int labels did) lands far."""
+    spec = spec_for(workspace, builder, dataset="regress.npz", splitter="kfold", metric="mae")
     ours = trial_fold_scores(spec)
-    theirs = keras_fold_scores(spec, "regression")
-    truncated = keras_fold_scores(spec, "regression", cast=lambda y: y.astype(np.int32))
+    theirs = keras_fold_scores(spec, builder)
+    truncated = keras_fold_scores(spec, builder, cast=lambda y: y.astype(np.int32)) if builder == "regression" else None
     for k, scores in enumerate(theirs):
-        for name in ("loss", "mae", "root_mean_squared_error"):
+        for name in names:
             assert ours[(k, name)] == pytest.approx(scores[name], rel=REGRESSION_TOLERANCE, abs=PRINTED), (k, name, ours, scores)
-        assert abs(truncated[k]["mae"] - scores["mae"]) >= REGRESSION_FAR * scores["mae"], (truncated[k], scores)
+        if truncated is not None:
+            assert abs(truncated[k]["mae"] - scores["mae"]) >= REGRESSION_FAR * scores["mae"], (truncated[k], scores)
 
 
 def test_every_compiled_metric_is_each_folds_own_over_the_whole_fold_as_keras_evaluate(workspace, threads_kept):
