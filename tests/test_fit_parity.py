@@ -355,9 +355,11 @@ def trial_fold_scores(spec: Path) -> dict[tuple[int, str], float]:
     return scores
 
 
-def keras_fold_scores(spec: Path, builder: str, *, cast=None) -> list[dict[str, float]]:
-    """Keras' fit of each fold on foldsweep's batches (the targets through ``cast`` if given), then
-    its evaluate on the fold's validation samples."""
+def keras_fold_fits(spec: Path, builder: str, *, cast=None, validate: bool = False, **fit_arguments):
+    """Per fold of the spec: Keras' fit of the builder's model on foldsweep's batches, an epoch per
+    call (the targets through ``cast`` if given, the fold's validation samples as validation_data
+    with ``validate``); yields the fold's number, its model, its validation (x, y) and each epoch's
+    history."""
     import keras
 
     from pipeline.inputs.hypermodel import build_model, load_builder
@@ -368,19 +370,26 @@ def keras_fold_scores(spec: Path, builder: str, *, cast=None) -> list[dict[str, 
     prepared = prepare(load_spec(spec))
     data = prepared.dataset
     build = load_builder(spec.parent / "parity.py", builder)
-    results = []
     for k, fold in enumerate(prepared.folds.folds):
         seed = fold_seed(prepared.spec.train.seed, k)
         keras.utils.set_random_seed(seed)
         model = build_model(build, {}, input_shape=data.input_shape)
+        validation = (data.x[fold.val], data.y[fold.val])
+        histories = []
         for epoch in range(EPOCHS):
             order = epoch_order(fold.train, seed=seed, epoch=epoch)
             y = data.y[order] if cast is None else cast(data.y[order])
-            model.fit(data.x[order], y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-        results.append(model.evaluate(data.x[fold.val], data.y[fold.val], batch_size=BATCH, verbose=0,
-                                      return_dict=True))
+            histories.append(model.fit(data.x[order], y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                                       validation_data=validation if validate else None, **fit_arguments).history)
+        yield k, model, validation, histories
     keras.backend.clear_session()
-    return results
+
+
+def keras_fold_scores(spec: Path, builder: str, *, cast=None) -> list[dict[str, float]]:
+    """Keras' fit of each fold on foldsweep's batches (the targets through ``cast`` if given), then
+    its evaluate on the fold's validation samples."""
+    return [model.evaluate(*validation, batch_size=BATCH, verbose=0, return_dict=True)
+            for _, model, validation, _ in keras_fold_fits(spec, builder, cast=cast)]
 
 
 @pytest.mark.parametrize("builder, names", [("regression", ("loss", "mae", "root_mean_squared_error")),
@@ -404,33 +413,15 @@ def test_every_compiled_metric_is_each_folds_own_over_the_whole_fold_as_keras_ev
     """AUC, TruePositives and a researcher's Metric subclass, as `trial` prints them per fold,
     equal what Keras' evaluate gives on each fold after its own fit; a mean of batch means (here
     of TruePositives, a count) would land far away."""
-    import keras
-
-    from pipeline.inputs.hypermodel import build_model, load_builder
-    from pipeline.inputs.spec import load_spec
-    from pipeline.sweep import prepare
-    from pipeline.engine.training import epoch_order, fold_seed
-
     spec = spec_for(workspace, "metrics")
     ours = trial_fold_scores(spec)
-    prepared = prepare(load_spec(spec))
-    data = prepared.dataset
-    build = load_builder(workspace / "parity.py", "metrics")
-    for k, fold in enumerate(prepared.folds.folds):
-        seed = fold_seed(prepared.spec.train.seed, k)
-        keras.utils.set_random_seed(seed)
-        model = build_model(build, {}, input_shape=data.input_shape)
-        for epoch in range(EPOCHS):
-            order = epoch_order(fold.train, seed=seed, epoch=epoch)
-            model.fit(data.x[order], data.y[order], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-        x_val, y_val = data.x[fold.val], data.y[fold.val]
+    for k, model, (x_val, y_val), _ in keras_fold_fits(spec, "metrics"):
         theirs = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
         for name in COMPILED_METRICS:
             assert abs(ours[(k, name)] - theirs[name]) <= TOLERANCE * max(1.0, abs(theirs[name])), (k, name, ours, theirs)
         batch_means = np.mean([model.evaluate(x_val[i:i + BATCH], y_val[i:i + BATCH], verbose=0, return_dict=True)["tp"]
                                for i in range(0, len(y_val), BATCH)])
         assert abs(batch_means - theirs["tp"]) >= 0.5 * theirs["tp"], (batch_means, theirs["tp"])
-    keras.backend.clear_session()
 
 
 CLASS_WEIGHT = {0: 1.0, 1: 5.0}
@@ -439,14 +430,9 @@ CLASS_WEIGHT = {0: 1.0, 1: 5.0}
 def test_class_weights_train_as_keras_fit_class_weight(workspace, threads_kept):
     """train.class_weight weighs each training sample's loss as fit(class_weight=...) does: the
     training loss (weighted) and the validation loss (unweighted) per fold land where Keras' own
-    land; fit without the weights trains a loss far from it. The stacked layout does not apply
-    them yet, so the trial falls back and says why."""
-    import keras
-
-    from pipeline.inputs.hypermodel import build_model, load_builder
+    land; fit without the weights trains a loss far from it."""
     from pipeline.inputs.spec import load_spec
     from pipeline.sweep import prepare
-    from pipeline.engine.training import epoch_order, fold_seed
 
     spec = spec_for(workspace, "sigmoid", class_weight=CLASS_WEIGHT)
     result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])
@@ -457,27 +443,17 @@ def test_class_weights_train_as_keras_fit_class_weight(workspace, threads_kept):
         if epoch:
             for k, train, val in re.findall(r"fold (\d+) train_loss (\S+) val_loss (\S+)", line):
                 ours[(int(epoch.group(1)), int(k))] = (float(train), float(val))
-    prepared = prepare(load_spec(spec))
-    assert prepared.spec.train.class_weight == CLASS_WEIGHT
-    data = prepared.dataset
-    build = load_builder(workspace / "parity.py", "sigmoid")
+    assert prepare(load_spec(spec)).spec.train.class_weight == CLASS_WEIGHT
     for weighted in (True, False):
-        for k, fold in enumerate(prepared.folds.folds):
-            seed = fold_seed(prepared.spec.train.seed, k)
-            keras.utils.set_random_seed(seed)
-            model = build_model(build, {}, input_shape=data.input_shape)
-            for epoch in range(EPOCHS):
-                order = epoch_order(fold.train, seed=seed, epoch=epoch)
-                history = model.fit(data.x[order], data.y[order], batch_size=BATCH, epochs=1, shuffle=False,
-                                    validation_data=(data.x[fold.val], data.y[fold.val]), verbose=0,
-                                    class_weight=CLASS_WEIGHT if weighted else None).history
+        fits = keras_fold_fits(spec, "sigmoid", validate=True, class_weight=CLASS_WEIGHT if weighted else None)
+        for k, _, _, histories in fits:
+            for epoch, history in enumerate(histories):
                 train, val = ours[(epoch + 1, k)]
                 if weighted:
                     assert train == pytest.approx(history["loss"][0], rel=0.01, abs=PRINTED), (k, epoch, train, history)
                     assert val == pytest.approx(history["val_loss"][0], rel=0.01, abs=PRINTED), (k, epoch, val, history)
                 elif epoch == 0:  # unweighted, the first epoch's training loss is a fraction of the weighted one
                     assert history["loss"][0] < 0.6 * train, (k, train, history)
-    keras.backend.clear_session()
 
 
 def test_labels_per_position_with_ignored_padding_score_as_keras_fit_and_evaluate(workspace, threads_kept):
@@ -485,8 +461,6 @@ def test_labels_per_position_with_ignored_padding_score_as_keras_fit_and_evaluat
     per-fold validation loss (each batch's mean over the positions kept, as Keras reduces it) and
     the compiled accuracy equal Keras' fit + evaluate; the mean over every position, padding
     included, lands far away."""
-    import keras
-
     spec = spec_for(workspace, "per_position", dataset="positions.npz", splitter="kfold", metric="loss")
     ours = trial_fold_scores(spec)
     theirs = keras_fold_scores(spec, "per_position")
@@ -498,4 +472,3 @@ def test_labels_per_position_with_ignored_padding_score_as_keras_fit_and_evaluat
             assert ours[(k, name)] == pytest.approx(scores[name], rel=REGRESSION_TOLERANCE, abs=2 * PRINTED), (k, name, ours, scores)
         # A mean over every position (the padded ones adding 0) would be (1 - padded) of it.
         assert abs(ours[(k, "loss")] * (1 - padded) - scores["loss"]) >= 0.15 * scores["loss"]
-    keras.backend.clear_session()
