@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping
 import yaml
 
 from pipeline.base.errors import SpecError
+from pipeline.inputs.scoring import OWN_SCORES, direction_of
 
 SplitterName = Literal["kfold", "stratified", "group", "stratified_group"]
 SPLITTERS: tuple[str, ...] = ("kfold", "stratified", "group", "stratified_group")
@@ -26,7 +27,8 @@ EPOCH_SELECTIONS: tuple[str, ...] = ("best_epoch", "last")
 CLIPPING_KINDS: tuple[str, ...] = ("none", "norm", "value", "global_norm")
 # The scores foldsweep computes for every classifier, with the direction in which each improves;
 # any metric the model compiles or train.metrics names can be ranked on too (pipeline.inputs.scoring).
-METRIC_DIRECTIONS: Mapping[str, Literal["max", "min"]] = {"accuracy": "max", "loss": "min"}
+# The scores every trial has, and which way they improve (``pipeline.inputs.scoring``).
+METRIC_DIRECTIONS: Mapping[str, Literal["max", "min"]] = OWN_SCORES
 METRICS: tuple[str, ...] = tuple(METRIC_DIRECTIONS)
 # A Keras metric identifier or name: what train.metric, train.metrics and a monitor may hold.
 _METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -621,22 +623,26 @@ def _metric_names(section: _Section, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _checked_mode(section: _Section, metric: str, known: str | None, *, of: str, why: str = "") -> str:
+    """The section's ``mode`` for ``metric`` (named ``of`` in messages): ``known`` where it is
+    known (a mode against it is refused, ``why`` saying what it would do), else required."""
+    mode = section.one_of("mode", MODES, default=known or "")
+    if not mode:
+        section.fail("mode", f"is required for {of} {metric}: neither Keras nor KerasTuner knows whether a "
+                             f"higher {metric} is better (max) or worse (min)", None)
+    if known is not None and mode != known:
+        section.fail("mode", f"must be {known} for {of} {metric}{why}", mode)
+    return mode
+
+
 def _mode_for(section: _Section, metric: str) -> Literal["max", "min"]:
     """``mode`` for ``metric``: its own direction where Keras or KerasTuner know it (a mode against
     it is refused), else the spec's, which is then required."""
-    from pipeline.inputs.scoring import direction_of
-
-    direction = METRIC_DIRECTIONS.get(metric) or direction_of(metric)
-    mode = section.one_of("mode", MODES, default=direction or "")
-    if not mode:
-        section.fail("mode", f"is required for train.metric {metric}: neither Keras nor KerasTuner knows whether a "
-                             f"higher {metric} is better (max) or worse (min)", None)
-    if direction is not None and mode != direction:
-        better = "higher" if direction == "max" else "lower"
-        section.fail("mode", f"must be {direction} for train.metric {metric} ({better} {metric} is better; a mode "
-                             f"against it would rank the worst trial first): drop train.mode, the metric decides "
-                             "it", mode)
-    return mode  # type: ignore[return-value]
+    direction = direction_of(metric)
+    better = "higher" if direction == "max" else "lower"
+    why = (f" ({better} {metric} is better; a mode against it would rank the worst trial first): drop train.mode, "
+           "the metric decides it")
+    return _checked_mode(section, metric, direction, of="train.metric", why=why)  # type: ignore[return-value]
 
 
 def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStoppingSpec:
@@ -645,18 +651,8 @@ def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStop
     if patience is None:
         section.fail("patience", "is required (epochs without improvement before a trial stops, >= 1)", None)
     monitor = _metric_name(section, "monitor", default=objective.metric)
-    if monitor == objective.metric:
-        known = objective.mode
-    else:
-        from pipeline.inputs.scoring import direction_of
-
-        known = METRIC_DIRECTIONS.get(monitor) or direction_of(monitor)
-    mode = section.one_of("mode", MODES, default=known or "")
-    if not mode:
-        section.fail("mode", f"is required for monitor {monitor}: neither Keras nor KerasTuner knows whether a higher "
-                             f"{monitor} is better (max) or worse (min)", None)
-    if known is not None and mode != known:
-        section.fail("mode", f"must be {known} for monitor {monitor}", mode)
+    known = objective.mode if monitor == objective.metric else direction_of(monitor)
+    mode = _checked_mode(section, monitor, known, of="monitor")
     min_delta = section.number("min_delta", default=0.0, minimum=0.0)
     start_from_epoch = section.integer("start_from_epoch", default=0, minimum=0)
     baseline = section.take("baseline")
