@@ -323,6 +323,21 @@ def sweep_runs(uri: str, name: str):
     return client, parent, trials
 
 
+def run_learning_rate_grid(directory: Path, store: str, document: dict[str, Any]):
+    """Run the sweep ``document`` (a grid over learning rates) from ``directory`` in this process;
+    returns (its output, client, parent run, {learning rate: trial run})."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    (directory / "spec.yaml").write_text(yaml.safe_dump({**document, "tracking": {"uri": store}}))
+    result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
+    assert result.exit_code == 0, result.output
+    client, parent, trials = sweep_runs(store, document["name"])
+    return result.output, client, parent, {float(run.data.params["learning_rate"]): run for run in trials}
+
+
 def binary_data(n: int = 600, seed: int = 0) -> tuple[Any, Any]:
     """Two classes (0/1) told apart by the sign of a bump in a noisy 16-step signal."""
     import numpy as np

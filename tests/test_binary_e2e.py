@@ -9,11 +9,8 @@ import csv
 
 import numpy as np
 import pytest
-import yaml
-from typer.testing import CliRunner
 
-from conftest import binary_data, foldsweep, seed_store, sweep_runs
-from pipeline.cli import app
+from conftest import binary_data, foldsweep, run_learning_rate_grid, seed_store
 
 pytestmark = pytest.mark.e2e
 
@@ -43,19 +40,14 @@ def binary_sweep(ray_cluster, tmp_path_factory):
     np.savez(directory / "sites.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (directory / "sites.py").write_text(HYPERMODEL)
     store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
-    (directory / "spec.yaml").write_text(yaml.safe_dump({
+    output, client, parent, by_rate = run_learning_rate_grid(directory, store, {
         "name": "sites", "experiment": "sites.py:BindingSite", "dataset": "sites.npz",
         "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
         # Batch 8 on one CPU: the folds are stacked into one XLA program; a rate of 1e6 diverges.
         "search": {"algorithm": "grid", "space": {"optimizer": "sgd", "learning_rate": {"grid": [0.01, 1.0e+6]},
                                                   "batch_size": 8, "filters": 8}},
-        "train": {"epochs": EPOCHS, "seed": 0, "metric": "auc"}, "resources": {"cpu": 1, "max_concurrent": 1},
-        "tracking": {"uri": store}}))
-    result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
-    assert result.exit_code == 0, result.output
-    client, parent, trials = sweep_runs(store, "sites")
-    by_rate = {float(run.data.params["learning_rate"]): run for run in trials}
-    return directory, store, result.output, client, parent, by_rate
+        "train": {"epochs": EPOCHS, "seed": 0, "metric": "auc"}, "resources": {"cpu": 1, "max_concurrent": 1}})
+    return directory, store, output, client, parent, by_rate
 
 
 def test_a_sigmoid_head_trains_stacked_and_is_scored_by_binary_accuracy(binary_sweep):

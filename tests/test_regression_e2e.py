@@ -9,11 +9,8 @@ import csv
 
 import numpy as np
 import pytest
-import yaml
-from typer.testing import CliRunner
 
-from conftest import binary_data, foldsweep, seed_store, sweep_runs
-from pipeline.cli import app
+from conftest import binary_data, foldsweep, run_learning_rate_grid, seed_store
 
 pytestmark = pytest.mark.e2e
 
@@ -43,17 +40,12 @@ def regression_sweep(ray_cluster, tmp_path_factory):
     np.savez(directory / "bumps.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (directory / "bumps.py").write_text(MODEL)
     store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
-    (directory / "spec.yaml").write_text(yaml.safe_dump({
+    output, client, parent, by_rate = run_learning_rate_grid(directory, store, {
         "name": "bumps", "experiment": "bumps.py", "dataset": "bumps.npz",
         "cv": {"splitter": "kfold", "n_splits": 3, "seed": 0},
         "search": {"algorithm": "grid", "space": {"learning_rate": {"grid": [0.01, 0.0001]}, "batch_size": 16}},
-        "train": {"epochs": EPOCHS, "seed": 0, "metric": "mae"}, "resources": {"cpu": 1, "max_concurrent": 1},
-        "tracking": {"uri": store}}))
-    result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
-    assert result.exit_code == 0, result.output
-    client, parent, trials = sweep_runs(store, "bumps")
-    by_rate = {float(run.data.params["learning_rate"]): run for run in trials}
-    return directory, store, result.output, client, parent, by_rate
+        "train": {"epochs": EPOCHS, "seed": 0, "metric": "mae"}, "resources": {"cpu": 1, "max_concurrent": 1}})
+    return directory, store, output, client, parent, by_rate
 
 
 def test_a_regression_sweep_is_ranked_by_its_compiled_mae_lower_first(regression_sweep):
