@@ -21,13 +21,20 @@ export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 # pylock.toml (PEP 751) for other installers: the runtime dependencies, and with the gpu extra.
 EXPORT := $(UV) export --frozen --no-emit-project --no-header --quiet --format pylock.toml
 
-.PHONY: sweep test test-fast ui install lock lock-check clean chromium
+.PHONY: sweep test test-fast lint ui install lock lock-check clean chromium
 
 sweep: $(STAMP)
 	$(BIN)/foldsweep run $(SPEC)
 
 test: lock-check $(STAMP) chromium
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+
+# The style, kept by tools: ruff's formatter and linter over the code, mypy over the typed layers
+# (pyproject.toml says which).
+lint: $(STAMP)
+	$(BIN)/ruff format --check pipeline tests benchmarks
+	$(BIN)/ruff check pipeline tests benchmarks
+	$(BIN)/mypy
 
 # The inner loop: pure logic and quick in-process checks, no sweep, no training, no browser.
 test-fast: $(STAMP)
