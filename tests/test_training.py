@@ -73,6 +73,27 @@ def test_a_trainer_built_after_clearing_keras_session_loads_the_programs_of_an_i
         assert second[key] == first[key], key  # the loaded programs train bit-identically
 
 
+def test_side_by_side_folds_train_one_program_compiled_once():
+    """Each fold's model is built under the same layer names, which are in its traced step's
+    graph: three folds side by side compile what one fold alone compiles, and train as before."""
+    data = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 150}))  # this test's programs only
+    folds = make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), data).folds
+    resident = resident_data(data.fingerprint, data.x, data.y)
+    config = {**MODEL, "batch_size": 16, "learning_rate": 1e-3, "optimizer": "adam"}
+    recipe = TrainingRecipe(TrainSpec(seed=0), ExecutionChoices(jit_compile="on", layout="side_by_side"))
+    builder = load_builder(MNIST1D_EXPERIMENT, "build")
+    between_trials()
+    alone = build_trainer(builder, config, recipe, data=resident, folds=folds[2:], fold_ids=[2]).run_epoch().report()
+    assert alone[COMPILE_CACHE_MISSES] > 0
+    between_trials()
+    together = build_trainer(builder, config, recipe, data=resident, folds=folds)
+    names = [[layer.name for layer in engine.model.layers] for engine in together.engines]
+    assert names[0] == names[1] == names[2]
+    report = together.run_epoch().report()
+    assert report[COMPILE_CACHE_MISSES] == 0  # the three folds run the one fold's programs
+    assert report["split2_train_loss"] == alone["split2_train_loss"]
+
+
 def test_cv_summary_uses_sklearn_vocabulary_and_population_std():
     summary = cv_summary([{"val_accuracy": 0.5}, {"val_accuracy": 0.7}, {"val_accuracy": 0.9}])
     assert summary["split0_val_accuracy"] == 0.5 and summary["split2_val_accuracy"] == 0.9

@@ -219,6 +219,9 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
     input_shape = tuple(data.x.shape[1:])
     models = []
     for k in fold_ids:
+        # Every fold's model under the same layer names (conv1d, conv1d_1... afresh): the names
+        # are in its traced step's graph, so the folds' steps are one program, compiled once.
+        keras.backend.clear_session(free_memory=False)
         keras.utils.set_random_seed(fold_seed(seed, k))
         models.append(build_model(build_fn, model_values, input_shape=input_shape))
     optimizer = recipe.optimizer(models[0], params)
