@@ -254,6 +254,7 @@ def run(
                                 "a killed driver): finished trials are kept, unfinished ones go on"),
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
+    started_at = time.time()  # the sweep's time account starts here (the interpreter took ~0.1 s before)
     from pipeline.checks import check_inputs
     from pipeline.inputs.spec import load_spec
 
@@ -312,7 +313,8 @@ def run(
     failed: list[str] = []
     try:
         outcome = run_sweep(prepared, on_trial_done=trial_done, resume=resume, progress=progress, say=doing.say,
-                            doing=doing, notify=lambda line: console.print(line, style="yellow", highlight=False))
+                            doing=doing, notify=lambda line: console.print(line, style="yellow", highlight=False),
+                            started_at=started_at)
     except SweepInterrupted as interrupted:
         again = " ".join([program_name(), *(shlex.quote(arg) for arg in sys.argv[1:] if arg != "--resume")])
         errors.print(f"interrupted: sweep run {interrupted.parent_run_id} stopped, unfinished trials marked KILLED. "
@@ -330,6 +332,11 @@ def run(
     resumed = f" ({len(outcome.records)} in the sweep, {done_before} ended before this resume)" if resume else ""
     console.print(f"{_count(trained, 'trial')} {'trained ' if resume else ''}in {outcome.wall_s:.0f} s{resumed}; "
                   f"sweep run {outcome.parent_run_id}", highlight=False)
+    if outcome.account is not None:
+        from pipeline.records.report import sweep_account_text
+
+        console.print(f"where the sweep's time went: {sweep_account_text(outcome.account)}", highlight=False,
+                      soft_wrap=True)
     _print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
     if failed:
         for what in failed:
@@ -349,8 +356,9 @@ def report(
     from pipeline.base.environment import recorded_environment
     from pipeline.base.private_hooks import require_hooks
     from pipeline.records.publish import publish
+    from pipeline.contract.results import recorded_sweep_account
     from pipeline.records.report import (Standings, account_rows, account_table, leaderboard_table, nan_table_rows,
-                                         rows_table, throughput_rows)
+                                         rows_table, sweep_account_text, throughput_rows)
     from pipeline.records.tracking import Tracker
 
     _check_existing_store(tracking_uri)
@@ -366,6 +374,10 @@ def report(
     time_rows = account_rows(records)
     if time_rows:
         console.print(account_table(time_rows))
+    sweep_account = recorded_sweep_account(parent.metrics)
+    if sweep_account is not None:
+        console.print(f"where the sweep's time went: {sweep_account_text(sweep_account)}", highlight=False,
+                      soft_wrap=True)
     test_scores = {key: value for key, value in parent.metrics.items() if key.startswith("test_")}
     if test_scores:
         console.print("refit on the held-out test split: " +

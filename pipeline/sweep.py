@@ -26,8 +26,9 @@ from pipeline.inputs.folds import FoldPlan
 from pipeline.base.private_hooks import HOOKED_LIBRARIES, RAY_OUTPUT_ENGINE_VARIABLE, require_hooks
 from pipeline.inputs.space import SearchSpace
 from pipeline.inputs.spec import SweepSpec
+from pipeline.contract.account import Span, TimeAccount, sweep_account
 from pipeline.contract.results import (BEST_EPOCH, RUNNING_BEST_PREFIX, WORKER_RETIRES, EpochSelection, SweepStatus,
-                              TrialStatus)
+                              TrialStatus, SETUP_S, SWEEP_FIXED_S, SWEEP_PARTS, SWEEP_WALL_S, TRIAL_WALL_S, sweep_fixed_s)
 from pipeline.records.stores import sqlite_path
 from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
 from pipeline.engine.trial import TrialSettings
@@ -64,6 +65,7 @@ class SweepOutcome:
     records: list[TrialRecord]
     wall_s: float
     ui_path: str = ""  # the MLflow UI's address path of the sweep's trials (pipeline.records.publish)
+    account: TimeAccount | None = None  # where the sweep's wall clock went (SWEEP_PARTS)
 
 
 def ray_results_dir(tracking_uri: str) -> Path:
@@ -258,7 +260,7 @@ class SweepInterrupted(KeyboardInterrupt):
 def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord], None] | None = None,
               notify: Callable[[str], None] = print, say: Callable[[str], None] = lambda line: None,
               doing: Callable[[str], None] = lambda line: None, resume: bool = False,
-              progress: Any = None) -> SweepOutcome:
+              progress: Any = None, started_at: float | None = None) -> SweepOutcome:
     """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials.
 
     Four steps: open the sweep (its parent run, or the one a resume continues), build the
@@ -268,6 +270,8 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     ``progress`` is a Ray Tune callback that shows the sweep as it runs (``pipeline.records.progress``);
     ``doing`` hears what the sweep is doing for a few seconds (starting Ray), ``say`` what it is
     doing that stays worth reading (where it records, the refit), ``notify`` what deserves attention.
+    ``started_at`` (``time.time()``): when the command started, where the sweep's time account
+    starts; else now.
 
     With ``resume``, continue the latest sweep of this spec's name through Ray Tune's restore:
     finished trials stay as they are, unfinished ones go on from their last checkpoint, and the
@@ -283,6 +287,7 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     import ray
 
     started = time.perf_counter()
+    started_at = time.time() if started_at is None else started_at
     tracker = Tracker(prepared.tracking_uri)
     resumable = tracker.resumable_sweep(prepared.spec.name) if resume else None
     started_ray = not ray.is_initialized()
@@ -313,7 +318,7 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     finally:
         if started_ray:
             ray.shutdown()
-    return _after_trials(prepared, tracker, parent_run_id, configs, notify, say, started)
+    return _after_trials(prepared, tracker, parent_run_id, configs, notify, say, started, started_at)
 
 
 def _open_sweep(prepared: PreparedSweep, tracker: Tracker, resumable: SweepRecord | None,
@@ -428,7 +433,8 @@ def _retiring_workers() -> Iterator[None]:
 
 
 def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, configs: dict[str, dict[str, Any]],
-                  notify: Callable[[str], None], say: Callable[[str], None], started: float) -> SweepOutcome:
+                  notify: Callable[[str], None], say: Callable[[str], None], started: float,
+                  started_at: float) -> SweepOutcome:
     """Every trial has ended: publish the sweep's tables and plots, refit the best config, and
     close the parent run, whatever fails: FAILED with the traceback if publishing does, FINISHED
     with ``foldsweep.refit=error: ...`` if the refit does (the trials' results stand).
@@ -443,6 +449,7 @@ def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str,
     records = tracker.trial_records(parent_run_id)
     failed: list[str] = []
     status, error, summary, ui_path = SweepStatus.OK, None, {}, ""
+    refit_started = time.perf_counter()
     try:
         if spec.train.refit:
             try:
@@ -450,6 +457,7 @@ def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str,
             except Exception as exc:
                 summary = {Tag.REFIT: f"error: {type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH]}
                 failed.append(f"the refit: {type(exc).__name__}: {exc}")
+        refit_s = time.perf_counter() - refit_started
         try:
             test_scores = {key: value for key, value in summary.items() if key.startswith("test_")}
             standings = Standings.of(records, spec.objective, n_splits=spec.cv.n_splits)
@@ -460,11 +468,27 @@ def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str,
     except KeyboardInterrupt:
         _close_sweep(prepared, tracker, parent_run_id, SweepStatus.INTERRUPTED)
         raise SweepInterrupted(parent_run_id) from None
-    _close_sweep(prepared, tracker, parent_run_id, status, error=error, extra=summary)
-    outcome = SweepOutcome(parent_run_id, spec.name, records, time.perf_counter() - started, ui_path)
+    account = _sweep_account(records, started_at=started_at, refit_s=refit_s)
+    _close_sweep(prepared, tracker, parent_run_id, status, error=error,
+                 extra={**summary, **account_metrics(account)})
+    outcome = SweepOutcome(parent_run_id, spec.name, records, time.perf_counter() - started, ui_path, account)
     if failed:
         raise AfterTrialsFailed(outcome, failed)
     return outcome
+
+
+def _sweep_account(records: Sequence[TrialRecord], *, started_at: float, refit_s: float) -> TimeAccount:
+    """Where the sweep's wall clock went until now. Each trial trained from its first step to
+    its run's end: its own clock's wall less its set-up, back from when the driver ended its run
+    (a resumed sweep's earlier trials fall before this command's start and count for nothing)."""
+    spans = [Span(record.ended_at - record.metrics[TRIAL_WALL_S] + record.metrics.get(SETUP_S, 0.0), record.ended_at)
+             for record in records if record.ended_at is not None and TRIAL_WALL_S in record.metrics]
+    return sweep_account(started=started_at, ended=time.time(), trials=spans, refit_s=refit_s, parts=SWEEP_PARTS)
+
+
+def account_metrics(account: TimeAccount) -> dict[str, float]:
+    """The sweep account as its parent run records it."""
+    return {SWEEP_WALL_S: account.wall_s, **dict(account.parts), SWEEP_FIXED_S: sweep_fixed_s(account)}
 
 
 def _close_sweep(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, status: SweepStatus, *,

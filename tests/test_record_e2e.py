@@ -94,6 +94,23 @@ def test_each_trial_accounts_for_its_wall_clock(recorded_sweep):
     assert len(time_account_data(records)) == 4
 
 
+def test_the_sweep_accounts_for_its_wall_clock_and_prints_its_fixed_cost(recorded_sweep):
+    """Issue 53: the parent run records where the sweep's wall clock went, its parts adding up to
+    it: the start until the first trial trained, the training, the refit (this sweep refits) and
+    the end; the command prints it after the leaderboard."""
+    _, parent, trials = recorded_sweep.runs()
+    metrics = parent.data.metrics
+    parts = ("sweep_startup_s", "sweep_training_s", "sweep_idle_s", "sweep_refit_s", "sweep_finish_s")
+    assert sum(metrics[part] for part in parts) == pytest.approx(metrics["sweep_wall_s"], rel=1e-6)
+    assert metrics["sweep_startup_s"] > 0 and metrics["sweep_refit_s"] > 0 and metrics["sweep_finish_s"] > 0
+    # Trials train during most of the time between the first step and the last report.
+    longest = max(run.data.metrics["trial_wall_s"] - run.data.metrics["setup_s"] for run in trials)
+    assert metrics["sweep_training_s"] >= longest * 0.95
+    assert metrics["sweep_fixed_s"] == pytest.approx(
+        metrics["sweep_startup_s"] + metrics["sweep_idle_s"] + metrics["sweep_finish_s"])
+    assert f"fixed cost {metrics['sweep_fixed_s']:.1f} s" in recorded_sweep.output
+
+
 def test_the_parent_run_holds_cv_results_plots_and_a_ranking(recorded_sweep):
     directory = recorded_sweep.directory
     client, parent, trials = recorded_sweep.runs()

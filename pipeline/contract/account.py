@@ -54,3 +54,33 @@ class TimeAccount:
             return value if math.isfinite(value) else 0.0
 
         return cls(float(values[wall]), tuple((name, seconds(name)) for name in parts))
+
+
+@dataclass(frozen=True)
+class Span:
+    """From ``start`` to ``end``, seconds on one wall clock (``time.time()``)."""
+
+    start: float
+    end: float
+
+
+def sweep_account(*, started: float, ended: float, trials: Sequence[Span], refit_s: float = 0.0,
+                  parts: Sequence[str]) -> TimeAccount:
+    """A sweep's wall clock from the command's start to its end, in the five ``parts`` (names in
+    this order): until the first trial's first training step; while at least one trial trains
+    (each ``trials`` span runs from its first step to its last report); while none does, between
+    the first step and the last report; the refit; and the rest of the end (recording, the
+    tables). Everything but the training and the refit is the sweep's fixed cost."""
+    spans = sorted((max(span.start, started), min(span.end, ended)) for span in trials)
+    spans = [(start, end) for start, end in spans if end > start]
+    if not spans:
+        return TimeAccount.of(ended - started, **dict(zip(parts, (ended - started - refit_s, 0.0, 0.0, refit_s, 0.0))))
+    training, reach = 0.0, spans[0][0]
+    for start, end in spans:  # the union of the spans
+        if end > reach:
+            training += end - max(start, reach)
+            reach = end
+    first, last = spans[0][0], reach
+    idle = (last - first) - training
+    finish = max(0.0, ended - last - refit_s)
+    return TimeAccount.of(ended - started, **dict(zip(parts, (first - started, training, idle, refit_s, finish))))

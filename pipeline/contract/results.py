@@ -97,8 +97,26 @@ EVAL_S = "eval_s"
 GAP_S = "gap_s"
 EPOCH_GAP_S = "epoch_gap_s"
 TRIAL_PARTS = (SETUP_S, COMPILE_S, TRAIN_S, EVAL_S, GAP_S)
+# Where a sweep's wall clock went, recorded on its parent run when it ends (``sweep_account``): from
+# the command's start (``sweep_wall_s``) until the first trial's first training step, while at least
+# one trial trains, while none does between trials, the refit, and the end (recording, the
+# tables); ``sweep_fixed_s`` is the cost outside training and the refit: start, idle and end.
+SWEEP_WALL_S = "sweep_wall_s"
+SWEEP_PARTS = ("sweep_startup_s", "sweep_training_s", "sweep_idle_s", "sweep_refit_s", "sweep_finish_s")
+SWEEP_FIXED_S = "sweep_fixed_s"
 # What a trial's report says of its account (``compile_s`` is reported as its throughput).
 ACCOUNT_KEYS = (TRIAL_WALL_S, SETUP_S, TRAIN_S, EVAL_S, GAP_S, OTHER_S)
+
+
+def sweep_fixed_s(account: TimeAccount) -> float:
+    """The sweep's time outside its trials' training and the refit."""
+    seconds = account.as_dict()
+    return seconds["sweep_startup_s"] + seconds["sweep_idle_s"] + seconds["sweep_finish_s"]
+
+
+def recorded_sweep_account(values: Mapping[str, Any]) -> TimeAccount | None:
+    """The sweep account a parent run recorded; None for a sweep from before it was kept."""
+    return TimeAccount.read(values, wall=SWEEP_WALL_S, parts=SWEEP_PARTS)
 
 
 def trial_account(values: Mapping[str, Any]) -> TimeAccount | None:

@@ -19,7 +19,8 @@ from typing import Any, Mapping, Sequence
 from rich.table import Table
 
 from pipeline.contract.results import (BEST_EPOCH, COMPILE_S, EVAL_RATE, NAN_EPOCH, NAN_FAILURES, NAN_FOLD, NAN_STEP, SELECTED_PREFIX,
-                                       TRAIN_RATE, TRIAL_WALL_S, TrialStatus, split_key, trial_account)
+                                       TRAIN_RATE, TRIAL_WALL_S, TrialStatus, split_key, sweep_fixed_s,
+                                       trial_account)
 from pipeline.contract.account import TimeAccount
 from pipeline.records.significance import SIGNIFICANCE_LEVEL, Comparison, corrected_ttest, val_train_ratio
 from pipeline.inputs.spec import Objective
@@ -389,6 +390,11 @@ def account_text(account: TimeAccount) -> str:
     return f"{account.wall_s:.2f} s wall: " + ", ".join(
         f"{name} {_seconds_share(seconds, share)}"
         for (name, seconds), share in zip(account.as_dict().items(), account.shares().values()))
+
+
+def sweep_account_text(account: TimeAccount) -> str:
+    """A sweep's account on one line, its fixed cost (start, idle and end) last."""
+    return f"{account_text(account)}; fixed cost {sweep_fixed_s(account):.1f} s"
 
 
 def rows_table(rows: Sequence[dict[str, Any]], title: str) -> Table:

@@ -82,6 +82,7 @@ class TrialRecord:
     metrics: Mapping[str, float]
     error: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
+    ended_at: float | None = None  # when its run ended (seconds since the epoch); None while open
 
     @property
     def label(self) -> str:
@@ -96,7 +97,8 @@ class TrialRecord:
                    state=run.info.status, status=TrialStatus.recorded(tags.get(Tag.STATUS)),
                    params=dict(run.data.params), metrics=dict(run.data.metrics), error=tags.get(Tag.ERROR, ""),
                    tags={key.removeprefix(Tag.PREFIX): value for key, value in tags.items()
-                         if key.startswith(Tag.PREFIX)})
+                         if key.startswith(Tag.PREFIX)},
+                   ended_at=run.info.end_time / 1000 if run.info.end_time else None)
 
 
 @dataclass(frozen=True)
