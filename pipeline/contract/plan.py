@@ -59,18 +59,20 @@ XLA_MAX_BATCH_ON_CPU = 256
 # batches: 3 folds, 2-core CPU, fused, batch 8: 36k -> 83k samples/s (protein windows), 34k ->
 # 52k (MNIST-1D); batch 64: 134k -> 148k; but at batch 256 it was up to 21% slower unfused
 # (`python -m benchmarks.cv_throughput --variants engine,fused,engine-x8,fused-x8`). Each
-# unrolled step is compiled too: a 3-fold trial compiled for ~25 s instead of ~8 s. Auto mode
-# unrolls only up to batch 64 and where a fold has enough steps planned to win that back
-# (~10-15 us saved per sample at batch 8: break-even near 50k steps per fold).
+# unrolled step is compiled too, though a launch traces its step once: `foldsweep trial` of
+# protein_cnn at batch 8 (3 folds of ~50k windows, 5 epochs, 2 CPUs: 31k steps per fold) compiled
+# 8.5 s unrolled against 4.3 s, and trained 29.1 s against 42.4 s, so ~0.4 ms saved per fold step
+# pays the 4 s back from ~10k steps per fold. Auto mode unrolls only up to batch 64 and where a
+# fold has that many steps planned.
 UNROLLED_STEPS = 8
 UNROLL_MAX_BATCH = 64
-UNROLL_MIN_PLANNED_STEPS = 50_000
+UNROLL_MIN_PLANNED_STEPS = 10_000
 # On a GPU, a launch costs the host its dispatch (the executor's loop iteration and XLA's launch:
 # tens of microseconds) whatever the batch, and with the per-epoch stop test the host enqueues
 # launches ahead of the device, so that this cost hides behind the device's work while a step
 # takes longer than it, and shows while a step is shorter: at small batches (a small CNN's step
 # at batch 8-128 is a few tens of microseconds of GPU time). So the GPU unrolls up to batch 128
-# and from a tenth of the CPU's planned steps (its compile of an unrolled program costs about
+# and from half the CPU's planned steps (its compile of an unrolled program costs about
 # what the CPU's does; its steps are cheaper to win it back). Chosen from that reasoning, not
 # measured here (no GPU): `python -m benchmarks.gpu_check` measures 1, 8 and 32 steps per launch
 # per batch size, to set these on the first GPU machine.
