@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -47,7 +47,6 @@ TRAINING_DEFAULTS: Mapping[str, Any] = {
     "batch_size": 32, "learning_rate": 1e-3, "optimizer": "adam", "epochs": None,
     "clipping": "none", "clip_threshold": 1.0,
 }
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
 @dataclass(frozen=True)
@@ -224,7 +223,7 @@ class ResourcesSpec:
 
 @dataclass(frozen=True)
 class TrackingSpec:
-    uri: str = DEFAULT_TRACKING_URI
+    uri: str = "sqlite:///mlflow.db"
 
 
 @dataclass(frozen=True)
@@ -303,6 +302,19 @@ class SweepSpec:
         if rule is None or self.train.early_stopping is not None:
             return self
         return replace(self, train=replace(self.train, early_stopping=rule))
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The default a spec dataclass declares for its field ``name``: the one place it is written
+    (the parser reads it from there, never writing it again), for a class with required fields."""
+    for declared in fields(cls):
+        if declared.name == name:
+            if declared.default is not MISSING:
+                return declared.default
+            if declared.default_factory is not MISSING:
+                return declared.default_factory()
+            raise ValueError(f"{cls.__name__}.{name} has no default")
+    raise ValueError(f"{cls.__name__} has no field {name!r}")
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -385,7 +397,7 @@ def parse_spec(data: Any, *, source_path: Path, source_text: str = "") -> SweepS
     train = _parse_train(root.section("train"))
     resources = _parse_resources(root.section("resources"))
     tracking = TrackingSpec(uri=root.section("tracking").done_with(
-        lambda s: s.string("uri", default=DEFAULT_TRACKING_URI)))
+        lambda s: s.string("uri", default=TrackingSpec().uri)))
     root.finish()
     _check_scheduler_can_act(str(source_path), search, train)
     return SweepSpec(
@@ -417,11 +429,12 @@ def _parse_dataset(root: _Section) -> DatasetSpec:
 
 
 def _parse_cv(section: _Section) -> CVSpec:
-    splitter = section.one_of("splitter", SPLITTERS, default="stratified")
-    n_splits = section.integer("n_splits", default=5, minimum=2)
-    seed = section.integer("seed", default=0, minimum=0)
-    n_repeats = section.integer("n_repeats", default=1, minimum=1)
-    groups = section.one_of("groups", GROUP_RULES, default="respect")
+    default = CVSpec()
+    splitter = section.one_of("splitter", SPLITTERS, default=default.splitter)
+    n_splits = section.integer("n_splits", default=default.n_splits, minimum=2)
+    seed = section.integer("seed", default=default.seed, minimum=0)
+    n_repeats = section.integer("n_repeats", default=default.n_repeats, minimum=1)
+    groups = section.one_of("groups", GROUP_RULES, default=default.groups)
     if groups == "ignore" and splitter in GROUPED_SPLITTERS:
         section.fail("groups", f"ignore contradicts cv.splitter {splitter}, which keeps every group whole; drop "
                                "cv.groups, or use cv.splitter kfold | stratified to split without the groups", groups)
@@ -430,9 +443,10 @@ def _parse_cv(section: _Section) -> CVSpec:
 
 
 def _parse_search(section: _Section) -> SearchSpec:
-    algorithm = section.one_of("algorithm", SEARCH_ALGORITHMS, default="random")
-    num_samples = section.integer("num_samples", default=1, minimum=1)
-    seed = section.integer("seed", default=0, minimum=0)
+    default = SearchSpec()
+    algorithm = section.one_of("algorithm", SEARCH_ALGORITHMS, default=default.algorithm)
+    num_samples = section.integer("num_samples", default=default.num_samples, minimum=1)
+    seed = section.integer("seed", default=default.seed, minimum=0)
     space_section = section.section("space")
     space = {key: _parse_param(space_section, key) for key in list(space_section.remaining())}
     for key, param in space.items():
@@ -446,17 +460,19 @@ def _parse_search(section: _Section) -> SearchSpec:
 
 
 def _parse_scheduler(search: _Section) -> SchedulerSpec:
+    default = SchedulerSpec()
     raw = search.peek("scheduler")
     if raw is None or isinstance(raw, str):
-        name = search.one_of("scheduler", SCHEDULERS, default="fifo")
+        name = search.one_of("scheduler", SCHEDULERS, default=default.name)
         return SchedulerSpec(name=name)
     section = search.section("scheduler")
-    name = section.one_of("name", SCHEDULERS, default="fifo")
+    name = section.one_of("name", SCHEDULERS, default=default.name)
     scheduler = SchedulerSpec(
         name=name,
-        grace_period=section.integer("grace_period", default=1, minimum=1),
-        reduction_factor=section.integer("reduction_factor", default=3, minimum=2),
-        min_samples_required=section.integer("min_samples_required", default=3, minimum=1),
+        grace_period=section.integer("grace_period", default=default.grace_period, minimum=1),
+        reduction_factor=section.integer("reduction_factor", default=default.reduction_factor, minimum=2),
+        min_samples_required=section.integer("min_samples_required", default=default.min_samples_required,
+                                             minimum=1),
     )
     section.finish()
     return scheduler
@@ -562,24 +578,25 @@ def check_training_param(file: str, where: str, name: str, param: ParamSpec) -> 
 
 
 def _parse_train(section: _Section) -> TrainSpec:
-    epochs = section.integer("epochs", default=10, minimum=1)
-    metric = _metric_name(section, "metric", default="accuracy")
+    default = TrainSpec()
+    epochs = section.integer("epochs", default=default.epochs, minimum=1)
+    metric = _metric_name(section, "metric", default=default.metric)
     metrics = _metric_names(section, "metrics")
     mode = _mode_for(section, metric)
     loss = section.string("loss", pattern_hint="a Keras loss identifier (e.g. mean_squared_error, huber)")
     class_weight = _class_weight(section)
-    seed = section.integer("seed", default=0, minimum=0)
-    from_logits = section.boolean("from_logits", default=False)
-    label_smoothing = section.number("label_smoothing", default=0.0, minimum=0.0)
+    seed = section.integer("seed", default=default.seed, minimum=0)
+    from_logits = section.boolean("from_logits", default=default.from_logits)
+    label_smoothing = section.number("label_smoothing", default=default.label_smoothing, minimum=0.0)
     if label_smoothing >= 1:
         section.fail("label_smoothing", "must be a number below 1 (the share of a label spread over the classes)",
                      label_smoothing)
-    jit_compile = _auto_or_boolean(section, "jit_compile")
-    fused = _auto_or_boolean(section, "fused")
-    steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch")
-    refit = section.boolean("refit", default=True)
-    select = section.one_of("select", EPOCH_SELECTIONS, default="best_epoch")
-    compile_cache = section.boolean("compile_cache", default=True)
+    jit_compile = _auto_or_boolean(section, "jit_compile", default=default.jit_compile)
+    fused = _auto_or_boolean(section, "fused", default=default.fused)
+    steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch", default=default.steps_per_launch)
+    refit = section.boolean("refit", default=default.refit)
+    select = section.one_of("select", EPOCH_SELECTIONS, default=default.select)
+    compile_cache = section.boolean("compile_cache", default=default.compile_cache)
     early_stopping = _parse_early_stopping(section, objective=Objective(metric, mode)) \
         if section.peek("early_stopping") is not None else None
     section.finish()
@@ -653,8 +670,9 @@ def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStop
     monitor = _metric_name(section, "monitor", default=objective.metric)
     known = objective.mode if monitor == objective.metric else direction_of(monitor)
     mode = _checked_mode(section, monitor, known, of="monitor")
-    min_delta = section.number("min_delta", default=0.0, minimum=0.0)
-    start_from_epoch = section.integer("start_from_epoch", default=0, minimum=0)
+    min_delta = section.number("min_delta", default=default_of(EarlyStoppingSpec, "min_delta"), minimum=0.0)
+    start_from_epoch = section.integer("start_from_epoch", default=default_of(EarlyStoppingSpec, "start_from_epoch"),
+                                       minimum=0)
     baseline = section.take("baseline")
     if baseline is not None and (isinstance(baseline, bool) or not isinstance(baseline, (int, float))
                                  or not math.isfinite(baseline)):
@@ -665,16 +683,21 @@ def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStop
                              mode=None if monitor in METRIC_DIRECTIONS else mode)
 
 
-def _auto_or_boolean(section: _Section, key: str) -> AutoSwitch:
+def _auto_or_boolean(section: _Section, key: str, *, default: AutoSwitch) -> AutoSwitch:
     value = section.take(key)
-    if value is not None and value != "auto" and not isinstance(value, bool):
+    if value is None:
+        return default
+    if value != "auto" and not isinstance(value, bool):
         section.fail(key, "must be auto, true or false", value)
-    return "auto" if value in (None, "auto") else ("on" if value else "off")
+    return "auto" if value == "auto" else ("on" if value else "off")
 
 
-def _auto_or_positive_integer(section: _Section, key: str) -> int | Literal["auto"]:
+def _auto_or_positive_integer(section: _Section, key: str, *, default: int | Literal["auto"]
+                              ) -> int | Literal["auto"]:
     value = section.take(key)
-    if value in (None, "auto"):
+    if value is None:
+        return default
+    if value == "auto":
         return "auto"
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         section.fail(key, "must be auto or an integer >= 1", value)
@@ -682,26 +705,29 @@ def _auto_or_positive_integer(section: _Section, key: str) -> int | Literal["aut
 
 
 def _parse_resources(section: _Section) -> ResourcesSpec:
-    cpu = section.number("cpu", default=1.0, minimum=0.0, strict=True)
-    gpu = _gpu_share(section)
-    max_concurrent = section.integer("max_concurrent", default=None, minimum=1)
-    max_failures = section.integer("max_failures", default=0, minimum=0)
-    address = section.string("address", pattern_hint="a Ray address such as 127.0.0.1:6379 or auto")
-    max_trials_per_worker = _auto_or_positive_integer(section, "max_trials_per_worker")
-    max_worker_memory = _auto_or_positive_integer(section, "max_worker_memory")
+    default = ResourcesSpec()
+    cpu = section.number("cpu", default=default.cpu, minimum=0.0, strict=True)
+    gpu = _gpu_share(section, default=default.gpu)
+    max_concurrent = section.integer("max_concurrent", default=default.max_concurrent, minimum=1)
+    max_failures = section.integer("max_failures", default=default.max_failures, minimum=0)
+    address = section.string("address", default=default.address,
+                             pattern_hint="a Ray address such as 127.0.0.1:6379 or auto")
+    max_trials_per_worker = _auto_or_positive_integer(section, "max_trials_per_worker",
+                                                      default=default.max_trials_per_worker)
+    max_worker_memory = _auto_or_positive_integer(section, "max_worker_memory", default=default.max_worker_memory)
     section.finish()
     return ResourcesSpec(cpu=cpu, gpu=gpu, max_concurrent=max_concurrent, max_failures=max_failures, address=address,
                          max_trials_per_worker=max_trials_per_worker, max_worker_memory=max_worker_memory)
 
 
-def _gpu_share(section: _Section) -> float:
+def _gpu_share(section: _Section, *, default: float) -> float:
     """A trial's GPUs: a share of one GPU (trials packed onto it), or one whole GPU.
 
     Ray hands out GPUs above 1 whole only, and foldsweep trains a trial's folds on one device
     (``pipeline.engine.resident.training_device``): a trial reserving 2 would keep the second
     idle and from every other trial, so it is refused rather than left idle.
     """
-    gpu = section.number("gpu", default=0.0, minimum=0.0)
+    gpu = section.number("gpu", default=default, minimum=0.0)
     if gpu > 1 and not gpu.is_integer():
         section.fail("gpu", "must be a share of one GPU (at most 1) or a whole number of GPUs", gpu)
     if gpu > 1:
