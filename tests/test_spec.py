@@ -274,3 +274,12 @@ def test_default_of_reads_the_field(cls):
     assert defaults == {name: getattr(made, name) for name in defaults}
     with pytest.raises(ValueError, match="has no field 'nope'"):
         default_of(cls, "nope")
+
+
+@pytest.mark.parametrize(("epochs", "longest"), [(None, 4), (6, 6), ({"choice": [3, 7, 5]}, 7), ({"randint": [2, 9]}, 9),
+                                                 ({"qrandint": [2, 12, 2]}, 12)])
+def test_the_longest_epochs_a_trial_trains(epochs, longest):
+    """What ASHA's max_t and the scheduler's grace-period check both read."""
+    space = {"search": {"space": {"epochs": epochs}}} if epochs is not None else {}
+    spec = parse_spec({**MINIMAL_SPEC, "train": {"epochs": 4}, **space}, source_path=Path("minimal.yaml"))
+    assert spec.longest_epochs == longest

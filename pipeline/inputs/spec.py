@@ -281,6 +281,15 @@ class SweepSpec:
         return replace(self.dataset, path=str(self.resolve_path(self.dataset.path, key="dataset")))
 
     @property
+    def longest_epochs(self) -> int:
+        """The most epochs a trial of the sweep trains: the largest of ``search.space.epochs``
+        (integer values or [low, high(, q)] bounds, by the spec's rules), else ``train.epochs``."""
+        searched = self.search.space.get("epochs")
+        if searched is None:
+            return self.train.epochs
+        return int(max(searched.values() or searched.args[:2]))
+
+    @property
     def experiment_attr(self) -> str:
         return self.experiment.rsplit(":", 1)[1] if ":" in self.experiment else "build"
 
@@ -399,11 +408,12 @@ def parse_spec(data: Any, *, source_path: Path, source_text: str = "") -> SweepS
     tracking = TrackingSpec(uri=root.section("tracking").done_with(
         lambda s: s.string("uri", default=TrackingSpec().uri)))
     root.finish()
-    _check_scheduler_can_act(str(source_path), search, train)
-    return SweepSpec(
+    spec = SweepSpec(
         name=name, experiment=experiment, dataset=dataset, cv=cv, search=search, train=train,
         resources=resources, tracking=tracking, source_path=source_path, source_text=source_text,
     )
+    _check_scheduler_can_act(spec)
+    return spec
 
 
 def _parse_dataset(root: _Section) -> DatasetSpec:
@@ -478,20 +488,17 @@ def _parse_scheduler(search: _Section) -> SchedulerSpec:
     return scheduler
 
 
-def _check_scheduler_can_act(file: str, search: SearchSpec, train: TrainSpec) -> None:
+def _check_scheduler_can_act(spec: SweepSpec) -> None:
     """ASHA and median stopping compare trials from ``grace_period`` epochs on: a grace period
     that reaches the last epoch leaves them nothing to stop."""
-    scheduler = search.scheduler
+    scheduler = spec.search.scheduler
     if scheduler.name == "fifo":
         return
-    searched = search.space.get("epochs")  # integer values or [low, high(, q)] bounds: the spec's rules
-    if searched is None:
-        longest, where = train.epochs, "train.epochs"
-    else:
-        longest, where = max(searched.values() or searched.args[:2]), "search.space.epochs"
+    longest = spec.longest_epochs
+    where = "search.space.epochs" if "epochs" in spec.search.space else "train.epochs"
     if scheduler.grace_period >= longest:
         raise SpecError(
-            f"{file}: search.scheduler.grace_period must be below the epochs a trial trains ({where}: at most "
+            f"{spec.source_path}: search.scheduler.grace_period must be below the epochs a trial trains ({where}: at most "
             f"{longest}), or {scheduler.name} can never stop a trial early, got grace_period={scheduler.grace_period}; "
             "lower it or use scheduler fifo")
 
