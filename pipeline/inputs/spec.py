@@ -24,7 +24,11 @@ SEARCH_ALGORITHMS: tuple[str, ...] = ("random", "grid", "optuna")
 SCHEDULERS: tuple[str, ...] = ("fifo", "asha", "median")
 # Which epoch of a trial it is scored at: the best of its mean CV curve (as KerasTuner), or its last.
 EPOCH_SELECTIONS: tuple[str, ...] = ("best_epoch", "last")
-CLIPPING_KINDS: tuple[str, ...] = ("none", "norm", "value", "global_norm")
+# Gradient clipping (`clipping`, a training hyperparameter): each kind and the Keras optimizer
+# argument that applies it (pipeline.engine.recipe passes it, pipeline.engine.stacked mirrors it).
+NO_CLIPPING = "none"
+CLIPPING_ARGUMENTS: Mapping[str, str] = {"norm": "clipnorm", "value": "clipvalue", "global_norm": "global_clipnorm"}
+CLIPPING_KINDS: tuple[str, ...] = (NO_CLIPPING, *CLIPPING_ARGUMENTS)
 # The scores foldsweep computes for every classifier, with the direction in which each improves;
 # any metric the model compiles or train.metrics names can be ranked on too (pipeline.inputs.scoring).
 # The scores every trial has, and which way they improve (``pipeline.inputs.scoring``).
@@ -37,7 +41,11 @@ MODES: tuple[str, ...] = ("max", "min")
 # or are ignored on purpose (recorded with the sweep).
 GROUP_RULES: tuple[str, ...] = ("respect", "ignore")
 GROUPED_SPLITTERS: tuple[str, ...] = ("group", "stratified_group")
-OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "rmsprop")
+# The optimizers foldsweep makes itself (`optimizer`, a training hyperparameter): each one's class
+# in keras.optimizers, named (the spec is read before TensorFlow may start), and fixed arguments.
+OPTIMIZERS: Mapping[str, tuple[str, Mapping[str, Any]]] = {
+    "adam": ("Adam", {}), "adamw": ("AdamW", {}), "sgd": ("SGD", {"momentum": 0.9}), "rmsprop": ("RMSprop", {}),
+}
 PARAM_KINDS: tuple[str, ...] = ("choice", "grid", "uniform", "loguniform", "randint", "qrandint")
 
 # Training hyperparameters foldsweep itself applies; every other name in `search.space` must be
@@ -45,7 +53,7 @@ PARAM_KINDS: tuple[str, ...] = ("choice", "grid", "uniform", "loguniform", "rand
 # `clip_threshold` only counts when `clipping` is not none.
 TRAINING_DEFAULTS: Mapping[str, Any] = {
     "batch_size": 32, "learning_rate": 1e-3, "optimizer": "adam", "epochs": None,
-    "clipping": "none", "clip_threshold": 1.0,
+    "clipping": NO_CLIPPING, "clip_threshold": 1.0,
 }
 
 
@@ -576,7 +584,7 @@ def check_training_param(file: str, where: str, name: str, param: ParamSpec) -> 
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise SpecError(f"{file}: {where} must be a number > 0 (every value it takes), got {value!r}")
     elif name in ("optimizer", "clipping"):
-        allowed = OPTIMIZERS if name == "optimizer" else CLIPPING_KINDS
+        allowed = tuple(OPTIMIZERS) if name == "optimizer" else CLIPPING_KINDS
         if not values:
             raise SpecError(f"{file}: {where} must be a fixed value or a choice/grid of {', '.join(allowed)}, got {param.kind}")
         for value in values:
