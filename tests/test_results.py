@@ -15,8 +15,9 @@ from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.contract.plan import TrialPlan
 from pipeline.contract.account import TimeAccount
-from pipeline.contract.results import (BOOKKEEPING_KEYS, EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport,
-                              Throughput, TrialStatus, recorded_keys, trial_account, unrecorded_keys)
+from pipeline.contract.results import (BOOKKEEPING_KEYS, FOLD_SCORE_NAMES, NAN_FOLD_SCORES, EpochResult, FoldScores,
+                                      FoldThroughput, NanEvent, NanReport, Throughput, TrialStatus, recorded_keys,
+                                      trial_account, unrecorded_keys)
 from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
 from pipeline.inputs.hypermodel import load_builder
 from pipeline.engine.resident import resident_data
@@ -97,6 +98,16 @@ def test_every_metric_of_a_fold_is_reported_read_back_and_a_nan_fold_counts_as_i
     again = EpochResult.from_report(report)
     assert again.folds[0] == folds[0] and again.cv_summary()["mean_val_mae"] == report["mean_val_mae"]
     assert not unrecorded_keys({**report, "running_best_mean_val_mae": 0.2})
+
+
+def test_the_fold_scores_are_named_once():
+    """A fold's own scores are ``FoldScores``' fields: reported under those names, read back from
+    them, and each counted as its worst for a NaN fold."""
+    scores = FoldScores(0.5, 0.6, 0.7)
+    assert tuple(scores.as_dict()) == FOLD_SCORE_NAMES == tuple(NAN_FOLD_SCORES)
+    assert NAN_FOLD_SCORES == {"train_loss": 1e6, "val_loss": 1e6, "val_accuracy": 0.0}
+    result = EpochResult(epoch=1, fold_ids=(0,), folds=(scores,), throughput=epoch_result().throughput)
+    assert EpochResult.from_report(result.report()).folds == (scores,)
 
 
 def test_status_follows_nan_and_planned_epochs():

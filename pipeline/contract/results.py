@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any, Mapping, Sequence
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.contract.account import OTHER_S, TimeAccount
 from pipeline.contract.plan import TrialPlan
+from pipeline.inputs.scoring import OWN_SCORES, Scorer
 from pipeline.inputs.spec import Objective
 
 # Keys of a trial's report (ray.tune.result holds the ones Ray adds itself).
@@ -38,7 +39,6 @@ COMPILE_S = "compile_s"
 # Of the XLA programs a trial ran, how many came from the compile cache and how many it compiled.
 COMPILE_CACHE_HITS = "compile_cache_hits"
 COMPILE_CACHE_MISSES = "compile_cache_misses"
-FOLD_SCORE_NAMES = ("train_loss", "val_loss", "val_accuracy")
 # Which way each other validation metric improves ({name: "max" | "min" | ""}): a report's
 # bookkeeping, from which the driver counts a NaN fold as that metric's worst score.
 SCORE_DIRECTIONS = "score_directions"
@@ -72,7 +72,7 @@ def trial_label(trial_id: str) -> str:
 
 # Keys that steer Ray Tune or that it adds for itself; not findings, so never recorded.
 BOOKKEEPING_KEYS = frozenset({
-    *(f"{RUNNING_BEST_PREFIX}mean_val_{metric}" for metric in ("accuracy", "loss")), SCORE_DIRECTIONS,
+    *(f"{RUNNING_BEST_PREFIX}mean_val_{metric}" for metric in OWN_SCORES), SCORE_DIRECTIONS,
     DONE, EPOCH, EPOCHS_PLANNED, FOLD_IDS, "trial_id", "training_iteration", "time_this_iter_s", "time_total_s",
     "timestamp", "date", "time_since_restore", "iterations_since_restore", "experiment_tag", "config",
     "checkpoint_dir_name", "should_checkpoint", "timesteps_total", "episodes_total", "timesteps_since_restore",
@@ -110,9 +110,6 @@ def trial_account(values: Mapping[str, Any]) -> TimeAccount | None:
 # Metrics recorded once per trial, or a count rather than a finding per epoch: not in history.csv.
 NOT_IN_HISTORY = frozenset({N_PARAMS, RETRIES, NAN_FAILURES, WORKER_MAPS, WORKER_RSS, BEST_EPOCH, STOPPED_EPOCH,
                             *ACCOUNT_KEYS})
-# A fold that went NaN counts as the worst score in its trial's CV mean and std, finite, so that
-# no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
-NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "train_loss": 1e6}
 
 
 def split_key(fold: int, name: str) -> str:
@@ -136,8 +133,6 @@ def is_bookkeeping(key: str) -> bool:
 def worst_scores(directions: Mapping[str, str]) -> dict[str, float]:
     """What a NaN fold counts as for each fold score: ``NAN_FOLD_SCORES`` and, for every other
     metric, its worst by direction (NaN when its direction is unknown)."""
-    from pipeline.inputs.scoring import Scorer
-
     return {**{f"val_{name}": Scorer(name, direction or None).worst for name, direction in directions.items()},
             **NAN_FOLD_SCORES}
 
@@ -241,13 +236,25 @@ class FoldScores:
         return cls(math.nan, math.nan, math.nan if classifier else None, {name: math.nan for name in metrics})
 
     def as_dict(self) -> dict[str, float]:
-        accuracy = {"val_accuracy": self.val_accuracy} if self.val_accuracy is not None else {}
-        return {"train_loss": self.train_loss, "val_loss": self.val_loss, **accuracy,
+        own = {name: getattr(self, name) for name in FOLD_SCORE_NAMES}
+        return {**{name: value for name, value in own.items() if value is not None},
                 **{f"val_{name}": value for name, value in self.metrics.items()}}
 
     def score(self, name: str) -> float:
         """``val_<name>``."""
         return self.as_dict()[f"val_{name}"]
+
+
+# The scores every fold has (its fields: the training loss and foldsweep's own validation scores).
+FOLD_SCORE_NAMES: tuple[str, ...] = tuple(score.name for score in fields(FoldScores) if score.name != "metrics")
+# A fold that went NaN counts as each one's worst score in its trial's CV mean and std, finite, so
+# that no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
+def _own_worst(name: str) -> float:
+    metric = name.partition("_")[2]  # train_loss and val_loss: the loss
+    return Scorer(metric, OWN_SCORES[metric]).worst
+
+
+NAN_FOLD_SCORES: Mapping[str, float] = {name: _own_worst(name) for name in FOLD_SCORE_NAMES}
 
 
 @dataclass(frozen=True)
