@@ -494,27 +494,6 @@ def placement_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     return {key: float(report[key]) for key in (WORKER_MAPS, WORKER_RSS) if key in report}
 
 
-def recorded_keys(report: Mapping[str, Any]) -> set[str]:
-    """The keys of a report that MLflow records (as metrics, tags or artifacts), including a
-    throughput not yet measurable, which is left out only while it is NaN."""
-    result = EpochResult.from_report(report)
-    info = TrialInfo.from_report(report)
-    # the info's fields as reported: recorded as tags, params, metrics and artifacts
-    from_info = set(info.report()) if info is not None else set()
-    # the account: recorded when the trial ends, from its last report
-    return {*result.mlflow_metrics(), *result.throughput_values(), *result.mlflow_tags(), *placement_tags(report),
-            *placement_metrics(report), *result.account_values(), *from_info}
-
-
-def unrecorded_keys(report: Mapping[str, Any]) -> set[str]:
-    """Keys of a report that neither reach MLflow nor are declared bookkeeping: what would be
-    silently dropped (none may be)."""
-    # Before a retirement reason (a worker that runs on, or a checkpoint of an older release's
-    # yes/no), the key holds nothing to record.
-    quiet = {WORKER_RETIRES} if not isinstance(report.get(WORKER_RETIRES), str) or not report[WORKER_RETIRES] else set()
-    return {key for key in set(report) - recorded_keys(report) - quiet if not is_bookkeeping(key)}
-
-
 def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] | None = None, *,
                worst: Mapping[str, float] = NAN_FOLD_SCORES) -> dict[str, float]:
     """Per-fold results -> split{k}_<key>, mean_<key>, std_<key> (population std, as sklearn).

@@ -11,8 +11,8 @@ arguments). foldsweep never asks the researcher to change it:
   asked for;
 - a model with no declared input (a ``Sequential`` without ``Input``, a subclassed model) is
   built on the dataset's sample shape;
-- a model the hypermodel compiled keeps its optimizer and loss (``pipeline.engine.training`` makes each
-  fold its own copy); an uncompiled one gets foldsweep's;
+- a model the hypermodel compiled keeps its optimizer and loss (each fold gets its own copy of the
+  optimizer, from ``pipeline.engine.recipe``); an uncompiled one gets foldsweep's;
 - a ``HyperModel.fit`` that passes ``batch_size``/``epochs``/``shuffle`` to ``model.fit`` is read
   once with a recording model: those become foldsweep's, and an ``EarlyStopping`` callback its
   early stopping on the mean CV curve; one that does more is refused.
@@ -35,7 +35,7 @@ from keras_tuner.src.engine import conditions as conditions_module
 from keras_tuner.src.engine.hyperparameters import hp_types
 
 from pipeline.base.errors import ExperimentError
-from pipeline.inputs.scoring import direction_of
+from pipeline.inputs.scoring import direction_of, is_per_position, is_regression
 from pipeline.inputs.spec import METRIC_DIRECTIONS, EarlyStoppingSpec, TrainSpec
 
 MAX_DISCOVERY_BUILDS = 64
@@ -109,8 +109,8 @@ class Experiment:
                 f"experiment: the model of {self.reference} ends in {last_layer}, whose one output is 1 for every "
                 "sample (a softmax over one unit), so nothing it learns can change a prediction: a binary "
                 "classifier ends in Dense(1, activation='sigmoid')")
-        regression = labels is not None and labels.dtype.kind == "f"
-        per_position = labels is not None and labels.dtype.kind in "iu" and labels.ndim >= 2
+        regression = labels is not None and is_regression(labels)
+        per_position = labels is not None and is_per_position(labels)
         try:
             loss = training_loss(model, train=train, units=units, regression=regression, per_position=per_position)
         except ExperimentError as exc:
