@@ -35,8 +35,8 @@ from keras_tuner.src.engine import conditions as conditions_module
 from keras_tuner.src.engine.hyperparameters import hp_types
 
 from pipeline.base.errors import ExperimentError
-from pipeline.inputs.scoring import direction_of, is_per_position, is_regression
-from pipeline.inputs.spec import METRIC_DIRECTIONS, EarlyStoppingSpec, TrainSpec
+from pipeline.inputs.scoring import OWN_SCORES, direction_of, is_per_position, is_regression
+from pipeline.inputs.spec import EarlyStoppingSpec, TrainSpec
 
 MAX_DISCOVERY_BUILDS = 64
 # A number hyperparameter with at most this many values is enumerated to find which of its
@@ -560,7 +560,7 @@ def _early_stopping_of(callbacks: list[Any]) -> tuple[tuple[EarlyStoppingSpec | 
                             "validation curve: monitor='val_loss', 'val_accuracy' or 'val_<metric>' (the training "
                             "loss says nothing of overfitting)")
             continue
-        natural = METRIC_DIRECTIONS.get(monitor) or direction_of(monitor)
+        natural = OWN_SCORES.get(monitor) or direction_of(monitor)
         if natural is None and callback.mode == "auto":
             problems.append(f"EarlyStopping(monitor={callback.monitor!r}, mode='auto'): neither Keras nor KerasTuner "
                             f"knows which way {monitor} improves: mode='max' or 'min'")
@@ -574,7 +574,7 @@ def _early_stopping_of(callbacks: list[Any]) -> tuple[tuple[EarlyStoppingSpec | 
                                         min_delta=abs(float(callback.min_delta)),
                                         start_from_epoch=int(callback.start_from_epoch),
                                         baseline=None if callback.baseline is None else float(callback.baseline),
-                                        mode=None if monitor in METRIC_DIRECTIONS else natural or callback.mode),
+                                        mode=None if monitor in OWN_SCORES else natural or callback.mode),
                       bool(callback.restore_best_weights)))
     if len(rules) > 1:
         problems.append(f"{len(rules)} EarlyStopping callbacks: a trial stops by one rule, keep one")

@@ -11,42 +11,41 @@ import math
 import re
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, NoReturn, TypeVar, get_args, overload
 
 import yaml
 
 from pipeline.base.errors import SpecError
-from pipeline.inputs.scoring import OWN_SCORES, direction_of
+from pipeline.inputs.scoring import OWN_SCORES, Direction, direction_of
 
+# Each vocabulary's words are written once, as a Literal type; its tuple is read from that.
 SplitterName = Literal["kfold", "stratified", "group", "stratified_group"]
-SPLITTERS: tuple[str, ...] = ("kfold", "stratified", "group", "stratified_group")
+SPLITTERS: tuple[SplitterName, ...] = get_args(SplitterName)
 SEARCH_ALGORITHMS: tuple[str, ...] = ("random", "grid", "optuna")
 SCHEDULERS: tuple[str, ...] = ("fifo", "asha", "median")
 # Which epoch of a trial it is scored at: the best of its mean CV curve (as KerasTuner), or its last.
-EPOCH_SELECTIONS: tuple[str, ...] = ("best_epoch", "last")
+EpochSelection = Literal["best_epoch", "last"]
+EPOCH_SELECTIONS: tuple[EpochSelection, ...] = get_args(EpochSelection)
 # Gradient clipping (`clipping`, a training hyperparameter): each kind and the Keras optimizer
 # argument that applies it (pipeline.engine.recipe passes it, pipeline.engine.stacked mirrors it).
 NO_CLIPPING = "none"
 CLIPPING_ARGUMENTS: Mapping[str, str] = {"norm": "clipnorm", "value": "clipvalue", "global_norm": "global_clipnorm"}
 CLIPPING_KINDS: tuple[str, ...] = (NO_CLIPPING, *CLIPPING_ARGUMENTS)
-# The scores foldsweep computes for every classifier, with the direction in which each improves;
-# any metric the model compiles or train.metrics names can be ranked on too (pipeline.inputs.scoring).
-# The scores every trial has, and which way they improve (``pipeline.inputs.scoring``).
-METRIC_DIRECTIONS: Mapping[str, Literal["max", "min"]] = OWN_SCORES
-METRICS: tuple[str, ...] = tuple(METRIC_DIRECTIONS)
 # A Keras metric identifier or name: what train.metric, train.metrics and a monitor may hold.
 _METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MODES: tuple[str, ...] = ("max", "min")
+MODES: tuple[Direction, ...] = get_args(Direction)
 # cv.groups: whether a dataset's groups must be kept whole in every fold (a grouped splitter),
 # or are ignored on purpose (recorded with the sweep).
-GROUP_RULES: tuple[str, ...] = ("respect", "ignore")
-GROUPED_SPLITTERS: tuple[str, ...] = ("group", "stratified_group")
+GroupRule = Literal["respect", "ignore"]
+GROUP_RULES: tuple[GroupRule, ...] = get_args(GroupRule)
+GROUPED_SPLITTERS: tuple[SplitterName, ...] = ("group", "stratified_group")
 # The optimizers foldsweep makes itself (`optimizer`, a training hyperparameter): each one's class
 # in keras.optimizers, named (the spec is read before TensorFlow may start), and fixed arguments.
 OPTIMIZERS: Mapping[str, tuple[str, Mapping[str, Any]]] = {
     "adam": ("Adam", {}), "adamw": ("AdamW", {}), "sgd": ("SGD", {"momentum": 0.9}), "rmsprop": ("RMSprop", {}),
 }
-PARAM_KINDS: tuple[str, ...] = ("choice", "grid", "uniform", "loguniform", "randint", "qrandint")
+ParamKind = Literal["choice", "grid", "uniform", "loguniform", "randint", "qrandint"]
+PARAM_KINDS: tuple[ParamKind, ...] = get_args(ParamKind)
 
 # Training hyperparameters foldsweep itself applies; every other name in `search.space` must be
 # a hyperparameter that the experiment's build(hp) asks for. `epochs` defaults to train.epochs;
@@ -61,7 +60,7 @@ TRAINING_DEFAULTS: Mapping[str, Any] = {
 class ParamSpec:
     """One entry of `search.space`: a fixed value or a distribution with its arguments."""
 
-    kind: Literal["fixed", "choice", "grid", "uniform", "loguniform", "randint", "qrandint"]
+    kind: Literal["fixed", ParamKind]
     args: tuple[Any, ...]
 
     def values(self) -> tuple[Any, ...]:
@@ -92,7 +91,7 @@ class CVSpec:
     n_splits: int = 5
     seed: int = 0
     n_repeats: int = 1
-    groups: Literal["respect", "ignore"] = "respect"
+    groups: GroupRule = "respect"
 
     @property
     def grouped(self) -> bool:
@@ -129,13 +128,13 @@ class Objective:
     """The CV score trials are ranked on: ``mean_val_<metric>``, higher or lower is better."""
 
     metric: str = "accuracy"
-    mode: Literal["max", "min"] = "max"
+    mode: Direction = "max"
 
     @classmethod
-    def for_metric(cls, metric: str, mode: Literal["max", "min"] | None = None) -> Objective:
+    def for_metric(cls, metric: str, mode: Direction | None = None) -> Objective:
         """The metric with the direction in which it improves (loss: lower is better): ``mode``
         for a metric of foldsweep's it does not know the direction of."""
-        return cls(metric=metric, mode=mode or METRIC_DIRECTIONS[metric])
+        return cls(metric=metric, mode=mode or OWN_SCORES[metric])
 
     @property
     def key(self) -> str:
@@ -173,7 +172,7 @@ class EarlyStoppingSpec:
     start_from_epoch: int = 0
     baseline: float | None = None
     # The monitored metric's direction where foldsweep does not know it (train.mode for train.metric).
-    mode: Literal["max", "min"] | None = None
+    mode: Direction | None = None
 
     @property
     def objective(self) -> Objective:
@@ -191,7 +190,7 @@ class EarlyStoppingSpec:
 class TrainSpec:
     epochs: int = 10
     metric: str = "accuracy"
-    mode: Literal["max", "min"] = "max"
+    mode: Direction = "max"
     # Keras metric identifiers scored besides the model's compiled metrics (for uncompiled models).
     metrics: tuple[str, ...] = ()
     # A Keras loss identifier for a model that compiles none (required for float targets).
@@ -207,7 +206,7 @@ class TrainSpec:
     fused: AutoSwitch = "auto"
     steps_per_launch: int | Literal["auto"] = "auto"
     refit: bool = True
-    select: Literal["best_epoch", "last"] = "best_epoch"
+    select: EpochSelection = "best_epoch"
     early_stopping: EarlyStoppingSpec | None = None  # off unless the spec (or a HyperModel.fit) asks
     # Compiled XLA programs are kept on disk and reused by later trials, reruns and sweeps
     # (pipeline.base.compile_cache); FOLDSWEEP_COMPILE_CACHE=off switches it off for a machine.
@@ -532,8 +531,8 @@ def _parse_param(section: _Section, key: str) -> ParamSpec:
     return param
 
 
-def _parse_distribution(file: str, where: str, kind: str, args: Any) -> ParamSpec:
-    def fail(rule: str) -> None:
+def _parse_distribution(file: str, where: str, kind: ParamKind, args: Any) -> ParamSpec:
+    def fail(rule: str) -> NoReturn:
         raise SpecError(f"{file}: {where} {rule}, got {args!r}")
 
     if kind in ("choice", "grid"):
@@ -655,11 +654,11 @@ def _metric_names(section: _Section, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _checked_mode(section: _Section, metric: str, known: str | None, *, of: str, why: str = "") -> str:
+def _checked_mode(section: _Section, metric: str, known: Direction | None, *, of: str, why: str = "") -> Direction:
     """The section's ``mode`` for ``metric`` (named ``of`` in messages): ``known`` where it is
     known (a mode against it is refused, ``why`` saying what it would do), else required."""
-    mode = section.one_of("mode", MODES, default=known or "")
-    if not mode:
+    mode = section.one_of("mode", MODES, default=known)
+    if mode is None:
         section.fail("mode", f"is required for {of} {metric}: neither Keras nor KerasTuner knows whether a "
                              f"higher {metric} is better (max) or worse (min)", None)
     if known is not None and mode != known:
@@ -667,14 +666,14 @@ def _checked_mode(section: _Section, metric: str, known: str | None, *, of: str,
     return mode
 
 
-def _mode_for(section: _Section, metric: str) -> Literal["max", "min"]:
+def _mode_for(section: _Section, metric: str) -> Direction:
     """``mode`` for ``metric``: its own direction where Keras or KerasTuner know it (a mode against
     it is refused), else the spec's, which is then required."""
     direction = direction_of(metric)
     better = "higher" if direction == "max" else "lower"
     why = (f" ({better} {metric} is better; a mode against it would rank the worst trial first): drop train.mode, "
            "the metric decides it")
-    return _checked_mode(section, metric, direction, of="train.metric", why=why)  # type: ignore[return-value]
+    return _checked_mode(section, metric, direction, of="train.metric", why=why)
 
 
 def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStoppingSpec:
@@ -695,7 +694,7 @@ def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStop
     section.finish()
     return EarlyStoppingSpec(patience=patience, monitor=monitor, min_delta=min_delta, start_from_epoch=start_from_epoch,
                              baseline=None if baseline is None else float(baseline),
-                             mode=None if monitor in METRIC_DIRECTIONS else mode)
+                             mode=None if monitor in OWN_SCORES else mode)
 
 
 def _auto_or_boolean(section: _Section, key: str, *, default: AutoSwitch) -> AutoSwitch:
@@ -760,6 +759,9 @@ def _suggest(value: Any, choices: tuple[str, ...] | list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+_Word = TypeVar("_Word", bound=str)
+
+
 class _Section:
     """Reads one YAML mapping key by key; whatever is left at ``finish()`` is an unknown key."""
 
@@ -777,7 +779,7 @@ class _Section:
     def key_path(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else str(key)
 
-    def fail(self, key: str, rule: str, value: Any) -> None:
+    def fail(self, key: str, rule: str, value: Any) -> NoReturn:
         raise SpecError(f"{self.file}: {self.key_path(key)} {rule}, got {value!r}")
 
     def peek(self, key: str) -> Any:
@@ -806,6 +808,13 @@ class _Section:
             expected = f"; known keys: {', '.join(sorted(set(known)))}" if known else ""
             raise SpecError(f"{self.file}: unknown key {self.key_path(key)!r}{hint}{expected}")
 
+    @overload
+    def string(self, key: str, *, default: str, pattern_hint: str = ...) -> str: ...
+    @overload
+    def string(self, key: str, *, required: Literal[True], pattern_hint: str = ...) -> str: ...
+    @overload
+    def string(self, key: str, *, default: None = None, pattern_hint: str = ...) -> str | None: ...
+
     def string(self, key: str, *, default: str | None = None, required: bool = False,
                pattern_hint: str = "a string") -> str | None:
         value = self.take(key)
@@ -817,13 +826,23 @@ class _Section:
             self.fail(key, f"must be {pattern_hint}", value)
         return value
 
-    def one_of(self, key: str, choices: tuple[str, ...], *, default: str) -> str:
+    @overload
+    def one_of(self, key: str, choices: tuple[_Word, ...], *, default: _Word) -> _Word: ...
+    @overload
+    def one_of(self, key: str, choices: tuple[_Word, ...], *, default: _Word | None) -> _Word | None: ...
+
+    def one_of(self, key: str, choices: tuple[_Word, ...], *, default: _Word | None) -> _Word | None:
         value = self.take(key)
         if value is None:
             return default
         if value not in choices:
             self.fail(key, f"must be one of {', '.join(choices)}{_suggest(value, choices)}", value)
         return value
+
+    @overload
+    def integer(self, key: str, *, default: int, minimum: int | None = None) -> int: ...
+    @overload
+    def integer(self, key: str, *, default: None, minimum: int | None = None) -> int | None: ...
 
     def integer(self, key: str, *, default: int | None, minimum: int | None = None) -> int | None:
         value = self.take(key)
