@@ -14,13 +14,13 @@ import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
 from pipeline.contract.account import OTHER_S, TimeAccount
 from pipeline.contract.plan import TrialPlan
-from pipeline.inputs.scoring import OWN_SCORES, Scorer
+from pipeline.inputs.scoring import OWN_SCORES, Direction, Scorer
 from pipeline.inputs.spec import Objective
 
 # Keys of a trial's report (ray.tune.result holds the ones Ray adds itself).
@@ -130,7 +130,7 @@ def is_bookkeeping(key: str) -> bool:
     return key in BOOKKEEPING_KEYS or key.startswith(RUNNING_BEST_PREFIX)
 
 
-def worst_scores(directions: Mapping[str, str]) -> dict[str, float]:
+def worst_scores(directions: Mapping[str, Direction | Literal[""]]) -> dict[str, float]:
     """What a NaN fold counts as for each fold score: ``NAN_FOLD_SCORES`` and, for every other
     metric, its worst by direction (NaN when its direction is unknown)."""
     return {**{f"val_{name}": Scorer(name, direction or None).worst for name, direction in directions.items()},
@@ -372,7 +372,7 @@ class EpochResult:
     epochs_planned: int = 0
     done: bool = False
     stopped_epoch: int | None = None  # the trial's own early stopping ended it here
-    directions: Mapping[str, str] = field(default_factory=dict)  # SCORE_DIRECTIONS
+    directions: Mapping[str, Direction | Literal[""]] = field(default_factory=dict)  # SCORE_DIRECTIONS
     # The trial's time account at this epoch's report, and the pause before this epoch trained
     # (None for a process's first epoch, which start-up precedes).
     account: TimeAccount | None = None
@@ -427,7 +427,7 @@ class EpochResult:
         for k, fold in zip(self.fold_ids, throughput.folds):
             values[split_key(k, TRAIN_RATE)] = fold.train_samples_per_s
             values[split_key(k, COMPILE_S)] = fold.compile_s
-        if throughput.cache_hits is not None:
+        if throughput.cache_hits is not None and throughput.cache_misses is not None:  # both or neither
             values[COMPILE_CACHE_HITS] = throughput.cache_hits
             values[COMPILE_CACHE_MISSES] = throughput.cache_misses
         return values
@@ -436,7 +436,11 @@ class EpochResult:
     def from_report(cls, report: Mapping[str, Any]) -> EpochResult:
         fold_ids = tuple(int(k) for k in report[FOLD_IDS])
         directions = json.loads(report.get(SCORE_DIRECTIONS) or "{}")
-        folds = tuple(FoldScores(**{name: _optional_float(report.get(split_key(k, name))) for name in FOLD_SCORE_NAMES},
+
+        def own_scores(k: int) -> dict[str, Any]:  # FoldScores' own fields (a regression's val_accuracy is None)
+            return {name: _optional_float(report.get(split_key(k, name))) for name in FOLD_SCORE_NAMES}
+
+        folds = tuple(FoldScores(**own_scores(k),
                                  metrics={name: float(report[split_key(k, f"val_{name}")]) for name in directions})
                       for k in fold_ids)
         throughput = Throughput(

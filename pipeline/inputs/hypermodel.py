@@ -122,15 +122,16 @@ class Experiment:
                 f"experiment: {self.reference}: its loss {loss.describe()} cannot be traced as Keras' fit traces its "
                 f"training step (in a graph, without AutoGraph: Python control flow on a tensor or a tensor's value "
                 f"is an error there): {problem}; {fix}")
-        problem = outputs_problem(loss, outputs)
-        if problem:
+        wrong_outputs = outputs_problem(loss, outputs)
+        if wrong_outputs:
+            assert loss.kind is not None  # only a Keras cross-entropy reads its outputs as probabilities
             fix = ("set train.from_logits: true in the spec" if model.loss is None else
                    f"compile the loss with from_logits=True (keras.losses.{LOSS_CLASSES[loss.kind].__name__}"
                    "(from_logits=True))")
             activation = "sigmoid" if units == 1 else "softmax"
             raise ExperimentError(
                 f"experiment: the model of {self.reference} ends in {last_layer}: on the data's first {len(samples)} "
-                f"samples {problem}, but its loss {loss.describe()} reads them as probabilities. If they are "
+                f"samples {wrong_outputs}, but its loss {loss.describe()} reads them as probabilities. If they are "
                 f"logits, {fix}; else end the model in activation='{activation}'")
         return ModelHead(units=units, parameters=parameters, loss=loss, output_shape=tuple(outputs.shape[1:]),
                          scorers=self._scorers(model, outputs, train, labels, own_accuracy=loss.own_accuracy))
@@ -635,6 +636,8 @@ def load_hypermodel(path: Path, attr: str, *, reference: str | None = None) -> A
         raise ExperimentError(f"experiment: file not found: {str(path)!r} (from {reference!r})")
     module_name = f"foldsweep_experiment_{path.stem}"
     module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:  # a .py file always has one (the spec's rule)
+        raise ExperimentError(f"experiment: {str(path)!r} cannot be imported as a Python module (from {reference!r})")
     module = importlib.util.module_from_spec(module_spec)
     # The experiment's own directory goes on the path so that it can import its neighbours.
     sys.path.insert(0, str(path.parent.resolve()))
@@ -674,6 +677,7 @@ def _last_frame(exc: BaseException) -> str:
 def schedule_text(schedule: Any) -> str:
     """A learning-rate schedule (object or its serialized config) as its class called with the
     arguments that differ from the class's defaults, the initial rate first and unnamed."""
+    cls: type | None
     if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
         cls, config = type(schedule), schedule.get_config()
     elif isinstance(schedule, dict) and "class_name" in schedule:
