@@ -76,7 +76,7 @@ def _check_actor_caching() -> str | None:
     if problem := _missing(module, method):
         return problem
     controller = _attribute(module, "TuneController")
-    if _parameters(getattr(controller, "_maybe_cache_trial_actor")) != ["self", "trial"]:
+    if _parameters(controller._maybe_cache_trial_actor) != ["self", "trial"]:
         return f"{method} no longer takes (self, trial)"
     if "self._maybe_cache_trial_actor(" not in inspect.getsource(controller):
         return f"TuneController no longer calls {method.split('.')[1]}"
