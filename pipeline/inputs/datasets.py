@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from pipeline.base.errors import DataError
+from pipeline.inputs.scoring import is_regression
 from pipeline.inputs.spec import DatasetSpec
 
 DATA_DIR_ENV = "FOLDSWEEP_DATA_DIR"
@@ -38,7 +39,7 @@ class Dataset:
     @property
     def n_classes(self) -> int:
         """The number of classes (0 for float, regression, targets)."""
-        return 0 if self.y.dtype.kind == "f" else int(self.y.max()) + 1
+        return 0 if is_regression(self.y) else int(self.y.max()) + 1
 
     @property
     def input_shape(self) -> tuple[int, ...]:
