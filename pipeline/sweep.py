@@ -658,19 +658,12 @@ def make_scheduler(spec: SweepSpec) -> Any:
 
     scheduler = spec.search.scheduler
     if scheduler.name == "asha":
-        return ASHAScheduler(time_attr="training_iteration", max_t=_max_epochs(spec),
+        return ASHAScheduler(time_attr="training_iteration", max_t=spec.longest_epochs,
                              grace_period=scheduler.grace_period, reduction_factor=scheduler.reduction_factor)
     if scheduler.name == "median":
         return MedianStoppingRule(time_attr="training_iteration", grace_period=scheduler.grace_period,
                                   min_samples_required=scheduler.min_samples_required)
     return FIFOScheduler()
-
-
-def _max_epochs(spec: SweepSpec) -> int:
-    declared = spec.search.space.get("epochs")
-    if declared is None:
-        return spec.train.epochs
-    return int(max(declared.values()) if declared.values() else declared.args[1])
 
 
 def _sweep_params(prepared: PreparedSweep) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any, Mapping
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -15,8 +16,9 @@ from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.contract.plan import TrialPlan
 from pipeline.contract.account import TimeAccount
-from pipeline.contract.results import (BOOKKEEPING_KEYS, EpochResult, FoldScores, FoldThroughput, NanEvent, NanReport,
-                              Throughput, TrialStatus, recorded_keys, trial_account, unrecorded_keys)
+from pipeline.contract.results import (BOOKKEEPING_KEYS, FOLD_SCORE_NAMES, NAN_FOLD_SCORES, WORKER_RETIRES, EpochResult,
+                                      FoldScores, FoldThroughput, NanEvent, NanReport, Throughput, TrialInfo,
+                                      TrialStatus, is_bookkeeping, placement_metrics, placement_tags, trial_account)
 from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
 from pipeline.inputs.hypermodel import load_builder
 from pipeline.engine.resident import resident_data
@@ -31,6 +33,27 @@ def epoch_result(*, epoch=2, planned=3, nan=NanReport(), account=None, gap=None)
     return EpochResult(epoch=epoch, fold_ids=(0, 2), folds=(FoldScores(0.5, 0.6, 0.7), FoldScores(0.4, 0.5, 0.9)),
                        throughput=Throughput(100.0, 200.0, 3.0, (FoldThroughput(50.0, 1.0), FoldThroughput(60.0, math.nan))),
                        nan=nan, epochs_planned=planned, account=account, epoch_gap_s=gap)
+
+
+def recorded_keys(report: Mapping[str, Any]) -> set[str]:
+    """The keys of a report that MLflow records (as metrics, tags or artifacts), including a
+    throughput not yet measurable, which is left out only while it is NaN."""
+    result = EpochResult.from_report(report)
+    info = TrialInfo.from_report(report)
+    # the info's fields as reported: recorded as tags, params, metrics and artifacts
+    from_info = set(info.report()) if info is not None else set()
+    # the account: recorded when the trial ends, from its last report
+    return {*result.mlflow_metrics(), *result.throughput_values(), *result.mlflow_tags(), *placement_tags(report),
+            *placement_metrics(report), *result.account_values(), *from_info}
+
+
+def unrecorded_keys(report: Mapping[str, Any]) -> set[str]:
+    """Keys of a report that neither reach MLflow nor are declared bookkeeping: what would be
+    silently dropped (none may be)."""
+    # Before a retirement reason (a worker that runs on, or a checkpoint of an older release's
+    # yes/no), the key holds nothing to record.
+    quiet = {WORKER_RETIRES} if not isinstance(report.get(WORKER_RETIRES), str) or not report[WORKER_RETIRES] else set()
+    return {key for key in set(report) - recorded_keys(report) - quiet if not is_bookkeeping(key)}
 
 
 def test_a_report_reads_back_as_the_same_result():
@@ -97,6 +120,16 @@ def test_every_metric_of_a_fold_is_reported_read_back_and_a_nan_fold_counts_as_i
     again = EpochResult.from_report(report)
     assert again.folds[0] == folds[0] and again.cv_summary()["mean_val_mae"] == report["mean_val_mae"]
     assert not unrecorded_keys({**report, "running_best_mean_val_mae": 0.2})
+
+
+def test_the_fold_scores_are_named_once():
+    """A fold's own scores are ``FoldScores``' fields: reported under those names, read back from
+    them, and each counted as its worst for a NaN fold."""
+    scores = FoldScores(0.5, 0.6, 0.7)
+    assert tuple(scores.as_dict()) == FOLD_SCORE_NAMES == tuple(NAN_FOLD_SCORES)
+    assert NAN_FOLD_SCORES == {"train_loss": 1e6, "val_loss": 1e6, "val_accuracy": 0.0}
+    result = EpochResult(epoch=1, fold_ids=(0,), folds=(scores,), throughput=epoch_result().throughput)
+    assert EpochResult.from_report(result.report()).folds == (scores,)
 
 
 def test_status_follows_nan_and_planned_epochs():

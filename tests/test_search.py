@@ -16,9 +16,10 @@ from pipeline.inputs import searchers
 from pipeline.inputs import space as space_module
 from pipeline.inputs.hypermodel import load_experiment
 from pipeline.inputs.space import CLIP_PAIR, build_space, config_key, resolve_config
-from pipeline.inputs.spec import load_spec
+from pipeline.inputs.spec import CLIPPING_KINDS, NO_CLIPPING, OPTIMIZERS, load_spec
 from pipeline.sweep import make_scheduler, make_searcher
-from pipeline.engine.recipe import TrainingParams, make_optimizer
+from pipeline.engine.recipe import TrainingParams, optimizer_recipe
+from pipeline.engine.stacked import clip_per_fold
 
 CONDITIONAL = '''
 import keras
@@ -55,7 +56,7 @@ def mnist1d_hps():
 @pytest.mark.parametrize(("clipping", "argument"), [
     ("norm", "clipnorm"), ("value", "clipvalue"), ("global_norm", "global_clipnorm")])
 def test_each_clipping_kind_sets_its_keras_argument(clipping, argument):
-    optimizer = make_optimizer(TrainingParams(8, 1e-3, "adam", clipping=clipping, clip_threshold=0.5))
+    optimizer = optimizer_recipe(None, TrainingParams(8, 1e-3, "adam", clipping=clipping, clip_threshold=0.5)).make()
     assert getattr(optimizer, argument) == 0.5
     others = {"clipnorm", "clipvalue", "global_clipnorm"} - {argument}
     assert all(getattr(optimizer, other) is None for other in others)
@@ -63,13 +64,26 @@ def test_each_clipping_kind_sets_its_keras_argument(clipping, argument):
 
 @pytest.mark.parametrize("name", ["adam", "adamw", "sgd", "rmsprop"])
 def test_no_clipping_sets_no_clipping_argument(name):
-    optimizer = make_optimizer(TrainingParams(8, 1e-3, name, clipping="none", clip_threshold=None))
+    optimizer = optimizer_recipe(None, TrainingParams(8, 1e-3, name, clipping="none", clip_threshold=None)).make()
     assert (optimizer.clipnorm, optimizer.clipvalue, optimizer.global_clipnorm) == (None, None, None)
     assert float(optimizer.learning_rate) == pytest.approx(1e-3)
 
 
+def test_every_optimizer_and_clipping_kind_the_spec_allows_is_made():
+    """The spec's tables (``OPTIMIZERS``, ``CLIPPING_KINDS``) are what the recipe and the stacked
+    step read: each name makes its optimizer and each kind reads back as itself."""
+    for name in OPTIMIZERS:
+        recipe = optimizer_recipe(None, TrainingParams(8, 1e-3, name))
+        assert isinstance(recipe.make(), keras.optimizers.Optimizer) and recipe.name == name
+    for kind in CLIPPING_KINDS:
+        threshold = None if kind == NO_CLIPPING else 0.5
+        assert optimizer_recipe(None, TrainingParams(8, 1e-3, "adam", clipping=kind, clip_threshold=threshold)
+                                ).clipping == (kind, threshold)
+        assert callable(clip_per_fold(kind, threshold))
+
+
 def test_sgd_has_momentum():
-    assert make_optimizer(TrainingParams(8, 1e-2, "sgd")).momentum == 0.9
+    assert optimizer_recipe(None, TrainingParams(8, 1e-2, "sgd")).make().momentum == 0.9
 
 
 def test_clipping_grid_pairs_thresholds_only_with_clipping(write_spec, mnist1d_hps):

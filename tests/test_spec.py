@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from pathlib import Path
 
@@ -9,8 +10,9 @@ import pytest
 
 from conftest import DELETE
 from pipeline.base.errors import SpecError
+from pipeline.inputs import spec as spec_module
 from pipeline.inputs.spec import (CVSpec, EarlyStoppingSpec, ParamSpec, ResourcesSpec, SchedulerSpec, SearchSpec,
-                                  TrackingSpec, TrainSpec, load_spec, read_yaml)
+                                  TrackingSpec, TrainSpec, default_of, load_spec, parse_spec, read_yaml)
 
 BAD_SPECS = [
     # (overrides, expected message fragment)
@@ -237,3 +239,47 @@ def test_every_shipped_spec_validates_from_any_directory(where, tmp_path, monkey
         assert result.exit_code == 0, (spec.name, result.output)
         assert result.output.startswith(f"ok {written}"), result.output
     assert sorted(path.name for path in directory.iterdir()) == before
+
+
+MINIMAL_SPEC = {"name": "minimal", "experiment": "experiment.py", "dataset": "mnist1d"}
+
+
+def test_an_empty_section_parses_to_its_dataclass_defaults():
+    """Every default is declared once, on the dataclass: a key left out is read as its field's default."""
+    spec = parse_spec(MINIMAL_SPEC, source_path=Path("minimal.yaml"))
+    assert (spec.cv, spec.search, spec.train, spec.resources, spec.tracking) == \
+        (CVSpec(), SearchSpec(), TrainSpec(), ResourcesSpec(), TrackingSpec())
+    with_sections = parse_spec({**MINIMAL_SPEC, "search": {"scheduler": {"name": "fifo"}},
+                                "train": {"early_stopping": {"patience": 2}}}, source_path=Path("minimal.yaml"))
+    assert with_sections.search.scheduler == SchedulerSpec()
+    assert with_sections.train.early_stopping == EarlyStoppingSpec(patience=2)
+
+
+def test_the_parser_writes_no_default_of_its_own():
+    """A literal ``default=`` in spec.py would be a default written a second time (beside its
+    dataclass field), free to drift from it; the parser reads each from the field instead."""
+    tree = ast.parse(Path(spec_module.__file__).read_text())
+    literals = [f"line {node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree) if isinstance(node, ast.Call)
+                for keyword in node.keywords
+                if keyword.arg == "default" and isinstance(keyword.value, ast.Constant) and keyword.value.value is not None]
+    assert literals == []
+
+
+@pytest.mark.parametrize("cls", [CVSpec, SchedulerSpec, SearchSpec, TrainSpec, EarlyStoppingSpec, ResourcesSpec,
+                                 TrackingSpec])
+def test_default_of_reads_the_field(cls):
+    defaults = {field.name: default_of(cls, field.name) for field in dataclasses.fields(cls)
+                if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING}
+    made = cls(patience=1) if cls is EarlyStoppingSpec else cls()
+    assert defaults == {name: getattr(made, name) for name in defaults}
+    with pytest.raises(ValueError, match="has no field 'nope'"):
+        default_of(cls, "nope")
+
+
+@pytest.mark.parametrize(("epochs", "longest"), [(None, 4), (6, 6), ({"choice": [3, 7, 5]}, 7), ({"randint": [2, 9]}, 9),
+                                                 ({"qrandint": [2, 12, 2]}, 12)])
+def test_the_longest_epochs_a_trial_trains(epochs, longest):
+    """What ASHA's max_t and the scheduler's grace-period check both read."""
+    space = {"search": {"space": {"epochs": epochs}}} if epochs is not None else {}
+    spec = parse_spec({**MINIMAL_SPEC, "train": {"epochs": 4}, **space}, source_path=Path("minimal.yaml"))
+    assert spec.longest_epochs == longest

@@ -320,6 +320,7 @@ def _complete(entry: Path) -> bool:
 def _fields(data: bytes) -> Iterator[tuple[int, Any]]:
     """(field number, value) of a protobuf message: varints as int, length-delimited as bytes."""
     position = 0
+    value: int | bytes
     while position < len(data):
         tag, position = _varint(data, position)
         number, wire_type = tag >> 3, tag & 7

@@ -61,7 +61,7 @@ def _forwarding_module(name: str, homes: tuple[str, ...]) -> types.ModuleType:
                 return found
         raise AttributeError(f"module {name!r} (moved to {', '.join(homes)}) has no attribute {attribute!r}")
 
-    module.__getattr__ = forward  # PEP 562: asked for every name the module does not hold
+    vars(module)["__getattr__"] = forward  # PEP 562: asked for every name the module does not hold
     return module
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from pipeline.base.errors import FoldsweepError
 
@@ -48,8 +49,9 @@ class Hook:
     check: Callable[[], str | None]  # what changed, or None when the hook still holds
 
 
-def _attribute(module: str, qualified: str) -> object:
-    target: object = importlib.import_module(module)
+def _attribute(module: str, qualified: str) -> Any:
+    """What ``module.qualified`` names: any object, looked at by what it is found to be."""
+    target: Any = importlib.import_module(module)
     for part in qualified.split("."):
         target = getattr(target, part)
     return target
@@ -74,7 +76,7 @@ def _check_actor_caching() -> str | None:
     if problem := _missing(module, method):
         return problem
     controller = _attribute(module, "TuneController")
-    if _parameters(getattr(controller, "_maybe_cache_trial_actor")) != ["self", "trial"]:
+    if _parameters(controller._maybe_cache_trial_actor) != ["self", "trial"]:
         return f"{method} no longer takes (self, trial)"
     if "self._maybe_cache_trial_actor(" not in inspect.getsource(controller):
         return f"TuneController no longer calls {method.split('.')[1]}"

@@ -23,8 +23,11 @@ from pipeline.base.accelerator import GpuIdentity
 from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
 from pipeline.inputs.spec import AutoSwitch
 
-Layout = Literal["unfused", "side_by_side", "stacked"]
-ForcedLayout = Literal["auto", "stacked", "side_by_side"]
+# The folds' layouts: one after another, or fused (side by side, or stacked into one program);
+# a debugging command may force a fused one (``auto``: the plan decides).
+FusedLayout = Literal["side_by_side", "stacked"]
+Layout = Literal["unfused", FusedLayout]
+ForcedLayout = Literal["auto", FusedLayout]
 # Whose random numbers a model's random layers draw in training: none (no random layer), Keras'
 # own generator, or foldsweep's counter-based hash (pipeline.engine.draws), which XLA compiles
 # into the step at the cost of an elementwise op and which stacks per fold.
@@ -220,6 +223,7 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
     on_gpu = _device_kind(device) == "GPU"
     convolutions: StackedConvolutions = STACKED_CONVOLUTIONS_ON_GPU if on_gpu else "patches"
     unfused = _unfused_reason(choices, n_folds=len(models), shared_variables=shared_variable_count(models))
+    layout: Layout
     if unfused is not None:
         layout, reason = "unfused", unfused
     else:

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
 from pipeline.contract.account import OTHER_S, TimeAccount
 from pipeline.contract.plan import TrialPlan
+from pipeline.inputs.scoring import OWN_SCORES, Direction, Scorer
 from pipeline.inputs.spec import Objective
 
 # Keys of a trial's report (ray.tune.result holds the ones Ray adds itself).
@@ -38,7 +39,6 @@ COMPILE_S = "compile_s"
 # Of the XLA programs a trial ran, how many came from the compile cache and how many it compiled.
 COMPILE_CACHE_HITS = "compile_cache_hits"
 COMPILE_CACHE_MISSES = "compile_cache_misses"
-FOLD_SCORE_NAMES = ("train_loss", "val_loss", "val_accuracy")
 # Which way each other validation metric improves ({name: "max" | "min" | ""}): a report's
 # bookkeeping, from which the driver counts a NaN fold as that metric's worst score.
 SCORE_DIRECTIONS = "score_directions"
@@ -72,7 +72,7 @@ def trial_label(trial_id: str) -> str:
 
 # Keys that steer Ray Tune or that it adds for itself; not findings, so never recorded.
 BOOKKEEPING_KEYS = frozenset({
-    *(f"{RUNNING_BEST_PREFIX}mean_val_{metric}" for metric in ("accuracy", "loss")), SCORE_DIRECTIONS,
+    *(f"{RUNNING_BEST_PREFIX}mean_val_{metric}" for metric in OWN_SCORES), SCORE_DIRECTIONS,
     DONE, EPOCH, EPOCHS_PLANNED, FOLD_IDS, "trial_id", "training_iteration", "time_this_iter_s", "time_total_s",
     "timestamp", "date", "time_since_restore", "iterations_since_restore", "experiment_tag", "config",
     "checkpoint_dir_name", "should_checkpoint", "timesteps_total", "episodes_total", "timesteps_since_restore",
@@ -128,9 +128,6 @@ def trial_account(values: Mapping[str, Any]) -> TimeAccount | None:
 # Metrics recorded once per trial, or a count rather than a finding per epoch: not in history.csv.
 NOT_IN_HISTORY = frozenset({N_PARAMS, RETRIES, NAN_FAILURES, WORKER_MAPS, WORKER_RSS, BEST_EPOCH, STOPPED_EPOCH,
                             *ACCOUNT_KEYS})
-# A fold that went NaN counts as the worst score in its trial's CV mean and std, finite, so that
-# no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
-NAN_FOLD_SCORES: Mapping[str, float] = {"val_accuracy": 0.0, "val_loss": 1e6, "train_loss": 1e6}
 
 
 def split_key(fold: int, name: str) -> str:
@@ -151,11 +148,9 @@ def is_bookkeeping(key: str) -> bool:
     return key in BOOKKEEPING_KEYS or key.startswith(RUNNING_BEST_PREFIX)
 
 
-def worst_scores(directions: Mapping[str, str]) -> dict[str, float]:
+def worst_scores(directions: Mapping[str, Direction | Literal[""]]) -> dict[str, float]:
     """What a NaN fold counts as for each fold score: ``NAN_FOLD_SCORES`` and, for every other
     metric, its worst by direction (NaN when its direction is unknown)."""
-    from pipeline.inputs.scoring import Scorer
-
     return {**{f"val_{name}": Scorer(name, direction or None).worst for name, direction in directions.items()},
             **NAN_FOLD_SCORES}
 
@@ -259,13 +254,25 @@ class FoldScores:
         return cls(math.nan, math.nan, math.nan if classifier else None, {name: math.nan for name in metrics})
 
     def as_dict(self) -> dict[str, float]:
-        accuracy = {"val_accuracy": self.val_accuracy} if self.val_accuracy is not None else {}
-        return {"train_loss": self.train_loss, "val_loss": self.val_loss, **accuracy,
+        own = {name: getattr(self, name) for name in FOLD_SCORE_NAMES}
+        return {**{name: value for name, value in own.items() if value is not None},
                 **{f"val_{name}": value for name, value in self.metrics.items()}}
 
     def score(self, name: str) -> float:
         """``val_<name>``."""
         return self.as_dict()[f"val_{name}"]
+
+
+# The scores every fold has (its fields: the training loss and foldsweep's own validation scores).
+FOLD_SCORE_NAMES: tuple[str, ...] = tuple(score.name for score in fields(FoldScores) if score.name != "metrics")
+# A fold that went NaN counts as each one's worst score in its trial's CV mean and std, finite, so
+# that no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
+def _own_worst(name: str) -> float:
+    metric = name.partition("_")[2]  # train_loss and val_loss: the loss
+    return Scorer(metric, OWN_SCORES[metric]).worst
+
+
+NAN_FOLD_SCORES: Mapping[str, float] = {name: _own_worst(name) for name in FOLD_SCORE_NAMES}
 
 
 @dataclass(frozen=True)
@@ -383,7 +390,7 @@ class EpochResult:
     epochs_planned: int = 0
     done: bool = False
     stopped_epoch: int | None = None  # the trial's own early stopping ended it here
-    directions: Mapping[str, str] = field(default_factory=dict)  # SCORE_DIRECTIONS
+    directions: Mapping[str, Direction | Literal[""]] = field(default_factory=dict)  # SCORE_DIRECTIONS
     # The trial's time account at this epoch's report, and the pause before this epoch trained
     # (None for a process's first epoch, which start-up precedes).
     account: TimeAccount | None = None
@@ -438,7 +445,7 @@ class EpochResult:
         for k, fold in zip(self.fold_ids, throughput.folds):
             values[split_key(k, TRAIN_RATE)] = fold.train_samples_per_s
             values[split_key(k, COMPILE_S)] = fold.compile_s
-        if throughput.cache_hits is not None:
+        if throughput.cache_hits is not None and throughput.cache_misses is not None:  # both or neither
             values[COMPILE_CACHE_HITS] = throughput.cache_hits
             values[COMPILE_CACHE_MISSES] = throughput.cache_misses
         return values
@@ -447,7 +454,11 @@ class EpochResult:
     def from_report(cls, report: Mapping[str, Any]) -> EpochResult:
         fold_ids = tuple(int(k) for k in report[FOLD_IDS])
         directions = json.loads(report.get(SCORE_DIRECTIONS) or "{}")
-        folds = tuple(FoldScores(**{name: _optional_float(report.get(split_key(k, name))) for name in FOLD_SCORE_NAMES},
+
+        def own_scores(k: int) -> dict[str, Any]:  # FoldScores' own fields (a regression's val_accuracy is None)
+            return {name: _optional_float(report.get(split_key(k, name))) for name in FOLD_SCORE_NAMES}
+
+        folds = tuple(FoldScores(**own_scores(k),
                                  metrics={name: float(report[split_key(k, f"val_{name}")]) for name in directions})
                       for k in fold_ids)
         throughput = Throughput(
@@ -503,27 +514,6 @@ def placement_tags(report: Mapping[str, Any]) -> dict[str, str]:
 def placement_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     """The worker's mappings and resident memory after the epoch."""
     return {key: float(report[key]) for key in (WORKER_MAPS, WORKER_RSS) if key in report}
-
-
-def recorded_keys(report: Mapping[str, Any]) -> set[str]:
-    """The keys of a report that MLflow records (as metrics, tags or artifacts), including a
-    throughput not yet measurable, which is left out only while it is NaN."""
-    result = EpochResult.from_report(report)
-    info = TrialInfo.from_report(report)
-    # the info's fields as reported: recorded as tags, params, metrics and artifacts
-    from_info = set(info.report()) if info is not None else set()
-    # the account: recorded when the trial ends, from its last report
-    return {*result.mlflow_metrics(), *result.throughput_values(), *result.mlflow_tags(), *placement_tags(report),
-            *placement_metrics(report), *result.account_values(), *from_info}
-
-
-def unrecorded_keys(report: Mapping[str, Any]) -> set[str]:
-    """Keys of a report that neither reach MLflow nor are declared bookkeeping: what would be
-    silently dropped (none may be)."""
-    # Before a retirement reason (a worker that runs on, or a checkpoint of an older release's
-    # yes/no), the key holds nothing to record.
-    quiet = {WORKER_RETIRES} if not isinstance(report.get(WORKER_RETIRES), str) or not report[WORKER_RETIRES] else set()
-    return {key for key in set(report) - recorded_keys(report) - quiet if not is_bookkeeping(key)}
 
 
 def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] | None = None, *,

@@ -18,11 +18,8 @@ from pipeline.contract.plan import ExecutionChoices
 from pipeline.inputs.hypermodel import schedule_text
 from pipeline.inputs.losses import TrainingLoss, training_loss
 from pipeline.inputs.space import resolve_config, split_config
-from pipeline.inputs.spec import TRAINING_DEFAULTS, SweepSpec, TrainSpec
-
-
-# Spec name of a clipping kind -> the Keras optimizer argument that applies it.
-CLIPPING_ARGUMENTS: Mapping[str, str] = {"norm": "clipnorm", "value": "clipvalue", "global_norm": "global_clipnorm"}
+from pipeline.inputs.spec import (CLIPPING_ARGUMENTS, NO_CLIPPING, OPTIMIZERS, TRAINING_DEFAULTS, SweepSpec,
+                                  TrainSpec)
 
 
 @dataclass(frozen=True)
@@ -30,16 +27,14 @@ class TrainingParams:
     batch_size: int
     learning_rate: float
     optimizer: str
-    clipping: str = "none"
+    clipping: str = NO_CLIPPING
     clip_threshold: float | None = None
     shuffle: bool = True
 
 
-# The optimizers foldsweep makes itself (spec name -> Keras class and fixed arguments).
-OPTIMIZERS: Mapping[str, tuple[type, Mapping[str, Any]]] = {
-    "adam": (keras.optimizers.Adam, {}), "adamw": (keras.optimizers.AdamW, {}),
-    "sgd": (keras.optimizers.SGD, {"momentum": 0.9}), "rmsprop": (keras.optimizers.RMSprop, {}),
-}
+def optimizer_class(name: str) -> type:
+    """The Keras class of one of the optimizers foldsweep makes itself (``OPTIMIZERS``)."""
+    return getattr(keras.optimizers, OPTIMIZERS[name][0])
 
 
 @dataclass(frozen=True)
@@ -66,12 +61,12 @@ class OptimizerRecipe:
         for kind, argument in CLIPPING_ARGUMENTS.items():
             if self.config.get(argument) is not None:
                 return kind, self.config[argument]
-        return "none", None
+        return NO_CLIPPING, None
 
     @property
     def name(self) -> str:
         """The spec's name of the optimizer where it has one (adam, sgd...), else its class."""
-        return next((name for name, (cls, _) in OPTIMIZERS.items() if cls is self.cls), self.cls.__name__)
+        return next((name for name in OPTIMIZERS if optimizer_class(name) is self.cls), self.cls.__name__)
 
     @property
     def learning_rate(self) -> float | str:
@@ -81,9 +76,10 @@ class OptimizerRecipe:
         return float(f"{rate:.7g}") if isinstance(rate, (int, float)) else schedule_text(rate)
 
 
-def optimizer_recipe(model: keras.Model, params: TrainingParams, *, spec_names: frozenset[str] = frozenset()
+def optimizer_recipe(model: keras.Model | None, params: TrainingParams, *, spec_names: frozenset[str] = frozenset()
                      ) -> OptimizerRecipe:
-    """A fold model's optimizer: the one its build compiled, if any, else foldsweep's. The
+    """A fold model's optimizer: the one its build compiled, if any, else (or without a model)
+    foldsweep's. The
     spec's ``optimizer`` and ``learning_rate`` replace the compiled ones only where the spec's
     search space names them (``spec_names``); the spec's clipping applies to either."""
     compiled = getattr(model, "optimizer", None)
@@ -95,26 +91,14 @@ def optimizer_recipe(model: keras.Model, params: TrainingParams, *, spec_names: 
     else:
         if params.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {params.optimizer!r}")
-        cls, fixed = OPTIMIZERS[params.optimizer]
+        cls, fixed = optimizer_class(params.optimizer), OPTIMIZERS[params.optimizer][1]
         config = cls(learning_rate=params.learning_rate, **fixed).get_config()
         recipe = OptimizerRecipe(cls, config, "spec" if spec_names & {"optimizer", "learning_rate"} else "default")
-    if params.clipping != "none":
+    if params.clipping != NO_CLIPPING:
         clip = {argument: None for argument in CLIPPING_ARGUMENTS.values()}
         clip[CLIPPING_ARGUMENTS[params.clipping]] = params.clip_threshold
         recipe = OptimizerRecipe(recipe.cls, {**recipe.config, **clip}, recipe.source)
     return recipe
-
-
-def make_optimizer(params: TrainingParams) -> keras.optimizers.Optimizer:
-    """foldsweep's own optimizer for ``params``, with gradient clipping through its own argument."""
-    return optimizer_recipe(_UNCOMPILED, params).make()
-
-
-class _Uncompiled:
-    optimizer = None
-
-
-_UNCOMPILED = _Uncompiled()
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from pipeline.contract.plan import RandomDraws, StackedConvolutions, StopTest
 from pipeline.engine import draws
 from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.inputs.losses import TrainingLoss
+from pipeline.inputs.spec import CLIPPING_ARGUMENTS, NO_CLIPPING
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams
 from pipeline.engine.training import (EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step,
                                       traced_once)
@@ -498,9 +499,10 @@ def fold_norms(gradients):
 
 
 def clip_per_fold(kind: str, threshold: float | None) -> Callable[[list[Any], Any], list[Any]]:
-    """Keras' clipping by the optimizer argument of clipping ``kind``, on each fold's slices:
-    ``norm`` per variable slice, ``global_norm`` over one fold's slices (``fold_norms``, which the
-    step has already computed for its health check), ``value`` elementwise."""
+    """Keras' clipping by the optimizer argument of clipping ``kind`` (``CLIPPING_ARGUMENTS``), on
+    each fold's slices: ``clipnorm`` per variable slice, ``global_clipnorm`` over one fold's slices
+    (``fold_norms``, which the step has already computed for its health check), ``clipvalue``
+    elementwise."""
     import tensorflow as tf
 
     def by_norm(gradients, _):  # keras BaseOptimizer._clip_by_norm, per fold
@@ -519,8 +521,9 @@ def clip_per_fold(kind: str, threshold: float | None) -> Callable[[list[Any], An
     def by_value(gradients, _):
         return [tf.clip_by_value(g, -threshold, threshold) for g in gradients]
 
-    return {"none": lambda gradients, _: gradients, "norm": by_norm, "global_norm": by_global_norm,
-            "value": by_value}[kind]
+    if kind == NO_CLIPPING:
+        return lambda gradients, _: gradients
+    return {"clipnorm": by_norm, "global_clipnorm": by_global_norm, "clipvalue": by_value}[CLIPPING_ARGUMENTS[kind]]
 
 
 class StackedFolds:

@@ -29,7 +29,6 @@ from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.contract.plan import StopTest
 from pipeline.contract.results import EVAL_STEP, NanEvent
 
-METRIC_NAMES: tuple[str, ...] = ("loss", "accuracy")
 EVAL_BATCH_SIZE = 2048
 
 

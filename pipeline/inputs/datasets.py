@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from pipeline.base.errors import DataError
+from pipeline.inputs.scoring import is_regression
 from pipeline.inputs.spec import DatasetSpec
 
 DATA_DIR_ENV = "FOLDSWEEP_DATA_DIR"
@@ -38,7 +39,7 @@ class Dataset:
     @property
     def n_classes(self) -> int:
         """The number of classes (0 for float, regression, targets)."""
-        return 0 if self.y.dtype.kind == "f" else int(self.y.max()) + 1
+        return 0 if is_regression(self.y) else int(self.y.max()) + 1
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -116,6 +117,7 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
                 f"dataset: unknown built-in dataset {spec.name!r}; built-ins: {', '.join(sorted(BUILTINS))} "
                 "(a data file is a .npz archive or a directory of .npy files)")
         return builtin.load(spec.options)
+    assert spec.path is not None  # a dataset is a name or a path: the spec's rule
     return _load_file(Path(spec.path), spec.options)
 
 
@@ -171,7 +173,7 @@ def _write_cache(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
                         "directory") from None
     try:
         with os.fdopen(handle, "wb") as out:
-            np.savez(out, **arrays)
+            np.savez(out, allow_pickle=True, **arrays)  # numpy's default, given: no array is named allow_pickle
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
@@ -419,7 +421,7 @@ def check_arrays(dataset: Dataset, *, source: str) -> None:
     pairs = [("x", "y", dataset.x, dataset.y)]
     if (dataset.x_test is None) != (dataset.y_test is None):
         raise DataError(f"dataset: {source} must have both x_test and y_test or neither")
-    if dataset.x_test is not None:
+    if dataset.x_test is not None and dataset.y_test is not None:
         pairs.append(("x_test", "y_test", dataset.x_test, dataset.y_test))
     for x_name, y_name, x, y in pairs:
         if x.ndim >= 1 and y.ndim >= 1 and len(x) == len(y) == 0:

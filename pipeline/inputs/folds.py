@@ -15,6 +15,7 @@ import numpy as np
 from sklearn.model_selection import (GroupKFold, RepeatedKFold, RepeatedStratifiedKFold, StratifiedGroupKFold)
 
 from pipeline.inputs.datasets import Dataset
+from pipeline.inputs.scoring import is_regression
 from pipeline.base.errors import DataError
 from pipeline.inputs.spec import CVSpec
 
@@ -80,9 +81,9 @@ def make_folds(cv: CVSpec, dataset: Dataset) -> FoldPlan:
     if cv.n_splits > n_samples:
         raise DataError(f"cv.n_splits must be <= the number of samples ({n_samples}), got {cv.n_splits}")
     stratified = cv.splitter in ("stratified", "stratified_group")
-    grouped = cv.splitter in ("group", "stratified_group")
-    if stratified and (np.asarray(dataset.y).dtype.kind == "f" or np.asarray(dataset.y).ndim > 1):
-        what = "float (regression) targets" if np.asarray(dataset.y).dtype.kind == "f" else "labels per position"
+    grouped = cv.grouped
+    if stratified and (is_regression(dataset.y) or np.asarray(dataset.y).ndim > 1):
+        what = "float (regression) targets" if is_regression(dataset.y) else "labels per position"
         raise DataError(f"cv.splitter {cv.splitter} keeps each class's share of the samples in every fold, and "
                         f"{dataset.name!r} has {what}, not one class per sample: use cv.splitter: "
                         "kfold, or group to keep related samples together")
@@ -142,7 +143,7 @@ def class_balance_warning(plan: FoldPlan, y: np.ndarray) -> str | None:
 
     Only ``group`` is checked: the stratified splitters keep the proportions by construction, and
     ``kfold`` draws samples one at a time, so its folds stray only by chance."""
-    if plan.cv.splitter != "group" or not plan.folds or np.asarray(y).dtype.kind == "f" or np.asarray(y).ndim > 1:
+    if plan.cv.splitter != "group" or not plan.folds or is_regression(y) or np.asarray(y).ndim > 1:
         return None
     y = np.asarray(y)
     n_classes = int(y.max()) + 1

@@ -11,8 +11,8 @@ arguments). foldsweep never asks the researcher to change it:
   asked for;
 - a model with no declared input (a ``Sequential`` without ``Input``, a subclassed model) is
   built on the dataset's sample shape;
-- a model the hypermodel compiled keeps its optimizer and loss (``pipeline.engine.training`` makes each
-  fold its own copy); an uncompiled one gets foldsweep's;
+- a model the hypermodel compiled keeps its optimizer and loss (each fold gets its own copy of the
+  optimizer, from ``pipeline.engine.recipe``); an uncompiled one gets foldsweep's;
 - a ``HyperModel.fit`` that passes ``batch_size``/``epochs``/``shuffle`` to ``model.fit`` is read
   once with a recording model: those become foldsweep's, and an ``EarlyStopping`` callback its
   early stopping on the mean CV curve; one that does more is refused.
@@ -35,8 +35,8 @@ from keras_tuner.src.engine import conditions as conditions_module
 from keras_tuner.src.engine.hyperparameters import hp_types
 
 from pipeline.base.errors import ExperimentError
-from pipeline.inputs.scoring import direction_of
-from pipeline.inputs.spec import METRIC_DIRECTIONS, EarlyStoppingSpec, TrainSpec
+from pipeline.inputs.scoring import OWN_SCORES, direction_of, is_per_position, is_regression
+from pipeline.inputs.spec import EarlyStoppingSpec, TrainSpec
 
 MAX_DISCOVERY_BUILDS = 64
 # A number hyperparameter with at most this many values is enumerated to find which of its
@@ -109,8 +109,8 @@ class Experiment:
                 f"experiment: the model of {self.reference} ends in {last_layer}, whose one output is 1 for every "
                 "sample (a softmax over one unit), so nothing it learns can change a prediction: a binary "
                 "classifier ends in Dense(1, activation='sigmoid')")
-        regression = labels is not None and labels.dtype.kind == "f"
-        per_position = labels is not None and labels.dtype.kind in "iu" and labels.ndim >= 2
+        regression = labels is not None and is_regression(labels)
+        per_position = labels is not None and is_per_position(labels)
         try:
             loss = training_loss(model, train=train, units=units, regression=regression, per_position=per_position)
         except ExperimentError as exc:
@@ -122,15 +122,16 @@ class Experiment:
                 f"experiment: {self.reference}: its loss {loss.describe()} cannot be traced as Keras' fit traces its "
                 f"training step (in a graph, without AutoGraph: Python control flow on a tensor or a tensor's value "
                 f"is an error there): {problem}; {fix}")
-        problem = outputs_problem(loss, outputs)
-        if problem:
+        wrong_outputs = outputs_problem(loss, outputs)
+        if wrong_outputs:
+            assert loss.kind is not None  # only a Keras cross-entropy reads its outputs as probabilities
             fix = ("set train.from_logits: true in the spec" if model.loss is None else
                    f"compile the loss with from_logits=True (keras.losses.{LOSS_CLASSES[loss.kind].__name__}"
                    "(from_logits=True))")
             activation = "sigmoid" if units == 1 else "softmax"
             raise ExperimentError(
                 f"experiment: the model of {self.reference} ends in {last_layer}: on the data's first {len(samples)} "
-                f"samples {problem}, but its loss {loss.describe()} reads them as probabilities. If they are "
+                f"samples {wrong_outputs}, but its loss {loss.describe()} reads them as probabilities. If they are "
                 f"logits, {fix}; else end the model in activation='{activation}'")
         return ModelHead(units=units, parameters=parameters, loss=loss, output_shape=tuple(outputs.shape[1:]),
                          scorers=self._scorers(model, outputs, train, labels, own_accuracy=loss.own_accuracy))
@@ -560,7 +561,7 @@ def _early_stopping_of(callbacks: list[Any]) -> tuple[tuple[EarlyStoppingSpec | 
                             "validation curve: monitor='val_loss', 'val_accuracy' or 'val_<metric>' (the training "
                             "loss says nothing of overfitting)")
             continue
-        natural = METRIC_DIRECTIONS.get(monitor) or direction_of(monitor)
+        natural = OWN_SCORES.get(monitor) or direction_of(monitor)
         if natural is None and callback.mode == "auto":
             problems.append(f"EarlyStopping(monitor={callback.monitor!r}, mode='auto'): neither Keras nor KerasTuner "
                             f"knows which way {monitor} improves: mode='max' or 'min'")
@@ -574,7 +575,7 @@ def _early_stopping_of(callbacks: list[Any]) -> tuple[tuple[EarlyStoppingSpec | 
                                         min_delta=abs(float(callback.min_delta)),
                                         start_from_epoch=int(callback.start_from_epoch),
                                         baseline=None if callback.baseline is None else float(callback.baseline),
-                                        mode=None if monitor in METRIC_DIRECTIONS else natural or callback.mode),
+                                        mode=None if monitor in OWN_SCORES else natural or callback.mode),
                       bool(callback.restore_best_weights)))
     if len(rules) > 1:
         problems.append(f"{len(rules)} EarlyStopping callbacks: a trial stops by one rule, keep one")
@@ -635,6 +636,8 @@ def load_hypermodel(path: Path, attr: str, *, reference: str | None = None) -> A
         raise ExperimentError(f"experiment: file not found: {str(path)!r} (from {reference!r})")
     module_name = f"foldsweep_experiment_{path.stem}"
     module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:  # a .py file always has one (the spec's rule)
+        raise ExperimentError(f"experiment: {str(path)!r} cannot be imported as a Python module (from {reference!r})")
     module = importlib.util.module_from_spec(module_spec)
     # The experiment's own directory goes on the path so that it can import its neighbours.
     sys.path.insert(0, str(path.parent.resolve()))
@@ -674,6 +677,7 @@ def _last_frame(exc: BaseException) -> str:
 def schedule_text(schedule: Any) -> str:
     """A learning-rate schedule (object or its serialized config) as its class called with the
     arguments that differ from the class's defaults, the initial rate first and unnamed."""
+    cls: type | None
     if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
         cls, config = type(schedule), schedule.get_config()
     elif isinstance(schedule, dict) and "class_name" in schedule:

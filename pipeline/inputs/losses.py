@@ -192,11 +192,16 @@ def _classification_loss(model: keras.Model, compiled: Any, train: TrainSpec, un
     loss = keras.losses.get(compiled) if isinstance(compiled, str) else compiled
     # A Loss object's call() gives per-sample values, unreduced; a loss function does too.
     fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
-    name = getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__)
+    name = _loss_name(loss)
     kind = _KERAS_LOSS_KINDS.get(type(loss) if isinstance(loss, keras.losses.Loss) else loss)
     _refuse_unfit(loss, kind, name, units)
     return TrainingLoss(fn, one_hot=not binary and _expects_one_hot(loss, fn, name, kind), name=name, binary=binary,
                         from_logits=_from_logits(loss, kind), kind=kind)
+
+
+def _loss_name(loss: Any) -> str:
+    """A Loss object's name, a loss function's, or its class's."""
+    return str(getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__))
 
 
 def _regression_loss(compiled: Any) -> TrainingLoss:
@@ -206,7 +211,7 @@ def _regression_loss(compiled: Any) -> TrainingLoss:
         raise ExperimentError(f"train.loss must be a Keras loss identifier (e.g. mean_squared_error, huber), "
                               f"got {compiled!r}") from None
     fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
-    name = getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__)
+    name = _loss_name(loss)
     kind = _KERAS_LOSS_KINDS.get(type(loss) if isinstance(loss, keras.losses.Loss) else loss)
     if kind is not None:
         raise ExperimentError(

@@ -73,13 +73,6 @@ DEFAULTS: Mapping[str, Any] = {
 TARGETS = ("centre", "per_residue", "helix_fraction")
 
 
-def expected_state_shares() -> np.ndarray:
-    """The share of residues in each state the generator produces, on average."""
-    mean_lengths = np.array([(low + high) / 2 for low, high in SEGMENT_LENGTHS])
-    residues = SEGMENT_SHARES * mean_lengths
-    return residues / residues.sum()
-
-
 def residue_probabilities() -> np.ndarray:
     """P(residue | state), shape (3, 20): background frequency x conformational parameter."""
     background = np.full(len(AMINO_ACIDS), 1.0 / len(AMINO_ACIDS))

@@ -185,10 +185,3 @@ def objective_problem(metric: str, mode: str | None, scorers: Sequence[Scorer], 
                         f"{metric} is better (max) or worse (min)")
     return None
 
-
-def resolved_mode(metric: str, mode: str | None, scorers: Sequence[Scorer]) -> Direction:
-    """The objective's direction: ``train.mode`` when given, else the metric's own."""
-    if mode is not None:
-        return mode  # type: ignore[return-value]
-    known = {**OWN_SCORES, **{scorer.name: scorer.direction for scorer in scorers}}
-    return known[metric]  # type: ignore[return-value]

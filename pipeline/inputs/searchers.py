@@ -38,13 +38,15 @@ class DistinctVariantGenerator(BasicVariantGenerator):
         for experiment in _convert_to_experiment_list(experiments):
             drawn = self.space.draw(experiment.spec, num_samples=experiment.spec.get("num_samples", 1),
                                     random_state=self._random_state)
+            # Ray's annotations of these private names are narrower than Ray's own use of them: its
+            # BasicVariantGenerator passes its own random state and chains its trial generator too.
             trials = _TrialIterator(uuid_prefix=self._uuid_prefix, num_samples=0, unresolved_spec=experiment.spec,
-                                    start=self._total_samples, random_state=self._random_state)
+                                    start=self._total_samples, random_state=self._random_state)  # type: ignore[arg-type]
             # A trial iterator makes trials of its variants first: here they are all of them.
-            trials.variants = _VariantIterator(drawn)
+            trials.variants = _VariantIterator(drawn)  # type: ignore[assignment]
             self._total_samples += len(drawn)
             self._iterators.append(trials)
-            self._trial_generator = itertools.chain(self._trial_generator, trials)
+            self._trial_generator = itertools.chain(self._trial_generator, trials)  # type: ignore[assignment]
 
 
 class DistinctOptunaSearch(OptunaSearch):
@@ -60,18 +62,25 @@ class DistinctOptunaSearch(OptunaSearch):
         self.search_space = space
         self.suggested: set[str] = set()  # the keys of the configs suggested
 
-    def suggest(self, trial_id: str) -> dict | str | None:
+    # Ray annotates suggest as returning a dict or None, but documents (and takes) Searcher.FINISHED.
+    def suggest(self, trial_id: str) -> dict | str | None:  # type: ignore[override]
         for _ in range(REPEATS_BEFORE_A_NEW_CONFIG):
             config = super().suggest(trial_id)
+            if config is None:  # Optuna has no config to give now: Ray Tune asks again later
+                return None
             key = config_key(self.search_space.resolve(config))
             if key not in self.suggested:
                 self.suggested.add(key)
                 return config
-            self._ot_study.tell(self._ot_trials.pop(trial_id), state=optuna.trial.TrialState.FAIL)
+            # Ray declares _ot_study None (its value until the searcher is set up, which precedes suggest).
+            self._ot_study.tell(self._ot_trials.pop(trial_id),  # type: ignore[attr-defined]
+                                state=optuna.trial.TrialState.FAIL)
         untried = self.search_space.untried(self.suggested)
         if untried is None:
             return Searcher.FINISHED
-        self._ot_study.enqueue_trial(untried)
+        self._ot_study.enqueue_trial(untried)  # type: ignore[attr-defined]
         config = super().suggest(trial_id)
+        if config is None:
+            return None
         self.suggested.add(config_key(self.search_space.resolve(config)))
         return config

@@ -30,7 +30,7 @@ from ray import tune
 from ray.tune.search import sample
 
 from pipeline.base.errors import SpecError
-from pipeline.inputs.spec import TRAINING_DEFAULTS, ParamSpec, SweepSpec
+from pipeline.inputs.spec import CLIPPING_ARGUMENTS, NO_CLIPPING, TRAINING_DEFAULTS, ParamSpec, SweepSpec
 
 # A grid over (clipping, clip_threshold) pairs is one config key, so that `none` is not repeated
 # once per threshold.
@@ -40,7 +40,7 @@ OWN_OPTIMIZER_SETTINGS = ("optimizer", "learning_rate")
 # Training hyperparameters that only count under a condition, as KerasTuner conditions: the same
 # rule as a hypermodel's conditional scopes, so one mechanism drops, records and suggests both.
 TRAINING_CONDITIONS: Mapping[str, tuple[Any, ...]] = {
-    "clip_threshold": (conditions_module.Parent("clipping", ["norm", "value", "global_norm"]),),
+    "clip_threshold": (conditions_module.Parent("clipping", list(CLIPPING_ARGUMENTS)),),
 }
 # A random search draws again where Ray Tune's draw repeats a config (so a sweep that met no
 # repeat draws exactly as Ray Tune does). A config that is rarely drawn (the top value of a
@@ -380,7 +380,7 @@ def config_values(config: Mapping[str, Any]) -> dict[str, Any]:
     """Every value of a sampled config, clipping pairs unpacked, none dropped."""
     values = {key: value for key, value in config.items() if key != CLIP_PAIR}
     values.update(config.get(CLIP_PAIR) or {})
-    values.setdefault("clipping", "none")
+    values.setdefault("clipping", NO_CLIPPING)
     return values
 
 

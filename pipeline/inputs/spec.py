@@ -9,52 +9,58 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, NoReturn, TypeVar, get_args, overload
 
 import yaml
 
 from pipeline.base.errors import SpecError
-from pipeline.inputs.scoring import OWN_SCORES, direction_of
+from pipeline.inputs.scoring import OWN_SCORES, Direction, direction_of
 
+# Each vocabulary's words are written once, as a Literal type; its tuple is read from that.
 SplitterName = Literal["kfold", "stratified", "group", "stratified_group"]
-SPLITTERS: tuple[str, ...] = ("kfold", "stratified", "group", "stratified_group")
+SPLITTERS: tuple[SplitterName, ...] = get_args(SplitterName)
 SEARCH_ALGORITHMS: tuple[str, ...] = ("random", "grid", "optuna")
 SCHEDULERS: tuple[str, ...] = ("fifo", "asha", "median")
 # Which epoch of a trial it is scored at: the best of its mean CV curve (as KerasTuner), or its last.
-EPOCH_SELECTIONS: tuple[str, ...] = ("best_epoch", "last")
-CLIPPING_KINDS: tuple[str, ...] = ("none", "norm", "value", "global_norm")
-# The scores foldsweep computes for every classifier, with the direction in which each improves;
-# any metric the model compiles or train.metrics names can be ranked on too (pipeline.inputs.scoring).
-# The scores every trial has, and which way they improve (``pipeline.inputs.scoring``).
-METRIC_DIRECTIONS: Mapping[str, Literal["max", "min"]] = OWN_SCORES
-METRICS: tuple[str, ...] = tuple(METRIC_DIRECTIONS)
+EpochSelection = Literal["best_epoch", "last"]
+EPOCH_SELECTIONS: tuple[EpochSelection, ...] = get_args(EpochSelection)
+# Gradient clipping (`clipping`, a training hyperparameter): each kind and the Keras optimizer
+# argument that applies it (pipeline.engine.recipe passes it, pipeline.engine.stacked mirrors it).
+NO_CLIPPING = "none"
+CLIPPING_ARGUMENTS: Mapping[str, str] = {"norm": "clipnorm", "value": "clipvalue", "global_norm": "global_clipnorm"}
+CLIPPING_KINDS: tuple[str, ...] = (NO_CLIPPING, *CLIPPING_ARGUMENTS)
 # A Keras metric identifier or name: what train.metric, train.metrics and a monitor may hold.
 _METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MODES: tuple[str, ...] = ("max", "min")
+MODES: tuple[Direction, ...] = get_args(Direction)
 # cv.groups: whether a dataset's groups must be kept whole in every fold (a grouped splitter),
 # or are ignored on purpose (recorded with the sweep).
-GROUP_RULES: tuple[str, ...] = ("respect", "ignore")
-GROUPED_SPLITTERS: tuple[str, ...] = ("group", "stratified_group")
-OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "rmsprop")
-PARAM_KINDS: tuple[str, ...] = ("choice", "grid", "uniform", "loguniform", "randint", "qrandint")
+GroupRule = Literal["respect", "ignore"]
+GROUP_RULES: tuple[GroupRule, ...] = get_args(GroupRule)
+GROUPED_SPLITTERS: tuple[SplitterName, ...] = ("group", "stratified_group")
+# The optimizers foldsweep makes itself (`optimizer`, a training hyperparameter): each one's class
+# in keras.optimizers, named (the spec is read before TensorFlow may start), and fixed arguments.
+OPTIMIZERS: Mapping[str, tuple[str, Mapping[str, Any]]] = {
+    "adam": ("Adam", {}), "adamw": ("AdamW", {}), "sgd": ("SGD", {"momentum": 0.9}), "rmsprop": ("RMSprop", {}),
+}
+ParamKind = Literal["choice", "grid", "uniform", "loguniform", "randint", "qrandint"]
+PARAM_KINDS: tuple[ParamKind, ...] = get_args(ParamKind)
 
 # Training hyperparameters foldsweep itself applies; every other name in `search.space` must be
 # a hyperparameter that the experiment's build(hp) asks for. `epochs` defaults to train.epochs;
 # `clip_threshold` only counts when `clipping` is not none.
 TRAINING_DEFAULTS: Mapping[str, Any] = {
     "batch_size": 32, "learning_rate": 1e-3, "optimizer": "adam", "epochs": None,
-    "clipping": "none", "clip_threshold": 1.0,
+    "clipping": NO_CLIPPING, "clip_threshold": 1.0,
 }
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
 @dataclass(frozen=True)
 class ParamSpec:
     """One entry of `search.space`: a fixed value or a distribution with its arguments."""
 
-    kind: Literal["fixed", "choice", "grid", "uniform", "loguniform", "randint", "qrandint"]
+    kind: Literal["fixed", ParamKind]
     args: tuple[Any, ...]
 
     def values(self) -> tuple[Any, ...]:
@@ -85,7 +91,7 @@ class CVSpec:
     n_splits: int = 5
     seed: int = 0
     n_repeats: int = 1
-    groups: Literal["respect", "ignore"] = "respect"
+    groups: GroupRule = "respect"
 
     @property
     def grouped(self) -> bool:
@@ -122,13 +128,13 @@ class Objective:
     """The CV score trials are ranked on: ``mean_val_<metric>``, higher or lower is better."""
 
     metric: str = "accuracy"
-    mode: Literal["max", "min"] = "max"
+    mode: Direction = "max"
 
     @classmethod
-    def for_metric(cls, metric: str, mode: Literal["max", "min"] | None = None) -> Objective:
+    def for_metric(cls, metric: str, mode: Direction | None = None) -> Objective:
         """The metric with the direction in which it improves (loss: lower is better): ``mode``
         for a metric of foldsweep's it does not know the direction of."""
-        return cls(metric=metric, mode=mode or METRIC_DIRECTIONS[metric])
+        return cls(metric=metric, mode=mode or OWN_SCORES[metric])
 
     @property
     def key(self) -> str:
@@ -166,7 +172,7 @@ class EarlyStoppingSpec:
     start_from_epoch: int = 0
     baseline: float | None = None
     # The monitored metric's direction where foldsweep does not know it (train.mode for train.metric).
-    mode: Literal["max", "min"] | None = None
+    mode: Direction | None = None
 
     @property
     def objective(self) -> Objective:
@@ -184,7 +190,7 @@ class EarlyStoppingSpec:
 class TrainSpec:
     epochs: int = 10
     metric: str = "accuracy"
-    mode: Literal["max", "min"] = "max"
+    mode: Direction = "max"
     # Keras metric identifiers scored besides the model's compiled metrics (for uncompiled models).
     metrics: tuple[str, ...] = ()
     # A Keras loss identifier for a model that compiles none (required for float targets).
@@ -200,7 +206,7 @@ class TrainSpec:
     fused: AutoSwitch = "auto"
     steps_per_launch: int | Literal["auto"] = "auto"
     refit: bool = True
-    select: Literal["best_epoch", "last"] = "best_epoch"
+    select: EpochSelection = "best_epoch"
     early_stopping: EarlyStoppingSpec | None = None  # off unless the spec (or a HyperModel.fit) asks
     # Compiled XLA programs are kept on disk and reused by later trials, reruns and sweeps
     # (pipeline.base.compile_cache); FOLDSWEEP_COMPILE_CACHE=off switches it off for a machine.
@@ -224,7 +230,7 @@ class ResourcesSpec:
 
 @dataclass(frozen=True)
 class TrackingSpec:
-    uri: str = DEFAULT_TRACKING_URI
+    uri: str = "sqlite:///mlflow.db"
 
 
 @dataclass(frozen=True)
@@ -282,6 +288,15 @@ class SweepSpec:
         return replace(self.dataset, path=str(self.resolve_path(self.dataset.path, key="dataset")))
 
     @property
+    def longest_epochs(self) -> int:
+        """The most epochs a trial of the sweep trains: the largest of ``search.space.epochs``
+        (integer values or [low, high(, q)] bounds, by the spec's rules), else ``train.epochs``."""
+        searched = self.search.space.get("epochs")
+        if searched is None:
+            return self.train.epochs
+        return int(max(searched.values() or searched.args[:2]))
+
+    @property
     def experiment_attr(self) -> str:
         return self.experiment.rsplit(":", 1)[1] if ":" in self.experiment else "build"
 
@@ -303,6 +318,19 @@ class SweepSpec:
         if rule is None or self.train.early_stopping is not None:
             return self
         return replace(self, train=replace(self.train, early_stopping=rule))
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The default a spec dataclass declares for its field ``name``: the one place it is written
+    (the parser reads it from there, never writing it again), for a class with required fields."""
+    for declared in fields(cls):
+        if declared.name == name:
+            if declared.default is not MISSING:
+                return declared.default
+            if declared.default_factory is not MISSING:
+                return declared.default_factory()
+            raise ValueError(f"{cls.__name__}.{name} has no default")
+    raise ValueError(f"{cls.__name__} has no field {name!r}")
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -385,13 +413,14 @@ def parse_spec(data: Any, *, source_path: Path, source_text: str = "") -> SweepS
     train = _parse_train(root.section("train"))
     resources = _parse_resources(root.section("resources"))
     tracking = TrackingSpec(uri=root.section("tracking").done_with(
-        lambda s: s.string("uri", default=DEFAULT_TRACKING_URI)))
+        lambda s: s.string("uri", default=TrackingSpec().uri)))
     root.finish()
-    _check_scheduler_can_act(str(source_path), search, train)
-    return SweepSpec(
+    spec = SweepSpec(
         name=name, experiment=experiment, dataset=dataset, cv=cv, search=search, train=train,
         resources=resources, tracking=tracking, source_path=source_path, source_text=source_text,
     )
+    _check_scheduler_can_act(spec)
+    return spec
 
 
 def _parse_dataset(root: _Section) -> DatasetSpec:
@@ -417,11 +446,12 @@ def _parse_dataset(root: _Section) -> DatasetSpec:
 
 
 def _parse_cv(section: _Section) -> CVSpec:
-    splitter = section.one_of("splitter", SPLITTERS, default="stratified")
-    n_splits = section.integer("n_splits", default=5, minimum=2)
-    seed = section.integer("seed", default=0, minimum=0)
-    n_repeats = section.integer("n_repeats", default=1, minimum=1)
-    groups = section.one_of("groups", GROUP_RULES, default="respect")
+    default = CVSpec()
+    splitter = section.one_of("splitter", SPLITTERS, default=default.splitter)
+    n_splits = section.integer("n_splits", default=default.n_splits, minimum=2)
+    seed = section.integer("seed", default=default.seed, minimum=0)
+    n_repeats = section.integer("n_repeats", default=default.n_repeats, minimum=1)
+    groups = section.one_of("groups", GROUP_RULES, default=default.groups)
     if groups == "ignore" and splitter in GROUPED_SPLITTERS:
         section.fail("groups", f"ignore contradicts cv.splitter {splitter}, which keeps every group whole; drop "
                                "cv.groups, or use cv.splitter kfold | stratified to split without the groups", groups)
@@ -430,9 +460,10 @@ def _parse_cv(section: _Section) -> CVSpec:
 
 
 def _parse_search(section: _Section) -> SearchSpec:
-    algorithm = section.one_of("algorithm", SEARCH_ALGORITHMS, default="random")
-    num_samples = section.integer("num_samples", default=1, minimum=1)
-    seed = section.integer("seed", default=0, minimum=0)
+    default = SearchSpec()
+    algorithm = section.one_of("algorithm", SEARCH_ALGORITHMS, default=default.algorithm)
+    num_samples = section.integer("num_samples", default=default.num_samples, minimum=1)
+    seed = section.integer("seed", default=default.seed, minimum=0)
     space_section = section.section("space")
     space = {key: _parse_param(space_section, key) for key in list(space_section.remaining())}
     for key, param in space.items():
@@ -446,36 +477,35 @@ def _parse_search(section: _Section) -> SearchSpec:
 
 
 def _parse_scheduler(search: _Section) -> SchedulerSpec:
+    default = SchedulerSpec()
     raw = search.peek("scheduler")
     if raw is None or isinstance(raw, str):
-        name = search.one_of("scheduler", SCHEDULERS, default="fifo")
+        name = search.one_of("scheduler", SCHEDULERS, default=default.name)
         return SchedulerSpec(name=name)
     section = search.section("scheduler")
-    name = section.one_of("name", SCHEDULERS, default="fifo")
+    name = section.one_of("name", SCHEDULERS, default=default.name)
     scheduler = SchedulerSpec(
         name=name,
-        grace_period=section.integer("grace_period", default=1, minimum=1),
-        reduction_factor=section.integer("reduction_factor", default=3, minimum=2),
-        min_samples_required=section.integer("min_samples_required", default=3, minimum=1),
+        grace_period=section.integer("grace_period", default=default.grace_period, minimum=1),
+        reduction_factor=section.integer("reduction_factor", default=default.reduction_factor, minimum=2),
+        min_samples_required=section.integer("min_samples_required", default=default.min_samples_required,
+                                             minimum=1),
     )
     section.finish()
     return scheduler
 
 
-def _check_scheduler_can_act(file: str, search: SearchSpec, train: TrainSpec) -> None:
+def _check_scheduler_can_act(spec: SweepSpec) -> None:
     """ASHA and median stopping compare trials from ``grace_period`` epochs on: a grace period
     that reaches the last epoch leaves them nothing to stop."""
-    scheduler = search.scheduler
+    scheduler = spec.search.scheduler
     if scheduler.name == "fifo":
         return
-    searched = search.space.get("epochs")  # integer values or [low, high(, q)] bounds: the spec's rules
-    if searched is None:
-        longest, where = train.epochs, "train.epochs"
-    else:
-        longest, where = max(searched.values() or searched.args[:2]), "search.space.epochs"
+    longest = spec.longest_epochs
+    where = "search.space.epochs" if "epochs" in spec.search.space else "train.epochs"
     if scheduler.grace_period >= longest:
         raise SpecError(
-            f"{file}: search.scheduler.grace_period must be below the epochs a trial trains ({where}: at most "
+            f"{spec.source_path}: search.scheduler.grace_period must be below the epochs a trial trains ({where}: at most "
             f"{longest}), or {scheduler.name} can never stop a trial early, got grace_period={scheduler.grace_period}; "
             "lower it or use scheduler fifo")
 
@@ -501,8 +531,8 @@ def _parse_param(section: _Section, key: str) -> ParamSpec:
     return param
 
 
-def _parse_distribution(file: str, where: str, kind: str, args: Any) -> ParamSpec:
-    def fail(rule: str) -> None:
+def _parse_distribution(file: str, where: str, kind: ParamKind, args: Any) -> ParamSpec:
+    def fail(rule: str) -> NoReturn:
         raise SpecError(f"{file}: {where} {rule}, got {args!r}")
 
     if kind in ("choice", "grid"):
@@ -553,7 +583,7 @@ def check_training_param(file: str, where: str, name: str, param: ParamSpec) -> 
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise SpecError(f"{file}: {where} must be a number > 0 (every value it takes), got {value!r}")
     elif name in ("optimizer", "clipping"):
-        allowed = OPTIMIZERS if name == "optimizer" else CLIPPING_KINDS
+        allowed = tuple(OPTIMIZERS) if name == "optimizer" else CLIPPING_KINDS
         if not values:
             raise SpecError(f"{file}: {where} must be a fixed value or a choice/grid of {', '.join(allowed)}, got {param.kind}")
         for value in values:
@@ -562,24 +592,25 @@ def check_training_param(file: str, where: str, name: str, param: ParamSpec) -> 
 
 
 def _parse_train(section: _Section) -> TrainSpec:
-    epochs = section.integer("epochs", default=10, minimum=1)
-    metric = _metric_name(section, "metric", default="accuracy")
+    default = TrainSpec()
+    epochs = section.integer("epochs", default=default.epochs, minimum=1)
+    metric = _metric_name(section, "metric", default=default.metric)
     metrics = _metric_names(section, "metrics")
     mode = _mode_for(section, metric)
     loss = section.string("loss", pattern_hint="a Keras loss identifier (e.g. mean_squared_error, huber)")
     class_weight = _class_weight(section)
-    seed = section.integer("seed", default=0, minimum=0)
-    from_logits = section.boolean("from_logits", default=False)
-    label_smoothing = section.number("label_smoothing", default=0.0, minimum=0.0)
+    seed = section.integer("seed", default=default.seed, minimum=0)
+    from_logits = section.boolean("from_logits", default=default.from_logits)
+    label_smoothing = section.number("label_smoothing", default=default.label_smoothing, minimum=0.0)
     if label_smoothing >= 1:
         section.fail("label_smoothing", "must be a number below 1 (the share of a label spread over the classes)",
                      label_smoothing)
-    jit_compile = _auto_or_boolean(section, "jit_compile")
-    fused = _auto_or_boolean(section, "fused")
-    steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch")
-    refit = section.boolean("refit", default=True)
-    select = section.one_of("select", EPOCH_SELECTIONS, default="best_epoch")
-    compile_cache = section.boolean("compile_cache", default=True)
+    jit_compile = _auto_or_boolean(section, "jit_compile", default=default.jit_compile)
+    fused = _auto_or_boolean(section, "fused", default=default.fused)
+    steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch", default=default.steps_per_launch)
+    refit = section.boolean("refit", default=default.refit)
+    select = section.one_of("select", EPOCH_SELECTIONS, default=default.select)
+    compile_cache = section.boolean("compile_cache", default=default.compile_cache)
     early_stopping = _parse_early_stopping(section, objective=Objective(metric, mode)) \
         if section.peek("early_stopping") is not None else None
     section.finish()
@@ -623,11 +654,11 @@ def _metric_names(section: _Section, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _checked_mode(section: _Section, metric: str, known: str | None, *, of: str, why: str = "") -> str:
+def _checked_mode(section: _Section, metric: str, known: Direction | None, *, of: str, why: str = "") -> Direction:
     """The section's ``mode`` for ``metric`` (named ``of`` in messages): ``known`` where it is
     known (a mode against it is refused, ``why`` saying what it would do), else required."""
-    mode = section.one_of("mode", MODES, default=known or "")
-    if not mode:
+    mode = section.one_of("mode", MODES, default=known)
+    if mode is None:
         section.fail("mode", f"is required for {of} {metric}: neither Keras nor KerasTuner knows whether a "
                              f"higher {metric} is better (max) or worse (min)", None)
     if known is not None and mode != known:
@@ -635,14 +666,14 @@ def _checked_mode(section: _Section, metric: str, known: str | None, *, of: str,
     return mode
 
 
-def _mode_for(section: _Section, metric: str) -> Literal["max", "min"]:
+def _mode_for(section: _Section, metric: str) -> Direction:
     """``mode`` for ``metric``: its own direction where Keras or KerasTuner know it (a mode against
     it is refused), else the spec's, which is then required."""
     direction = direction_of(metric)
     better = "higher" if direction == "max" else "lower"
     why = (f" ({better} {metric} is better; a mode against it would rank the worst trial first): drop train.mode, "
            "the metric decides it")
-    return _checked_mode(section, metric, direction, of="train.metric", why=why)  # type: ignore[return-value]
+    return _checked_mode(section, metric, direction, of="train.metric", why=why)
 
 
 def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStoppingSpec:
@@ -653,8 +684,9 @@ def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStop
     monitor = _metric_name(section, "monitor", default=objective.metric)
     known = objective.mode if monitor == objective.metric else direction_of(monitor)
     mode = _checked_mode(section, monitor, known, of="monitor")
-    min_delta = section.number("min_delta", default=0.0, minimum=0.0)
-    start_from_epoch = section.integer("start_from_epoch", default=0, minimum=0)
+    min_delta = section.number("min_delta", default=default_of(EarlyStoppingSpec, "min_delta"), minimum=0.0)
+    start_from_epoch = section.integer("start_from_epoch", default=default_of(EarlyStoppingSpec, "start_from_epoch"),
+                                       minimum=0)
     baseline = section.take("baseline")
     if baseline is not None and (isinstance(baseline, bool) or not isinstance(baseline, (int, float))
                                  or not math.isfinite(baseline)):
@@ -662,19 +694,24 @@ def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStop
     section.finish()
     return EarlyStoppingSpec(patience=patience, monitor=monitor, min_delta=min_delta, start_from_epoch=start_from_epoch,
                              baseline=None if baseline is None else float(baseline),
-                             mode=None if monitor in METRIC_DIRECTIONS else mode)
+                             mode=None if monitor in OWN_SCORES else mode)
 
 
-def _auto_or_boolean(section: _Section, key: str) -> AutoSwitch:
+def _auto_or_boolean(section: _Section, key: str, *, default: AutoSwitch) -> AutoSwitch:
     value = section.take(key)
-    if value is not None and value != "auto" and not isinstance(value, bool):
+    if value is None:
+        return default
+    if value != "auto" and not isinstance(value, bool):
         section.fail(key, "must be auto, true or false", value)
-    return "auto" if value in (None, "auto") else ("on" if value else "off")
+    return "auto" if value == "auto" else ("on" if value else "off")
 
 
-def _auto_or_positive_integer(section: _Section, key: str) -> int | Literal["auto"]:
+def _auto_or_positive_integer(section: _Section, key: str, *, default: int | Literal["auto"]
+                              ) -> int | Literal["auto"]:
     value = section.take(key)
-    if value in (None, "auto"):
+    if value is None:
+        return default
+    if value == "auto":
         return "auto"
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         section.fail(key, "must be auto or an integer >= 1", value)
@@ -682,26 +719,29 @@ def _auto_or_positive_integer(section: _Section, key: str) -> int | Literal["aut
 
 
 def _parse_resources(section: _Section) -> ResourcesSpec:
-    cpu = section.number("cpu", default=1.0, minimum=0.0, strict=True)
-    gpu = _gpu_share(section)
-    max_concurrent = section.integer("max_concurrent", default=None, minimum=1)
-    max_failures = section.integer("max_failures", default=0, minimum=0)
-    address = section.string("address", pattern_hint="a Ray address such as 127.0.0.1:6379 or auto")
-    max_trials_per_worker = _auto_or_positive_integer(section, "max_trials_per_worker")
-    max_worker_memory = _auto_or_positive_integer(section, "max_worker_memory")
+    default = ResourcesSpec()
+    cpu = section.number("cpu", default=default.cpu, minimum=0.0, strict=True)
+    gpu = _gpu_share(section, default=default.gpu)
+    max_concurrent = section.integer("max_concurrent", default=default.max_concurrent, minimum=1)
+    max_failures = section.integer("max_failures", default=default.max_failures, minimum=0)
+    address = section.string("address", default=default.address,
+                             pattern_hint="a Ray address such as 127.0.0.1:6379 or auto")
+    max_trials_per_worker = _auto_or_positive_integer(section, "max_trials_per_worker",
+                                                      default=default.max_trials_per_worker)
+    max_worker_memory = _auto_or_positive_integer(section, "max_worker_memory", default=default.max_worker_memory)
     section.finish()
     return ResourcesSpec(cpu=cpu, gpu=gpu, max_concurrent=max_concurrent, max_failures=max_failures, address=address,
                          max_trials_per_worker=max_trials_per_worker, max_worker_memory=max_worker_memory)
 
 
-def _gpu_share(section: _Section) -> float:
+def _gpu_share(section: _Section, *, default: float) -> float:
     """A trial's GPUs: a share of one GPU (trials packed onto it), or one whole GPU.
 
     Ray hands out GPUs above 1 whole only, and foldsweep trains a trial's folds on one device
     (``pipeline.engine.resident.training_device``): a trial reserving 2 would keep the second
     idle and from every other trial, so it is refused rather than left idle.
     """
-    gpu = section.number("gpu", default=0.0, minimum=0.0)
+    gpu = section.number("gpu", default=default, minimum=0.0)
     if gpu > 1 and not gpu.is_integer():
         section.fail("gpu", "must be a share of one GPU (at most 1) or a whole number of GPUs", gpu)
     if gpu > 1:
@@ -717,6 +757,9 @@ def _suggest(value: Any, choices: tuple[str, ...] | list[str]) -> str:
     # Abbreviations ("grace" for "grace_period") score low on similarity but are the usual typo.
     close = close or [choice for choice in choices if len(text) >= 3 and choice.startswith(text)][:1]
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_Word = TypeVar("_Word", bound=str)
 
 
 class _Section:
@@ -736,7 +779,7 @@ class _Section:
     def key_path(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else str(key)
 
-    def fail(self, key: str, rule: str, value: Any) -> None:
+    def fail(self, key: str, rule: str, value: Any) -> NoReturn:
         raise SpecError(f"{self.file}: {self.key_path(key)} {rule}, got {value!r}")
 
     def peek(self, key: str) -> Any:
@@ -765,6 +808,13 @@ class _Section:
             expected = f"; known keys: {', '.join(sorted(set(known)))}" if known else ""
             raise SpecError(f"{self.file}: unknown key {self.key_path(key)!r}{hint}{expected}")
 
+    @overload
+    def string(self, key: str, *, default: str, pattern_hint: str = ...) -> str: ...
+    @overload
+    def string(self, key: str, *, required: Literal[True], pattern_hint: str = ...) -> str: ...
+    @overload
+    def string(self, key: str, *, default: None = None, pattern_hint: str = ...) -> str | None: ...
+
     def string(self, key: str, *, default: str | None = None, required: bool = False,
                pattern_hint: str = "a string") -> str | None:
         value = self.take(key)
@@ -776,13 +826,23 @@ class _Section:
             self.fail(key, f"must be {pattern_hint}", value)
         return value
 
-    def one_of(self, key: str, choices: tuple[str, ...], *, default: str) -> str:
+    @overload
+    def one_of(self, key: str, choices: tuple[_Word, ...], *, default: _Word) -> _Word: ...
+    @overload
+    def one_of(self, key: str, choices: tuple[_Word, ...], *, default: _Word | None) -> _Word | None: ...
+
+    def one_of(self, key: str, choices: tuple[_Word, ...], *, default: _Word | None) -> _Word | None:
         value = self.take(key)
         if value is None:
             return default
         if value not in choices:
             self.fail(key, f"must be one of {', '.join(choices)}{_suggest(value, choices)}", value)
         return value
+
+    @overload
+    def integer(self, key: str, *, default: int, minimum: int | None = None) -> int: ...
+    @overload
+    def integer(self, key: str, *, default: None, minimum: int | None = None) -> int | None: ...
 
     def integer(self, key: str, *, default: int | None, minimum: int | None = None) -> int | None:
         value = self.take(key)

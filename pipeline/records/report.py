@@ -23,7 +23,7 @@ from pipeline.contract.results import (BEST_EPOCH, COMPILE_S, EVAL_RATE, NAN_EPO
                                        trial_account)
 from pipeline.contract.account import TimeAccount
 from pipeline.records.significance import SIGNIFICANCE_LEVEL, Comparison, corrected_ttest, val_train_ratio
-from pipeline.inputs.spec import Objective
+from pipeline.inputs.spec import NO_CLIPPING, Objective
 from pipeline.records.tracking import TrialRecord
 
 # The scores every classifier's trials are ranked by in cv_results.csv, besides the objective.
@@ -320,7 +320,7 @@ def to_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 def _group(record: TrialRecord) -> tuple[int | None, str]:
     batch = record.params.get("batch_size")
-    return (int(batch) if batch is not None else None, record.params.get("clipping", "none"))
+    return (int(batch) if batch is not None else None, record.params.get("clipping", NO_CLIPPING))
 
 
 def nan_table_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
