@@ -82,14 +82,13 @@ def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
 @exit_codes
 def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None:
     """Check a spec completely (keys, types, ranges, experiment, data, folds) without running it."""
-    from pipeline.checks import check_inputs
+    from pipeline.checks import check_inputs, prepare
     from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
     inputs = check_inputs(sweep_spec)
     import_tensorflow()
     from pipeline.engine.runtime import hide_gpus
-    from pipeline.sweep import prepare
 
     hide_gpus()  # as a sweep's driver: a check needs no GPU, and takes none from a sweep running there
     prepared = prepare(sweep_spec, inputs=inputs)
@@ -254,7 +253,7 @@ def run(
                                 "a killed driver): finished trials are kept, unfinished ones go on"),
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
-    from pipeline.checks import check_inputs
+    from pipeline.checks import check_inputs, prepare
     from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
@@ -280,7 +279,7 @@ def run(
     from pipeline.contract.results import TrialStatus
     from pipeline.records.report import (Standings, leaderboard_table, selected_epoch, selected_score, short_run_id,
                                          status_text)
-    from pipeline.sweep import prepare, run_sweep
+    from pipeline.sweep import run_sweep
 
     prepared = prepare(sweep_spec, inputs=inputs)
     doing.done()
@@ -407,7 +406,7 @@ def trial(
     from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides, parse_assignments,
                                 planned_epochs, single_config, spec_threads)
     from pipeline.rerun import profile_epoch as check_profile_epoch
-    from pipeline.checks import check_inputs
+    from pipeline.checks import check_inputs, prepare
     from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
@@ -416,7 +415,6 @@ def trial(
     inputs = check_inputs(sweep_spec)
     import_tensorflow()
     from pipeline.base.private_hooks import TRAINING_LIBRARIES
-    from pipeline.sweep import prepare
     from pipeline.engine.trial import configure_tensorflow
 
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
