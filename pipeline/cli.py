@@ -6,7 +6,6 @@ Exit codes: 0 the command did its job (a sweep whose trials partly failed still 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shlex
@@ -680,6 +679,7 @@ def ui(
 
     from pipeline.base.errors import TrackingError
     from pipeline.base.private_hooks import require_hooks
+    from pipeline.base.processes import stop_process_tree
     from pipeline.records.report import split_params
     from pipeline.records.stores import check_tracking_uri
     from pipeline.records.tracking import Tracker
@@ -774,54 +774,6 @@ def _wait_until_answering(server: subprocess.Popen, url: str, *, deadline_s: flo
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the MLflow UI server did not answer at {url} within {deadline_s:g} s; "
                                    "stopped it") from None
-
-
-def stop_process_tree(pid: int, *, grace_s: float = 10.0) -> None:
-    """SIGTERM a process group and every process descended from its leader (one that started a
-    session of its own too), then SIGKILL what is left after ``grace_s``."""
-    import time
-
-    family = [pid, *_descendants(pid)]
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    for member in family:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(member) for member in family):
-        time.sleep(0.1)
-    for member in family:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (children, their children...), from /proc."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(parent, []).append(int(entry.name))
-    found, frontier = [], [pid]
-    while frontier:
-        children = parents.get(frontier.pop(), [])
-        found += children
-        frontier += children
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def main() -> None:  # pragma: no cover - entry point for `python -m pipeline.cli`
