@@ -28,9 +28,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import yaml  # noqa: E402
 
+from pipeline.checks import prepare  # noqa: E402
 from pipeline.engine.lifespan import map_limit  # noqa: E402
 from pipeline.inputs.spec import load_spec  # noqa: E402
-from pipeline.sweep import prepare, run_sweep  # noqa: E402
+from pipeline.sweep import run_sweep  # noqa: E402
 from pipeline.records.tracking import Tracker  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

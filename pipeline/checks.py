@@ -1,22 +1,33 @@
-"""A spec checked against its inputs before TensorFlow or Ray loads: the store, the experiment's
-file, the data, its labels and groups, the Ray address (``check_inputs``, well under a second:
-a missing file, a misnamed array or a bad label is reported at once); and the folds made of the
-data, once the model is known (``make_checked_folds``: a count of replicas too large for the
-model's memory is refused before its folds are made).
+"""A spec checked against its data and model, before anything runs: ``validate``, ``run`` and
+``trial`` call this module, and a sweep starts only from what it returns.
+
+Two stages, as TensorFlow loads between them. ``check_inputs``, before it (well under a second:
+a missing file, a misnamed array or a bad label is reported at once): the store, the
+experiment's file, the data, its labels and groups, the Ray address. ``prepare``, once the
+model can be built: the model against the data (its input shape, outputs against labels and
+loss, the objective among its metrics, its replicas in a trial's memory), then the folds
+(``make_checked_folds``) and the batch sizes against them.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.base.errors import DataError, SpecError
+from pipeline.base.errors import DataError, ExperimentError, SpecError
+from pipeline.base.private_hooks import HOOKED_LIBRARIES, require_hooks
 from pipeline.inputs.datasets import Dataset, load_dataset
 from pipeline.inputs.spec import GROUPED_SPLITTERS, SweepSpec
+
+if TYPE_CHECKING:  # each loads TensorFlow or scikit-learn, which check_inputs runs without
+    from pipeline.engine.trial import TrialSettings
+    from pipeline.inputs.folds import FoldPlan
+    from pipeline.inputs.space import SearchSpace
 
 
 @dataclass(frozen=True)
@@ -60,9 +71,9 @@ def check_inputs(spec: SweepSpec, *, tracking_uri: str | None = None, num_sample
                          address=address, warnings=tuple(warnings))
 
 
-def make_checked_folds(spec: SweepSpec, inputs: CheckedInputs) -> tuple[Any, tuple[str, ...]]:
-    """The sweep's folds (``pipeline.inputs.folds.FoldPlan``), each training on two classes at
-    least, and the warnings they earn (a grouped fold whose classes stray from the data's).
+def make_checked_folds(spec: SweepSpec, inputs: CheckedInputs) -> tuple[FoldPlan, tuple[str, ...]]:
+    """The sweep's folds, each training on two classes at least, and the warnings they earn (a
+    grouped fold whose classes stray from the data's).
 
     Raises:
         DataError: more splits than the data allows, or a fold that trains on one class.
@@ -74,6 +85,64 @@ def make_checked_folds(spec: SweepSpec, inputs: CheckedInputs) -> tuple[Any, tup
     _check_folds_have_classes(spec, dataset, folds, inputs.dataset_path or dataset.name)
     warning = class_balance_warning(folds, dataset.y)
     return folds, (warning,) if warning else ()
+
+
+@dataclass(frozen=True)
+class PreparedSweep:
+    """A sweep whose inputs have all been checked: spec, experiment, data, folds, space."""
+
+    spec: SweepSpec
+    experiment_path: Path
+    experiment: Any
+    dataset: Dataset
+    dataset_path: str | None  # a data file, absolute (None for a built-in)
+    folds: FoldPlan
+    space: SearchSpace
+    tracking_uri: str
+    num_samples: int
+    address: str | None = None
+    warnings: tuple[str, ...] = ()  # what may be a mistake but is not refused
+
+    def trial_settings(self) -> TrialSettings:
+        """What every trial of the sweep is run with (in Ray's workers, and by the refit)."""
+        from pipeline.engine.trial import TrialSettings
+
+        return TrialSettings.from_spec(self.spec, experiment_path=self.experiment_path,
+                                       dataset_fingerprint=self.dataset.fingerprint, conditions=self.space.conditions,
+                                       fit_arguments=self.experiment.fit_arguments)
+
+
+def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None,
+            address: str | None = None, hooks: Sequence[str] = HOOKED_LIBRARIES,
+            inputs: CheckedInputs | None = None) -> PreparedSweep:
+    """Check everything a sweep needs without starting Ray or writing to the tracking store.
+
+    ``hooks``: the libraries whose private hooks are checked (``trial`` uses neither Ray Tune nor MLflow).
+    ``inputs``: what ``check_inputs`` already made of the spec's inputs (the commands check them
+    before TensorFlow loads); checked here otherwise.
+
+    Raises:
+        PrivateHookMissing: an installed library lacks what foldsweep reaches into (``private_hooks``).
+        InputError: the experiment, dataset, folds or tracking URI cannot work as asked.
+    """
+    from pipeline.inputs.hypermodel import load_experiment
+    from pipeline.inputs.space import build_space
+
+    if inputs is None:
+        inputs = check_inputs(spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
+    require_hooks(hooks)
+    experiment = load_experiment(inputs.experiment_path, spec.experiment_attr, reference=spec.experiment)
+    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(experiment.fit_class_weight)
+    space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
+    dataset = inputs.dataset
+    _check_model_fits_data(spec, experiment, dataset, inputs.dataset_path or dataset.name)
+    folds, fold_warnings = make_checked_folds(spec, inputs)
+    _check_batch_fits_folds(spec, space, folds)
+    return PreparedSweep(
+        spec=spec, experiment_path=inputs.experiment_path, experiment=experiment, dataset=dataset,
+        dataset_path=inputs.dataset_path, folds=folds, space=space, tracking_uri=inputs.tracking_uri,
+        num_samples=inputs.num_samples, address=inputs.address, warnings=(*inputs.warnings, *fold_warnings),
+    )
 
 
 def _check_classes(dataset: Dataset, source: str) -> None:
@@ -149,3 +218,132 @@ def check_ray_address(address: str, *, source: str = "--address") -> None:
     except OSError as exc:
         raise InputError(f"{source}: no Ray cluster answers at {address!r}: "
                          f"{exc.strerror or exc}") from None
+
+
+def _check_batch_fits_folds(spec: SweepSpec, space: SearchSpace, folds: FoldPlan) -> None:
+    smallest = min(len(fold.train) for fold in folds.folds)
+    largest = space.largest_value("batch_size")
+    if largest is not None and largest > smallest:
+        raise SpecError(f"{spec.source_path}: search.space.batch_size must be <= the smallest training fold "
+                        f"({smallest} samples), got {largest}")
+
+
+# The real samples the default model's outputs are checked on against its loss.
+HEAD_CHECK_SAMPLES = 64
+
+
+def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, source: str) -> None:
+    """The model takes the dataset's samples (built on their shape when it declares no input),
+    its outputs are what its loss reads them as, and it has an output for every label of ``y``
+    and ``y_test`` (labels 0 and 1 for a one-unit binary head)."""
+    expected = experiment.input_shape
+    if expected is not None and (len(expected) != len(dataset.input_shape) or any(
+            want is not None and want != have for want, have in zip(expected, dataset.input_shape))):
+        raise DataError(
+            f"dataset: samples of {source!r} have shape {dataset.input_shape}, but the model of "
+            f"{spec.experiment} expects inputs of shape {tuple(expected)}")
+    head = experiment.head(dataset.x[:HEAD_CHECK_SAMPLES], train=spec.train, labels=dataset.y[:HEAD_CHECK_SAMPLES])
+    for name, labels in (("y", dataset.y), ("y_test", dataset.y_test)):
+        if labels is None:
+            continue
+        if head.loss.regression:
+            _check_targets_fit_outputs(spec, head, labels, name, source)
+        elif head.loss.per_position:
+            _check_positions_fit_outputs(spec, head, labels, name, source)
+        elif head.loss.binary:
+            others = sorted(set(np.unique(labels).tolist()) - {0, 1})
+            if others:
+                raise DataError(
+                    f"dataset: {name} of {source!r} has labels {sorted(np.unique(labels).tolist())}, but the "
+                    f"model of {spec.experiment} has one output unit, a binary classifier of labels 0 and 1 "
+                    f"(got {others[:10]} besides): for {int(labels.max()) + 1} classes end the model in "
+                    f"Dense({int(labels.max()) + 1}, activation='softmax')")
+        elif int(labels.max()) >= head.units:
+            raise DataError(
+                f"dataset: labels of {source!r} go up to {int(labels.max())}, but the model of {spec.experiment} "
+                f"has only {head.units} outputs (in {name})")
+    if head.loss.per_position and spec.train.class_weight is not None:
+        raise SpecError(f"{spec.source_path}: train.class_weight is not yet applied to labels per position (a padded "
+                        f"position's label indexes no weight): drop it, got {spec.train.class_weight!r}")
+    if head.loss.regression and spec.train.class_weight is not None:
+        raise SpecError(f"{spec.source_path}: train.class_weight weighs classes, and {source!r} holds float "
+                        f"(regression) targets, which have none: drop it, got {spec.train.class_weight!r}")
+    _check_objective_computed(spec, head.scorers, classifier=not head.loss.regression)
+    _check_replicas_fit(spec, head.parameters)
+
+
+def _check_positions_fit_outputs(spec: SweepSpec, head: Any, labels: np.ndarray, name: str, source: str) -> None:
+    """Labels per position fill the model's output but its class axis, are classes of it, and are
+    negative only where the loss ignores them (``ignore_class``)."""
+    loss = head.loss
+    target, output = tuple(labels.shape[1:]), tuple(head.output_shape)
+    if target != output[:-1]:
+        raise DataError(
+            f"dataset: {name} of {source!r} holds integer labels of shape {target} per sample (one per position), but "
+            f"the model of {spec.experiment} outputs shape {output} per sample and its loss {loss.describe()} wants a "
+            f"label for each of its leading axes {output[:-1]} (its last axis, {output[-1]}, are the classes): "
+            "make the two agree")
+    kept = labels[labels != loss.ignore_class] if loss.ignore_class is not None else labels
+    if kept.size and kept.min() < 0:
+        raise DataError(
+            f"dataset: {name} of {source!r} has negative labels per position (e.g. {int(kept.min())}) that its loss "
+            f"{loss.describe()} does not ignore: padded positions need "
+            f"keras.losses.SparseCategoricalCrossentropy(ignore_class={int(kept.min())})")
+    if kept.size and int(kept.max()) >= head.units:
+        raise DataError(f"dataset: labels of {source!r} go up to {int(kept.max())}, but the model of {spec.experiment} "
+                        f"has only {head.units} outputs per position (in {name})")
+
+
+def _check_targets_fit_outputs(spec: SweepSpec, head: Any, targets: np.ndarray, name: str, source: str) -> None:
+    """Float targets of one sample have the shape of the model's output for it, or one axis less
+    against a last axis of 1 (a target per sample against Dense(1), as Keras' losses take it)."""
+    target, output = tuple(targets.shape[1:]), tuple(head.output_shape)
+    if target == output or (target + (1,)) == output:
+        return
+    raise DataError(
+        f"dataset: {name} of {source!r} holds float (regression) targets of shape {target} per sample, but the model "
+        f"of {spec.experiment} outputs shape {output} per sample and its loss {head.loss.describe()} compares the two "
+        f"element by element: end the model in Dense({int(np.prod(target)) if target else 1}) (reshaped to {target or '(1,)'}), "
+        "or store targets of its output's shape")
+
+def _check_objective_computed(spec: SweepSpec, scorers: Sequence[Any], *, classifier: bool = True) -> None:
+    """``train.metric`` (and an early stopping monitor) is a scalar score the model computes."""
+    from pipeline.inputs.scoring import objective_problem
+
+    train = spec.train
+    for scorer in scorers:
+        if not scorer.scalar:
+            raise ExperimentError(
+                f"experiment: the model of {spec.experiment} compiles the metric {scorer.name}, which gives several "
+                "values per fold (one per class, as F1Score(average=None)); foldsweep records one value per metric "
+                "and fold: compile it with average='macro' or 'weighted', or drop it")
+    watched = [("train", train.metric, train.mode)]
+    if train.early_stopping is not None:
+        watched.append(("train.early_stopping", train.early_stopping.monitor, train.early_stopping.objective.mode))
+    for section, metric, mode in watched:
+        problem = objective_problem(metric, mode, scorers, classifier=classifier)
+        if problem:
+            key, rule = problem
+            key = "monitor" if section != "train" and key == "metric" else key
+            raise SpecError(f"{spec.source_path}: {section}.{key} {rule}, got {metric!r}")
+
+
+# float32 weights, their gradients and two optimizer slots (Adam's moments): what each replica
+# of a trial holds at the least, whatever its batch.
+BYTES_PER_PARAMETER = 4 * 4
+
+
+def _check_replicas_fit(spec: SweepSpec, parameters: int) -> None:
+    """A trial trains all ``cv.n_repeats x cv.n_splits`` replicas at once: refuse a count whose
+    models alone (the default model's size) would not fit in the memory a trial has."""
+    from pipeline.engine.runtime import memory_per_trial_mb
+
+    cv, resources = spec.cv, spec.resources
+    budget = memory_per_trial_mb(cpus=resources.cpu, gpus=resources.gpu, max_concurrent=resources.max_concurrent)
+    needed_mb = cv.replicas * parameters * BYTES_PER_PARAMETER / 2**20
+    if budget is not None and needed_mb > budget[0]:
+        raise SpecError(
+            f"{spec.source_path}: cv.n_repeats: {cv.n_repeats} repeats x {cv.n_splits} folds = {cv.replicas:,} "
+            f"replicas of the default model ({parameters:,} parameters) need at least {needed_mb:,.0f} MiB of "
+            f"weights, gradients and optimizer state per trial, more than the {budget[0]:,} MiB a trial has "
+            f"({budget[1]}); lower cv.n_repeats, got {cv.n_repeats}")

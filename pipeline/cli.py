@@ -6,7 +6,6 @@ Exit codes: 0 the command did its job (a sweep whose trials partly failed still 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shlex
@@ -82,14 +81,13 @@ def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
 @exit_codes
 def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None:
     """Check a spec completely (keys, types, ranges, experiment, data, folds) without running it."""
-    from pipeline.checks import check_inputs
+    from pipeline.checks import check_inputs, prepare
     from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
     inputs = check_inputs(sweep_spec)
     import_tensorflow()
     from pipeline.engine.runtime import hide_gpus
-    from pipeline.sweep import prepare
 
     hide_gpus()  # as a sweep's driver: a check needs no GPU, and takes none from a sweep running there
     prepared = prepare(sweep_spec, inputs=inputs)
@@ -255,7 +253,7 @@ def run(
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
     started_at = time.time()  # the sweep's time account starts here (the interpreter took ~0.1 s before)
-    from pipeline.checks import check_inputs
+    from pipeline.checks import check_inputs, prepare
     from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
@@ -281,7 +279,7 @@ def run(
     from pipeline.contract.results import TrialStatus
     from pipeline.records.report import (Standings, leaderboard_table, selected_epoch, selected_score, short_run_id,
                                          status_text)
-    from pipeline.sweep import prepare, run_sweep
+    from pipeline.sweep import run_sweep
 
     prepared = prepare(sweep_spec, inputs=inputs)
     doing.done()
@@ -419,7 +417,7 @@ def trial(
     from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides, parse_assignments,
                                 planned_epochs, single_config, spec_threads)
     from pipeline.rerun import profile_epoch as check_profile_epoch
-    from pipeline.checks import check_inputs
+    from pipeline.checks import check_inputs, prepare
     from pipeline.inputs.spec import load_spec
 
     sweep_spec = load_spec(spec)
@@ -428,7 +426,6 @@ def trial(
     inputs = check_inputs(sweep_spec)
     import_tensorflow()
     from pipeline.base.private_hooks import TRAINING_LIBRARIES
-    from pipeline.sweep import prepare
     from pipeline.engine.trial import configure_tensorflow
 
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
@@ -694,6 +691,7 @@ def ui(
 
     from pipeline.base.errors import TrackingError
     from pipeline.base.private_hooks import require_hooks
+    from pipeline.base.processes import stop_process_tree
     from pipeline.records.report import split_params
     from pipeline.records.stores import check_tracking_uri
     from pipeline.records.tracking import Tracker
@@ -788,54 +786,6 @@ def _wait_until_answering(server: subprocess.Popen, url: str, *, deadline_s: flo
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the MLflow UI server did not answer at {url} within {deadline_s:g} s; "
                                    "stopped it") from None
-
-
-def stop_process_tree(pid: int, *, grace_s: float = 10.0) -> None:
-    """SIGTERM a process group and every process descended from its leader (one that started a
-    session of its own too), then SIGKILL what is left after ``grace_s``."""
-    import time
-
-    family = [pid, *_descendants(pid)]
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    for member in family:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(member) for member in family):
-        time.sleep(0.1)
-    for member in family:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (children, their children...), from /proc."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(parent, []).append(int(entry.name))
-    found, frontier = [], [pid]
-    while frontier:
-        children = parents.get(frontier.pop(), [])
-        found += children
-        frontier += children
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def main() -> None:  # pragma: no cover - entry point for `python -m pipeline.cli`

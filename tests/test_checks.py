@@ -55,8 +55,9 @@ def test_grouped_data_split_without_its_groups_is_refused_before_anything_runs(w
 
 
 def test_groups_ignored_on_purpose_are_accepted_and_recorded_with_the_sweep(tmp_path):
+    from pipeline.checks import prepare
     from pipeline.records.tracking import Tracker
-    from pipeline.sweep import _sweep_params, prepare
+    from pipeline.sweep import _sweep_params
 
     spec = load_spec(grouped_workspace(tmp_path, {"splitter": "stratified", "groups": "ignore"}))
     prepared = prepare(spec)

@@ -248,7 +248,7 @@ def _keras_fit(spec: Path, build) -> Fitted:
 
     from pipeline.inputs.hypermodel import build_model
     from pipeline.inputs.spec import load_spec
-    from pipeline.sweep import prepare
+    from pipeline.checks import prepare
     from pipeline.engine.training import epoch_order, fold_seed
 
     prepared = prepare(load_spec(spec))
@@ -288,7 +288,7 @@ def foldsweep_stacked(spec: Path, builder: str) -> tuple[Fitted, Any]:
     from pipeline.engine.trainer import build_trainer
     from pipeline.inputs.hypermodel import load_builder
     from pipeline.inputs.spec import load_spec
-    from pipeline.sweep import prepare
+    from pipeline.checks import prepare
 
     prepared = prepare(load_spec(spec))
     recipe = TrainingRecipe.from_spec(prepared.spec)
@@ -308,7 +308,7 @@ def assert_stacked_forward_is_each_folds_own(trainer, spec: Path) -> None:
     generator states, loss terms) equals each one's own, on each fold's first training batch."""
     from pipeline.engine.stacked import forward_mismatch
     from pipeline.inputs.spec import load_spec
-    from pipeline.sweep import prepare
+    from pipeline.checks import prepare
 
     prepared = prepare(load_spec(spec))
     batches = [prepared.dataset.x[fold.train[:BATCH]] for fold in prepared.folds.folds]
@@ -364,7 +364,7 @@ def keras_fold_fits(spec: Path, builder: str, *, cast=None, validate: bool = Fal
 
     from pipeline.inputs.hypermodel import build_model, load_builder
     from pipeline.inputs.spec import load_spec
-    from pipeline.sweep import prepare
+    from pipeline.checks import prepare
     from pipeline.engine.training import epoch_order, fold_seed
 
     prepared = prepare(load_spec(spec))
@@ -432,7 +432,7 @@ def test_class_weights_train_as_keras_fit_class_weight(workspace, threads_kept):
     training loss (weighted) and the validation loss (unweighted) per fold land where Keras' own
     land; fit without the weights trains a loss far from it."""
     from pipeline.inputs.spec import load_spec
-    from pipeline.sweep import prepare
+    from pipeline.checks import prepare
 
     spec = spec_for(workspace, "sigmoid", class_weight=CLASS_WEIGHT)
     result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,8 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import REPO, TINY_SPEC, Replace, answers, free_port, merged, sweep_runs
-from pipeline.cli import _alive, _descendants, app
+from pipeline.base.processes import descendants, running, wait_until_ended
+from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e
 
@@ -159,17 +159,13 @@ def test_sigterm_stops_the_ui_and_everything_it_started(tmp_path):
         printed = ui.stdout.readline()
         # The address the line gives opens at once: it is printed once the server answers.
         assert answers(re.search(r" at (http://127\.0\.0\.1:\d+\S*)", printed).group(1)), printed
-        family = _descendants(ui.pid)
+        family = descendants(ui.pid)
         assert family, "the UI runs in a server process of its own"
-        commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in family
-                    if _alive(pid)]
+        commands = [" ".join(process.cmdline()) for process in family if running(process)]
         assert not [command for command in commands if "huey" in command or "job" in command], commands
         ui.send_signal(signal.SIGTERM)
         assert ui.wait(timeout=60) == 0
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_alive(pid) for pid in family):
-            time.sleep(0.2)
-        assert not [pid for pid in family if _alive(pid)]
+        assert wait_until_ended(family, timeout_s=30) == []
         assert answers(f"http://127.0.0.1:{port}/health") is None
     finally:
         if ui.poll() is None:

@@ -1,0 +1,67 @@
+"""Stopping a tree of processes (a server and the workers it started), on psutil.
+
+A process that has ended but not yet been waited for by its parent (a zombie) counts as ended:
+it holds no memory or port, and only its parent can remove it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+import psutil
+
+# How often the wait for a tree to end looks again for processes that have become zombies, which
+# psutil's wait takes for running when they are not this process's children.
+ZOMBIE_CHECK_S = 0.1
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every live process below ``pid`` (children, their children...); none if ``pid`` is gone."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def running(process: psutil.Process) -> bool:
+    """``process`` has not ended (the same process: its pid taken by a new one does not count)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stop_process_tree(pid: int, *, grace_s: float = 10.0) -> list[psutil.Process]:
+    """SIGTERM the process group ``pid`` leads and every process descended from ``pid`` (one that
+    started a session of its own too), then SIGKILL those still running after ``grace_s``.
+
+    Returns the processes that had to be killed (SIGKILL is sent, not waited for). A child of
+    this process that ends in time is reaped here: its ``Popen.wait()`` then returns 0.
+    """
+    try:
+        family = [psutil.Process(pid), *descendants(pid)]
+    except psutil.NoSuchProcess:  # the leader has ended: its group may not have
+        family = []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    for member in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.terminate()
+    survivors = wait_until_ended(family, timeout_s=grace_s)
+    for member in survivors:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+    return survivors
+
+
+def wait_until_ended(processes: list[psutil.Process], *, timeout_s: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running after ``timeout_s`` at most (sooner once none is)."""
+    deadline = time.monotonic() + timeout_s
+    waiting = [process for process in processes if running(process)]
+    while waiting and (left := deadline - time.monotonic()) > 0:
+        _, still = psutil.wait_procs(waiting, timeout=min(left, ZOMBIE_CHECK_S))
+        waiting = [process for process in still if running(process)]
+    return waiting

@@ -1,0 +1,90 @@
+"""Stopping a process tree: every process below the leader ends, one in a session of its own
+too, by SIGTERM when it obeys and SIGKILL after the grace period when it does not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import psutil
+import pytest
+
+from pipeline.base.processes import descendants, running, stop_process_tree, wait_until_ended
+
+# A shell leading a session of its own, with three sleeping children: one in its group, one in a
+# session of its own (out of reach of the group's SIGTERM), one in its group that ignores SIGTERM
+# when asked to. Each prints its pid once it is ready (in its session, ignoring SIGTERM).
+TREE = """
+sleep 300 & echo "grouped $!"
+setsid sh -c 'echo "own_session $$"; exec sleep 300' &
+( [ "$1" = stubborn ] && trap '' TERM; echo "maybe_stubborn $BASHPID"; exec sleep 300 ) &
+wait
+"""
+
+
+def start_tree(kind: str) -> tuple[subprocess.Popen, dict[str, int]]:
+    """The leader and its children's pids by name (they print them in any order)."""
+    leader = subprocess.Popen(["bash", "-c", TREE, "tree", kind], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    children = dict(leader.stdout.readline().split() for _ in range(3))
+    return leader, {name: int(pid) for name, pid in children.items()}
+
+
+@pytest.fixture
+def tree(request):
+    """(the leader, its children's pids by name); whatever a failed test leaves is killed."""
+    leader, children = start_tree(request.param)
+    yield leader, children
+    for pid in [leader.pid, *children.values()]:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+    leader.wait(timeout=30)
+
+
+def still_running(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that have not ended once SIGKILL has had up to 30 s to land (an orphan
+    ended counts: the machine's init may take seconds to remove it)."""
+    processes = []
+    for pid in pids:
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    return [process.pid for process in wait_until_ended(processes, timeout_s=30)]
+
+
+@pytest.mark.parametrize("tree", ["obedient"], indirect=True)
+def test_the_whole_tree_ends_by_sigterm_one_in_a_session_of_its_own_too(tree):
+    leader, children = tree
+    found = descendants(leader.pid)
+    assert sorted(process.pid for process in found) == sorted(children.values())
+    assert {name: os.getsid(pid) == leader.pid for name, pid in children.items()} == {
+        "grouped": True, "own_session": False, "maybe_stubborn": True}
+
+    killed = stop_process_tree(leader.pid)
+
+    assert killed == []
+    assert still_running([leader.pid, *children.values()]) == []
+    assert not any(running(process) for process in found)
+
+
+@pytest.mark.parametrize("tree", ["stubborn"], indirect=True)
+def test_what_ignores_sigterm_is_killed_after_the_grace_period(tree):
+    leader, children = tree
+    stubborn = children["maybe_stubborn"]
+
+    # The others end by SIGTERM well within the grace period, even on a loaded machine.
+    killed = stop_process_tree(leader.pid, grace_s=2)
+
+    assert [process.pid for process in killed] == [stubborn]
+    assert still_running([leader.pid, *children.values()]) == []
+
+
+def test_a_tree_already_gone_is_left_alone():
+    leader = subprocess.Popen(["true"])
+    process = psutil.Process(leader.pid)
+    leader.wait(timeout=30)
+    assert descendants(leader.pid) == []
+    assert not running(process)
