@@ -25,7 +25,7 @@ from pipeline.records.tracking import Tracker
 
 if TYPE_CHECKING:
     from pipeline.engine.profile import EpochProfile
-    from pipeline.engine.training import StoppedCall
+    from pipeline.engine.fold_engine import StoppedCall
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class NumericsPart(Enum):
 
     LAYER = "layer"  # the forward pass of one of the model's layers
     LAYER_GRADIENT = "layer gradient"  # the backward pass through one of its layers
-    GRADIENT_NORM = "gradient norm"  # foldsweep's own health check of the step (``pipeline.engine.training``)
+    GRADIENT_NORM = "gradient norm"  # foldsweep's own health check of the step (``pipeline.engine.fold_engine``)
     OUTSIDE = "outside"  # none of these: the loss, a regularizer, the optimizer's update...
 
 

@@ -99,7 +99,7 @@ def fold_models(case: Case) -> list[Any]:
 def finding(name: str, *, fold: int, epoch: int = 2, step: int = 5, skip: tuple[str, ...] = ()):
     """The finding of case ``name``'s text, stopped in fold ``fold``'s model, whose gradient norm adds
     up every trainable variable's gradient but those named in ``skip`` (None gradients)."""
-    from pipeline.engine.training import StoppedCall
+    from pipeline.engine.fold_engine import StoppedCall
     from pipeline.rerun import numerics_finding
 
     model = fold_models(CASES[name])[fold]
@@ -192,7 +192,7 @@ def test_the_fold_engine_keeps_the_variables_its_gradient_norm_adds_up():
     import keras
 
     from pipeline.engine.resident import resident_data
-    from pipeline.engine.training import FoldEngine
+    from pipeline.engine.fold_engine import FoldEngine
     from pipeline.inputs.folds import Fold
 
     model = fold_models(CASES["none_gradient"])[0]

@@ -20,7 +20,7 @@ from pipeline.contract.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES, 
 from pipeline.engine.trainer import build_trainer
 from pipeline.engine.recipe import TrainingRecipe
 from pipeline.engine.runtime import threads_in_effect
-from pipeline.engine.training import fold_seed
+from pipeline.engine.fold_engine import fold_seed
 
 pytestmark = pytest.mark.training  # every test trains fold models
 
@@ -129,7 +129,7 @@ def test_a_loss_of_the_researchers_own_is_traced_as_keras_fit_traces_it(data_and
     import keras
     import tensorflow as tf
 
-    from pipeline.engine.training import FoldEngine
+    from pipeline.engine.fold_engine import FoldEngine
     from pipeline.inputs.losses import TrainingLoss
 
     def loss(y_true, y_pred):

@@ -6,7 +6,7 @@ here.
 
 Two moments: ``plan_threads`` before TensorFlow starts (thread pools cannot change afterwards),
 ``plan_trial`` once the fold models exist (XLA, unrolling and layout depend on the model). The
-engines (``pipeline.engine.training``, ``pipeline.engine.fused``, ``pipeline.engine.stacked``) only execute a
+engines (``pipeline.engine.sequential``, ``pipeline.engine.side_by_side``, ``pipeline.engine.stacked``) only execute a
 ``TrialPlan``; the plan is recorded with the trial (tags and ``trial_plan.json``), so that a
 rerun can execute exactly what the trial executed.
 

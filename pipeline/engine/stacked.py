@@ -4,7 +4,7 @@ by one XLA program per step, as horizontally fused training arrays (HFTA) do.
 Why: at small batches a CPU step costs mostly a fixed price per compiled kernel, not arithmetic
 (the MNIST-1D CNN's step runs ~120 kernels; 234 us at batch 2 against 308 us at batch 8, one
 thread). Stacked, each kernel runs once for all k folds: 3 folds on one core trained 1.4x faster
-than one fold after another (#9). Side-by-side loops (``pipeline.engine.fused``) do better once a trial
+than one fold after another (#9). Side-by-side loops (``pipeline.engine.side_by_side``) do better once a trial
 has a core per fold loop, so ``pipeline.contract.plan`` stacks for trials with one compute thread, or a GPU.
 
 The researcher's ``build(hp)`` model is not rewritten: its graph is walked (``Functional``'s own
@@ -39,7 +39,7 @@ from pipeline.engine import draws
 from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams
-from pipeline.engine.training import (EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step,
+from pipeline.engine.fold_engine import (EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step,
                                       traced_once)
 
 STACKED_LAYERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.BatchNormalization,

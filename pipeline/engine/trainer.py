@@ -20,7 +20,7 @@ from pipeline.base import compile_cache
 from pipeline.base.accelerator import GpuIdentity, UnknownGpu, deterministic_ops, gpu_identity
 from pipeline.base.compile_cache import CacheCounts, CompileCache, content_names
 from pipeline.inputs.folds import Fold
-from pipeline.engine.fused import FusedFolds
+from pipeline.engine.side_by_side import SideBySideFolds
 from pipeline.inputs.hypermodel import build_model, output_units
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.contract.plan import RandomDraws, StackedConvolutions, TrialPlan, plan_differences, plan_trial
@@ -31,7 +31,8 @@ from pipeline.contract.results import (COMPILE_S, EVAL_S, GAP_S, SETUP_S, TRAIN_
                                        FoldThroughput, NanEvent, NanReport, Throughput)
 from pipeline.engine.runtime import tf32_in_effect, threads_in_effect
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe
-from pipeline.engine.training import CallTimer, FoldEngine, FoldExecutor, SequentialFolds, StoppedCall, fold_seed
+from pipeline.engine.fold_engine import CallTimer, FoldEngine, FoldExecutor, StoppedCall, fold_seed
+from pipeline.engine.sequential import SequentialFolds
 
 
 @dataclass
@@ -293,7 +294,7 @@ def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingPa
                             steps_per_launch=plan.steps_per_launch, stop_test=plan.stop_test,
                             convolutions=plan.stacked_convolutions)
     if plan.layout == "side_by_side":
-        return FusedFolds(engines)
+        return SideBySideFolds(engines)
     return SequentialFolds(engines)
 
 

@@ -11,7 +11,7 @@ arguments). foldsweep never asks the researcher to change it:
   asked for;
 - a model with no declared input (a ``Sequential`` without ``Input``, a subclassed model) is
   built on the dataset's sample shape;
-- a model the hypermodel compiled keeps its optimizer and loss (``pipeline.engine.training`` makes each
+- a model the hypermodel compiled keeps its optimizer and loss (``pipeline.engine.recipe`` makes each
   fold its own copy); an uncompiled one gets foldsweep's;
 - a ``HyperModel.fit`` that passes ``batch_size``/``epochs``/``shuffle`` to ``model.fit`` is read
   once with a recording model: those become foldsweep's, and an ``EarlyStopping`` callback its

@@ -6,8 +6,9 @@ step, a whole epoch runs as one execution (a loop inside one ``tf.function``, wh
 ``steps_per_execution`` = steps per epoch), there are no per-batch callbacks, the step is
 XLA-compiled where the trial's plan says so, and several steps can be unrolled into one compiled
 launch (``pipeline.contract.plan`` decides both). A ``FoldExecutor`` trains a trial's engines one epoch at
-a time: ``SequentialFolds`` here, one after another; ``pipeline.engine.fused`` side by side in one
-execution; ``pipeline.engine.stacked`` stacked into one XLA program.
+a time, in the plan's layout: ``pipeline.engine.sequential`` one after another,
+``pipeline.engine.side_by_side`` side by side in one execution, ``pipeline.engine.stacked`` stacked
+into one XLA program.
 """
 
 from __future__ import annotations
@@ -357,7 +358,7 @@ class FoldEngine:
         else:
             self._train_epoch = tf.function(train_epoch, autograph=False)
             self._evaluate_batch = tf.function(evaluate_batch, reduce_retracing=True, autograph=False)
-        # The uncompiled epoch loop (its steps compiled), for ``pipeline.engine.fused`` to run
+        # The uncompiled epoch loop (its steps compiled), for ``pipeline.engine.side_by_side`` to run
         # several folds' loops in one execution.
         self.epoch_loop = train_epoch
 
@@ -449,16 +450,6 @@ class FoldExecutor(Protocol):
     def train_epoch(self, epoch: int, live: tuple[int, ...]) -> dict[int, float]:
         """Train the engines at positions ``live`` one epoch; returns their mean training loss."""
         ...
-
-
-class SequentialFolds:
-    """The unfused layout: each fold's compiled epoch loop, one after another."""
-
-    def __init__(self, engines: Sequence[FoldEngine]):
-        self._engines = list(engines)
-
-    def train_epoch(self, epoch: int, live: tuple[int, ...]) -> dict[int, float]:
-        return {i: self._engines[i].train_epoch(epoch) for i in live}
 
 
 def close_shared_epoch(engines: Sequence[FoldEngine], live: tuple[int, ...], epoch: int, seconds: float,
