@@ -198,7 +198,7 @@ def measure_apart(part: str, quick: bool, environment: dict[str, str] | None = N
 
 
 def run_part(part: str, quick: bool) -> None:
-    from pipeline.engine.trial import configure_tensorflow
+    from pipeline.engine.runner import configure_tensorflow
     from pipeline.contract.plan import ThreadPlan
 
     configure_tensorflow(gpus=1, threads=ThreadPlan(intra_op=0, inter_op=0))

@@ -340,7 +340,7 @@ def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[
     the plan's differences), then ``on_epoch`` with each epoch's report, and ``on_profile`` with
     the profiled epoch's (``request.profile_epoch``). Returns (status, numerics finding, last
     report)."""
-    from pipeline.engine.trial import TrialRunner, TrialSettings, set_up_worker
+    from pipeline.engine.runner import TrialRunner, TrialSettings, set_up_worker
 
     started = request.started if request.started is not None else time.perf_counter()
     eager, check_numerics, replay = request.eager, request.check_numerics, request.replay

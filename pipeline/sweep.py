@@ -30,7 +30,7 @@ from pipeline.contract.results import (BEST_EPOCH, RUNNING_BEST_PREFIX, WORKER_R
                               TrialStatus)
 from pipeline.records.stores import sqlite_path
 from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
-from pipeline.engine.trial import TrialSettings
+from pipeline.engine.runner import TrialSettings
 
 RAY_RESULTS_DIR = "ray_results"
 
@@ -339,7 +339,7 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
     an MLflow callback."""
     from ray import tune
 
-    from pipeline.engine.trial import FoldTrainable
+    from pipeline.engine.trainable import FoldTrainable
     from pipeline.records.callbacks import MlflowTrialCallback
 
     spec = prepared.spec

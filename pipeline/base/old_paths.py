@@ -25,7 +25,8 @@ OLD_PATHS: dict[str, tuple[str, ...]] = {
        for name in ("spec", "space", "hypermodel", "losses", "datasets", "protein", "folds")},
     **{f"pipeline.{name}": (f"pipeline.contract.{name}",) for name in ("plan", "results")},
     **{f"pipeline.{name}": (f"pipeline.engine.{name}",)
-       for name in ("trial", "trainer", "stacked", "resident", "runtime", "lifespan", "stopping")},
+       for name in ("trainer", "stacked", "resident", "runtime", "lifespan", "stopping")},
+    "pipeline.trial": ("pipeline.engine.runner", "pipeline.engine.trainable"),
     "pipeline.fused": ("pipeline.engine.side_by_side",),
     "pipeline.training": ("pipeline.engine.fold_engine", "pipeline.engine.sequential", "pipeline.engine.recipe"),
     **{f"pipeline.{name}": (f"pipeline.records.{name}",)
@@ -34,6 +35,7 @@ OLD_PATHS: dict[str, tuple[str, ...]] = {
     # the engine's modules named after the fold layouts (#54)
     "pipeline.engine.fused": ("pipeline.engine.side_by_side",),
     "pipeline.engine.training": ("pipeline.engine.fold_engine", "pipeline.engine.sequential"),
+    "pipeline.engine.trial": ("pipeline.engine.runner", "pipeline.engine.trainable"),
 }
 # Names that changed with their module: old module -> {old name: its name now}.
 OLD_NAMES: dict[str, dict[str, str]] = {
