@@ -23,7 +23,12 @@ from pipeline.base.accelerator import GpuIdentity
 from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
 from pipeline.inputs.spec import AutoSwitch
 
-Layout = Literal["unfused", "side_by_side", "stacked"]
+# How a trial's folds train: one after another, or fused (all in one execution): side by side,
+# each in its own loop, or stacked into one XLA program (``pipeline.engine.<layout>`` executes it).
+Layout = Literal["sequential", "side_by_side", "stacked"]
+# Plans recorded before the layouts were named after their executors (#54) called one after
+# another "unfused".
+OLD_LAYOUTS: Mapping[str, Layout] = {"unfused": "sequential"}
 ForcedLayout = Literal["auto", "stacked", "side_by_side"]
 # Whose random numbers a model's random layers draw in training: none (no random layer), Keras'
 # own generator, or foldsweep's counter-based hash (pipeline.engine.draws), which XLA compiles
@@ -31,7 +36,7 @@ ForcedLayout = Literal["auto", "stacked", "side_by_side"]
 RandomDraws = Literal["none", "keras", "counter"]
 ForcedDraws = Literal["auto", "keras", "counter"]
 # When the host reads a fold's tally to leave its epoch early: before every launch (a step that
-# fails ends the epoch's loop; the unfused and side-by-side step applies its update under a
+# fails ends the epoch's loop; the sequential and side-by-side step applies its update under a
 # tf.cond), or once, at the end of the epoch (every step's update is masked instead, so that a
 # fold that failed keeps its weights, optimizer and layer state through the steps that follow).
 StopTest = Literal["per_launch", "per_epoch"]
@@ -166,7 +171,9 @@ class TrialPlan:
 
     @property
     def fused(self) -> bool:
-        return self.layout != "unfused"
+        """Whether the folds train in one execution (side by side or stacked): ``train.fused``'s
+        word, recorded as the tag ``foldsweep.fused``."""
+        return self.layout != "sequential"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,7 +181,8 @@ class TrialPlan:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrialPlan:
         gpu = values.get("gpu")
-        return cls(**{**values, "threads": ThreadPlan(**values["threads"]), "gpu": GpuIdentity(**gpu) if gpu else None})
+        return cls(**{**values, "layout": OLD_LAYOUTS.get(values["layout"], values["layout"]),
+                      "threads": ThreadPlan(**values["threads"]), "gpu": GpuIdentity(**gpu) if gpu else None})
 
 
 def plan_threads(choices: ExecutionChoices, *, cpus: float, n_folds: int) -> ThreadPlan:
@@ -219,7 +227,7 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
     convolutions: StackedConvolutions = STACKED_CONVOLUTIONS_ON_GPU if on_gpu else "patches"
     unfused = _unfused_reason(choices, n_folds=len(models), shared_variables=shared_variable_count(models))
     if unfused is not None:
-        layout, reason = "unfused", unfused
+        layout, reason = "sequential", unfused
     else:
         fused = f"fused: {len(models)} folds in one execution" + (" (train.fused is true)" if choices.fused == "on"
                                                                      else "")
@@ -245,7 +253,7 @@ def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: 
     return ExecutionChoices(
         jit_compile="off" if eager or check_numerics else ("on" if recorded.jit_compile else "off"),
         fused="on" if recorded.fused else "off", steps_per_launch=recorded.steps_per_launch,
-        layout="auto" if recorded.layout == "unfused" else recorded.layout, eager=eager,
+        layout="auto" if recorded.layout == "sequential" else recorded.layout, eager=eager,
         check_numerics=check_numerics,
         random_draws="auto" if recorded.random_draws == "none" else recorded.random_draws)
 
@@ -254,7 +262,7 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
     """What of ``now`` may make a trial walk another trajectory than ``recorded`` did.
 
     One fold alone or side by side with others runs the same compiled steps on the same thread
-    pools, so unfused against side by side is no difference; stacked folds are one XLA program
+    pools, so sequential against side by side is no difference; stacked folds are one XLA program
     whose float rounding differs from a fold's own.
     """
     differences = []
