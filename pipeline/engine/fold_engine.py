@@ -45,6 +45,50 @@ def fold_seed(trial_seed: int, fold: int) -> int:
     return int(np.random.SeedSequence([trial_seed, fold]).generate_state(1)[0])
 
 
+class EpochTally(NamedTuple):
+    """What a fold's training steps of an epoch add up to: the summed loss over trained samples,
+    the samples trained, the step that failed (-1 while none has) and the last good step's loss
+    and gradient norm. Tensors inside the compiled epoch (each with a fold axis when the folds
+    are stacked), a nest TensorFlow carries through its loops and returns; Python numbers once
+    the epoch has returned (``numbers``)."""
+
+    loss_sum: Any
+    trained: Any
+    failed_at: Any
+    last_loss: Any
+    last_norm: Any
+
+    @classmethod
+    def start(cls, n_folds: int | None = None) -> EpochTally:
+        """An epoch's tally before its first step, inside the compiled epoch: one fold's, or
+        ``n_folds`` stacked folds'. Zeros, not NaN, for the last loss and norm, so that
+        TensorFlow's numeric checking (rerun --check-numerics) only ever stops at a value the
+        model produced. (Two forms, the ops each program has been traced with: its ops are its
+        compile-cache key.)"""
+        import tensorflow as tf
+
+        if n_folds is None:
+            return cls(tf.constant(0.0), tf.constant(0), tf.constant(-1), tf.constant(0.0), tf.constant(0.0))
+        zeros = tf.zeros([n_folds])
+        return cls(zeros, tf.zeros([n_folds], tf.int32), -tf.ones([n_folds], tf.int32), zeros, zeros)
+
+    @property
+    def failed(self) -> Any:
+        """Whether a step failed (per fold, stacked), inside the compiled epoch."""
+        return self.failed_at >= 0
+
+    @property
+    def intact(self) -> Any:
+        """Whether no step has failed yet (per fold, stacked), inside the compiled epoch."""
+        return self.failed_at < 0
+
+    def numbers(self, fold: int | None = None) -> EpochTally:
+        """The tally a compiled epoch returned, as Python numbers (of one ``fold`` of stacked folds')."""
+        values = [np.asarray(value) if fold is None else np.asarray(value)[fold] for value in self]
+        loss_sum, trained, failed_at, last_loss, last_norm = values
+        return EpochTally(float(loss_sum), int(trained), int(failed_at), float(last_loss), float(last_norm))
+
+
 class FoldSteps(NamedTuple):
     """One fold's training launch and evaluation, uncompiled (``fold_steps``)."""
 
@@ -135,7 +179,7 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         # each adding to the epoch's tally inside the launch. Once a step fails, the steps after
         # it in the launch apply nothing.
         for j in range(batches.shape[0]):
-            active = tally[2] < 0
+            active = tally.intact
             value, norm, healthy = step(batches[j], active)
             tally = tally_step(tally, step=first_step + j, loss=value, norm=norm, healthy=healthy, active=active,
                                samples=batches.shape[1])
@@ -168,12 +212,8 @@ def _masked_update(optimizer: keras.optimizers.Optimizer, gradients: Sequence[An
         variable.assign(tf.where(applied, variable.value, before))
 
 
-def _failed(tally: Any) -> Any:
-    return tally[2] >= 0
-
-
-def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: Any, *, steps_per_launch: int,
-                stopped: Callable[[Any], Any] | None) -> Any:
+def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: EpochTally, *, steps_per_launch: int,
+                stopped: Callable[[EpochTally], Any] | None) -> EpochTally:
     """An epoch's training steps as one graph loop (inside the epoch's ``tf.function``):
     ``steps_per_launch`` of them per compiled launch, then the steps that do not fill a launch one
     per launch, left as soon as ``stopped(tally)``; with ``stopped`` None (the per-epoch stop
@@ -220,38 +260,19 @@ class StoppedCall:
     fold: int | None = None
 
 
-@dataclass(frozen=True)
-class EpochTally:
-    """What one fold's training steps of an epoch add up to: summed loss over trained samples,
-    the step that failed (-1 if none) and the last good step's loss and gradient norm."""
-
-    loss_sum: float
-    trained: int
-    failed_at: int
-    last_loss: float
-    last_norm: float
-
-    @classmethod
-    def of(cls, outputs: Any) -> EpochTally:
-        """The tally from what a compiled epoch loop returned."""
-        loss_sum, trained, failed_at, last_loss, last_norm = outputs
-        return cls(float(loss_sum), int(trained), int(failed_at), float(last_loss), float(last_norm))
-
-
-def tally_step(tally: tuple[Any, ...], *, step: Any, loss: Any, norm: Any, healthy: Any, active: Any,
-               samples: Any) -> tuple[Any, ...]:
+def tally_step(tally: EpochTally, *, step: Any, loss: Any, norm: Any, healthy: Any, active: Any,
+               samples: Any) -> EpochTally:
     """The epoch tally after one training step (inside the compiled launch; per fold when the
     arguments carry a fold axis): a step that was active adds its loss and samples if healthy,
     else records where the fold failed."""
     import tensorflow as tf
 
-    loss_sum, trained, failed_at, last_loss, last_norm = tally
     applied = healthy & active
-    return (loss_sum + tf.where(applied, loss * tf.cast(samples, loss.dtype), 0.0),
-            trained + tf.where(applied, tf.cast(samples, trained.dtype), 0),
-            tf.where(active & ~healthy, step, failed_at),
-            tf.where(applied, loss, last_loss),
-            tf.where(applied, norm, last_norm))
+    return EpochTally(tally.loss_sum + tf.where(applied, loss * tf.cast(samples, loss.dtype), 0.0),
+                      tally.trained + tf.where(applied, tf.cast(samples, tally.trained.dtype), 0),
+                      tf.where(active & ~healthy, step, tally.failed_at),
+                      tf.where(applied, loss, tally.last_loss),
+                      tf.where(applied, norm, tally.last_norm))
 
 
 class CallTimer:
@@ -340,17 +361,14 @@ class FoldEngine:
         def train_epoch(full_batches, remainder):
             # The whole epoch is one execution (``launch_loop``); the remainder, shorter than a
             # batch, is one more launch of its own.
-            # Zeros, not NaN, for the last loss and norm, so that TensorFlow's numeric checking
-            # (rerun --check-numerics) only ever stops at a value the model produced.
-            tally = (tf.constant(0.0), tf.constant(0), tf.constant(-1), tf.constant(0.0), tf.constant(0.0))
-            tally = launch_loop(steps, (full_batches,), tally, steps_per_launch=steps_per_launch,
-                                stopped=None if per_epoch else _failed)
+            tally = launch_loop(steps, (full_batches,), EpochTally.start(), steps_per_launch=steps_per_launch,
+                                stopped=None if per_epoch else lambda tally: tally.failed)
             if remainder.shape[0]:
                 def last():
                     return steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally)
 
                 # Masked steps need no test: after a failure the remainder applies nothing.
-                tally = last() if per_epoch else tf.cond(_failed(tally), lambda: tally, last)
+                tally = last() if per_epoch else tf.cond(tally.failed, lambda: tally, last)
             return tally
 
         if eager:
@@ -392,7 +410,7 @@ class FoldEngine:
     def train_epoch(self, epoch: int) -> float:
         self._running = (epoch, int(self.optimizer.iterations.numpy()))
         started = time.perf_counter()
-        tally = EpochTally.of(self._train_epoch(*self.epoch_batch_tensors(epoch)))
+        tally = self._train_epoch(*self.epoch_batch_tensors(epoch)).numbers()
         self._running = None
         self.train_timer.add(time.perf_counter() - started, self.train_samples)
         return self.close_epoch(epoch, tally)

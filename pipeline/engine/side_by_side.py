@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from pipeline.engine.fold_engine import EpochTally, FoldEngine, close_shared_epoch
+from pipeline.engine.fold_engine import FoldEngine, close_shared_epoch
 
 
 class SideBySideFolds:
@@ -41,5 +41,5 @@ class SideBySideFolds:
                                                autograph=False)
         batches = [self._engines[i].epoch_batch_tensors(epoch) for i in live]
         started = time.perf_counter()
-        tallies = [EpochTally.of(outputs) for outputs in self._compiled[live](batches)]
+        tallies = [tally.numbers() for tally in self._compiled[live](batches)]
         return close_shared_epoch(self._engines, live, epoch, time.perf_counter() - started, tallies)

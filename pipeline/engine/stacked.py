@@ -548,14 +548,12 @@ class StackedFolds:
         self.compiled_steps = steps
 
         def stopped(tally, live):
-            return tf.reduce_all(~live | (tally[2] >= 0))
+            return tf.reduce_all(~live | tally.failed)
 
         def train_epoch(indices, weights, live):
             # indices, weights: [steps, k, batch]; the epoch's steps, steps_per_launch per launch.
-            zeros = tf.zeros([n_folds])
-            tally = (zeros, tf.zeros([n_folds], tf.int32), -tf.ones([n_folds], tf.int32), zeros, zeros)
             return launch_loop(lambda *arguments: steps(*arguments[:2], live, *arguments[2:]), (indices, weights),
-                               tally, steps_per_launch=steps_per_launch,
+                               EpochTally.start(n_folds), steps_per_launch=steps_per_launch,
                                stopped=None if stop_test == "per_epoch" else lambda tally: stopped(tally, live))
 
         self._train_epoch = tf.function(train_epoch, autograph=False)
@@ -586,11 +584,11 @@ class StackedFolds:
         with tf.device(self._engines[0].device):
             arguments = tf.constant(indices), tf.constant(weights), tf.constant(mask)
         started = time.perf_counter()
-        tally = [np.asarray(value) for value in self._train_epoch(*arguments)]
+        tally = EpochTally(*(np.asarray(value) for value in self._train_epoch(*arguments)))
         seconds = time.perf_counter() - started
         self._store(live)
         return close_shared_epoch(self._engines, live, epoch, seconds,
-                                 [EpochTally.of([value[i] for value in tally]) for i in live])
+                                 [tally.numbers(i) for i in live])
 
     def _load(self, live: tuple[int, ...]) -> None:
         """Stack the engines' weights, layer state and optimizer state (they may have been restored)."""
@@ -713,7 +711,7 @@ def _stacked_steps(template: keras.Model, stacked: _Stacked, *, loss: TrainingLo
 
     def train_steps(indices, weights, live, first_step, tally):
         for j in range(indices.shape[0]):
-            active = live & (tally[2] < 0)
+            active = live & tally.intact
             losses, norms, healthy, counts = step(indices[j], weights[j], active)
             tally = tally_step(tally, step=first_step + j, loss=losses, norm=norms, healthy=healthy,
                                active=active, samples=counts)
