@@ -154,3 +154,18 @@ def test_a_loss_of_the_researchers_own_is_traced_as_keras_fit_traces_it(data_and
                         batch_size=32, seed=0, jit_compile=False, loss=TrainingLoss(loss))
     with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
         engine.train_epoch(0)
+
+
+def test_a_trials_config_is_resolved_once_into_named_parts():
+    """What a trial trains with, resolved from its config: a config already resolved (the
+    runner's, handed to ``build_trainer``) is not resolved again."""
+    from pipeline.engine.recipe import TrainingParams, TrialConfig
+
+    recipe = TrainingRecipe(TrainSpec(epochs=7))
+    config = {**MODEL, "batch_size": 16, "learning_rate": 0.01, "optimizer": "sgd"}
+    resolved = recipe.resolve(config)
+    used = {**config, "clipping": "none"}  # the values the trial uses, its defaults included
+    assert resolved == TrialConfig(config=used, model_values=used, epochs=7, params=TrainingParams(
+        batch_size=16, learning_rate=0.01, optimizer="sgd", clipping="none", clip_threshold=1.0, shuffle=True))
+    assert recipe.resolve(resolved) is resolved
+    assert recipe.resolve({**config, "epochs": 3}).epochs == 3

@@ -135,20 +135,20 @@ class TrialRunner:
                  started: float | None = None):
         """``started``: when the trial began in this process (``time.perf_counter``; its worker's
         set-up for a process's first trial), where its time account starts; else now."""
-        from pipeline.inputs.space import resolve_config
         from pipeline.engine.trainer import build_trainer
 
         self.started = time.perf_counter() if started is None else started
         recipe = settings.recipe
-        self.config = resolve_config(config, recipe.conditions)
-        self.epochs = epochs or recipe.values(self.config)[2]
+        resolved = recipe.resolve(config)
+        self.config = resolved.config
+        self.epochs = epochs or resolved.epochs
         self._worker = worker
         self._info_reported = False
         self._objective = settings.objective
         early_stopping = settings.train.early_stopping
         self.patience = Patience(early_stopping) if early_stopping is not None else None
         self.running_best = math.nan
-        self.trainer = build_trainer(worker.build_fn, self.config, recipe, data=worker.data, folds=folds,
+        self.trainer = build_trainer(worker.build_fn, resolved, recipe, data=worker.data, folds=folds,
                                      fold_ids=fold_ids, planned_epochs=self.epochs, replay=replay)
 
     def next_epoch(self) -> EpochResult:

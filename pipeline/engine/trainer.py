@@ -30,7 +30,7 @@ from pipeline.contract.account import TimeAccount
 from pipeline.contract.results import (COMPILE_S, EVAL_S, GAP_S, SETUP_S, TRAIN_S, EpochResult, FoldScores,
                                        FoldThroughput, NanEvent, NanReport, Throughput)
 from pipeline.engine.runtime import tf32_in_effect, threads_in_effect
-from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe
+from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe, TrialConfig
 from pipeline.engine.fold_engine import CallTimer, FoldEngine, FoldExecutor, StoppedCall, fold_seed
 from pipeline.engine.sequential import SequentialFolds
 
@@ -203,25 +203,28 @@ class FoldTrainer:
                                           grad_norm=float(norm))
 
 
-def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, Any], recipe: TrainingRecipe, *,
-                  data: ResidentData, folds: Sequence[Fold], fold_ids: Sequence[int] | None = None,
-                  planned_epochs: int | None = None, replay: TrialPlan | None = None) -> FoldTrainer:
-    """Build a trial's fold models for ``config``, plan how to train them as ``recipe`` says, and
-    the trainer that executes the plan. The one way a trial, a rerun and the refit are trained.
+def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, Any] | TrialConfig,
+                  recipe: TrainingRecipe, *, data: ResidentData, folds: Sequence[Fold],
+                  fold_ids: Sequence[int] | None = None, planned_epochs: int | None = None,
+                  replay: TrialPlan | None = None) -> FoldTrainer:
+    """Build a trial's fold models for ``config`` (resolved by ``recipe.resolve``, or already),
+    plan how to train them as ``recipe`` says, and the trainer that executes the plan. The one
+    way a trial, a rerun and the refit are trained.
 
     With ``replay`` (a recorded plan, whose choices the recipe's then are), the recorded plan
     itself is executed when the new decision comes to the same execution. A model its build
     compiled keeps its optimizer and loss, with the training hyperparameters the spec's search
     space names in place of the compiled ones.
     """
-    params, model_values, epochs = recipe.values(config)
+    trial = recipe.resolve(config)
+    params = trial.params
     seed = recipe.train.seed
     fold_ids = list(fold_ids) if fold_ids is not None else list(range(len(folds)))
     input_shape = tuple(data.x.shape[1:])
     models = []
     for k in fold_ids:
         keras.utils.set_random_seed(fold_seed(seed, k))
-        models.append(build_model(build_fn, model_values, input_shape=input_shape))
+        models.append(build_model(build_fn, trial.model_values, input_shape=input_shape))
     optimizer = recipe.optimizer(models[0], params)
     per_position = data.y.shape.rank > 1 and not data.y.dtype.is_floating
     loss = recipe.loss(models[0], units=output_units(models[0], input_shape), regression=data.y.dtype.is_floating,
@@ -243,7 +246,7 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
 
     plan = plan_trial(recipe.choices, models=models, threads=threads_in_effect(), device=data.device,
                       batch_size=params.batch_size, train_sizes=[len(fold.train) for fold in folds],
-                      planned_epochs=planned_epochs or epochs, stacking_blocker=stacking_blocker, tf32=tf32,
+                      planned_epochs=planned_epochs or trial.epochs, stacking_blocker=stacking_blocker, tf32=tf32,
                       gpu=_gpu_identity(data.device), deterministic_ops=deterministic_ops())
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay
