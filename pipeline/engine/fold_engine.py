@@ -17,7 +17,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 import keras
 import numpy as np
@@ -26,8 +26,9 @@ from pipeline.engine import draws
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.inputs.scoring import ValidationMetrics
+from pipeline.engine.recipe import TrainingParams, TrainingRecipe
 from pipeline.engine.resident import ResidentData, step_labels
-from pipeline.contract.plan import StopTest
+from pipeline.contract.plan import TrialPlan
 from pipeline.contract.results import EVAL_STEP, NanEvent
 
 METRIC_NAMES: tuple[str, ...] = ("loss", "accuracy")
@@ -246,6 +247,27 @@ def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: Epoc
     return tally
 
 
+def epoch_loop(steps: Callable[..., Any], *, steps_per_launch: int, per_epoch: bool) -> Callable[[Any, Any], Any]:
+    """One fold's epoch, uncompiled: ``train_epoch(full_batches, remainder)`` runs the launches of
+    ``steps`` over the full batches as one execution (``launch_loop``), then the remainder,
+    shorter than a batch, as one more launch of its own, and returns the epoch's tally. With
+    ``per_epoch`` (the plan's stop test) the steps are masked and the loop never reads the tally."""
+    import tensorflow as tf
+
+    def train_epoch(full_batches, remainder):
+        tally = launch_loop(steps, (full_batches,), EpochTally.start(), steps_per_launch=steps_per_launch,
+                            stopped=None if per_epoch else lambda tally: tally.failed)
+        if remainder.shape[0]:
+            def last():
+                return steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally)
+
+            # Masked steps need no test: after a failure the remainder applies nothing.
+            tally = last() if per_epoch else tf.cond(tally.failed, lambda: tally, last)
+        return tally
+
+    return train_epoch
+
+
 @dataclass(frozen=True)
 class StoppedCall:
     """Where an error (TensorFlow's numeric checking) stopped a fold engine mid-call: its model,
@@ -307,19 +329,19 @@ class CallTimer:
 class FoldEngine:
     """One fold's model, optimizer and compiled epoch loop over device-resident data."""
 
-    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, data: ResidentData,
-                 fold: Fold, *, batch_size: int, seed: int, jit_compile: bool, loss: TrainingLoss = TrainingLoss(
-                     keras.losses.sparse_categorical_crossentropy), eager: bool = False, steps_per_launch: int = 1,
-                 shuffle: bool = True, counter_draws: bool = False, stop_test: StopTest = "per_launch",
-                 metrics: Sequence[str] = (), class_weights: np.ndarray | None = None):
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, data: ResidentData, fold: Fold,
+                 *, plan: TrialPlan, recipe: TrainingRecipe, params: TrainingParams, loss: TrainingLoss, seed: int):
+        """``model`` trained by its own ``optimizer`` on ``fold`` of ``data``, executed as the
+        trial's ``plan`` says, with what its ``recipe`` (the spec's ``train`` section, eager or
+        not) and ``params`` (batch size, shuffling) ask, its ``loss`` and the fold's ``seed``."""
         import tensorflow as tf
 
         self.model = model
         self.optimizer = optimizer
         self.own_accuracy = loss.own_accuracy
-        self.batch_size = batch_size
+        self.batch_size = params.batch_size
         self.seed = seed
-        self.jit_compile = jit_compile
+        self.jit_compile = plan.jit_compile
         self.device = data.device
         self._train_indices = np.asarray(fold.train, dtype=data.index_dtype)
         self._val_indices = np.asarray(fold.val, dtype=data.index_dtype)
@@ -328,7 +350,7 @@ class FoldEngine:
         self.failure: NanEvent | None = None
         # The XLA-compiled launch (None when the step runs without XLA): each trace is a program.
         self.compiled_steps: Any = None
-        self.shuffle = shuffle
+        self.shuffle = params.shuffle
         # What the engine is running, from the start of a call until it returns, so that an error
         # leaves it set (``stopped_call``): the epoch, and in training the steps the optimizer
         # had applied before it.
@@ -336,49 +358,35 @@ class FoldEngine:
         optimizer.build(model.trainable_variables)
         # The model's compiled metrics and the spec's, this fold's own objects, their variables
         # made before the evaluation is traced.
-        self.metrics = ValidationMetrics(model, metrics, own_accuracy=loss.own_accuracy)
+        self.metrics = ValidationMetrics(model, recipe.train.metrics, own_accuracy=loss.own_accuracy)
         # Validation chunks hold whole batches of the trial's size (see ``batches_loss_sum``).
-        self._eval_chunk = batch_size * max(1, EVAL_BATCH_SIZE // batch_size)
+        self._eval_chunk = self.batch_size * max(1, EVAL_BATCH_SIZE // self.batch_size)
         with tf.device(self.device):
             first = self._val_indices[:1]
             self.metrics.build(step_labels(tf.gather(data.y, first)), model(tf.gather(data.x, first), training=False))
-        per_epoch = stop_test == "per_epoch"
-        train_steps, evaluate_batch, self.norm_variables = fold_steps(model, optimizer, loss, data,
-                                                                      counter_draws=counter_draws, masked=per_epoch,
-                                                                      eager=eager, metrics=self.metrics,
-                                                                      class_weights=class_weights,
-                                                                      batch_size=batch_size)
+        eager = recipe.choices.eager
+        per_epoch = plan.stop_test == "per_epoch"
+        train_steps, evaluate_batch, self.norm_variables = fold_steps(
+            model, optimizer, loss, data, counter_draws=plan.random_draws == "counter", masked=per_epoch, eager=eager,
+            metrics=self.metrics, class_weights=fold_class_weights(recipe.train.class_weight, data, fold),
+            batch_size=self.batch_size)
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
         # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and
         # layers are traced as Python, exactly as fit traces them, and the engine writes its own
         # loops and conditions as tf.while_loop and tf.cond. Converting the engine's functions
         # cost each process about a second of CPU before its first trial, for the same graph.
-        steps = train_steps if eager else tf.function(train_steps, jit_compile=jit_compile, autograph=False)
-        if jit_compile and not eager:
+        steps = train_steps if eager else tf.function(train_steps, jit_compile=plan.jit_compile, autograph=False)
+        if plan.jit_compile and not eager:
             self.compiled_steps = steps
-
-        def train_epoch(full_batches, remainder):
-            # The whole epoch is one execution (``launch_loop``); the remainder, shorter than a
-            # batch, is one more launch of its own.
-            tally = launch_loop(steps, (full_batches,), EpochTally.start(), steps_per_launch=steps_per_launch,
-                                stopped=None if per_epoch else lambda tally: tally.failed)
-            if remainder.shape[0]:
-                def last():
-                    return steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally)
-
-                # Masked steps need no test: after a failure the remainder applies nothing.
-                tally = last() if per_epoch else tf.cond(tally.failed, lambda: tally, last)
-            return tally
-
+        # The uncompiled epoch loop (its steps compiled), for ``pipeline.engine.side_by_side`` to
+        # run several folds' loops in one execution.
+        self.epoch_loop = epoch_loop(steps, steps_per_launch=plan.steps_per_launch, per_epoch=per_epoch)
         if eager:
-            self._train_epoch, self._evaluate_batch = train_epoch, evaluate_batch
+            self._train_epoch, self._evaluate_batch = self.epoch_loop, evaluate_batch
         else:
-            self._train_epoch = tf.function(train_epoch, autograph=False)
+            self._train_epoch = tf.function(self.epoch_loop, autograph=False)
             self._evaluate_batch = tf.function(evaluate_batch, reduce_retracing=True, autograph=False)
-        # The uncompiled epoch loop (its steps compiled), for ``pipeline.engine.side_by_side`` to run
-        # several folds' loops in one execution.
-        self.epoch_loop = train_epoch
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """This epoch's training order (the fold's own order when a hypermodel's fit asks for
@@ -483,3 +491,25 @@ def close_shared_epoch(engines: Sequence[FoldEngine], live: tuple[int, ...], epo
         engine.train_timer.add(share, engine.train_samples)
         losses[i] = engine.close_epoch(epoch, tally)
     return losses
+
+
+def fold_class_weights(class_weight: str | Mapping[int, float] | None, data: ResidentData,
+                       fold: Fold) -> np.ndarray | None:
+    """Each class's weight in a fold's training loss, indexed by label (``train.class_weight``):
+    balanced by scikit-learn's rule from the fold's own training labels (never its validation
+    data), or the given weights (1 for a class they leave out, as Keras' fit)."""
+    if class_weight is None:
+        return None
+    labels = np.asarray(data.y)
+    weights = np.ones(int(labels.max()) + 1, np.float32)
+    if class_weight == "balanced":
+        from sklearn.utils.class_weight import compute_class_weight
+
+        train = labels[np.asarray(fold.train)]
+        present = np.unique(train)
+        weights[present] = compute_class_weight("balanced", classes=present, y=train)
+        return weights
+    for label, weight in class_weight.items():
+        if label < len(weights):
+            weights[label] = weight
+    return weights
