@@ -1,11 +1,14 @@
-"""Module paths of foldsweep 0.1.0 (one flat package), still importable.
+"""Module paths of earlier releases, still importable: foldsweep 0.1.0's (one flat package), and
+the engine's before its modules were named after the fold layouts (``pipeline.engine.trial``,
+``training``, ``fused``).
 
 Ray Tune pickles a sweep's callbacks and their settings with the module paths of their classes
 (``pipeline.tracking.MlflowTrialCallback``, ``pipeline.spec.Objective``...), and ``--resume``
 unpickles them, so a sweep recorded before the package was split into layers must still find
 them there. Scripts written against the old paths keep working too. An old path is a module of
-its own that hands on, by name, what its new homes define; it is made on first import only, so
-nothing heavy loads before something asks for it.
+its own that hands on, by name, what its new homes define (a name that changed with its module
+by its new name, ``OLD_NAMES``); it is made on first import only, so nothing heavy loads before
+something asks for it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ OLD_PATHS: dict[str, tuple[str, ...]] = {
        for name in ("spec", "space", "hypermodel", "losses", "datasets", "protein", "folds")},
     **{f"pipeline.{name}": (f"pipeline.contract.{name}",) for name in ("plan", "results")},
     **{f"pipeline.{name}": (f"pipeline.engine.{name}",)
-       for name in ("trainer", "stacked", "resident", "runtime", "lifespan", "stopping")},
+       for name in ("stacked", "resident", "runtime", "lifespan", "stopping")},
+    "pipeline.trainer": ("pipeline.engine.trainer", "pipeline.engine.fold_engine"),
     "pipeline.trial": ("pipeline.engine.runner", "pipeline.engine.trainable"),
     "pipeline.fused": ("pipeline.engine.side_by_side",),
     "pipeline.training": ("pipeline.engine.fold_engine", "pipeline.engine.sequential", "pipeline.engine.recipe"),

@@ -248,7 +248,7 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
 
 def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: bool = False) -> ExecutionChoices:
     """The choices that make ``plan_trial`` decide again what a recorded plan decided, as far as
-    the debugging options allow (eager and numeric checking run without XLA, unfused; the random
+    the debugging options allow (eager and numeric checking run without XLA, sequential; the random
     numbers stay the recorded ones)."""
     return ExecutionChoices(
         jit_compile="off" if eager or check_numerics else ("on" if recorded.jit_compile else "off"),

@@ -214,14 +214,14 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
     space names in place of the compiled ones.
     """
     trial = recipe.resolve(config)
-    params = trial.params
+    params, model_values = trial.params, trial.model_values
     seed = recipe.train.seed
     fold_ids = list(fold_ids) if fold_ids is not None else list(range(len(folds)))
     input_shape = tuple(data.x.shape[1:])
     models = []
     for k in fold_ids:
         keras.utils.set_random_seed(fold_seed(seed, k))
-        models.append(build_model(build_fn, trial.model_values, input_shape=input_shape))
+        models.append(build_model(build_fn, model_values, input_shape=input_shape))
     optimizer = recipe.optimizer(models[0], params)
     per_position = data.y.shape.rank > 1 and not data.y.dtype.is_floating
     loss = recipe.loss(models[0], units=output_units(models[0], input_shape), regression=data.y.dtype.is_floating,
