@@ -1,5 +1,5 @@
-"""Stacked fold fusion: the k fold models' weights stacked along a leading fold axis and trained
-by one XLA program per step, as horizontally fused training arrays (HFTA) do.
+"""Folds stacked: the k fold models' weights stacked along a leading fold axis and trained by one
+XLA program per step, as horizontally fused training arrays (HFTA) do.
 
 Why: at small batches a CPU step costs mostly a fixed price per compiled kernel, not arithmetic
 (the MNIST-1D CNN's step runs ~120 kernels; 234 us at batch 2 against 308 us at batch 8, one
