@@ -66,7 +66,7 @@ from pipeline.contract.plan import ExecutionChoices, ThreadPlan, plan_threads  #
 from pipeline.engine.resident import resident_data  # noqa: E402
 from pipeline.inputs.spec import CVSpec, read_yaml  # noqa: E402
 from pipeline.engine.trainer import build_trainer, threads_in_effect  # noqa: E402
-from pipeline.engine.trial import configure_threads  # noqa: E402
+from pipeline.engine.runtime import configure_threads  # noqa: E402
 from pipeline.engine.recipe import TrainingRecipe  # noqa: E402
 
 N_SPLITS = 3

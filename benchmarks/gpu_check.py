@@ -6,7 +6,7 @@ none), so each measurement checks a rule that was reasoned, not measured:
 - memory: each process's GPU memory (nvidia-smi), the driver's included, in a sweep with 1, 2
   and 4 trials per GPU (gpu: 1, 0.5, 0.25): the driver should hold none, and n slots of 1/n
   should fit with their CUDA contexts (GPU_CONTEXT_RESERVE_MB);
-- throughput: training samples/s per layout (unfused, side by side, stacked) and batch size (8
+- throughput: training samples/s per layout (sequential, side by side, stacked) and batch size (8
   to 512) with 1, 8 and 32 steps per launch: the plan's GPU rules (stack at every batch size,
   GPU_UNROLL_MAX_BATCH, GPU_UNROLL_MIN_PLANNED_STEPS) against what the device does;
 - host waits: host-to-device and device-to-host copies and stream/context syncs per training
@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "mnist1d_cnn.py"
-LAYOUTS = ("unfused", "side_by_side", "stacked")
+LAYOUTS = ("sequential", "side_by_side", "stacked")
 BATCH_SIZES = (8, 32, 128, 512)
 STEPS_PER_LAUNCH = (1, 8, 32)
 TRIALS_PER_GPU = (1, 2, 4)
@@ -79,8 +79,8 @@ def _trainer(layout: str, batch_size: int, steps_per_launch: int | str = "auto",
 
     dataset = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 1000 if quick else 4000}))
     folds = make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), dataset).folds
-    choices = ExecutionChoices(fused="off" if layout == "unfused" else "on", steps_per_launch=steps_per_launch,
-                               layout="auto" if layout == "unfused" else layout)
+    choices = ExecutionChoices(fused="off" if layout == "sequential" else "on", steps_per_launch=steps_per_launch,
+                               layout="auto" if layout == "sequential" else layout)
     data = resident_data("gpu-check", dataset.x, dataset.y)
 
     def build(replay: Any = None) -> Any:
@@ -124,7 +124,7 @@ def measure_host_waits(quick: bool) -> list[dict[str, Any]]:
                 "stream or context syncs": r"synchroniz"}
     rows = []
     for stop_test in ("per_launch", "per_epoch"):
-        trainer, _ = _trainer("unfused", 32, 1, quick=quick, stop_test=stop_test)
+        trainer, _ = _trainer("sequential", 32, 1, quick=quick, stop_test=stop_test)
         trainer.run_epoch()  # compiled before profiling
         engine = trainer.engines[0]
         with tempfile.TemporaryDirectory() as logdir:
@@ -139,7 +139,7 @@ def measure_host_waits(quick: bool) -> list[dict[str, Any]]:
         steps = len(full) + (1 if len(remainder) else 0)
         for what, pattern in patterns.items():
             found = sum(1 for event in events if re.search(pattern, str(event.get("name", "")), re.IGNORECASE))
-            rows.append(row("host waits", f"{stop_test} stop test, unfused, batch 32: {what}",
+            rows.append(row("host waits", f"{stop_test} stop test, sequential, batch 32: {what}",
                             round(found / steps, 2), "per step"))
     return rows
 
@@ -153,7 +153,7 @@ def measure_acceptance(quick: bool) -> list[dict[str, Any]]:
     rows = []
     for tf32 in (True, False):
         tf.config.experimental.enable_tensor_float_32_execution(tf32)
-        trainer, data = _trainer("unfused", 16, 1, quick=quick)
+        trainer, data = _trainer("sequential", 16, 1, quick=quick)
         models, rows_per_fold = trainer.models, 16
         indices = np.concatenate([engine.epoch_order(0)[:rows_per_fold] for engine in trainer.engines])
         samples = tf.gather(data.x, indices)
@@ -198,7 +198,7 @@ def measure_apart(part: str, quick: bool, environment: dict[str, str] | None = N
 
 
 def run_part(part: str, quick: bool) -> None:
-    from pipeline.engine.trial import configure_tensorflow
+    from pipeline.engine.runner import configure_tensorflow
     from pipeline.contract.plan import ThreadPlan
 
     configure_tensorflow(gpus=1, threads=ThreadPlan(intra_op=0, inter_op=0))

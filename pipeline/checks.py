@@ -25,7 +25,7 @@ from pipeline.inputs.datasets import Dataset, load_dataset
 from pipeline.inputs.spec import GROUPED_SPLITTERS, SweepSpec
 
 if TYPE_CHECKING:  # each loads TensorFlow or scikit-learn, which check_inputs runs without
-    from pipeline.engine.trial import TrialSettings
+    from pipeline.engine.runner import TrialSettings
     from pipeline.inputs.folds import FoldPlan
     from pipeline.inputs.space import SearchSpace
 
@@ -105,7 +105,7 @@ class PreparedSweep:
 
     def trial_settings(self) -> TrialSettings:
         """What every trial of the sweep is run with (in Ray's workers, and by the refit)."""
-        from pipeline.engine.trial import TrialSettings
+        from pipeline.engine.runner import TrialSettings
 
         return TrialSettings.from_spec(self.spec, experiment_path=self.experiment_path,
                                        dataset_fingerprint=self.dataset.fingerprint, conditions=self.space.conditions,

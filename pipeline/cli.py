@@ -426,7 +426,7 @@ def trial(
     inputs = check_inputs(sweep_spec)
     import_tensorflow()
     from pipeline.base.private_hooks import TRAINING_LIBRARIES
-    from pipeline.engine.trial import configure_tensorflow
+    from pipeline.engine.runner import configure_tensorflow
 
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
     threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
@@ -488,7 +488,7 @@ def rerun(
     from pipeline.inputs.hypermodel import load_experiment
     from pipeline.base.private_hooks import TRAINING_LIBRARIES, require_hooks
     from pipeline.inputs.space import build_space
-    from pipeline.engine.trial import configure_tensorflow
+    from pipeline.engine.runner import configure_tensorflow
 
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)

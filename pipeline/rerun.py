@@ -25,7 +25,7 @@ from pipeline.records.tracking import Tracker
 
 if TYPE_CHECKING:
     from pipeline.engine.profile import EpochProfile
-    from pipeline.engine.training import StoppedCall
+    from pipeline.engine.fold_engine import StoppedCall
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class NumericsPart(Enum):
 
     LAYER = "layer"  # the forward pass of one of the model's layers
     LAYER_GRADIENT = "layer gradient"  # the backward pass through one of its layers
-    GRADIENT_NORM = "gradient norm"  # foldsweep's own health check of the step (``pipeline.engine.training``)
+    GRADIENT_NORM = "gradient norm"  # foldsweep's own health check of the step (``pipeline.engine.fold_engine``)
     OUTSIDE = "outside"  # none of these: the loss, a regularizer, the optimizer's update...
 
 
@@ -340,7 +340,7 @@ def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[
     the plan's differences), then ``on_epoch`` with each epoch's report, and ``on_profile`` with
     the profiled epoch's (``request.profile_epoch``). Returns (status, numerics finding, last
     report)."""
-    from pipeline.engine.trial import TrialRunner, TrialSettings, set_up_worker
+    from pipeline.engine.runner import TrialRunner, TrialSettings, set_up_worker
 
     started = request.started if request.started is not None else time.perf_counter()
     eager, check_numerics, replay = request.eager, request.check_numerics, request.replay

@@ -154,7 +154,7 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
     an MLflow callback."""
     from ray import tune
 
-    from pipeline.engine.trial import FoldTrainable
+    from pipeline.engine.trainable import FoldTrainable
     from pipeline.records.callbacks import MlflowTrialCallback
 
     spec = prepared.spec

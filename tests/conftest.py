@@ -223,7 +223,7 @@ def threads_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     once it has started in a process (the suite's other tests started it), so the command keeps
     them instead of sizing its own. Pool sizes change no number these tests compare; a rerun that
     must match its trial bit for bit runs in a fresh process (test_rerun_fidelity_e2e)."""
-    monkeypatch.setattr("pipeline.engine.trial.configure_threads", lambda threads: None)
+    monkeypatch.setattr("pipeline.engine.runner.configure_threads", lambda threads: None)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from pipeline.base import accelerator, compile_cache
 from pipeline.base.accelerator import GpuIdentity, UnknownGpu
 from pipeline.contract.plan import TrialPlan
-from pipeline.engine import trial
+from pipeline.engine import runner
 
 A100 = "0, GPU-aaaa, NVIDIA A100-SXM4-80GB, 8.0, 550.54.15\n1, GPU-bbbb, NVIDIA A100-SXM4-80GB, 8.0, 550.54.15\n"
 H100 = "0, GPU-cccc, NVIDIA H100 80GB HBM3, 9.0, 550.54.15\n"
@@ -117,15 +117,15 @@ def test_the_compile_cache_is_off_with_a_notice_where_the_gpu_cannot_be_identifi
     monkeypatch.setattr(compile_cache, "activate", lambda *, device_kind: activated.append(device_kind))
     monkeypatch.setattr(compile_cache, "deactivate", lambda: deactivated.append(True))
     machine.smi = None
-    notice = trial.use_compile_cache(gpus=0.5, wanted=True)
+    notice = runner.use_compile_cache(gpus=0.5, wanted=True)
     assert notice.startswith("compile cache off: the GPU cannot be identified (nvidia-smi failed: ")
     assert activated == [] and deactivated == [True]
     # No GPU on the machine: the trial trains on CPU, and its CPU is what the cache is keyed by.
     machine.present = False
-    assert trial.use_compile_cache(gpus=0.5, wanted=True) == ""
+    assert runner.use_compile_cache(gpus=0.5, wanted=True) == ""
     assert activated and activated[0].startswith("cpu:")
     machine.smi, machine.present = A100, True
-    assert trial.use_compile_cache(gpus=1, wanted=True) == "" and activated[-1].startswith("gpu:NVIDIA A100")
+    assert runner.use_compile_cache(gpus=1, wanted=True) == "" and activated[-1].startswith("gpu:NVIDIA A100")
 
 
 def test_a_rerun_names_another_gpu_or_other_versions_among_its_differences():

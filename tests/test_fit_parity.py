@@ -249,7 +249,7 @@ def _keras_fit(spec: Path, build) -> Fitted:
     from pipeline.inputs.hypermodel import build_model
     from pipeline.inputs.spec import load_spec
     from pipeline.checks import prepare
-    from pipeline.engine.training import epoch_order, fold_seed
+    from pipeline.engine.fold_engine import epoch_order, fold_seed
 
     prepared = prepare(load_spec(spec))
     data = prepared.dataset
@@ -365,7 +365,7 @@ def keras_fold_fits(spec: Path, builder: str, *, cast=None, validate: bool = Fal
     from pipeline.inputs.hypermodel import build_model, load_builder
     from pipeline.inputs.spec import load_spec
     from pipeline.checks import prepare
-    from pipeline.engine.training import epoch_order, fold_seed
+    from pipeline.engine.fold_engine import epoch_order, fold_seed
 
     prepared = prepare(load_spec(spec))
     data = prepared.dataset

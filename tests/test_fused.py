@@ -101,7 +101,7 @@ def test_fused_and_unfused_per_fold_histories_match(dataset, folds, unfused_refe
     fused, fused_trainer = train(dataset.x, dataset.y, folds, fused="on", dropout=dropout, jit_compile=jit,
                                  steps_per_launch=steps_per_launch, layout=layout)
     unfused, unfused_trainer = unfused_reference(dropout, jit)
-    assert fused_trainer.plan.layout == layout and unfused_trainer.plan.layout == "unfused"
+    assert fused_trainer.plan.layout == layout and unfused_trainer.plan.layout == "sequential"
     assert fused_trainer.plan.steps_per_launch == steps_per_launch and unfused_trainer.plan.steps_per_launch == 1
     # Unrolled steps are compiled as one program, whose float rounding may differ in the last bits.
     rtol = 1e-5 if steps_per_launch == 1 else 1e-4
@@ -212,7 +212,7 @@ def test_fold_models_sharing_layers_are_not_fused(dataset, folds):
 
     trainer = build_trainer(build, {"batch_size": 8}, TrainingRecipe(),
                             data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds)
-    assert trainer.plan.layout == "unfused"
+    assert trainer.plan.layout == "sequential"
     assert "share 2 variables" in trainer.plan.reason
 
 

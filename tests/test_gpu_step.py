@@ -46,8 +46,8 @@ def folds(dataset):
 
 def trainer_for(data, folds, *, layout, steps_per_launch=1, per_epoch=False):
     """A trainer of the CPU plan, or of the same plan with the GPU's per-epoch stop test."""
-    choices = ExecutionChoices(fused="off" if layout == "unfused" else "on", steps_per_launch=steps_per_launch,
-                               layout="auto" if layout == "unfused" else layout)
+    choices = ExecutionChoices(fused="off" if layout == "sequential" else "on", steps_per_launch=steps_per_launch,
+                               layout="auto" if layout == "sequential" else layout)
     build = load_builder(MNIST1D_EXPERIMENT, "build")
     between_trials()
     trainer = build_trainer(build, CONFIG, TrainingRecipe(choices=choices), data=data, folds=folds)
@@ -79,7 +79,7 @@ def history(trainer, epochs=2):
 def epoch_graphs(trainer):
     """The traced epoch function(s) of a trained trainer's executor, as concrete functions."""
     executor = trainer._executor
-    if trainer.plan.layout == "unfused":
+    if trainer.plan.layout == "sequential":
         engine = trainer.engines[0]
         return [engine._train_epoch.get_concrete_function(*engine.epoch_batch_tensors(0))]
     if trainer.plan.layout == "side_by_side":
@@ -105,7 +105,7 @@ def host_waits(concrete) -> tuple[set[str], list[set[str]]]:
     return conditionals, loop_tests
 
 
-@pytest.mark.parametrize("layout", ["unfused", "side_by_side", "stacked"])
+@pytest.mark.parametrize("layout", ["sequential", "side_by_side", "stacked"])
 def test_the_gpu_plans_epoch_holds_no_cond_and_no_loop_test_of_the_tally(dataset, folds, layout):
     data = resident_data("test-gpu-step", dataset.x, dataset.y)
     cpu = trainer_for(data, folds, layout=layout)
@@ -126,7 +126,7 @@ def test_the_gpu_plans_epoch_holds_no_cond_and_no_loop_test_of_the_tally(dataset
         assert set().union(*cpu_conditionals) & CONDITIONALS
 
 
-@pytest.mark.parametrize("layout", ["unfused", "stacked"])
+@pytest.mark.parametrize("layout", ["sequential", "stacked"])
 def test_a_fold_that_goes_nan_under_the_gpu_plan_stops_where_and_as_it_does_on_cpu(dataset, folds, layout):
     # Fold 0 alone trains on a NaN sample; 3 steps per launch, so that steps follow the failing
     # one in its launch, and under the per-epoch test in the rest of the epoch.

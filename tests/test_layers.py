@@ -107,11 +107,11 @@ def test_no_import_runs_back_up_a_layer_and_there_are_no_cycles():
 
 
 def test_the_check_names_an_import_that_runs_back_up():
-    imports = {**package_imports(), "pipeline.inputs.spec": {"pipeline.base.errors", "pipeline.engine.trial"},
+    imports = {**package_imports(), "pipeline.inputs.spec": {"pipeline.base.errors", "pipeline.engine.runner"},
                "pipeline.records.report": {"pipeline.engine.trainer", "pipeline.contract.results"},
                "pipeline.base.quiet": {"pipeline.sweep"}}
     assert sorted(arrows_back_up(imports, allowed_layers())) == [
-        "pipeline.base.quiet -> pipeline.sweep", "pipeline.inputs.spec -> pipeline.engine.trial",
+        "pipeline.base.quiet -> pipeline.sweep", "pipeline.inputs.spec -> pipeline.engine.runner",
         "pipeline.records.report -> pipeline.engine.trainer"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
 

@@ -99,7 +99,7 @@ def fold_models(case: Case) -> list[Any]:
 def finding(name: str, *, fold: int, epoch: int = 2, step: int = 5, skip: tuple[str, ...] = ()):
     """The finding of case ``name``'s text, stopped in fold ``fold``'s model, whose gradient norm adds
     up every trainable variable's gradient but those named in ``skip`` (None gradients)."""
-    from pipeline.engine.training import StoppedCall
+    from pipeline.engine.fold_engine import StoppedCall
     from pipeline.rerun import numerics_finding
 
     model = fold_models(CASES[name])[fold]
@@ -191,15 +191,22 @@ def test_the_fold_engine_keeps_the_variables_its_gradient_norm_adds_up():
     out of ``norm_variables``, once the step is traced."""
     import keras
 
+    from pipeline.contract.plan import ThreadPlan, TrialPlan
+    from pipeline.engine.fold_engine import FoldEngine
+    from pipeline.engine.recipe import TrainingParams, TrainingRecipe
     from pipeline.engine.resident import resident_data
-    from pipeline.engine.training import FoldEngine
     from pipeline.inputs.folds import Fold
+    from pipeline.inputs.losses import TrainingLoss
 
     model = fold_models(CASES["none_gradient"])[0]
     x = np.random.default_rng(0).normal(size=(24, 40, 1)).astype(np.float32)
     y = np.arange(24, dtype=np.int32) % 10
     engine = FoldEngine(model, keras.optimizers.SGD(), resident_data("numerics-test", x, y),
-                        Fold(train=np.arange(16), val=np.arange(16, 24)), batch_size=8, seed=0, jit_compile=False)
+                        Fold(train=np.arange(16), val=np.arange(16, 24)),
+                        plan=TrialPlan(jit_compile=False, steps_per_launch=1, layout="sequential", reason="",
+                                       threads=ThreadPlan(0, 0), device="/CPU:0"),
+                        recipe=TrainingRecipe(), params=TrainingParams(batch_size=8, learning_rate=0.01, optimizer="sgd"),
+                        loss=TrainingLoss(keras.losses.sparse_categorical_crossentropy), seed=0)
     assert engine.norm_variables == []
     engine.train_epoch(0)
     assert [variable.path for variable in engine.norm_variables] == [

@@ -88,18 +88,18 @@ def plan(choices=ExecutionChoices(), *, models=None, threads=ONE_THREAD, device=
      "fused: 3 folds in one execution, side by side (1 compute thread)"),
     (ExecutionChoices(layout="stacked"), {"threads": TWO_THREADS, "batch_size": 256}, "stacked",
      "fused: 3 folds in one execution, stacked into one XLA program per step"),
-    (ExecutionChoices(fused="off"), {}, "unfused", "unfused: train.fused is false"),
-    (ExecutionChoices(fused="on"), {"sizes": [300]}, "unfused", "unfused: one fold to train"),
-    (ExecutionChoices(fused="on", eager=True), {}, "unfused",
+    (ExecutionChoices(fused="off"), {}, "sequential", "unfused: train.fused is false"),
+    (ExecutionChoices(fused="on"), {"sizes": [300]}, "sequential", "unfused: one fold to train"),
+    (ExecutionChoices(fused="on", eager=True), {}, "sequential",
      "unfused: eager execution (debugging) runs each fold op by op"),
-    (ExecutionChoices(fused="on", check_numerics=True), {}, "unfused",
+    (ExecutionChoices(fused="on", check_numerics=True), {}, "sequential",
      "unfused: numeric checking runs the folds one after another, so that the first non-finite value is the same "
      "in every run"),
 ])
 def test_layout_decision_and_its_reason(choices, overrides, layout, reason):
     decided = plan(choices, **overrides)
     assert (decided.layout, decided.reason) == (layout, reason)
-    assert decided.fused == (layout != "unfused")
+    assert decided.fused == (layout != "sequential")
 
 
 def test_fold_models_sharing_variables_are_not_fused():
@@ -107,7 +107,7 @@ def test_fold_models_sharing_variables_are_not_fused():
     models = [Model(variables=[*shared, object()]) for _ in SIZES]
     assert shared_variable_count(models) == 2
     decided = plan(ExecutionChoices(fused="on"), models=models)
-    assert decided.layout == "unfused" and "share 2 variables" in decided.reason
+    assert decided.layout == "sequential" and "share 2 variables" in decided.reason
 
 
 def test_xla_follows_device_batch_size_and_random_layers_and_can_be_forced():
@@ -180,6 +180,16 @@ def test_a_plan_survives_its_record():
     assert TrialPlan.from_dict(json.loads(json.dumps(decided.as_dict()))) == decided
     assert decided.threads.describe() == "intra-op 2, inter-op 3"
     assert ThreadPlan(0, 0).describe() == "intra-op default, inter-op default"
+
+
+def test_a_plan_recorded_before_the_layouts_were_renamed_reads_its_unfused_layout_as_sequential():
+    sequential = plan(ExecutionChoices(fused="off"))
+    recorded = TrialPlan.from_dict({**sequential.as_dict(), "layout": "unfused"})
+    assert recorded == sequential and recorded.layout == "sequential" and not recorded.fused
+    assert replay_choices(recorded) == ExecutionChoices(jit_compile="on" if sequential.jit_compile else "off",
+                                                        fused="off", steps_per_launch=1, layout="auto",
+                                                        random_draws="auto")
+    assert plan_differences(recorded, sequential) == []
 
 
 def test_the_gpu_plan_tests_for_a_failed_fold_once_per_epoch():

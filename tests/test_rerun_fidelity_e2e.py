@@ -167,6 +167,6 @@ def test_one_fold_of_a_stacked_trial_names_the_difference(sweeps, monkeypatch, t
                         "--fold", "2", "--epochs", "1", "--set", "learning_rate=0.003")
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "differs from the trial" in line)
-    assert "layout stacked -> unfused" in line and "--set learning_rate=0.003" in line
+    assert "layout stacked -> sequential" in line and "--set learning_rate=0.003" in line
     differs = the_rerun(client, original).data.tags["foldsweep.rerun_differs"]
-    assert "layout stacked -> unfused" in differs and "learning_rate" in differs
+    assert "layout stacked -> sequential" in differs and "learning_rate" in differs

@@ -23,7 +23,7 @@ from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
 from pipeline.inputs.hypermodel import load_builder
 from pipeline.engine.resident import resident_data
 from pipeline.engine.recipe import TrainingRecipe
-from pipeline.engine.trial import TrialRunner, TrialSettings, Worker
+from pipeline.engine.runner import TrialRunner, TrialSettings, Worker
 
 
 ACCOUNT = TimeAccount.of(20.0, setup_s=5.0, compile_s=3.0, train_s=8.0, eval_s=1.5, gap_s=2.0)

@@ -64,7 +64,7 @@ def test_a_worker_without_gpus_hides_them_before_tensorflow_starts(two_gpus, mon
     import pipeline.base.compile_cache
     import pipeline.engine.resident
     import pipeline.inputs.hypermodel
-    from pipeline.engine.trial import set_up_worker
+    from pipeline.engine.runner import set_up_worker
 
     monkeypatch.setattr(pipeline.base.compile_cache, "deactivate", lambda: None)
     monkeypatch.setattr(pipeline.engine.resident, "resident_data", lambda *args: two_gpus.append(("data",)))

@@ -91,7 +91,7 @@ def test_balanced_class_weights_come_from_each_training_folds_own_labels():
 
     from sklearn.utils.class_weight import compute_class_weight
 
-    from pipeline.engine.trainer import fold_class_weights
+    from pipeline.engine.fold_engine import fold_class_weights
     from pipeline.inputs.folds import Fold
 
     y = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 1])

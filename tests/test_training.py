@@ -15,16 +15,19 @@ from pipeline.inputs.folds import make_folds
 from pipeline.inputs.hypermodel import load_builder
 from pipeline.engine.resident import resident_data
 from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
-from pipeline.contract.plan import ExecutionChoices, ThreadPlan, plan_threads
+from pipeline.contract.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_threads
 from pipeline.contract.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES, cv_summary
 from pipeline.engine.trainer import build_trainer
 from pipeline.engine.recipe import TrainingRecipe
 from pipeline.engine.runtime import threads_in_effect
-from pipeline.engine.training import fold_seed
+from pipeline.engine.fold_engine import fold_seed
 
 pytestmark = pytest.mark.training  # every test trains fold models
 
 MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.1}
+# A fold engine's plan when a test builds one itself: one fold, no XLA, one step per launch.
+SEQUENTIAL_WITHOUT_XLA = TrialPlan(jit_compile=False, steps_per_launch=1, layout="sequential", reason="",
+                                   threads=ThreadPlan(0, 0), device="/CPU:0")
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +153,8 @@ def test_a_loss_of_the_researchers_own_is_traced_as_keras_fit_traces_it(data_and
     import keras
     import tensorflow as tf
 
-    from pipeline.engine.training import FoldEngine
+    from pipeline.engine.fold_engine import FoldEngine
+    from pipeline.engine.recipe import TrainingParams
     from pipeline.inputs.losses import TrainingLoss
 
     def loss(y_true, y_pred):
@@ -172,6 +176,23 @@ def test_a_loss_of_the_researchers_own_is_traced_as_keras_fit_traces_it(data_and
     trained = model()
     trained.build((None, *data.x.shape[1:]))
     engine = FoldEngine(trained, keras.optimizers.Adam(), resident_data(data.fingerprint, data.x, data.y), folds[0],
-                        batch_size=32, seed=0, jit_compile=False, loss=TrainingLoss(loss))
+                        plan=SEQUENTIAL_WITHOUT_XLA, recipe=TrainingRecipe(),
+                        params=TrainingParams(batch_size=32, learning_rate=1e-3, optimizer="adam"),
+                        loss=TrainingLoss(loss), seed=0)
     with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
         engine.train_epoch(0)
+
+
+def test_a_trials_config_is_resolved_once_into_named_parts():
+    """What a trial trains with, resolved from its config: a config already resolved (the
+    runner's, handed to ``build_trainer``) is not resolved again."""
+    from pipeline.engine.recipe import TrainingParams, TrialConfig
+
+    recipe = TrainingRecipe(TrainSpec(epochs=7))
+    config = {**MODEL, "batch_size": 16, "learning_rate": 0.01, "optimizer": "sgd"}
+    resolved = recipe.resolve(config)
+    used = {**config, "clipping": "none"}  # the values the trial uses, its defaults included
+    assert resolved == TrialConfig(config=used, model_values=used, epochs=7, params=TrainingParams(
+        batch_size=16, learning_rate=0.01, optimizer="sgd", clipping="none", clip_threshold=1.0, shuffle=True))
+    assert recipe.resolve(resolved) is resolved
+    assert recipe.resolve({**config, "epochs": 3}).epochs == 3

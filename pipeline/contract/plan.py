@@ -6,7 +6,7 @@ here.
 
 Two moments: ``plan_threads`` before TensorFlow starts (thread pools cannot change afterwards),
 ``plan_trial`` once the fold models exist (XLA, unrolling and layout depend on the model). The
-engines (``pipeline.engine.training``, ``pipeline.engine.fused``, ``pipeline.engine.stacked``) only execute a
+engines (``pipeline.engine.sequential``, ``pipeline.engine.side_by_side``, ``pipeline.engine.stacked``) only execute a
 ``TrialPlan``; the plan is recorded with the trial (tags and ``trial_plan.json``), so that a
 rerun can execute exactly what the trial executed.
 
@@ -23,18 +23,22 @@ from pipeline.base.accelerator import GpuIdentity
 from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
 from pipeline.inputs.spec import AutoSwitch
 
-# The folds' layouts: one after another, or fused (side by side, or stacked into one program);
-# a debugging command may force a fused one (``auto``: the plan decides).
+# The folds' layouts: one after another, or fused (all in one execution): side by side, each in
+# its own loop, or stacked into one XLA program (``pipeline.engine.<layout>`` executes each); a
+# debugging command may force a fused one (``auto``: the plan decides).
 FusedLayout = Literal["side_by_side", "stacked"]
-Layout = Literal["unfused", FusedLayout]
+Layout = Literal["sequential", FusedLayout]
 ForcedLayout = Literal["auto", FusedLayout]
+# Plans recorded before the layouts were named after their executors (#54) called one after
+# another "unfused".
+OLD_LAYOUTS: Mapping[str, Layout] = {"unfused": "sequential"}
 # Whose random numbers a model's random layers draw in training: none (no random layer), Keras'
 # own generator, or foldsweep's counter-based hash (pipeline.engine.draws), which XLA compiles
 # into the step at the cost of an elementwise op and which stacks per fold.
 RandomDraws = Literal["none", "keras", "counter"]
 ForcedDraws = Literal["auto", "keras", "counter"]
 # When the host reads a fold's tally to leave its epoch early: before every launch (a step that
-# fails ends the epoch's loop; the unfused and side-by-side step applies its update under a
+# fails ends the epoch's loop; the sequential and side-by-side step applies its update under a
 # tf.cond), or once, at the end of the epoch (every step's update is masked instead, so that a
 # fold that failed keeps its weights, optimizer and layer state through the steps that follow).
 StopTest = Literal["per_launch", "per_epoch"]
@@ -171,7 +175,9 @@ class TrialPlan:
 
     @property
     def fused(self) -> bool:
-        return self.layout != "unfused"
+        """Whether the folds train in one execution (side by side or stacked): ``train.fused``'s
+        word, recorded as the tag ``foldsweep.fused``."""
+        return self.layout != "sequential"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,7 +185,8 @@ class TrialPlan:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrialPlan:
         gpu = values.get("gpu")
-        return cls(**{**values, "threads": ThreadPlan(**values["threads"]), "gpu": GpuIdentity(**gpu) if gpu else None})
+        return cls(**{**values, "layout": OLD_LAYOUTS.get(values["layout"], values["layout"]),
+                      "threads": ThreadPlan(**values["threads"]), "gpu": GpuIdentity(**gpu) if gpu else None})
 
 
 def plan_threads(choices: ExecutionChoices, *, cpus: float, n_folds: int) -> ThreadPlan:
@@ -225,7 +232,7 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
     unfused = _unfused_reason(choices, n_folds=len(models), shared_variables=shared_variable_count(models))
     layout: Layout
     if unfused is not None:
-        layout, reason = "unfused", unfused
+        layout, reason = "sequential", unfused
     else:
         fused = f"fused: {len(models)} folds in one execution" + (" (train.fused is true)" if choices.fused == "on"
                                                                      else "")
@@ -246,12 +253,12 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
 
 def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: bool = False) -> ExecutionChoices:
     """The choices that make ``plan_trial`` decide again what a recorded plan decided, as far as
-    the debugging options allow (eager and numeric checking run without XLA, unfused; the random
+    the debugging options allow (eager and numeric checking run without XLA, sequential; the random
     numbers stay the recorded ones)."""
     return ExecutionChoices(
         jit_compile="off" if eager or check_numerics else ("on" if recorded.jit_compile else "off"),
         fused="on" if recorded.fused else "off", steps_per_launch=recorded.steps_per_launch,
-        layout="auto" if recorded.layout == "unfused" else recorded.layout, eager=eager,
+        layout="auto" if recorded.layout == "sequential" else recorded.layout, eager=eager,
         check_numerics=check_numerics,
         random_draws="auto" if recorded.random_draws == "none" else recorded.random_draws)
 
@@ -260,7 +267,7 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
     """What of ``now`` may make a trial walk another trajectory than ``recorded`` did.
 
     One fold alone or side by side with others runs the same compiled steps on the same thread
-    pools, so unfused against side by side is no difference; stacked folds are one XLA program
+    pools, so sequential against side by side is no difference; stacked folds are one XLA program
     whose float rounding differs from a fold's own.
     """
     differences = []

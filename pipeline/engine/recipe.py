@@ -10,7 +10,7 @@ config differently from the others.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import keras
 
@@ -101,6 +101,15 @@ def optimizer_recipe(model: keras.Model | None, params: TrainingParams, *, spec_
     return recipe
 
 
+class TrialConfig(NamedTuple):
+    """A trial's config resolved once (``TrainingRecipe.resolve``)."""
+
+    config: dict[str, Any]  # the values the trial uses (``resolve_config``)
+    params: TrainingParams  # its training hyperparameters
+    model_values: dict[str, Any]  # the values its build gets
+    epochs: int
+
+
 @dataclass(frozen=True)
 class TrainingRecipe:
     """What a sweep's trials share in how they train: the spec's ``train`` section, the
@@ -128,16 +137,19 @@ class TrainingRecipe:
                    spec_names=frozenset(TRAINING_DEFAULTS).intersection(spec.search.space),
                    fit_arguments=dict(fit_arguments or {}))
 
-    def values(self, config: Mapping[str, Any]) -> tuple[TrainingParams, dict[str, Any], int]:
-        """A config as (its training hyperparameters, the values its build gets, its epochs): the
-        values it uses (``conditions``), fit arguments of a HyperModel.fit taken from the
-        hyperparameters that feed them, ``train.epochs`` unless the config sets its own."""
-        config = resolve_config(config, self.conditions)
-        training, model_values = split_config(config)
+    def resolve(self, config: Mapping[str, Any] | TrialConfig) -> TrialConfig:
+        """A config as a trial trains it: the values it uses (``conditions``), its training
+        hyperparameters (fit arguments of a HyperModel.fit taken from the hyperparameters that
+        feed them), the values its build gets, ``train.epochs`` unless the config sets its own.
+        A config already resolved is returned as it is."""
+        if isinstance(config, TrialConfig):
+            return config
+        used = resolve_config(config, self.conditions)
+        training, model_values = split_config(used)
         for name, source in self.fit_arguments.items():
-            training[name] = config.get(source, training.get(name))
+            training[name] = used.get(source, training.get(name))
         epochs = training.pop("epochs") or self.train.epochs
-        return TrainingParams(**training), model_values, epochs
+        return TrialConfig(used, TrainingParams(**training), model_values, epochs)
 
     def optimizer(self, model: keras.Model, params: TrainingParams) -> OptimizerRecipe:
         return optimizer_recipe(model, params, spec_names=self.spec_names)

@@ -1,10 +1,10 @@
-"""Stacked fold fusion: the k fold models' weights stacked along a leading fold axis and trained
-by one XLA program per step, as horizontally fused training arrays (HFTA) do.
+"""Folds stacked: the k fold models' weights stacked along a leading fold axis and trained by one
+XLA program per step, as horizontally fused training arrays (HFTA) do.
 
 Why: at small batches a CPU step costs mostly a fixed price per compiled kernel, not arithmetic
 (the MNIST-1D CNN's step runs ~120 kernels; 234 us at batch 2 against 308 us at batch 8, one
 thread). Stacked, each kernel runs once for all k folds: 3 folds on one core trained 1.4x faster
-than one fold after another (#9). Side-by-side loops (``pipeline.engine.fused``) do better once a trial
+than one fold after another (#9). Side-by-side loops (``pipeline.engine.side_by_side``) do better once a trial
 has a core per fold loop, so ``pipeline.contract.plan`` stacks for trials with one compute thread, or a GPU.
 
 The researcher's ``build(hp)`` model is not rewritten: its graph is walked (``Functional``'s own
@@ -40,7 +40,7 @@ from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.inputs.spec import CLIPPING_ARGUMENTS, NO_CLIPPING
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams
-from pipeline.engine.training import (EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step,
+from pipeline.engine.fold_engine import (EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step,
                                       traced_once)
 
 STACKED_LAYERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.BatchNormalization,
@@ -551,14 +551,12 @@ class StackedFolds:
         self.compiled_steps = steps
 
         def stopped(tally, live):
-            return tf.reduce_all(~live | (tally[2] >= 0))
+            return tf.reduce_all(~live | tally.failed)
 
         def train_epoch(indices, weights, live):
             # indices, weights: [steps, k, batch]; the epoch's steps, steps_per_launch per launch.
-            zeros = tf.zeros([n_folds])
-            tally = (zeros, tf.zeros([n_folds], tf.int32), -tf.ones([n_folds], tf.int32), zeros, zeros)
             return launch_loop(lambda *arguments: steps(*arguments[:2], live, *arguments[2:]), (indices, weights),
-                               tally, steps_per_launch=steps_per_launch,
+                               EpochTally.start(n_folds), steps_per_launch=steps_per_launch,
                                stopped=None if stop_test == "per_epoch" else lambda tally: stopped(tally, live))
 
         self._train_epoch = tf.function(train_epoch, autograph=False)
@@ -589,11 +587,11 @@ class StackedFolds:
         with tf.device(self._engines[0].device):
             arguments = tf.constant(indices), tf.constant(weights), tf.constant(mask)
         started = time.perf_counter()
-        tally = [np.asarray(value) for value in self._train_epoch(*arguments)]
+        tally = EpochTally(*(np.asarray(value) for value in self._train_epoch(*arguments)))
         seconds = time.perf_counter() - started
         self._store(live)
         return close_shared_epoch(self._engines, live, epoch, seconds,
-                                 [EpochTally.of([value[i] for value in tally]) for i in live])
+                                 [tally.numbers(i) for i in live])
 
     def _load(self, live: tuple[int, ...]) -> None:
         """Stack the engines' weights, layer state and optimizer state (they may have been restored)."""
@@ -716,7 +714,7 @@ def _stacked_steps(template: keras.Model, stacked: _Stacked, *, loss: TrainingLo
 
     def train_steps(indices, weights, live, first_step, tally):
         for j in range(indices.shape[0]):
-            active = live & (tally[2] < 0)
+            active = live & tally.intact
             losses, norms, healthy, counts = step(indices[j], weights[j], active)
             tally = tally_step(tally, step=first_step + j, loss=losses, norm=norms, healthy=healthy,
                                active=active, samples=counts)

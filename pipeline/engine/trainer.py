@@ -20,7 +20,7 @@ from pipeline.base import compile_cache
 from pipeline.base.accelerator import GpuIdentity, UnknownGpu, deterministic_ops, gpu_identity
 from pipeline.base.compile_cache import CacheCounts, CompileCache, content_names
 from pipeline.inputs.folds import Fold
-from pipeline.engine.fused import FusedFolds
+from pipeline.engine.side_by_side import SideBySideFolds
 from pipeline.inputs.hypermodel import build_model, output_units
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.contract.plan import RandomDraws, StackedConvolutions, TrialPlan, plan_differences, plan_trial
@@ -30,8 +30,9 @@ from pipeline.contract.account import TimeAccount
 from pipeline.contract.results import (COMPILE_S, EVAL_S, GAP_S, SETUP_S, TRAIN_S, EpochResult, FoldScores,
                                        FoldThroughput, NanEvent, NanReport, Throughput)
 from pipeline.engine.runtime import tf32_in_effect, threads_in_effect
-from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe
-from pipeline.engine.training import CallTimer, FoldEngine, FoldExecutor, SequentialFolds, StoppedCall, fold_seed
+from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe, TrialConfig
+from pipeline.engine.fold_engine import CallTimer, FoldEngine, FoldExecutor, StoppedCall, fold_seed
+from pipeline.engine.sequential import SequentialFolds
 
 
 @dataclass
@@ -70,9 +71,8 @@ class FoldTrainer:
     """The k fold models of one trial, trained in lockstep on device-resident data."""
 
     def __init__(self, models: Sequence[keras.Model], params: TrainingParams, *, data: ResidentData,
-                 folds: Sequence[Fold], plan: TrialPlan, seed: int, fold_ids: Sequence[int], optimizer: OptimizerRecipe,
-                 loss: TrainingLoss, eager: bool = False, metrics: Sequence[str] = (),
-                 class_weight: str | Mapping[int, float] | None = None):
+                 folds: Sequence[Fold], plan: TrialPlan, recipe: TrainingRecipe, fold_ids: Sequence[int],
+                 optimizer: OptimizerRecipe, loss: TrainingLoss):
         self.params = params
         self.plan = plan
         self.optimizer = optimizer
@@ -81,17 +81,15 @@ class FoldTrainer:
         # The folds' numbers in the sweep: a rerun of one fold still reports split{k} as k.
         self.fold_ids = list(fold_ids)
         self.engines = [
-            FoldEngine(model, optimizer.make(), data, fold, batch_size=params.batch_size, seed=fold_seed(seed, k),
-                       jit_compile=plan.jit_compile, loss=loss, eager=eager, steps_per_launch=plan.steps_per_launch,
-                       shuffle=params.shuffle, counter_draws=plan.random_draws == "counter", stop_test=plan.stop_test,
-                       metrics=metrics, class_weights=fold_class_weights(class_weight, data, fold))
+            FoldEngine(model, optimizer.make(), data, fold, plan=plan, recipe=recipe, params=params, loss=loss,
+                       seed=fold_seed(recipe.train.seed, k))
             for k, fold, model in zip(self.fold_ids, folds, models)
         ]
         # Which way each metric besides loss and accuracy improves ("" when unknown): what a fold
         # that went NaN counts as in the CV mean.
         self.directions = {scorer.name: scorer.direction or "" for scorer in self.engines[0].metrics.scorers()}
         self._executor = _executor(plan, self.engines, params, data=data, loss=loss, optimizer=optimizer)
-        self._cache = _CacheUse.start(plan, self.engines, self._executor) if not eager else None
+        self._cache = _CacheUse.start(plan, self.engines, self._executor) if not recipe.choices.eager else None
         self.clock = EpochClock()
 
     @property
@@ -202,18 +200,21 @@ class FoldTrainer:
                                           grad_norm=float(norm))
 
 
-def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, Any], recipe: TrainingRecipe, *,
-                  data: ResidentData, folds: Sequence[Fold], fold_ids: Sequence[int] | None = None,
-                  planned_epochs: int | None = None, replay: TrialPlan | None = None) -> FoldTrainer:
-    """Build a trial's fold models for ``config``, plan how to train them as ``recipe`` says, and
-    the trainer that executes the plan. The one way a trial, a rerun and the refit are trained.
+def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, Any] | TrialConfig,
+                  recipe: TrainingRecipe, *, data: ResidentData, folds: Sequence[Fold],
+                  fold_ids: Sequence[int] | None = None, planned_epochs: int | None = None,
+                  replay: TrialPlan | None = None) -> FoldTrainer:
+    """Build a trial's fold models for ``config`` (resolved by ``recipe.resolve``, or already),
+    plan how to train them as ``recipe`` says, and the trainer that executes the plan. The one
+    way a trial, a rerun and the refit are trained.
 
     With ``replay`` (a recorded plan, whose choices the recipe's then are), the recorded plan
     itself is executed when the new decision comes to the same execution. A model its build
     compiled keeps its optimizer and loss, with the training hyperparameters the spec's search
     space names in place of the compiled ones.
     """
-    params, model_values, epochs = recipe.values(config)
+    trial = recipe.resolve(config)
+    params, model_values = trial.params, trial.model_values
     seed = recipe.train.seed
     fold_ids = list(fold_ids) if fold_ids is not None else list(range(len(folds)))
     input_shape = tuple(data.x.shape[1:])
@@ -245,35 +246,12 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
 
     plan = plan_trial(recipe.choices, models=models, threads=threads_in_effect(), device=data.device,
                       batch_size=params.batch_size, train_sizes=[len(fold.train) for fold in folds],
-                      planned_epochs=planned_epochs or epochs, stacking_blocker=stacking_blocker, tf32=tf32,
+                      planned_epochs=planned_epochs or trial.epochs, stacking_blocker=stacking_blocker, tf32=tf32,
                       gpu=_gpu_identity(data.device), deterministic_ops=deterministic_ops())
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay
-    return FoldTrainer(models, params, data=data, folds=folds, plan=plan, seed=seed, fold_ids=fold_ids,
-                       optimizer=optimizer, loss=loss, eager=recipe.choices.eager, metrics=recipe.train.metrics,
-                       class_weight=recipe.train.class_weight)
-
-
-def fold_class_weights(class_weight: str | Mapping[int, float] | None, data: ResidentData,
-                       fold: Fold) -> np.ndarray | None:
-    """Each class's weight in a fold's training loss, indexed by label (``train.class_weight``):
-    balanced by scikit-learn's rule from the fold's own training labels (never its validation
-    data), or the given weights (1 for a class they leave out, as Keras' fit)."""
-    if class_weight is None:
-        return None
-    labels = np.asarray(data.y)
-    weights = np.ones(int(labels.max()) + 1, np.float32)
-    if class_weight == "balanced":
-        from sklearn.utils.class_weight import compute_class_weight
-
-        train = labels[np.asarray(fold.train)]
-        present = np.unique(train)
-        weights[present] = compute_class_weight("balanced", classes=present, y=train)
-        return weights
-    for label, weight in class_weight.items():
-        if label < len(weights):
-            weights[label] = weight
-    return weights
+    return FoldTrainer(models, params, data=data, folds=folds, plan=plan, recipe=recipe, fold_ids=fold_ids,
+                       optimizer=optimizer, loss=loss)
 
 
 def _gpu_identity(device: str) -> GpuIdentity | None:
@@ -296,7 +274,7 @@ def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingPa
                             steps_per_launch=plan.steps_per_launch, stop_test=plan.stop_test,
                             convolutions=plan.stacked_convolutions)
     if plan.layout == "side_by_side":
-        return FusedFolds(engines)
+        return SideBySideFolds(engines)
     return SequentialFolds(engines)
 
 

@@ -1,5 +1,5 @@
 """A trial restored after its driver was killed between Ray Tune's checkpoint rotation and its
-experiment-state save (pipeline.engine.trial.surviving_checkpoint), or after its last epoch but
+experiment-state save (pipeline.engine.trainable.surviving_checkpoint), or after its last epoch but
 before Ray Tune saved it as ended: pure file logic on real Ray checkpoints and checkpoint files."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from ray import tune
 
 from pipeline.engine.lifespan import WorkerState
-from pipeline.engine.trial import CHECKPOINT_FILE, LAST_REPORT_FILE, FoldTrainable, surviving_checkpoint
+from pipeline.engine.trainable import CHECKPOINT_FILE, LAST_REPORT_FILE, FoldTrainable, surviving_checkpoint
 
 
 def checkpoint_dir(trial_dir: Path, index: int, epoch: int) -> Path:

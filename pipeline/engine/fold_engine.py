@@ -6,8 +6,9 @@ step, a whole epoch runs as one execution (a loop inside one ``tf.function``, wh
 ``steps_per_execution`` = steps per epoch), there are no per-batch callbacks, the step is
 XLA-compiled where the trial's plan says so, and several steps can be unrolled into one compiled
 launch (``pipeline.contract.plan`` decides both). A ``FoldExecutor`` trains a trial's engines one epoch at
-a time: ``SequentialFolds`` here, one after another; ``pipeline.engine.fused`` side by side in one
-execution; ``pipeline.engine.stacked`` stacked into one XLA program.
+a time, in the plan's layout: ``pipeline.engine.sequential`` one after another,
+``pipeline.engine.side_by_side`` side by side in one execution, ``pipeline.engine.stacked`` stacked
+into one XLA program.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 import keras
 import numpy as np
@@ -25,8 +26,9 @@ from pipeline.engine import draws
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.inputs.scoring import ValidationMetrics
+from pipeline.engine.recipe import TrainingParams, TrainingRecipe
 from pipeline.engine.resident import ResidentData, step_labels
-from pipeline.contract.plan import StopTest
+from pipeline.contract.plan import TrialPlan
 from pipeline.contract.results import EVAL_STEP, NanEvent
 
 EVAL_BATCH_SIZE = 2048
@@ -41,6 +43,50 @@ def epoch_order(train_indices: np.ndarray, *, seed: int, epoch: int) -> np.ndarr
 def fold_seed(trial_seed: int, fold: int) -> int:
     """Each fold's initialisation and shuffling seed, independent of which trials ran before."""
     return int(np.random.SeedSequence([trial_seed, fold]).generate_state(1)[0])
+
+
+class EpochTally(NamedTuple):
+    """What a fold's training steps of an epoch add up to: the summed loss over trained samples,
+    the samples trained, the step that failed (-1 while none has) and the last good step's loss
+    and gradient norm. Tensors inside the compiled epoch (each with a fold axis when the folds
+    are stacked), a nest TensorFlow carries through its loops and returns; Python numbers once
+    the epoch has returned (``numbers``)."""
+
+    loss_sum: Any
+    trained: Any
+    failed_at: Any
+    last_loss: Any
+    last_norm: Any
+
+    @classmethod
+    def start(cls, n_folds: int | None = None) -> EpochTally:
+        """An epoch's tally before its first step, inside the compiled epoch: one fold's, or
+        ``n_folds`` stacked folds'. Zeros, not NaN, for the last loss and norm, so that
+        TensorFlow's numeric checking (rerun --check-numerics) only ever stops at a value the
+        model produced. (Two forms, the ops each program has been traced with: its ops are its
+        compile-cache key.)"""
+        import tensorflow as tf
+
+        if n_folds is None:
+            return cls(tf.constant(0.0), tf.constant(0), tf.constant(-1), tf.constant(0.0), tf.constant(0.0))
+        zeros = tf.zeros([n_folds])
+        return cls(zeros, tf.zeros([n_folds], tf.int32), -tf.ones([n_folds], tf.int32), zeros, zeros)
+
+    @property
+    def failed(self) -> Any:
+        """Whether a step failed (per fold, stacked), inside the compiled epoch."""
+        return self.failed_at >= 0
+
+    @property
+    def intact(self) -> Any:
+        """Whether no step has failed yet (per fold, stacked), inside the compiled epoch."""
+        return self.failed_at < 0
+
+    def numbers(self, fold: int | None = None) -> EpochTally:
+        """The tally a compiled epoch returned, as Python numbers (of one ``fold`` of stacked folds')."""
+        values = [np.asarray(value) if fold is None else np.asarray(value)[fold] for value in self]
+        loss_sum, trained, failed_at, last_loss, last_norm = values
+        return EpochTally(float(loss_sum), int(trained), int(failed_at), float(last_loss), float(last_norm))
 
 
 class FoldSteps(NamedTuple):
@@ -133,7 +179,7 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         # each adding to the epoch's tally inside the launch. Once a step fails, the steps after
         # it in the launch apply nothing.
         for j in range(batches.shape[0]):
-            active = tally[2] < 0
+            active = tally.intact
             value, norm, healthy = step(batches[j], active)
             tally = tally_step(tally, step=first_step + j, loss=value, norm=norm, healthy=healthy, active=active,
                                samples=batches.shape[1])
@@ -166,12 +212,8 @@ def _masked_update(optimizer: keras.optimizers.Optimizer, gradients: Sequence[An
         variable.assign(tf.where(applied, variable.value, before))
 
 
-def _failed(tally: Any) -> Any:
-    return tally[2] >= 0
-
-
-def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: Any, *, steps_per_launch: int,
-                stopped: Callable[[Any], Any] | None) -> Any:
+def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: EpochTally, *, steps_per_launch: int,
+                stopped: Callable[[EpochTally], Any] | None) -> EpochTally:
     """An epoch's training steps as one graph loop (inside the epoch's ``tf.function``):
     ``steps_per_launch`` of them per compiled launch, then the steps that do not fill a launch one
     per launch, left as soon as ``stopped(tally)``; with ``stopped`` None (the per-epoch stop
@@ -204,6 +246,27 @@ def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: Any,
     return tally
 
 
+def epoch_loop(steps: Callable[..., Any], *, steps_per_launch: int, per_epoch: bool) -> Callable[[Any, Any], Any]:
+    """One fold's epoch, uncompiled: ``train_epoch(full_batches, remainder)`` runs the launches of
+    ``steps`` over the full batches as one execution (``launch_loop``), then the remainder,
+    shorter than a batch, as one more launch of its own, and returns the epoch's tally. With
+    ``per_epoch`` (the plan's stop test) the steps are masked and the loop never reads the tally."""
+    import tensorflow as tf
+
+    def train_epoch(full_batches, remainder):
+        tally = launch_loop(steps, (full_batches,), EpochTally.start(), steps_per_launch=steps_per_launch,
+                            stopped=None if per_epoch else lambda tally: tally.failed)
+        if remainder.shape[0]:
+            def last():
+                return steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally)
+
+            # Masked steps need no test: after a failure the remainder applies nothing.
+            tally = last() if per_epoch else tf.cond(tally.failed, lambda: tally, last)
+        return tally
+
+    return train_epoch
+
+
 @dataclass(frozen=True)
 class StoppedCall:
     """Where an error (TensorFlow's numeric checking) stopped a fold engine mid-call: its model,
@@ -218,38 +281,19 @@ class StoppedCall:
     fold: int | None = None
 
 
-@dataclass(frozen=True)
-class EpochTally:
-    """What one fold's training steps of an epoch add up to: summed loss over trained samples,
-    the step that failed (-1 if none) and the last good step's loss and gradient norm."""
-
-    loss_sum: float
-    trained: int
-    failed_at: int
-    last_loss: float
-    last_norm: float
-
-    @classmethod
-    def of(cls, outputs: Any) -> EpochTally:
-        """The tally from what a compiled epoch loop returned."""
-        loss_sum, trained, failed_at, last_loss, last_norm = outputs
-        return cls(float(loss_sum), int(trained), int(failed_at), float(last_loss), float(last_norm))
-
-
-def tally_step(tally: tuple[Any, ...], *, step: Any, loss: Any, norm: Any, healthy: Any, active: Any,
-               samples: Any) -> tuple[Any, ...]:
+def tally_step(tally: EpochTally, *, step: Any, loss: Any, norm: Any, healthy: Any, active: Any,
+               samples: Any) -> EpochTally:
     """The epoch tally after one training step (inside the compiled launch; per fold when the
     arguments carry a fold axis): a step that was active adds its loss and samples if healthy,
     else records where the fold failed."""
     import tensorflow as tf
 
-    loss_sum, trained, failed_at, last_loss, last_norm = tally
     applied = healthy & active
-    return (loss_sum + tf.where(applied, loss * tf.cast(samples, loss.dtype), 0.0),
-            trained + tf.where(applied, tf.cast(samples, trained.dtype), 0),
-            tf.where(active & ~healthy, step, failed_at),
-            tf.where(applied, loss, last_loss),
-            tf.where(applied, norm, last_norm))
+    return EpochTally(tally.loss_sum + tf.where(applied, loss * tf.cast(samples, loss.dtype), 0.0),
+                      tally.trained + tf.where(applied, tf.cast(samples, tally.trained.dtype), 0),
+                      tf.where(active & ~healthy, step, tally.failed_at),
+                      tf.where(applied, loss, tally.last_loss),
+                      tf.where(applied, norm, tally.last_norm))
 
 
 class CallTimer:
@@ -284,19 +328,19 @@ class CallTimer:
 class FoldEngine:
     """One fold's model, optimizer and compiled epoch loop over device-resident data."""
 
-    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, data: ResidentData,
-                 fold: Fold, *, batch_size: int, seed: int, jit_compile: bool, loss: TrainingLoss = TrainingLoss(
-                     keras.losses.sparse_categorical_crossentropy), eager: bool = False, steps_per_launch: int = 1,
-                 shuffle: bool = True, counter_draws: bool = False, stop_test: StopTest = "per_launch",
-                 metrics: Sequence[str] = (), class_weights: np.ndarray | None = None):
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, data: ResidentData, fold: Fold,
+                 *, plan: TrialPlan, recipe: TrainingRecipe, params: TrainingParams, loss: TrainingLoss, seed: int):
+        """``model`` trained by its own ``optimizer`` on ``fold`` of ``data``, executed as the
+        trial's ``plan`` says, with what its ``recipe`` (the spec's ``train`` section, eager or
+        not) and ``params`` (batch size, shuffling) ask, its ``loss`` and the fold's ``seed``."""
         import tensorflow as tf
 
         self.model = model
         self.optimizer = optimizer
         self.own_accuracy = loss.own_accuracy
-        self.batch_size = batch_size
+        self.batch_size = params.batch_size
         self.seed = seed
-        self.jit_compile = jit_compile
+        self.jit_compile = plan.jit_compile
         self.device = data.device
         self._train_indices = np.asarray(fold.train, dtype=data.index_dtype)
         self._val_indices = np.asarray(fold.val, dtype=data.index_dtype)
@@ -305,7 +349,7 @@ class FoldEngine:
         self.failure: NanEvent | None = None
         # The XLA-compiled launch (None when the step runs without XLA): each trace is a program.
         self.compiled_steps: Any = None
-        self.shuffle = shuffle
+        self.shuffle = params.shuffle
         # What the engine is running, from the start of a call until it returns, so that an error
         # leaves it set (``stopped_call``): the epoch, and in training the steps the optimizer
         # had applied before it.
@@ -313,52 +357,35 @@ class FoldEngine:
         optimizer.build(model.trainable_variables)
         # The model's compiled metrics and the spec's, this fold's own objects, their variables
         # made before the evaluation is traced.
-        self.metrics = ValidationMetrics(model, metrics, own_accuracy=loss.own_accuracy)
+        self.metrics = ValidationMetrics(model, recipe.train.metrics, own_accuracy=loss.own_accuracy)
         # Validation chunks hold whole batches of the trial's size (see ``batches_loss_sum``).
-        self._eval_chunk = batch_size * max(1, EVAL_BATCH_SIZE // batch_size)
+        self._eval_chunk = self.batch_size * max(1, EVAL_BATCH_SIZE // self.batch_size)
         with tf.device(self.device):
             first = self._val_indices[:1]
             self.metrics.build(step_labels(tf.gather(data.y, first)), model(tf.gather(data.x, first), training=False))
-        per_epoch = stop_test == "per_epoch"
-        train_steps, evaluate_batch, self.norm_variables = fold_steps(model, optimizer, loss, data,
-                                                                      counter_draws=counter_draws, masked=per_epoch,
-                                                                      eager=eager, metrics=self.metrics,
-                                                                      class_weights=class_weights,
-                                                                      batch_size=batch_size)
+        eager = recipe.choices.eager
+        per_epoch = plan.stop_test == "per_epoch"
+        train_steps, evaluate_batch, self.norm_variables = fold_steps(
+            model, optimizer, loss, data, counter_draws=plan.random_draws == "counter", masked=per_epoch, eager=eager,
+            metrics=self.metrics, class_weights=fold_class_weights(recipe.train.class_weight, data, fold),
+            batch_size=self.batch_size)
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
         # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and
         # layers are traced as Python, exactly as fit traces them, and the engine writes its own
         # loops and conditions as tf.while_loop and tf.cond. Converting the engine's functions
         # cost each process about a second of CPU before its first trial, for the same graph.
-        steps = train_steps if eager else tf.function(train_steps, jit_compile=jit_compile, autograph=False)
-        if jit_compile and not eager:
+        steps = train_steps if eager else tf.function(train_steps, jit_compile=plan.jit_compile, autograph=False)
+        if plan.jit_compile and not eager:
             self.compiled_steps = steps
-
-        def train_epoch(full_batches, remainder):
-            # The whole epoch is one execution (``launch_loop``); the remainder, shorter than a
-            # batch, is one more launch of its own.
-            # Zeros, not NaN, for the last loss and norm, so that TensorFlow's numeric checking
-            # (rerun --check-numerics) only ever stops at a value the model produced.
-            tally = (tf.constant(0.0), tf.constant(0), tf.constant(-1), tf.constant(0.0), tf.constant(0.0))
-            tally = launch_loop(steps, (full_batches,), tally, steps_per_launch=steps_per_launch,
-                                stopped=None if per_epoch else _failed)
-            if remainder.shape[0]:
-                def last():
-                    return steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally)
-
-                # Masked steps need no test: after a failure the remainder applies nothing.
-                tally = last() if per_epoch else tf.cond(_failed(tally), lambda: tally, last)
-            return tally
-
+        # The uncompiled epoch loop (its steps compiled), for ``pipeline.engine.side_by_side`` to
+        # run several folds' loops in one execution.
+        self.epoch_loop = epoch_loop(steps, steps_per_launch=plan.steps_per_launch, per_epoch=per_epoch)
         if eager:
-            self._train_epoch, self._evaluate_batch = train_epoch, evaluate_batch
+            self._train_epoch, self._evaluate_batch = self.epoch_loop, evaluate_batch
         else:
-            self._train_epoch = tf.function(train_epoch, autograph=False)
+            self._train_epoch = tf.function(self.epoch_loop, autograph=False)
             self._evaluate_batch = tf.function(evaluate_batch, reduce_retracing=True, autograph=False)
-        # The uncompiled epoch loop (its steps compiled), for ``pipeline.engine.fused`` to run
-        # several folds' loops in one execution.
-        self.epoch_loop = train_epoch
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """This epoch's training order (the fold's own order when a hypermodel's fit asks for
@@ -390,7 +417,7 @@ class FoldEngine:
     def train_epoch(self, epoch: int) -> float:
         self._running = (epoch, int(self.optimizer.iterations.numpy()))
         started = time.perf_counter()
-        tally = EpochTally.of(self._train_epoch(*self.epoch_batch_tensors(epoch)))
+        tally = self._train_epoch(*self.epoch_batch_tensors(epoch)).numbers()
         self._running = None
         self.train_timer.add(time.perf_counter() - started, self.train_samples)
         return self.close_epoch(epoch, tally)
@@ -450,16 +477,6 @@ class FoldExecutor(Protocol):
         ...
 
 
-class SequentialFolds:
-    """The unfused layout: each fold's compiled epoch loop, one after another."""
-
-    def __init__(self, engines: Sequence[FoldEngine]):
-        self._engines = list(engines)
-
-    def train_epoch(self, epoch: int, live: tuple[int, ...]) -> dict[int, float]:
-        return {i: self._engines[i].train_epoch(epoch) for i in live}
-
-
 def close_shared_epoch(engines: Sequence[FoldEngine], live: tuple[int, ...], epoch: int, seconds: float,
                        tallies: Sequence[EpochTally]) -> dict[int, float]:
     """Charge the live engines for an epoch trained together in ``seconds`` and close it with
@@ -473,3 +490,25 @@ def close_shared_epoch(engines: Sequence[FoldEngine], live: tuple[int, ...], epo
         engine.train_timer.add(share, engine.train_samples)
         losses[i] = engine.close_epoch(epoch, tally)
     return losses
+
+
+def fold_class_weights(class_weight: str | Mapping[int, float] | None, data: ResidentData,
+                       fold: Fold) -> np.ndarray | None:
+    """Each class's weight in a fold's training loss, indexed by label (``train.class_weight``):
+    balanced by scikit-learn's rule from the fold's own training labels (never its validation
+    data), or the given weights (1 for a class they leave out, as Keras' fit)."""
+    if class_weight is None:
+        return None
+    labels = np.asarray(data.y)
+    weights = np.ones(int(labels.max()) + 1, np.float32)
+    if class_weight == "balanced":
+        from sklearn.utils.class_weight import compute_class_weight
+
+        train = labels[np.asarray(fold.train)]
+        present = np.unique(train)
+        weights[present] = compute_class_weight("balanced", classes=present, y=train)
+        return weights
+    for label, weight in class_weight.items():
+        if label < len(weights):
+            weights[label] = weight
+    return weights

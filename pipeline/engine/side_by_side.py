@@ -1,4 +1,4 @@
-"""Side-by-side fold fusion: one execution trains every fold of a trial, each in its own loop.
+"""Folds side by side: one execution trains every fold of a trial, each in its own loop.
 
 The k fold models share an architecture and a batch size, and nothing else: each replica is the
 researcher's ``build(hp)`` model, built once per fold, with its own weights, optimizer state (so
@@ -20,11 +20,11 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from pipeline.engine.training import EpochTally, FoldEngine, close_shared_epoch
+from pipeline.engine.fold_engine import FoldEngine, close_shared_epoch
 
 
-class FusedFolds:
-    """Trains fold engines one epoch at a time, all live folds in one execution."""
+class SideBySideFolds:
+    """Trains fold engines one epoch at a time, all live folds in one execution, each in its own loop."""
 
     def __init__(self, engines: Sequence[FoldEngine]):
         self._engines = list(engines)
@@ -41,5 +41,5 @@ class FusedFolds:
                                                autograph=False)
         batches = [self._engines[i].epoch_batch_tensors(epoch) for i in live]
         started = time.perf_counter()
-        tallies = [EpochTally.of(outputs) for outputs in self._compiled[live](batches)]
+        tallies = [tally.numbers() for tally in self._compiled[live](batches)]
         return close_shared_epoch(self._engines, live, epoch, time.perf_counter() - started, tallies)
