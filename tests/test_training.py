@@ -94,6 +94,7 @@ def test_side_by_side_folds_train_one_program_compiled_once():
     assert names[0] == names[1] == names[2]
     report = together.run_epoch().report()
     assert report[COMPILE_CACHE_MISSES] == 0  # the three folds run the one fold's programs
+    assert report[COMPILE_CACHE_HITS] == alone[COMPILE_CACHE_MISSES]  # each loaded once, not once per fold
     assert report["split2_train_loss"] == alone["split2_train_loss"]
 
 

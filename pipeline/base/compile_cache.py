@@ -378,6 +378,10 @@ def content_names() -> Iterator[None]:
         renamed = content_name(name, graph)
         if graph.name == name:  # a nested function: its caller reads graph.name
             graph.name = renamed
+        attrs = kwargs.get("attrs", args[0] if args else None) or {}
+        must_compile = attrs.get(XLA_MUST_COMPILE, False)  # a bool, or an AttrValue
+        if getattr(must_compile, "b", must_compile) is True:
+            _traced_programs.append(renamed)
         return original(renamed, graph, *args, **kwargs)
 
     def capture_by_value(self: Any, graph: Any, tensor: Any, name: str | None = None) -> Any:
@@ -395,6 +399,22 @@ def content_names() -> Iterator[None]:
     finally:
         atomic_function.from_func_graph = original
         capture_container.FunctionCaptures.capture_by_value = original_capture
+
+
+def traced_programs() -> int:
+    """How many XLA programs this process has traced so far: a position for ``programs_since``."""
+    return len(_traced_programs)
+
+
+def programs_since(position: int) -> int:
+    """The distinct XLA programs traced since ``position``: a program every fold traces (their
+    models built under the same names) counts once, as it is compiled or loaded once."""
+    return len(set(_traced_programs[position:]))
+
+
+# The content names of the XLA programs traced while content_names() was on, in order.
+_traced_programs: list[Any] = []
+XLA_MUST_COMPILE = "_XlaMustCompile"  # the attribute tf.function(jit_compile=True) gives its functions
 
 
 def content_name(name: Any, graph: Any) -> Any:

@@ -89,7 +89,7 @@ class FoldTrainer:
         # that went NaN counts as in the CV mean.
         self.directions = {scorer.name: scorer.direction or "" for scorer in self.engines[0].metrics.scorers()}
         self._executor = _executor(plan, self.engines, params, data=data, loss=loss, optimizer=optimizer)
-        self._cache = _CacheUse.start(plan, self.engines, self._executor) if not recipe.choices.eager else None
+        self._cache = _CacheUse.start(plan) if not recipe.choices.eager else None
         self.clock = EpochClock()
 
     @property
@@ -281,25 +281,24 @@ def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingPa
 class _CacheUse:
     """A trial's use of the compile cache: the programs it loaded or compiled."""
 
-    def __init__(self, cache: CompileCache, compiled_functions: Sequence[Any]):
+    def __init__(self, cache: CompileCache):
         cache.refresh()
         self.cache = cache
         self.counts = CacheCounts()
-        self._functions = compiled_functions
+        self._traced_before = compile_cache.traced_programs()
         self._before = {path.name for path in cache.process_directory.iterdir()}
 
     @classmethod
-    def start(cls, plan: TrialPlan, engines: Sequence[FoldEngine], executor: FoldExecutor) -> _CacheUse | None:
+    def start(cls, plan: TrialPlan) -> _CacheUse | None:
         cache = compile_cache.active()
         if cache is None or not plan.jit_compile:
             return None
-        functions = [engine.compiled_steps for engine in engines] + [getattr(executor, "compiled_steps", None)]
-        return cls(cache, [function for function in functions if function is not None])
+        return cls(cache)
 
     def observe(self) -> None:
-        """After an epoch: count the programs traced so far and the entries this trial wrote
-        (each program it compiled), then share them with other processes."""
-        self.counts.programs = sum(function.experimental_get_tracing_count() for function in self._functions)
+        """After an epoch: count the distinct programs traced so far and the entries this trial
+        wrote (each program it compiled), then share them with other processes."""
+        self.counts.programs = compile_cache.programs_since(self._traced_before)
         written = {path.name for path in self.cache.process_directory.iterdir()} - self._before
         self.counts.compiled = len([name for name in written if name.endswith(compile_cache.ENTRY_SUFFIX)])
         self.cache.publish()
