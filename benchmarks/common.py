@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import resource
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import keras
 
 from pipeline.inputs.datasets import Dataset, load_dataset
 from pipeline.inputs.spec import DatasetSpec
+
 
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far (Linux reports KiB)."""
@@ -76,14 +78,25 @@ class EpochTimes(keras.callbacks.Callback):
         self.seconds.append(time.perf_counter() - self._started)
 
 
-def naive_fold_fit(make_model: Callable[[], keras.Model], x_train, y_train, x_val, y_val, *, batch_size: int,
-                   epochs: int, learning_rate: float = 1e-3, seed: int = 0) -> tuple[list[float], float]:
+def naive_fold_fit(
+    make_model: Callable[[], keras.Model],
+    x_train,
+    y_train,
+    x_val,
+    y_val,
+    *,
+    batch_size: int,
+    epochs: int,
+    learning_rate: float = 1e-3,
+    seed: int = 0,
+) -> tuple[list[float], float]:
     """The researcher's loop body today: a fresh model, default compile, `fit` on NumPy arrays.
     Returns the per-epoch training seconds and the final validation accuracy."""
     keras.utils.set_random_seed(seed)
     model = make_model()
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy", metrics=["accuracy"]
+    )
     times = EpochTimes()
     model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=[times])
     accuracy = model.evaluate(x_val, y_val, batch_size=1024, verbose=0, return_dict=True)["accuracy"]

@@ -33,19 +33,33 @@ EXPERIMENT = REPO / "experiments" / "mnist1d_cnn.py"
 
 
 def spec(epochs: int, workdir: Path, *, one_trial: bool = False) -> Path:
-    document = one_trial_document(epochs) if one_trial else {
-        "name": "compile-cache",
-        "experiment": f"{EXPERIMENT}:build",
-        "dataset": "mnist1d",
-        "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
-        "search": {"num_samples": 1, "seed": 0, "space": {
-            "learning_rate": {"grid": [0.001, 0.002, 0.003]}, "clipping": {"grid": ["none", "norm"]},
-            "clip_threshold": 1.0, "batch_size": {"grid": [16, 32]},
-            # No dropout: random layers run without XLA on CPU (pipeline.contract.plan).
-            "conv_layers": 2, "filters": 32, "kernel_size": 5, "dropout": 0.0}},
-        "train": {"epochs": epochs, "metric": "accuracy", "mode": "max", "jit_compile": True, "refit": False},
-        "resources": {"cpu": 1, "max_concurrent": 2},
-    }
+    document = (
+        one_trial_document(epochs)
+        if one_trial
+        else {
+            "name": "compile-cache",
+            "experiment": f"{EXPERIMENT}:build",
+            "dataset": "mnist1d",
+            "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
+            "search": {
+                "num_samples": 1,
+                "seed": 0,
+                "space": {
+                    "learning_rate": {"grid": [0.001, 0.002, 0.003]},
+                    "clipping": {"grid": ["none", "norm"]},
+                    "clip_threshold": 1.0,
+                    "batch_size": {"grid": [16, 32]},
+                    # No dropout: random layers run without XLA on CPU (pipeline.contract.plan).
+                    "conv_layers": 2,
+                    "filters": 32,
+                    "kernel_size": 5,
+                    "dropout": 0.0,
+                },
+            },
+            "train": {"epochs": epochs, "metric": "accuracy", "mode": "max", "jit_compile": True, "refit": False},
+            "resources": {"cpu": 1, "max_concurrent": 2},
+        }
+    )
     document["tracking"] = {"uri": f"sqlite:///{workdir / 'mlflow.db'}"}
     path = workdir / "compile_cache.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -58,11 +72,26 @@ def one_trial_document(epochs: int) -> dict:
         "experiment": f"{EXPERIMENT}:build",
         "dataset": {"name": "mnist1d", "num_samples": 1875, "train_split": 0.8},  # 1,500 to cross-validate
         "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
-        "search": {"num_samples": 1, "seed": 0, "space": {
-            "learning_rate": 0.001, "batch_size": 8, "conv_layers": 2, "filters": 32, "kernel_size": 5,
-            "dropout": 0.0}},
-        "train": {"epochs": epochs, "metric": "accuracy", "mode": "max", "jit_compile": True, "refit": False,
-                  "steps_per_launch": 8},
+        "search": {
+            "num_samples": 1,
+            "seed": 0,
+            "space": {
+                "learning_rate": 0.001,
+                "batch_size": 8,
+                "conv_layers": 2,
+                "filters": 32,
+                "kernel_size": 5,
+                "dropout": 0.0,
+            },
+        },
+        "train": {
+            "epochs": epochs,
+            "metric": "accuracy",
+            "mode": "max",
+            "jit_compile": True,
+            "refit": False,
+            "steps_per_launch": 8,
+        },
         "resources": {"cpu": 1, "max_concurrent": 1},
     }
 
@@ -75,8 +104,11 @@ def run_sweep(epochs: int, *, cache_dir: Path | None, one_trial: bool = False) -
             environment["FOLDSWEEP_COMPILE_CACHE"] = "off"
         else:
             environment["FOLDSWEEP_COMPILE_CACHE_DIR"] = str(cache_dir)
-        command = [str(Path(sys.executable).parent / "foldsweep"), "run",
-                   str(spec(epochs, workdir, one_trial=one_trial))]
+        command = [
+            str(Path(sys.executable).parent / "foldsweep"),
+            "run",
+            str(spec(epochs, workdir, one_trial=one_trial)),
+        ]
         started = time.perf_counter()
         subprocess.run(command, check=True, cwd=workdir, stdout=subprocess.DEVNULL, env=environment)
         wall_s = time.perf_counter() - started
@@ -97,10 +129,15 @@ def trial_totals(uri: str) -> dict:
             totals["compile_s"] += metrics["compile_s"]
             totals["hits"] += int(metrics.get("compile_cache_hits", 0))
             totals["misses"] += int(metrics.get("compile_cache_misses", 0))
-            totals["fold_losses"][run.data.params.get("learning_rate", "") + run.data.params.get("batch_size", "") +
-                                  run.data.params.get("clipping", "")] = {
+            totals["fold_losses"][
+                run.data.params.get("learning_rate", "")
+                + run.data.params.get("batch_size", "")
+                + run.data.params.get("clipping", "")
+            ] = {
                 key: [m.value for m in client.get_metric_history(run.info.run_id, key)]
-                for key in sorted(metrics) if key.startswith("split") and key.endswith("_loss")}
+                for key in sorted(metrics)
+                if key.startswith("split") and key.endswith("_loss")
+            }
     totals["compile_s"] = round(totals["compile_s"], 1)
     return totals
 
@@ -109,27 +146,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the result as JSON to this path")
-    parser.add_argument("--one-trial", action="store_true",
-                        help="one trial of 8 steps per launch at batch 8 (MNIST-1D, 1,500 samples)")
+    parser.add_argument(
+        "--one-trial", action="store_true", help="one trial of 8 steps per launch at batch 8 (MNIST-1D, 1,500 samples)"
+    )
     args = parser.parse_args(argv)
     from benchmarks.common import mnist1d
 
     mnist1d()  # generate the dataset first so no run pays for it
     with tempfile.TemporaryDirectory() as cache:
-        result = {"off": run_sweep(args.epochs, cache_dir=None, one_trial=args.one_trial),
-                  "cold": run_sweep(args.epochs, cache_dir=Path(cache), one_trial=args.one_trial),
-                  "warm": run_sweep(args.epochs, cache_dir=Path(cache), one_trial=args.one_trial)}
+        result = {
+            "off": run_sweep(args.epochs, cache_dir=None, one_trial=args.one_trial),
+            "cold": run_sweep(args.epochs, cache_dir=Path(cache), one_trial=args.one_trial),
+            "warm": run_sweep(args.epochs, cache_dir=Path(cache), one_trial=args.one_trial),
+        }
     for name, row in result.items():
-        print(f"{name:>4}: wall {row['wall_s']:6.1f} s  compile_s {row['compile_s']:6.1f}  hits {row['hits']:3d}  "
-              f"misses {row['misses']:3d}  ({row['trials']} trials)")
+        print(
+            f"{name:>4}: wall {row['wall_s']:6.1f} s  compile_s {row['compile_s']:6.1f}  hits {row['hits']:3d}  "
+            f"misses {row['misses']:3d}  ({row['trials']} trials)"
+        )
     off = result["off"]
     same = all(result[name]["fold_losses"] == off["fold_losses"] for name in ("cold", "warm"))
     print(f"every fold's recorded losses the same with the cache off, cold and warm: {'yes' if same else 'NO'}")
     print(f"warm compile_s / cold: {result['warm']['compile_s'] / max(result['cold']['compile_s'], 1e-9):.2f}")
     for name in ("cold", "warm"):
         row = result[name]
-        print(f"{name} vs off: compile {off['compile_s'] / max(row['compile_s'], 1e-9):.2f}x lower, "
-              f"wall clock {off['wall_s'] / row['wall_s']:.2f}x faster")
+        print(
+            f"{name} vs off: compile {off['compile_s'] / max(row['compile_s'], 1e-9):.2f}x lower, "
+            f"wall clock {off['wall_s'] / row['wall_s']:.2f}x faster"
+        )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -49,36 +49,42 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 
-from benchmarks.common import (cnn_builder, fcn_builder, mnist1d, naive_fold_fit, peak_rss_mb,  # noqa: E402
-                               protein_windows)
+from benchmarks.common import cnn_builder, fcn_builder, mnist1d, naive_fold_fit, peak_rss_mb, protein_windows  # noqa: E402
 from benchmarks.flops import matmul_peak_flops, training_flops_per_sample  # noqa: E402
+from pipeline.contract.plan import ExecutionChoices, ThreadPlan, plan_threads  # noqa: E402
+from pipeline.engine.recipe import TrainingRecipe  # noqa: E402
+from pipeline.engine.resident import resident_data  # noqa: E402
+from pipeline.engine.runtime import configure_threads  # noqa: E402
+from pipeline.engine.trainer import build_trainer, threads_in_effect  # noqa: E402
 from pipeline.inputs.datasets import data_dir  # noqa: E402
 from pipeline.inputs.folds import make_folds  # noqa: E402
 from pipeline.inputs.hypermodel import build_model, load_builder  # noqa: E402
-from pipeline.contract.plan import ExecutionChoices, ThreadPlan, plan_threads  # noqa: E402
-from pipeline.engine.resident import resident_data  # noqa: E402
 from pipeline.inputs.spec import CVSpec, read_yaml  # noqa: E402
-from pipeline.engine.trainer import build_trainer, threads_in_effect  # noqa: E402
-from pipeline.engine.runtime import configure_threads  # noqa: E402
-from pipeline.engine.recipe import TrainingRecipe  # noqa: E402
 
 N_SPLITS = 3
 DATASETS = ("mnist1d", "protein")
 REPO = Path(__file__).resolve().parents[1]
 # --model name -> the datasets it is written for.
-MODELS = {"plain": DATASETS, "mnist1d_cnn": ("mnist1d",), "protein_cnn": ("protein",),
-          "protein_cnn_bn": ("protein",), "fcn": DATASETS}
+MODELS = {
+    "plain": DATASETS,
+    "mnist1d_cnn": ("mnist1d",),
+    "protein_cnn": ("protein",),
+    "protein_cnn_bn": ("protein",),
+    "fcn": DATASETS,
+}
 
 
-def model_under_test(name: str, dataset, *, dropout: bool,
-                     hp: dict[str, Any] | None = None) -> tuple[Callable[[Any], Any], dict[str, Any]]:
+def model_under_test(
+    name: str, dataset, *, dropout: bool, hp: dict[str, Any] | None = None
+) -> tuple[Callable[[Any], Any], dict[str, Any]]:
     """The model's build(hp) and the hyperparameter values it is built with (the hypermodels'
     defaults otherwise, and ``hp`` over them)."""
     if name == "plain":
@@ -87,7 +93,8 @@ def model_under_test(name: str, dataset, *, dropout: bool,
         return fcn_builder(dataset.input_shape, dataset.n_classes), {}
     experiment = name.removesuffix("_bn")
     return load_builder(REPO / "experiments" / f"{experiment}.py", "build"), (
-        {"batch_norm": True} if name.endswith("_bn") else {}) | (hp or {})
+        {"batch_norm": True} if name.endswith("_bn") else {}
+    ) | (hp or {})
 
 
 def hp_values(pairs: list[str]) -> dict[str, Any]:
@@ -104,23 +111,37 @@ def hp_values(pairs: list[str]) -> dict[str, Any]:
 def measure_naive(dataset, folds, build, values, batch_size: int, epochs: int) -> dict[str, float]:
     samples = seconds = 0.0
     for k, fold in enumerate(folds):
-        epoch_seconds, _ = naive_fold_fit(lambda: build_model(build, values, input_shape=dataset.input_shape),
-                                          dataset.x[fold.train], dataset.y[fold.train],
-                                          dataset.x[fold.val], dataset.y[fold.val],
-                                          batch_size=batch_size, epochs=epochs, seed=k)
+        epoch_seconds, _ = naive_fold_fit(
+            lambda: build_model(build, values, input_shape=dataset.input_shape),
+            dataset.x[fold.train],
+            dataset.y[fold.train],
+            dataset.x[fold.val],
+            dataset.y[fold.val],
+            batch_size=batch_size,
+            epochs=epochs,
+            seed=k,
+        )
         samples += len(fold.train) * (epochs - 1)
         seconds += sum(epoch_seconds[1:])
     return {"rate": samples / seconds, "compile_s": float("nan"), "cores": float("nan")}
 
 
 # variant -> (train.jit_compile, train.fused, train.steps_per_launch, fused layout)
-ENGINE_VARIANTS = {"engine": ("auto", "off", 1, "auto"), "fused": ("auto", "on", 1, "auto"),
-                   "auto": ("auto", "auto", "auto", "auto"),
-                   "engine-x8": ("auto", "off", 8, "auto"), "fused-x8": ("auto", "on", 8, "auto"),
-                   "stacked": ("auto", "on", 1, "stacked"), "stacked-x8": ("auto", "on", 8, "stacked"),
-                   "side": ("auto", "on", 1, "side_by_side"), "side-x8": ("auto", "on", 8, "side_by_side"),
-                   "engine-xla": ("on", "off", 1, "auto"), "engine-noxla": ("off", "off", 1, "auto"),
-                   "fused-xla": ("on", "on", 1, "auto"), "fused-noxla": ("off", "on", 1, "auto")}
+ENGINE_VARIANTS = {
+    "engine": ("auto", "off", 1, "auto"),
+    "fused": ("auto", "on", 1, "auto"),
+    "auto": ("auto", "auto", "auto", "auto"),
+    "engine-x8": ("auto", "off", 8, "auto"),
+    "fused-x8": ("auto", "on", 8, "auto"),
+    "stacked": ("auto", "on", 1, "stacked"),
+    "stacked-x8": ("auto", "on", 8, "stacked"),
+    "side": ("auto", "on", 1, "side_by_side"),
+    "side-x8": ("auto", "on", 8, "side_by_side"),
+    "engine-xla": ("on", "off", 1, "auto"),
+    "engine-noxla": ("off", "off", 1, "auto"),
+    "fused-xla": ("on", "on", 1, "auto"),
+    "fused-noxla": ("off", "on", 1, "auto"),
+}
 FUSED_VARIANTS = ("fused", "stacked", "side")
 # The machine's float32 peak on the measured threads (``benchmarks.flops``), measured in every round.
 PEAK = "peak"
@@ -132,17 +153,25 @@ def variant_choices(variant: str) -> ExecutionChoices:
 
 
 def measure_engine(dataset, folds, build, values, batch_size: int, epochs: int, variant: str) -> dict[str, float]:
-    trainer = build_trainer(build, {"batch_size": batch_size, "learning_rate": 1e-3, "optimizer": "adam", **values},
-                            TrainingRecipe(choices=variant_choices(variant)),
-                            data=resident_data(dataset.fingerprint, dataset.x, dataset.y), folds=folds,
-                            planned_epochs=epochs)
+    trainer = build_trainer(
+        build,
+        {"batch_size": batch_size, "learning_rate": 1e-3, "optimizer": "adam", **values},
+        TrainingRecipe(choices=variant_choices(variant)),
+        data=resident_data(dataset.fingerprint, dataset.x, dataset.y),
+        folds=folds,
+        planned_epochs=epochs,
+    )
     result = trainer.run_epoch()  # tracing and compilation: timed apart by the trainer
     wall, cpu = time.perf_counter(), _cpu_seconds()
     for _ in range(epochs - 1):
         result = trainer.run_epoch()
     cores = (_cpu_seconds() - cpu) / (time.perf_counter() - wall)
-    return {"rate": result.throughput.train_samples_per_s, "compile_s": result.throughput.compile_s, "cores": cores,
-            "fusion": trainer.plan.reason}
+    return {
+        "rate": result.throughput.train_samples_per_s,
+        "compile_s": result.throughput.compile_s,
+        "cores": cores,
+        "fusion": trainer.plan.reason,
+    }
 
 
 def _cpu_seconds() -> float:
@@ -162,8 +191,11 @@ def measure_here(args: argparse.Namespace) -> dict[str, Any]:
     variant, epochs = args.measure, 1 + args.epochs
     if variant == PEAK:
         configure_threads(ThreadPlan(intra_op=args.cpus, inter_op=1))
-        return {"flops_per_s": matmul_peak_flops(), "threads": threads_in_effect().describe(),
-                "peak_rss_mb": peak_rss_mb()}
+        return {
+            "flops_per_s": matmul_peak_flops(),
+            "threads": threads_in_effect().describe(),
+            "peak_rss_mb": peak_rss_mb(),
+        }
     cv = CVSpec(splitter="stratified", n_splits=N_SPLITS, seed=0, n_repeats=args.cv_repeats)
     if variant != "naive":
         configure_threads(plan_threads(variant_choices(variant), cpus=args.cpus, n_folds=cv.replicas))
@@ -176,25 +208,60 @@ def measure_here(args: argparse.Namespace) -> dict[str, Any]:
     else:
         measured = measure_engine(dataset, folds, build, values, batch_size, epochs, variant)
     flops = training_flops_per_sample(build_model(build, values, input_shape=dataset.input_shape))
-    return {**measured, "dataset": dataset.name, "threads": threads_in_effect().describe(), "peak_rss_mb": peak_rss_mb(),
-            "train_flops_per_sample": flops}
+    return {
+        **measured,
+        "dataset": dataset.name,
+        "threads": threads_in_effect().describe(),
+        "peak_rss_mb": peak_rss_mb(),
+        "train_flops_per_sample": flops,
+    }
 
 
-def measure_apart(args: argparse.Namespace, dataset: str, batch_size: int, variant: str, *, model: str = "plain",
-                  code: Path | None = None) -> dict[str, Any]:
+def measure_apart(
+    args: argparse.Namespace,
+    dataset: str,
+    batch_size: int,
+    variant: str,
+    *,
+    model: str = "plain",
+    code: Path | None = None,
+) -> dict[str, Any]:
     """One measurement in a fresh process; with ``code``, a directory whose ``pipeline`` package
     is measured instead of this checkout's (``baseline_code``)."""
-    command = [sys.executable, "-m", "benchmarks.cv_throughput", "--measure", variant, "--datasets", dataset,
-               "--model", model, "--batch-sizes", str(batch_size), "--cpus", str(args.cpus), "--epochs",
-               str(args.epochs), "--cv-repeats", str(args.cv_repeats)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.cv_throughput",
+        "--measure",
+        variant,
+        "--datasets",
+        dataset,
+        "--model",
+        model,
+        "--batch-sizes",
+        str(batch_size),
+        "--cpus",
+        str(args.cpus),
+        "--epochs",
+        str(args.epochs),
+        "--cv-repeats",
+        str(args.cv_repeats),
+    ]
     command += ["--quick"] * args.quick + ["--dropout"] * args.dropout
     command += [f"--hp={pair}" for pair in args.hp]
     # The working directory comes first on a `-m` module's path: its `pipeline` is the one measured.
-    finished = subprocess.run(command, capture_output=True, text=True, cwd=code or REPO,
-                              env={**os.environ, "FOLDSWEEP_DATA_DIR": str(data_dir())})
+    finished = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=code or REPO,
+        env={**os.environ, "FOLDSWEEP_DATA_DIR": str(data_dir())},
+    )
     if finished.returncode != 0:
-        raise SystemExit(f"{variant} of {model} on {dataset} at batch {batch_size}{f' ({code})' if code else ''} "
-                         f"failed:\n{finished.stderr[-3000:]}")
+        raise SystemExit(
+            f"{variant} of {model} on {dataset} at batch {batch_size}{f' ({code})' if code else ''} "
+            f"failed:\n{finished.stderr[-3000:]}"
+        )
     return json.loads(finished.stdout.strip().splitlines()[-1])
 
 
@@ -258,25 +325,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this path")
     parser.add_argument("--batch-sizes", default="8,64,256")
     parser.add_argument("--datasets", default="mnist1d,protein", help="comma list of mnist1d, protein")
-    parser.add_argument("--model", default="plain",
-                        help="comma list of " + ", ".join(MODELS) + "; each runs on the datasets it is written for")
-    parser.add_argument("--epochs", type=int, help="timed epochs per measurement, after the compiling one "
-                                                   "(default 6, 1 with --quick)")
-    parser.add_argument("--repeats", type=int, help="measurements per variant, interleaved; the median is kept "
-                                                    "(default 3, --quick too)")
-    parser.add_argument("--variants", default="naive,engine,fused,engine-x8,fused-x8",
-                        help="comma list of naive, " + ", ".join(ENGINE_VARIANTS) + " (engine = unfused, auto = "
-                             "what a sweep picks; -xla/-noxla force XLA on or off)")
-    parser.add_argument("--baseline", metavar="REV",
-                        help="also measure every engine variant with foldsweep's engine at this git revision")
+    parser.add_argument(
+        "--model",
+        default="plain",
+        help="comma list of " + ", ".join(MODELS) + "; each runs on the datasets it is written for",
+    )
+    parser.add_argument(
+        "--epochs", type=int, help="timed epochs per measurement, after the compiling one (default 6, 1 with --quick)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, help="measurements per variant, interleaved; the median is kept (default 3, --quick too)"
+    )
+    parser.add_argument(
+        "--variants",
+        default="naive,engine,fused,engine-x8,fused-x8",
+        help="comma list of naive, " + ", ".join(ENGINE_VARIANTS) + " (engine = unfused, auto = "
+        "what a sweep picks; -xla/-noxla force XLA on or off)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also measure every engine variant with foldsweep's engine at this git revision",
+    )
     parser.add_argument("--dropout", action="store_true", help="add a Dropout layer to the plain CNN")
-    parser.add_argument("--hp", action="append", default=[], metavar="NAME=VALUE",
-                        help="a hypermodel's hyperparameter instead of its default (repeatable), "
-                             "e.g. --model protein_cnn --hp dropout=0.0")
-    parser.add_argument("--cpus", type=int, default=os.cpu_count(),
-                        help="the trial's resources.cpu, which sizes TensorFlow's threads (default: every CPU)")
-    parser.add_argument("--cv-repeats", type=int, default=1,
-                        help=f"cv.n_repeats: train {N_SPLITS} x this many replicas per trial (default 1)")
+    parser.add_argument(
+        "--hp",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a hypermodel's hyperparameter instead of its default (repeatable), "
+        "e.g. --model protein_cnn --hp dropout=0.0",
+    )
+    parser.add_argument(
+        "--cpus",
+        type=int,
+        default=os.cpu_count(),
+        help="the trial's resources.cpu, which sizes TensorFlow's threads (default: every CPU)",
+    )
+    parser.add_argument(
+        "--cv-repeats",
+        type=int,
+        default=1,
+        help=f"cv.n_repeats: train {N_SPLITS} x this many replicas per trial (default 1)",
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # one measurement, run by the parent process
     args = parser.parse_args(argv)
     if args.measure:
@@ -313,9 +404,12 @@ def main(argv: list[str] | None = None) -> int:
             measurements.append((f"{variant}@{args.baseline}", variant, code))
     width = max(14, *(len(name) + 2 for name, _, _ in measurements))
     rows = []
-    print(f"{'model':<16}{'dataset':<12}{'batch':>6}{'variant':>{width}}{'samples/s':>12}{'spread':>8}"
-          f"{'vs first':>10}{'vs engine':>11}{'vs unfused':>12}{'GFLOP/s':>9}{'% peak':>8}{'compile_s':>11}"
-          f"{'cores':>7}{'peak RSS MB':>13}  TensorFlow threads", flush=True)
+    print(
+        f"{'model':<16}{'dataset':<12}{'batch':>6}{'variant':>{width}}{'samples/s':>12}{'spread':>8}"
+        f"{'vs first':>10}{'vs engine':>11}{'vs unfused':>12}{'GFLOP/s':>9}{'% peak':>8}{'compile_s':>11}"
+        f"{'cores':>7}{'peak RSS MB':>13}  TensorFlow threads",
+        flush=True,
+    )
     for model, dataset in workloads:
         for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
             measured: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in measurements}
@@ -325,15 +419,27 @@ def main(argv: list[str] | None = None) -> int:
                 for name, variant, code in measurements:
                     measured[name].append(measure_apart(args, dataset, batch_size, variant, model=model, code=code))
             peak_rates = [peak["flops_per_s"] for peak in peaks]
-            peak_row = {"model": model, "hp": hp_values(args.hp), "dataset": "float32 matmul", "batch_size": batch_size,
-                        "variant": PEAK, "code": "checkout", "gflops_per_s": round(float(np.median(peak_rates)) / 1e9, 1),
-                        "gflops_runs": [round(rate / 1e9, 1) for rate in peak_rates],
-                        "spread": round(spread(peak_rates), 3), "pct_of_peak": 100.0, "threads": peaks[0]["threads"],
-                        "cpus": args.cpus}
+            peak_row = {
+                "model": model,
+                "hp": hp_values(args.hp),
+                "dataset": "float32 matmul",
+                "batch_size": batch_size,
+                "variant": PEAK,
+                "code": "checkout",
+                "gflops_per_s": round(float(np.median(peak_rates)) / 1e9, 1),
+                "gflops_runs": [round(rate / 1e9, 1) for rate in peak_rates],
+                "spread": round(spread(peak_rates), 3),
+                "pct_of_peak": 100.0,
+                "threads": peaks[0]["threads"],
+                "cpus": args.cpus,
+            }
             rows.append(peak_row)
-            print(f"{model:<16}{'(matmul)':<12}{batch_size:>6}{PEAK:>{width}}{'':>12}{spread(peak_rates):>7.0%}"
-                  f"{'':>10}{'':>11}{'':>12}{peak_row['gflops_per_s']:>9.1f}{100:>7.0f}%{'':>11}{'':>7}"
-                  f"{max(peak['peak_rss_mb'] for peak in peaks):>13.0f}  {peak_row['threads']}", flush=True)
+            print(
+                f"{model:<16}{'(matmul)':<12}{batch_size:>6}{PEAK:>{width}}{'':>12}{spread(peak_rates):>7.0%}"
+                f"{'':>10}{'':>11}{'':>12}{peak_row['gflops_per_s']:>9.1f}{100:>7.0f}%{'':>11}{'':>7}"
+                f"{max(peak['peak_rss_mb'] for peak in peaks):>13.0f}  {peak_row['threads']}",
+                flush=True,
+            )
             for name, variant, _ in measurements:
                 runs = measured[name]
                 rate = float(np.median([run["rate"] for run in runs]))
@@ -345,27 +451,39 @@ def main(argv: list[str] | None = None) -> int:
                 fused_kind = variant.split("-")[0]
                 unfused = variant.replace(fused_kind, "engine", 1) + suffix if fused_kind in FUSED_VARIANTS else None
                 versus_unfused = paired_ratio(runs, measured.get(unfused))
-                row = {"model": model, "hp": hp_values(args.hp), "dataset": runs[0]["dataset"],
-                       "batch_size": batch_size, "variant": name,
-                       "code": args.baseline if suffix else "checkout",
-                       "samples_per_s": round(rate, 1), "runs": [round(run["rate"], 1) for run in runs],
-                       "spread": round(spread([run["rate"] for run in runs]), 3),
-                       "vs_first": round(versus_first, 3),
-                       "vs_first_runs": [round(r, 3) for r in round_ratios(runs, measured[measurements[0][0]])],
-                       "vs_engine": _rounded(versus_engine, 3),
-                       "vs_unfused": _rounded(versus_unfused, 3),
-                       "train_flops_per_sample": runs[0]["train_flops_per_sample"],
-                       "gflops_per_s": round(gflops, 2), "pct_of_peak": round(percent, 2),
-                       "compile_s": _rounded(float(np.median([run["compile_s"] for run in runs])), 2),
-                       "cores": _rounded(float(np.median([run["cores"] for run in runs])), 2),
-                       "peak_rss_mb": round(max(run["peak_rss_mb"] for run in runs), 1),
-                       "threads": runs[0]["threads"], "cpus": args.cpus, "fusion": runs[0].get("fusion", "")}
+                row = {
+                    "model": model,
+                    "hp": hp_values(args.hp),
+                    "dataset": runs[0]["dataset"],
+                    "batch_size": batch_size,
+                    "variant": name,
+                    "code": args.baseline if suffix else "checkout",
+                    "samples_per_s": round(rate, 1),
+                    "runs": [round(run["rate"], 1) for run in runs],
+                    "spread": round(spread([run["rate"] for run in runs]), 3),
+                    "vs_first": round(versus_first, 3),
+                    "vs_first_runs": [round(r, 3) for r in round_ratios(runs, measured[measurements[0][0]])],
+                    "vs_engine": _rounded(versus_engine, 3),
+                    "vs_unfused": _rounded(versus_unfused, 3),
+                    "train_flops_per_sample": runs[0]["train_flops_per_sample"],
+                    "gflops_per_s": round(gflops, 2),
+                    "pct_of_peak": round(percent, 2),
+                    "compile_s": _rounded(float(np.median([run["compile_s"] for run in runs])), 2),
+                    "cores": _rounded(float(np.median([run["cores"] for run in runs])), 2),
+                    "peak_rss_mb": round(max(run["peak_rss_mb"] for run in runs), 1),
+                    "threads": runs[0]["threads"],
+                    "cpus": args.cpus,
+                    "fusion": runs[0].get("fusion", ""),
+                }
                 rows.append(row)
-                print(f"{model:<16}{row['dataset']:<12}{batch_size:>6}{name:>{width}}{rate:>12.0f}"
-                      f"{row['spread']:>7.0%}{versus_first:>9.2f}x{_cell(versus_engine, '.2f', 'x'):>11}"
-                      f"{_cell(versus_unfused, '.2f', 'x'):>12}{gflops:>9.1f}{percent:>7.1f}%"
-                      f"{_cell(row['compile_s'], '.1f'):>11}"
-                      f"{_cell(row['cores'], '.2f'):>7}{row['peak_rss_mb']:>13.0f}  {row['threads']}", flush=True)
+                print(
+                    f"{model:<16}{row['dataset']:<12}{batch_size:>6}{name:>{width}}{rate:>12.0f}"
+                    f"{row['spread']:>7.0%}{versus_first:>9.2f}x{_cell(versus_engine, '.2f', 'x'):>11}"
+                    f"{_cell(versus_unfused, '.2f', 'x'):>12}{gflops:>9.1f}{percent:>7.1f}%"
+                    f"{_cell(row['compile_s'], '.1f'):>11}"
+                    f"{_cell(row['cores'], '.2f'):>7}{row['peak_rss_mb']:>13.0f}  {row['threads']}",
+                    flush=True,
+                )
     if "naive" in variants and len(measurements) > 2:
         print_best(rows)
     if args.json:
@@ -383,8 +501,11 @@ def print_best(rows: list[dict[str, Any]]) -> None:
             groups.setdefault((row["model"], row["dataset"], row["batch_size"], row["code"]), []).append(row)
     for (model, dataset, batch_size, code), group in groups.items():
         best = max(group, key=lambda row: row["vs_first"])
-        print(f"{model:<16}{dataset:<12}{batch_size:>6}  {code:<10} {best['vs_first']:>6.2f}x  {best['variant']} "
-              f"({best['fusion']})", flush=True)
+        print(
+            f"{model:<16}{dataset:<12}{batch_size:>6}  {code:<10} {best['vs_first']:>6.2f}x  {best['variant']} "
+            f"({best['fusion']})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

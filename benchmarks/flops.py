@@ -48,8 +48,11 @@ def profiled_forward_flops(model: keras.Model) -> int:
     import tensorflow as tf
     from tensorflow.python.profiler import model_analyzer, option_builder
 
-    graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(
-        tf.TensorSpec([1, *model.input_shape[1:]], tf.float32)).graph
+    graph = (
+        tf.function(lambda x: model(x, training=False))
+        .get_concrete_function(tf.TensorSpec([1, *model.input_shape[1:]], tf.float32))
+        .graph
+    )
     options = {**option_builder.ProfileOptionBuilder.float_operation(), "output": "none"}
     return int(model_analyzer.profile(graph, options=options).total_float_ops)
 

@@ -38,8 +38,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "mnist1d_cnn.py"
@@ -47,8 +48,7 @@ LAYOUTS = ("sequential", "side_by_side", "stacked")
 BATCH_SIZES = (8, 32, 128, 512)
 STEPS_PER_LAUNCH = (1, 8, 32)
 TRIALS_PER_GPU = (1, 2, 4)
-MODEL = {"conv_layers": 2, "filters": 32, "kernel_size": 5, "dropout": 0.0, "learning_rate": 1e-3,
-         "optimizer": "adam"}
+MODEL = {"conv_layers": 2, "filters": 32, "kernel_size": 5, "dropout": 0.0, "learning_rate": 1e-3, "optimizer": "adam"}
 COLUMNS = ("measurement", "setting", "value", "unit")
 NO_GPU = "no GPU on this machine ({reason}): nothing to measure; run it where foldsweep's trials get a GPU"
 
@@ -60,8 +60,14 @@ def row(measurement: str, setting: str, value: Any, unit: str = "") -> dict[str,
 # --- measurements, each in a process of its own ------------------------------------------------------------
 
 
-def _trainer(layout: str, batch_size: int, steps_per_launch: int | str = "auto", *, quick: bool = False,
-             stop_test: str | None = None) -> tuple[Any, Any]:
+def _trainer(
+    layout: str,
+    batch_size: int,
+    steps_per_launch: int | str = "auto",
+    *,
+    quick: bool = False,
+    stop_test: str | None = None,
+) -> tuple[Any, Any]:
     """(a trainer of the MNIST-1D CNN over 3 folds as this process's plan decides, its resident
     data); with ``stop_test``, the plan replayed with that stop test (no difference in numbers)."""
     from dataclasses import replace
@@ -79,14 +85,23 @@ def _trainer(layout: str, batch_size: int, steps_per_launch: int | str = "auto",
 
     dataset = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 1000 if quick else 4000}))
     folds = make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), dataset).folds
-    choices = ExecutionChoices(fused="off" if layout == "sequential" else "on", steps_per_launch=steps_per_launch,
-                               layout="auto" if layout == "sequential" else layout)
+    choices = ExecutionChoices(
+        fused="off" if layout == "sequential" else "on",
+        steps_per_launch=steps_per_launch,
+        layout="auto" if layout == "sequential" else layout,
+    )
     data = resident_data("gpu-check", dataset.x, dataset.y)
 
     def build(replay: Any = None) -> Any:
         keras.backend.clear_session(free_memory=False)
-        return build_trainer(load_builder(EXPERIMENT, "build"), {**MODEL, "batch_size": batch_size},
-                             TrainingRecipe(choices=choices), data=data, folds=folds, replay=replay)
+        return build_trainer(
+            load_builder(EXPERIMENT, "build"),
+            {**MODEL, "batch_size": batch_size},
+            TrainingRecipe(choices=choices),
+            data=data,
+            folds=folds,
+            replay=replay,
+        )
 
     trainer = build()
     if stop_test is not None and trainer.plan.stop_test != stop_test:
@@ -120,8 +135,11 @@ def measure_host_waits(quick: bool) -> list[dict[str, Any]]:
     import tensorflow as tf
     from tensorflow.python.profiler.internal import _pywrap_profiler_plugin
 
-    patterns = {"host-to-device copies": r"memcpy.?htod|htod", "device-to-host copies": r"memcpy.?dtoh|dtoh",
-                "stream or context syncs": r"synchroniz"}
+    patterns = {
+        "host-to-device copies": r"memcpy.?htod|htod",
+        "device-to-host copies": r"memcpy.?dtoh|dtoh",
+        "stream or context syncs": r"synchroniz",
+    }
     rows = []
     for stop_test in ("per_launch", "per_epoch"):
         trainer, _ = _trainer("sequential", 32, 1, quick=quick, stop_test=stop_test)
@@ -139,8 +157,14 @@ def measure_host_waits(quick: bool) -> list[dict[str, Any]]:
         steps = len(full) + (1 if len(remainder) else 0)
         for what, pattern in patterns.items():
             found = sum(1 for event in events if re.search(pattern, str(event.get("name", "")), re.IGNORECASE))
-            rows.append(row("host waits", f"{stop_test} stop test, sequential, batch 32: {what}",
-                            round(found / steps, 2), "per step"))
+            rows.append(
+                row(
+                    "host waits",
+                    f"{stop_test} stop test, sequential, batch 32: {what}",
+                    round(found / steps, 2),
+                    "per step",
+                )
+            )
     return rows
 
 
@@ -157,40 +181,65 @@ def measure_acceptance(quick: bool) -> list[dict[str, Any]]:
         models, rows_per_fold = trainer.models, 16
         indices = np.concatenate([engine.epoch_order(0)[:rows_per_fold] for engine in trainer.engines])
         samples = tf.gather(data.x, indices)
-        values = {id(variable): tf.constant(weights) for variable, weights in
-                  zip(models[0].trainable_variables, stacked.stacked_weights(models))}
-        own = np.concatenate([np.asarray(model(batch, training=True))
-                              for model, batch in zip(models, np.split(np.asarray(samples), len(models)))])
+        values = {
+            id(variable): tf.constant(weights)
+            for variable, weights in zip(models[0].trainable_variables, stacked.stacked_weights(models))
+        }
+        own = np.concatenate(
+            [
+                np.asarray(model(batch, training=True))
+                for model, batch in zip(models, np.split(np.asarray(samples), len(models)))
+            ]
+        )
         for convolutions in ("patches", "grouped"):
             outputs, _ = stacked.StackedForm(models[0], values, len(models), convolutions=convolutions)(
-                samples, tf.ones([len(models), rows_per_fold]))
+                samples, tf.ones([len(models), rows_per_fold])
+            )
             difference = float(np.max(np.abs(np.asarray(outputs) - own) / (np.abs(own) + 1e-6)))
             setting = f"TF32 {'on' if tf32 else 'off'}, {convolutions}"
             rows.append(row("stacked acceptance", f"{setting}: largest relative difference", f"{difference:.2e}"))
             for tolerance in (False, True):
                 accepted = stacked.forward_matches(models, samples, convolutions=convolutions, tf32=tolerance)
-                rows.append(row("stacked acceptance", f"{setting}: {'TF32' if tolerance else 'float32'} tolerance",
-                                "accepted" if accepted else "refused"))
+                rows.append(
+                    row(
+                        "stacked acceptance",
+                        f"{setting}: {'TF32' if tolerance else 'float32'} tolerance",
+                        "accepted" if accepted else "refused",
+                    )
+                )
     return rows
 
 
 def measure_compile_cache(quick: bool) -> list[dict[str, Any]]:
     trainer, _ = _trainer("stacked", 16, 1, quick=quick)
     throughput = trainer.run_epoch().throughput
-    return [row("compile cache", f"a trial in a fresh process, {trainer.plan.layout}: hits / misses",
-                f"{throughput.cache_hits} / {throughput.cache_misses}")]
+    return [
+        row(
+            "compile cache",
+            f"a trial in a fresh process, {trainer.plan.layout}: hits / misses",
+            f"{throughput.cache_hits} / {throughput.cache_misses}",
+        )
+    ]
 
 
 MEASUREMENTS: dict[str, Callable[[bool], list[dict[str, Any]]]] = {
-    "throughput": measure_throughput, "host_waits": measure_host_waits, "acceptance": measure_acceptance,
-    "compile_cache": measure_compile_cache}
+    "throughput": measure_throughput,
+    "host_waits": measure_host_waits,
+    "acceptance": measure_acceptance,
+    "compile_cache": measure_compile_cache,
+}
 
 
 def measure_apart(part: str, quick: bool, environment: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """One measurement in a fresh process, which sees one GPU and sets it up as a trial of a whole GPU does."""
     command = [sys.executable, "-m", "benchmarks.gpu_check", "--part", part, *(["--quick"] if quick else [])]
-    ran = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO), **(environment or {})})
+    ran = subprocess.run(
+        command,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(environment or {})},
+    )
     lines = [line for line in ran.stdout.splitlines() if line.startswith("{")]
     if ran.returncode != 0 or not lines:
         return [row(part, "failed", (ran.stderr.strip().splitlines() or ["no output"])[-1][:200])]
@@ -198,8 +247,8 @@ def measure_apart(part: str, quick: bool, environment: dict[str, str] | None = N
 
 
 def run_part(part: str, quick: bool) -> None:
-    from pipeline.engine.runner import configure_tensorflow
     from pipeline.contract.plan import ThreadPlan
+    from pipeline.engine.runner import configure_tensorflow
 
     configure_tensorflow(gpus=1, threads=ThreadPlan(intra_op=0, inter_op=0))
     print(json.dumps({"rows": MEASUREMENTS[part](quick)}))
@@ -212,10 +261,15 @@ def _spec(workdir: Path, *, gpu: float, trials: int, epochs: int) -> Path:
     import yaml
 
     document = {
-        "name": "gpu-check", "experiment": f"{EXPERIMENT}:build", "dataset": "mnist1d",
+        "name": "gpu-check",
+        "experiment": f"{EXPERIMENT}:build",
+        "dataset": "mnist1d",
         "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
-        "search": {"num_samples": trials, "seed": 0, "space": {**{k: v for k, v in MODEL.items() if k != "optimizer"},
-                                                                "batch_size": 32}},
+        "search": {
+            "num_samples": trials,
+            "seed": 0,
+            "space": {**{k: v for k, v in MODEL.items() if k != "optimizer"}, "batch_size": 32},
+        },
         "train": {"epochs": epochs, "metric": "accuracy", "mode": "max", "seed": 0, "refit": False},
         "resources": {"cpu": 1, "gpu": gpu, "max_concurrent": trials},
         "tracking": {"uri": f"sqlite:///{workdir / 'mlflow.db'}"},
@@ -226,8 +280,12 @@ def _spec(workdir: Path, *, gpu: float, trials: int, epochs: int) -> Path:
 
 
 def _gpu_memory_by_pid() -> dict[int, int]:
-    listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                            capture_output=True, text=True, timeout=10).stdout
+    listed = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout
     used = {}
     for line in listed.splitlines():
         pid, _, memory = line.partition(",")
@@ -241,10 +299,19 @@ def measure_memory(quick: bool) -> list[dict[str, Any]]:
     for trials in TRIALS_PER_GPU:
         with tempfile.TemporaryDirectory() as directory:
             workdir = Path(directory)
-            command = [str(Path(sys.executable).parent / "foldsweep"), "run",
-                       str(_spec(workdir, gpu=1 / trials, trials=trials, epochs=2 if quick else 5))]
-            driver = subprocess.Popen(command, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True, env={**os.environ, "FOLDSWEEP_DATA_DIR": str(REPO / "data")})
+            command = [
+                str(Path(sys.executable).parent / "foldsweep"),
+                "run",
+                str(_spec(workdir, gpu=1 / trials, trials=trials, epochs=2 if quick else 5)),
+            ]
+            driver = subprocess.Popen(
+                command,
+                cwd=workdir,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "FOLDSWEEP_DATA_DIR": str(REPO / "data")},
+            )
             peaks: dict[int, int] = {}
             done = threading.Event()
 
@@ -274,8 +341,13 @@ def measure_memory(quick: bool) -> list[dict[str, Any]]:
 def _trial_losses(workdir: Path, environment: dict[str, str]) -> tuple[list[str], str]:
     spec = _spec(workdir, gpu=1, trials=1, epochs=2)
     command = [str(Path(sys.executable).parent / "foldsweep"), "trial", str(spec), "--fold", "0"]
-    ran = subprocess.run(command, cwd=workdir, capture_output=True, text=True,
-                         env={**os.environ, "FOLDSWEEP_DATA_DIR": str(REPO / "data"), **environment})
+    ran = subprocess.run(
+        command,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FOLDSWEEP_DATA_DIR": str(REPO / "data"), **environment},
+    )
     return re.findall(r"(?:train_loss|val_loss|val_accuracy) (\S+)", ran.stdout), ran.stderr
 
 
@@ -287,8 +359,13 @@ def measure_rerun_identity(quick: bool) -> list[dict[str, Any]]:
             first, errors = _trial_losses(Path(directory), environment)
             second, _ = _trial_losses(Path(directory), environment)
         setting = f"a trial twice, TF_DETERMINISTIC_OPS {'1' if deterministic else 'unset'}"
-        value = ("failed: " + (errors.strip().splitlines() or [""])[-1][:160] if not first
-                 else "bit-identical" if first == second else "differs")
+        value = (
+            "failed: " + (errors.strip().splitlines() or [""])[-1][:160]
+            if not first
+            else "bit-identical"
+            if first == second
+            else "differs"
+        )
         rows.append(row("rerun identity", setting, value))
     return rows
 
@@ -316,8 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         identity = gpu_identity()
     except UnknownGpu as exc:
-        print(f"a GPU is present but cannot be identified ({exc}): memory per process cannot be measured without "
-              "nvidia-smi; fix the driver's tools first")
+        print(
+            f"a GPU is present but cannot be identified ({exc}): memory per process cannot be measured without "
+            "nvidia-smi; fix the driver's tools first"
+        )
         return 1
     if identity is None:
         print(NO_GPU.format(reason="nvidia-smi lists none, or none is visible to this process"))

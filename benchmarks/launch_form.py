@@ -58,9 +58,11 @@ def measure_here(form: str, dataset_name: str, batch_size: int, cpus: int) -> di
 
     @tf.function(jit_compile=True, autograph=False)
     def looped(batches):
-        _, total = tf.while_loop(lambda j, total: j < STEPS,
-                                 lambda j, total: (j + 1, total + step(tf.gather(batches, j))),
-                                 (tf.constant(0), tf.constant(0.0)))
+        _, total = tf.while_loop(
+            lambda j, total: j < STEPS,
+            lambda j, total: (j + 1, total + step(tf.gather(batches, j))),
+            (tf.constant(0), tf.constant(0.0)),
+        )
         return total
 
     launch = unrolled if form == "unrolled" else looped
@@ -89,25 +91,47 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure_here(form, dataset, int(batch_size), args.cpus)))
         return 0
     rows = []
-    print(f"{'dataset':<10}{'batch':>6}{'form':>10}{'us/step':>10}{'compile_s':>11}{'looped vs unrolled':>20}", flush=True)
+    print(
+        f"{'dataset':<10}{'batch':>6}{'form':>10}{'us/step':>10}{'compile_s':>11}{'looped vs unrolled':>20}", flush=True
+    )
     for dataset in ("mnist1d", "protein"):
         for batch_size in (8, 64):
             runs: dict[str, list[dict[str, Any]]] = {form: [] for form in FORMS}
             for _ in range(args.rounds):
                 for form in FORMS:
-                    command = [sys.executable, "-m", "benchmarks.launch_form", "--cpus", str(args.cpus),
-                               "--measure", form, dataset, str(batch_size)]
+                    command = [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.launch_form",
+                        "--cpus",
+                        str(args.cpus),
+                        "--measure",
+                        form,
+                        dataset,
+                        str(batch_size),
+                    ]
                     finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=True)
                     runs[form].append(json.loads(finished.stdout.strip().splitlines()[-1]))
-            medians = {form: {key: float(np.median([run[key] for run in runs[form]])) for key in ("us_per_step", "compile_s")}
-                       for form in FORMS}
+            medians = {
+                form: {key: float(np.median([run[key] for run in runs[form]])) for key in ("us_per_step", "compile_s")}
+                for form in FORMS
+            }
             for form in FORMS:
                 slower = medians[form]["us_per_step"] / medians["unrolled"]["us_per_step"]
-                row = {"dataset": dataset, "batch_size": batch_size, "form": form, **medians[form],
-                       "per_step_vs_unrolled": slower, "cpus": args.cpus}
+                row = {
+                    "dataset": dataset,
+                    "batch_size": batch_size,
+                    "form": form,
+                    **medians[form],
+                    "per_step_vs_unrolled": slower,
+                    "cpus": args.cpus,
+                }
                 rows.append(row)
-                print(f"{dataset:<10}{batch_size:>6}{form:>10}{row['us_per_step']:>10.0f}{row['compile_s']:>11.1f}"
-                      f"{slower:>19.2f}x", flush=True)
+                print(
+                    f"{dataset:<10}{batch_size:>6}{form:>10}{row['us_per_step']:>10.0f}{row['compile_s']:>11.1f}"
+                    f"{slower:>19.2f}x",
+                    flush=True,
+                )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

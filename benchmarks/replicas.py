@@ -30,8 +30,11 @@ LAYOUTS = ("fused", "stacked", "side")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", default="8,64")
-    parser.add_argument("--replicas", default="3,15", help=f"comma list of multiples of {N_SPLITS} (folds x repeats); "
-                                                            "the first is the baseline")
+    parser.add_argument(
+        "--replicas",
+        default="3,15",
+        help=f"comma list of multiples of {N_SPLITS} (folds x repeats); the first is the baseline",
+    )
     parser.add_argument("--layouts", default="fused,stacked,side", help="comma list of " + ", ".join(LAYOUTS))
     parser.add_argument("--epochs", type=int, default=2, help="timed epochs per measurement, after the compiling one")
     parser.add_argument("--repeats", type=int, default=2, help="measurements per setting, interleaved")
@@ -47,29 +50,48 @@ def main(argv: list[str] | None = None) -> int:
     if any(count < N_SPLITS or count % N_SPLITS for count in counts):
         raise SystemExit(f"--replicas: multiples of {N_SPLITS}, got {args.replicas}")
     rows = []
-    print(f"{'batch':>6}{'layout':>9}{'replicas':>10}{'samples/s':>11}{'s/replica-epoch':>17}{'vs ' + str(counts[0]):>7}"
-          f"{'compile_s':>11}{'peak RSS MB':>13}  plan", flush=True)
+    print(
+        f"{'batch':>6}{'layout':>9}{'replicas':>10}{'samples/s':>11}{'s/replica-epoch':>17}{'vs ' + str(counts[0]):>7}"
+        f"{'compile_s':>11}{'peak RSS MB':>13}  plan",
+        flush=True,
+    )
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
         for layout in layouts:
             runs: dict[int, list[dict[str, Any]]] = {replicas: [] for replicas in counts}
             for _ in range(args.repeats):
                 for replicas in counts:
-                    measurement = argparse.Namespace(quick=not args.full, dropout=False, cpus=args.cpus,
-                                                     epochs=args.epochs, cv_repeats=replicas // N_SPLITS)
+                    measurement = argparse.Namespace(
+                        quick=not args.full,
+                        dropout=False,
+                        cpus=args.cpus,
+                        epochs=args.epochs,
+                        cv_repeats=replicas // N_SPLITS,
+                    )
                     runs[replicas].append(measure_apart(measurement, "mnist1d", batch_size, layout))
             train_per_replica = (4000 if args.full else 2400) * (N_SPLITS - 1) / N_SPLITS
             for replicas in counts:
                 rate = float(np.median([run["rate"] for run in runs[replicas]]))
                 versus = paired_ratio(runs[replicas], runs[counts[0]])
-                row = {"dataset": "mnist1d", "batch_size": batch_size, "layout": layout, "replicas": replicas,
-                       "samples_per_s": round(rate, 1), "runs": [round(run["rate"], 1) for run in runs[replicas]],
-                       "s_per_replica_epoch": round(train_per_replica / rate, 4), "vs_first": round(versus, 3),
-                       "compile_s": round(float(np.median([run["compile_s"] for run in runs[replicas]])), 2),
-                       "peak_rss_mb": round(max(run["peak_rss_mb"] for run in runs[replicas]), 1),
-                       "plan": runs[replicas][0].get("fusion", ""), "cpus": args.cpus}
+                row = {
+                    "dataset": "mnist1d",
+                    "batch_size": batch_size,
+                    "layout": layout,
+                    "replicas": replicas,
+                    "samples_per_s": round(rate, 1),
+                    "runs": [round(run["rate"], 1) for run in runs[replicas]],
+                    "s_per_replica_epoch": round(train_per_replica / rate, 4),
+                    "vs_first": round(versus, 3),
+                    "compile_s": round(float(np.median([run["compile_s"] for run in runs[replicas]])), 2),
+                    "peak_rss_mb": round(max(run["peak_rss_mb"] for run in runs[replicas]), 1),
+                    "plan": runs[replicas][0].get("fusion", ""),
+                    "cpus": args.cpus,
+                }
                 rows.append(row)
-                print(f"{batch_size:>6}{layout:>9}{replicas:>10}{rate:>11.0f}{row['s_per_replica_epoch']:>17.3f}"
-                      f"{versus:>6.2f}x{row['compile_s']:>11.1f}{row['peak_rss_mb']:>13.0f}  {row['plan']}", flush=True)
+                print(
+                    f"{batch_size:>6}{layout:>9}{replicas:>10}{rate:>11.0f}{row['s_per_replica_epoch']:>17.3f}"
+                    f"{versus:>6.2f}x{row['compile_s']:>11.1f}{row['peak_rss_mb']:>13.0f}  {row['plan']}",
+                    flush=True,
+                )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

@@ -31,17 +31,29 @@ import yaml  # noqa: E402
 from pipeline.checks import prepare  # noqa: E402
 from pipeline.engine.lifespan import map_limit  # noqa: E402
 from pipeline.inputs.spec import load_spec  # noqa: E402
-from pipeline.sweep import run_sweep  # noqa: E402
 from pipeline.records.tracking import Tracker  # noqa: E402
+from pipeline.sweep import run_sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # A worker's first trials load TensorFlow's lazily built parts: its slope is fitted after them.
 SETTLING = 5
 SPACES = {
-    "hp": {"conv_layers": 1, "filters": 16, "kernel_size": 5, "dropout": 0.0, "batch_size": 32,
-           "learning_rate": {"loguniform": [1e-4, 1e-2]}},
-    "arch": {"conv_layers": {"choice": [1, 2]}, "filters": {"choice": [16, 32, 48]}, "kernel_size": {"choice": [3, 5, 7]},
-             "dropout": 0.0, "batch_size": 32, "learning_rate": {"loguniform": [1e-4, 1e-2]}},
+    "hp": {
+        "conv_layers": 1,
+        "filters": 16,
+        "kernel_size": 5,
+        "dropout": 0.0,
+        "batch_size": 32,
+        "learning_rate": {"loguniform": [1e-4, 1e-2]},
+    },
+    "arch": {
+        "conv_layers": {"choice": [1, 2]},
+        "filters": {"choice": [16, 32, 48]},
+        "kernel_size": {"choice": [3, 5, 7]},
+        "dropout": 0.0,
+        "batch_size": 32,
+        "learning_rate": {"loguniform": [1e-4, 1e-2]},
+    },
 }
 
 
@@ -82,12 +94,13 @@ def main() -> None:
     per_worker = args.max_trials_per_worker if args.max_trials_per_worker == "auto" else int(args.max_trials_per_worker)
     memory = args.max_worker_memory if args.max_worker_memory == "auto" else int(args.max_worker_memory)
     spec = {
-        "name": "soak", "experiment": f"{REPO / 'experiments' / 'mnist1d_cnn.py'}:build",
-        "dataset": {"name": "mnist1d", "num_samples": 600}, "cv": {"splitter": "stratified", "n_splits": 3},
+        "name": "soak",
+        "experiment": f"{REPO / 'experiments' / 'mnist1d_cnn.py'}:build",
+        "dataset": {"name": "mnist1d", "num_samples": 600},
+        "cv": {"splitter": "stratified", "n_splits": 3},
         "search": {"num_samples": args.trials, "seed": 0, "space": SPACES[args.mode]},
         "train": {"epochs": 1, "jit_compile": True, "refit": False},
-        "resources": {"cpu": 1, "max_concurrent": 2, "max_trials_per_worker": per_worker,
-                      "max_worker_memory": memory},
+        "resources": {"cpu": 1, "max_concurrent": 2, "max_trials_per_worker": per_worker, "max_worker_memory": memory},
         "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
     }
     (directory / "soak.yaml").write_text(yaml.safe_dump(spec))
@@ -97,10 +110,16 @@ def main() -> None:
     peak = {"rss_kb": 0, "maps": 0}
     done = []
     started = time.perf_counter()
-    print(f"soak: {args.trials} trials ({args.mode}), 2 concurrent workers, vm.max_map_count {map_limit()}, "
-          f"max_worker_memory {memory}, store {directory}", flush=True)
-    print(f"{'trials':>7} {'workers':>8} {'peak worker RSS MB':>19} {'RSS MB/trial/worker':>20} {'peak worker maps':>17} "
-          f"{'driver RSS MB':>14} {'elapsed s':>10}", flush=True)
+    print(
+        f"soak: {args.trials} trials ({args.mode}), 2 concurrent workers, vm.max_map_count {map_limit()}, "
+        f"max_worker_memory {memory}, store {directory}",
+        flush=True,
+    )
+    print(
+        f"{'trials':>7} {'workers':>8} {'peak worker RSS MB':>19} {'RSS MB/trial/worker':>20} {'peak worker maps':>17} "
+        f"{'driver RSS MB':>14} {'elapsed s':>10}",
+        flush=True,
+    )
     rss_after: dict[str, list[tuple[int, float]]] = {}  # each worker's RSS after each of its trials
 
     def on_trial_done(record) -> None:
@@ -115,15 +134,20 @@ def main() -> None:
         if len(done) % args.every == 0 or len(done) == args.trials:
             slopes = sorted(slope for slope in map(rss_slope, rss_after.values()) if slope is not None)
             slope = f"{slopes[len(slopes) // 2]:.2f}" if slopes else "-"
-            print(f"{len(done):>7} {len(workers):>8} {peak['rss_kb'] / 1024:>19.0f} {slope:>20} {peak['maps']:>17} "
-                  f"{status_kb('self', 'VmRSS') / 1024:>14.0f} {time.perf_counter() - started:>10.0f}", flush=True)
+            print(
+                f"{len(done):>7} {len(workers):>8} {peak['rss_kb'] / 1024:>19.0f} {slope:>20} {peak['maps']:>17} "
+                f"{status_kb('self', 'VmRSS') / 1024:>14.0f} {time.perf_counter() - started:>10.0f}",
+                flush=True,
+            )
             peak["rss_kb"] = 0
 
     run_sweep(prepared, on_trial_done=on_trial_done, notify=print)
     records = Tracker(prepared.tracking_uri).trial_records(Tracker(prepared.tracking_uri).find_sweep("soak").run_id)
     finished = [record for record in records if record.state == "FINISHED"]
-    print(f"MLflow: {len(records)} trial runs, {len(finished)} FINISHED, {len({r.trial_id for r in records})} distinct "
-          f"trials; {len(workers)} worker processes; statuses {sorted(set(done))}")
+    print(
+        f"MLflow: {len(records)} trial runs, {len(finished)} FINISHED, {len({r.trial_id for r in records})} distinct "
+        f"trials; {len(workers)} worker processes; statuses {sorted(set(done))}"
+    )
     if len(records) != args.trials or len(finished) != args.trials or len({r.trial_id for r in records}) != args.trials:
         raise SystemExit("soak: not every trial FINISHED exactly once")
 

@@ -22,8 +22,9 @@ import os
 import resource
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -47,9 +48,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """Refuse xdist workers: beside another test, the machine's CPU time is no longer this test's."""
     workers = getattr(config.option, "numprocesses", None)
     if workers not in (None, 0):
-        raise pytest.UsageError(f"-p benchmarks.suite_cpu measures the whole machine around each test, so the tests must "
-                                f"run one at a time: run it in one process (TEST_WORKERS=0 make test, or -n 0), got "
-                                f"-n {workers}")
+        raise pytest.UsageError(
+            f"-p benchmarks.suite_cpu measures the whole machine around each test, so the tests must "
+            f"run one at a time: run it in one process (TEST_WORKERS=0 make test, or -n 0), got "
+            f"-n {workers}"
+        )
     # Each test appends its record as it ends; a run starts the file afresh, or the ranking would
     # add up this run's tests and an earlier run's.
     Path(os.environ.get(OUTPUT_VARIABLE, DEFAULT_OUTPUT)).write_text("")
@@ -58,24 +61,39 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Around set-up, call and teardown, so a fixture's cost lands on the first test that uses it."""
-    start = (time.monotonic(), machine_busy_seconds(), _process_seconds(resource.RUSAGE_SELF),
-             _process_seconds(resource.RUSAGE_CHILDREN))
+    start = (
+        time.monotonic(),
+        machine_busy_seconds(),
+        _process_seconds(resource.RUSAGE_SELF),
+        _process_seconds(resource.RUSAGE_CHILDREN),
+    )
     yield
-    wall, machine, own, children = (time.monotonic() - start[0], machine_busy_seconds() - start[1],
-                                    _process_seconds(resource.RUSAGE_SELF) - start[2],
-                                    _process_seconds(resource.RUSAGE_CHILDREN) - start[3])
-    record = {"test": item.nodeid, "wall_s": round(wall, 2), "machine_cpu_s": round(machine, 2),
-              "pytest_cpu_s": round(own, 2), "reaped_children_cpu_s": round(children, 2)}
+    wall, machine, own, children = (
+        time.monotonic() - start[0],
+        machine_busy_seconds() - start[1],
+        _process_seconds(resource.RUSAGE_SELF) - start[2],
+        _process_seconds(resource.RUSAGE_CHILDREN) - start[3],
+    )
+    record = {
+        "test": item.nodeid,
+        "wall_s": round(wall, 2),
+        "machine_cpu_s": round(machine, 2),
+        "pytest_cpu_s": round(own, 2),
+        "reaped_children_cpu_s": round(children, 2),
+    }
     with open(os.environ.get(OUTPUT_VARIABLE, DEFAULT_OUTPUT), "a") as output:
         output.write(json.dumps(record) + "\n")
 
 
 def summarize(records: list[dict[str, Any]], top: int) -> str:
     total = sum(record["machine_cpu_s"] for record in records)
-    lines = [f"{len(records)} tests, {total:,.0f} CPU-s of the machine, {total / 2:,.0f} s on two cores packed "
-             "perfectly; the pytest process's share "
-             f"{sum(record['pytest_cpu_s'] for record in records):,.0f} CPU-s",
-             "", f"{'machine CPU-s':>13} {'pytest CPU-s':>12} {'tests':>5}  module"]
+    lines = [
+        f"{len(records)} tests, {total:,.0f} CPU-s of the machine, {total / 2:,.0f} s on two cores packed "
+        "perfectly; the pytest process's share "
+        f"{sum(record['pytest_cpu_s'] for record in records):,.0f} CPU-s",
+        "",
+        f"{'machine CPU-s':>13} {'pytest CPU-s':>12} {'tests':>5}  module",
+    ]
     modules: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
     for record in records:
         module = modules[record["test"].split("::")[0]]
@@ -86,8 +104,9 @@ def summarize(records: list[dict[str, Any]], top: int) -> str:
         lines.append(f"{machine:13.1f} {own:12.1f} {count:5d}  {name}")
     lines += ["", f"{'machine CPU-s':>13} {'pytest CPU-s':>12} {'wall s':>7}  test (the {top} costliest)"]
     for record in sorted(records, key=lambda record: -record["machine_cpu_s"])[:top]:
-        lines.append(f"{record['machine_cpu_s']:13.1f} {record['pytest_cpu_s']:12.1f} {record['wall_s']:7.1f}  "
-                     f"{record['test']}")
+        lines.append(
+            f"{record['machine_cpu_s']:13.1f} {record['pytest_cpu_s']:12.1f} {record['wall_s']:7.1f}  {record['test']}"
+        )
     return "\n".join(lines)
 
 
@@ -99,8 +118,11 @@ def main() -> None:
     try:
         records = [json.loads(line) for line in Path(arguments.path).read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as error:
-        parser.exit(2, f"{arguments.path}: cannot read the plugin's records ({error}); write them with "
-                       f"TEST_WORKERS=0 make test PYTEST_ARGS=\"-p benchmarks.suite_cpu\"\n")
+        parser.exit(
+            2,
+            f"{arguments.path}: cannot read the plugin's records ({error}); write them with "
+            f'TEST_WORKERS=0 make test PYTEST_ARGS="-p benchmarks.suite_cpu"\n',
+        )
     if not records:
         parser.exit(2, f"{arguments.path}: no tests recorded in it\n")
     print(summarize(records, arguments.top))

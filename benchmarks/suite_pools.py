@@ -40,8 +40,12 @@ def one_round(worker_count: str | None) -> tuple[float, float]:
         environment[WORKER_COUNT_VARIABLE] = worker_count
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     busy, start = machine_busy_seconds(), time.monotonic()
-    shares = [subprocess.Popen([*command, *modules], cwd=REPO, env=environment, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True) for modules in SHARES]
+    shares = [
+        subprocess.Popen(
+            [*command, *modules], cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for modules in SHARES
+    ]
     for share in shares:
         output, _ = share.communicate()
         if share.returncode != 0:

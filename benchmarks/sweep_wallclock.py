@@ -48,11 +48,17 @@ def naive_loop(epochs: int) -> tuple[float, list[float]]:
         model_values = {**FIXED, "filters": config["filters"]}
         accuracies = []
         for k, fold in enumerate(folds):
-            _, accuracy = naive_fold_fit(lambda: build_model(build_fn, model_values),
-                                         dataset.x[fold.train], dataset.y[fold.train],
-                                         dataset.x[fold.val], dataset.y[fold.val],
-                                         batch_size=config["batch_size"], epochs=epochs,
-                                         learning_rate=config["learning_rate"], seed=k)
+            _, accuracy = naive_fold_fit(
+                lambda: build_model(build_fn, model_values),
+                dataset.x[fold.train],
+                dataset.y[fold.train],
+                dataset.x[fold.val],
+                dataset.y[fold.val],
+                batch_size=config["batch_size"],
+                epochs=epochs,
+                learning_rate=config["learning_rate"],
+                seed=k,
+            )
             accuracies.append(accuracy)
         scores.append(sum(accuracies) / len(accuracies))
     return time.perf_counter() - started, scores
@@ -64,8 +70,11 @@ def foldsweep_run(epochs: int, workdir: Path) -> float:
         "experiment": f"{EXPERIMENT}:build",
         "dataset": "mnist1d",
         "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
-        "search": {"num_samples": 1, "seed": 0,
-                   "space": {**{key: {"grid": values} for key, values in GRID.items()}, **FIXED}},
+        "search": {
+            "num_samples": 1,
+            "seed": 0,
+            "space": {**{key: {"grid": values} for key, values in GRID.items()}, **FIXED},
+        },
         "train": {"epochs": epochs, "metric": "accuracy", "mode": "max"},
         "resources": {"cpu": 1},
         "tracking": {"uri": f"sqlite:///{workdir / 'mlflow.db'}"},
@@ -74,8 +83,13 @@ def foldsweep_run(epochs: int, workdir: Path) -> float:
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     command = [str(Path(sys.executable).parent / "foldsweep"), "run", str(path)]
     started = time.perf_counter()
-    subprocess.run(command, check=True, cwd=workdir, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "FOLDSWEEP_DATA_DIR": str(REPO / "data")})
+    subprocess.run(
+        command,
+        check=True,
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "FOLDSWEEP_DATA_DIR": str(REPO / "data")},
+    )
     return time.perf_counter() - started
 
 
@@ -88,10 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as workdir:
         foldsweep_s = foldsweep_run(args.epochs, Path(workdir))
     naive_s, _ = naive_loop(args.epochs)
-    result = {"configs": len(configs()), "folds": 3, "epochs": args.epochs, "naive_s": round(naive_s, 1),
-              "foldsweep_s": round(foldsweep_s, 1), "ratio": round(naive_s / foldsweep_s, 2)}
-    print(f"{result['configs']} configs x 3 folds x {args.epochs} epochs on MNIST-1D: naive loop "
-          f"{naive_s:.0f} s, foldsweep run {foldsweep_s:.0f} s -> {result['ratio']:.2f}x faster")
+    result = {
+        "configs": len(configs()),
+        "folds": 3,
+        "epochs": args.epochs,
+        "naive_s": round(naive_s, 1),
+        "foldsweep_s": round(foldsweep_s, 1),
+        "ratio": round(naive_s / foldsweep_s, 2),
+    }
+    print(
+        f"{result['configs']} configs x 3 folds x {args.epochs} epochs on MNIST-1D: naive loop "
+        f"{naive_s:.0f} s, foldsweep run {foldsweep_s:.0f} s -> {result['ratio']:.2f}x faster"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -43,8 +43,9 @@ class CheckedInputs:
     warnings: tuple[str, ...] = ()  # what may be a mistake but is not refused
 
 
-def check_inputs(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None,
-                 address: str | None = None) -> CheckedInputs:
+def check_inputs(
+    spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None, address: str | None = None
+) -> CheckedInputs:
     """Every check of a spec's inputs that needs no model, TensorFlow, Ray or folds.
 
     Raises:
@@ -66,9 +67,15 @@ def check_inputs(spec: SweepSpec, *, tracking_uri: str | None = None, num_sample
     warnings = []
     if spec.cv.groups == "ignore" and dataset.groups is None:
         warnings.append(f"cv.groups: ignore has nothing to ignore: {source!r} has no groups")
-    return CheckedInputs(tracking_uri=uri, experiment_path=experiment_path, dataset=dataset,
-                         dataset_path=dataset_spec.path, num_samples=num_samples or spec.search.num_samples,
-                         address=address, warnings=tuple(warnings))
+    return CheckedInputs(
+        tracking_uri=uri,
+        experiment_path=experiment_path,
+        dataset=dataset,
+        dataset_path=dataset_spec.path,
+        num_samples=num_samples or spec.search.num_samples,
+        address=address,
+        warnings=tuple(warnings),
+    )
 
 
 def make_checked_folds(spec: SweepSpec, inputs: CheckedInputs) -> tuple[FoldPlan, tuple[str, ...]]:
@@ -107,14 +114,24 @@ class PreparedSweep:
         """What every trial of the sweep is run with (in Ray's workers, and by the refit)."""
         from pipeline.engine.runner import TrialSettings
 
-        return TrialSettings.from_spec(self.spec, experiment_path=self.experiment_path,
-                                       dataset_fingerprint=self.dataset.fingerprint, conditions=self.space.conditions,
-                                       fit_arguments=self.experiment.fit_arguments)
+        return TrialSettings.from_spec(
+            self.spec,
+            experiment_path=self.experiment_path,
+            dataset_fingerprint=self.dataset.fingerprint,
+            conditions=self.space.conditions,
+            fit_arguments=self.experiment.fit_arguments,
+        )
 
 
-def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None,
-            address: str | None = None, hooks: Sequence[str] = HOOKED_LIBRARIES,
-            inputs: CheckedInputs | None = None) -> PreparedSweep:
+def prepare(
+    spec: SweepSpec,
+    *,
+    tracking_uri: str | None = None,
+    num_samples: int | None = None,
+    address: str | None = None,
+    hooks: Sequence[str] = HOOKED_LIBRARIES,
+    inputs: CheckedInputs | None = None,
+) -> PreparedSweep:
     """Check everything a sweep needs without starting Ray or writing to the tracking store.
 
     ``hooks``: the libraries whose private hooks are checked (``trial`` uses neither Ray Tune nor MLflow).
@@ -132,16 +149,26 @@ def prepare(spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: in
         inputs = check_inputs(spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     require_hooks(hooks)
     experiment = load_experiment(inputs.experiment_path, spec.experiment_attr, reference=spec.experiment)
-    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(experiment.fit_class_weight)
+    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(
+        experiment.fit_class_weight
+    )
     space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
     dataset = inputs.dataset
     _check_model_fits_data(spec, experiment, dataset, inputs.dataset_path or dataset.name)
     folds, fold_warnings = make_checked_folds(spec, inputs)
     _check_batch_fits_folds(spec, space, folds)
     return PreparedSweep(
-        spec=spec, experiment_path=inputs.experiment_path, experiment=experiment, dataset=dataset,
-        dataset_path=inputs.dataset_path, folds=folds, space=space, tracking_uri=inputs.tracking_uri,
-        num_samples=inputs.num_samples, address=inputs.address, warnings=(*inputs.warnings, *fold_warnings),
+        spec=spec,
+        experiment_path=inputs.experiment_path,
+        experiment=experiment,
+        dataset=dataset,
+        dataset_path=inputs.dataset_path,
+        folds=folds,
+        space=space,
+        tracking_uri=inputs.tracking_uri,
+        num_samples=inputs.num_samples,
+        address=inputs.address,
+        warnings=(*inputs.warnings, *fold_warnings),
     )
 
 
@@ -151,8 +178,10 @@ def _check_classes(dataset: Dataset, source: str) -> None:
         return
     classes = np.unique(dataset.y)
     if len(classes) < 2:
-        raise DataError(f"dataset: y of {source!r} has a single class (every label is {int(classes[0])}); "
-                        "a classifier needs samples of at least two classes")
+        raise DataError(
+            f"dataset: y of {source!r} has a single class (every label is {int(classes[0])}); "
+            "a classifier needs samples of at least two classes"
+        )
 
 
 def _check_groups_kept_whole(spec: SweepSpec, dataset: Dataset, source: str) -> None:
@@ -167,7 +196,8 @@ def _check_groups_kept_whole(spec: SweepSpec, dataset: Dataset, source: str) -> 
         f"{spec.source_path}: cv.splitter {spec.cv.splitter} ignores the groups of {source!r} ({n_groups:,} groups "
         f"over {len(dataset.y):,} samples): samples of one group would land on both sides of a fold, and the CV "
         f"scores would be optimistic; use cv.splitter: {' | '.join(GROUPED_SPLITTERS)}, or set cv.groups: ignore "
-        "to split without them on purpose (recorded with the sweep)")
+        "to split without them on purpose (recorded with the sweep)"
+    )
 
 
 def _check_folds_have_classes(spec: SweepSpec, dataset: Dataset, folds: Any, source: str) -> None:
@@ -176,12 +206,16 @@ def _check_folds_have_classes(spec: SweepSpec, dataset: Dataset, folds: Any, sou
     for j, fold in enumerate(folds.folds):
         classes = np.unique(dataset.y[fold.train])
         if len(classes) < 2:
-            hint = " (stratified_group keeps the classes' proportions in every fold)" \
-                if spec.cv.splitter == "group" else ""
+            hint = (
+                " (stratified_group keeps the classes' proportions in every fold)"
+                if spec.cv.splitter == "group"
+                else ""
+            )
             raise DataError(
                 f"{spec.source_path}: cv.splitter {spec.cv.splitter}: fold {j} of {source!r} trains on a "
                 f"single class ({int(classes[0])}), so its model can only learn to predict it; use fewer "
-                f"cv.n_splits, more groups, or another splitter{hint}")
+                f"cv.n_splits, more groups, or another splitter{hint}"
+            )
 
 
 def _checked_address(spec: SweepSpec, address: str | None) -> str | None:
@@ -192,8 +226,10 @@ def _checked_address(spec: SweepSpec, address: str | None) -> str | None:
     if address is not None:
         check_ray_address(address, source=source)
     if address is None and spec.resources.cpu > (os.cpu_count() or 1):
-        raise SpecError(f"{spec.source_path}: resources.cpu must be <= the CPUs of this machine "
-                        f"({os.cpu_count()}), got {spec.resources.cpu:g}")
+        raise SpecError(
+            f"{spec.source_path}: resources.cpu must be <= the CPUs of this machine "
+            f"({os.cpu_count()}), got {spec.resources.cpu:g}"
+        )
     return address
 
 
@@ -216,16 +252,17 @@ def check_ray_address(address: str, *, source: str = "--address") -> None:
         with socket.create_connection((host, int(port)), timeout=5):
             pass
     except OSError as exc:
-        raise InputError(f"{source}: no Ray cluster answers at {address!r}: "
-                         f"{exc.strerror or exc}") from None
+        raise InputError(f"{source}: no Ray cluster answers at {address!r}: {exc.strerror or exc}") from None
 
 
 def _check_batch_fits_folds(spec: SweepSpec, space: SearchSpace, folds: FoldPlan) -> None:
     smallest = min(len(fold.train) for fold in folds.folds)
     largest = space.largest_value("batch_size")
     if largest is not None and largest > smallest:
-        raise SpecError(f"{spec.source_path}: search.space.batch_size must be <= the smallest training fold "
-                        f"({smallest} samples), got {largest}")
+        raise SpecError(
+            f"{spec.source_path}: search.space.batch_size must be <= the smallest training fold "
+            f"({smallest} samples), got {largest}"
+        )
 
 
 # The real samples the default model's outputs are checked on against its loss.
@@ -237,11 +274,14 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
     its outputs are what its loss reads them as, and it has an output for every label of ``y``
     and ``y_test`` (labels 0 and 1 for a one-unit binary head)."""
     expected = experiment.input_shape
-    if expected is not None and (len(expected) != len(dataset.input_shape) or any(
-            want is not None and want != have for want, have in zip(expected, dataset.input_shape))):
+    if expected is not None and (
+        len(expected) != len(dataset.input_shape)
+        or any(want is not None and want != have for want, have in zip(expected, dataset.input_shape))
+    ):
         raise DataError(
             f"dataset: samples of {source!r} have shape {dataset.input_shape}, but the model of "
-            f"{spec.experiment} expects inputs of shape {tuple(expected)}")
+            f"{spec.experiment} expects inputs of shape {tuple(expected)}"
+        )
     head = experiment.head(dataset.x[:HEAD_CHECK_SAMPLES], train=spec.train, labels=dataset.y[:HEAD_CHECK_SAMPLES])
     for name, labels in (("y", dataset.y), ("y_test", dataset.y_test)):
         if labels is None:
@@ -257,17 +297,23 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
                     f"dataset: {name} of {source!r} has labels {sorted(np.unique(labels).tolist())}, but the "
                     f"model of {spec.experiment} has one output unit, a binary classifier of labels 0 and 1 "
                     f"(got {others[:10]} besides): for {int(labels.max()) + 1} classes end the model in "
-                    f"Dense({int(labels.max()) + 1}, activation='softmax')")
+                    f"Dense({int(labels.max()) + 1}, activation='softmax')"
+                )
         elif int(labels.max()) >= head.units:
             raise DataError(
                 f"dataset: labels of {source!r} go up to {int(labels.max())}, but the model of {spec.experiment} "
-                f"has only {head.units} outputs (in {name})")
+                f"has only {head.units} outputs (in {name})"
+            )
     if head.loss.per_position and spec.train.class_weight is not None:
-        raise SpecError(f"{spec.source_path}: train.class_weight is not yet applied to labels per position (a padded "
-                        f"position's label indexes no weight): drop it, got {spec.train.class_weight!r}")
+        raise SpecError(
+            f"{spec.source_path}: train.class_weight is not yet applied to labels per position (a padded "
+            f"position's label indexes no weight): drop it, got {spec.train.class_weight!r}"
+        )
     if head.loss.regression and spec.train.class_weight is not None:
-        raise SpecError(f"{spec.source_path}: train.class_weight weighs classes, and {source!r} holds float "
-                        f"(regression) targets, which have none: drop it, got {spec.train.class_weight!r}")
+        raise SpecError(
+            f"{spec.source_path}: train.class_weight weighs classes, and {source!r} holds float "
+            f"(regression) targets, which have none: drop it, got {spec.train.class_weight!r}"
+        )
     _check_objective_computed(spec, head.scorers, classifier=not head.loss.regression)
     _check_replicas_fit(spec, head.parameters)
 
@@ -282,16 +328,20 @@ def _check_positions_fit_outputs(spec: SweepSpec, head: Any, labels: np.ndarray,
             f"dataset: {name} of {source!r} holds integer labels of shape {target} per sample (one per position), but "
             f"the model of {spec.experiment} outputs shape {output} per sample and its loss {loss.describe()} wants a "
             f"label for each of its leading axes {output[:-1]} (its last axis, {output[-1]}, are the classes): "
-            "make the two agree")
+            "make the two agree"
+        )
     kept = labels[labels != loss.ignore_class] if loss.ignore_class is not None else labels
     if kept.size and kept.min() < 0:
         raise DataError(
             f"dataset: {name} of {source!r} has negative labels per position (e.g. {int(kept.min())}) that its loss "
             f"{loss.describe()} does not ignore: padded positions need "
-            f"keras.losses.SparseCategoricalCrossentropy(ignore_class={int(kept.min())})")
+            f"keras.losses.SparseCategoricalCrossentropy(ignore_class={int(kept.min())})"
+        )
     if kept.size and int(kept.max()) >= head.units:
-        raise DataError(f"dataset: labels of {source!r} go up to {int(kept.max())}, but the model of {spec.experiment} "
-                        f"has only {head.units} outputs per position (in {name})")
+        raise DataError(
+            f"dataset: labels of {source!r} go up to {int(kept.max())}, but the model of {spec.experiment} "
+            f"has only {head.units} outputs per position (in {name})"
+        )
 
 
 def _check_targets_fit_outputs(spec: SweepSpec, head: Any, targets: np.ndarray, name: str, source: str) -> None:
@@ -304,7 +354,9 @@ def _check_targets_fit_outputs(spec: SweepSpec, head: Any, targets: np.ndarray, 
         f"dataset: {name} of {source!r} holds float (regression) targets of shape {target} per sample, but the model "
         f"of {spec.experiment} outputs shape {output} per sample and its loss {head.loss.describe()} compares the two "
         f"element by element: end the model in Dense({int(np.prod(target)) if target else 1}) (reshaped to {target or '(1,)'}), "
-        "or store targets of its output's shape")
+        "or store targets of its output's shape"
+    )
+
 
 def _check_objective_computed(spec: SweepSpec, scorers: Sequence[Any], *, classifier: bool = True) -> None:
     """``train.metric`` (and an early stopping monitor) is a scalar score the model computes."""
@@ -316,7 +368,8 @@ def _check_objective_computed(spec: SweepSpec, scorers: Sequence[Any], *, classi
             raise ExperimentError(
                 f"experiment: the model of {spec.experiment} compiles the metric {scorer.name}, which gives several "
                 "values per fold (one per class, as F1Score(average=None)); foldsweep records one value per metric "
-                "and fold: compile it with average='macro' or 'weighted', or drop it")
+                "and fold: compile it with average='macro' or 'weighted', or drop it"
+            )
     watched = [("train", train.metric, train.mode)]
     if train.early_stopping is not None:
         watched.append(("train.early_stopping", train.early_stopping.monitor, train.early_stopping.objective.mode))
@@ -346,4 +399,5 @@ def _check_replicas_fit(spec: SweepSpec, parameters: int) -> None:
             f"{spec.source_path}: cv.n_repeats: {cv.n_repeats} repeats x {cv.n_splits} folds = {cv.replicas:,} "
             f"replicas of the default model ({parameters:,} parameters) need at least {needed_mb:,.0f} MiB of "
             f"weights, gradients and optimizer state per trial, more than the {budget[0]:,} MiB a trial has "
-            f"({budget[1]}); lower cv.n_repeats, got {cv.n_repeats}")
+            f"({budget[1]}); lower cv.n_repeats, got {cv.n_repeats}"
+        )

@@ -15,8 +15,9 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -46,8 +47,11 @@ def styled(label: str, style: str, rest: str = "") -> Text:
     """``label`` in ``style``, then ``rest`` as it is."""
     return Text.assemble((label, style), rest)
 
+
 DEFAULT_UI_PORT = 5000
-TrackingUriOption = typer.Option(None, "--tracking-uri", help="MLflow tracking URI [default: the spec's tracking.uri, or sqlite:///mlflow.db]")
+TrackingUriOption = typer.Option(
+    None, "--tracking-uri", help="MLflow tracking URI [default: the spec's tracking.uri, or sqlite:///mlflow.db]"
+)
 
 
 def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -93,11 +97,15 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     prepared = prepare(sweep_spec, inputs=inputs)
     folds = prepared.folds.manifest()["folds"]
     console.print(
-        styled("ok", "green", f" {spec}: experiment {prepared.spec.experiment}, dataset {prepared.dataset.name} "
-        f"{prepared.dataset.x.shape}, {_replicas_text(prepared.spec.cv)} "
-        f"(val sizes {', '.join(str(f['val_size']) for f in folds)}), "
-        f"{len(prepared.space.domains)} hyperparameters, {prepared.spec.search.algorithm} search, "
-        f"{prepared.space.trial_count(prepared.num_samples)} trials"),
+        styled(
+            "ok",
+            "green",
+            f" {spec}: experiment {prepared.spec.experiment}, dataset {prepared.dataset.name} "
+            f"{prepared.dataset.x.shape}, {_replicas_text(prepared.spec.cv)} "
+            f"(val sizes {', '.join(str(f['val_size']) for f in folds)}), "
+            f"{len(prepared.space.domains)} hyperparameters, {prepared.spec.search.algorithm} search, "
+            f"{prepared.space.trial_count(prepared.num_samples)} trials",
+        ),
         highlight=False,
     )
     for line in compile_notes(prepared.spec, prepared.experiment):
@@ -190,32 +198,45 @@ def compile_notes(spec: Any, experiment: Any) -> list[str]:
         named = [name for name in ("optimizer", "learning_rate") if name in spec.search.space]
         if "optimizer" in named:
             rate = f"its {schedule} schedule" if schedule else "its learning rate"
-            notes.append(f"search.space.optimizer replaces the {optimizer} optimizer that {spec.experiment} compiles "
-                         f"({rate} and settings too); the model's own loss is kept")
+            notes.append(
+                f"search.space.optimizer replaces the {optimizer} optimizer that {spec.experiment} compiles "
+                f"({rate} and settings too); the model's own loss is kept"
+            )
         elif "learning_rate" in named and schedule:
-            notes.append(f"search.space.learning_rate replaces the {schedule} schedule of the {optimizer} optimizer "
-                         f"that {spec.experiment} compiles with a constant; its other settings and loss are kept")
+            notes.append(
+                f"search.space.learning_rate replaces the {schedule} schedule of the {optimizer} optimizer "
+                f"that {spec.experiment} compiles with a constant; its other settings and loss are kept"
+            )
         elif "learning_rate" in named:
-            notes.append(f"search.space.learning_rate replaces the learning rate of the {optimizer} optimizer that "
-                         f"{spec.experiment} compiles; its other settings and loss are kept")
+            notes.append(
+                f"search.space.learning_rate replaces the learning rate of the {optimizer} optimizer that "
+                f"{spec.experiment} compiles; its other settings and loss are kept"
+            )
         else:
             rate = f" with its {schedule} schedule" if schedule else ""
-            notes.append(f"the {optimizer} optimizer{rate} and loss that {spec.experiment} compiles are used, one copy "
-                         "per fold")
+            notes.append(
+                f"the {optimizer} optimizer{rate} and loss that {spec.experiment} compiles are used, one copy per fold"
+            )
     for name, source in experiment.fit_arguments.items():
         notes.append(f"{name} comes from {spec.experiment}'s fit() (hyperparameter {source!r})")
     rule = experiment.fit_early_stopping
     if rule is not None:
         if spec.train.early_stopping == rule:
-            notes.append(f"EarlyStopping(monitor='val_{rule.monitor}', patience={rule.patience}) in {spec.experiment}'s "
-                         f"fit() becomes train.early_stopping: {rule.describe()}, on the trial's mean CV curve (one "
-                         "decision for all folds)")
+            notes.append(
+                f"EarlyStopping(monitor='val_{rule.monitor}', patience={rule.patience}) in {spec.experiment}'s "
+                f"fit() becomes train.early_stopping: {rule.describe()}, on the trial's mean CV curve (one "
+                "decision for all folds)"
+            )
         else:
-            notes.append(f"the spec's train.early_stopping {spec.train.early_stopping.describe()} replaces the "
-                         f"EarlyStopping in {spec.experiment}'s fit()")
+            notes.append(
+                f"the spec's train.early_stopping {spec.train.early_stopping.describe()} replaces the "
+                f"EarlyStopping in {spec.experiment}'s fit()"
+            )
         if experiment.fit_restores_best_weights:
-            notes.append("restore_best_weights=True is what train.select: best_epoch already does: each trial is scored "
-                         "at its best epoch, and the refit trains that many epochs")
+            notes.append(
+                "restore_best_weights=True is what train.select: best_epoch already does: each trial is scored "
+                "at its best epoch, and the refit trains that many epochs"
+            )
     return notes
 
 
@@ -234,8 +255,15 @@ def datasets() -> None:
     for name in BUILTINS:
         data = load_dataset(DatasetSpec(name=name))
         groups = str(len(set(data.groups.tolist()))) if data.groups is not None else "-"
-        table.add_row(name, str(len(data.y)), str(len(data.y_test)) if data.y_test is not None else "-",
-                      str(data.input_shape), str(data.n_classes), groups, BUILTIN_DESCRIPTIONS.get(name, ""))
+        table.add_row(
+            name,
+            str(len(data.y)),
+            str(len(data.y_test)) if data.y_test is not None else "-",
+            str(data.input_shape),
+            str(data.n_classes),
+            groups,
+            BUILTIN_DESCRIPTIONS.get(name, ""),
+        )
     console.print(table)
     console.print(f"built-in datasets are cached in {data_dir_source()}", highlight=False, soft_wrap=True)
 
@@ -244,12 +272,19 @@ def datasets() -> None:
 @exit_codes
 def run(
     spec: Path = typer.Argument(..., help="Sweep spec (YAML)"),
-    tracking_uri: Optional[str] = TrackingUriOption,
-    num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Override search.num_samples"),
-    address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster (host:port) instead of "
-                                          "starting a local one [default: resources.address]"),
-    resume: bool = typer.Option(False, "--resume", help="Continue the latest sweep of this spec (after Ctrl-C or "
-                                "a killed driver): finished trials are kept, unfinished ones go on"),
+    tracking_uri: str | None = TrackingUriOption,
+    num_samples: int | None = typer.Option(None, "--num-samples", help="Override search.num_samples"),
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        help="Join this Ray cluster (host:port) instead of starting a local one [default: resources.address]",
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the latest sweep of this spec (after Ctrl-C or "
+        "a killed driver): finished trials are kept, unfinished ones go on",
+    ),
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
     started_at = time.time()  # the sweep's time account starts here (the interpreter took ~0.1 s before)
@@ -277,8 +312,14 @@ def run(
     # gives it back), for the whole sweep.
     hide_gpus()
     from pipeline.contract.results import TrialStatus
-    from pipeline.records.report import (Standings, leaderboard_table, selected_epoch, selected_score, short_run_id,
-                                         status_text)
+    from pipeline.records.report import (
+        Standings,
+        leaderboard_table,
+        selected_epoch,
+        selected_score,
+        short_run_id,
+        status_text,
+    )
     from pipeline.sweep import run_sweep
 
     prepared = prepare(sweep_spec, inputs=inputs)
@@ -288,9 +329,14 @@ def run(
     done_before = _trials_ended_before_resume(prepared, planned) if resume else 0
     objective = sweep_spec.objective.key
     console.print(
-        Text.assemble("sweep ", (sweep_spec.name, "bold"), f": {planned} trials x {_replicas_text(sweep_spec.cv)}, "
-        f"{_count(sweep_spec.train.epochs, 'epoch')}, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
-        f"tracking {prepared.tracking_uri}"), highlight=False,
+        Text.assemble(
+            "sweep ",
+            (sweep_spec.name, "bold"),
+            f": {planned} trials x {_replicas_text(sweep_spec.cv)}, "
+            f"{_count(sweep_spec.train.epochs, 'epoch')}, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
+            f"tracking {prepared.tracking_uri}",
+        ),
+        highlight=False,
     )
     _print_warnings(prepared, num_samples_source="--num-samples" if num_samples else "search.num_samples")
     progress = _progress(prepared, done_before=done_before)
@@ -299,24 +345,40 @@ def run(
         progress.trial_recorded(record)
         score = selected_score(record, objective)
         # A NaN trial's CV mean counts its NaN folds as the worst score: not a score to show.
-        shown = f" ({objective} {score:.4f} at epoch {selected_epoch(record)})" \
-            if score is not None and record.status is not TrialStatus.NAN else ""
+        shown = (
+            f" ({objective} {score:.4f} at epoch {selected_epoch(record)})"
+            if score is not None and record.status is not TrialStatus.NAN
+            else ""
+        )
         reason = record.error.strip().splitlines()[-1] if record.error.strip() else ""
-        console.print(f"  {record.label} ({short_run_id(record.run_id)}): {status_text(record)}{shown}"
-                      f"{' - ' + reason if reason else ''}",
-                      highlight=False)
+        console.print(
+            f"  {record.label} ({short_run_id(record.run_id)}): {status_text(record)}{shown}"
+            f"{' - ' + reason if reason else ''}",
+            highlight=False,
+        )
 
     from pipeline.sweep import AfterTrialsFailed, SweepInterrupted
 
     failed: list[str] = []
     try:
-        outcome = run_sweep(prepared, on_trial_done=trial_done, resume=resume, progress=progress, say=doing.say,
-                            doing=doing, notify=lambda line: console.print(line, style="yellow", highlight=False),
-                            started_at=started_at)
+        outcome = run_sweep(
+            prepared,
+            on_trial_done=trial_done,
+            resume=resume,
+            progress=progress,
+            say=doing.say,
+            doing=doing,
+            notify=lambda line: console.print(line, style="yellow", highlight=False),
+            started_at=started_at,
+        )
     except SweepInterrupted as interrupted:
         again = " ".join([program_name(), *(shlex.quote(arg) for arg in sys.argv[1:] if arg != "--resume")])
-        errors.print(f"interrupted: sweep run {interrupted.parent_run_id} stopped, unfinished trials marked KILLED. "
-                     f"Resume with: {again} --resume", highlight=False, soft_wrap=True)
+        errors.print(
+            f"interrupted: sweep run {interrupted.parent_run_id} stopped, unfinished trials marked KILLED. "
+            f"Resume with: {again} --resume",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(code=130) from None
     except AfterTrialsFailed as after:
         outcome, failed = after.outcome, after.failed
@@ -328,35 +390,50 @@ def run(
     _print_standings_notes(standings, prepared.tracking_uri)
     trained = len(outcome.records) - done_before
     resumed = f" ({len(outcome.records)} in the sweep, {done_before} ended before this resume)" if resume else ""
-    console.print(f"{_count(trained, 'trial')} {'trained ' if resume else ''}in {outcome.wall_s:.0f} s{resumed}; "
-                  f"sweep run {outcome.parent_run_id}", highlight=False)
+    console.print(
+        f"{_count(trained, 'trial')} {'trained ' if resume else ''}in {outcome.wall_s:.0f} s{resumed}; "
+        f"sweep run {outcome.parent_run_id}",
+        highlight=False,
+    )
     if outcome.account is not None:
         from pipeline.records.report import sweep_account_text
 
-        console.print(f"where the sweep's time went: {sweep_account_text(outcome.account)}", highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"where the sweep's time went: {sweep_account_text(outcome.account)}", highlight=False, soft_wrap=True
+        )
     _print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
     if failed:
         for what in failed:
-            errors.print(styled("error:", "bold red", f" every trial ended and is recorded, but {what}"), highlight=False,
-                         soft_wrap=True)
+            errors.print(
+                styled("error:", "bold red", f" every trial ended and is recorded, but {what}"),
+                highlight=False,
+                soft_wrap=True,
+            )
         raise typer.Exit(code=1)
 
 
 @app.command()
 @exit_codes
 def report(
-    sweep: Optional[str] = typer.Argument(None, help="Sweep name or parent run id [default: the latest sweep]"),
+    sweep: str | None = typer.Argument(None, help="Sweep name or parent run id [default: the latest sweep]"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
 ) -> None:
     """Print a recorded sweep's leaderboard, NaN and throughput tables; refresh its plots,
     descriptions and its view in the MLflow UI."""
     from pipeline.base.environment import recorded_environment
     from pipeline.base.private_hooks import require_hooks
-    from pipeline.records.publish import publish
     from pipeline.contract.results import recorded_sweep_account
-    from pipeline.records.report import (Standings, account_rows, account_table, leaderboard_table, nan_table_rows,
-                                         rows_table, sweep_account_text, throughput_rows)
+    from pipeline.records.publish import publish
+    from pipeline.records.report import (
+        Standings,
+        account_rows,
+        account_table,
+        leaderboard_table,
+        nan_table_rows,
+        rows_table,
+        sweep_account_text,
+        throughput_rows,
+    )
     from pipeline.records.tracking import Tracker
 
     _check_existing_store(tracking_uri)
@@ -374,30 +451,43 @@ def report(
         console.print(account_table(time_rows))
     sweep_account = recorded_sweep_account(parent.metrics)
     if sweep_account is not None:
-        console.print(f"where the sweep's time went: {sweep_account_text(sweep_account)}", highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"where the sweep's time went: {sweep_account_text(sweep_account)}", highlight=False, soft_wrap=True
+        )
     test_scores = {key: value for key, value in parent.metrics.items() if key.startswith("test_")}
     if test_scores:
-        console.print("refit on the held-out test split: " +
-                      ", ".join(f"{key} {value:.4f}" for key, value in sorted(test_scores.items())), highlight=False)
+        console.print(
+            "refit on the held-out test split: "
+            + ", ".join(f"{key} {value:.4f}" for key, value in sorted(test_scores.items())),
+            highlight=False,
+        )
     for line in recorded_environment(parent.tags):
         console.print(f"environment: {line}", highlight=False, soft_wrap=True)
     ui_path = publish(tracker, parent.run_id, standings, sweep_name=parent.name, test_scores=test_scores)
-    console.print(f"{len(records)} trials of sweep run {parent.run_id}; cv_results.csv, plots and descriptions "
-                  "refreshed on it.", highlight=False)
+    console.print(
+        f"{len(records)} trials of sweep run {parent.run_id}; cv_results.csv, plots and descriptions refreshed on it.",
+        highlight=False,
+    )
     _print_ui_address(tracking_uri, ui_path, sweep=parent.name)
 
 
 FoldOption = typer.Option(None, "--fold", help="Only this fold (0-based)")
 EpochsOption = typer.Option(None, "--epochs", min=1, help="Train this many epochs instead")
 EagerOption = typer.Option(False, "--eager", help="Run eagerly (no tf.function), for debugging")
-NumericsOption = typer.Option(False, "--check-numerics",
-                              help="TensorFlow numeric checking: stop at the first NaN/Inf and name its op and layer")
+NumericsOption = typer.Option(
+    False, "--check-numerics", help="TensorFlow numeric checking: stop at the first NaN/Inf and name its op and layer"
+)
 SetOption = typer.Option([], "--set", help="name=value: change one hyperparameter (repeatable)")
-ProfileOption = typer.Option(False, "--profile", help="Run TensorFlow's profiler around one epoch and say where "
-                             "its time went (trace under profiles/)")
-ProfileEpochOption = typer.Option(None, "--profile-epoch", help="The epoch --profile profiles (implies it) "
-                                  "[default: the first after the compiling one]")
+ProfileOption = typer.Option(
+    False,
+    "--profile",
+    help="Run TensorFlow's profiler around one epoch and say where its time went (trace under profiles/)",
+)
+ProfileEpochOption = typer.Option(
+    None,
+    "--profile-epoch",
+    help="The epoch --profile profiles (implies it) [default: the first after the compiling one]",
+)
 
 
 @app.command()
@@ -405,20 +495,28 @@ ProfileEpochOption = typer.Option(None, "--profile-epoch", help="The epoch --pro
 def trial(
     spec: Path = typer.Argument(..., help="Sweep spec (YAML)"),
     set_values: list[str] = SetOption,
-    fold: Optional[int] = FoldOption,
-    epochs: Optional[int] = EpochsOption,
+    fold: int | None = FoldOption,
+    epochs: int | None = EpochsOption,
     eager: bool = EagerOption,
     check_numerics: bool = NumericsOption,
     profile: bool = ProfileOption,
-    profile_epoch: Optional[int] = ProfileEpochOption,
+    profile_epoch: int | None = ProfileEpochOption,
 ) -> None:
     """Run one config of a spec in this process (no search, no Ray), printing each epoch."""
     started = time.perf_counter()  # the trial's time account counts the command's start-up
-    from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides, parse_assignments,
-                                planned_epochs, single_config, spec_threads)
-    from pipeline.rerun import profile_epoch as check_profile_epoch
     from pipeline.checks import check_inputs, prepare
     from pipeline.inputs.spec import load_spec
+    from pipeline.rerun import (
+        TrialRequest,
+        check_fold,
+        checked_overrides,
+        inactive_overrides,
+        parse_assignments,
+        planned_epochs,
+        single_config,
+        spec_threads,
+    )
+    from pipeline.rerun import profile_epoch as check_profile_epoch
 
     sweep_spec = load_spec(spec)
     fold_ids = check_fold(fold, sweep_spec.cv)
@@ -442,14 +540,29 @@ def trial(
     shown = {**prepared.space.resolve(config), **({"epochs": epochs} if epochs else {})}
     planned = planned_epochs(prepared.spec, prepared.space.resolve(config), epochs)
     profiled_epoch = check_profile_epoch(profile_epoch, planned=planned) if profiled else None
-    console.print(f"trial of {spec}: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()) if v is not None),
-                  highlight=False)
-    _run_here(TrialRequest(spec=prepared.spec, experiment_path=prepared.experiment_path, dataset=prepared.dataset,
-                           folds=prepared.folds, config=config, conditions=prepared.space.conditions,
-                           fold_ids=fold_ids, threads=threads, epochs=epochs, eager=eager,
-                           check_numerics=check_numerics, fit_arguments=prepared.experiment.fit_arguments,
-                           profile_epoch=profiled_epoch, profile_dir=PROFILES / f"trial-{spec.stem}", started=started),
-              tracking=None)
+    console.print(
+        f"trial of {spec}: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()) if v is not None), highlight=False
+    )
+    _run_here(
+        TrialRequest(
+            spec=prepared.spec,
+            experiment_path=prepared.experiment_path,
+            dataset=prepared.dataset,
+            folds=prepared.folds,
+            config=config,
+            conditions=prepared.space.conditions,
+            fold_ids=fold_ids,
+            threads=threads,
+            epochs=epochs,
+            eager=eager,
+            check_numerics=check_numerics,
+            fit_arguments=prepared.experiment.fit_arguments,
+            profile_epoch=profiled_epoch,
+            profile_dir=PROFILES / f"trial-{spec.stem}",
+            started=started,
+        ),
+        tracking=None,
+    )
 
 
 @app.command()
@@ -457,21 +570,30 @@ def trial(
 def rerun(
     run_id: str = typer.Argument(..., help="MLflow run id of a trial"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
-    fold: Optional[int] = FoldOption,
-    epochs: Optional[int] = EpochsOption,
+    fold: int | None = FoldOption,
+    epochs: int | None = EpochsOption,
     eager: bool = EagerOption,
     check_numerics: bool = NumericsOption,
     set_values: list[str] = SetOption,
     no_track: bool = typer.Option(False, "--no-track", help="Do not record the rerun in MLflow"),
     profile: bool = ProfileOption,
-    profile_epoch: Optional[int] = ProfileEpochOption,
+    profile_epoch: int | None = ProfileEpochOption,
 ) -> None:
     """Rerun one recorded trial in this process, with its config, data, folds and execution plan."""
     started = time.perf_counter()  # the trial's time account counts the command's start-up
-    from pipeline.rerun import (TrialRequest, check_fold, checked_overrides, inactive_overrides,
-                                load_recorded_trial, parse_assignments, planned_epochs, recorded_folds, rerun_changes)
-    from pipeline.rerun import profile_epoch as check_profile_epoch
     from pipeline.records.tracking import Tracker
+    from pipeline.rerun import (
+        TrialRequest,
+        check_fold,
+        checked_overrides,
+        inactive_overrides,
+        load_recorded_trial,
+        parse_assignments,
+        planned_epochs,
+        recorded_folds,
+        rerun_changes,
+    )
+    from pipeline.rerun import profile_epoch as check_profile_epoch
 
     # What can be refused without TensorFlow is, first: a wrong id or option answers at once.
     _check_existing_store(tracking_uri)
@@ -482,41 +604,64 @@ def rerun(
     profiled = profile or profile_epoch is not None
     planned = planned_epochs(recorded.spec, {**recorded.config, **overrides}, epochs)
     # an --set epochs that is no number is refused below, with the other --set values
-    profiled_epoch = check_profile_epoch(profile_epoch, planned=planned) if profiled and isinstance(planned, int) \
-        else None
+    profiled_epoch = (
+        check_profile_epoch(profile_epoch, planned=planned) if profiled and isinstance(planned, int) else None
+    )
     import_tensorflow()
-    from pipeline.inputs.hypermodel import load_experiment
     from pipeline.base.private_hooks import TRAINING_LIBRARIES, require_hooks
-    from pipeline.inputs.space import build_space
     from pipeline.engine.runner import configure_tensorflow
+    from pipeline.inputs.hypermodel import load_experiment
+    from pipeline.inputs.space import build_space
 
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)
     if profiled_epoch is not None:
         _trace_xla_ops()
-    configure_tensorflow(gpus=recorded.spec.resources.gpu, threads=threads,
-                         compile_cache=recorded.spec.train.compile_cache)
+    configure_tensorflow(
+        gpus=recorded.spec.resources.gpu, threads=threads, compile_cache=recorded.spec.train.compile_cache
+    )
     require_hooks(TRAINING_LIBRARIES)  # its checks build small models: TensorFlow starts here
     experiment = load_experiment(recorded.experiment_path, recorded.spec.experiment_attr)
     spec = recorded.spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(
-        experiment.fit_class_weight)
-    space = build_space(recorded.spec, experiment.hyperparameters,
-                        own_optimizer=experiment.compiled_optimizer is not None)
+        experiment.fit_class_weight
+    )
+    space = build_space(
+        recorded.spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None
+    )
     overrides = checked_overrides(overrides, set(space.domains) | set(recorded.config), experiment.hyperparameters)
     left_out = inactive_overrides({**recorded.config, **overrides}, overrides, space.conditions)
     overrides = {name: value for name, value in overrides.items() if name not in left_out}
     config = _without_inactive({**recorded.config, **overrides}, left_out)
     dataset, folds = recorded_folds(recorded)
-    console.print(f"rerun of trial {recorded.run_name} ({recorded.run_id}) of sweep run {recorded.parent_run_id}"
-                  + (f", with {' '.join(set_values)}" if set_values else ""), highlight=False)
-    request = TrialRequest(spec=spec, experiment_path=recorded.experiment_path, dataset=dataset, folds=folds,
-                           config=config, conditions=space.conditions, fold_ids=fold_ids, threads=threads,
-                           epochs=epochs, eager=eager, check_numerics=check_numerics, replay=recorded.plan,
-                           fit_arguments=experiment.fit_arguments, profile_epoch=profiled_epoch,
-                           profile_dir=PROFILES / f"rerun-{recorded.run_id[:8]}", started=started,
-                           changes=rerun_changes(recorded, overrides, eager=eager, profile_epoch=profiled_epoch))
-    _run_here(request, tracking=None if no_track else (tracker, recorded),
-              recorded_tags=tracker.trial_record(recorded.run_id).tags if check_numerics else None)
+    console.print(
+        f"rerun of trial {recorded.run_name} ({recorded.run_id}) of sweep run {recorded.parent_run_id}"
+        + (f", with {' '.join(set_values)}" if set_values else ""),
+        highlight=False,
+    )
+    request = TrialRequest(
+        spec=spec,
+        experiment_path=recorded.experiment_path,
+        dataset=dataset,
+        folds=folds,
+        config=config,
+        conditions=space.conditions,
+        fold_ids=fold_ids,
+        threads=threads,
+        epochs=epochs,
+        eager=eager,
+        check_numerics=check_numerics,
+        replay=recorded.plan,
+        fit_arguments=experiment.fit_arguments,
+        profile_epoch=profiled_epoch,
+        profile_dir=PROFILES / f"rerun-{recorded.run_id[:8]}",
+        started=started,
+        changes=rerun_changes(recorded, overrides, eager=eager, profile_epoch=profiled_epoch),
+    )
+    _run_here(
+        request,
+        tracking=None if no_track else (tracker, recorded),
+        recorded_tags=tracker.trial_record(recorded.run_id).tags if check_numerics else None,
+    )
 
 
 def profile_lines(profile: Any) -> list[str]:
@@ -527,12 +672,16 @@ def profile_lines(profile: Any) -> list[str]:
         return f"{seconds:.3f} s ({seconds / profile.wall_s:.0%})" if profile.wall_s > 0 else f"{seconds:.3f} s"
 
     parts = ", ".join(f"{name} {part(seconds)}" for name, seconds in profile.parts.items())
-    lines = [f"profile of epoch {profile.epoch}: its wall clock {profile.wall_s:.3f} s = {parts}; the gap holds the "
-             f"profiler's start, {profile.profiler_start_s:.3f} s",
-             "top operations by self time, all folds (share of all operations' self time):"]
+    lines = [
+        f"profile of epoch {profile.epoch}: its wall clock {profile.wall_s:.3f} s = {parts}; the gap holds the "
+        f"profiler's start, {profile.profiler_start_s:.3f} s",
+        "top operations by self time, all folds (share of all operations' self time):",
+    ]
     lines += [f"  {op.self_s:9.4f} s  {op.share:6.1%}  {op.name}" for op in profile.top_ops]
-    lines.append(f"no operation runs for {profile.host_between_share:.0%} of the training launches' time: the host "
-                 "between launches (dispatch, loop control, Python)")
+    lines.append(
+        f"no operation runs for {profile.host_between_share:.0%} of the training launches' time: the host "
+        "between launches (dispatch, loop control, Python)"
+    )
     viewer = f"xprof --logdir={shlex.quote(str(profile.logdir))} --port=6006"
     if importlib.util.find_spec("xprof") is None:  # the optional extra (pyproject.toml: profile)
         viewer = f"uv run --extra profile {viewer}"
@@ -562,36 +711,50 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
     """The in-process trial both `trial` and `rerun` run, printing each epoch as it ends; a rerun
     also says (and records) what makes it differ from the trial it reruns, and where that trial
     went NaN (``recorded_tags``, its record's tags) against the first non-finite value found."""
-    from pipeline.rerun import epoch_line, recorded_nan_line, run_in_process
     from pipeline.contract.results import STOPPED_EPOCH, EpochResult, EpochSelection, TrialStatus
-    from pipeline.records.report import account_text
     from pipeline.inputs.space import resolve_config
+    from pipeline.records.report import account_text
     from pipeline.records.tracking import Tag
+    from pipeline.rerun import epoch_line, recorded_nan_line, run_in_process
 
     recorder = None
     if tracking is not None:
         tracker, recorded = tracking
         recorder = tracker.trial_recorder(
-            parent_run_id=recorded.parent_run_id, run_name=f"rerun-{recorded.run_name}", role="rerun",
-            config=resolve_config(request.config, request.conditions), tags={Tag.RERUN_OF: recorded.run_id},
-            selection=EpochSelection(request.spec.objective, request.spec.train.select))
+            parent_run_id=recorded.parent_run_id,
+            run_name=f"rerun-{recorded.run_name}",
+            role="rerun",
+            config=resolve_config(request.config, request.conditions),
+            tags={Tag.RERUN_OF: recorded.run_id},
+            selection=EpochSelection(request.spec.objective, request.spec.train.select),
+        )
 
     def on_plan(plan: Any, differences: list[str]) -> None:
         draws = f"; random draws: {plan.random_draws}" if plan.random_draws != "none" else ""
-        console.print(f"{plan.reason}; steps per launch: {plan.steps_per_launch}; threads: {plan.threads.describe()}"
-                      f"{draws}", highlight=False, soft_wrap=True)
+        console.print(
+            f"{plan.reason}; steps per launch: {plan.steps_per_launch}; threads: {plan.threads.describe()}{draws}",
+            highlight=False,
+            soft_wrap=True,
+        )
         if differences:
             differs = ", ".join(differences)
-            console.print(f"differs from the trial: {differs}; numbers may differ from the recorded ones", style="yellow",
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"differs from the trial: {differs}; numbers may differ from the recorded ones",
+                style="yellow",
+                highlight=False,
+                soft_wrap=True,
+            )
             if recorder is not None:
                 recorder.set_tags({Tag.RERUN_DIFFERS: differs})
 
     def on_epoch(report: dict[str, Any]) -> None:
         console.print(epoch_line(report, request.spec.train.metric), highlight=False, soft_wrap=True)
         if report.get(STOPPED_EPOCH) is not None:
-            console.print(f"stopped early after epoch {report[STOPPED_EPOCH]}: train.early_stopping "
-                          f"{request.spec.train.early_stopping.describe()}", highlight=False)
+            console.print(
+                f"stopped early after epoch {report[STOPPED_EPOCH]}: train.early_stopping "
+                f"{request.spec.train.early_stopping.describe()}",
+                highlight=False,
+            )
         if recorder is not None:
             recorder.log_epoch(report)
 
@@ -604,16 +767,20 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
             recorder.log_directory(run, f"profile/{run.relative_to(profile.logdir).as_posix()}")
 
     try:
-        status, finding, last_report = run_in_process(request, on_plan=on_plan, on_epoch=on_epoch,
-                                                      on_profile=on_profile)
+        status, finding, last_report = run_in_process(
+            request, on_plan=on_plan, on_epoch=on_epoch, on_profile=on_profile
+        )
     except BaseException as exc:
         if recorder is not None:
-            recorder.finish(TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt) else TrialStatus.ERROR,
-                            error=traceback.format_exc())
+            recorder.finish(
+                TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt) else TrialStatus.ERROR,
+                error=traceback.format_exc(),
+            )
         raise
     if finding is not None:
-        console.print(styled("first non-finite value:", "bold red", f" {finding.describe()}"), highlight=False,
-                      soft_wrap=True)
+        console.print(
+            styled("first non-finite value:", "bold red", f" {finding.describe()}"), highlight=False, soft_wrap=True
+        )
         if recorded_tags is not None:
             console.print(recorded_nan_line(finding, recorded_tags), highlight=False, soft_wrap=True)
     console.print(f"status: {status.value}", highlight=False)
@@ -621,12 +788,24 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
     if account is not None:
         console.print(f"where the time went: {account_text(account)}", highlight=False, soft_wrap=True)
     if recorder is not None:
-        found = {} if finding is None else {
-            Tag.NUMERICS_OP: finding.op_type, Tag.NUMERICS_NODE: finding.node, Tag.NUMERICS_LAYER: finding.layer,
-            Tag.NUMERICS_VARIABLE: finding.variable, Tag.NUMERICS_FOLD: finding.fold,
-            Tag.NUMERICS_EPOCH: finding.epoch, Tag.NUMERICS_STEP: finding.step}
-        recorder.finish(status, last_report=last_report,
-                        tags={tag: str(value) for tag, value in found.items() if value not in ("", None)})
+        found = (
+            {}
+            if finding is None
+            else {
+                Tag.NUMERICS_OP: finding.op_type,
+                Tag.NUMERICS_NODE: finding.node,
+                Tag.NUMERICS_LAYER: finding.layer,
+                Tag.NUMERICS_VARIABLE: finding.variable,
+                Tag.NUMERICS_FOLD: finding.fold,
+                Tag.NUMERICS_EPOCH: finding.epoch,
+                Tag.NUMERICS_STEP: finding.step,
+            }
+        )
+        recorder.finish(
+            status,
+            last_report=last_report,
+            tags={tag: str(value) for tag, value in found.items() if value not in ("", None)},
+        )
         console.print(f"recorded as run {recorder.run_id} (tag {Tag.RERUN_OF}={recorded.run_id})", highlight=False)
 
 
@@ -650,14 +829,25 @@ def _progress(prepared: Any, *, done_before: int = 0) -> Any:
     def key_params(config: Any) -> str:
         return " ".join(searched_values(resolve_config(config, prepared.space.conditions), searched))
 
-    progress = SweepProgress(spec.objective, trials_planned=prepared.space.trial_count(prepared.num_samples),
-                             epochs_per_trial=spec.train.epochs, trials_done_before=done_before)
+    progress = SweepProgress(
+        spec.objective,
+        trials_planned=prepared.space.trial_count(prepared.num_samples),
+        epochs_per_trial=spec.train.epochs,
+        trials_done_before=done_before,
+    )
     return ProgressCallback(progress, describe=key_params, console=console, live=sys.stdout.isatty())
 
 
 def _print_ui_address(tracking_uri: str, ui_path: str, *, sweep: str, port: int = DEFAULT_UI_PORT) -> None:
-    console.print(Text.assemble("Open the MLflow UI on this sweep: ", (ui_command(tracking_uri, sweep=sweep), "bold"),
-                                f" then browse http://127.0.0.1:{port}{ui_path}"), highlight=False, soft_wrap=True)
+    console.print(
+        Text.assemble(
+            "Open the MLflow UI on this sweep: ",
+            (ui_command(tracking_uri, sweep=sweep), "bold"),
+            f" then browse http://127.0.0.1:{port}{ui_path}",
+        ),
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def program_name() -> str:
@@ -667,8 +857,11 @@ def program_name() -> str:
     invoked = Path(sys.argv[0])
     on_path = shutil.which("foldsweep")
     if invoked.name == "foldsweep" and (on_path is None or Path(on_path).resolve() != invoked.resolve()):
-        program = os.path.relpath(invoked) if not invoked.is_absolute() or invoked.is_relative_to(Path.cwd()) \
+        program = (
+            os.path.relpath(invoked)
+            if not invoked.is_absolute() or invoked.is_relative_to(Path.cwd())
             else str(invoked)
+        )
     return shlex.quote(program)
 
 
@@ -681,8 +874,9 @@ def ui_command(tracking_uri: str, *, sweep: str | None = None) -> str:
 @app.command()
 @exit_codes
 def ui(
-    sweep: Optional[str] = typer.Argument(None, help="Open on this sweep (name or parent run id) [default: the "
-                                          "latest sweep, if any]"),
+    sweep: str | None = typer.Argument(
+        None, help="Open on this sweep (name or parent run id) [default: the latest sweep, if any]"
+    ),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
     port: int = typer.Option(DEFAULT_UI_PORT, "--port", help="Port on 127.0.0.1"),
 ) -> None:
@@ -702,8 +896,10 @@ def ui(
     # Another server there would answer for ours, whose address would then open that one.
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", port)) == 0:
-            raise InputError(f"--port: a server already listens on 127.0.0.1:{port} (another foldsweep ui or MLflow "
-                             f"UI?): stop it or choose another --port")
+            raise InputError(
+                f"--port: a server already listens on 127.0.0.1:{port} (another foldsweep ui or MLflow "
+                f"UI?): stop it or choose another --port"
+            )
     require_hooks(["mlflow"])
     tracker = Tracker(tracking_uri)  # a new store is created (or upgraded) here, not by two processes at once
     try:
@@ -719,8 +915,20 @@ def ui(
     # One worker process is plenty for one researcher's browser (MLflow's default is four), and
     # MLflow's GenAI job runner (a job process and six task-queue consumers) has nothing to do
     # for training runs.
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri,
-               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        tracking_uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     # MLflow's UI runs a server with worker processes of its own; in a session of its own the
     # whole group can be stopped, so that stopping `foldsweep ui` leaves nothing running. Its
@@ -740,13 +948,20 @@ def ui(
         # The address is printed once it opens: MLflow takes seconds to start.
         code = _wait_until_answering(server, address)
         if code is None:
-            console.print(f"MLflow UI for {tracking_uri} at {address} (Ctrl-C stops it)", highlight=False,
-                          soft_wrap=True)
+            console.print(
+                f"MLflow UI for {tracking_uri} at {address} (Ctrl-C stops it)", highlight=False, soft_wrap=True
+            )
             code = server.wait()
         elif not stopped:
-            errors.print(styled("error:", "bold red", f" the MLflow UI server exited with code {code} before it "
-                                                      f"answered at http://127.0.0.1:{port}"), highlight=False,
-                         soft_wrap=True)
+            errors.print(
+                styled(
+                    "error:",
+                    "bold red",
+                    f" the MLflow UI server exited with code {code} before it answered at http://127.0.0.1:{port}",
+                ),
+                highlight=False,
+                soft_wrap=True,
+            )
             code = code or 1  # `mlflow ui` ends with 0 even when its port is taken
     except KeyboardInterrupt:
         stop()
@@ -784,8 +999,9 @@ def _wait_until_answering(server: subprocess.Popen, url: str, *, deadline_s: flo
             return server.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the MLflow UI server did not answer at {url} within {deadline_s:g} s; "
-                                   "stopped it") from None
+                raise TimeoutError(
+                    f"the MLflow UI server did not answer at {url} within {deadline_s:g} s; stopped it"
+                ) from None
 
 
 def main() -> None:  # pragma: no cover - entry point for `python -m pipeline.cli`

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
+from pipeline.engine.recipe import TrainingRecipe
 from pipeline.inputs.datasets import Dataset
 from pipeline.inputs.folds import Fold
-from pipeline.engine.recipe import TrainingRecipe
 
 REFIT_MODEL_ARTIFACT = "refit_model.keras"
 
@@ -26,8 +27,9 @@ class RefitResult:
     test_metrics: Mapping[str, float] = field(default_factory=dict)
 
 
-def refit(build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs: int, recipe: TrainingRecipe,
-          directory: Path) -> RefitResult:
+def refit(
+    build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs: int, recipe: TrainingRecipe, directory: Path
+) -> RefitResult:
     """Train ``config`` on all of ``dataset.x``/``y`` for ``epochs`` and score it on the test split,
     trained with the sweep's trials' ``recipe``.
 
@@ -41,18 +43,32 @@ def refit(build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs:
     y = np.concatenate([dataset.y, dataset.y_test])
     n_train = len(dataset.y)
     fold = Fold(train=np.arange(n_train), val=np.arange(n_train, len(y)))
-    trainer = build_trainer(build_fn, config, recipe, data=resident_data(f"{dataset.fingerprint}+test", x, y),
-                            folds=[fold], planned_epochs=epochs)
+    trainer = build_trainer(
+        build_fn,
+        config,
+        recipe,
+        data=resident_data(f"{dataset.fingerprint}+test", x, y),
+        folds=[fold],
+        planned_epochs=epochs,
+    )
     for _ in range(epochs):
         result = trainer.run_epoch()
     path = directory / REFIT_MODEL_ARTIFACT
     trainer.models[0].save(path)
     scores = result.folds[0]
-    return RefitResult(test_loss=scores.val_loss, test_accuracy=scores.val_accuracy, epochs=epochs, model_path=path,
-                       test_metrics=dict(scores.metrics))
+    return RefitResult(
+        test_loss=scores.val_loss,
+        test_accuracy=scores.val_accuracy,
+        epochs=epochs,
+        model_path=path,
+        test_metrics=dict(scores.metrics),
+    )
 
 
 def refit_scores(result: RefitResult) -> dict[str, float]:
-    scores = {"test_loss": result.test_loss, "test_accuracy": result.test_accuracy,
-              **{f"test_{name}": value for name, value in result.test_metrics.items()}}
+    scores = {
+        "test_loss": result.test_loss,
+        "test_accuracy": result.test_accuracy,
+        **{f"test_{name}": value for name, value in result.test_metrics.items()},
+    }
     return {key: value for key, value in scores.items() if value is not None and math.isfinite(value)}

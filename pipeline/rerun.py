@@ -6,26 +6,43 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from pipeline.inputs.datasets import load_dataset
 from pipeline.base.environment import Environment, environment_change
 from pipeline.base.errors import DataError, InputError, SpecError, TrackingError
-from pipeline.inputs.folds import FoldPlan, make_folds, manifest_identity
-from pipeline.contract.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads, replay_choices
+from pipeline.contract.plan import (
+    ExecutionChoices,
+    ThreadPlan,
+    TrialPlan,
+    plan_differences,
+    plan_threads,
+    replay_choices,
+)
 from pipeline.contract.results import DONE, EVAL_STEP, NAN_EPOCH, NAN_FOLD, NAN_STEP, EpochResult, TrialStatus
-from pipeline.inputs.spec import (TRAINING_DEFAULTS, CVSpec, DatasetSpec, Objective, ParamSpec, SweepSpec,
-                           check_training_param, parse_spec, read_yaml)
+from pipeline.inputs.datasets import load_dataset
+from pipeline.inputs.folds import FoldPlan, make_folds, manifest_identity
+from pipeline.inputs.spec import (
+    TRAINING_DEFAULTS,
+    CVSpec,
+    DatasetSpec,
+    Objective,
+    ParamSpec,
+    SweepSpec,
+    check_training_param,
+    parse_spec,
+    read_yaml,
+)
 from pipeline.records.tracking import Tracker
 
 if TYPE_CHECKING:
-    from pipeline.engine.profile import EpochProfile
     from pipeline.engine.fold_engine import StoppedCall
+    from pipeline.engine.profile import EpochProfile
 
 
 @dataclass(frozen=True)
@@ -84,8 +101,10 @@ class NumericsFinding:
         if self.part is NumericsPart.GRADIENT_NORM:
             what = f"the gradient norm, foldsweep's own check of each step ({op})"
             if self.variable:
-                what += (f": the gradient of {self.variable}, a variable of layer {self.layer}, is the first whose sum "
-                         "of squares is not finite")
+                what += (
+                    f": the gradient of {self.variable}, a variable of layer {self.layer}, is the first whose sum "
+                    "of squares is not finite"
+                )
         elif self.part is NumericsPart.LAYER:
             what = f"{op} in layer {self.layer}"
         elif self.part is NumericsPart.LAYER_GRADIENT:
@@ -131,8 +150,9 @@ def parse_assignments(assignments: Sequence[str]) -> dict[str, Any]:
         try:
             values[name.strip()] = read_yaml(raw) if raw.strip() else None
         except yaml.YAMLError:
-            raise InputError(f"--set {name.strip()}: the value must be a YAML scalar (a number, string or boolean), "
-                             f"got {raw!r}") from None
+            raise InputError(
+                f"--set {name.strip()}: the value must be a YAML scalar (a number, string or boolean), got {raw!r}"
+            ) from None
     return values
 
 
@@ -151,14 +171,27 @@ def load_recorded_trial(tracker: Tracker, run_id: str) -> RecordedTrial:
     spec = parse_spec(document, source_path=source, source_text=run.spec_text)
     experiment_path = Path(run.sweep_params.get("experiment_path", spec.experiment_path))
     # The data file as the sweep resolved it, so that a rerun from another directory finds it.
-    dataset = replace(spec.dataset, path=run.sweep_params["dataset_path"]) if "dataset_path" in run.sweep_params \
+    dataset = (
+        replace(spec.dataset, path=run.sweep_params["dataset_path"])
+        if "dataset_path" in run.sweep_params
         else spec.dataset
+    )
     try:
         plan = TrialPlan.from_dict(run.plan) if run.plan is not None else None
     except (TypeError, KeyError, AttributeError) as exc:
         raise TrackingError(f"RUN_ID: trial_plan.json of run {run_id} is damaged: {exc}") from None
-    return RecordedTrial(run.run_id, run.run_name, run.parent_run_id, spec, run.config, run.manifest,
-                         experiment_path, dataset, plan, run.sweep_tags)
+    return RecordedTrial(
+        run.run_id,
+        run.run_name,
+        run.parent_run_id,
+        spec,
+        run.config,
+        run.manifest,
+        experiment_path,
+        dataset,
+        plan,
+        run.sweep_tags,
+    )
 
 
 def spec_threads(spec: SweepSpec, *, n_folds: int, eager: bool = False, check_numerics: bool = False) -> ThreadPlan:
@@ -178,11 +211,14 @@ def recorded_folds(recorded: RecordedTrial) -> tuple[Any, FoldPlan]:
     if dataset.fingerprint != expected:
         raise DataError(
             f"dataset: {recorded.dataset.label!r} no longer matches the data of sweep run "
-            f"{recorded.parent_run_id}: fingerprint {dataset.fingerprint[:16]}... now, {expected[:16]}... recorded")
+            f"{recorded.parent_run_id}: fingerprint {dataset.fingerprint[:16]}... now, {expected[:16]}... recorded"
+        )
     plan = make_folds(recorded.spec.cv, dataset)
     if manifest_identity(plan.manifest()) != manifest_identity(recorded.manifest):
-        raise DataError(f"cv: the folds rebuilt from the spec differ from those recorded in sweep run "
-                        f"{recorded.parent_run_id} (fold_manifest.json)")
+        raise DataError(
+            f"cv: the folds rebuilt from the spec differ from those recorded in sweep run "
+            f"{recorded.parent_run_id} (fold_manifest.json)"
+        )
     return dataset, plan
 
 
@@ -231,7 +267,9 @@ def _declared_value(hp: Any, value: Any) -> Any:
         return value
     if isinstance(hp, hp_types.Choice):
         # True == 1 in Python: a boolean only matches a boolean choice.
-        matching = [choice for choice in hp.values if choice == value and isinstance(choice, bool) == isinstance(value, bool)]
+        matching = [
+            choice for choice in hp.values if choice == value and isinstance(choice, bool) == isinstance(value, bool)
+        ]
         if not matching:
             refuse(f"the hypermodel declares it hp.Choice of {', '.join(repr(v) for v in hp.values)}")
         return matching[0]
@@ -252,8 +290,9 @@ def _declared_value(hp: Any, value: Any) -> Any:
     return value
 
 
-def inactive_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any],
-                       conditions: Mapping[str, tuple[Any, ...]]) -> dict[str, str]:
+def inactive_overrides(
+    config: Mapping[str, Any], overrides: Mapping[str, Any], conditions: Mapping[str, tuple[Any, ...]]
+) -> dict[str, str]:
     """The ``--set`` values the trial leaves out because their hyperparameter's condition does
     not hold in ``config`` (``units_2`` with ``num_layers=1``, a clipping threshold without
     clipping), each with why: such a value is neither refused nor used, as the trial's record
@@ -266,9 +305,11 @@ def inactive_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any],
         for condition in (*TRAINING_CONDITIONS.get(name, ()), *conditions.get(name, ())):
             if not condition.is_active(values):
                 wanted = ", ".join(repr(value) for value in condition.values)
-                left_out[name] = (f"--set {name}={overrides[name]} is left out: {name} only counts when "
-                                  f"{condition.name} is {wanted}, and this trial has "
-                                  f"{condition.name}={values.get(condition.name)!r}")
+                left_out[name] = (
+                    f"--set {name}={overrides[name]} is left out: {name} only counts when "
+                    f"{condition.name} is {wanted}, and this trial has "
+                    f"{condition.name}={values.get(condition.name)!r}"
+                )
                 break
     return left_out
 
@@ -279,8 +320,10 @@ def check_fold(fold: int | None, cv: CVSpec) -> list[int]:
         return list(range(cv.replicas))
     if not 0 <= fold < cv.replicas:
         repeats = f" ({cv.n_repeats} repeats x {cv.n_splits})" if cv.n_repeats > 1 else ""
-        raise InputError(f"--fold must be between 0 and {cv.replicas - 1} (the sweep's trials train {cv.replicas} "
-                         f"folds{repeats}), got {fold}")
+        raise InputError(
+            f"--fold must be between 0 and {cv.replicas - 1} (the sweep's trials train {cv.replicas} "
+            f"folds{repeats}), got {fold}"
+        )
     return [fold]
 
 
@@ -331,10 +374,13 @@ def planned_epochs(spec: SweepSpec, config: Mapping[str, Any], epochs: int | Non
     return epochs or config.get("epochs") or spec.train.epochs
 
 
-def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[str]], None],
-                   on_epoch: Callable[[dict[str, Any]], None],
-                   on_profile: Callable[[EpochProfile], None] = lambda profile: None,
-                   ) -> tuple[TrialStatus, NumericsFinding | None, dict[str, Any]]:
+def run_in_process(
+    request: TrialRequest,
+    *,
+    on_plan: Callable[[TrialPlan, list[str]], None],
+    on_epoch: Callable[[dict[str, Any]], None],
+    on_profile: Callable[[EpochProfile], None] = lambda profile: None,
+) -> tuple[TrialStatus, NumericsFinding | None, dict[str, Any]]:
     """Run one trial here through ``TrialRunner``; calls ``on_plan`` with the plan executed and
     what may make it walk another trajectory than the recorded trial (the request's changes and
     the plan's differences), then ``on_epoch`` with each epoch's report, and ``on_profile`` with
@@ -344,18 +390,33 @@ def run_in_process(request: TrialRequest, *, on_plan: Callable[[TrialPlan, list[
 
     started = request.started if request.started is not None else time.perf_counter()
     eager, check_numerics, replay = request.eager, request.check_numerics, request.replay
-    settings = TrialSettings.from_spec(request.spec, experiment_path=request.experiment_path,
-                                       dataset_fingerprint=request.dataset.fingerprint, conditions=request.conditions,
-                                       fit_arguments=request.fit_arguments, eager=eager, check_numerics=check_numerics)
+    settings = TrialSettings.from_spec(
+        request.spec,
+        experiment_path=request.experiment_path,
+        dataset_fingerprint=request.dataset.fingerprint,
+        conditions=request.conditions,
+        fit_arguments=request.fit_arguments,
+        eager=eager,
+        check_numerics=check_numerics,
+    )
     if replay is not None:
-        settings = replace(settings, recipe=replace(settings.recipe, choices=replay_choices(
-            replay, eager=eager, check_numerics=check_numerics)))
+        settings = replace(
+            settings,
+            recipe=replace(settings.recipe, choices=replay_choices(replay, eager=eager, check_numerics=check_numerics)),
+        )
     worker = set_up_worker(settings, x=request.dataset.x, y=request.dataset.y, threads=request.threads)
     import tensorflow as tf
 
-    runner = TrialRunner(request.config, worker=worker, folds=[request.folds.folds[k] for k in request.fold_ids],
-                         fold_ids=request.fold_ids, settings=settings, epochs=request.epochs, replay=replay,
-                         started=started)
+    runner = TrialRunner(
+        request.config,
+        worker=worker,
+        folds=[request.folds.folds[k] for k in request.fold_ids],
+        fold_ids=request.fold_ids,
+        settings=settings,
+        epochs=request.epochs,
+        replay=replay,
+        started=started,
+    )
     executed = runner.trainer.plan
     on_plan(executed, [*request.changes, *(plan_differences(replay, executed) if replay is not None else [])])
     if check_numerics:
@@ -390,20 +451,31 @@ def _profiled_step(runner: Any, request: TrialRequest, on_profile: Callable[[Epo
         xspace = profiler.stop()
     clock = runner.trainer.clock
     wall = clock.last_wall_s if clock.last_wall_s is not None else clock.last_train_s + clock.last_eval_s
-    on_profile(summarize(xspace, epoch=request.profile_epoch, logdir=profiler.logdir, epoch_wall_s=wall,
-                         gap_s=clock.last_gap_s or 0.0, profiler_start_s=profiler.start_s))
+    on_profile(
+        summarize(
+            xspace,
+            epoch=request.profile_epoch,
+            logdir=profiler.logdir,
+            epoch_wall_s=wall,
+            gap_s=clock.last_gap_s or 0.0,
+            profiler_start_s=profiler.start_s,
+        )
+    )
     return report
 
 
-def rerun_changes(recorded: RecordedTrial, overrides: Mapping[str, Any], *, eager: bool,
-                  profile_epoch: int | None = None) -> tuple[str, ...]:
+def rerun_changes(
+    recorded: RecordedTrial, overrides: Mapping[str, Any], *, eager: bool, profile_epoch: int | None = None
+) -> tuple[str, ...]:
     """What a rerun asks to change against its recorded trial, besides the plan."""
     changes = [f"--set {name}={value}" for name, value in overrides.items() if recorded.config.get(name) != value]
     if eager:
         changes.append("--eager (op by op)")
     if profile_epoch is not None:
-        changes.append(f"--profile (TensorFlow's profiler around epoch {profile_epoch}: its times are the "
-                       "profiled ones, recorded on the rerun's run only)")
+        changes.append(
+            f"--profile (TensorFlow's profiler around epoch {profile_epoch}: its times are the "
+            "profiled ones, recorded on the rerun's run only)"
+        )
     if recorded.plan is None:
         changes.append("no plan recorded with the trial (executed as the spec decides today)")
     environment = environment_change(recorded.sweep_tags, Environment.current())
@@ -421,10 +493,12 @@ def numerics_finding(message: str, stopped: StoppedCall | None) -> NumericsFindi
     one per gradient in ``StoppedCall.norm_variables``' order.
     """
     op = re.search(r'(?:graph|eagerly-executing) op "([^"]+)"', message)
-    node = re.search(r"\{\{node ([^}]+?)/CheckNumerics\w*\}\}", message) or \
-        re.search(r"Detected at node (\S+?)/CheckNumerics", message)
-    finding = NumericsFinding(op_type=op.group(1) if op else "?", node=node.group(1) if node else "",
-                              part=NumericsPart.OUTSIDE)
+    node = re.search(r"\{\{node ([^}]+?)/CheckNumerics\w*\}\}", message) or re.search(
+        r"Detected at node (\S+?)/CheckNumerics", message
+    )
+    finding = NumericsFinding(
+        op_type=op.group(1) if op else "?", node=node.group(1) if node else "", part=NumericsPart.OUTSIDE
+    )
     if stopped is None:
         return finding
     finding = replace(finding, fold=stopped.fold, epoch=stopped.epoch, step=stopped.step)
@@ -433,16 +507,23 @@ def numerics_finding(message: str, stopped: StoppedCall | None) -> NumericsFindi
     if norm and int(norm.group(1) or 0) < len(stopped.norm_variables):
         variable = stopped.norm_variables[int(norm.group(1) or 0)]
         owner = _owner(stopped.model, variable)
-        return replace(finding, part=NumericsPart.GRADIENT_NORM, variable=variable.path,
-                       layer=_layer_text(owner) if owner is not None else "")
+        return replace(
+            finding,
+            part=NumericsPart.GRADIENT_NORM,
+            variable=variable.path,
+            layer=_layer_text(owner) if owner is not None else "",
+        )
     if re.fullmatch(r"global_norm(?:_\d+)?", scopes[0]):  # the sum of the squares, or its root
         return replace(finding, part=NumericsPart.GRADIENT_NORM)
     backward = scopes[0] == "gradient_tape"
     layers = _scoped_layers(stopped.model, scopes[1:-1] if backward else scopes[:-1])
     if not layers:
         return finding
-    return replace(finding, part=NumericsPart.LAYER_GRADIENT if backward else NumericsPart.LAYER,
-                   layer="/".join([*(layer.name for layer in layers[:-1]), _layer_text(layers[-1])]))
+    return replace(
+        finding,
+        part=NumericsPart.LAYER_GRADIENT if backward else NumericsPart.LAYER,
+        layer="/".join([*(layer.name for layer in layers[:-1]), _layer_text(layers[-1])]),
+    )
 
 
 def _scoped_layers(model: Any, scopes: Sequence[str]) -> list[Any]:
@@ -453,6 +534,7 @@ def _scoped_layers(model: Any, scopes: Sequence[str]) -> list[Any]:
     layer's ops are under its name with one more ``_N`` suffix than it has (a model's conv1d and
     conv1d_1: conv1d_1 and conv1d_1_2); its name as it is comes second.
     """
+
     def called(scope: str, layers: Sequence[Any]) -> Any:
         names = (re.sub(r"_\d+$", "", scope), scope)
         return next((layer for name in names for layer in layers if layer.name == name), None)
@@ -482,6 +564,7 @@ def _layer_text(layer: Any) -> str:
 
 def epoch_line(report: Mapping[str, Any], metric: str) -> str:
     """`epoch 3: fold 0 val_loss 0.4123 val_accuracy 0.8812 | fold 1 ... | mean_val_accuracy 0.87`"""
+
     def number(value: Any) -> str:
         return "nan" if isinstance(value, float) and math.isnan(value) else f"{value:.4f}"
 
@@ -490,7 +573,8 @@ def epoch_line(report: Mapping[str, Any], metric: str) -> str:
         f"fold {k} train_loss {number(scores.train_loss)} val_loss {number(scores.val_loss)}"
         + (f" val_accuracy {number(scores.val_accuracy)}" if scores.val_accuracy is not None else "")
         + "".join(f" val_{name} {number(value)}" for name, value in scores.metrics.items())
-        for k, scores in zip(result.fold_ids, result.folds))
+        for k, scores in zip(result.fold_ids, result.folds)
+    )
     objective = Objective(metric=metric)
     line = f"epoch {result.epoch}: {folds} | {objective.key} {number(result.cv_summary()[objective.key])}"
     if result.nan.event is not None:
@@ -529,11 +613,18 @@ def single_config(spec: SweepSpec, space: Any, hyperparameters: Any, overrides: 
     # Only a condition whose parent has a value here can tell that an entry is left out.
     conditions = {**TRAINING_CONDITIONS, **space.conditions}
     values = dict(config)
-    needed = [name for name in open_entries
-              if not any(condition.name in values and not condition.is_active(values)
-                         for condition in conditions.get(name, ()))]
+    needed = [
+        name
+        for name in open_entries
+        if not any(
+            condition.name in values and not condition.is_active(values) for condition in conditions.get(name, ())
+        )
+    ]
     if needed:
-        raise InputError("search.space: a single trial needs one value for "
-                         + ", ".join(f"{name} ({spec.search.space[name].kind} in the spec)" for name in needed)
-                         + "; give it with --set " + " --set ".join(f"{name}=..." for name in needed))
+        raise InputError(
+            "search.space: a single trial needs one value for "
+            + ", ".join(f"{name} ({spec.search.space[name].kind} in the spec)" for name in needed)
+            + "; give it with --set "
+            + " --set ".join(f"{name}=..." for name in needed)
+        )
     return config

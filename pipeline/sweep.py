@@ -11,19 +11,32 @@ import os
 import secrets
 import time
 import traceback
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
+from typing import Any
 
-from pipeline.checks import PreparedSweep
 from pipeline.base.environment import Environment, environment_change
 from pipeline.base.errors import FoldsweepError, InputError, SpecError
 from pipeline.base.private_hooks import RAY_OUTPUT_ENGINE_VARIABLE
+from pipeline.checks import PreparedSweep
+from pipeline.contract.account import Span, TimeAccount, sweep_account
+from pipeline.contract.results import (
+    BEST_EPOCH,
+    RUNNING_BEST_PREFIX,
+    SETUP_S,
+    SWEEP_FIXED_S,
+    SWEEP_PARTS,
+    SWEEP_WALL_S,
+    TRIAL_WALL_S,
+    WORKER_RETIRES,
+    EpochSelection,
+    SweepStatus,
+    TrialStatus,
+    sweep_fixed_s,
+)
 from pipeline.inputs.space import SearchSpace
 from pipeline.inputs.spec import SweepSpec
-from pipeline.contract.account import Span, TimeAccount, sweep_account
-from pipeline.contract.results import (BEST_EPOCH, RUNNING_BEST_PREFIX, WORKER_RETIRES, EpochSelection, SweepStatus,
-                              TrialStatus, SETUP_S, SWEEP_FIXED_S, SWEEP_PARTS, SWEEP_WALL_S, TRIAL_WALL_S, sweep_fixed_s)
 from pipeline.records.stores import sqlite_path
 from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
 
@@ -67,10 +80,17 @@ class SweepInterrupted(KeyboardInterrupt):
         self.parent_run_id = parent_run_id
 
 
-def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord], None] | None = None,
-              notify: Callable[[str], None] = print, say: Callable[[str], None] = lambda line: None,
-              doing: Callable[[str], None] = lambda line: None, resume: bool = False,
-              progress: Any = None, started_at: float | None = None) -> SweepOutcome:
+def run_sweep(
+    prepared: PreparedSweep,
+    *,
+    on_trial_done: Callable[[TrialRecord], None] | None = None,
+    notify: Callable[[str], None] = print,
+    say: Callable[[str], None] = lambda line: None,
+    doing: Callable[[str], None] = lambda line: None,
+    resume: bool = False,
+    progress: Any = None,
+    started_at: float | None = None,
+) -> SweepOutcome:
     """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials.
 
     Four steps: open the sweep (its parent run, or the one a resume continues), build the
@@ -110,18 +130,33 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
         parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable, notify)
         resources = prepared.spec.resources
         at_once = int(min(cluster.get("CPU", 0) // resources.cpu, resources.max_concurrent or math.inf))
-        say(f"sweep run {parent_run_id} records to {prepared.tracking_uri}; up to {at_once} trial"
+        say(
+            f"sweep run {parent_run_id} records to {prepared.tracking_uri}; up to {at_once} trial"
             f"{'s' if at_once != 1 else ''} at a time, each on {resources.cpu:g} CPU"
-            + (f" and {gpu:g} GPU" if gpu else "") + " (a worker's first trial starts TensorFlow and places the data)")
+            + (f" and {gpu:g} GPU" if gpu else "")
+            + " (a worker's first trial starts TensorFlow and places the data)"
+        )
         try:
-            tuner = _build_tuner(prepared, tracker, parent_run_id, ray_path, gpu=gpu, resume=resume,
-                                 on_trial_done=on_trial_done, progress=progress)
+            tuner = _build_tuner(
+                prepared,
+                tracker,
+                parent_run_id,
+                ray_path,
+                gpu=gpu,
+                resume=resume,
+                on_trial_done=on_trial_done,
+                progress=progress,
+            )
             configs = _fit(tuner, prepared, tracker, parent_run_id)
         except BaseException as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
-            _close_sweep(prepared, tracker, parent_run_id,
-                         SweepStatus.INTERRUPTED if interrupted else SweepStatus.ERROR,
-                         error=None if interrupted else traceback.format_exc())
+            _close_sweep(
+                prepared,
+                tracker,
+                parent_run_id,
+                SweepStatus.INTERRUPTED if interrupted else SweepStatus.ERROR,
+                error=None if interrupted else traceback.format_exc(),
+            )
             if interrupted and not isinstance(exc, SweepInterrupted):
                 raise SweepInterrupted(parent_run_id) from None
             raise
@@ -131,25 +166,41 @@ def run_sweep(prepared: PreparedSweep, *, on_trial_done: Callable[[TrialRecord],
     return _after_trials(prepared, tracker, parent_run_id, configs, notify, say, started, started_at)
 
 
-def _open_sweep(prepared: PreparedSweep, tracker: Tracker, resumable: SweepRecord | None,
-                notify: Callable[[str], None]) -> tuple[str, str]:
+def _open_sweep(
+    prepared: PreparedSweep, tracker: Tracker, resumable: SweepRecord | None, notify: Callable[[str], None]
+) -> tuple[str, str]:
     """The sweep's parent run and Ray Tune experiment path: new, with the environment it runs in,
     or the resumed sweep's, which keeps the environment it started in (a change is reported)."""
     environment = Environment.current()
     if resumable is not None:
         changed = environment_change(resumable.tags, environment)
         if changed:
-            notify(f"warning: sweep run {resumable.run_id} resumes in another environment than it started in: {changed}")
+            notify(
+                f"warning: sweep run {resumable.run_id} resumes in another environment than it started in: {changed}"
+            )
         return tracker.reopen_sweep(resumable)
     spec = prepared.spec
     return tracker.start_sweep(
-        name=spec.name, spec_text=spec.source_text, manifest=prepared.folds.manifest(), params=_sweep_params(prepared),
+        name=spec.name,
+        spec_text=spec.source_text,
+        manifest=prepared.folds.manifest(),
+        params=_sweep_params(prepared),
         tags=environment.tags(),
-        ray_path_for=lambda run_id: str(ray_results_dir(prepared.tracking_uri) / f"{spec.name}-{run_id[:8]}"))
+        ray_path_for=lambda run_id: str(ray_results_dir(prepared.tracking_uri) / f"{spec.name}-{run_id[:8]}"),
+    )
 
 
-def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, ray_path: str, *, gpu: float,
-                 resume: bool, on_trial_done: Callable[[TrialRecord], None] | None, progress: Any = None) -> Any:
+def _build_tuner(
+    prepared: PreparedSweep,
+    tracker: Tracker,
+    parent_run_id: str,
+    ray_path: str,
+    *,
+    gpu: float,
+    resume: bool,
+    on_trial_done: Callable[[TrialRecord], None] | None,
+    progress: Any = None,
+) -> Any:
     """The sweep's Ray Tune Tuner (restored from ``ray_path`` on a resume), recording through
     an MLflow callback."""
     from ray import tune
@@ -158,9 +209,15 @@ def _build_tuner(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
     from pipeline.records.callbacks import MlflowTrialCallback
 
     spec = prepared.spec
-    recording = MlflowTrialCallback(tracker.uri, parent_run_id=parent_run_id, sweep_name=spec.name,
-                                    selection=_selection(spec), on_recorded=on_trial_done,
-                                    conditions=prepared.space.conditions, searched=prepared.space.searched())
+    recording = MlflowTrialCallback(
+        tracker.uri,
+        parent_run_id=parent_run_id,
+        sweep_name=spec.name,
+        selection=_selection(spec),
+        on_recorded=on_trial_done,
+        conditions=prepared.space.conditions,
+        searched=prepared.space.searched(),
+    )
     callbacks = [recording]
     if progress is not None:
         progress.run_ids = recording.run_ids  # trials are named by their runs from their start
@@ -242,9 +299,16 @@ def _retiring_workers() -> Iterator[None]:
         TuneController._maybe_cache_trial_actor = keep_for_reuse
 
 
-def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, configs: dict[str, dict[str, Any]],
-                  notify: Callable[[str], None], say: Callable[[str], None], started: float,
-                  started_at: float) -> SweepOutcome:
+def _after_trials(
+    prepared: PreparedSweep,
+    tracker: Tracker,
+    parent_run_id: str,
+    configs: dict[str, dict[str, Any]],
+    notify: Callable[[str], None],
+    say: Callable[[str], None],
+    started: float,
+    started_at: float,
+) -> SweepOutcome:
     """Every trial has ended: publish the sweep's tables and plots, refit the best config, and
     close the parent run, whatever fails: FAILED with the traceback if publishing does, FINISHED
     with ``foldsweep.refit=error: ...`` if the refit does (the trials' results stand).
@@ -279,8 +343,7 @@ def _after_trials(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str,
         _close_sweep(prepared, tracker, parent_run_id, SweepStatus.INTERRUPTED)
         raise SweepInterrupted(parent_run_id) from None
     account = _sweep_account(records, started_at=started_at, refit_s=refit_s)
-    _close_sweep(prepared, tracker, parent_run_id, status, error=error,
-                 extra={**summary, **account_metrics(account)})
+    _close_sweep(prepared, tracker, parent_run_id, status, error=error, extra={**summary, **account_metrics(account)})
     outcome = SweepOutcome(parent_run_id, spec.name, records, time.perf_counter() - started, ui_path, account)
     if failed:
         raise AfterTrialsFailed(outcome, failed)
@@ -291,8 +354,11 @@ def _sweep_account(records: Sequence[TrialRecord], *, started_at: float, refit_s
     """Where the sweep's wall clock went until now. Each trial trained from its first step to
     its run's end: its own clock's wall less its set-up, back from when the driver ended its run
     (a resumed sweep's earlier trials fall before this command's start and count for nothing)."""
-    spans = [Span(record.ended_at - record.metrics[TRIAL_WALL_S] + record.metrics.get(SETUP_S, 0.0), record.ended_at)
-             for record in records if record.ended_at is not None and TRIAL_WALL_S in record.metrics]
+    spans = [
+        Span(record.ended_at - record.metrics[TRIAL_WALL_S] + record.metrics.get(SETUP_S, 0.0), record.ended_at)
+        for record in records
+        if record.ended_at is not None and TRIAL_WALL_S in record.metrics
+    ]
     return sweep_account(started=started_at, ended=time.time(), trials=spans, refit_s=refit_s, parts=SWEEP_PARTS)
 
 
@@ -301,8 +367,15 @@ def account_metrics(account: TimeAccount) -> dict[str, float]:
     return {SWEEP_WALL_S: account.wall_s, **dict(account.parts), SWEEP_FIXED_S: sweep_fixed_s(account)}
 
 
-def _close_sweep(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, status: SweepStatus, *,
-                 error: str | None = None, extra: Mapping[str, float | str] = {}) -> None:
+def _close_sweep(
+    prepared: PreparedSweep,
+    tracker: Tracker,
+    parent_run_id: str,
+    status: SweepStatus,
+    *,
+    error: str | None = None,
+    extra: Mapping[str, float | str] = {},
+) -> None:
     """End the parent run as ``status`` with the sweep's counts; trial runs still open (a
     stopped sweep) end KILLED."""
     if status != SweepStatus.OK:
@@ -313,15 +386,21 @@ def _close_sweep(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, 
     tracker.end_sweep(parent_run_id, status=status, summary=summary)
 
 
-def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, records: list[TrialRecord],
-                configs: dict[str, dict[str, Any]], notify: Callable[[str], None],
-                say: Callable[[str], None]) -> dict[str, float | str]:
+def _refit_best(
+    prepared: PreparedSweep,
+    tracker: Tracker,
+    parent_run_id: str,
+    records: list[TrialRecord],
+    configs: dict[str, dict[str, Any]],
+    notify: Callable[[str], None],
+    say: Callable[[str], None],
+) -> dict[str, float | str]:
     """Train the best config on the whole CV training split; score it on the held-out test split."""
     import tempfile
 
     from pipeline.inputs.hypermodel import load_builder
-    from pipeline.refit import refit, refit_scores
     from pipeline.records.report import ranked
+    from pipeline.refit import refit, refit_scores
 
     spec, dataset = prepared.spec, prepared.dataset
     ranking = ranked(records, spec.objective)
@@ -334,14 +413,24 @@ def _refit_best(prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, r
     best = ranking[0]
     # The epochs the best trial was scored at (train.select), else all it trained.
     epochs = int(best.metrics.get(BEST_EPOCH, best.params.get("epochs", spec.train.epochs)))
-    say(f"refitting {best.run_name} on all {len(dataset.y)} training samples ({epochs} epoch{'s' if epochs != 1 else ''})")
+    say(
+        f"refitting {best.run_name} on all {len(dataset.y)} training samples ({epochs} epoch{'s' if epochs != 1 else ''})"
+    )
     with tempfile.TemporaryDirectory(prefix="foldsweep-refit-") as directory:
-        result = refit(load_builder(prepared.experiment_path, spec.experiment_attr), configs[best.trial_id], dataset,
-                       epochs=epochs, recipe=prepared.trial_settings().recipe, directory=Path(directory))
+        result = refit(
+            load_builder(prepared.experiment_path, spec.experiment_attr),
+            configs[best.trial_id],
+            dataset,
+            epochs=epochs,
+            recipe=prepared.trial_settings().recipe,
+            directory=Path(directory),
+        )
         tracker.publish_sweep_files(parent_run_id, files={result.model_path: None})
     scores = refit_scores(result)
-    notify(f"refit of {best.run_name} on all {len(dataset.y)} training samples ({epochs} epoch{'s' if epochs != 1 else ''}): "
-           + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
+    notify(
+        f"refit of {best.run_name} on all {len(dataset.y)} training samples ({epochs} epoch{'s' if epochs != 1 else ''}): "
+        + ", ".join(f"{key} {value:.4f}" for key, value in scores.items())
+    )
     return {**scores, "refit_epochs": float(epochs), Tag.REFIT: "ok", Tag.REFIT_OF: best.run_id}
 
 
@@ -357,8 +446,9 @@ def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], 
         raise InputError(f"--resume: Ray Tune has no saved state to resume at {ray_path!r}")
     from pipeline.engine.relocation import movable
 
-    tuner = tune.Tuner.restore(ray_path, trainable, resume_unfinished=True, resume_errored=False,
-                               param_space=param_space or None)
+    tuner = tune.Tuner.restore(
+        ray_path, trainable, resume_unfinished=True, resume_errored=False, param_space=param_space or None
+    )
     # The restored run config carries the callback pickled by the interrupted driver, which has
     # lost its link to this process (the progress printer); swap in this process's callbacks.
     tuner._local_tuner.get_run_config().callbacks = callbacks
@@ -382,8 +472,9 @@ def connect_ray(address: str | None) -> None:
     try:
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise InputError(f"resources.address / --address: cannot connect to a Ray cluster at {address!r}: "
-                         f"{str(exc).splitlines()[0]}") from None
+        raise InputError(
+            f"resources.address / --address: cannot connect to a Ray cluster at {address!r}: {str(exc).splitlines()[0]}"
+        ) from None
 
 
 RAY_TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -424,15 +515,18 @@ def check_cluster_resources(spec: SweepSpec, cluster: dict[str, float], notify: 
     """
     cpus, gpus = cluster.get("CPU", 0), cluster.get("GPU", 0)
     if spec.resources.cpu > cpus:
-        raise SpecError(f"{spec.source_path}: resources.cpu must be <= the CPUs of the Ray cluster ({cpus:g}), "
-                        f"got {spec.resources.cpu:g}")
+        raise SpecError(
+            f"{spec.source_path}: resources.cpu must be <= the CPUs of the Ray cluster ({cpus:g}), "
+            f"got {spec.resources.cpu:g}"
+        )
     gpu = spec.resources.gpu
     if gpu > 0 and not gpus:
         notify(f"notice: resources.gpu={gpu:g} but the Ray cluster has no GPU: trials run on CPU")
         return 0.0
     if gpu > gpus:
-        raise SpecError(f"{spec.source_path}: resources.gpu must be <= the GPUs of the Ray cluster ({gpus:g}), "
-                        f"got {gpu:g}")
+        raise SpecError(
+            f"{spec.source_path}: resources.gpu must be <= the GPUs of the Ray cluster ({gpus:g}), got {gpu:g}"
+        )
     return gpu
 
 
@@ -448,9 +542,12 @@ def make_searcher(spec: SweepSpec, space: SearchSpace) -> Any:
         # Optuna learns a trial's value from its last report: with train.select best_epoch that is
         # the best of its mean CV curve so far, the score the leaderboard ranks it by (schedulers
         # keep acting on each epoch's own mean, the Tuner's metric).
-        metric = f"{RUNNING_BEST_PREFIX}{spec.objective.key}" if spec.train.select == "best_epoch" else spec.objective.key
-        return DistinctOptunaSearch(space, metric=metric, mode=spec.objective.mode,
-                                    sampler=optuna.samplers.TPESampler(seed=spec.search.seed))
+        metric = (
+            f"{RUNNING_BEST_PREFIX}{spec.objective.key}" if spec.train.select == "best_epoch" else spec.objective.key
+        )
+        return DistinctOptunaSearch(
+            space, metric=metric, mode=spec.objective.mode, sampler=optuna.samplers.TPESampler(seed=spec.search.seed)
+        )
     from pipeline.inputs.searchers import DistinctVariantGenerator
 
     return DistinctVariantGenerator(space, seed=spec.search.seed, max_concurrent=spec.resources.max_concurrent or 0)
@@ -468,11 +565,18 @@ def make_scheduler(spec: SweepSpec) -> Any:
 
     scheduler = spec.search.scheduler
     if scheduler.name == "asha":
-        return ASHAScheduler(time_attr="training_iteration", max_t=spec.longest_epochs,
-                             grace_period=scheduler.grace_period, reduction_factor=scheduler.reduction_factor)
+        return ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=spec.longest_epochs,
+            grace_period=scheduler.grace_period,
+            reduction_factor=scheduler.reduction_factor,
+        )
     if scheduler.name == "median":
-        return MedianStoppingRule(time_attr="training_iteration", grace_period=scheduler.grace_period,
-                                  min_samples_required=scheduler.min_samples_required)
+        return MedianStoppingRule(
+            time_attr="training_iteration",
+            grace_period=scheduler.grace_period,
+            min_samples_required=scheduler.min_samples_required,
+        )
     return FIFOScheduler()
 
 

@@ -35,8 +35,12 @@ class GpuIdentity:
 
     def differences(self, now: GpuIdentity) -> list[str]:
         """What of ``now`` differs from this identity, one ``what old -> new`` per part."""
-        parts = (("GPU", self.model, now.model), ("driver", self.driver, now.driver), ("CUDA", self.cuda, now.cuda),
-                 ("cuDNN", self.cudnn, now.cudnn))
+        parts = (
+            ("GPU", self.model, now.model),
+            ("driver", self.driver, now.driver),
+            ("CUDA", self.cuda, now.cuda),
+            ("cuDNN", self.cudnn, now.cudnn),
+        )
         return [f"{name} {old} -> {new}" for name, old, new in parts if old != new]
 
 

@@ -29,9 +29,10 @@ import os
 import platform
 import shutil
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pipeline.base.accelerator import deterministic_ops, gpu_identity
 
@@ -44,7 +45,7 @@ ENTRY_SUFFIX = ".pb"
 CHECKSUM_SUFFIX = ".sha256"
 PROCESS_DIRECTORIES = ".processes"
 # Far above TensorFlow's own counter, so a content name never equals one TensorFlow hands out.
-CONTENT_NAME_FLOOR = 10 ** 18
+CONTENT_NAME_FLOOR = 10**18
 CAPTURED_NAME = "captured"
 GRADIENT_OP_TYPE = "_gradient_op_type"
 
@@ -64,9 +65,9 @@ def disabled_by_environment() -> bool:
 
 def size_limit_bytes() -> int:
     try:
-        return int(float(os.environ.get(SIZE_VARIABLE, DEFAULT_SIZE_MB)) * 2 ** 20)
+        return int(float(os.environ.get(SIZE_VARIABLE, DEFAULT_SIZE_MB)) * 2**20)
     except ValueError:
-        return DEFAULT_SIZE_MB * 2 ** 20
+        return DEFAULT_SIZE_MB * 2**20
 
 
 @dataclass
@@ -191,9 +192,16 @@ def store_name(device_kind: str) -> str:
     import tensorflow as tf
 
     flags = sorted(flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(TF_CACHE_FLAG))
-    identity = json.dumps({"tensorflow": tf.__version__, "tf_xla_flags": flags,
-                           "xla_flags": os.environ.get("XLA_FLAGS", ""), "device": device_kind,
-                           "deterministic_ops": deterministic_ops()}, sort_keys=True)
+    identity = json.dumps(
+        {
+            "tensorflow": tf.__version__,
+            "tf_xla_flags": flags,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "device": device_kind,
+            "deterministic_ops": deterministic_ops(),
+        },
+        sort_keys=True,
+    )
     return f"tf{tf.__version__}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
@@ -311,8 +319,13 @@ def _complete(entry: Path) -> bool:
         fields = dict(_fields(data))
         key = dict(_fields(fields[1]))
         *_, signature, cluster, device = entry.name[: -len(ENTRY_SUFFIX)].split("__")
-        return (bool(fields.get(3)) and 2 in fields and key.get(1) == int(signature) and key.get(2) == int(cluster)
-                and key.get(3) == device.encode())
+        return (
+            bool(fields.get(3))
+            and 2 in fields
+            and key.get(1) == int(signature)
+            and key.get(2) == int(cluster)
+            and key.get(3) == device.encode()
+        )
     except (OSError, KeyError, ValueError, TypeError):
         return False
 
@@ -330,11 +343,11 @@ def _fields(data: bytes) -> Iterator[tuple[int, Any]]:
             length, position = _varint(data, position)
             if position + length > len(data):
                 raise ValueError("truncated")
-            value, position = data[position:position + length], position + length
+            value, position = data[position : position + length], position + length
         elif wire_type == 1:
-            value, position = data[position:position + 8], position + 8
+            value, position = data[position : position + 8], position + 8
         elif wire_type == 5:
-            value, position = data[position:position + 4], position + 4
+            value, position = data[position : position + 4], position + 4
         else:
             raise ValueError(f"wire type {wire_type}")
         if position > len(data):
@@ -440,4 +453,4 @@ def _graph_digest(graph: Any) -> int:
         if GRADIENT_OP_TYPE in node.attr:
             value = node.attr[GRADIENT_OP_TYPE].s
             node.attr[GRADIENT_OP_TYPE].s = renumbered.setdefault(value, b"CustomGradient-%d" % len(renumbered))
-    return int(hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest(), 16) % 10 ** 18
+    return int(hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest(), 16) % 10**18

@@ -4,6 +4,7 @@ The lock (``uv.lock`` of the checkout foldsweep is installed from) is named by i
 the installed version of every direct dependency is recorded beside it, with whether they are the
 lock's: a sweep run from a hand-changed environment says so.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -67,8 +68,11 @@ class Environment:
         if lock is None:
             return cls(NO_LOCK, versions, ())
         locked = locked_versions(lock)
-        differences = tuple(f"{name} {version} ({LOCK_FILE} {locked[name]})" for name, version in versions.items()
-                            if name in locked and name != DISTRIBUTION and locked[name] != version)
+        differences = tuple(
+            f"{name} {version} ({LOCK_FILE} {locked[name]})"
+            for name, version in versions.items()
+            if name in locked and name != DISTRIBUTION and locked[name] != version
+        )
         return cls("sha256:" + hashlib.sha256(lock.read_bytes()).hexdigest(), versions, differences)
 
     def tags(self) -> dict[str, str]:
@@ -77,28 +81,40 @@ class Environment:
             matches = f"false: no {LOCK_FILE} (foldsweep is not installed from its checkout)"
         else:
             matches = "true" if not self.differences else "false: " + ", ".join(self.differences)
-        return {LOCK_HASH_TAG: self.lock_hash, LOCK_MATCHES_TAG: matches,
-                **{f"{VERSION_TAG_PREFIX}{name}": version for name, version in self.versions.items()}}
+        return {
+            LOCK_HASH_TAG: self.lock_hash,
+            LOCK_MATCHES_TAG: matches,
+            **{f"{VERSION_TAG_PREFIX}{name}": version for name, version in self.versions.items()},
+        }
 
 
 def recorded_environment(tags: Mapping[str, str]) -> list[str]:
     """A recorded sweep's environment as lines to print: the lock, then each version ([] before it was recorded)."""
     if LOCK_HASH_TAG not in tags:
         return []
-    versions = sorted((key.removeprefix(VERSION_TAG_PREFIX), value) for key, value in tags.items()
-                      if key.startswith(VERSION_TAG_PREFIX))
-    return [f"lock {tags[LOCK_HASH_TAG]} (installed versions match it: {tags.get(LOCK_MATCHES_TAG, '?')})",
-            ", ".join(f"{name} {version}" for name, version in versions)]
+    versions = sorted(
+        (key.removeprefix(VERSION_TAG_PREFIX), value)
+        for key, value in tags.items()
+        if key.startswith(VERSION_TAG_PREFIX)
+    )
+    return [
+        f"lock {tags[LOCK_HASH_TAG]} (installed versions match it: {tags.get(LOCK_MATCHES_TAG, '?')})",
+        ", ".join(f"{name} {version}" for name, version in versions),
+    ]
 
 
 def environment_change(tags: Mapping[str, str], current: Environment) -> str:
     """What differs between a recorded sweep's environment (its tags) and ``current``: "" if nothing."""
     if LOCK_HASH_TAG not in tags:
         return ""
-    recorded = {key.removeprefix(VERSION_TAG_PREFIX): value for key, value in tags.items()
-                if key.startswith(VERSION_TAG_PREFIX)}
-    changes = [f"{name} {recorded[name]} -> {version}" for name, version in current.versions.items()
-               if name in recorded and recorded[name] != version]
+    recorded = {
+        key.removeprefix(VERSION_TAG_PREFIX): value for key, value in tags.items() if key.startswith(VERSION_TAG_PREFIX)
+    }
+    changes = [
+        f"{name} {recorded[name]} -> {version}"
+        for name, version in current.versions.items()
+        if name in recorded and recorded[name] != version
+    ]
     if tags[LOCK_HASH_TAG] != current.lock_hash:
         changes.insert(0, f"lock {tags[LOCK_HASH_TAG][:19]} -> {current.lock_hash[:19]}")
     return ", ".join(changes)

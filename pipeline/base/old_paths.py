@@ -18,23 +18,32 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 # old module -> the modules its names live in now, searched in order
 OLD_PATHS: dict[str, tuple[str, ...]] = {
-    **{f"pipeline.{name}": (f"pipeline.base.{name}",)
-       for name in ("errors", "quiet", "environment", "private_hooks", "compile_cache")},
-    **{f"pipeline.{name}": (f"pipeline.inputs.{name}",)
-       for name in ("spec", "space", "hypermodel", "losses", "datasets", "protein", "folds")},
+    **{
+        f"pipeline.{name}": (f"pipeline.base.{name}",)
+        for name in ("errors", "quiet", "environment", "private_hooks", "compile_cache")
+    },
+    **{
+        f"pipeline.{name}": (f"pipeline.inputs.{name}",)
+        for name in ("spec", "space", "hypermodel", "losses", "datasets", "protein", "folds")
+    },
     **{f"pipeline.{name}": (f"pipeline.contract.{name}",) for name in ("plan", "results")},
-    **{f"pipeline.{name}": (f"pipeline.engine.{name}",)
-       for name in ("stacked", "resident", "runtime", "lifespan", "stopping")},
+    **{
+        f"pipeline.{name}": (f"pipeline.engine.{name}",)
+        for name in ("stacked", "resident", "runtime", "lifespan", "stopping")
+    },
     "pipeline.trainer": ("pipeline.engine.trainer", "pipeline.engine.fold_engine"),
     "pipeline.trial": ("pipeline.engine.runner", "pipeline.engine.trainable"),
     "pipeline.fused": ("pipeline.engine.side_by_side",),
     "pipeline.training": ("pipeline.engine.fold_engine", "pipeline.engine.sequential", "pipeline.engine.recipe"),
-    **{f"pipeline.{name}": (f"pipeline.records.{name}",)
-       for name in ("stores", "report", "significance", "plots", "publish", "progress")},
+    **{
+        f"pipeline.{name}": (f"pipeline.records.{name}",)
+        for name in ("stores", "report", "significance", "plots", "publish", "progress")
+    },
     "pipeline.tracking": ("pipeline.records.tracking", "pipeline.records.callbacks"),
     # the engine's modules named after the fold layouts (#54)
     "pipeline.engine.fused": ("pipeline.engine.side_by_side",),
@@ -50,8 +59,9 @@ OLD_NAMES: dict[str, dict[str, str]] = {
 class OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds the modules of ``OLD_PATHS`` and makes each a module that forwards to its new homes."""
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in OLD_PATHS:
             return None
         return importlib.machinery.ModuleSpec(fullname, self)

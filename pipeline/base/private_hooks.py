@@ -7,6 +7,7 @@ check before a command starts anything (exit 1, one line naming the library vers
 missing), never mid-sweep, and ``tests/test_private_hooks.py`` runs them in CI against the locked
 versions.
 """
+
 from __future__ import annotations
 
 import functools
@@ -71,6 +72,7 @@ def _parameters(function: Callable[..., object]) -> list[str]:
 
 # -- Ray ------------------------------------------------------------------------------------------
 
+
 def _check_actor_caching() -> str | None:
     module, method = "ray.tune.execution.tune_controller", "TuneController._maybe_cache_trial_actor"
     if problem := _missing(module, method):
@@ -110,8 +112,11 @@ def _check_moved_sweep() -> str | None:
 
 def _check_variant_generator() -> str | None:
     module = "ray.tune.search.basic_variant"
-    for problem in (_missing(module, "_TrialIterator"), _missing(module, "_VariantIterator"),
-                    _missing("ray.tune.experiment", "_convert_to_experiment_list")):
+    for problem in (
+        _missing(module, "_TrialIterator"),
+        _missing(module, "_VariantIterator"),
+        _missing("ray.tune.experiment", "_convert_to_experiment_list"),
+    ):
         if problem:
             return problem
     trial_iterator = _attribute(module, "_TrialIterator")
@@ -121,8 +126,11 @@ def _check_variant_generator() -> str | None:
     if "self.variants and self.variants.has_next()" not in inspect.getsource(trial_iterator.__next__):
         return "_TrialIterator no longer makes its trials of self.variants first"
     state = vars(_attribute(module, "BasicVariantGenerator")())
-    missing = [name for name in ("_iterators", "_trial_generator", "_total_samples", "_random_state", "_uuid_prefix")
-               if name not in state]
+    missing = [
+        name
+        for name in ("_iterators", "_trial_generator", "_total_samples", "_random_state", "_uuid_prefix")
+        if name not in state
+    ]
     return f"BasicVariantGenerator no longer keeps {', '.join(missing)}" if missing else None
 
 
@@ -150,14 +158,18 @@ def _check_internal_kv() -> str | None:
     for function in ("_internal_kv_initialized", "_internal_kv_put", "_internal_kv_get", "_internal_kv_del"):
         if problem := _missing(module, function):
             return problem
-    for function, wanted in (("_internal_kv_put", ("key", "value", "overwrite", "namespace")),
-                             ("_internal_kv_get", ("key", "namespace")), ("_internal_kv_del", ("key", "namespace"))):
+    for function, wanted in (
+        ("_internal_kv_put", ("key", "value", "overwrite", "namespace")),
+        ("_internal_kv_get", ("key", "namespace")),
+        ("_internal_kv_del", ("key", "namespace")),
+    ):
         if not set(wanted) <= set(_parameters(_attribute(module, function))):
             return f"{module}.{function} no longer takes {', '.join(wanted)}"
     return None
 
 
 # -- MLflow ---------------------------------------------------------------------------------------
+
 
 def mlflow_ui_scripts() -> list[Path]:
     """The MLflow UI's JavaScript, as installed with MLflow's server."""
@@ -203,6 +215,7 @@ def _check_job_execution_switch() -> str | None:
 
 
 # -- Keras ----------------------------------------------------------------------------------------
+
 
 @functools.cache
 def _probe_models() -> tuple[object, object]:
@@ -257,10 +270,13 @@ def _check_compile_metrics() -> str | None:
     auc = keras.metrics.AUC(name="auc")
     model.compile(loss="mse", metrics=["mae", auc], weighted_metrics=["mse"])
     compiled = getattr(model, "_compile_metrics", None)
-    if getattr(compiled, "_user_metrics", None) != ["mae", auc] or \
-            getattr(compiled, "_user_weighted_metrics", None) != ["mse"]:
-        return ("a compiled model no longer shows compile(metrics=, weighted_metrics=) as "
-                "_compile_metrics._user_metrics and _user_weighted_metrics")
+    if getattr(compiled, "_user_metrics", None) != ["mae", auc] or getattr(
+        compiled, "_user_weighted_metrics", None
+    ) != ["mse"]:
+        return (
+            "a compiled model no longer shows compile(metrics=, weighted_metrics=) as "
+            "_compile_metrics._user_metrics and _user_weighted_metrics"
+        )
     from keras.src.trainers.compile_utils import CompileMetrics
 
     for method in ("build", "update_state", "result", "reset_state"):
@@ -290,13 +306,22 @@ def _check_seed_generators() -> str | None:
 # functions of it foldsweep replaces while it traces its training step (pipeline.engine.draws),
 # with the parameters its replacements take.
 KERAS_RANDOM_MODULE = "keras.src.backend.tensorflow.random"
-KERAS_RANDOM_DRAWS = {"dropout": ("inputs", "rate", "noise_shape", "seed"),
-                      "normal": ("shape", "mean", "stddev", "dtype", "seed"),
-                      "uniform": ("shape", "minval", "maxval", "dtype", "seed")}
+KERAS_RANDOM_DRAWS = {
+    "dropout": ("inputs", "rate", "noise_shape", "seed"),
+    "normal": ("shape", "mean", "stddev", "dtype", "seed"),
+    "uniform": ("shape", "minval", "maxval", "dtype", "seed"),
+}
 # The keras.layers whose every random number comes from those functions with the layer's own
 # SeedGenerator, so that foldsweep can draw them (exactly these classes: a subclass may draw otherwise).
-COUNTER_DRAWN_LAYERS = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "GaussianNoise",
-                        "GaussianDropout", "AlphaDropout")
+COUNTER_DRAWN_LAYERS = (
+    "Dropout",
+    "SpatialDropout1D",
+    "SpatialDropout2D",
+    "SpatialDropout3D",
+    "GaussianNoise",
+    "GaussianDropout",
+    "AlphaDropout",
+)
 
 
 def counter_drawn(layer: object) -> bool:
@@ -322,6 +347,7 @@ def _check_counter_draws() -> str | None:
         def draw(*args: object, **kwargs: object) -> object:
             drawn.append((name, kwargs.get("seed")))
             return originals[name](*args, **kwargs)
+
         return draw
 
     try:
@@ -335,12 +361,15 @@ def _check_counter_draws() -> str | None:
             layer(np.ones((2,) + (3,) * (rank - 1), np.float32), training=True)
             generators = {id(value) for value in vars(layer).values() if isinstance(value, keras.random.SeedGenerator)}
             if not drawn or any(id(seed) not in generators for _, seed in drawn):
-                return (f"keras.layers.{layer_name} no longer draws through {KERAS_RANDOM_MODULE}'s "
-                        f"{', '.join(KERAS_RANDOM_DRAWS)} with its own SeedGenerator")
+                return (
+                    f"keras.layers.{layer_name} no longer draws through {KERAS_RANDOM_MODULE}'s "
+                    f"{', '.join(KERAS_RANDOM_DRAWS)} with its own SeedGenerator"
+                )
     finally:
         for name, function in originals.items():
             setattr(module, name, function)
     return None
+
 
 def _check_context_state() -> str | None:
     from tensorflow.python.eager import context
@@ -368,14 +397,17 @@ def _check_content_names() -> str | None:
 
     if list(inspect.signature(atomic_function.from_func_graph).parameters)[:2] != ["name", "graph"]:
         return "atomic_function.from_func_graph no longer takes (name, graph, ...)"
-    for function, call in ((concrete_function.ConcreteFunction.from_func_graph, "atomic_function.from_func_graph("),
-                           (control_flow_util_v2.create_new_tf_function, "return func_graph.name")):
+    for function, call in (
+        (concrete_function.ConcreteFunction.from_func_graph, "atomic_function.from_func_graph("),
+        (control_flow_util_v2.create_new_tf_function, "return func_graph.name"),
+    ):
         if call not in inspect.getsource(function):
             return f"{function.__module__}.{function.__qualname__} no longer has `{call}`"
     # Twice the same cond with a custom gradient (new registry name each trace), both kept alive:
     # one content name, and TensorFlow takes the second definition under it.
     names, kept = [], []
     for _ in range(2):
+
         @tf.custom_gradient
         def identity(x):
             return tf.identity(x), lambda upstream: upstream
@@ -396,8 +428,10 @@ def _check_content_names() -> str | None:
             kept.append(launch.get_concrete_function(tf.TensorSpec([1], tf.float32)))
         names.append(kept[-1].name.decode())
     if names[0] != names[1]:
-        return (f"two traces of a function calling another are named {names[0]} and {names[1]}: "
-                "FunctionCaptures.capture_by_value(graph, tensor, name) names captures otherwise")
+        return (
+            f"two traces of a function calling another are named {names[0]} and {names[1]}: "
+            "FunctionCaptures.capture_by_value(graph, tensor, name) names captures otherwise"
+        )
     return None
 
 
@@ -414,70 +448,157 @@ def _check_gradient_registry() -> str | None:
 
 
 HOOKS: tuple[Hook, ...] = (
-    Hook("ray", "ray.tune.execution.tune_controller.TuneController._maybe_cache_trial_actor",
-         "a worker that retires (max_trials_per_worker) ends with its trial instead of being reused",
-         ("_maybe_cache_trial_actor",), _check_actor_caching),
-    Hook("ray", "ray.tune.Tuner._local_tuner.get_run_config().callbacks",
-         "--resume records the resumed trials in this process (the restored callbacks are the old driver's)",
-         ("_local_tuner",), _check_restored_callbacks),
-    Hook("ray", "ray.tune.Tuner._local_tuner._tune_config.search_alg and ray.train._internal.storage.StorageContext",
-         "a sweep resumed from another directory makes its new trials there, not where it was recorded",
-         ("_tune_config",), _check_moved_sweep),
-    Hook("ray", "ray.tune.search.basic_variant's _TrialIterator, _VariantIterator and BasicVariantGenerator's "
-         "_iterators, _random_state and _uuid_prefix",
-         "random and grid search never make a config twice (pipeline.inputs.searchers makes Ray Tune's trials of the "
-         "space's own draw)", ("_iterators", "_random_state", "_uuid_prefix"), _check_variant_generator),
-    Hook("ray", "ray.tune.search.optuna.OptunaSearch's _ot_trials and _ot_study",
-         "Optuna never has a config trained twice (pipeline.inputs.searchers answers a repeated proposal itself)",
-         ("_ot_trials", "_ot_study"), _check_optuna_trials),
-    Hook("ray", f"the {RAY_OUTPUT_ENGINE_VARIABLE}=0 environment variable",
-         "Ray Tune's own progress tables stay out of foldsweep's output", (), _check_output_engine_switch),
-    Hook("ray", "ray.experimental.internal_kv's put, get and delete by namespace, from workers and the driver",
-         "the progress view says what each trial's worker does before its first epoch (pipeline.contract.phases)",
-         ("_internal_kv_initialized", "_internal_kv_put", "_internal_kv_get", "_internal_kv_del"), _check_internal_kv),
-    Hook("mlflow", f"the experiment tag {MLFLOW_SHARED_VIEW_TAG}<key> and ?{MLFLOW_SHARED_VIEW_PARAM}=<key>",
-         "`foldsweep ui` and the parent run's link open the sweep's trials best first", (), _check_shared_view),
-    Hook("mlflow", f"the SQLite store's tables {', '.join(sorted(MLFLOW_STORE_TABLES))}",
-         "a --tracking-uri file that is not an MLflow store is refused instead of migrated", (), _check_store_tables),
-    Hook("mlflow", "the MLFLOW_SERVER_ENABLE_JOB_EXECUTION environment variable",
-         "`foldsweep ui` starts no GenAI job runner processes", (), _check_job_execution_switch),
-    Hook("keras", "keras.layers.Layer._flatten_layers(include_self, recursive)",
-         "random layers, a layer under mixed precision (refused) and the stacked form's layers are found in nested "
-         "models",
-         ("_flatten_layers",), _check_flatten_layers),
-    Hook("keras", "Sequential._functional, Functional._nodes_by_depth and _run_through_graph(operation_fn=)",
-         "stacked folds run the model's own layer graph with per-fold weights",
-         ("_functional", "_nodes_by_depth", "_run_through_graph"), _check_layer_graph),
-    Hook("keras", "model._compile_loss._user_loss_weights",
-         "compile(loss_weights=...) is refused instead of silently trained unweighted",
-         ("_compile_loss", "_user_loss_weights"), _check_compiled_loss_weights),
-    Hook("keras", "model._compile_metrics._user_metrics/_user_weighted_metrics and "
-         "keras.src.trainers.compile_utils.CompileMetrics",
-         "every metric a model compiles is built, named and accumulated per fold as Keras' evaluate does",
-         ("_compile_metrics", "_user_metrics", "_user_weighted_metrics"), _check_compile_metrics),
-    Hook("keras", "the keras.random.SeedGenerator held by every layer that draws random numbers",
-         "models with random layers foldsweep cannot draw for are never stacked (each fold draws its own numbers)",
-         (), _check_seed_generators),
-    Hook("keras", f"{KERAS_RANDOM_MODULE}'s {', '.join(KERAS_RANDOM_DRAWS)}, looked up at each draw by "
-         f"keras.layers.{', '.join(COUNTER_DRAWN_LAYERS)} with their own SeedGenerator",
-         "foldsweep draws those layers' numbers inside its compiled step, per fold, with Keras' rates, noise shapes "
-         "and scaling (pipeline.engine.draws)", (), _check_counter_draws),
-    Hook("tensorflow", "atomic_function.from_func_graph(name, graph), through which every traced function is "
-         "named, FunctionCaptures.capture_by_value(graph, tensor, name), which names a called function's captures "
-         "in its caller, and TensorFlow taking definitions that differ only in custom-gradient names as one",
-         "trials of one program would never find each other's compiled XLA programs, or a trial would fail "
-         "(pipeline.base.compile_cache's content names)", (), _check_content_names),
-    Hook("tensorflow", "ops.gradient_registry._registry, where tf.custom_gradient registers CustomGradient-<uid>",
-         "a worker's memory does not grow by every trial's traced graphs (pipeline.engine.lifespan.release_trial)",
-         ("_registry",), _check_gradient_registry),
-    Hook("tensorflow", "tensorflow.python.framework.config.is_op_determinism_enabled() (not in tf.config)",
-         "a trial's plan and the compile cache's key miss tf.config.experimental.enable_op_determinism() "
-         "(pipeline.base.accelerator)", (), _check_op_determinism),
-    Hook("tensorflow", "the eager context's _initialized and _physical_devices",
-         "a process whose TensorFlow already read its XLA flags would count compile-cache hits it never had",
-         ("_initialized", "_physical_devices"), _check_context_state),
+    Hook(
+        "ray",
+        "ray.tune.execution.tune_controller.TuneController._maybe_cache_trial_actor",
+        "a worker that retires (max_trials_per_worker) ends with its trial instead of being reused",
+        ("_maybe_cache_trial_actor",),
+        _check_actor_caching,
+    ),
+    Hook(
+        "ray",
+        "ray.tune.Tuner._local_tuner.get_run_config().callbacks",
+        "--resume records the resumed trials in this process (the restored callbacks are the old driver's)",
+        ("_local_tuner",),
+        _check_restored_callbacks,
+    ),
+    Hook(
+        "ray",
+        "ray.tune.Tuner._local_tuner._tune_config.search_alg and ray.train._internal.storage.StorageContext",
+        "a sweep resumed from another directory makes its new trials there, not where it was recorded",
+        ("_tune_config",),
+        _check_moved_sweep,
+    ),
+    Hook(
+        "ray",
+        "ray.tune.search.basic_variant's _TrialIterator, _VariantIterator and BasicVariantGenerator's "
+        "_iterators, _random_state and _uuid_prefix",
+        "random and grid search never make a config twice (pipeline.inputs.searchers makes Ray Tune's trials of the "
+        "space's own draw)",
+        ("_iterators", "_random_state", "_uuid_prefix"),
+        _check_variant_generator,
+    ),
+    Hook(
+        "ray",
+        "ray.tune.search.optuna.OptunaSearch's _ot_trials and _ot_study",
+        "Optuna never has a config trained twice (pipeline.inputs.searchers answers a repeated proposal itself)",
+        ("_ot_trials", "_ot_study"),
+        _check_optuna_trials,
+    ),
+    Hook(
+        "ray",
+        f"the {RAY_OUTPUT_ENGINE_VARIABLE}=0 environment variable",
+        "Ray Tune's own progress tables stay out of foldsweep's output",
+        (),
+        _check_output_engine_switch,
+    ),
+    Hook(
+        "ray",
+        "ray.experimental.internal_kv's put, get and delete by namespace, from workers and the driver",
+        "the progress view says what each trial's worker does before its first epoch (pipeline.contract.phases)",
+        ("_internal_kv_initialized", "_internal_kv_put", "_internal_kv_get", "_internal_kv_del"),
+        _check_internal_kv,
+    ),
+    Hook(
+        "mlflow",
+        f"the experiment tag {MLFLOW_SHARED_VIEW_TAG}<key> and ?{MLFLOW_SHARED_VIEW_PARAM}=<key>",
+        "`foldsweep ui` and the parent run's link open the sweep's trials best first",
+        (),
+        _check_shared_view,
+    ),
+    Hook(
+        "mlflow",
+        f"the SQLite store's tables {', '.join(sorted(MLFLOW_STORE_TABLES))}",
+        "a --tracking-uri file that is not an MLflow store is refused instead of migrated",
+        (),
+        _check_store_tables,
+    ),
+    Hook(
+        "mlflow",
+        "the MLFLOW_SERVER_ENABLE_JOB_EXECUTION environment variable",
+        "`foldsweep ui` starts no GenAI job runner processes",
+        (),
+        _check_job_execution_switch,
+    ),
+    Hook(
+        "keras",
+        "keras.layers.Layer._flatten_layers(include_self, recursive)",
+        "random layers, a layer under mixed precision (refused) and the stacked form's layers are found in nested "
+        "models",
+        ("_flatten_layers",),
+        _check_flatten_layers,
+    ),
+    Hook(
+        "keras",
+        "Sequential._functional, Functional._nodes_by_depth and _run_through_graph(operation_fn=)",
+        "stacked folds run the model's own layer graph with per-fold weights",
+        ("_functional", "_nodes_by_depth", "_run_through_graph"),
+        _check_layer_graph,
+    ),
+    Hook(
+        "keras",
+        "model._compile_loss._user_loss_weights",
+        "compile(loss_weights=...) is refused instead of silently trained unweighted",
+        ("_compile_loss", "_user_loss_weights"),
+        _check_compiled_loss_weights,
+    ),
+    Hook(
+        "keras",
+        "model._compile_metrics._user_metrics/_user_weighted_metrics and "
+        "keras.src.trainers.compile_utils.CompileMetrics",
+        "every metric a model compiles is built, named and accumulated per fold as Keras' evaluate does",
+        ("_compile_metrics", "_user_metrics", "_user_weighted_metrics"),
+        _check_compile_metrics,
+    ),
+    Hook(
+        "keras",
+        "the keras.random.SeedGenerator held by every layer that draws random numbers",
+        "models with random layers foldsweep cannot draw for are never stacked (each fold draws its own numbers)",
+        (),
+        _check_seed_generators,
+    ),
+    Hook(
+        "keras",
+        f"{KERAS_RANDOM_MODULE}'s {', '.join(KERAS_RANDOM_DRAWS)}, looked up at each draw by "
+        f"keras.layers.{', '.join(COUNTER_DRAWN_LAYERS)} with their own SeedGenerator",
+        "foldsweep draws those layers' numbers inside its compiled step, per fold, with Keras' rates, noise shapes "
+        "and scaling (pipeline.engine.draws)",
+        (),
+        _check_counter_draws,
+    ),
+    Hook(
+        "tensorflow",
+        "atomic_function.from_func_graph(name, graph), through which every traced function is "
+        "named, FunctionCaptures.capture_by_value(graph, tensor, name), which names a called function's captures "
+        "in its caller, and TensorFlow taking definitions that differ only in custom-gradient names as one",
+        "trials of one program would never find each other's compiled XLA programs, or a trial would fail "
+        "(pipeline.base.compile_cache's content names)",
+        (),
+        _check_content_names,
+    ),
+    Hook(
+        "tensorflow",
+        "ops.gradient_registry._registry, where tf.custom_gradient registers CustomGradient-<uid>",
+        "a worker's memory does not grow by every trial's traced graphs (pipeline.engine.lifespan.release_trial)",
+        ("_registry",),
+        _check_gradient_registry,
+    ),
+    Hook(
+        "tensorflow",
+        "tensorflow.python.framework.config.is_op_determinism_enabled() (not in tf.config)",
+        "a trial's plan and the compile cache's key miss tf.config.experimental.enable_op_determinism() "
+        "(pipeline.base.accelerator)",
+        (),
+        _check_op_determinism,
+    ),
+    Hook(
+        "tensorflow",
+        "the eager context's _initialized and _physical_devices",
+        "a process whose TensorFlow already read its XLA flags would count compile-cache hits it never had",
+        ("_initialized", "_physical_devices"),
+        _check_context_state,
+    ),
 )
-
 
 
 def _version(library: str) -> str:
@@ -498,8 +619,10 @@ def broken_hooks(libraries: Sequence[str] = HOOKED_LIBRARIES) -> list[str]:
         except Exception as exc:  # a changed library may fail the check itself in any way
             problem = f"checking it failed: {type(exc).__name__}: {exc}"
         if problem:
-            problems.append(f"foldsweep relies on {hook.library} {_version(hook.library)}'s {hook.place} so that "
-                            f"{hook.used_for}, but {problem}")
+            problems.append(
+                f"foldsweep relies on {hook.library} {_version(hook.library)}'s {hook.place} so that "
+                f"{hook.used_for}, but {problem}"
+            )
     return problems
 
 

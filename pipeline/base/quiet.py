@@ -15,12 +15,13 @@ import os
 import re
 import sys
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 TENSORFLOW_START_UP = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     r"|I\d{4} [\d:.]+ +\d+ (port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc):\d+\] .*"
-    r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.)$")
+    r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.)$"
+)
 
 
 def quiet_environment() -> None:

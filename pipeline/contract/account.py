@@ -10,8 +10,8 @@ account of its fixed cost is the same shape with other parts.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 OTHER_S = "other_s"
 
@@ -38,8 +38,9 @@ class TimeAccount:
 
     def shares(self) -> dict[str, float]:
         """Each part's (and ``other_s``') share of the wall clock."""
-        return {name: seconds / self.wall_s if self.wall_s > 0 else math.nan
-                for name, seconds in self.as_dict().items()}
+        return {
+            name: seconds / self.wall_s if self.wall_s > 0 else math.nan for name, seconds in self.as_dict().items()
+        }
 
     @classmethod
     def read(cls, values: Mapping[str, float], *, wall: str, parts: Sequence[str]) -> TimeAccount | None:
@@ -64,8 +65,9 @@ class Span:
     end: float
 
 
-def sweep_account(*, started: float, ended: float, trials: Sequence[Span], refit_s: float = 0.0,
-                  parts: Sequence[str]) -> TimeAccount:
+def sweep_account(
+    *, started: float, ended: float, trials: Sequence[Span], refit_s: float = 0.0, parts: Sequence[str]
+) -> TimeAccount:
     """A sweep's wall clock from the command's start to its end, in the five ``parts`` (names in
     this order): until the first trial's first training step; while at least one trial trains
     (each ``trials`` span runs from its first step to its last report); while none does, between

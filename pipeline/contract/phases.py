@@ -9,8 +9,8 @@ every running trial is doing from its first second.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
-from typing import Iterable
 
 # Ray's internal key-value store (in its GCS, reachable from every worker of the cluster): what
 # Ray Serve and Ray's own libraries pass small facts through. Not a documented API

@@ -16,8 +16,9 @@ Nothing here imports TensorFlow or Keras: models are only looked at, never built
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from pipeline.base.accelerator import GpuIdentity
 from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
@@ -185,8 +186,14 @@ class TrialPlan:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrialPlan:
         gpu = values.get("gpu")
-        return cls(**{**values, "layout": OLD_LAYOUTS.get(values["layout"], values["layout"]),
-                      "threads": ThreadPlan(**values["threads"]), "gpu": GpuIdentity(**gpu) if gpu else None})
+        return cls(
+            **{
+                **values,
+                "layout": OLD_LAYOUTS.get(values["layout"], values["layout"]),
+                "threads": ThreadPlan(**values["threads"]),
+                "gpu": GpuIdentity(**gpu) if gpu else None,
+            }
+        )
 
 
 def plan_threads(choices: ExecutionChoices, *, cpus: float, n_folds: int) -> ThreadPlan:
@@ -204,10 +211,20 @@ def plan_threads(choices: ExecutionChoices, *, cpus: float, n_folds: int) -> Thr
     return ThreadPlan(intra_op=compute, inter_op=loops if compute >= 2 else 1)
 
 
-def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: ThreadPlan, device: str,
-               batch_size: int, train_sizes: Sequence[int], planned_epochs: int,
-               stacking_blocker: Callable[[bool, RandomDraws, StackedConvolutions], str | None],
-               tf32: bool = False, gpu: GpuIdentity | None = None, deterministic_ops: bool = False) -> TrialPlan:
+def plan_trial(
+    choices: ExecutionChoices,
+    *,
+    models: Sequence[Any],
+    threads: ThreadPlan,
+    device: str,
+    batch_size: int,
+    train_sizes: Sequence[int],
+    planned_epochs: int,
+    stacking_blocker: Callable[[bool, RandomDraws, StackedConvolutions], str | None],
+    tf32: bool = False,
+    gpu: GpuIdentity | None = None,
+    deterministic_ops: bool = False,
+) -> TrialPlan:
     """The whole plan of a trial whose fold models are built.
 
     Args:
@@ -222,11 +239,17 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
         deterministic_ops: whether TensorFlow runs its ops deterministically here, recorded.
     """
     random_draws = _random_draws(choices.random_draws, models[0])
-    jit_compile = _use_xla(choices.jit_compile, batch_size=batch_size, device=device,
-                           stochastic=random_draws == "keras")
+    jit_compile = _use_xla(
+        choices.jit_compile, batch_size=batch_size, device=device, stochastic=random_draws == "keras"
+    )
     planned_steps = planned_epochs * min(train_sizes) // batch_size
-    steps = _steps_per_launch(choices.steps_per_launch, jit_compile=jit_compile and not choices.eager,
-                              batch_size=batch_size, planned_steps=planned_steps, device=device)
+    steps = _steps_per_launch(
+        choices.steps_per_launch,
+        jit_compile=jit_compile and not choices.eager,
+        batch_size=batch_size,
+        planned_steps=planned_steps,
+        device=device,
+    )
     on_gpu = _device_kind(device) == "GPU"
     convolutions: StackedConvolutions = STACKED_CONVOLUTIONS_ON_GPU if on_gpu else "patches"
     unfused = _unfused_reason(choices, n_folds=len(models), shared_variables=shared_variable_count(models))
@@ -234,10 +257,16 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
     if unfused is not None:
         layout, reason = "sequential", unfused
     else:
-        fused = f"fused: {len(models)} folds in one execution" + (" (train.fused is true)" if choices.fused == "on"
-                                                                     else "")
-        stack = _wants_stacking(choices.layout, compute_threads=threads.compute_threads, device=device,
-                                batch_size=batch_size, n_folds=len(models))
+        fused = f"fused: {len(models)} folds in one execution" + (
+            " (train.fused is true)" if choices.fused == "on" else ""
+        )
+        stack = _wants_stacking(
+            choices.layout,
+            compute_threads=threads.compute_threads,
+            device=device,
+            batch_size=batch_size,
+            n_folds=len(models),
+        )
         blocker = stacking_blocker(jit_compile, random_draws, convolutions) if stack else None
         if stack and blocker is None:
             layout, reason = "stacked", f"{fused}, stacked into one XLA program per step"
@@ -245,10 +274,20 @@ def plan_trial(choices: ExecutionChoices, *, models: Sequence[Any], threads: Thr
             layout = "side_by_side"
             why = _side_by_side_why(threads.compute_threads, batch_size, blocker, n_folds=len(models))
             reason = f"{fused}, side by side ({why})"
-    return TrialPlan(jit_compile=jit_compile, steps_per_launch=steps, layout=layout, reason=reason, threads=threads,
-                     device=device, random_draws=random_draws, stop_test=_stop_test(choices, device=device),
-                     stacked_convolutions=convolutions, tf32=tf32 and on_gpu, gpu=gpu if on_gpu else None,
-                     deterministic_ops=deterministic_ops)
+    return TrialPlan(
+        jit_compile=jit_compile,
+        steps_per_launch=steps,
+        layout=layout,
+        reason=reason,
+        threads=threads,
+        device=device,
+        random_draws=random_draws,
+        stop_test=_stop_test(choices, device=device),
+        stacked_convolutions=convolutions,
+        tf32=tf32 and on_gpu,
+        gpu=gpu if on_gpu else None,
+        deterministic_ops=deterministic_ops,
+    )
 
 
 def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: bool = False) -> ExecutionChoices:
@@ -257,10 +296,13 @@ def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: 
     numbers stay the recorded ones)."""
     return ExecutionChoices(
         jit_compile="off" if eager or check_numerics else ("on" if recorded.jit_compile else "off"),
-        fused="on" if recorded.fused else "off", steps_per_launch=recorded.steps_per_launch,
-        layout="auto" if recorded.layout == "sequential" else recorded.layout, eager=eager,
+        fused="on" if recorded.fused else "off",
+        steps_per_launch=recorded.steps_per_launch,
+        layout="auto" if recorded.layout == "sequential" else recorded.layout,
+        eager=eager,
         check_numerics=check_numerics,
-        random_draws="auto" if recorded.random_draws == "none" else recorded.random_draws)
+        random_draws="auto" if recorded.random_draws == "none" else recorded.random_draws,
+    )
 
 
 def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
@@ -283,16 +325,16 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
         differences.append(f"device {recorded.device} -> {now.device}")
     if now.random_draws != recorded.random_draws and "counter" in (now.random_draws, recorded.random_draws):
         differences.append(f"random draws {recorded.random_draws} -> {now.random_draws}")
-    if (now.layout == recorded.layout == "stacked"
-            and now.stacked_convolutions != recorded.stacked_convolutions):
+    if now.layout == recorded.layout == "stacked" and now.stacked_convolutions != recorded.stacked_convolutions:
         differences.append(f"stacked convolutions {recorded.stacked_convolutions} -> {now.stacked_convolutions}")
     if now.tf32 != recorded.tf32:
         differences.append(f"TF32 {_on_off(recorded.tf32)} -> {_on_off(now.tf32)}")
     if recorded.gpu is not None and now.gpu is not None:
         differences.extend(recorded.gpu.differences(now.gpu))
     if now.deterministic_ops != recorded.deterministic_ops:
-        differences.append(f"deterministic ops {_on_off(recorded.deterministic_ops)} -> "
-                           f"{_on_off(now.deterministic_ops)}")
+        differences.append(
+            f"deterministic ops {_on_off(recorded.deterministic_ops)} -> {_on_off(now.deterministic_ops)}"
+        )
     return differences
 
 
@@ -333,8 +375,9 @@ def _use_xla(choice: AutoSwitch, *, batch_size: int, device: str, stochastic: bo
     return batch_size <= XLA_MAX_BATCH_ON_CPU and not stochastic
 
 
-def _steps_per_launch(choice: int | Literal["auto"], *, jit_compile: bool, batch_size: int,
-                      planned_steps: int, device: str = "/CPU:0") -> int:
+def _steps_per_launch(
+    choice: int | Literal["auto"], *, jit_compile: bool, batch_size: int, planned_steps: int, device: str = "/CPU:0"
+) -> int:
     """The spec's number, else unrolled where it pays (the device's thresholds); one without
     XLA (nothing to unroll)."""
     if not jit_compile:
@@ -362,18 +405,21 @@ def _unfused_reason(choices: ExecutionChoices, *, n_folds: int, shared_variables
     if choices.eager:
         return "unfused: eager execution (debugging) runs each fold op by op"
     if choices.check_numerics:
-        return ("unfused: numeric checking runs the folds one after another, so that the first "
-                "non-finite value is the same in every run")
+        return (
+            "unfused: numeric checking runs the folds one after another, so that the first "
+            "non-finite value is the same in every run"
+        )
     if shared_variables:
-        return (f"unfused: the fold models share {shared_variables} variables (build(hp) reuses layers between "
-                "calls), so they cannot be trained as independent replicas")
+        return (
+            f"unfused: the fold models share {shared_variables} variables (build(hp) reuses layers between "
+            "calls), so they cannot be trained as independent replicas"
+        )
     if choices.fused == "off":
         return "unfused: train.fused is false"
     return None
 
 
-def _wants_stacking(layout: ForcedLayout, *, compute_threads: int, device: str, batch_size: int,
-                    n_folds: int) -> bool:
+def _wants_stacking(layout: ForcedLayout, *, compute_threads: int, device: str, batch_size: int, n_folds: int) -> bool:
     """Whether fused folds should be stacked rather than run side by side.
 
     Side by side, each fold loop needs a core of its own to gain: 3 folds with 2 compute threads

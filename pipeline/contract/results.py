@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -64,6 +65,8 @@ STOPPED_EPOCH = "stopped_epoch"
 # What a searcher learns from each epoch with train.select best_epoch: the best of the trial's
 # mean CV curve so far, which at its end is the score the leaderboard ranks it by.
 RUNNING_BEST_PREFIX = "running_best_"
+
+
 def trial_label(trial_id: str) -> str:
     """``trial-00003``: a trial's number in its sweep, from Ray Tune's trial id (``11830_00003``);
     what the trial lines, the progress view and the leaderboard call it."""
@@ -71,13 +74,32 @@ def trial_label(trial_id: str) -> str:
 
 
 # Keys that steer Ray Tune or that it adds for itself; not findings, so never recorded.
-BOOKKEEPING_KEYS = frozenset({
-    *(f"{RUNNING_BEST_PREFIX}mean_val_{metric}" for metric in OWN_SCORES), SCORE_DIRECTIONS,
-    DONE, EPOCH, EPOCHS_PLANNED, FOLD_IDS, "trial_id", "training_iteration", "time_this_iter_s", "time_total_s",
-    "timestamp", "date", "time_since_restore", "iterations_since_restore", "experiment_tag", "config",
-    "checkpoint_dir_name", "should_checkpoint", "timesteps_total", "episodes_total", "timesteps_since_restore",
-    "warmup_time",
-})
+BOOKKEEPING_KEYS = frozenset(
+    {
+        *(f"{RUNNING_BEST_PREFIX}mean_val_{metric}" for metric in OWN_SCORES),
+        SCORE_DIRECTIONS,
+        DONE,
+        EPOCH,
+        EPOCHS_PLANNED,
+        FOLD_IDS,
+        "trial_id",
+        "training_iteration",
+        "time_this_iter_s",
+        "time_total_s",
+        "timestamp",
+        "date",
+        "time_since_restore",
+        "iterations_since_restore",
+        "experiment_tag",
+        "config",
+        "checkpoint_dir_name",
+        "should_checkpoint",
+        "timesteps_total",
+        "episodes_total",
+        "timesteps_since_restore",
+        "warmup_time",
+    }
+)
 # Recorded once a trial ends (not per epoch): from its start in its process to its last report.
 TRIAL_WALL_S = "trial_wall_s"
 RETRIES = "retries"
@@ -126,8 +148,9 @@ def trial_account(values: Mapping[str, Any]) -> TimeAccount | None:
 
 
 # Metrics recorded once per trial, or a count rather than a finding per epoch: not in history.csv.
-NOT_IN_HISTORY = frozenset({N_PARAMS, RETRIES, NAN_FAILURES, WORKER_MAPS, WORKER_RSS, BEST_EPOCH, STOPPED_EPOCH,
-                            *ACCOUNT_KEYS})
+NOT_IN_HISTORY = frozenset(
+    {N_PARAMS, RETRIES, NAN_FAILURES, WORKER_MAPS, WORKER_RSS, BEST_EPOCH, STOPPED_EPOCH, *ACCOUNT_KEYS}
+)
 
 
 def split_key(fold: int, name: str) -> str:
@@ -151,8 +174,10 @@ def is_bookkeeping(key: str) -> bool:
 def worst_scores(directions: Mapping[str, Direction | Literal[""]]) -> dict[str, float]:
     """What a NaN fold counts as for each fold score: ``NAN_FOLD_SCORES`` and, for every other
     metric, its worst by direction (NaN when its direction is unknown)."""
-    return {**{f"val_{name}": Scorer(name, direction or None).worst for name, direction in directions.items()},
-            **NAN_FOLD_SCORES}
+    return {
+        **{f"val_{name}": Scorer(name, direction or None).worst for name, direction in directions.items()},
+        **NAN_FOLD_SCORES,
+    }
 
 
 def in_history(key: str) -> bool:
@@ -184,8 +209,10 @@ class EpochSelection:
         epoch = self.epoch(curve)
         if epoch is None:
             return {}
-        return {BEST_EPOCH: float(epoch),
-                **{f"{SELECTED_PREFIX}{key}": value for key, value in rows[epoch].items() if is_cv_score(key)}}
+        return {
+            BEST_EPOCH: float(epoch),
+            **{f"{SELECTED_PREFIX}{key}": value for key, value in rows[epoch].items() if is_cv_score(key)},
+        }
 
 
 class TrialStatus(StrEnum):
@@ -206,8 +233,14 @@ class TrialStatus(StrEnum):
 
     @property
     def run_state(self) -> str:
-        return {"running": "RUNNING", "ok": "FINISHED", "pruned": "FINISHED", "nan": "FAILED", "error": "FAILED",
-                "killed": "KILLED"}[self.value]
+        return {
+            "running": "RUNNING",
+            "ok": "FINISHED",
+            "pruned": "FINISHED",
+            "nan": "FAILED",
+            "error": "FAILED",
+            "killed": "KILLED",
+        }[self.value]
 
 
 class SweepStatus(StrEnum):
@@ -255,8 +288,10 @@ class FoldScores:
 
     def as_dict(self) -> dict[str, float]:
         own = {name: getattr(self, name) for name in FOLD_SCORE_NAMES}
-        return {**{name: value for name, value in own.items() if value is not None},
-                **{f"val_{name}": value for name, value in self.metrics.items()}}
+        return {
+            **{name: value for name, value in own.items() if value is not None},
+            **{f"val_{name}": value for name, value in self.metrics.items()},
+        }
 
     def score(self, name: str) -> float:
         """``val_<name>``."""
@@ -265,6 +300,8 @@ class FoldScores:
 
 # The scores every fold has (its fields: the training loss and foldsweep's own validation scores).
 FOLD_SCORE_NAMES: tuple[str, ...] = tuple(score.name for score in fields(FoldScores) if score.name != "metrics")
+
+
 # A fold that went NaN counts as each one's worst score in its trial's CV mean and std, finite, so
 # that no NaN reaches a searcher or scheduler (split{k} values stay NaN in the record).
 def _own_worst(name: str) -> float:
@@ -312,9 +349,14 @@ class NanReport:
     def as_dict(self) -> dict[str, Any]:
         if self.event is None:
             return {NAN_FAILURES: self.failures}
-        return {NAN_FAILURES: self.failures, "nan_fold": self.fold, "nan_epoch": self.event.epoch,
-                "nan_step": self.event.step, "nan_last_finite_loss": self.event.last_finite_loss,
-                "nan_grad_norm": self.event.grad_norm}
+        return {
+            NAN_FAILURES: self.failures,
+            "nan_fold": self.fold,
+            "nan_epoch": self.event.epoch,
+            "nan_step": self.event.step,
+            "nan_last_finite_loss": self.event.last_finite_loss,
+            "nan_grad_norm": self.event.grad_norm,
+        }
 
 
 @dataclass(frozen=True)
@@ -336,30 +378,53 @@ class TrialInfo:
 
     def report(self) -> dict[str, Any]:
         """The flat fields of a trial's first report in a process (``from_report`` reads them back)."""
-        return {**self._described(), PARAMS_IN_EFFECT: dict(self.params_in_effect), N_PARAMS: self.n_params,
-                MODEL_SUMMARY: self.model_summary, TRIAL_PLAN: json.dumps(self.plan.as_dict(), sort_keys=True)}
+        return {
+            **self._described(),
+            PARAMS_IN_EFFECT: dict(self.params_in_effect),
+            N_PARAMS: self.n_params,
+            MODEL_SUMMARY: self.model_summary,
+            TRIAL_PLAN: json.dumps(self.plan.as_dict(), sort_keys=True),
+        }
 
     def _described(self) -> dict[str, Any]:
         plan = self.plan
-        return {"device": plan.device, "device_notice": self.device_notice, "gpu_ids": self.gpu_ids,
-                "node_id": self.node_id, "hostname": self.hostname, "data_transfers": self.data_transfers,
-                "tf_threads": plan.threads.describe(), "jit_compile": plan.jit_compile, "fused": plan.fused,
-                "fused_reason": plan.reason, "steps_per_launch": plan.steps_per_launch,
-                "random_draws": plan.random_draws, "compile_source": self.compile_source, "loss": self.loss, **self.versions}
+        return {
+            "device": plan.device,
+            "device_notice": self.device_notice,
+            "gpu_ids": self.gpu_ids,
+            "node_id": self.node_id,
+            "hostname": self.hostname,
+            "data_transfers": self.data_transfers,
+            "tf_threads": plan.threads.describe(),
+            "jit_compile": plan.jit_compile,
+            "fused": plan.fused,
+            "fused_reason": plan.reason,
+            "steps_per_launch": plan.steps_per_launch,
+            "random_draws": plan.random_draws,
+            "compile_source": self.compile_source,
+            "loss": self.loss,
+            **self.versions,
+        }
 
     @classmethod
     def from_report(cls, report: Mapping[str, Any]) -> TrialInfo | None:
         """The info a report carries (None in the reports after a process's first)."""
         if not report.get(TRIAL_PLAN):
             return None
-        return cls(plan=TrialPlan.from_dict(json.loads(report[TRIAL_PLAN])),
-                   compile_source=str(report.get("compile_source", "default")), loss=str(report.get("loss", "")),
-                   params_in_effect=dict(report.get(PARAMS_IN_EFFECT, {})),
-                   device_notice=str(report.get("device_notice", "")), gpu_ids=str(report.get("gpu_ids", "")),
-                   node_id=str(report.get("node_id", "")), hostname=str(report.get("hostname", "")),
-                   data_transfers=int(report.get("data_transfers", 0)),
-                   versions={key: str(report[key]) for key in VERSION_FIELDS if key in report},
-                   n_params=int(report.get(N_PARAMS, 0)), model_summary=str(report.get(MODEL_SUMMARY, "")))
+        return cls(
+            plan=TrialPlan.from_dict(json.loads(report[TRIAL_PLAN])),
+            compile_source=str(report.get("compile_source", "default")),
+            loss=str(report.get("loss", "")),
+            params_in_effect=dict(report.get(PARAMS_IN_EFFECT, {})),
+            device_notice=str(report.get("device_notice", "")),
+            gpu_ids=str(report.get("gpu_ids", "")),
+            node_id=str(report.get("node_id", "")),
+            hostname=str(report.get("hostname", "")),
+            data_transfers=int(report.get("data_transfers", 0)),
+            versions={key: str(report[key]) for key in VERSION_FIELDS if key in report},
+            n_params=int(report.get(N_PARAMS, 0)),
+            model_summary=str(report.get(MODEL_SUMMARY, "")),
+        )
 
     def mlflow_tags(self) -> dict[str, str]:
         """Recorded as tags ``foldsweep.<field>``: where and how the trial ran."""
@@ -423,10 +488,19 @@ class EpochResult:
     def report(self, info: TrialInfo | None = None) -> dict[str, Any]:
         """The flat dict a Ray Tune trainable returns (``info`` once per process)."""
         stopped = {STOPPED_EPOCH: self.stopped_epoch} if self.stopped_epoch is not None else {}
-        return {EPOCH: self.epoch, EPOCHS_PLANNED: self.epochs_planned, DONE: self.done,
-                FOLD_IDS: list(self.fold_ids), **self.cv_summary(), **self.throughput_values(),
-                SCORE_DIRECTIONS: json.dumps(dict(self.directions), sort_keys=True),
-                **self.nan.as_dict(), **stopped, **self.account_values(), **(info.report() if info else {})}
+        return {
+            EPOCH: self.epoch,
+            EPOCHS_PLANNED: self.epochs_planned,
+            DONE: self.done,
+            FOLD_IDS: list(self.fold_ids),
+            **self.cv_summary(),
+            **self.throughput_values(),
+            SCORE_DIRECTIONS: json.dumps(dict(self.directions), sort_keys=True),
+            **self.nan.as_dict(),
+            **stopped,
+            **self.account_values(),
+            **(info.report() if info else {}),
+        }
 
     def account_values(self) -> dict[str, float]:
         """The time account as reported (its ``compile_s`` is the throughput's) and the epoch's gap."""
@@ -440,8 +514,11 @@ class EpochResult:
 
     def throughput_values(self) -> dict[str, float]:
         throughput = self.throughput
-        values = {TRAIN_RATE: throughput.train_samples_per_s, EVAL_RATE: throughput.eval_samples_per_s,
-                  COMPILE_S: throughput.compile_s}
+        values = {
+            TRAIN_RATE: throughput.train_samples_per_s,
+            EVAL_RATE: throughput.eval_samples_per_s,
+            COMPILE_S: throughput.compile_s,
+        }
         for k, fold in zip(self.fold_ids, throughput.folds):
             values[split_key(k, TRAIN_RATE)] = fold.train_samples_per_s
             values[split_key(k, COMPILE_S)] = fold.compile_s
@@ -458,28 +535,46 @@ class EpochResult:
         def own_scores(k: int) -> dict[str, Any]:  # FoldScores' own fields (a regression's val_accuracy is None)
             return {name: _optional_float(report.get(split_key(k, name))) for name in FOLD_SCORE_NAMES}
 
-        folds = tuple(FoldScores(**own_scores(k),
-                                 metrics={name: float(report[split_key(k, f"val_{name}")]) for name in directions})
-                      for k in fold_ids)
+        folds = tuple(
+            FoldScores(
+                **own_scores(k), metrics={name: float(report[split_key(k, f"val_{name}")]) for name in directions}
+            )
+            for k in fold_ids
+        )
         throughput = Throughput(
-            train_samples_per_s=report[TRAIN_RATE], eval_samples_per_s=report[EVAL_RATE],
+            train_samples_per_s=report[TRAIN_RATE],
+            eval_samples_per_s=report[EVAL_RATE],
             compile_s=report[COMPILE_S],
-            folds=tuple(FoldThroughput(report[split_key(k, TRAIN_RATE)], report[split_key(k, COMPILE_S)])
-                        for k in fold_ids),
+            folds=tuple(
+                FoldThroughput(report[split_key(k, TRAIN_RATE)], report[split_key(k, COMPILE_S)]) for k in fold_ids
+            ),
             cache_hits=_optional_int(report.get(COMPILE_CACHE_HITS)),
-            cache_misses=_optional_int(report.get(COMPILE_CACHE_MISSES)))
+            cache_misses=_optional_int(report.get(COMPILE_CACHE_MISSES)),
+        )
         event = None
         if report.get("nan_epoch") is not None:
-            event = NanEvent(epoch=int(report["nan_epoch"]), step=int(report["nan_step"]),
-                             last_finite_loss=float(report["nan_last_finite_loss"]),
-                             grad_norm=float(report["nan_grad_norm"]))
+            event = NanEvent(
+                epoch=int(report["nan_epoch"]),
+                step=int(report["nan_step"]),
+                last_finite_loss=float(report["nan_last_finite_loss"]),
+                grad_norm=float(report["nan_grad_norm"]),
+            )
         nan = NanReport(int(report.get(NAN_FAILURES, 0)), report.get("nan_fold"), event)
         stopped = report.get(STOPPED_EPOCH)
         gap = report.get(EPOCH_GAP_S)
-        return cls(epoch=int(report[EPOCH]), fold_ids=fold_ids, folds=folds, throughput=throughput, nan=nan,
-                   epochs_planned=int(report.get(EPOCHS_PLANNED, 0)), done=bool(report.get(DONE, False)),
-                   stopped_epoch=None if stopped is None else int(stopped), directions=directions,
-                   account=trial_account(report), epoch_gap_s=None if gap is None else float(gap))
+        return cls(
+            epoch=int(report[EPOCH]),
+            fold_ids=fold_ids,
+            folds=folds,
+            throughput=throughput,
+            nan=nan,
+            epochs_planned=int(report.get(EPOCHS_PLANNED, 0)),
+            done=bool(report.get(DONE, False)),
+            stopped_epoch=None if stopped is None else int(stopped),
+            directions=directions,
+            account=trial_account(report),
+            epoch_gap_s=None if gap is None else float(gap),
+        )
 
     def mlflow_metrics(self) -> dict[str, float]:
         """Metrics at step = epoch: a fold's NaN is recorded as NaN (it is the finding); a
@@ -506,8 +601,11 @@ def ended_status(last_report: Mapping[str, Any]) -> TrialStatus:
 def placement_tags(report: Mapping[str, Any]) -> dict[str, str]:
     """Where the trial ran, in every report (Ray Tune's pid and node, the worker's trial count),
     and why its worker retires after it: tags ``foldsweep.<field>``."""
-    retires = {WORKER_RETIRES: report[WORKER_RETIRES]} if isinstance(report.get(WORKER_RETIRES), str) and \
-        report[WORKER_RETIRES] else {}
+    retires = (
+        {WORKER_RETIRES: report[WORKER_RETIRES]}
+        if isinstance(report.get(WORKER_RETIRES), str) and report[WORKER_RETIRES]
+        else {}
+    )
     return {**{key: str(report[key]) for key in RAY_PLACEMENT_FIELDS if key in report}, **retires}
 
 
@@ -516,8 +614,12 @@ def placement_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     return {key: float(report[key]) for key in (WORKER_MAPS, WORKER_RSS) if key in report}
 
 
-def cv_summary(per_fold: Sequence[Mapping[str, float]], fold_ids: Sequence[int] | None = None, *,
-               worst: Mapping[str, float] = NAN_FOLD_SCORES) -> dict[str, float]:
+def cv_summary(
+    per_fold: Sequence[Mapping[str, float]],
+    fold_ids: Sequence[int] | None = None,
+    *,
+    worst: Mapping[str, float] = NAN_FOLD_SCORES,
+) -> dict[str, float]:
     """Per-fold results -> split{k}_<key>, mean_<key>, std_<key> (population std, as sklearn).
 
     A non-finite fold value stays as it is in split{k}_<key> and counts as the worst score

@@ -33,7 +33,8 @@ import contextlib
 import importlib
 import inspect
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from pipeline.base.private_hooks import KERAS_RANDOM_MODULE
 
@@ -73,7 +74,7 @@ def _fractions(seeds: Any, count: int) -> Any:
     import tensorflow as tf
 
     words = tf.bitwise.right_shift(hashed_words(seeds, count), tf.constant(32 - _FRACTION_BITS, tf.uint32))
-    return tf.cast(words, tf.float32) * (2.0 ** -_FRACTION_BITS)
+    return tf.cast(words, tf.float32) * (2.0**-_FRACTION_BITS)
 
 
 def _per_stream(seeds: Any, shape: Sequence[int]) -> int:
@@ -99,7 +100,7 @@ def counter_normal(seeds: Any, shape: Sequence[int]) -> Any:
 
     count = _per_stream(seeds, shape)
     pairs = tf.reshape(_fractions(seeds, 2 * count), [-1, count, 2])
-    radius = tf.sqrt(-2.0 * tf.math.log(pairs[..., 0] + 2.0 ** -_FRACTION_BITS))  # (0, 1]: finite
+    radius = tf.sqrt(-2.0 * tf.math.log(pairs[..., 0] + 2.0**-_FRACTION_BITS))  # (0, 1]: finite
     return tf.reshape(radius * tf.cos((2.0 * math.pi) * pairs[..., 1]), shape)
 
 
@@ -115,6 +116,7 @@ def _static(shape: Any) -> list[int]:
 # The functions of ``KERAS_RANDOM_MODULE`` replaced while a step is traced (what the drawn layers
 # call), each with the same parameters as Keras' own but ``seed``, and the pairs in front.
 
+
 def _dropout(seeds, inputs, rate, noise_shape=None):
     import tensorflow as tf
 
@@ -124,8 +126,11 @@ def _dropout(seeds, inputs, rate, noise_shape=None):
         return inputs
     inputs = tf.convert_to_tensor(inputs)
     sizes = _static(tf.shape(inputs))
-    shape = sizes if noise_shape is None else [sizes[i] if size is None else size for i, size in
-                                                enumerate(_static_or_none(noise_shape))]
+    shape = (
+        sizes
+        if noise_shape is None
+        else [sizes[i] if size is None else size for i, size in enumerate(_static_or_none(noise_shape))]
+    )
     # As tf.nn.experimental.stateless_dropout computes it: scaled, then kept where the number
     # drawn is at least the rate.
     scaled = inputs * tf.constant(1 / (1 - rate), inputs.dtype)

@@ -16,20 +16,21 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import keras
 import numpy as np
 
+from pipeline.contract.plan import TrialPlan
+from pipeline.contract.results import EVAL_STEP, NanEvent
 from pipeline.engine import draws
+from pipeline.engine.recipe import TrainingParams, TrainingRecipe
+from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.inputs.scoring import ValidationMetrics
-from pipeline.engine.recipe import TrainingParams, TrainingRecipe
-from pipeline.engine.resident import ResidentData, step_labels
-from pipeline.contract.plan import TrialPlan
-from pipeline.contract.results import EVAL_STEP, NanEvent
 
 EVAL_BATCH_SIZE = 2048
 
@@ -115,10 +116,19 @@ def traced_once(step: Callable[..., Any], *, eager: bool) -> Callable[..., Any]:
     return step if eager else tf.function(step, autograph=False)
 
 
-def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: TrainingLoss, data: ResidentData,
-               *, counter_draws: bool = False, masked: bool = False, eager: bool = False,
-               metrics: ValidationMetrics | None = None, class_weights: np.ndarray | None = None,
-               batch_size: int = 1) -> FoldSteps:
+def fold_steps(
+    model: keras.Model,
+    optimizer: keras.optimizers.Optimizer,
+    loss: TrainingLoss,
+    data: ResidentData,
+    *,
+    counter_draws: bool = False,
+    masked: bool = False,
+    eager: bool = False,
+    metrics: ValidationMetrics | None = None,
+    class_weights: np.ndarray | None = None,
+    batch_size: int = 1,
+) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
     ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
@@ -151,8 +161,11 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
             if model.losses:
                 value = value + tf.add_n(model.losses)
         gradients = tape.gradient(value, model.trainable_variables)
-        normed = [(gradient, variable) for gradient, variable in zip(gradients, model.trainable_variables)
-                  if gradient is not None]
+        normed = [
+            (gradient, variable)
+            for gradient, variable in zip(gradients, model.trainable_variables)
+            if gradient is not None
+        ]
         norm_variables[:] = [variable for _, variable in normed]
         norm = tf.linalg.global_norm([gradient for gradient, _ in normed])
         # A scalar test per step: a non-finite loss or gradient is never applied, so the fold
@@ -181,8 +194,15 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
         for j in range(batches.shape[0]):
             active = tally.intact
             value, norm, healthy = step(batches[j], active)
-            tally = tally_step(tally, step=first_step + j, loss=value, norm=norm, healthy=healthy, active=active,
-                               samples=batches.shape[1])
+            tally = tally_step(
+                tally,
+                step=first_step + j,
+                loss=value,
+                norm=norm,
+                healthy=healthy,
+                active=active,
+                samples=batches.shape[1],
+            )
         return tally
 
     def evaluate_batch(indices):
@@ -198,8 +218,9 @@ def fold_steps(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss: 
     return FoldSteps(train_steps, evaluate_batch, norm_variables)
 
 
-def _masked_update(optimizer: keras.optimizers.Optimizer, gradients: Sequence[Any], variables: Sequence[Any], *,
-                   applied: Any) -> None:
+def _masked_update(
+    optimizer: keras.optimizers.Optimizer, gradients: Sequence[Any], variables: Sequence[Any], *, applied: Any
+) -> None:
     """The optimizer's update of ``variables`` kept where ``applied``, else every variable it
     touches (weights and optimizer state, its step count included) left as it was: the same
     values as applying under a tf.cond, with no predicate for the host to read."""
@@ -212,8 +233,14 @@ def _masked_update(optimizer: keras.optimizers.Optimizer, gradients: Sequence[An
         variable.assign(tf.where(applied, variable.value, before))
 
 
-def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: EpochTally, *, steps_per_launch: int,
-                stopped: Callable[[EpochTally], Any] | None) -> EpochTally:
+def launch_loop(
+    steps: Callable[..., Any],
+    batches: tuple[Any, ...],
+    tally: EpochTally,
+    *,
+    steps_per_launch: int,
+    stopped: Callable[[EpochTally], Any] | None,
+) -> EpochTally:
     """An epoch's training steps as one graph loop (inside the epoch's ``tf.function``):
     ``steps_per_launch`` of them per compiled launch, then the steps that do not fill a launch one
     per launch, left as soon as ``stopped(tally)``; with ``stopped`` None (the per-epoch stop
@@ -240,8 +267,9 @@ def launch_loop(steps: Callable[..., Any], batches: tuple[Any, ...], tally: Epoc
         return tally
     # A fresh tally has not stopped, so testing before each launch is leaving right after the
     # one that stopped it.
-    _, tally = tf.while_loop(lambda launch, tally: (launch < n_launches) & ~stopped(tally), next_launch,
-                             (tf.constant(0), tally))
+    _, tally = tf.while_loop(
+        lambda launch, tally: (launch < n_launches) & ~stopped(tally), next_launch, (tf.constant(0), tally)
+    )
     _, tally = tf.while_loop(lambda step, tally: (step < n_steps) & ~stopped(tally), next_step, (launched, tally))
     return tally
 
@@ -254,9 +282,15 @@ def epoch_loop(steps: Callable[..., Any], *, steps_per_launch: int, per_epoch: b
     import tensorflow as tf
 
     def train_epoch(full_batches, remainder):
-        tally = launch_loop(steps, (full_batches,), EpochTally.start(), steps_per_launch=steps_per_launch,
-                            stopped=None if per_epoch else lambda tally: tally.failed)
+        tally = launch_loop(
+            steps,
+            (full_batches,),
+            EpochTally.start(),
+            steps_per_launch=steps_per_launch,
+            stopped=None if per_epoch else lambda tally: tally.failed,
+        )
         if remainder.shape[0]:
+
             def last():
                 return steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally)
 
@@ -281,19 +315,22 @@ class StoppedCall:
     fold: int | None = None
 
 
-def tally_step(tally: EpochTally, *, step: Any, loss: Any, norm: Any, healthy: Any, active: Any,
-               samples: Any) -> EpochTally:
+def tally_step(
+    tally: EpochTally, *, step: Any, loss: Any, norm: Any, healthy: Any, active: Any, samples: Any
+) -> EpochTally:
     """The epoch tally after one training step (inside the compiled launch; per fold when the
     arguments carry a fold axis): a step that was active adds its loss and samples if healthy,
     else records where the fold failed."""
     import tensorflow as tf
 
     applied = healthy & active
-    return EpochTally(tally.loss_sum + tf.where(applied, loss * tf.cast(samples, loss.dtype), 0.0),
-                      tally.trained + tf.where(applied, tf.cast(samples, tally.trained.dtype), 0),
-                      tf.where(active & ~healthy, step, tally.failed_at),
-                      tf.where(applied, loss, tally.last_loss),
-                      tf.where(applied, norm, tally.last_norm))
+    return EpochTally(
+        tally.loss_sum + tf.where(applied, loss * tf.cast(samples, loss.dtype), 0.0),
+        tally.trained + tf.where(applied, tf.cast(samples, tally.trained.dtype), 0),
+        tf.where(active & ~healthy, step, tally.failed_at),
+        tf.where(applied, loss, tally.last_loss),
+        tf.where(applied, norm, tally.last_norm),
+    )
 
 
 class CallTimer:
@@ -328,8 +365,19 @@ class CallTimer:
 class FoldEngine:
     """One fold's model, optimizer and compiled epoch loop over device-resident data."""
 
-    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, data: ResidentData, fold: Fold,
-                 *, plan: TrialPlan, recipe: TrainingRecipe, params: TrainingParams, loss: TrainingLoss, seed: int):
+    def __init__(
+        self,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
+        data: ResidentData,
+        fold: Fold,
+        *,
+        plan: TrialPlan,
+        recipe: TrainingRecipe,
+        params: TrainingParams,
+        loss: TrainingLoss,
+        seed: int,
+    ):
         """``model`` trained by its own ``optimizer`` on ``fold`` of ``data``, executed as the
         trial's ``plan`` says, with what its ``recipe`` (the spec's ``train`` section, eager or
         not) and ``params`` (batch size, shuffling) ask, its ``loss`` and the fold's ``seed``."""
@@ -366,9 +414,17 @@ class FoldEngine:
         eager = recipe.choices.eager
         per_epoch = plan.stop_test == "per_epoch"
         train_steps, evaluate_batch, self.norm_variables = fold_steps(
-            model, optimizer, loss, data, counter_draws=plan.random_draws == "counter", masked=per_epoch, eager=eager,
-            metrics=self.metrics, class_weights=fold_class_weights(recipe.train.class_weight, data, fold),
-            batch_size=self.batch_size)
+            model,
+            optimizer,
+            loss,
+            data,
+            counter_draws=plan.random_draws == "counter",
+            masked=per_epoch,
+            eager=eager,
+            metrics=self.metrics,
+            class_weights=fold_class_weights(recipe.train.class_weight, data, fold),
+            batch_size=self.batch_size,
+        )
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
         # No AutoGraph, as in Keras' fit (its step is do_not_convert): the researcher's loss and
@@ -397,7 +453,7 @@ class FoldEngine:
         remainder (shorter than a batch, possibly empty)."""
         order = self.epoch_order(epoch)
         steps = len(order) // self.batch_size
-        return order[: steps * self.batch_size].reshape(steps, self.batch_size), order[steps * self.batch_size:]
+        return order[: steps * self.batch_size].reshape(steps, self.batch_size), order[steps * self.batch_size :]
 
     @property
     def train_samples(self) -> int:
@@ -426,9 +482,12 @@ class FoldEngine:
         """The epoch's mean training loss; records where the fold failed if it did."""
         good = tally.trained > 0
         if tally.failed_at >= 0:
-            self.failure = NanEvent(epoch=epoch + 1, step=tally.failed_at,
-                                    last_finite_loss=tally.last_loss if good else math.nan,
-                                    grad_norm=tally.last_norm if good else math.nan)
+            self.failure = NanEvent(
+                epoch=epoch + 1,
+                step=tally.failed_at,
+                last_finite_loss=tally.last_loss if good else math.nan,
+                grad_norm=tally.last_norm if good else math.nan,
+            )
         return tally.loss_sum / tally.trained if good else math.nan
 
     def stopped_call(self) -> StoppedCall | None:
@@ -453,7 +512,7 @@ class FoldEngine:
         loss_sum = correct = 0.0
         for begin in range(0, len(self._val_indices), self._eval_chunk):
             with tf.device(self.device):
-                indices = tf.constant(self._val_indices[begin:begin + self._eval_chunk])
+                indices = tf.constant(self._val_indices[begin : begin + self._eval_chunk])
             batch_loss, batch_correct = self._evaluate_batch(indices)
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
@@ -464,8 +523,9 @@ class FoldEngine:
         if not self.own_accuracy:
             accuracy = None
         if not math.isfinite(loss) and self.failure is None:
-            self.failure = NanEvent(epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"),
-                                    grad_norm=float("nan"))
+            self.failure = NanEvent(
+                epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"), grad_norm=float("nan")
+            )
         return loss, accuracy, others
 
 
@@ -477,8 +537,9 @@ class FoldExecutor(Protocol):
         ...
 
 
-def close_shared_epoch(engines: Sequence[FoldEngine], live: tuple[int, ...], epoch: int, seconds: float,
-                       tallies: Sequence[EpochTally]) -> dict[int, float]:
+def close_shared_epoch(
+    engines: Sequence[FoldEngine], live: tuple[int, ...], epoch: int, seconds: float, tallies: Sequence[EpochTally]
+) -> dict[int, float]:
     """Charge the live engines for an epoch trained together in ``seconds`` and close it with
     each one's tally; returns their mean training loss."""
     # The folds trained together: each is charged an equal share of the wall time, so that the
@@ -492,8 +553,9 @@ def close_shared_epoch(engines: Sequence[FoldEngine], live: tuple[int, ...], epo
     return losses
 
 
-def fold_class_weights(class_weight: str | Mapping[int, float] | None, data: ResidentData,
-                       fold: Fold) -> np.ndarray | None:
+def fold_class_weights(
+    class_weight: str | Mapping[int, float] | None, data: ResidentData, fold: Fold
+) -> np.ndarray | None:
     """Each class's weight in a fold's training loss, indexed by label (``train.class_weight``):
     balanced by scikit-learn's rule from the fold's own training labels (never its validation
     data), or the given weights (1 for a class they leave out, as Keras' fit)."""

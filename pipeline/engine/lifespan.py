@@ -119,9 +119,13 @@ class Lifespan:
             return f"ran {self.trials} trial{'s' if self.trials > 1 else ''} (resources.max_trials_per_worker)"
         limit = map_limit()
         if limit and state.maps + 2 * self.largest_growth > RETIRE_FRACTION * limit:
-            return (f"{state.maps:,} memory mappings, and a trial has added up to {self.largest_growth:,}: two more "
-                    f"would pass {RETIRE_FRACTION:.0%} of the kernel's limit ({limit:,})")
+            return (
+                f"{state.maps:,} memory mappings, and a trial has added up to {self.largest_growth:,}: two more "
+                f"would pass {RETIRE_FRACTION:.0%} of the kernel's limit ({limit:,})"
+            )
         if self.max_rss_mb is not None and state.rss_mb + self.largest_rss_growth > self.max_rss_mb:
-            return (f"{state.rss_mb:,.0f} MiB resident, and a trial has added up to {self.largest_rss_growth:,.0f} "
-                    f"MiB: another would pass resources.max_worker_memory ({self.max_rss_mb:,.0f} MiB)")
+            return (
+                f"{state.rss_mb:,.0f} MiB resident, and a trial has added up to {self.largest_rss_growth:,.0f} "
+                f"MiB: another would pass resources.max_worker_memory ({self.max_rss_mb:,.0f} MiB)"
+            )
         return ""

@@ -24,9 +24,10 @@ import re
 import time
 from array import array
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 XLA_TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 TRAIN_REGION = "foldsweep.train"
@@ -96,8 +97,9 @@ class EpochProfiler:
 
         before = set(self.logdir.glob("plugins/profile/*/*.xplane.pb"))
         tf.profiler.experimental.stop()
-        written = sorted(set(self.logdir.glob("plugins/profile/*/*.xplane.pb")) - before,
-                         key=lambda path: path.stat().st_mtime)
+        written = sorted(
+            set(self.logdir.glob("plugins/profile/*/*.xplane.pb")) - before, key=lambda path: path.stat().st_mtime
+        )
         if not written:
             raise RuntimeError(f"TensorFlow's profiler wrote no trace under {self.logdir}/plugins/profile")
         return written[-1]
@@ -203,18 +205,34 @@ def read_xspace(xspace: Path) -> TraceTimes:
         for line in plane.lines:
             origin = line.timestamp_ns * 1e3  # microseconds; events are placed in picoseconds
             events = sorted(line.events, key=lambda event: (event.offset_ps, -event.duration_ps))
-            times.add_thread((metadata[event.metadata_id].name, operation(event), origin + event.offset_ps / 1e6,
-                              origin + (event.offset_ps + event.duration_ps) / 1e6) for event in events)
+            times.add_thread(
+                (
+                    metadata[event.metadata_id].name,
+                    operation(event),
+                    origin + event.offset_ps / 1e6,
+                    origin + (event.offset_ps + event.duration_ps) / 1e6,
+                )
+                for event in events
+            )
     return times
 
 
-def summarize(xspace: Path, *, epoch: int, logdir: Path, epoch_wall_s: float, gap_s: float,
-              profiler_start_s: float) -> EpochProfile:
+def summarize(
+    xspace: Path, *, epoch: int, logdir: Path, epoch_wall_s: float, gap_s: float, profiler_start_s: float
+) -> EpochProfile:
     """What the trace of one epoch says, with the trial clock's measure of that epoch's wall time
     and of the gap before it."""
     times = read_xspace(xspace)
     training, validation = times.regions[TRAIN_REGION], times.regions[VALIDATION_REGION]
-    return EpochProfile(epoch=epoch, wall_s=epoch_wall_s, train_s=sum(end - start for start, end in training) / 1e6,
-                        validation_s=sum(end - start for start, end in validation) / 1e6, gap_s=gap_s,
-                        profiler_start_s=profiler_start_s, top_ops=tuple(times.top_operations()),
-                        host_between_share=times.idle_share(training), logdir=logdir, trace_file=xspace)
+    return EpochProfile(
+        epoch=epoch,
+        wall_s=epoch_wall_s,
+        train_s=sum(end - start for start, end in training) / 1e6,
+        validation_s=sum(end - start for start, end in validation) / 1e6,
+        gap_s=gap_s,
+        profiler_start_s=profiler_start_s,
+        top_ops=tuple(times.top_operations()),
+        host_between_share=times.idle_share(training),
+        logdir=logdir,
+        trace_file=xspace,
+    )

@@ -9,8 +9,9 @@ config differently from the others.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import keras
 
@@ -18,8 +19,7 @@ from pipeline.contract.plan import ExecutionChoices
 from pipeline.inputs.hypermodel import schedule_text
 from pipeline.inputs.losses import TrainingLoss, training_loss
 from pipeline.inputs.space import resolve_config, split_config
-from pipeline.inputs.spec import (CLIPPING_ARGUMENTS, NO_CLIPPING, OPTIMIZERS, TRAINING_DEFAULTS, SweepSpec,
-                                  TrainSpec)
+from pipeline.inputs.spec import CLIPPING_ARGUMENTS, NO_CLIPPING, OPTIMIZERS, TRAINING_DEFAULTS, SweepSpec, TrainSpec
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,9 @@ class OptimizerRecipe:
         return float(f"{rate:.7g}") if isinstance(rate, (int, float)) else schedule_text(rate)
 
 
-def optimizer_recipe(model: keras.Model | None, params: TrainingParams, *, spec_names: frozenset[str] = frozenset()
-                     ) -> OptimizerRecipe:
+def optimizer_recipe(
+    model: keras.Model | None, params: TrainingParams, *, spec_names: frozenset[str] = frozenset()
+) -> OptimizerRecipe:
     """A fold model's optimizer: the one its build compiled, if any, else (or without a model)
     foldsweep's. The
     spec's ``optimizer`` and ``learning_rate`` replace the compiled ones only where the spec's
@@ -125,17 +126,32 @@ class TrainingRecipe:
     fit_arguments: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_spec(cls, spec: SweepSpec, *, conditions: Mapping[str, Any] | None = None,
-                  fit_arguments: Mapping[str, str] | None = None, eager: bool = False,
-                  check_numerics: bool = False) -> TrainingRecipe:
+    def from_spec(
+        cls,
+        spec: SweepSpec,
+        *,
+        conditions: Mapping[str, Any] | None = None,
+        fit_arguments: Mapping[str, str] | None = None,
+        eager: bool = False,
+        check_numerics: bool = False,
+    ) -> TrainingRecipe:
         train = spec.train
         # XLA-compiled steps are opaque to TensorFlow's numeric checking, and eager runs op by op.
         jit_compile = "off" if check_numerics or eager else train.jit_compile
-        choices = ExecutionChoices(jit_compile=jit_compile, fused=train.fused, steps_per_launch=train.steps_per_launch,
-                                   eager=eager, check_numerics=check_numerics)
-        return cls(train=train, choices=choices, conditions=dict(conditions or {}),
-                   spec_names=frozenset(TRAINING_DEFAULTS).intersection(spec.search.space),
-                   fit_arguments=dict(fit_arguments or {}))
+        choices = ExecutionChoices(
+            jit_compile=jit_compile,
+            fused=train.fused,
+            steps_per_launch=train.steps_per_launch,
+            eager=eager,
+            check_numerics=check_numerics,
+        )
+        return cls(
+            train=train,
+            choices=choices,
+            conditions=dict(conditions or {}),
+            spec_names=frozenset(TRAINING_DEFAULTS).intersection(spec.search.space),
+            fit_arguments=dict(fit_arguments or {}),
+        )
 
     def resolve(self, config: Mapping[str, Any] | TrialConfig) -> TrialConfig:
         """A config as a trial trains it: the values it uses (``conditions``), its training
@@ -154,5 +170,7 @@ class TrainingRecipe:
     def optimizer(self, model: keras.Model, params: TrainingParams) -> OptimizerRecipe:
         return optimizer_recipe(model, params, spec_names=self.spec_names)
 
-    def loss(self, model: keras.Model, *, units: int, regression: bool = False, per_position: bool = False) -> TrainingLoss:
+    def loss(
+        self, model: keras.Model, *, units: int, regression: bool = False, per_position: bool = False
+    ) -> TrainingLoss:
         return training_loss(model, train=self.train, units=units, regression=regression, per_position=per_position)

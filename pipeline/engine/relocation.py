@@ -12,8 +12,9 @@ Imports Ray: ``pipeline.sweep`` imports this module only on a resume.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ray.train._internal.storage import StorageContext
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchAlgorithm, Searcher, SearchGenerator
@@ -72,7 +73,9 @@ class MovableSearchGenerator(SearchGenerator):
             move_storages(state, self.experiment_path)
 
 
-def movable(search_alg: SearchAlgorithm | Searcher, experiment_path: str, max_concurrent: int | None) -> SearchAlgorithm:
+def movable(
+    search_alg: SearchAlgorithm | Searcher, experiment_path: str, max_concurrent: int | None
+) -> SearchAlgorithm:
     """The restored Tuner's search algorithm, as one that makes its trials in ``experiment_path``.
 
     A Searcher is wrapped as Ray Tune's run would wrap it (in a ConcurrencyLimiter of

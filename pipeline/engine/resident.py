@@ -13,7 +13,7 @@ import numpy as np
 
 # How many host-to-device copies of a dataset this process has made (what the tests count).
 _transfers = 0
-_resident: dict[str, "ResidentData"] = {}
+_resident: dict[str, ResidentData] = {}
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from pipeline.contract.phases import Phase
 from pipeline.contract.plan import ThreadPlan, TrialPlan
@@ -42,16 +43,32 @@ class TrialSettings:
     max_concurrent: int | None = None
 
     @classmethod
-    def from_spec(cls, spec: SweepSpec, *, experiment_path: Path, dataset_fingerprint: str,
-                  conditions: Mapping[str, Any], fit_arguments: Mapping[str, str] | None = None, eager: bool = False,
-                  check_numerics: bool = False) -> TrialSettings:
-        recipe = TrainingRecipe.from_spec(spec, conditions=conditions, fit_arguments=fit_arguments, eager=eager,
-                                          check_numerics=check_numerics)
-        return cls(experiment_path=str(experiment_path), experiment_attr=spec.experiment_attr,
-                   dataset_fingerprint=dataset_fingerprint, recipe=recipe, cpus=spec.resources.cpu,
-                   gpus=spec.resources.gpu, objective=spec.objective,
-                   max_trials_per_worker=spec.resources.max_trials_per_worker,
-                   max_worker_memory=spec.resources.max_worker_memory, max_concurrent=spec.resources.max_concurrent)
+    def from_spec(
+        cls,
+        spec: SweepSpec,
+        *,
+        experiment_path: Path,
+        dataset_fingerprint: str,
+        conditions: Mapping[str, Any],
+        fit_arguments: Mapping[str, str] | None = None,
+        eager: bool = False,
+        check_numerics: bool = False,
+    ) -> TrialSettings:
+        recipe = TrainingRecipe.from_spec(
+            spec, conditions=conditions, fit_arguments=fit_arguments, eager=eager, check_numerics=check_numerics
+        )
+        return cls(
+            experiment_path=str(experiment_path),
+            experiment_attr=spec.experiment_attr,
+            dataset_fingerprint=dataset_fingerprint,
+            recipe=recipe,
+            cpus=spec.resources.cpu,
+            gpus=spec.resources.gpu,
+            objective=spec.objective,
+            max_trials_per_worker=spec.resources.max_trials_per_worker,
+            max_worker_memory=spec.resources.max_worker_memory,
+            max_concurrent=spec.resources.max_concurrent,
+        )
 
     def worker_memory_mb(self) -> float | None:
         """The memory a worker may hold (``resources.max_worker_memory``; auto: a trial's share of
@@ -107,20 +124,28 @@ def use_compile_cache(*, gpus: float, wanted: bool) -> str:
     return ""
 
 
-def set_up_worker(settings: TrialSettings, *, x: Any, y: Any, threads: ThreadPlan,
-                  on_phase: Callable[[Phase], None] = lambda phase: None) -> Worker:
+def set_up_worker(
+    settings: TrialSettings,
+    *,
+    x: Any,
+    y: Any,
+    threads: ThreadPlan,
+    on_phase: Callable[[Phase], None] = lambda phase: None,
+) -> Worker:
     """Configure TensorFlow for this process's trials (before anything starts it), copy the data
     to the device once, and load the experiment's builder; ``on_phase`` hears each step begin."""
     on_phase(Phase.TENSORFLOW)
     notice = configure_tensorflow(gpus=settings.gpus, threads=threads, compile_cache=settings.train.compile_cache)
-    from pipeline.inputs.hypermodel import load_builder
     from pipeline.engine.resident import resident_data
+    from pipeline.inputs.hypermodel import load_builder
 
     on_phase(Phase.DATA)
 
-    return Worker(data=resident_data(settings.dataset_fingerprint, x, y),
-                  build_fn=load_builder(Path(settings.experiment_path), settings.experiment_attr),
-                  device_notice=notice)
+    return Worker(
+        data=resident_data(settings.dataset_fingerprint, x, y),
+        build_fn=load_builder(Path(settings.experiment_path), settings.experiment_attr),
+        device_notice=notice,
+    )
 
 
 class TrialRunner:
@@ -130,9 +155,18 @@ class TrialRunner:
     it in their own process, so a debugging rerun executes exactly the sweep's trial code.
     """
 
-    def __init__(self, config: Mapping[str, Any], *, worker: Worker, folds: Sequence[Fold], settings: TrialSettings,
-                 fold_ids: Sequence[int] | None = None, epochs: int | None = None, replay: TrialPlan | None = None,
-                 started: float | None = None):
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        worker: Worker,
+        folds: Sequence[Fold],
+        settings: TrialSettings,
+        fold_ids: Sequence[int] | None = None,
+        epochs: int | None = None,
+        replay: TrialPlan | None = None,
+        started: float | None = None,
+    ):
         """``started``: when the trial began in this process (``time.perf_counter``; its worker's
         set-up for a process's first trial), where its time account starts; else now."""
         from pipeline.engine.trainer import build_trainer
@@ -148,8 +182,16 @@ class TrialRunner:
         early_stopping = settings.train.early_stopping
         self.patience = Patience(early_stopping) if early_stopping is not None else None
         self.running_best = math.nan
-        self.trainer = build_trainer(worker.build_fn, resolved, recipe, data=worker.data, folds=folds,
-                                     fold_ids=fold_ids, planned_epochs=self.epochs, replay=replay)
+        self.trainer = build_trainer(
+            worker.build_fn,
+            resolved,
+            recipe,
+            data=worker.data,
+            folds=folds,
+            fold_ids=fold_ids,
+            planned_epochs=self.epochs,
+            replay=replay,
+        )
 
     def next_epoch(self) -> EpochResult:
         """One more epoch of every fold; the last one when the planned epochs are reached, every
@@ -158,8 +200,11 @@ class TrialRunner:
         score = result.cv_summary().get(self._objective.key, math.nan)
         if math.isfinite(score) and (math.isnan(self.running_best) or self._objective.better(score, self.running_best)):
             self.running_best = score
-        if self.patience is not None and not result.done and self.patience.observe(
-                result.epoch, result.live_scores(self.patience.rule.monitor)):
+        if (
+            self.patience is not None
+            and not result.done
+            and self.patience.observe(result.epoch, result.live_scores(self.patience.rule.monitor))
+        ):
             result = result.stopped_early()
         return result
 
@@ -199,12 +244,20 @@ class TrialRunner:
         lines: list[str] = []
         model.summary(print_fn=lambda line, *args, **kwargs: lines.append(line))
         optimizer = self.trainer.optimizer
-        return TrialInfo(plan=self.trainer.plan, device_notice=self._worker.device_notice,
-                         compile_source=optimizer.source, loss=self.trainer.loss.name,
-                         params_in_effect={"optimizer": optimizer.name, "learning_rate": optimizer.learning_rate},
-                         gpu_ids=",".join(_assigned_gpu_ids()), node_id=_node_id(), hostname=platform.node(),
-                         data_transfers=transfers(), versions=_versions(), n_params=model.count_params(),
-                         model_summary="\n".join(lines))
+        return TrialInfo(
+            plan=self.trainer.plan,
+            device_notice=self._worker.device_notice,
+            compile_source=optimizer.source,
+            loss=self.trainer.loss.name,
+            params_in_effect={"optimizer": optimizer.name, "learning_rate": optimizer.learning_rate},
+            gpu_ids=",".join(_assigned_gpu_ids()),
+            node_id=_node_id(),
+            hostname=platform.node(),
+            data_transfers=transfers(),
+            versions=_versions(),
+            n_params=model.count_params(),
+            model_summary="\n".join(lines),
+        )
 
 
 def _versions() -> dict[str, str]:
@@ -214,8 +267,12 @@ def _versions() -> dict[str, str]:
     import ray
     import tensorflow as tf
 
-    return {"tensorflow_version": tf.__version__, "keras_version": keras.__version__,
-            "ray_version": ray.__version__, "python_version": platform.python_version()}
+    return {
+        "tensorflow_version": tf.__version__,
+        "keras_version": keras.__version__,
+        "ray_version": ray.__version__,
+        "python_version": platform.python_version(),
+    }
 
 
 def _node_id() -> str:

@@ -41,15 +41,18 @@ def configure_threads(threads: ThreadPlan) -> None:
         raise ThreadsError(
             f"TensorFlow already runs in this process with {threads_in_effect().describe()} threads, and this "
             f"trial needs {threads.describe()}: thread pools cannot change once TensorFlow has started, so run the "
-            "trial in a fresh process") from None
+            "trial in a fresh process"
+        ) from None
 
 
 def threads_in_effect() -> ThreadPlan:
     """The thread pools TensorFlow runs with in this process (0: TensorFlow's default)."""
     import tensorflow as tf
 
-    return ThreadPlan(intra_op=tf.config.threading.get_intra_op_parallelism_threads(),
-                      inter_op=tf.config.threading.get_inter_op_parallelism_threads())
+    return ThreadPlan(
+        intra_op=tf.config.threading.get_intra_op_parallelism_threads(),
+        inter_op=tf.config.threading.get_inter_op_parallelism_threads(),
+    )
 
 
 def tf32_in_effect(device: str) -> bool:
@@ -100,8 +103,11 @@ def configure_devices(gpu_fraction: float) -> str:
     import tensorflow as tf
 
     if gpu_fraction == 0:
-        notice = ("resources.gpu is 0: this worker's TensorFlow sees no GPU, training on CPU" if hide_gpus()
-                  else "no GPU visible to this worker: training on CPU")
+        notice = (
+            "resources.gpu is 0: this worker's TensorFlow sees no GPU, training on CPU"
+            if hide_gpus()
+            else "no GPU visible to this worker: training on CPU"
+        )
         _device_notice = (gpu_fraction, notice)
         return notice
     gpus = tf.config.list_physical_devices("GPU")
@@ -120,20 +126,25 @@ def configure_devices(gpu_fraction: float) -> str:
         for gpu in gpus:
             if limit is not None:
                 tf.config.set_logical_device_configuration(
-                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit)])
+                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit)]
+                )
             else:
                 tf.config.experimental.set_memory_growth(gpu, True)
     except RuntimeError as exc:
         raise DeviceError(
             f"resources.gpu {gpu_fraction:g}: TensorFlow has already set up the GPUs of this process, so it can no "
-            f"longer be limited to its slot ({exc}); run the trial in a fresh process") from None
+            f"longer be limited to its slot ({exc}); run the trial in a fresh process"
+        ) from None
     if limit is not None:
         free = f", {memory.free_mb} MiB free" if memory.free_mb is not None else ""
-        notice = (f"GPU slot {gpu_fraction:g} of {memory.total_mb} MiB{free}: memory grows up to {limit} MiB "
-                  f"({GPU_CONTEXT_RESERVE_MB} MiB left for the CUDA context)")
+        notice = (
+            f"GPU slot {gpu_fraction:g} of {memory.total_mb} MiB{free}: memory grows up to {limit} MiB "
+            f"({GPU_CONTEXT_RESERVE_MB} MiB left for the CUDA context)"
+        )
     elif gpu_fraction < 1:
-        notice = (f"GPU slot {gpu_fraction:g} of a GPU of unknown size (nvidia-smi did not answer): memory growth, "
-                  "no ceiling")
+        notice = (
+            f"GPU slot {gpu_fraction:g} of a GPU of unknown size (nvidia-smi did not answer): memory growth, no ceiling"
+        )
     else:
         notice = "GPU with memory growth"
     _device_notice = (gpu_fraction, notice)
@@ -170,8 +181,10 @@ def hide_gpus() -> bool:
         gpus = tf.config.list_physical_devices("GPU")
         tf.config.set_visible_devices([], "GPU")
     except RuntimeError as exc:
-        raise DeviceError(f"TensorFlow already runs on a GPU in this process ({exc}); resources.gpu 0 and the "
-                          "sweep's driver keep TensorFlow off the GPUs: run it in a fresh process") from None
+        raise DeviceError(
+            f"TensorFlow already runs on a GPU in this process ({exc}); resources.gpu 0 and the "
+            "sweep's driver keep TensorFlow off the GPUs: run it in a fresh process"
+        ) from None
     finally:
         if saved is None:
             del os.environ["CUDA_VISIBLE_DEVICES"]
@@ -209,8 +222,10 @@ def memory_per_trial_mb(*, cpus: float, gpus: float, max_concurrent: int | None)
             return None
         if gpus >= 1:
             return memory.total_mb, f"a {memory.total_mb} MiB GPU"
-        return (fractional_memory_limit_mb(gpus, GpuMemory(memory.total_mb, None)),
-                f"{gpus:g} of a {memory.total_mb} MiB GPU less {GPU_CONTEXT_RESERVE_MB} MiB for its CUDA context")
+        return (
+            fractional_memory_limit_mb(gpus, GpuMemory(memory.total_mb, None)),
+            f"{gpus:g} of a {memory.total_mb} MiB GPU less {GPU_CONTEXT_RESERVE_MB} MiB for its CUDA context",
+        )
     return host_memory_per_trial_mb(cpus=cpus, max_concurrent=max_concurrent)
 
 
@@ -226,5 +241,7 @@ def host_memory_per_trial_mb(*, cpus: float, max_concurrent: int | None) -> tupl
     if max_concurrent is not None:
         side_by_side = min(side_by_side, max_concurrent)
     budget = int(total * HOST_MEMORY_FOR_TRIALS / side_by_side)
-    return budget, (f"{HOST_MEMORY_FOR_TRIALS:.0%} of this machine's {total} MiB shared by {side_by_side} "
-                    f"trial{'s' if side_by_side > 1 else ''} at a time")
+    return budget, (
+        f"{HOST_MEMORY_FOR_TRIALS:.0%} of this machine's {total} MiB shared by {side_by_side} "
+        f"trial{'s' if side_by_side > 1 else ''} at a time"
+    )

@@ -8,7 +8,7 @@ others train every fold in one execution (``pipeline.engine.side_by_side``,
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pipeline.engine.fold_engine import FoldEngine
 

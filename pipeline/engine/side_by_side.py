@@ -18,7 +18,8 @@ every core the trial has (`python -m benchmarks.cv_throughput --variants engine,
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pipeline.engine.fold_engine import FoldEngine, close_shared_epoch
 
@@ -37,8 +38,9 @@ class SideBySideFolds:
 
         if live not in self._compiled:
             loops = [self._engines[i].epoch_loop for i in live]
-            self._compiled[live] = tf.function(lambda batches: [loop(*pair) for loop, pair in zip(loops, batches)],
-                                               autograph=False)
+            self._compiled[live] = tf.function(
+                lambda batches: [loop(*pair) for loop, pair in zip(loops, batches)], autograph=False
+            )
         batches = [self._engines[i].epoch_batch_tensors(epoch) for i in live]
         started = time.perf_counter()
         tallies = [tally.numbers() for tally in self._compiled[live](batches)]

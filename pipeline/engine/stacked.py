@@ -28,7 +28,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
@@ -36,24 +37,36 @@ import numpy as np
 from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
 from pipeline.contract.plan import RandomDraws, StackedConvolutions, StopTest
 from pipeline.engine import draws
+from pipeline.engine.fold_engine import EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step, traced_once
+from pipeline.engine.recipe import OptimizerRecipe, TrainingParams
 from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.inputs.spec import CLIPPING_ARGUMENTS, NO_CLIPPING
-from pipeline.engine.recipe import OptimizerRecipe, TrainingParams
-from pipeline.engine.fold_engine import (EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step,
-                                      traced_once)
 
-STACKED_LAYERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.BatchNormalization,
-                  keras.layers.LayerNormalization, keras.layers.Embedding)
+STACKED_LAYERS = (
+    keras.layers.Dense,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.BatchNormalization,
+    keras.layers.LayerNormalization,
+    keras.layers.Embedding,
+)
 # Activity regularizers that add up over samples, a zero sample adding nothing, so that a fold's
 # penalty over its batch padded with zeros is its penalty over its own samples.
 ADDITIVE_REGULARIZERS = (keras.regularizers.L1, keras.regularizers.L2, keras.regularizers.L1L2)
 # Optimizers whose update of a weight depends on that weight's own gradient and state only, so
 # that one optimizer over the stacked weights updates each fold's slice as the fold's own would
 # (Adafactor, say, factors its state over a weight's axes, the fold axis included).
-ELEMENTWISE_OPTIMIZERS = (keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.SGD, keras.optimizers.RMSprop,
-                          keras.optimizers.Nadam, keras.optimizers.Adamax, keras.optimizers.Adagrad,
-                          keras.optimizers.Lion)
+ELEMENTWISE_OPTIMIZERS = (
+    keras.optimizers.Adam,
+    keras.optimizers.AdamW,
+    keras.optimizers.SGD,
+    keras.optimizers.RMSprop,
+    keras.optimizers.Nadam,
+    keras.optimizers.Adamax,
+    keras.optimizers.Adagrad,
+    keras.optimizers.Lion,
+)
 # The stacked forward pass must give each fold model's own outputs up to float rounding
 # (its convolutions are patch products or grouped convolutions, not the fold model's kernels).
 FORWARD_CHECK_RTOL, FORWARD_CHECK_ATOL = 1e-4, 1e-5
@@ -78,8 +91,9 @@ def model_blocker(model: keras.Model, *, random_draws: RandomDraws = "none") -> 
         undrawn = next((layer for layer in random if not counter_drawn(layer)), None)
         if undrawn is None:
             return "its random layers draw from Keras' generator (the recorded plan), which has no per-fold form"
-        return (f"layer {undrawn.name!r} ({type(undrawn).__name__}) draws from Keras' generator, which has no "
-                "per-fold form")
+        return (
+            f"layer {undrawn.name!r} ({type(undrawn).__name__}) draws from Keras' generator, which has no per-fold form"
+        )
     for layer in random:
         if (getattr(layer, "noise_shape", None) or [None])[0] is not None:
             return f"layer {layer.name!r} has a noise_shape that fixes the batch axis"
@@ -94,8 +108,10 @@ def model_blocker(model: keras.Model, *, random_draws: RandomDraws = "none") -> 
             return f"masking layer {layer.name!r}: masks are not carried through the stacked layers"
         regularizer = layer.activity_regularizer
         if regularizer is not None and type(regularizer) not in ADDITIVE_REGULARIZERS:
-            return (f"layer {layer.name!r} has an activity_regularizer ({type(regularizer).__name__}) not known to add "
-                    "up over samples")
+            return (
+                f"layer {layer.name!r} has an activity_regularizer ({type(regularizer).__name__}) not known to add "
+                "up over samples"
+            )
         if not layer.weights:
             continue
         if not isinstance(layer, STACKED_LAYERS):
@@ -106,20 +122,26 @@ def model_blocker(model: keras.Model, *, random_draws: RandomDraws = "none") -> 
             return f"layer {layer.name!r} has LoRA enabled"
         if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D)):
             if layer.groups != 1 or layer.data_format != "channels_last" or layer.padding not in ("same", "valid"):
-                return (f"convolution {layer.name!r} (groups {layer.groups}, {layer.data_format}, padding "
-                        f"{layer.padding!r}) has no stacked form")
+                return (
+                    f"convolution {layer.name!r} (groups {layer.groups}, {layer.data_format}, padding "
+                    f"{layer.padding!r}) has no stacked form"
+                )
         if isinstance(layer, keras.layers.BatchNormalization) and (layer.renorm or layer.synchronized):
             return f"batch normalization {layer.name!r} with {'renorm' if layer.renorm else 'synchronized'}=True"
         if isinstance(layer, keras.layers.Embedding) and layer.mask_zero:
             return f"embedding {layer.name!r} with mask_zero=True: masks are not carried through the stacked layers"
-        if (isinstance(layer, keras.layers.LayerNormalization)
-                and 0 in _sample_axes(layer.axis, len(layer.input.shape))):
+        if isinstance(layer, keras.layers.LayerNormalization) and 0 in _sample_axes(layer.axis, len(layer.input.shape)):
             return f"layer normalization {layer.name!r} over the batch axis"
     if stacked_state_variables(model) is None:
-        named = [layer.name for layer in layers if any(not _is_state(layer, variable) for variable in
-                                                       layer.non_trainable_variables)]
-        return (f"{len(model.non_trainable_variables)} non-trainable variables (layer state"
-                f"{' of ' + ', '.join(repr(name) for name in named[:3]) if named else ''})")
+        named = [
+            layer.name
+            for layer in layers
+            if any(not _is_state(layer, variable) for variable in layer.non_trainable_variables)
+        ]
+        return (
+            f"{len(model.non_trainable_variables)} non-trainable variables (layer state"
+            f"{' of ' + ', '.join(repr(name) for name in named[:3]) if named else ''})"
+        )
     return None
 
 
@@ -157,10 +179,18 @@ def steps_blocker(folds_train_sizes: Sequence[int], batch_size: int) -> str | No
     return None
 
 
-def stacking_blocker(models: Sequence[keras.Model], data: ResidentData, train_folds: Sequence[np.ndarray], *,
-                     batch_size: int, jit_compile: bool, optimizer: OptimizerRecipe,
-                     random_draws: RandomDraws = "none", convolutions: StackedConvolutions = "patches",
-                     tf32: bool = False) -> str | None:
+def stacking_blocker(
+    models: Sequence[keras.Model],
+    data: ResidentData,
+    train_folds: Sequence[np.ndarray],
+    *,
+    batch_size: int,
+    jit_compile: bool,
+    optimizer: OptimizerRecipe,
+    random_draws: RandomDraws = "none",
+    convolutions: StackedConvolutions = "patches",
+    tf32: bool = False,
+) -> str | None:
     """Why these fold models cannot train stacked, or None (their stacked forward pass checked
     in the form the plan would train, to the device's tolerance)."""
     import tensorflow as tf
@@ -169,8 +199,9 @@ def stacking_blocker(models: Sequence[keras.Model], data: ResidentData, train_fo
         return "the step runs without XLA"
     if optimizer.cls not in ELEMENTWISE_OPTIMIZERS:
         return f"the {optimizer.cls.__name__} optimizer is not known to update each weight on its own"
-    blocker = (model_blocker(models[0], random_draws=random_draws)
-               or steps_blocker([len(train) for train in train_folds], batch_size))
+    blocker = model_blocker(models[0], random_draws=random_draws) or steps_blocker(
+        [len(train) for train in train_folds], batch_size
+    )
     if blocker:
         return blocker
     rows = min(batch_size, *(len(train) for train in train_folds))
@@ -194,16 +225,26 @@ class StackedForm:
     variable for trainable weights, a variable for state (moving statistics, generator states),
     which the pass updates as each fold's own layers would."""
 
-    def __init__(self, template: keras.Model, values: Mapping[int, Any], n_folds: int, *,
-                 convolutions: StackedConvolutions = "patches"):
+    def __init__(
+        self,
+        template: keras.Model,
+        values: Mapping[int, Any],
+        n_folds: int,
+        *,
+        convolutions: StackedConvolutions = "patches",
+    ):
         self._template = template
         self._values = values
         self._n_folds = n_folds
         self._convolution = _grouped_convolution if convolutions == "grouped" else _convolution
-        generators = [getattr(layer, "seed_generator", None) for layer in
-                      template._flatten_layers(include_self=False, recursive=True) if counter_drawn(layer)]
-        self._random_states = {id(generator): values[id(generator.state)] for generator in generators
-                               if generator is not None}
+        generators = [
+            getattr(layer, "seed_generator", None)
+            for layer in template._flatten_layers(include_self=False, recursive=True)
+            if counter_drawn(layer)
+        ]
+        self._random_states = {
+            id(generator): values[id(generator.state)] for generator in generators if generator is not None
+        }
 
     def __call__(self, x: Any, sample_weights: Any) -> tuple[Any, Any]:
         """(outputs, each fold's loss terms [k], or None when the model adds none) for the merged
@@ -223,7 +264,8 @@ class StackedForm:
                 call = lambda inputs, **_: self._convolution(layer, fold_weights, inputs, n_folds)  # noqa: E731
             elif isinstance(layer, keras.layers.BatchNormalization):
                 call = lambda inputs, **_: _batch_normalization(  # noqa: E731
-                    layer, fold_weights, inputs, sample_weights, n_folds)
+                    layer, fold_weights, inputs, sample_weights, n_folds
+                )
             elif isinstance(layer, keras.layers.LayerNormalization):
                 call = lambda inputs, **_: _layer_normalization(layer, fold_weights, inputs, n_folds)  # noqa: E731
             elif isinstance(layer, keras.layers.Embedding):
@@ -242,8 +284,7 @@ class StackedForm:
 
             return regularized
 
-        random_numbers = (draws.counter_draws(self._random_states) if self._random_states
-                          else contextlib.nullcontext())
+        random_numbers = draws.counter_draws(self._random_states) if self._random_states else contextlib.nullcontext()
         with random_numbers:
             outputs = _graph(self._template)._run_through_graph(x, operation_fn=stacked_form)
         for variable in self._template.trainable_variables:
@@ -303,8 +344,16 @@ def _convolution(layer, fold_weights, inputs, n_folds):
     for offsets in np.ndindex(*sizes):  # kernel taps in the kernel's own (row-major) order
         begin = [0] + [o * d for o, d in zip(offsets, dilations)] + [0]
         end = [0] + [b + (n - 1) * s + 1 for b, n, s in zip(begin[1:], out_sizes, strides)] + [0]
-        patches.append(tf.strided_slice(x, begin, end, [1, *strides, 1], begin_mask=1 | (1 << (len(begin) - 1)),
-                                        end_mask=1 | (1 << (len(begin) - 1))))
+        patches.append(
+            tf.strided_slice(
+                x,
+                begin,
+                end,
+                [1, *strides, 1],
+                begin_mask=1 | (1 << (len(begin) - 1)),
+                end_mask=1 | (1 << (len(begin) - 1)),
+            )
+        )
     patches = _per_fold(tf.concat(patches, axis=-1), n_folds)  # [k, b, *out, taps * channels]
     kernel = fold_weights(layer.kernel)
     kernel = tf.reshape(kernel, [n_folds, -1, kernel.shape[-1]])  # [k, taps * channels, filters]
@@ -323,14 +372,15 @@ def _grouped_convolution(layer, fold_weights, inputs, n_folds):
     x = _per_fold(inputs, n_folds)  # [k, b, *spatial, c]
     channels = x.shape[-1]
     x = tf.transpose(x, [1, *range(2, rank + 2), 0, rank + 2])  # [b, *spatial, k, c]
-    x = tf.reshape(x, [-1, *x.shape[1:rank + 1], n_folds * channels])
+    x = tf.reshape(x, [-1, *x.shape[1 : rank + 1], n_folds * channels])
     kernel = fold_weights(layer.kernel)  # [k, *taps, c, f]
     filters = kernel.shape[-1]
     kernel = tf.transpose(kernel, [*range(1, rank + 2), 0, rank + 2])  # [*taps, c, k, f]
     kernel = tf.reshape(kernel, [*layer.kernel_size, channels, n_folds * filters])
-    outputs = tf.nn.convolution(x, kernel, strides=layer.strides, padding=layer.padding.upper(),
-                                dilations=layer.dilation_rate)  # [b, *out, k * f]
-    outputs = tf.reshape(outputs, [-1, *outputs.shape[1:rank + 1], n_folds, filters])
+    outputs = tf.nn.convolution(
+        x, kernel, strides=layer.strides, padding=layer.padding.upper(), dilations=layer.dilation_rate
+    )  # [b, *out, k * f]
+    outputs = tf.reshape(outputs, [-1, *outputs.shape[1 : rank + 1], n_folds, filters])
     outputs = tf.transpose(outputs, [rank + 1, 0, *range(1, rank + 1), rank + 2])  # [k, b, *out, f]
     return _bias_and_activation(layer, fold_weights, outputs)
 
@@ -365,8 +415,10 @@ def _batch_normalization(layer, fold_weights, inputs, sample_weights, n_folds):
     count = tf.reduce_sum(weights, axis=reduced, keepdims=True) * math.prod(x.shape[a] for a in reduced[1:])
     count = tf.maximum(count, 1.0)  # a fold with no sample (not training) stays finite
     mean = tf.reduce_sum(x * weights, axis=reduced, keepdims=True) / count
-    variance = tf.reduce_sum(tf.math.squared_difference(x, tf.stop_gradient(mean)) * weights, axis=reduced,
-                             keepdims=True) / count
+    variance = (
+        tf.reduce_sum(tf.math.squared_difference(x, tf.stop_gradient(mean)) * weights, axis=reduced, keepdims=True)
+        / count
+    )
     shape = [n_folds] + [x.shape[a] if a == axis else 1 for a in range(1, rank)]
 
     def per_fold(variable):
@@ -375,9 +427,14 @@ def _batch_normalization(layer, fold_weights, inputs, sample_weights, n_folds):
     for moving, batch in ((layer.moving_mean, mean), (layer.moving_variance, variance)):
         stacked = fold_weights(moving)
         stacked.assign(stacked * layer.momentum + tf.reshape(batch, stacked.shape) * (1.0 - layer.momentum))
-    outputs = tf.nn.batch_normalization(x, mean, variance, offset=per_fold(layer.beta) if layer.center else None,
-                                        scale=per_fold(layer.gamma) if layer.scale else None,
-                                        variance_epsilon=layer.epsilon)
+    outputs = tf.nn.batch_normalization(
+        x,
+        mean,
+        variance,
+        offset=per_fold(layer.beta) if layer.center else None,
+        scale=per_fold(layer.gamma) if layer.scale else None,
+        variance_epsilon=layer.epsilon,
+    )
     return _merged(outputs)
 
 
@@ -391,9 +448,14 @@ def _layer_normalization(layer, fold_weights, inputs, n_folds):
     def per_fold(variable):
         return keras.ops.reshape(fold_weights(variable), shape)
 
-    outputs = keras.ops.layer_normalization(x, per_fold(layer.gamma) if layer.scale else None,
-                                            per_fold(layer.beta) if layer.center else None, axis=axes,
-                                            epsilon=layer.epsilon, rms_scaling=layer.rms_scaling)
+    outputs = keras.ops.layer_normalization(
+        x,
+        per_fold(layer.gamma) if layer.scale else None,
+        per_fold(layer.beta) if layer.center else None,
+        axis=axes,
+        epsilon=layer.epsilon,
+        rms_scaling=layer.rms_scaling,
+    )
     return _merged(outputs)
 
 
@@ -430,8 +492,9 @@ def stacked_weights(models: Sequence[keras.Model]) -> list[np.ndarray]:
     return [over_folds(weights) for weights in zip(*(model.trainable_variables for model in models))]
 
 
-def forward_mismatch(models: Sequence[keras.Model], samples: Any, *, convolutions: StackedConvolutions = "patches",
-                     tf32: bool = False) -> str | None:
+def forward_mismatch(
+    models: Sequence[keras.Model], samples: Any, *, convolutions: StackedConvolutions = "patches", tf32: bool = False
+) -> str | None:
     """What of the stacked forward pass differs from each fold model's own in training (outputs,
     updated moving statistics and generator states, loss terms), beyond the tolerance of a
     device computing in TF32 or not (``forward_tolerance``), or None. ``samples`` are the folds'
@@ -442,13 +505,16 @@ def forward_mismatch(models: Sequence[keras.Model], samples: Any, *, convolution
     template, n_folds = models[0], len(models)
     states = [stacked_state_variables(model) or [] for model in models]
     before = [[np.asarray(variable) for variable in fold] for fold in states]
-    values: dict[int, Any] = {id(variable): tf.constant(weights) for variable, weights in
-                              zip(template.trainable_variables, stacked_weights(models))}
+    values: dict[int, Any] = {
+        id(variable): tf.constant(weights)
+        for variable, weights in zip(template.trainable_variables, stacked_weights(models))
+    }
     stacked_states = [tf.Variable(over_folds(per_fold)) for per_fold in zip(*before)]
     values.update({id(variable): stacked for variable, stacked in zip(states[0], stacked_states)})
     batches = np.split(np.asarray(samples), n_folds)
     outputs, penalties = StackedForm(template, values, n_folds, convolutions=convolutions)(
-        samples, tf.ones([n_folds, len(batches[0])]))
+        samples, tf.ones([n_folds, len(batches[0])])
+    )
     drawn = any(counter_drawn(layer) for layer in template._flatten_layers())
     random_numbers = draws.counter_draws if drawn else contextlib.nullcontext
     own, own_penalties = [], []
@@ -534,9 +600,18 @@ class StackedFolds:
     writing each fold's slices back.
     """
 
-    def __init__(self, engines: Sequence[FoldEngine], params: TrainingParams, *, data: ResidentData,
-                 loss: TrainingLoss, optimizer: OptimizerRecipe, steps_per_launch: int,
-                 stop_test: StopTest = "per_launch", convolutions: StackedConvolutions = "patches"):
+    def __init__(
+        self,
+        engines: Sequence[FoldEngine],
+        params: TrainingParams,
+        *,
+        data: ResidentData,
+        loss: TrainingLoss,
+        optimizer: OptimizerRecipe,
+        steps_per_launch: int,
+        stop_test: StopTest = "per_launch",
+        convolutions: StackedConvolutions = "patches",
+    ):
         import tensorflow as tf
 
         self._engines = list(engines)
@@ -546,8 +621,13 @@ class StackedFolds:
         stacked = _stacked_state(engines, optimizer)
         self._pairs = stacked.pairs
         self._copy_functions: dict[tuple[int, ...], tuple[Any, Any]] = {}
-        steps = tf.function(_stacked_steps(engines[0].model, stacked, loss=loss, clipping=optimizer.clipping,
-                                           data=data, convolutions=convolutions), jit_compile=True, autograph=False)
+        steps = tf.function(
+            _stacked_steps(
+                engines[0].model, stacked, loss=loss, clipping=optimizer.clipping, data=data, convolutions=convolutions
+            ),
+            jit_compile=True,
+            autograph=False,
+        )
         self.compiled_steps = steps
 
         def stopped(tally, live):
@@ -555,9 +635,13 @@ class StackedFolds:
 
         def train_epoch(indices, weights, live):
             # indices, weights: [steps, k, batch]; the epoch's steps, steps_per_launch per launch.
-            return launch_loop(lambda *arguments: steps(*arguments[:2], live, *arguments[2:]), (indices, weights),
-                               EpochTally.start(n_folds), steps_per_launch=steps_per_launch,
-                               stopped=None if stop_test == "per_epoch" else lambda tally: stopped(tally, live))
+            return launch_loop(
+                lambda *arguments: steps(*arguments[:2], live, *arguments[2:]),
+                (indices, weights),
+                EpochTally.start(n_folds),
+                steps_per_launch=steps_per_launch,
+                stopped=None if stop_test == "per_epoch" else lambda tally: stopped(tally, live),
+            )
 
         self._train_epoch = tf.function(train_epoch, autograph=False)
 
@@ -573,8 +657,8 @@ class StackedFolds:
         weights = np.zeros(indices.shape, dtype=np.float32)
         for i, batches in per_fold.items():
             for step, batch in enumerate(batches):
-                indices[step, i, :len(batch)] = batch
-                weights[step, i, :len(batch)] = 1.0
+                indices[step, i, : len(batch)] = batch
+                weights[step, i, : len(batch)] = 1.0
         return indices, weights
 
     def train_epoch(self, epoch: int, live: tuple[int, ...]) -> dict[int, float]:
@@ -590,8 +674,7 @@ class StackedFolds:
         tally = EpochTally(*(np.asarray(value) for value in self._train_epoch(*arguments)))
         seconds = time.perf_counter() - started
         self._store(live)
-        return close_shared_epoch(self._engines, live, epoch, seconds,
-                                 [tally.numbers(i) for i in live])
+        return close_shared_epoch(self._engines, live, epoch, seconds, [tally.numbers(i) for i in live])
 
     def _load(self, live: tuple[int, ...]) -> None:
         """Stack the engines' weights, layer state and optimizer state (they may have been restored)."""
@@ -607,6 +690,7 @@ class StackedFolds:
         import tensorflow as tf
 
         if live not in self._copy_functions:
+
             def load():
                 for stacked, per_fold in self._pairs:
                     if stacked.shape.rank:
@@ -644,11 +728,15 @@ def _stacked_state(engines: Sequence[FoldEngine], recipe: OptimizerRecipe) -> _S
     carry the fold axis, optimizer state too except the shared scalars (step count, learning rate)."""
     n_folds = len(engines)
     models = [engine.model for engine in engines]
-    variables = [keras.Variable(weights, name=variable.name) for weights, variable
-                 in zip(stacked_weights(models), models[0].trainable_variables)]
+    variables = [
+        keras.Variable(weights, name=variable.name)
+        for weights, variable in zip(stacked_weights(models), models[0].trainable_variables)
+    ]
     per_fold_states = list(zip(*(stacked_state_variables(model) or [] for model in models)))
-    states = [keras.Variable(over_folds(per_fold), dtype=per_fold[0].dtype, trainable=False, name=per_fold[0].name)
-              for per_fold in per_fold_states]
+    states = [
+        keras.Variable(over_folds(per_fold), dtype=per_fold[0].dtype, trainable=False, name=per_fold[0].name)
+        for per_fold in per_fold_states
+    ]
     # Clipping is done per fold before the optimizer sees the gradients; everything the
     # optimizers below do is elementwise, so each fold's slice is updated on its own.
     optimizer = recipe.make(clipping=False)
@@ -656,16 +744,27 @@ def _stacked_state(engines: Sequence[FoldEngine], recipe: OptimizerRecipe) -> _S
     optimizer_pairs = list(zip(optimizer.variables, zip(*(engine.optimizer.variables for engine in engines))))
     for stacked, per_fold in optimizer_pairs:
         if tuple(stacked.shape) not in (tuple(per_fold[0].shape), (n_folds, *per_fold[0].shape)):
-            raise ValueError(f"optimizer variable {stacked.name!r}: stacked shape {tuple(stacked.shape)} "
-                             f"does not match a fold's {tuple(per_fold[0].shape)}")
-    pairs = [*zip(variables, zip(*(model.trainable_variables for model in models))), *zip(states, per_fold_states),
-             *optimizer_pairs]
+            raise ValueError(
+                f"optimizer variable {stacked.name!r}: stacked shape {tuple(stacked.shape)} "
+                f"does not match a fold's {tuple(per_fold[0].shape)}"
+            )
+    pairs = [
+        *zip(variables, zip(*(model.trainable_variables for model in models))),
+        *zip(states, per_fold_states),
+        *optimizer_pairs,
+    ]
     return _Stacked(variables, states, optimizer, pairs)
 
 
-def _stacked_steps(template: keras.Model, stacked: _Stacked, *, loss: TrainingLoss,
-                   clipping: tuple[str, float | None], data: ResidentData,
-                   convolutions: StackedConvolutions = "patches") -> Any:
+def _stacked_steps(
+    template: keras.Model,
+    stacked: _Stacked,
+    *,
+    loss: TrainingLoss,
+    clipping: tuple[str, float | None],
+    data: ResidentData,
+    convolutions: StackedConvolutions = "patches",
+) -> Any:
     """The stacked folds' training launch, uncompiled: ``train_steps(indices, weights, live,
     first_step, tally)`` runs the unrolled steps of every fold at once ([steps, k, batch]) and
     returns the per-fold tally after them."""
@@ -716,8 +815,9 @@ def _stacked_steps(template: keras.Model, stacked: _Stacked, *, loss: TrainingLo
         for j in range(indices.shape[0]):
             active = live & tally.intact
             losses, norms, healthy, counts = step(indices[j], weights[j], active)
-            tally = tally_step(tally, step=first_step + j, loss=losses, norm=norms, healthy=healthy,
-                               active=active, samples=counts)
+            tally = tally_step(
+                tally, step=first_step + j, loss=losses, norm=norms, healthy=healthy, active=active, samples=counts
+            )
         return tally
 
     return train_steps

@@ -15,8 +15,8 @@ improving.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from pipeline.inputs.spec import EarlyStoppingSpec
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ray import tune
 from ray.tune.result import TRAINING_ITERATION
@@ -35,8 +36,9 @@ class FoldTrainable(tune.Trainable):
     # Its name is recorded: Ray Tune names trial directories after it (FoldTrainable_<id>...) and
     # restores a sweep only with a trainable of the name it recorded (``--resume``).
 
-    def setup(self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold],
-              settings: TrialSettings) -> None:
+    def setup(
+        self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold], settings: TrialSettings
+    ) -> None:
         # A worker's first trial accounts for its start-up from when the process began loading
         # foldsweep (and TensorFlow with it) to unpickle this trainable.
         started = min(LOADED_AT, time.perf_counter())
@@ -52,8 +54,9 @@ class FoldTrainable(tune.Trainable):
         self._gradients_before = registered_gradients()
         self._lifespan.start_trial()
         self._announce(Phase.MODELS)
-        self._runner = TrialRunner(config, worker=self._worker, folds=self._folds, settings=self._settings,
-                                   started=started)
+        self._runner = TrialRunner(
+            config, worker=self._worker, folds=self._folds, settings=self._settings, started=started
+        )
         self._announce(Phase.FIRST_EPOCH)
         self._last_report: dict[str, Any] | None = None
         self._ended_report: dict[str, Any] | None = None
@@ -71,8 +74,13 @@ class FoldTrainable(tune.Trainable):
         # Every epoch says whether this process retires after the trial: the last one before a
         # trial ends (finished, pruned or NaN) is the one Ray Tune acts on (pipeline.sweep).
         worker = self._lifespan.observe()  # one read of /proc/self/maps and status per epoch
-        return {**report, WORKER_TRIALS: self._lifespan.trials, WORKER_MAPS: worker.maps, WORKER_RSS: worker.rss_mb,
-                WORKER_RETIRES: self._lifespan.retire_reason(worker)}
+        return {
+            **report,
+            WORKER_TRIALS: self._lifespan.trials,
+            WORKER_MAPS: worker.maps,
+            WORKER_RSS: worker.rss_mb,
+            WORKER_RETIRES: self._lifespan.retire_reason(worker),
+        }
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         import keras
@@ -127,8 +135,11 @@ def surviving_checkpoint(saved: Any) -> Any:
         return saved
     fs = checkpoint.filesystem
     trial_dir = checkpoint.path.rstrip("/").rsplit("/", 1)[0]
-    found = [info for info in fs.get_file_info(pyarrow.fs.FileSelector(trial_dir))
-             if info.base_name.startswith("checkpoint_") and _holds_state(fs, info.path)]
+    found = [
+        info
+        for info in fs.get_file_info(pyarrow.fs.FileSelector(trial_dir))
+        if info.base_name.startswith("checkpoint_") and _holds_state(fs, info.path)
+    ]
     if not found:
         return saved
     import numpy as np

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -19,20 +20,31 @@ import numpy as np
 from pipeline.base import compile_cache
 from pipeline.base.accelerator import GpuIdentity, UnknownGpu, deterministic_ops, gpu_identity
 from pipeline.base.compile_cache import CacheCounts, CompileCache, content_names
-from pipeline.inputs.folds import Fold
+from pipeline.contract.account import TimeAccount
+from pipeline.contract.plan import RandomDraws, StackedConvolutions, TrialPlan, plan_differences, plan_trial
+from pipeline.contract.results import (
+    COMPILE_S,
+    EVAL_S,
+    GAP_S,
+    SETUP_S,
+    TRAIN_S,
+    EpochResult,
+    FoldScores,
+    FoldThroughput,
+    NanEvent,
+    NanReport,
+    Throughput,
+)
+from pipeline.engine.fold_engine import CallTimer, FoldEngine, FoldExecutor, StoppedCall, fold_seed
+from pipeline.engine.profile import TRAIN_REGION, VALIDATION_REGION
+from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe, TrialConfig
+from pipeline.engine.resident import ResidentData
+from pipeline.engine.runtime import tf32_in_effect, threads_in_effect
+from pipeline.engine.sequential import SequentialFolds
 from pipeline.engine.side_by_side import SideBySideFolds
+from pipeline.inputs.folds import Fold
 from pipeline.inputs.hypermodel import build_model, output_units
 from pipeline.inputs.losses import TrainingLoss
-from pipeline.contract.plan import RandomDraws, StackedConvolutions, TrialPlan, plan_differences, plan_trial
-from pipeline.engine.profile import TRAIN_REGION, VALIDATION_REGION
-from pipeline.engine.resident import ResidentData
-from pipeline.contract.account import TimeAccount
-from pipeline.contract.results import (COMPILE_S, EVAL_S, GAP_S, SETUP_S, TRAIN_S, EpochResult, FoldScores,
-                                       FoldThroughput, NanEvent, NanReport, Throughput)
-from pipeline.engine.runtime import tf32_in_effect, threads_in_effect
-from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe, TrialConfig
-from pipeline.engine.fold_engine import CallTimer, FoldEngine, FoldExecutor, StoppedCall, fold_seed
-from pipeline.engine.sequential import SequentialFolds
 
 
 @dataclass
@@ -70,9 +82,19 @@ class EpochClock:
 class FoldTrainer:
     """The k fold models of one trial, trained in lockstep on device-resident data."""
 
-    def __init__(self, models: Sequence[keras.Model], params: TrainingParams, *, data: ResidentData,
-                 folds: Sequence[Fold], plan: TrialPlan, recipe: TrainingRecipe, fold_ids: Sequence[int],
-                 optimizer: OptimizerRecipe, loss: TrainingLoss):
+    def __init__(
+        self,
+        models: Sequence[keras.Model],
+        params: TrainingParams,
+        *,
+        data: ResidentData,
+        folds: Sequence[Fold],
+        plan: TrialPlan,
+        recipe: TrainingRecipe,
+        fold_ids: Sequence[int],
+        optimizer: OptimizerRecipe,
+        loss: TrainingLoss,
+    ):
         self.params = params
         self.plan = plan
         self.optimizer = optimizer
@@ -81,8 +103,17 @@ class FoldTrainer:
         # The folds' numbers in the sweep: a rerun of one fold still reports split{k} as k.
         self.fold_ids = list(fold_ids)
         self.engines = [
-            FoldEngine(model, optimizer.make(), data, fold, plan=plan, recipe=recipe, params=params, loss=loss,
-                       seed=fold_seed(recipe.train.seed, k))
+            FoldEngine(
+                model,
+                optimizer.make(),
+                data,
+                fold,
+                plan=plan,
+                recipe=recipe,
+                params=params,
+                loss=loss,
+                seed=fold_seed(recipe.train.seed, k),
+            )
             for k, fold, model in zip(self.fold_ids, folds, models)
         ]
         # Which way each metric besides loss and accuracy improves ("" when unknown): what a fold
@@ -130,9 +161,15 @@ class FoldTrainer:
         self.clock.close_epoch(began, trained, time.perf_counter())
         self.epoch += 1
         failures = [(k, engine.failure) for k, engine in zip(self.fold_ids, self.engines) if engine.failure is not None]
-        return EpochResult(epoch=self.epoch, fold_ids=tuple(self.fold_ids), folds=tuple(scores),
-                           throughput=self.throughput(), nan=NanReport.of(failures), directions=self.directions,
-                           epoch_gap_s=self.clock.last_gap_s)
+        return EpochResult(
+            epoch=self.epoch,
+            fold_ids=tuple(self.fold_ids),
+            folds=tuple(scores),
+            throughput=self.throughput(),
+            nan=NanReport.of(failures),
+            directions=self.directions,
+            epoch_gap_s=self.clock.last_gap_s,
+        )
 
     def time_account(self, *, started: float, now: float) -> TimeAccount:
         """Where the wall clock from ``started`` (the trial's start in this process) to ``now``
@@ -146,9 +183,16 @@ class FoldTrainer:
             train_compile = sum(engine.train_timer.compile_s() for engine in self.engines)
             eval_compile = sum(_zero_if_nan(engine.eval_timer.compile_s()) for engine in self.engines)
         first = clock.first_began if clock.first_began is not None else now
-        return TimeAccount.of(now - started, **{SETUP_S: first - started, COMPILE_S: train_compile + eval_compile,
-                                               TRAIN_S: clock.train_s - train_compile,
-                                               EVAL_S: clock.eval_s - eval_compile, GAP_S: clock.gap_s})
+        return TimeAccount.of(
+            now - started,
+            **{
+                SETUP_S: first - started,
+                COMPILE_S: train_compile + eval_compile,
+                TRAIN_S: clock.train_s - train_compile,
+                EVAL_S: clock.eval_s - eval_compile,
+                GAP_S: clock.gap_s,
+            },
+        )
 
     def stopped_call(self) -> StoppedCall | None:
         """Where an error (TensorFlow's numeric checking) stopped the last ``run_epoch``: the fold
@@ -164,12 +208,19 @@ class FoldTrainer:
         return Throughput(
             train_samples_per_s=_combined_rate([engine.train_timer for engine in self.engines]),
             eval_samples_per_s=_combined_rate([engine.eval_timer for engine in self.engines]),
-            compile_s=float(sum(engine.train_timer.compile_s() + _zero_if_nan(engine.eval_timer.compile_s())
-                                for engine in self.engines)),
-            folds=tuple(FoldThroughput(engine.train_timer.samples_per_s(), engine.train_timer.compile_s())
-                        for engine in self.engines),
+            compile_s=float(
+                sum(
+                    engine.train_timer.compile_s() + _zero_if_nan(engine.eval_timer.compile_s())
+                    for engine in self.engines
+                )
+            ),
+            folds=tuple(
+                FoldThroughput(engine.train_timer.samples_per_s(), engine.train_timer.compile_s())
+                for engine in self.engines
+            ),
             cache_hits=self._cache.counts.hits if self._cache else None,
-            cache_misses=self._cache.counts.compiled if self._cache else None)
+            cache_misses=self._cache.counts.compiled if self._cache else None,
+        )
 
     def state(self) -> dict[str, np.ndarray]:
         """Variables (weights and random-generator state), optimizer state and epoch of every
@@ -183,7 +234,8 @@ class FoldTrainer:
             failure = self.engines[k].failure
             if failure is not None:
                 arrays[f"fold{k}/failure"] = np.array(
-                    [failure.epoch, failure.step, failure.last_finite_loss, failure.grad_norm], dtype=np.float64)
+                    [failure.epoch, failure.step, failure.last_finite_loss, failure.grad_norm], dtype=np.float64
+                )
         return arrays
 
     def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -196,14 +248,22 @@ class FoldTrainer:
                 variable.assign(arrays[f"fold{k}/optimizer{i}"])
             if f"fold{k}/failure" in arrays:
                 epoch, step, loss, norm = arrays[f"fold{k}/failure"]
-                engine.failure = NanEvent(epoch=int(epoch), step=int(step), last_finite_loss=float(loss),
-                                          grad_norm=float(norm))
+                engine.failure = NanEvent(
+                    epoch=int(epoch), step=int(step), last_finite_loss=float(loss), grad_norm=float(norm)
+                )
 
 
-def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, Any] | TrialConfig,
-                  recipe: TrainingRecipe, *, data: ResidentData, folds: Sequence[Fold],
-                  fold_ids: Sequence[int] | None = None, planned_epochs: int | None = None,
-                  replay: TrialPlan | None = None) -> FoldTrainer:
+def build_trainer(
+    build_fn: Callable[[Any], keras.Model],
+    config: Mapping[str, Any] | TrialConfig,
+    recipe: TrainingRecipe,
+    *,
+    data: ResidentData,
+    folds: Sequence[Fold],
+    fold_ids: Sequence[int] | None = None,
+    planned_epochs: int | None = None,
+    replay: TrialPlan | None = None,
+) -> FoldTrainer:
     """Build a trial's fold models for ``config`` (resolved by ``recipe.resolve``, or already),
     plan how to train them as ``recipe`` says, and the trainer that executes the plan. The one
     way a trial, a rerun and the refit are trained.
@@ -227,31 +287,60 @@ def build_trainer(build_fn: Callable[[Any], keras.Model], config: Mapping[str, A
         models.append(build_model(build_fn, model_values, input_shape=input_shape))
     optimizer = recipe.optimizer(models[0], params)
     per_position = data.y.shape.rank > 1 and not data.y.dtype.is_floating
-    loss = recipe.loss(models[0], units=output_units(models[0], input_shape), regression=data.y.dtype.is_floating,
-                       per_position=per_position)
+    loss = recipe.loss(
+        models[0],
+        units=output_units(models[0], input_shape),
+        regression=data.y.dtype.is_floating,
+        per_position=per_position,
+    )
 
     tf32 = tf32_in_effect(data.device)
 
-    def stacking_blocker(jit_compile: bool, random_draws: RandomDraws,
-                         convolutions: StackedConvolutions) -> str | None:
+    def stacking_blocker(jit_compile: bool, random_draws: RandomDraws, convolutions: StackedConvolutions) -> str | None:
         from pipeline.engine.stacked import stacking_blocker
 
         if recipe.train.class_weight is not None:
             return "train.class_weight (each fold's own weights) is not yet applied in the stacked step"
         if data.y.shape.rank > 1:
             return "targets with more than one value per sample (per position, or a vector) are not yet stacked"
-        return stacking_blocker(models, data, [fold.train for fold in folds], batch_size=params.batch_size,
-                                jit_compile=jit_compile, random_draws=random_draws, optimizer=optimizer,
-                                convolutions=convolutions, tf32=tf32)
+        return stacking_blocker(
+            models,
+            data,
+            [fold.train for fold in folds],
+            batch_size=params.batch_size,
+            jit_compile=jit_compile,
+            random_draws=random_draws,
+            optimizer=optimizer,
+            convolutions=convolutions,
+            tf32=tf32,
+        )
 
-    plan = plan_trial(recipe.choices, models=models, threads=threads_in_effect(), device=data.device,
-                      batch_size=params.batch_size, train_sizes=[len(fold.train) for fold in folds],
-                      planned_epochs=planned_epochs or trial.epochs, stacking_blocker=stacking_blocker, tf32=tf32,
-                      gpu=_gpu_identity(data.device), deterministic_ops=deterministic_ops())
+    plan = plan_trial(
+        recipe.choices,
+        models=models,
+        threads=threads_in_effect(),
+        device=data.device,
+        batch_size=params.batch_size,
+        train_sizes=[len(fold.train) for fold in folds],
+        planned_epochs=planned_epochs or trial.epochs,
+        stacking_blocker=stacking_blocker,
+        tf32=tf32,
+        gpu=_gpu_identity(data.device),
+        deterministic_ops=deterministic_ops(),
+    )
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay
-    return FoldTrainer(models, params, data=data, folds=folds, plan=plan, recipe=recipe, fold_ids=fold_ids,
-                       optimizer=optimizer, loss=loss)
+    return FoldTrainer(
+        models,
+        params,
+        data=data,
+        folds=folds,
+        plan=plan,
+        recipe=recipe,
+        fold_ids=fold_ids,
+        optimizer=optimizer,
+        loss=loss,
+    )
 
 
 def _gpu_identity(device: str) -> GpuIdentity | None:
@@ -265,14 +354,28 @@ def _gpu_identity(device: str) -> GpuIdentity | None:
         return None
 
 
-def _executor(plan: TrialPlan, engines: Sequence[FoldEngine], params: TrainingParams, *, data: ResidentData,
-              loss: TrainingLoss, optimizer: OptimizerRecipe) -> FoldExecutor:
+def _executor(
+    plan: TrialPlan,
+    engines: Sequence[FoldEngine],
+    params: TrainingParams,
+    *,
+    data: ResidentData,
+    loss: TrainingLoss,
+    optimizer: OptimizerRecipe,
+) -> FoldExecutor:
     if plan.layout == "stacked":
         from pipeline.engine.stacked import StackedFolds
 
-        return StackedFolds(engines, params, data=data, loss=loss, optimizer=optimizer,
-                            steps_per_launch=plan.steps_per_launch, stop_test=plan.stop_test,
-                            convolutions=plan.stacked_convolutions)
+        return StackedFolds(
+            engines,
+            params,
+            data=data,
+            loss=loss,
+            optimizer=optimizer,
+            steps_per_launch=plan.steps_per_launch,
+            stop_test=plan.stop_test,
+            convolutions=plan.stacked_convolutions,
+        )
     if plan.layout == "side_by_side":
         return SideBySideFolds(engines)
     return SequentialFolds(engines)

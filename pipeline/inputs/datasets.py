@@ -12,9 +12,10 @@ import json
 import os
 import tempfile
 import zipfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -115,7 +116,8 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         if builtin is None:
             raise DataError(
                 f"dataset: unknown built-in dataset {spec.name!r}; built-ins: {', '.join(sorted(BUILTINS))} "
-                "(a data file is a .npz archive or a directory of .npy files)")
+                "(a data file is a .npz archive or a directory of .npy files)"
+            )
         return builtin.load(spec.options)
     assert spec.path is not None  # a dataset is a name or a path: the spec's rule
     return _load_file(Path(spec.path), spec.options)
@@ -135,7 +137,8 @@ class Builtin:
             if key not in self.defaults:
                 raise DataError(
                     f"dataset.{key}: not an option of built-in dataset {self.name!r}, got {options[key]!r}; "
-                    f"options: {', '.join(self.defaults)}")
+                    f"options: {', '.join(self.defaults)}"
+                )
         resolved = {**self.defaults, **options}
         self.validate(resolved)
         cache = data_dir() / f"{self.name}-{_options_key(resolved)}.npz"
@@ -168,9 +171,11 @@ def _write_cache(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
     except OSError as exc:
-        raise DataError(f"dataset: built-in datasets are cached in {data_dir_source()}, but no file can be written "
-                        f"there ({exc.strerror or exc}: {exc.filename}); set ${DATA_DIR_ENV} to a writable "
-                        "directory") from None
+        raise DataError(
+            f"dataset: built-in datasets are cached in {data_dir_source()}, but no file can be written "
+            f"there ({exc.strerror or exc}: {exc.filename}); set ${DATA_DIR_ENV} to a writable "
+            "directory"
+        ) from None
     try:
         with os.fdopen(handle, "wb") as out:
             np.savez(out, allow_pickle=True, **arrays)  # numpy's default, given: no array is named allow_pickle
@@ -236,16 +241,18 @@ def _generate_digits(options: Mapping[str, Any]) -> dict[str, np.ndarray]:
     digits = load_digits()
     x = (digits.images / 16.0).astype(np.float32)[..., None]
     y = digits.target.astype(np.int32)
-    x, x_test, y, y_test = train_test_split(x, y, test_size=options["test_fraction"], stratify=y,
-                                            random_state=options["seed"])
+    x, x_test, y, y_test = train_test_split(
+        x, y, test_size=options["test_fraction"], stratify=y, random_state=options["seed"]
+    )
     return {"x": x, "y": y, "x_test": x_test, "y_test": y_test}
 
 
 def _protein_builtin() -> Builtin:
     from pipeline.inputs import protein
 
-    return Builtin(name="protein_windows", defaults=protein.DEFAULTS, generate=protein.generate,
-                   validate=protein.validate)
+    return Builtin(
+        name="protein_windows", defaults=protein.DEFAULTS, generate=protein.generate, validate=protein.validate
+    )
 
 
 BUILTINS: dict[str, Builtin] = {
@@ -268,7 +275,7 @@ BUILTIN_DESCRIPTIONS: Mapping[str, str] = {
     "mnist1d": "MNIST-1D signals (40 steps, 10 classes), regenerated with the mnist1d package",
     "digits": "scikit-learn's bundled 8x8 handwritten digits (10 classes), for 2D CNNs",
     "protein_windows": "sliding windows over synthetic proteins (one-hot residues, helix/strand/coil), "
-                       "groups = protein id; segments drawn with Chou-Fasman propensities",
+    "groups = protein id; segments drawn with Chou-Fasman propensities",
 }
 
 
@@ -282,8 +289,10 @@ def _load_file(path: Path, options: Mapping[str, Any]) -> Dataset:
     """
     for key, value in options.items():
         if key not in ARRAY_ROLES:
-            raise DataError(f"dataset.{key}: not an option of a data file; options name its arrays: "
-                            f"{', '.join(ARRAY_ROLES)}, got {value!r}")
+            raise DataError(
+                f"dataset.{key}: not an option of a data file; options name its arrays: "
+                f"{', '.join(ARRAY_ROLES)}, got {value!r}"
+            )
         if not isinstance(value, str):
             raise DataError(f"dataset.{key} must be the name of an array in the file, got {value!r}")
     names = {role: options.get(role, role) for role in ARRAY_ROLES}
@@ -321,8 +330,9 @@ def _read_npz(path: Path, names: Mapping[str, str]) -> tuple[dict[str, np.ndarra
     except ValueError as exc:
         raise DataError(f"dataset: cannot read {str(path)!r}: {_array_problem(exc)}") from None
     except (zipfile.BadZipFile, EOFError, OSError, KeyError) as exc:
-        raise DataError(f"dataset: {str(path)!r} is a damaged or truncated .npz archive: "
-                        f"{type(exc).__name__}: {exc}") from None
+        raise DataError(
+            f"dataset: {str(path)!r} is a damaged or truncated .npz archive: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _read_npy_directory(path: Path, names: Mapping[str, str]) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -338,8 +348,9 @@ def _read_npy_directory(path: Path, names: Mapping[str, str]) -> tuple[dict[str,
         except ValueError as exc:
             raise DataError(f"dataset: cannot read {str(file)!r}: {_array_problem(exc)}") from None
         except (EOFError, OSError) as exc:
-            raise DataError(f"dataset: {str(file)!r} is a damaged or truncated .npy array: "
-                            f"{type(exc).__name__}: {exc}") from None
+            raise DataError(
+                f"dataset: {str(file)!r} is a damaged or truncated .npy array: {type(exc).__name__}: {exc}"
+            ) from None
     return arrays, sorted(file.stem for file in path.glob("*.npy"))
 
 
@@ -355,8 +366,9 @@ USUAL_NAMES: Mapping[str, tuple[str, ...]] = {
 UNKNOWN_NAME = "<its name in the file>"
 
 
-def _missing_arrays_message(path: Path, names: Mapping[str, str], missing: list[str], stored: list[str],
-                            options: Mapping[str, Any]) -> str:
+def _missing_arrays_message(
+    path: Path, names: Mapping[str, str], missing: list[str], stored: list[str], options: Mapping[str, Any]
+) -> str:
     """Which arrays are missing, which the file has, and the spec entry that would name them."""
     absent = " nor ".join(f"{names[role]!r} (for {role})" for role in missing)
     if not stored:
@@ -382,8 +394,10 @@ def _missing_arrays_message(path: Path, names: Mapping[str, str], missing: list[
 
     entry = {"path": str(path), **{role: suggested[role] for role in ARRAY_ROLES if role in suggested}}
     spec = yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6).strip()
-    return (f"dataset: {str(path)!r} has no array {absent}; its arrays are {', '.join(stored)}: name the ones "
-            f"to use in the spec, e.g. dataset: {spec}")
+    return (
+        f"dataset: {str(path)!r} has no array {absent}; its arrays are {', '.join(stored)}: name the ones "
+        f"to use in the spec, e.g. dataset: {spec}"
+    )
 
 
 def _guess_name(role: str, candidates: list[str]) -> str:
@@ -425,10 +439,13 @@ def check_arrays(dataset: Dataset, *, source: str) -> None:
         pairs.append(("x_test", "y_test", dataset.x_test, dataset.y_test))
     for x_name, y_name, x, y in pairs:
         if x.ndim >= 1 and y.ndim >= 1 and len(x) == len(y) == 0:
-            what = ("no samples" if x_name == "x" else
-                    "no test samples (leave x_test and y_test out when there are none)")
-            raise DataError(f"dataset: {source} has {what}: arrays {x_name} and {y_name} have length 0, "
-                            f"shapes {x.shape} and {y.shape}")
+            what = (
+                "no samples" if x_name == "x" else "no test samples (leave x_test and y_test out when there are none)"
+            )
+            raise DataError(
+                f"dataset: {source} has {what}: arrays {x_name} and {y_name} have length 0, "
+                f"shapes {x.shape} and {y.shape}"
+            )
         if x.dtype.kind not in "fiu":
             raise DataError(f"dataset: {source} array {x_name} must be numeric, got dtype {x.dtype}")
         if x.ndim < 2:
@@ -437,19 +454,26 @@ def check_arrays(dataset: Dataset, *, source: str) -> None:
         if len(x) != len(y):
             raise DataError(f"dataset: {source} arrays {x_name} and {y_name} differ in length: {len(x)} vs {len(y)}")
         if y.dtype.kind != "f" and y.ndim == 1 and y.min() < 0:
-            raise DataError(f"dataset: {source} array {y_name} has negative labels, e.g. {int(y.min())}; "
-                            f"{_negative_labels_fix(np.unique(y), y_name)}")
+            raise DataError(
+                f"dataset: {source} array {y_name} has negative labels, e.g. {int(y.min())}; "
+                f"{_negative_labels_fix(np.unique(y), y_name)}"
+            )
         bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if x.dtype.kind == "f" else np.zeros(len(x), bool)
         if bad.any():
             raise DataError(
                 f"dataset: {source} array {x_name} has {int(bad.sum())} samples with NaN/Inf, "
-                f"first at index {int(np.argmax(bad))}")
+                f"first at index {int(np.argmax(bad))}"
+            )
     if dataset.y.dtype.kind != "f" and dataset.y.ndim == 1:
         _check_labels_start_at_0(dataset, source)
     if dataset.x_test is not None and dataset.x_test.shape[1:] != dataset.x.shape[1:]:
-        raise DataError(f"dataset: {source} x_test samples have shape {dataset.x_test.shape[1:]}, x has {dataset.x.shape[1:]}")
+        raise DataError(
+            f"dataset: {source} x_test samples have shape {dataset.x_test.shape[1:]}, x has {dataset.x.shape[1:]}"
+        )
     if dataset.groups is not None and len(dataset.groups) != len(dataset.y):
-        raise DataError(f"dataset: {source} arrays groups and y differ in length: {len(dataset.groups)} vs {len(dataset.y)}")
+        raise DataError(
+            f"dataset: {source} arrays groups and y differ in length: {len(dataset.groups)} vs {len(dataset.y)}"
+        )
 
 
 def _check_label_type(y: np.ndarray, name: str, source: str) -> None:
@@ -459,8 +483,10 @@ def _check_label_type(y: np.ndarray, name: str, source: str) -> None:
     if y.dtype.kind == "f" and y.ndim >= 1 and len(y):
         finite = np.isfinite(y.reshape(len(y), -1)).all(axis=1)
         if not finite.all():
-            raise DataError(f"dataset: {source} array {name} has {int((~finite).sum())} samples with NaN/Inf "
-                            f"targets, first at index {int(np.argmin(finite))}")
+            raise DataError(
+                f"dataset: {source} array {name} has {int((~finite).sum())} samples with NaN/Inf "
+                f"targets, first at index {int(np.argmin(finite))}"
+            )
         if (y != np.round(y)).any():
             return  # regression targets
     if y.ndim == 2 and y.shape[1] == 1:
@@ -483,19 +509,25 @@ def _check_label_type(y: np.ndarray, name: str, source: str) -> None:
         raise DataError(
             f"{rule}, with values that are not whole numbers, e.g. {values[first].item()!r} at index {first}: "
             "these look like regression targets, and foldsweep trains classifiers (labels 0..C-1, one per "
-            "class); bin them into classes first if that is what you mean")
+            "class); bin them into classes first if that is what you mean"
+        )
     raise DataError(
         f"{rule}; its values are whole numbers ({values.min():g} to {values.max():g}): store them as integers, "
-        f"{name}.astype(int) in code, np.savez(..., {name}={name}.astype(np.int64)) in the file")
+        f"{name}.astype(int) in code, np.savez(..., {name}={name}.astype(np.int64)) in the file"
+    )
 
 
 def _negative_labels_fix(classes: np.ndarray, name: str) -> str:
     """How to number labels that go below 0 as classes 0..C-1."""
     if classes.tolist() == [-1, 1]:
-        return (f"for -1/+1 labels (FordA's, an SVM's) use 0/1: {name} = ({name} > 0).astype(int) "
-                f"(np.savez(..., {name}=({name} > 0).astype(np.int64)))")
-    return (f"number the classes 0..C-1: classes = np.unique({name}), then {name} = np.searchsorted(classes, {name}) "
-            "(the same classes for y and y_test)")
+        return (
+            f"for -1/+1 labels (FordA's, an SVM's) use 0/1: {name} = ({name} > 0).astype(int) "
+            f"(np.savez(..., {name}=({name} > 0).astype(np.int64)))"
+        )
+    return (
+        f"number the classes 0..C-1: classes = np.unique({name}), then {name} = np.searchsorted(classes, {name}) "
+        "(the same classes for y and y_test)"
+    )
 
 
 def _check_labels_start_at_0(dataset: Dataset, source: str) -> None:
@@ -507,18 +539,27 @@ def _check_labels_start_at_0(dataset: Dataset, source: str) -> None:
         # One class alone is refused before any training with its own message; "start at 0"
         # would misname the problem.
         if len(classes) >= 2:
-            hint = ("they look counted from 1: shift them, y - 1 (np.savez(..., y=y - 1))"
-                    if classes[-1] == len(classes) else
-                    "number the classes 0..C-1: classes = np.unique(y), then y = np.searchsorted(classes, y) "
-                    "(and the same for y_test)")
-            raise DataError(f"dataset: {source} array y: labels must start at 0 (a model with C outputs "
-                            f"predicts classes 0..C-1), got {_label_range(classes)} with no 0; {hint}")
+            hint = (
+                "they look counted from 1: shift them, y - 1 (np.savez(..., y=y - 1))"
+                if classes[-1] == len(classes)
+                else "number the classes 0..C-1: classes = np.unique(y), then y = np.searchsorted(classes, y) "
+                "(and the same for y_test)"
+            )
+            raise DataError(
+                f"dataset: {source} array y: labels must start at 0 (a model with C outputs "
+                f"predicts classes 0..C-1), got {_label_range(classes)} with no 0; {hint}"
+            )
     # A test split may lack class 0 by chance; one whose labels also run past y's is counted from 1.
     if y_test is not None and y_test.min() >= 1 and y_test.max() > y.max():
-        hint = ("shift them, y_test - 1 (np.savez(..., y_test=y_test - 1))" if y_test.max() == y.max() + 1 else
-                "number them as y's are")
-        raise DataError(f"dataset: {source} array y_test: labels must start at 0 like y's "
-                        f"({_label_range(np.unique(y))}), got {_label_range(np.unique(y_test))} with no 0; {hint}")
+        hint = (
+            "shift them, y_test - 1 (np.savez(..., y_test=y_test - 1))"
+            if y_test.max() == y.max() + 1
+            else "number them as y's are"
+        )
+        raise DataError(
+            f"dataset: {source} array y_test: labels must start at 0 like y's "
+            f"({_label_range(np.unique(y))}), got {_label_range(np.unique(y_test))} with no 0; {hint}"
+        )
 
 
 def _label_range(classes: np.ndarray) -> str:

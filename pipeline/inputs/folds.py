@@ -8,15 +8,16 @@ scikit-learn's order for repeated splitters (``split{j}`` of ``cross_validate``)
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
-from sklearn.model_selection import (GroupKFold, RepeatedKFold, RepeatedStratifiedKFold, StratifiedGroupKFold)
+from sklearn.model_selection import GroupKFold, RepeatedKFold, RepeatedStratifiedKFold, StratifiedGroupKFold
 
+from pipeline.base.errors import DataError
 from pipeline.inputs.datasets import Dataset
 from pipeline.inputs.scoring import is_regression
-from pipeline.base.errors import DataError
 from pipeline.inputs.spec import CVSpec
 
 
@@ -45,7 +46,7 @@ class FoldPlan:
             "n_repeats": self.cv.n_repeats,
             "seed": self.cv.seed,
             "dataset_fingerprint": self.dataset_fingerprint,
-            "n_samples": int(sum(len(fold.val) for fold in self.folds[:self.cv.n_splits])),
+            "n_samples": int(sum(len(fold.val) for fold in self.folds[: self.cv.n_splits])),
             "folds": [
                 {
                     "fold": k,
@@ -84,20 +85,25 @@ def make_folds(cv: CVSpec, dataset: Dataset) -> FoldPlan:
     grouped = cv.grouped
     if stratified and (is_regression(dataset.y) or np.asarray(dataset.y).ndim > 1):
         what = "float (regression) targets" if is_regression(dataset.y) else "labels per position"
-        raise DataError(f"cv.splitter {cv.splitter} keeps each class's share of the samples in every fold, and "
-                        f"{dataset.name!r} has {what}, not one class per sample: use cv.splitter: "
-                        "kfold, or group to keep related samples together")
+        raise DataError(
+            f"cv.splitter {cv.splitter} keeps each class's share of the samples in every fold, and "
+            f"{dataset.name!r} has {what}, not one class per sample: use cv.splitter: "
+            "kfold, or group to keep related samples together"
+        )
     if stratified:
         counts = np.bincount(dataset.y)
         smallest = int(counts[counts > 0].min())
         if cv.n_splits > smallest:
             raise DataError(
-                f"cv.n_splits must be <= the smallest class size ({smallest}) for {cv.splitter} CV, got {cv.n_splits}")
+                f"cv.n_splits must be <= the smallest class size ({smallest}) for {cv.splitter} CV, got {cv.n_splits}"
+            )
     groups = None
     if grouped:
         if dataset.groups is None:
-            raise DataError(f"cv.splitter {cv.splitter} needs groups, but dataset {dataset.name!r} has none "
-                            "(a groups array in the data file)")
+            raise DataError(
+                f"cv.splitter {cv.splitter} needs groups, but dataset {dataset.name!r} has none "
+                "(a groups array in the data file)"
+            )
         groups = np.asarray(dataset.groups)
         n_groups = len(np.unique(groups))
         if cv.n_splits > n_groups:
@@ -109,20 +115,23 @@ def make_folds(cv: CVSpec, dataset: Dataset) -> FoldPlan:
     return FoldPlan(cv=cv, folds=folds, dataset_fingerprint=dataset.fingerprint)
 
 
-def _splits(cv: CVSpec, x: np.ndarray, y: np.ndarray,
-            groups: np.ndarray | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _splits(
+    cv: CVSpec, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Every repeat's folds in order. scikit-learn has repeated splitters for plain and stratified
     k-fold; the grouped ones repeat the same way (one random state drawn on across repeats, so
     repeat 0 is the unrepeated split and each later one a new shuffle of whole groups)."""
     if cv.splitter == "kfold":
         return RepeatedKFold(n_splits=cv.n_splits, n_repeats=cv.n_repeats, random_state=cv.seed).split(x, y)
     if cv.splitter == "stratified":
-        return RepeatedStratifiedKFold(n_splits=cv.n_splits, n_repeats=cv.n_repeats,
-                                       random_state=cv.seed).split(x, y)
+        return RepeatedStratifiedKFold(n_splits=cv.n_splits, n_repeats=cv.n_repeats, random_state=cv.seed).split(x, y)
     splitter = {"group": GroupKFold, "stratified_group": StratifiedGroupKFold}[cv.splitter]
     shuffles = np.random.RandomState(cv.seed)
-    return (split for _ in range(cv.n_repeats)
-            for split in splitter(n_splits=cv.n_splits, shuffle=True, random_state=shuffles).split(x, y, groups))
+    return (
+        split
+        for _ in range(cv.n_repeats)
+        for split in splitter(n_splits=cv.n_splits, shuffle=True, random_state=shuffles).split(x, y, groups)
+    )
 
 
 # How far a fold's validation classes may drift from the whole data's before a warning: the
@@ -159,11 +168,13 @@ def class_balance_warning(plan: FoldPlan, y: np.ndarray) -> str | None:
     unbalanced = sum(distance > IMBALANCE_THRESHOLD for distance in distances)
     others = f"; {unbalanced} of {len(plan.folds)} folds are past it" if unbalanced > 1 else ""
     shares = counts[worst] / counts[worst].sum()
-    return (f"cv.splitter group: fold {worst} validates on class counts {counts[worst].tolist()} "
-            f"({_percentages(shares)}) while the data has {_percentages(overall)}, a total-variation distance "
-            f"of {distances[worst]:.2f} (over {IMBALANCE_THRESHOLD}){others}: its score measures another class "
-            "mix than the data's; cv.splitter: stratified_group keeps groups whole and each fold's classes "
-            "close to the data's")
+    return (
+        f"cv.splitter group: fold {worst} validates on class counts {counts[worst].tolist()} "
+        f"({_percentages(shares)}) while the data has {_percentages(overall)}, a total-variation distance "
+        f"of {distances[worst]:.2f} (over {IMBALANCE_THRESHOLD}){others}: its score measures another class "
+        "mix than the data's; cv.splitter: stratified_group keeps groups whole and each fold's classes "
+        "close to the data's"
+    )
 
 
 def _percentages(shares: np.ndarray) -> str:

@@ -24,9 +24,10 @@ import importlib.util
 import inspect
 import sys
 import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import keras
 import keras_tuner
@@ -100,7 +101,8 @@ class Experiment:
             declared = f" (it declares inputs of shape {self.input_shape})" if self.input_shape else ""
             raise ExperimentError(
                 f"experiment: the model of {self.reference}{declared} cannot be built on the data's samples of shape "
-                f"{input_shape}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+                f"{input_shape}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from None
         finally:
             keras.backend.clear_session(free_memory=False)
         # A softmax over one unit is exp(0)/exp(0), though some CPUs' kernels round it to 0.99999994.
@@ -108,7 +110,8 @@ class Experiment:
             raise ExperimentError(
                 f"experiment: the model of {self.reference} ends in {last_layer}, whose one output is 1 for every "
                 "sample (a softmax over one unit), so nothing it learns can change a prediction: a binary "
-                "classifier ends in Dense(1, activation='sigmoid')")
+                "classifier ends in Dense(1, activation='sigmoid')"
+            )
         regression = labels is not None and is_regression(labels)
         per_position = labels is not None and is_per_position(labels)
         try:
@@ -121,37 +124,55 @@ class Experiment:
             raise ExperimentError(
                 f"experiment: {self.reference}: its loss {loss.describe()} cannot be traced as Keras' fit traces its "
                 f"training step (in a graph, without AutoGraph: Python control flow on a tensor or a tensor's value "
-                f"is an error there): {problem}; {fix}")
+                f"is an error there): {problem}; {fix}"
+            )
         wrong_outputs = outputs_problem(loss, outputs)
         if wrong_outputs:
             assert loss.kind is not None  # only a Keras cross-entropy reads its outputs as probabilities
-            fix = ("set train.from_logits: true in the spec" if model.loss is None else
-                   f"compile the loss with from_logits=True (keras.losses.{LOSS_CLASSES[loss.kind].__name__}"
-                   "(from_logits=True))")
+            fix = (
+                "set train.from_logits: true in the spec"
+                if model.loss is None
+                else f"compile the loss with from_logits=True (keras.losses.{LOSS_CLASSES[loss.kind].__name__}"
+                "(from_logits=True))"
+            )
             activation = "sigmoid" if units == 1 else "softmax"
             raise ExperimentError(
                 f"experiment: the model of {self.reference} ends in {last_layer}: on the data's first {len(samples)} "
                 f"samples {wrong_outputs}, but its loss {loss.describe()} reads them as probabilities. If they are "
-                f"logits, {fix}; else end the model in activation='{activation}'")
-        return ModelHead(units=units, parameters=parameters, loss=loss, output_shape=tuple(outputs.shape[1:]),
-                         scorers=self._scorers(model, outputs, train, labels, own_accuracy=loss.own_accuracy))
+                f"logits, {fix}; else end the model in activation='{activation}'"
+            )
+        return ModelHead(
+            units=units,
+            parameters=parameters,
+            loss=loss,
+            output_shape=tuple(outputs.shape[1:]),
+            scorers=self._scorers(model, outputs, train, labels, own_accuracy=loss.own_accuracy),
+        )
 
-    def _scorers(self, model: keras.Model, outputs: np.ndarray, train: TrainSpec,
-                 labels: np.ndarray | None, *, own_accuracy: bool = True) -> tuple[Any, ...]:
+    def _scorers(
+        self,
+        model: keras.Model,
+        outputs: np.ndarray,
+        train: TrainSpec,
+        labels: np.ndarray | None,
+        *,
+        own_accuracy: bool = True,
+    ) -> tuple[Any, ...]:
         """The metrics the model compiles and ``train.metrics`` names, as Keras builds them on
         labels and outputs of the model's shapes."""
         from pipeline.inputs.scoring import ValidationMetrics
 
         try:
             metrics = ValidationMetrics(model, train.metrics, own_accuracy=own_accuracy)
-            targets = labels[:len(outputs)] if labels is not None else np.zeros(outputs.shape[:-1], np.int32)
+            targets = labels[: len(outputs)] if labels is not None else np.zeros(outputs.shape[:-1], np.int32)
             metrics.build(targets, outputs)
             return metrics.scorers()
         except Exception as exc:
             named = f" and train.metrics {list(train.metrics)}" if train.metrics else ""
             raise ExperimentError(
                 f"experiment: the metrics of {self.reference}'s compile{named} cannot be built as Keras builds them "
-                f"on its outputs of shape {outputs.shape[1:]}: {type(exc).__name__}: {_first_line(exc)}") from None
+                f"on its outputs of shape {outputs.shape[1:]}: {type(exc).__name__}: {_first_line(exc)}"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -182,8 +203,12 @@ def _last_layer(model: keras.Model) -> str:
     return f"layer {layer.name!r} ({type(layer).__name__}" + (f", activation {named})" if named else ")")
 
 
-def build_model(build_fn: Callable[[keras_tuner.HyperParameters], Any], values: Mapping[str, Any], *,
-                input_shape: tuple[int, ...] | None = None) -> keras.Model:
+def build_model(
+    build_fn: Callable[[keras_tuner.HyperParameters], Any],
+    values: Mapping[str, Any],
+    *,
+    input_shape: tuple[int, ...] | None = None,
+) -> keras.Model:
     """Build with the given hyperparameter values (names they leave unset take defaults); a
     model with no declared input is built on samples of ``input_shape``."""
     hp = keras_tuner.HyperParameters()
@@ -234,8 +259,18 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
     # Keras' names start afresh for the trials; no garbage collection, which takes seconds in a
     # large process for models this small.
     keras.backend.clear_session(free_memory=False)
-    return Experiment(reference, build_fn, hp, input_shape, compiled, schedule, fit_arguments, early_stopping,
-                      restores_best, class_weight)
+    return Experiment(
+        reference,
+        build_fn,
+        hp,
+        input_shape,
+        compiled,
+        schedule,
+        fit_arguments,
+        early_stopping,
+        restores_best,
+        class_weight,
+    )
 
 
 # The methods through which Keras 3 lets a model train or score itself its own way, with what to
@@ -243,7 +278,7 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
 # override would be bypassed and the sweep would rank something else than the model's fit trains.
 TRAINING_OVERRIDES: Mapping[str, str] = {
     "train_step": "put the loss in compile(loss=...) and extra loss terms in a layer's self.add_loss(...); a step "
-                  "of its own (several optimizers, gradient penalties) can only be trained by model.fit",
+    "of its own (several optimizers, gradient penalties) can only be trained by model.fit",
     "test_step": "validation scores come from the compiled loss and accuracy: put the loss in compile(loss=...)",
     "compute_loss": "put the loss in compile(loss=...) and extra loss terms in a layer's self.add_loss(...)",
     "compute_metrics": "foldsweep records the loss and accuracy itself: drop the override",
@@ -256,7 +291,8 @@ def _refuse_own_training(model: keras.Model, reference: str) -> None:
         if not owner.__module__.startswith("keras."):
             raise ExperimentError(
                 f"experiment: {reference}: {owner.__name__} overrides {method}, which foldsweep's training would "
-                f"bypass (it trains the folds with its own compiled step, not model.fit): {instead}")
+                f"bypass (it trains the folds with its own compiled step, not model.fit): {instead}"
+            )
 
 
 # The compute dtypes of Keras' mixed precision policies (mixed_float16, mixed_bfloat16) and of
@@ -268,10 +304,12 @@ def _refuse_own_training(model: keras.Model, reference: str) -> None:
 # the two alike. bfloat16 needs no loss scale, but foldsweep's step was never checked against fit
 # in it: refused all the same rather than trained unchecked.
 REDUCED_PRECISION_DTYPES = ("float16", "bfloat16")
-MIXED_PRECISION_FIX = ("foldsweep trains every model in float32: its step does not scale the loss as Keras' fit does "
-                       "under mixed_float16, nor is it checked against fit in float16 or bfloat16, so the sweep would "
-                       "rank models trained otherwise than fit trains them: drop {what} (the trials then train in "
-                       "float32)")
+MIXED_PRECISION_FIX = (
+    "foldsweep trains every model in float32: its step does not scale the loss as Keras' fit does "
+    "under mixed_float16, nor is it checked against fit in float16 or bfloat16, so the sweep would "
+    "rank models trained otherwise than fit trains them: drop {what} (the trials then train in "
+    "float32)"
+)
 
 
 def _refuse_reduced_precision(model: keras.Model, reference: str) -> None:
@@ -284,19 +322,24 @@ def _refuse_reduced_precision(model: keras.Model, reference: str) -> None:
     if policy.compute_dtype in REDUCED_PRECISION_DTYPES:
         keras.config.set_dtype_policy("float32")
         raise ExperimentError(
-            f"experiment: {reference} sets the global dtype policy {policy.name!r}: " + MIXED_PRECISION_FIX.format(
-                what="the call to keras.mixed_precision.set_global_policy (or keras.config.set_dtype_policy)"))
+            f"experiment: {reference} sets the global dtype policy {policy.name!r}: "
+            + MIXED_PRECISION_FIX.format(
+                what="the call to keras.mixed_precision.set_global_policy (or keras.config.set_dtype_policy)"
+            )
+        )
     layers = [model, *model._flatten_layers(include_self=False, recursive=True)]
     reduced = next((layer for layer in layers if layer.dtype_policy.compute_dtype in REDUCED_PRECISION_DTYPES), None)
     if reduced is not None:
         raise ExperimentError(
             f"experiment: {reference}: layer {reduced.name!r} ({type(reduced).__name__}) computes under the dtype "
-            f"policy {reduced.dtype_policy.name!r}: " + MIXED_PRECISION_FIX.format(
-                what=f"dtype={reduced.dtype_policy.name!r}"))
+            f"policy {reduced.dtype_policy.name!r}: "
+            + MIXED_PRECISION_FIX.format(what=f"dtype={reduced.dtype_policy.name!r}")
+        )
     if isinstance(getattr(model, "optimizer", None), LossScaleOptimizer):
         raise ExperimentError(
-            f"experiment: {reference} compiles a LossScaleOptimizer: " + MIXED_PRECISION_FIX.format(
-                what="the LossScaleOptimizer, compile the optimizer it wraps"))
+            f"experiment: {reference} compiles a LossScaleOptimizer: "
+            + MIXED_PRECISION_FIX.format(what="the LossScaleOptimizer, compile the optimizer it wraps")
+        )
 
 
 def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None, str | None]:
@@ -306,17 +349,23 @@ def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None,
         return None, None
     loss = getattr(model, "loss", None)
     if isinstance(loss, (dict, list, tuple)):
-        raise ExperimentError(f"experiment: {reference} compiles one loss per output ({type(loss).__name__}); "
-                              "foldsweep trains single-output classifiers: compile one loss")
+        raise ExperimentError(
+            f"experiment: {reference} compiles one loss per output ({type(loss).__name__}); "
+            "foldsweep trains single-output classifiers: compile one loss"
+        )
     # Keras keeps compile's loss_weights only inside its private CompileLoss.
     weights = getattr(getattr(model, "_compile_loss", None), "_user_loss_weights", None)
     if weights is not None:
-        raise ExperimentError(f"experiment: {reference} compiles loss_weights={weights!r}; foldsweep trains the loss "
-                              "unweighted: drop loss_weights (with one output it only scales the learning rate)")
+        raise ExperimentError(
+            f"experiment: {reference} compiles loss_weights={weights!r}; foldsweep trains the loss "
+            "unweighted: drop loss_weights (with one output it only scales the learning rate)"
+        )
     if optimizer.get_config().get("use_ema"):
-        raise ExperimentError(f"experiment: {reference} compiles a {type(optimizer).__name__} optimizer with use_ema=True; "
-                              "model.fit ends by replacing the weights with their moving average, which foldsweep's "
-                              "folds and refit do not: drop use_ema")
+        raise ExperimentError(
+            f"experiment: {reference} compiles a {type(optimizer).__name__} optimizer with use_ema=True; "
+            "model.fit ends by replacing the weights with their moving average, which foldsweep's "
+            "folds and refit do not: drop use_ema"
+        )
     rate = optimizer.get_config().get("learning_rate")
     schedule = None if isinstance(rate, (int, float)) else schedule_text(rate)
     return type(optimizer).__name__, schedule
@@ -336,8 +385,12 @@ def _discover(build_fn: Callable[[Any], Any], space: keras_tuner.HyperParameters
     tried: set[tuple[str, Any]] = set()
     builds = 0
     while builds < MAX_DISCOVERY_BUILDS:
-        untried = [(hp, value) for hp in space.space for value in _probe_values(hp, bounds_only=True)
-                   if (hp.name, value) not in tried]
+        untried = [
+            (hp, value)
+            for hp in space.space
+            for value in _probe_values(hp, bounds_only=True)
+            if (hp.name, value) not in tried
+        ]
         if not untried:
             return
         hp, value = untried[0]
@@ -347,8 +400,11 @@ def _discover(build_fn: Callable[[Any], Any], space: keras_tuner.HyperParameters
         known = {other.name for other in space.space}
         new = [found for name, found in asked.items() if name not in known]
         unconditioned = [found.name for found in new if not found.conditions]
-        activity = _values_asking(build_fn, hp, unconditioned, reference, builds_left=MAX_DISCOVERY_BUILDS - builds) \
-            if unconditioned else {}
+        activity = (
+            _values_asking(build_fn, hp, unconditioned, reference, builds_left=MAX_DISCOVERY_BUILDS - builds)
+            if unconditioned
+            else {}
+        )
         builds += len(activity)
         for found in new:
             active = [v for v, names in activity.items() if found.name in names]
@@ -376,8 +432,11 @@ def _probe_values(hp: Any, *, bounds_only: bool) -> list[Any]:
 
 def _activating(hp: Any, value: Any) -> dict[str, Any]:
     """Values that build ``hp`` at ``value``: its own, and those its conditions need."""
-    values = {condition.name: condition.values[0] for condition in hp.conditions
-              if isinstance(condition, conditions_module.Parent)}
+    values = {
+        condition.name: condition.values[0]
+        for condition in hp.conditions
+        if isinstance(condition, conditions_module.Parent)
+    }
     return {**values, hp.name: value}
 
 
@@ -398,8 +457,9 @@ def _asked_for(build_fn: Callable[[Any], Any], values: Mapping[str, Any], refere
     return {hp.name: hp for hp in branch.space}
 
 
-def _values_asking(build_fn: Callable[[Any], Any], hp: Any, names: list[str], reference: str, *,
-                   builds_left: int) -> dict[Any, set[str]]:
+def _values_asking(
+    build_fn: Callable[[Any], Any], hp: Any, names: list[str], reference: str, *, builds_left: int
+) -> dict[Any, set[str]]:
     """For each value of ``hp`` (enumerated), which of ``names`` a build with it asks for; empty
     when ``hp`` has too many values to enumerate."""
     values = _probe_values(hp, bounds_only=False)
@@ -423,8 +483,9 @@ class _RecordingFit:
         return "model.fit()"
 
 
-def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParameters, reference: str
-              ) -> tuple[dict[str, str], tuple[EarlyStoppingSpec | None, bool], dict[int, float] | None]:
+def _read_fit(
+    hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParameters, reference: str
+) -> tuple[dict[str, str], tuple[EarlyStoppingSpec | None, bool], dict[int, float] | None]:
     """What a HyperModel's ``fit`` override asks of training, read with a recording model.
 
     The override is called as KerasTuner's tuner calls it (``x``, ``y``, ``validation_data``,
@@ -451,49 +512,70 @@ def _read_fit(hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParamete
     except Exception as exc:
         text = str(exc)
         twice = "got multiple values for keyword argument 'callbacks'" in text
-        hint = (" (KerasTuner passes callbacks in **kwargs too: add yours to them, kwargs['callbacks'] = "
-                "kwargs.get('callbacks', []) + [...])" if twice else "")
+        hint = (
+            " (KerasTuner passes callbacks in **kwargs too: add yours to them, kwargs['callbacks'] = "
+            "kwargs.get('callbacks', []) + [...])"
+            if twice
+            else ""
+        )
         raise ExperimentError(
             f"{where} failed when called as KerasTuner calls it (x, y, validation_data=..., callbacks=[...]): "
             f"{type(exc).__name__}: {text}{hint}. foldsweep trains the model itself: keep fit() to "
-            f"`return model.fit(*args, batch_size=hp..., epochs=hp..., **kwargs)`") from None
+            f"`return model.fit(*args, batch_size=hp..., epochs=hp..., **kwargs)`"
+        ) from None
     finally:
         del model.fit
     if len(recording.calls) != 1:
         raise ExperimentError(
             f"{where} calls model.fit {len(recording.calls)} times; foldsweep trains the model itself and can "
             "only take the fit arguments of one model.fit(*args, **kwargs) call: move a training loop of your own "
-            "out of the hypermodel")
+            "out of the hypermodel"
+        )
     args, kwargs = recording.calls[0]
-    given = {"x": args[0] if args else kwargs.pop("x", None), "y": args[1] if len(args) > 1 else kwargs.pop("y", None),
-             "validation_data": kwargs.pop("validation_data", None)}
+    given = {
+        "x": args[0] if args else kwargs.pop("x", None),
+        "y": args[1] if len(args) > 1 else kwargs.pop("y", None),
+        "validation_data": kwargs.pop("validation_data", None),
+    }
     expected = {"x": x, "y": y, "validation_data": validation}
     changed = [name for name in expected if given[name] is not expected[name]]
     problems = []
     if changed or len(args) > 2:
-        problems.append(f"other {', '.join(changed) or 'positional arguments'} than it was given (preprocessing or "
-                        "data of its own): foldsweep feeds the folds itself, move preprocessing into build(hp) as "
-                        "layers or into the dataset")
+        problems.append(
+            f"other {', '.join(changed) or 'positional arguments'} than it was given (preprocessing or "
+            "data of its own): foldsweep feeds the folds itself, move preprocessing into build(hp) as "
+            "layers or into the dataset"
+        )
     passed = kwargs.pop("callbacks", None)
     added = [] if passed is callbacks or passed is None else [cb for cb in passed if cb not in callbacks]
     early_stopping, refused_callbacks = _early_stopping_of(added)
     problems += refused_callbacks
-    class_weight, weight_problem = _fit_class_weight(kwargs.pop("class_weight", None), hypermodel, model, hp, x,
-                                                     validation)
+    class_weight, weight_problem = _fit_class_weight(
+        kwargs.pop("class_weight", None), hypermodel, model, hp, x, validation
+    )
     problems += [weight_problem] if weight_problem else []
-    problems += [f"{name}=...: {FIT_ARGUMENT_ADVICE.get(name, 'foldsweep cannot reproduce it: move it into build(hp) or the spec')}"
-                 for name in sorted(set(kwargs) - set(FIT_ARGUMENTS) - set(QUIET_FIT_ARGUMENTS))]
+    problems += [
+        f"{name}=...: {FIT_ARGUMENT_ADVICE.get(name, 'foldsweep cannot reproduce it: move it into build(hp) or the spec')}"
+        for name in sorted(set(kwargs) - set(FIT_ARGUMENTS) - set(QUIET_FIT_ARGUMENTS))
+    ]
     if problems:
         listed = "; ".join(f"({number}) {problem}" for number, problem in enumerate(problems, start=1))
         raise ExperimentError(
             f"{where} passes model.fit {len(problems)} thing{'s' if len(problems) > 1 else ''} foldsweep cannot "
             f"honour: {listed}. foldsweep trains the folds itself and runs no Keras callbacks: it takes "
-            f"{', '.join(FIT_ARGUMENTS)} from fit(), and translates EarlyStopping on val_loss or val_accuracy")
+            f"{', '.join(FIT_ARGUMENTS)} from fit(), and translates EarlyStopping on val_loss or val_accuracy"
+        )
     return _fit_sources(kwargs, hp, where), early_stopping, class_weight
 
 
-def _fit_class_weight(class_weight: Any, hypermodel: Any, model: keras.Model, hp: keras_tuner.HyperParameters,
-                      x: np.ndarray, validation: Any) -> tuple[dict[int, float] | None, str | None]:
+def _fit_class_weight(
+    class_weight: Any,
+    hypermodel: Any,
+    model: keras.Model,
+    hp: keras_tuner.HyperParameters,
+    x: np.ndarray,
+    validation: Any,
+) -> tuple[dict[int, float] | None, str | None]:
     """The class weights a fit() override passes, as constant {label: weight}; a problem when they
     are not such a mapping, or change with the labels the override is given (computed from them:
     foldsweep computes balanced weights from each training fold itself)."""
@@ -525,10 +607,10 @@ def _fit_class_weight(class_weight: Any, hypermodel: Any, model: keras.Model, hp
 REFUSED_CALLBACKS: Mapping[str, str] = {
     "ModelCheckpoint": "foldsweep keeps its own per-epoch checkpoints and the refit's model (refit_model.keras)",
     "ReduceLROnPlateau": "it would change the learning rate mid-trial on the validation curve: compile a "
-                         "learning-rate schedule (keras.optimizers.schedules) instead",
+    "learning-rate schedule (keras.optimizers.schedules) instead",
     "TensorBoard": "every epoch of every fold is recorded in MLflow",
     "TerminateOnNaN": "foldsweep checks every step itself: a fold whose loss or gradient is not finite stops at that "
-                      "step, recorded with its epoch and step, and the other folds train on",
+    "step, recorded with its epoch and step, and the other folds train on",
     "CSVLogger": "every epoch of every fold is recorded in MLflow (history.csv)",
 }
 # model.fit arguments a fit() override may pass that foldsweep does not take, and what to do.
@@ -557,26 +639,39 @@ def _early_stopping_of(callbacks: list[Any]) -> tuple[tuple[EarlyStoppingSpec | 
             continue
         monitor = callback.monitor.removeprefix("val_")
         if not callback.monitor.startswith("val_"):
-            problems.append(f"EarlyStopping(monitor={callback.monitor!r}): foldsweep stops a trial on its mean CV "
-                            "validation curve: monitor='val_loss', 'val_accuracy' or 'val_<metric>' (the training "
-                            "loss says nothing of overfitting)")
+            problems.append(
+                f"EarlyStopping(monitor={callback.monitor!r}): foldsweep stops a trial on its mean CV "
+                "validation curve: monitor='val_loss', 'val_accuracy' or 'val_<metric>' (the training "
+                "loss says nothing of overfitting)"
+            )
             continue
         natural = OWN_SCORES.get(monitor) or direction_of(monitor)
         if natural is None and callback.mode == "auto":
-            problems.append(f"EarlyStopping(monitor={callback.monitor!r}, mode='auto'): neither Keras nor KerasTuner "
-                            f"knows which way {monitor} improves: mode='max' or 'min'")
+            problems.append(
+                f"EarlyStopping(monitor={callback.monitor!r}, mode='auto'): neither Keras nor KerasTuner "
+                f"knows which way {monitor} improves: mode='max' or 'min'"
+            )
             continue
         if natural is not None and callback.mode not in ("auto", natural):
-            problems.append(f"EarlyStopping(monitor={callback.monitor!r}, mode={callback.mode!r}): {callback.monitor} "
-                            f"improves when it goes {'down' if natural == 'min' else 'up'}: mode='{natural}' or 'auto'")
+            problems.append(
+                f"EarlyStopping(monitor={callback.monitor!r}, mode={callback.mode!r}): {callback.monitor} "
+                f"improves when it goes {'down' if natural == 'min' else 'up'}: mode='{natural}' or 'auto'"
+            )
             continue
         # Keras counts an epoch before it compares: patience 0 stops where 1 does.
-        rules.append((EarlyStoppingSpec(patience=max(int(callback.patience), 1), monitor=monitor,
-                                        min_delta=abs(float(callback.min_delta)),
-                                        start_from_epoch=int(callback.start_from_epoch),
-                                        baseline=None if callback.baseline is None else float(callback.baseline),
-                                        mode=None if monitor in OWN_SCORES else natural or callback.mode),
-                      bool(callback.restore_best_weights)))
+        rules.append(
+            (
+                EarlyStoppingSpec(
+                    patience=max(int(callback.patience), 1),
+                    monitor=monitor,
+                    min_delta=abs(float(callback.min_delta)),
+                    start_from_epoch=int(callback.start_from_epoch),
+                    baseline=None if callback.baseline is None else float(callback.baseline),
+                    mode=None if monitor in OWN_SCORES else natural or callback.mode,
+                ),
+                bool(callback.restore_best_weights),
+            )
+        )
     if len(rules) > 1:
         problems.append(f"{len(rules)} EarlyStopping callbacks: a trial stops by one rule, keep one")
     return (rules[0] if len(rules) == 1 else (None, False)), problems
@@ -596,23 +691,26 @@ def _fit_sources(kwargs: Mapping[str, Any], hp: keras_tuner.HyperParameters, whe
         elif name in matching:
             matching = [name]
         elif len(matching) > 1:
-            raise ExperimentError(f"{where} passes {name}={value!r}, the value of several hyperparameters "
-                                  f"({', '.join(matching)}): name the one it comes from {name!r}")
+            raise ExperimentError(
+                f"{where} passes {name}={value!r}, the value of several hyperparameters "
+                f"({', '.join(matching)}): name the one it comes from {name!r}"
+            )
         sources[name] = matching[0]
     return sources
 
 
-def _checked_build(build_fn: Callable[[Any], Any], hp: keras_tuner.HyperParameters, reference: str,
-                   with_what: str) -> keras.Model:
+def _checked_build(
+    build_fn: Callable[[Any], Any], hp: keras_tuner.HyperParameters, reference: str, with_what: str
+) -> keras.Model:
     try:
         model = build_fn(hp)
     except Exception as exc:
         raise ExperimentError(
             f"experiment: {reference} raised {type(exc).__name__} when built with {with_what}: "
-            f"{exc}\n{_last_frame(exc)}") from None
+            f"{exc}\n{_last_frame(exc)}"
+        ) from None
     if not isinstance(model, keras.Model):
-        raise ExperimentError(
-            f"experiment: {reference} must return a keras.Model, got {type(model).__name__}")
+        raise ExperimentError(f"experiment: {reference} must return a keras.Model, got {type(model).__name__}")
     return model
 
 
@@ -645,13 +743,15 @@ def load_hypermodel(path: Path, attr: str, *, reference: str | None = None) -> A
         module_spec.loader.exec_module(module)
     except Exception as exc:
         raise ExperimentError(
-            f"experiment: importing {str(path)!r} failed: {type(exc).__name__}: {exc}\n{_last_frame(exc)}") from None
+            f"experiment: importing {str(path)!r} failed: {type(exc).__name__}: {exc}\n{_last_frame(exc)}"
+        ) from None
     finally:
         sys.path.pop(0)
     if not hasattr(module, attr):
         found = sorted(name for name, value in vars(module).items() if callable(value) and not name.startswith("_"))
         raise ExperimentError(
-            f"experiment: {str(path)!r} has no {attr!r}; callables found: {', '.join(found) or 'none'}")
+            f"experiment: {str(path)!r} has no {attr!r}; callables found: {', '.join(found) or 'none'}"
+        )
     target = getattr(module, attr)
     if isinstance(target, type) and issubclass(target, keras_tuner.HyperModel):
         try:
@@ -661,8 +761,10 @@ def load_hypermodel(path: Path, attr: str, *, reference: str | None = None) -> A
     if isinstance(target, keras_tuner.HyperModel):
         return target
     if not callable(target):
-        raise ExperimentError(f"experiment: {reference} must be a build(hp) function or a keras_tuner.HyperModel, "
-                              f"got {type(target).__name__}")
+        raise ExperimentError(
+            f"experiment: {reference} must be a build(hp) function or a keras_tuner.HyperModel, "
+            f"got {type(target).__name__}"
+        )
     return _BuildFunction(target)
 
 
@@ -685,10 +787,16 @@ def schedule_text(schedule: Any) -> str:
         config = schedule.get("config", {})
     else:
         return str(schedule)
-    defaults = {} if cls is None else {name: parameter.default for name, parameter
-                                       in inspect.signature(cls.__init__).parameters.items()}
-    arguments = {key: value for key, value in config.items()
-                 if key != "name" and not (key in defaults and defaults[key] == value)}
+    defaults = (
+        {}
+        if cls is None
+        else {name: parameter.default for name, parameter in inspect.signature(cls.__init__).parameters.items()}
+    )
+    arguments = {
+        key: value
+        for key, value in config.items()
+        if key != "name" and not (key in defaults and defaults[key] == value)
+    }
     first = next((key for key in arguments if key.startswith("initial_")), None)
     shown = [_short_number(arguments.pop(first))] if first else []
     shown += [f"{key}={_short_number(value)}" for key, value in arguments.items()]

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -37,7 +38,8 @@ CATEGORICAL_LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentro
 # Keras' own classification losses, as classes and as functions: what a compile names, whatever
 # name the researcher gave the object.
 _KERAS_LOSS_KINDS: dict[Any, str] = {
-    keras.losses.BinaryCrossentropy: "binary_crossentropy", keras.losses.binary_crossentropy: "binary_crossentropy",
+    keras.losses.BinaryCrossentropy: "binary_crossentropy",
+    keras.losses.binary_crossentropy: "binary_crossentropy",
     keras.losses.BinaryFocalCrossentropy: "binary_focal_crossentropy",
     keras.losses.binary_focal_crossentropy: "binary_focal_crossentropy",
     keras.losses.SparseCategoricalCrossentropy: "sparse_categorical_crossentropy",
@@ -143,8 +145,9 @@ class TrainingLoss:
         return f"{self.name}{logits}"
 
 
-def training_loss(model: keras.Model, *, train: TrainSpec, units: int, regression: bool = False,
-                  per_position: bool = False) -> TrainingLoss:
+def training_loss(
+    model: keras.Model, *, train: TrainSpec, units: int, regression: bool = False, per_position: bool = False
+) -> TrainingLoss:
     """The loss a compiled model asks for, else the one ``train.loss`` names, else foldsweep's
     (``train.from_logits`` applies to foldsweep's own); ``units`` is the model's number of
     outputs, ``regression`` whether the targets are floats.
@@ -158,14 +161,16 @@ def training_loss(model: keras.Model, *, train: TrainSpec, units: int, regressio
     if compiled is not None and train.loss is not None:
         raise ExperimentError(
             f"train.loss names {train.loss}, and the model compiles its own loss ({compiled!r}): one loss trains "
-            "a model, drop train.loss or the compile's loss")
+            "a model, drop train.loss or the compile's loss"
+        )
     if compiled is None and train.loss is not None:
         compiled = train.loss
     if compiled is None and regression:
         raise ExperimentError(
             "the targets are floats (regression) and neither the model's compile nor the spec names a loss: "
             "set train.loss (e.g. mean_squared_error, mean_absolute_error, huber, log_cosh) or compile one; "
-            "foldsweep's own loss is a classifier's cross-entropy")
+            "foldsweep's own loss is a classifier's cross-entropy"
+        )
     if regression:
         return _regression_loss(compiled)
     loss = _classification_loss(model, compiled, train, units, binary)
@@ -180,23 +185,29 @@ def _ignore_class(compiled: Any) -> int | None:
     return None
 
 
-def _classification_loss(model: keras.Model, compiled: Any, train: TrainSpec, units: int,
-                         binary: bool) -> TrainingLoss:
+def _classification_loss(model: keras.Model, compiled: Any, train: TrainSpec, units: int, binary: bool) -> TrainingLoss:
     if compiled is None:
         return _own_loss(train, binary=binary)
     if train.label_smoothing:
         raise ExperimentError(
             f"train.label_smoothing applies to foldsweep's own loss, and the model compiles its own ({compiled!r}): "
             "set label_smoothing on the compiled loss (keras.losses.CategoricalCrossentropy(label_smoothing=...)) "
-            f"or drop the compile's loss, got train.label_smoothing={train.label_smoothing:g}")
+            f"or drop the compile's loss, got train.label_smoothing={train.label_smoothing:g}"
+        )
     loss = keras.losses.get(compiled) if isinstance(compiled, str) else compiled
     # A Loss object's call() gives per-sample values, unreduced; a loss function does too.
     fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
     name = _loss_name(loss)
     kind = _KERAS_LOSS_KINDS.get(type(loss) if isinstance(loss, keras.losses.Loss) else loss)
     _refuse_unfit(loss, kind, name, units)
-    return TrainingLoss(fn, one_hot=not binary and _expects_one_hot(loss, fn, name, kind), name=name, binary=binary,
-                        from_logits=_from_logits(loss, kind), kind=kind)
+    return TrainingLoss(
+        fn,
+        one_hot=not binary and _expects_one_hot(loss, fn, name, kind),
+        name=name,
+        binary=binary,
+        from_logits=_from_logits(loss, kind),
+        kind=kind,
+    )
 
 
 def _loss_name(loss: Any) -> str:
@@ -208,8 +219,9 @@ def _regression_loss(compiled: Any) -> TrainingLoss:
     try:
         loss = keras.losses.get(compiled) if isinstance(compiled, str) else compiled
     except (ValueError, TypeError):
-        raise ExperimentError(f"train.loss must be a Keras loss identifier (e.g. mean_squared_error, huber), "
-                              f"got {compiled!r}") from None
+        raise ExperimentError(
+            f"train.loss must be a Keras loss identifier (e.g. mean_squared_error, huber), got {compiled!r}"
+        ) from None
     fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
     name = _loss_name(loss)
     kind = _KERAS_LOSS_KINDS.get(type(loss) if isinstance(loss, keras.losses.Loss) else loss)
@@ -217,12 +229,14 @@ def _regression_loss(compiled: Any) -> TrainingLoss:
         raise ExperimentError(
             f"the targets are floats (regression), and the loss is {name}, a classification loss that reads them as "
             "class labels or probabilities: compile (or set train.loss to) a regression loss such as "
-            "mean_squared_error, mean_absolute_error, huber or log_cosh, or store class labels as integers")
+            "mean_squared_error, mean_absolute_error, huber or log_cosh, or store class labels as integers"
+        )
     reduction = getattr(loss, "reduction", None)
     if reduction not in MEAN_REDUCTIONS:
         raise ExperimentError(
             f"the loss {name} has reduction={reduction!r}; foldsweep trains on the batch mean, as Keras' default "
-            "'sum_over_batch_size' does: drop the reduction argument")
+            "'sum_over_batch_size' does: drop the reduction argument"
+        )
     return TrainingLoss(fn, name=name, from_logits=None, kind=None, regression=True)
 
 
@@ -237,9 +251,14 @@ def _own_loss(train: TrainSpec, *, binary: bool) -> TrainingLoss:
     else:
         kind, fn = "sparse_categorical_crossentropy", keras.losses.sparse_categorical_crossentropy
     options = {"from_logits": train.from_logits, **({"label_smoothing": smoothing} if smoothing else {})}
-    return TrainingLoss(functools.partial(fn, **options), one_hot=kind == "categorical_crossentropy",
-                        name=kind if not smoothing else f"{kind} (label_smoothing={smoothing:g})", binary=binary,
-                        from_logits=train.from_logits, kind=kind)
+    return TrainingLoss(
+        functools.partial(fn, **options),
+        one_hot=kind == "categorical_crossentropy",
+        name=kind if not smoothing else f"{kind} (label_smoothing={smoothing:g})",
+        binary=binary,
+        from_logits=train.from_logits,
+        kind=kind,
+    )
 
 
 def _refuse_unfit(loss: Any, kind: str | None, name: str, units: int) -> None:
@@ -248,17 +267,20 @@ def _refuse_unfit(loss: Any, kind: str | None, name: str, units: int) -> None:
             f"the model has one output unit and compiles {name}, a loss over classes: with one unit it is the same "
             "whatever the weights, so nothing would train. A binary classifier compiles binary_crossentropy "
             "(keras.losses.BinaryCrossentropy) on Dense(1, activation='sigmoid'), or ends in Dense(2, "
-            "activation='softmax') for this loss")
+            "activation='softmax') for this loss"
+        )
     if units > 1 and kind in BINARY_LOSSES:
         raise ExperimentError(
             f"the model has {units} output units and compiles {name}, which scores every unit as a yes/no label of "
             "its own (multi-label); foldsweep trains one integer class per sample: compile "
-            f"sparse_categorical_crossentropy for {units} classes, or end in one unit for a binary classifier")
+            f"sparse_categorical_crossentropy for {units} classes, or end in one unit for a binary classifier"
+        )
     reduction = getattr(loss, "reduction", None)
     if reduction not in MEAN_REDUCTIONS:
         raise ExperimentError(
             f"the compiled loss {name} has reduction={reduction!r}; foldsweep trains on the batch mean, as "
-            "Keras' default 'sum_over_batch_size' does: drop the reduction argument (scale the learning rate instead)")
+            "Keras' default 'sum_over_batch_size' does: drop the reduction argument (scale the learning rate instead)"
+        )
 
 
 def _from_logits(loss: Any, kind: str | None) -> bool | None:
@@ -298,8 +320,10 @@ def outputs_problem(loss: TrainingLoss, outputs: np.ndarray) -> str | None:
         return None
     sums = outputs.sum(axis=1)
     if low < 0.0 or np.abs(sums - 1.0).max() > PROBABILITY_SUM_TOLERANCE:
-        return (f"its outputs range from {low:.3g} to {high:.3g} and its rows sum to {sums.min():.3g}..{sums.max():.3g}, "
-                "not probabilities that sum to 1")
+        return (
+            f"its outputs range from {low:.3g} to {high:.3g} and its rows sum to {sums.min():.3g}..{sums.max():.3g}, "
+            "not probabilities that sum to 1"
+        )
     return None
 
 
@@ -316,8 +340,10 @@ def graph_problem(loss: TrainingLoss, outputs: np.ndarray) -> tuple[str, str] | 
     except tf.errors.OperatorNotAllowedInGraphError as exc:
         return _first_sentence(exc), "write the condition with tf.where or tf.cond"
     except Exception as exc:  # whatever fails in the trace fails in fit's step too
-        return (f"{type(exc).__name__}: {_first_sentence(exc)}",
-                "write it with tensor operations (keras.ops or tf), without NumPy or Python values of tensors")
+        return (
+            f"{type(exc).__name__}: {_first_sentence(exc)}",
+            "write it with tensor operations (keras.ops or tf), without NumPy or Python values of tensors",
+        )
     return None
 
 

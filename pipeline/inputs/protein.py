@@ -21,7 +21,8 @@ Molecular Biology 47, 45-148 (Table of P(alpha), P(beta), P(turn); turn values s
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -32,29 +33,35 @@ PADDING = len(AMINO_ACIDS)  # index of the padding symbol, the 21st channel
 STATES = ("helix", "strand", "coil")
 
 # Chou & Fasman (1978): P(alpha), P(beta), P(turn), x100, in the order of AMINO_ACIDS.
-CHOU_FASMAN = np.array([
-    # P(a)  P(b)  P(t)
-    [142, 83, 66],    # A Ala
-    [98, 93, 95],     # R Arg
-    [67, 89, 156],    # N Asn
-    [101, 54, 146],   # D Asp
-    [70, 119, 119],   # C Cys
-    [111, 110, 98],   # Q Gln
-    [151, 37, 74],    # E Glu
-    [57, 75, 156],    # G Gly
-    [100, 87, 95],    # H His
-    [108, 160, 47],   # I Ile
-    [121, 130, 59],   # L Leu
-    [114, 74, 101],   # K Lys
-    [145, 105, 60],   # M Met
-    [113, 138, 60],   # F Phe
-    [57, 55, 152],    # P Pro
-    [77, 75, 143],    # S Ser
-    [83, 119, 96],    # T Thr
-    [108, 137, 96],   # W Trp
-    [69, 147, 114],   # Y Tyr
-    [106, 170, 50],   # V Val
-], dtype=np.float64) / 100.0
+CHOU_FASMAN = (
+    np.array(
+        [
+            # P(a)  P(b)  P(t)
+            [142, 83, 66],  # A Ala
+            [98, 93, 95],  # R Arg
+            [67, 89, 156],  # N Asn
+            [101, 54, 146],  # D Asp
+            [70, 119, 119],  # C Cys
+            [111, 110, 98],  # Q Gln
+            [151, 37, 74],  # E Glu
+            [57, 75, 156],  # G Gly
+            [100, 87, 95],  # H His
+            [108, 160, 47],  # I Ile
+            [121, 130, 59],  # L Leu
+            [114, 74, 101],  # K Lys
+            [145, 105, 60],  # M Met
+            [113, 138, 60],  # F Phe
+            [57, 55, 152],  # P Pro
+            [77, 75, 143],  # S Ser
+            [83, 119, 96],  # T Thr
+            [108, 137, 96],  # W Trp
+            [69, 147, 114],  # Y Tyr
+            [106, 170, 50],  # V Val
+        ],
+        dtype=np.float64,
+    )
+    / 100.0
+)
 
 # How segments are drawn: the share of segments of each state, and their length range
 # (inclusive), typical of globular proteins.
@@ -62,13 +69,13 @@ SEGMENT_SHARES = np.array([0.35, 0.25, 0.40])
 SEGMENT_LENGTHS = ((6, 18), (4, 10), (3, 12))
 
 DEFAULTS: Mapping[str, Any] = {
-    "n_proteins": 390,      # ~75K CV training windows (312 proteins) + ~19K held out (78)
-    "test_fraction": 0.2,   # share of proteins held out as the test split
-    "width": 15,            # residues per window (odd: the labelled residue sits in the middle)
+    "n_proteins": 390,  # ~75K CV training windows (312 proteins) + ~19K held out (78)
+    "test_fraction": 0.2,  # share of proteins held out as the test split
+    "width": 15,  # residues per window (odd: the labelled residue sits in the middle)
     "min_length": 80,
     "max_length": 400,
     "seed": 0,
-    "target": "centre",     # centre | per_residue | helix_fraction (see the module's docstring)
+    "target": "centre",  # centre | per_residue | helix_fraction (see the module's docstring)
 }
 TARGETS = ("centre", "per_residue", "helix_fraction")
 
@@ -133,13 +140,14 @@ def _segment_states(rng: np.random.Generator, length: int) -> np.ndarray:
         state = int(rng.choice(len(STATES), p=SEGMENT_SHARES))
         low, high = SEGMENT_LENGTHS[state]
         size = int(rng.integers(low, high + 1))
-        states[position:position + size] = state
+        states[position : position + size] = state
         position += size
     return states
 
 
-def _windows(sequences: list[np.ndarray], states: list[np.ndarray], proteins: range,
-             width: int, target: str = "centre") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _windows(
+    sequences: list[np.ndarray], states: list[np.ndarray], proteins: range, width: int, target: str = "centre"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     half = width // 2
     one_hot = np.eye(len(AMINO_ACIDS) + 1, dtype=np.float32)
     xs, ys, groups = [], [], []

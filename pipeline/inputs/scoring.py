@@ -17,8 +17,9 @@ worst score a fold that went NaN counts as.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 Direction = Literal["max", "min"]
 # The scores foldsweep computes itself, whatever the model compiles: the loss, and the accuracy of
@@ -31,24 +32,101 @@ OWN_SCORES: Mapping[str, Direction] = {"loss": "min", "accuracy": "max"}
 # metrics improve upwards). Written out rather than asked of Keras, because the spec is read
 # before TensorFlow may start (a trial's thread pools are set first); tests/test_scoring.py
 # checks it against KerasTuner and Keras.
-_MAX = ("AUC", "auc", "Accuracy", "accuracy", "acc", "BinaryAccuracy", "binary_accuracy", "CategoricalAccuracy",
-        "categorical_accuracy", "SparseCategoricalAccuracy", "sparse_categorical_accuracy", "TopKCategoricalAccuracy",
-        "top_k_categorical_accuracy", "SparseTopKCategoricalAccuracy", "sparse_top_k_categorical_accuracy",
-        "Precision", "precision", "Recall", "recall", "PrecisionAtRecall", "RecallAtPrecision",
-        "SensitivityAtSpecificity", "SpecificityAtSensitivity", "TruePositives", "true_positives", "TrueNegatives",
-        "true_negatives", "F1Score", "f1_score", "FBetaScore", "fbeta_score", "R2Score", "r2_score",
-        "CosineSimilarity", "cosine_similarity", "PearsonCorrelation", "pearson_correlation",
-        "ConcordanceCorrelation", "concordance_correlation", "IoU", "MeanIoU", "mean_iou", "BinaryIoU", "binary_iou",
-        "OneHotIoU", "OneHotMeanIoU")
-_MIN = ("loss", "BinaryCrossentropy", "binary_crossentropy", "CategoricalCrossentropy", "categorical_crossentropy",
-        "SparseCategoricalCrossentropy", "sparse_categorical_crossentropy", "binary_focal_crossentropy",
-        "categorical_focal_crossentropy", "CategoricalHinge", "categorical_hinge", "Hinge", "hinge", "SquaredHinge",
-        "squared_hinge", "KLDivergence", "kl_divergence", "kld", "LogCoshError", "log_cosh", "logcosh",
-        "log_cosh_error", "MeanAbsoluteError", "mean_absolute_error", "mae", "MeanAbsolutePercentageError",
-        "mean_absolute_percentage_error", "mape", "MeanSquaredError", "mean_squared_error", "mse",
-        "MeanSquaredLogarithmicError", "mean_squared_logarithmic_error", "msle", "RootMeanSquaredError",
-        "root_mean_squared_error", "rmse", "Poisson", "poisson", "huber", "Huber", "FalsePositives", "false_positives",
-        "FalseNegatives", "false_negatives")
+_MAX = (
+    "AUC",
+    "auc",
+    "Accuracy",
+    "accuracy",
+    "acc",
+    "BinaryAccuracy",
+    "binary_accuracy",
+    "CategoricalAccuracy",
+    "categorical_accuracy",
+    "SparseCategoricalAccuracy",
+    "sparse_categorical_accuracy",
+    "TopKCategoricalAccuracy",
+    "top_k_categorical_accuracy",
+    "SparseTopKCategoricalAccuracy",
+    "sparse_top_k_categorical_accuracy",
+    "Precision",
+    "precision",
+    "Recall",
+    "recall",
+    "PrecisionAtRecall",
+    "RecallAtPrecision",
+    "SensitivityAtSpecificity",
+    "SpecificityAtSensitivity",
+    "TruePositives",
+    "true_positives",
+    "TrueNegatives",
+    "true_negatives",
+    "F1Score",
+    "f1_score",
+    "FBetaScore",
+    "fbeta_score",
+    "R2Score",
+    "r2_score",
+    "CosineSimilarity",
+    "cosine_similarity",
+    "PearsonCorrelation",
+    "pearson_correlation",
+    "ConcordanceCorrelation",
+    "concordance_correlation",
+    "IoU",
+    "MeanIoU",
+    "mean_iou",
+    "BinaryIoU",
+    "binary_iou",
+    "OneHotIoU",
+    "OneHotMeanIoU",
+)
+_MIN = (
+    "loss",
+    "BinaryCrossentropy",
+    "binary_crossentropy",
+    "CategoricalCrossentropy",
+    "categorical_crossentropy",
+    "SparseCategoricalCrossentropy",
+    "sparse_categorical_crossentropy",
+    "binary_focal_crossentropy",
+    "categorical_focal_crossentropy",
+    "CategoricalHinge",
+    "categorical_hinge",
+    "Hinge",
+    "hinge",
+    "SquaredHinge",
+    "squared_hinge",
+    "KLDivergence",
+    "kl_divergence",
+    "kld",
+    "LogCoshError",
+    "log_cosh",
+    "logcosh",
+    "log_cosh_error",
+    "MeanAbsoluteError",
+    "mean_absolute_error",
+    "mae",
+    "MeanAbsolutePercentageError",
+    "mean_absolute_percentage_error",
+    "mape",
+    "MeanSquaredError",
+    "mean_squared_error",
+    "mse",
+    "MeanSquaredLogarithmicError",
+    "mean_squared_logarithmic_error",
+    "msle",
+    "RootMeanSquaredError",
+    "root_mean_squared_error",
+    "rmse",
+    "Poisson",
+    "poisson",
+    "huber",
+    "Huber",
+    "FalsePositives",
+    "false_positives",
+    "FalseNegatives",
+    "false_negatives",
+)
 KNOWN_DIRECTIONS: Mapping[str, Direction] = {**{name: "min" for name in _MIN}, **{name: "max" for name in _MAX}}
 # What a fold that went NaN counts as in its trial's CV mean and std: the worst score, finite, so
 # that no NaN reaches a searcher (the fold's own split{k} value stays NaN in the record).
@@ -111,8 +189,9 @@ def compiled_metric_arguments(model: Any) -> tuple[list[Any], list[Any]]:
     compiled = getattr(model, "_compile_metrics", None)
     if compiled is None:
         return [], []
-    return list(getattr(compiled, "_user_metrics", None) or []), list(getattr(compiled, "_user_weighted_metrics",
-                                                                                  None) or [])
+    return list(getattr(compiled, "_user_metrics", None) or []), list(
+        getattr(compiled, "_user_weighted_metrics", None) or []
+    )
 
 
 class ValidationMetrics:
@@ -163,25 +242,37 @@ class ValidationMetrics:
         import numpy as np
 
         values = self._compiled.result()
-        return tuple(Scorer(metric.name, direction_of(metric), np.asarray(values[metric.name]).size == 1)
-                     for metric in self._compiled.metrics if metric.name not in self._own)
+        return tuple(
+            Scorer(metric.name, direction_of(metric), np.asarray(values[metric.name]).size == 1)
+            for metric in self._compiled.metrics
+            if metric.name not in self._own
+        )
 
 
-def objective_problem(metric: str, mode: str | None, scorers: Sequence[Scorer], *,
-                      classifier: bool) -> tuple[str, Any] | None:
+def objective_problem(
+    metric: str, mode: str | None, scorers: Sequence[Scorer], *, classifier: bool
+) -> tuple[str, Any] | None:
     """Why ``train.metric`` cannot be the objective of a model that computes ``scorers``: (the
     YAML key, the message without the key); None when it can."""
-    computed = {**({"accuracy": Scorer("accuracy", "max")} if classifier else {}), "loss": Scorer("loss", "min"),
-                **{scorer.name: scorer for scorer in scorers}}
+    computed = {
+        **({"accuracy": Scorer("accuracy", "max")} if classifier else {}),
+        "loss": Scorer("loss", "min"),
+        **{scorer.name: scorer for scorer in scorers},
+    }
     if metric not in computed:
-        return "metric", (f"must be a score the model computes ({', '.join(computed)}: its loss, accuracy for a "
-                          "classifier, the metrics of its compile(metrics=...) and of train.metrics)")
+        return "metric", (
+            f"must be a score the model computes ({', '.join(computed)}: its loss, accuracy for a "
+            "classifier, the metrics of its compile(metrics=...) and of train.metrics)"
+        )
     scorer = computed[metric]
     if not scorer.scalar:
-        return "metric", (f"must be a metric with one value per fold; {metric} gives one per class (e.g. "
-                          "F1Score(average=None)): compile it with average='macro' or 'weighted' to rank on it")
+        return "metric", (
+            f"must be a metric with one value per fold; {metric} gives one per class (e.g. "
+            "F1Score(average=None)): compile it with average='macro' or 'weighted' to rank on it"
+        )
     if mode is None and scorer.direction is None:
-        return "mode", (f"is required for train.metric {metric}: neither Keras nor KerasTuner knows whether a higher "
-                        f"{metric} is better (max) or worse (min)")
+        return "mode", (
+            f"is required for train.metric {metric}: neither Keras nor KerasTuner knows whether a higher "
+            f"{metric} is better (max) or worse (min)"
+        )
     return None
-

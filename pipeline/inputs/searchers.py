@@ -36,12 +36,18 @@ class DistinctVariantGenerator(BasicVariantGenerator):
 
     def add_configurations(self, experiments: Any) -> None:
         for experiment in _convert_to_experiment_list(experiments):
-            drawn = self.space.draw(experiment.spec, num_samples=experiment.spec.get("num_samples", 1),
-                                    random_state=self._random_state)
+            drawn = self.space.draw(
+                experiment.spec, num_samples=experiment.spec.get("num_samples", 1), random_state=self._random_state
+            )
             # Ray's annotations of these private names are narrower than Ray's own use of them: its
             # BasicVariantGenerator passes its own random state and chains its trial generator too.
-            trials = _TrialIterator(uuid_prefix=self._uuid_prefix, num_samples=0, unresolved_spec=experiment.spec,
-                                    start=self._total_samples, random_state=self._random_state)  # type: ignore[arg-type]
+            trials = _TrialIterator(
+                uuid_prefix=self._uuid_prefix,
+                num_samples=0,
+                unresolved_spec=experiment.spec,
+                start=self._total_samples,
+                random_state=self._random_state,  # type: ignore[arg-type]
+            )
             # A trial iterator makes trials of its variants first: here they are all of them.
             trials.variants = _VariantIterator(drawn)  # type: ignore[assignment]
             self._total_samples += len(drawn)
@@ -73,8 +79,9 @@ class DistinctOptunaSearch(OptunaSearch):
                 self.suggested.add(key)
                 return config
             # Ray declares _ot_study None (its value until the searcher is set up, which precedes suggest).
-            self._ot_study.tell(self._ot_trials.pop(trial_id),  # type: ignore[attr-defined]
-                                state=optuna.trial.TrialState.FAIL)
+            self._ot_study.tell(  # type: ignore[attr-defined]
+                self._ot_trials.pop(trial_id), state=optuna.trial.TrialState.FAIL
+            )
         untried = self.search_space.untried(self.suggested)
         if untried is None:
             return Searcher.FINISHED

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Container, Iterator, Mapping
+from typing import Any
 
 import keras_tuner
 from keras_tuner.src.engine import conditions as conditions_module
@@ -58,8 +59,7 @@ class SearchSpace:
     domains: Mapping[str, Any] = field(default_factory=dict)
 
     # The trials each grid point runs, by num_samples: counted once (counting walks the space).
-    _quotas: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict, init=False, repr=False,
-                                                           compare=False)
+    _quotas: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def trial_count(self, num_samples: int) -> int:
         """Trials a sweep runs: ``num_samples`` configs at every grid point (Ray Tune's semantics),
@@ -73,13 +73,19 @@ class SearchSpace:
         if trials == points * num_samples:
             return None
         if points == 1:
-            return (f"{source} {num_samples} exceeds the {trials} distinct configs of the search space: each runs "
-                    f"once ({trials} trials); search.algorithm: grid enumerates them")
+            return (
+                f"{source} {num_samples} exceeds the {trials} distinct configs of the search space: each runs "
+                f"once ({trials} trials); search.algorithm: grid enumerates them"
+            )
         if num_samples == 1:
-            return (f"the {points} grid points make {trials} distinct configs (where a grid hyperparameter does not "
-                    f"apply, as a clip_threshold without clipping, its values make one config): each runs once")
-        return (f"{source} {num_samples} at each of the {points} grid points would repeat configs: they make "
-                f"{trials} distinct ones, and each runs once ({trials} trials, not {points * num_samples})")
+            return (
+                f"the {points} grid points make {trials} distinct configs (where a grid hyperparameter does not "
+                f"apply, as a clip_threshold without clipping, its values make one config): each runs once"
+            )
+        return (
+            f"{source} {num_samples} at each of the {points} grid points would repeat configs: they make "
+            f"{trials} distinct ones, and each runs once ({trials} trials, not {points * num_samples})"
+        )
 
     def draw(self, spec: dict[str, Any], *, num_samples: int, random_state: Any) -> list[tuple[dict, dict]]:
         """Ray Tune's variants of an experiment ``spec`` (resolved vars, resolved spec) for
@@ -140,8 +146,11 @@ class SearchSpace:
         searched = self.searched()
         for resolved in self._configs_at(()):
             if _stands_for_many(resolved) or config_key(resolved) not in tried:
-                return {name: value for name, value in resolved.items()
-                        if name in searched and not isinstance(value, sample.Domain)}
+                return {
+                    name: value
+                    for name, value in resolved.items()
+                    if name in searched and not isinstance(value, sample.Domain)
+                }
         return None
 
     def _grids(self) -> dict[str, list[Any]]:
@@ -161,8 +170,10 @@ class SearchSpace:
     def _owner(self, resolved: Mapping[str, Any]) -> tuple[int, ...]:
         """The first grid point that makes ``resolved``: where a grid hyperparameter does not apply
         (a threshold without clipping), every one of its grid values makes the same config."""
-        return tuple(next(index for index, value in enumerate(values) if _agrees(name, value, resolved))
-                     for name, values in self._grids().items())
+        return tuple(
+            next(index for index, value in enumerate(values) if _agrees(name, value, resolved))
+            for name, values in self._grids().items()
+        )
 
     def _configs_at(self, point: tuple[int, ...]) -> Iterator[dict[str, Any]]:
         """The distinct resolved configs that grid ``point`` owns, in order: every combination of
@@ -196,8 +207,13 @@ class SearchSpace:
                 yield resolved
 
 
-def build_space(spec: SweepSpec, hyperparameters: keras_tuner.HyperParameters, *,
-                default_epochs: int | None = None, own_optimizer: bool = False) -> SearchSpace:
+def build_space(
+    spec: SweepSpec,
+    hyperparameters: keras_tuner.HyperParameters,
+    *,
+    default_epochs: int | None = None,
+    own_optimizer: bool = False,
+) -> SearchSpace:
     """The sweep's search space for its search algorithm.
 
     With ``own_optimizer`` (the hypermodel compiles its model), foldsweep's ``optimizer`` and
@@ -213,7 +229,8 @@ def build_space(spec: SweepSpec, hyperparameters: keras_tuner.HyperParameters, *
             known = sorted({*TRAINING_DEFAULTS, *discovered})
             raise SpecError(
                 f"{spec.source_path}: search.space.{name} is not a hyperparameter of {spec.experiment} "
-                f"(its build(hp) never asks for it) nor a training hyperparameter; known: {', '.join(known)}")
+                f"(its build(hp) never asks for it) nor a training hyperparameter; known: {', '.join(known)}"
+            )
     domains: dict[str, Any] = dict(TRAINING_DEFAULTS)
     if own_optimizer:
         for name in OWN_OPTIMIZER_SETTINGS:
@@ -221,8 +238,10 @@ def build_space(spec: SweepSpec, hyperparameters: keras_tuner.HyperParameters, *
     domains["epochs"] = default_epochs if default_epochs is not None else spec.train.epochs
     domains.update({name: hp_domain(hp) for name, hp in discovered.items()})
     domains.update({name: spec_domain(param) for name, param in spec.search.space.items()})
-    conditions = {**TRAINING_CONDITIONS,
-                  **{name: tuple(hp.conditions) for name, hp in discovered.items() if hp.conditions}}
+    conditions = {
+        **TRAINING_CONDITIONS,
+        **{name: tuple(hp.conditions) for name, hp in discovered.items() if hp.conditions},
+    }
 
     if spec.search.algorithm == "grid":
         domains = {name: _as_grid(spec, name, domain) for name, domain in domains.items()}
@@ -231,7 +250,8 @@ def build_space(spec: SweepSpec, hyperparameters: keras_tuner.HyperParameters, *
         param_space.pop("clipping")
         param_space.pop("clip_threshold")
         param_space[CLIP_PAIR] = tune.grid_search(
-            _clip_pairs(_values(domains["clipping"]), _values(domains["clip_threshold"])))
+            _clip_pairs(_values(domains["clipping"]), _values(domains["clip_threshold"]))
+        )
     return SearchSpace(param_space=param_space, conditions=conditions, domains=domains)
 
 
@@ -331,9 +351,11 @@ def _agrees(name: str, value: Any, resolved: Mapping[str, Any]) -> bool:
 
 def _parents_first(names: list[str], conditions: Mapping[str, tuple[Any, ...]]) -> list[str]:
     """``names`` in order, but each after the ones its conditions read."""
+
     def depth(name: str) -> int:
-        return 1 + max((depth(condition.name) for condition in conditions.get(name, ()) if condition.name in names),
-                       default=0)
+        return 1 + max(
+            (depth(condition.name) for condition in conditions.get(name, ()) if condition.name in names), default=0
+        )
 
     return sorted(names, key=depth)
 
@@ -363,7 +385,8 @@ def _as_grid(spec: SweepSpec, name: str, domain: Any) -> Any:
         return tune.grid_search(list(range(domain.lower, domain.upper)))
     raise SpecError(
         f"{spec.source_path}: search.algorithm grid needs finite values, but hyperparameter {name!r} of "
-        f"{spec.experiment} is continuous; fix it in search.space (a value, choice or grid)")
+        f"{spec.experiment} is continuous; fix it in search.space (a value, choice or grid)"
+    )
 
 
 def _clip_pairs(kinds: list[Any], thresholds: list[Any]) -> list[dict[str, Any]]:
@@ -389,8 +412,11 @@ def resolve_config(config: Mapping[str, Any], conditions: Mapping[str, tuple[Any
     inactive dropped (the threshold when clipping is off, a hypermodel's conditional scopes)."""
     values = config_values(config)
     conditions = {**TRAINING_CONDITIONS, **conditions}
-    return {key: value for key, value in values.items()
-            if all(condition.is_active(values) for condition in conditions.get(key, ()))}
+    return {
+        key: value
+        for key, value in values.items()
+        if all(condition.is_active(values) for condition in conditions.get(key, ()))
+    }
 
 
 def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -437,5 +463,7 @@ def _suggest(trial: Any, name: str, distribution: Any) -> Any:
     if isinstance(distribution, optuna.distributions.CategoricalDistribution):
         return trial.suggest_categorical(name, distribution.choices)
     if isinstance(distribution, optuna.distributions.IntDistribution):
-        return trial.suggest_int(name, distribution.low, distribution.high, step=distribution.step, log=distribution.log)
+        return trial.suggest_int(
+            name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
+        )
     return trial.suggest_float(name, distribution.low, distribution.high, step=distribution.step, log=distribution.log)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping, NoReturn, TypeVar, get_args, overload
+from typing import Any, Literal, NoReturn, TypeVar, get_args, overload
 
 import yaml
 
@@ -42,7 +43,10 @@ GROUPED_SPLITTERS: tuple[SplitterName, ...] = ("group", "stratified_group")
 # The optimizers foldsweep makes itself (`optimizer`, a training hyperparameter): each one's class
 # in keras.optimizers, named (the spec is read before TensorFlow may start), and fixed arguments.
 OPTIMIZERS: Mapping[str, tuple[str, Mapping[str, Any]]] = {
-    "adam": ("Adam", {}), "adamw": ("AdamW", {}), "sgd": ("SGD", {"momentum": 0.9}), "rmsprop": ("RMSprop", {}),
+    "adam": ("Adam", {}),
+    "adamw": ("AdamW", {}),
+    "sgd": ("SGD", {"momentum": 0.9}),
+    "rmsprop": ("RMSprop", {}),
 }
 ParamKind = Literal["choice", "grid", "uniform", "loguniform", "randint", "qrandint"]
 PARAM_KINDS: tuple[ParamKind, ...] = get_args(ParamKind)
@@ -51,8 +55,12 @@ PARAM_KINDS: tuple[ParamKind, ...] = get_args(ParamKind)
 # a hyperparameter that the experiment's build(hp) asks for. `epochs` defaults to train.epochs;
 # `clip_threshold` only counts when `clipping` is not none.
 TRAINING_DEFAULTS: Mapping[str, Any] = {
-    "batch_size": 32, "learning_rate": 1e-3, "optimizer": "adam", "epochs": None,
-    "clipping": NO_CLIPPING, "clip_threshold": 1.0,
+    "batch_size": 32,
+    "learning_rate": 1e-3,
+    "optimizer": "adam",
+    "epochs": None,
+    "clipping": NO_CLIPPING,
+    "clip_threshold": 1.0,
 }
 
 
@@ -258,9 +266,17 @@ class SweepSpec:
         spec's directory, and the directories above it up to its project's root (the first with a
         ``pyproject.toml`` or ``.git``), so that a shipped spec works from any directory."""
         spec_directory = self.source_path.parent.resolve()
-        root = next((directory for directory in (spec_directory, *spec_directory.parents)
-                     if (directory / "pyproject.toml").exists() or (directory / ".git").exists()), None)
-        above = [directory for directory in spec_directory.parents if root is not None and directory.is_relative_to(root)]
+        root = next(
+            (
+                directory
+                for directory in (spec_directory, *spec_directory.parents)
+                if (directory / "pyproject.toml").exists() or (directory / ".git").exists()
+            ),
+            None,
+        )
+        above = [
+            directory for directory in spec_directory.parents if root is not None and directory.is_relative_to(root)
+        ]
         return list(dict.fromkeys([Path.cwd(), spec_directory, *above]))
 
     def resolve_path(self, path: str | Path, *, key: str) -> Path:
@@ -278,8 +294,10 @@ class SweepSpec:
         for directory in directories:
             if (directory / written).exists():
                 return (directory / written).resolve()
-        raise SpecError(f"{self.source_path}: {key}: file not found: {str(path)!r}; looked in "
-                        + ", ".join(str(directory) for directory in directories))
+        raise SpecError(
+            f"{self.source_path}: {key}: file not found: {str(path)!r}; looked in "
+            + ", ".join(str(directory) for directory in directories)
+        )
 
     def resolved_dataset(self) -> DatasetSpec:
         """The dataset entry with a file path made absolute (built-ins as they are)."""
@@ -345,8 +363,10 @@ def load_spec(path: str | Path) -> SweepSpec:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: a spec must be UTF-8 text (YAML); byte {exc.start} is {exc.object[exc.start]:#04x}, "
-                        "which is not UTF-8 (a binary file, or another encoding?)") from None
+        raise SpecError(
+            f"{path}: a spec must be UTF-8 text (YAML); byte {exc.start} is {exc.object[exc.start]:#04x}, "
+            "which is not UTF-8 (a binary file, or another encoding?)"
+        ) from None
     except OSError as exc:
         raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
     try:
@@ -378,7 +398,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if key in seen:
                 raise DuplicateKeyError(
                     f"key {key!r} appears twice in the same mapping, at lines {seen[key]} and {line}: YAML would "
-                    "silently keep the last one; merge them into one")
+                    "silently keep the last one; merge them into one"
+                )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -388,7 +409,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 _UniqueKeyLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$"),
-    list("-+0123456789."))
+    list("-+0123456789."),
+)
 
 
 def read_yaml(text: str) -> Any:
@@ -412,12 +434,21 @@ def parse_spec(data: Any, *, source_path: Path, source_text: str = "") -> SweepS
     search = _parse_search(root.section("search"))
     train = _parse_train(root.section("train"))
     resources = _parse_resources(root.section("resources"))
-    tracking = TrackingSpec(uri=root.section("tracking").done_with(
-        lambda s: s.string("uri", default=TrackingSpec().uri)))
+    tracking = TrackingSpec(
+        uri=root.section("tracking").done_with(lambda s: s.string("uri", default=TrackingSpec().uri))
+    )
     root.finish()
     spec = SweepSpec(
-        name=name, experiment=experiment, dataset=dataset, cv=cv, search=search, train=train,
-        resources=resources, tracking=tracking, source_path=source_path, source_text=source_text,
+        name=name,
+        experiment=experiment,
+        dataset=dataset,
+        cv=cv,
+        search=search,
+        train=train,
+        resources=resources,
+        tracking=tracking,
+        source_path=source_path,
+        source_text=source_text,
     )
     _check_scheduler_can_act(spec)
     return spec
@@ -426,7 +457,9 @@ def parse_spec(data: Any, *, source_path: Path, source_text: str = "") -> SweepS
 def _parse_dataset(root: _Section) -> DatasetSpec:
     raw = root.peek("dataset")
     if raw is None:
-        root.fail("dataset", "is required: a built-in name (e.g. mnist1d), a file path, or a mapping with name or path", None)
+        root.fail(
+            "dataset", "is required: a built-in name (e.g. mnist1d), a file path, or a mapping with name or path", None
+        )
     if isinstance(raw, str):
         root.take("dataset")
         if not raw.strip():
@@ -453,8 +486,12 @@ def _parse_cv(section: _Section) -> CVSpec:
     n_repeats = section.integer("n_repeats", default=default.n_repeats, minimum=1)
     groups = section.one_of("groups", GROUP_RULES, default=default.groups)
     if groups == "ignore" and splitter in GROUPED_SPLITTERS:
-        section.fail("groups", f"ignore contradicts cv.splitter {splitter}, which keeps every group whole; drop "
-                               "cv.groups, or use cv.splitter kfold | stratified to split without the groups", groups)
+        section.fail(
+            "groups",
+            f"ignore contradicts cv.splitter {splitter}, which keeps every group whole; drop "
+            "cv.groups, or use cv.splitter kfold | stratified to split without the groups",
+            groups,
+        )
     section.finish()
     return CVSpec(splitter=splitter, n_splits=n_splits, seed=seed, n_repeats=n_repeats, groups=groups)
 
@@ -488,8 +525,7 @@ def _parse_scheduler(search: _Section) -> SchedulerSpec:
         name=name,
         grace_period=section.integer("grace_period", default=default.grace_period, minimum=1),
         reduction_factor=section.integer("reduction_factor", default=default.reduction_factor, minimum=2),
-        min_samples_required=section.integer("min_samples_required", default=default.min_samples_required,
-                                             minimum=1),
+        min_samples_required=section.integer("min_samples_required", default=default.min_samples_required, minimum=1),
     )
     section.finish()
     return scheduler
@@ -507,7 +543,8 @@ def _check_scheduler_can_act(spec: SweepSpec) -> None:
         raise SpecError(
             f"{spec.source_path}: search.scheduler.grace_period must be below the epochs a trial trains ({where}: at most "
             f"{longest}), or {scheduler.name} can never stop a trial early, got grace_period={scheduler.grace_period}; "
-            "lower it or use scheduler fifo")
+            "lower it or use scheduler fifo"
+        )
 
 
 def _parse_param(section: _Section, key: str) -> ParamSpec:
@@ -518,7 +555,9 @@ def _parse_param(section: _Section, key: str) -> ParamSpec:
             section.fail(key, f"must be a fixed value or a mapping with exactly one of {', '.join(PARAM_KINDS)}", raw)
         kind, args = next(iter(raw.items()))
         if kind not in PARAM_KINDS:
-            section.fail(key, f"distribution must be one of {', '.join(PARAM_KINDS)}{_suggest(kind, PARAM_KINDS)}", kind)
+            section.fail(
+                key, f"distribution must be one of {', '.join(PARAM_KINDS)}{_suggest(kind, PARAM_KINDS)}", kind
+            )
         param = _parse_distribution(section.file, f"{where}.{kind}", kind, args)
     elif isinstance(raw, list):
         section.fail(key, "a list is ambiguous: write {choice: [...]} or {grid: [...]}", raw)
@@ -574,7 +613,9 @@ def check_training_param(file: str, where: str, name: str, param: ParamSpec) -> 
     bounds = param.args[:2] if not values else ()
     if name in POSITIVE_INTEGER_PARAMS:
         if param.kind in ("uniform", "loguniform"):
-            raise SpecError(f"{file}: {where} must take integer values (use choice, grid, randint or qrandint), got {param.kind}")
+            raise SpecError(
+                f"{file}: {where} must take integer values (use choice, grid, randint or qrandint), got {param.kind}"
+            )
         for value in (*values, *bounds):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(f"{file}: {where} must be a positive integer (every value it takes), got {value!r}")
@@ -585,10 +626,14 @@ def check_training_param(file: str, where: str, name: str, param: ParamSpec) -> 
     elif name in ("optimizer", "clipping"):
         allowed = tuple(OPTIMIZERS) if name == "optimizer" else CLIPPING_KINDS
         if not values:
-            raise SpecError(f"{file}: {where} must be a fixed value or a choice/grid of {', '.join(allowed)}, got {param.kind}")
+            raise SpecError(
+                f"{file}: {where} must be a fixed value or a choice/grid of {', '.join(allowed)}, got {param.kind}"
+            )
         for value in values:
             if value not in allowed:
-                raise SpecError(f"{file}: {where} must be one of {', '.join(allowed)}{_suggest(value, allowed)}, got {value!r}")
+                raise SpecError(
+                    f"{file}: {where} must be one of {', '.join(allowed)}{_suggest(value, allowed)}, got {value!r}"
+                )
 
 
 def _parse_train(section: _Section) -> TrainSpec:
@@ -603,21 +648,41 @@ def _parse_train(section: _Section) -> TrainSpec:
     from_logits = section.boolean("from_logits", default=default.from_logits)
     label_smoothing = section.number("label_smoothing", default=default.label_smoothing, minimum=0.0)
     if label_smoothing >= 1:
-        section.fail("label_smoothing", "must be a number below 1 (the share of a label spread over the classes)",
-                     label_smoothing)
+        section.fail(
+            "label_smoothing",
+            "must be a number below 1 (the share of a label spread over the classes)",
+            label_smoothing,
+        )
     jit_compile = _auto_or_boolean(section, "jit_compile", default=default.jit_compile)
     fused = _auto_or_boolean(section, "fused", default=default.fused)
     steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch", default=default.steps_per_launch)
     refit = section.boolean("refit", default=default.refit)
     select = section.one_of("select", EPOCH_SELECTIONS, default=default.select)
     compile_cache = section.boolean("compile_cache", default=default.compile_cache)
-    early_stopping = _parse_early_stopping(section, objective=Objective(metric, mode)) \
-        if section.peek("early_stopping") is not None else None
+    early_stopping = (
+        _parse_early_stopping(section, objective=Objective(metric, mode))
+        if section.peek("early_stopping") is not None
+        else None
+    )
     section.finish()
-    return TrainSpec(epochs=epochs, metric=metric, mode=mode, metrics=metrics, loss=loss, class_weight=class_weight,
-                     seed=seed, from_logits=from_logits,
-                     label_smoothing=label_smoothing, jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, refit=refit,
-                     select=select, early_stopping=early_stopping, compile_cache=compile_cache)
+    return TrainSpec(
+        epochs=epochs,
+        metric=metric,
+        mode=mode,
+        metrics=metrics,
+        loss=loss,
+        class_weight=class_weight,
+        seed=seed,
+        from_logits=from_logits,
+        label_smoothing=label_smoothing,
+        jit_compile=jit_compile,
+        fused=fused,
+        steps_per_launch=steps_per_launch,
+        refit=refit,
+        select=select,
+        early_stopping=early_stopping,
+        compile_cache=compile_cache,
+    )
 
 
 def _metric_name(section: _Section, key: str, *, default: str) -> str:
@@ -625,8 +690,12 @@ def _metric_name(section: _Section, key: str, *, default: str) -> str:
     if value is None:
         return default
     if not isinstance(value, str) or not _METRIC_NAME.match(value):
-        section.fail(key, "must be a metric's name (loss, accuracy, or a Keras metric the model compiles or "
-                          "train.metrics names, e.g. auc or mean_absolute_error)", value)
+        section.fail(
+            key,
+            "must be a metric's name (loss, accuracy, or a Keras metric the model compiles or "
+            "train.metrics names, e.g. auc or mean_absolute_error)",
+            value,
+        )
     return value.removeprefix("val_")
 
 
@@ -634,13 +703,22 @@ def _class_weight(section: _Section) -> str | dict[int, float] | None:
     value = section.take("class_weight")
     if value is None or value == "balanced":
         return value
-    rule = ("must be balanced or a mapping of integer class labels to weights > 0 (as fit(class_weight=...)), "
-            "e.g. {0: 1.0, 1: 5.0}")
+    rule = (
+        "must be balanced or a mapping of integer class labels to weights > 0 (as fit(class_weight=...)), "
+        "e.g. {0: 1.0, 1: 5.0}"
+    )
     if not isinstance(value, dict) or not value:
         section.fail("class_weight", rule, value)
     for label, weight in value.items():
-        if isinstance(label, bool) or not isinstance(label, int) or label < 0 or isinstance(weight, bool) or \
-                not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+        if (
+            isinstance(label, bool)
+            or not isinstance(label, int)
+            or label < 0
+            or isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not math.isfinite(weight)
+            or weight <= 0
+        ):
             section.fail("class_weight", rule, value)
     return {int(label): float(weight) for label, weight in value.items()}
 
@@ -659,8 +737,12 @@ def _checked_mode(section: _Section, metric: str, known: Direction | None, *, of
     known (a mode against it is refused, ``why`` saying what it would do), else required."""
     mode = section.one_of("mode", MODES, default=known)
     if mode is None:
-        section.fail("mode", f"is required for {of} {metric}: neither Keras nor KerasTuner knows whether a "
-                             f"higher {metric} is better (max) or worse (min)", None)
+        section.fail(
+            "mode",
+            f"is required for {of} {metric}: neither Keras nor KerasTuner knows whether a "
+            f"higher {metric} is better (max) or worse (min)",
+            None,
+        )
     if known is not None and mode != known:
         section.fail("mode", f"must be {known} for {of} {metric}{why}", mode)
     return mode
@@ -671,8 +753,10 @@ def _mode_for(section: _Section, metric: str) -> Direction:
     it is refused), else the spec's, which is then required."""
     direction = direction_of(metric)
     better = "higher" if direction == "max" else "lower"
-    why = (f" ({better} {metric} is better; a mode against it would rank the worst trial first): drop train.mode, "
-           "the metric decides it")
+    why = (
+        f" ({better} {metric} is better; a mode against it would rank the worst trial first): drop train.mode, "
+        "the metric decides it"
+    )
     return _checked_mode(section, metric, direction, of="train.metric", why=why)
 
 
@@ -685,16 +769,23 @@ def _parse_early_stopping(train: _Section, *, objective: Objective) -> EarlyStop
     known = objective.mode if monitor == objective.metric else direction_of(monitor)
     mode = _checked_mode(section, monitor, known, of="monitor")
     min_delta = section.number("min_delta", default=default_of(EarlyStoppingSpec, "min_delta"), minimum=0.0)
-    start_from_epoch = section.integer("start_from_epoch", default=default_of(EarlyStoppingSpec, "start_from_epoch"),
-                                       minimum=0)
+    start_from_epoch = section.integer(
+        "start_from_epoch", default=default_of(EarlyStoppingSpec, "start_from_epoch"), minimum=0
+    )
     baseline = section.take("baseline")
-    if baseline is not None and (isinstance(baseline, bool) or not isinstance(baseline, (int, float))
-                                 or not math.isfinite(baseline)):
+    if baseline is not None and (
+        isinstance(baseline, bool) or not isinstance(baseline, (int, float)) or not math.isfinite(baseline)
+    ):
         section.fail("baseline", "must be a number", baseline)
     section.finish()
-    return EarlyStoppingSpec(patience=patience, monitor=monitor, min_delta=min_delta, start_from_epoch=start_from_epoch,
-                             baseline=None if baseline is None else float(baseline),
-                             mode=None if monitor in OWN_SCORES else mode)
+    return EarlyStoppingSpec(
+        patience=patience,
+        monitor=monitor,
+        min_delta=min_delta,
+        start_from_epoch=start_from_epoch,
+        baseline=None if baseline is None else float(baseline),
+        mode=None if monitor in OWN_SCORES else mode,
+    )
 
 
 def _auto_or_boolean(section: _Section, key: str, *, default: AutoSwitch) -> AutoSwitch:
@@ -706,8 +797,7 @@ def _auto_or_boolean(section: _Section, key: str, *, default: AutoSwitch) -> Aut
     return "auto" if value == "auto" else ("on" if value else "off")
 
 
-def _auto_or_positive_integer(section: _Section, key: str, *, default: int | Literal["auto"]
-                              ) -> int | Literal["auto"]:
+def _auto_or_positive_integer(section: _Section, key: str, *, default: int | Literal["auto"]) -> int | Literal["auto"]:
     value = section.take(key)
     if value is None:
         return default
@@ -724,14 +814,23 @@ def _parse_resources(section: _Section) -> ResourcesSpec:
     gpu = _gpu_share(section, default=default.gpu)
     max_concurrent = section.integer("max_concurrent", default=default.max_concurrent, minimum=1)
     max_failures = section.integer("max_failures", default=default.max_failures, minimum=0)
-    address = section.string("address", default=default.address,
-                             pattern_hint="a Ray address such as 127.0.0.1:6379 or auto")
-    max_trials_per_worker = _auto_or_positive_integer(section, "max_trials_per_worker",
-                                                      default=default.max_trials_per_worker)
+    address = section.string(
+        "address", default=default.address, pattern_hint="a Ray address such as 127.0.0.1:6379 or auto"
+    )
+    max_trials_per_worker = _auto_or_positive_integer(
+        section, "max_trials_per_worker", default=default.max_trials_per_worker
+    )
     max_worker_memory = _auto_or_positive_integer(section, "max_worker_memory", default=default.max_worker_memory)
     section.finish()
-    return ResourcesSpec(cpu=cpu, gpu=gpu, max_concurrent=max_concurrent, max_failures=max_failures, address=address,
-                         max_trials_per_worker=max_trials_per_worker, max_worker_memory=max_worker_memory)
+    return ResourcesSpec(
+        cpu=cpu,
+        gpu=gpu,
+        max_concurrent=max_concurrent,
+        max_failures=max_failures,
+        address=address,
+        max_trials_per_worker=max_trials_per_worker,
+        max_worker_memory=max_worker_memory,
+    )
 
 
 def _gpu_share(section: _Section, *, default: float) -> float:
@@ -745,9 +844,13 @@ def _gpu_share(section: _Section, *, default: float) -> float:
     if gpu > 1 and not gpu.is_integer():
         section.fail("gpu", "must be a share of one GPU (at most 1) or a whole number of GPUs", gpu)
     if gpu > 1:
-        section.fail("gpu", "must be at most 1: foldsweep trains all the folds of a trial on one GPU, so a trial "
-                     "reserving more would leave the others idle; to run more trials at once, give each a share "
-                     "(gpu: 0.5 runs two trials on a GPU) or raise resources.max_concurrent", int(gpu))
+        section.fail(
+            "gpu",
+            "must be at most 1: foldsweep trains all the folds of a trial on one GPU, so a trial "
+            "reserving more would leave the others idle; to run more trials at once, give each a share "
+            "(gpu: 0.5 runs two trials on a GPU) or raise resources.max_concurrent",
+            int(gpu),
+        )
     return gpu
 
 
@@ -815,8 +918,9 @@ class _Section:
     @overload
     def string(self, key: str, *, default: None = None, pattern_hint: str = ...) -> str | None: ...
 
-    def string(self, key: str, *, default: str | None = None, required: bool = False,
-               pattern_hint: str = "a string") -> str | None:
+    def string(
+        self, key: str, *, default: str | None = None, required: bool = False, pattern_hint: str = "a string"
+    ) -> str | None:
         value = self.take(key)
         if value is None:
             if required:

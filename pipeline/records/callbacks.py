@@ -3,8 +3,9 @@ per trial, its epochs as they come, its end (status, selected epoch, history).""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ray.tune import Callback
 
@@ -21,16 +22,27 @@ def trial_run_name(trial_id: str, values: Mapping[str, Any], searched: Sequence[
 
 def searched_values(values: Mapping[str, Any], searched: Sequence[str]) -> list[str]:
     """``name=value`` of each searched hyperparameter a trial uses (an inactive one has none)."""
-    return [f"{name}={values[name]:.4g}" if isinstance(values[name], float) else f"{name}={values[name]}"
-            for name in searched if name in values]
+    return [
+        f"{name}={values[name]:.4g}" if isinstance(values[name], float) else f"{name}={values[name]}"
+        for name in searched
+        if name in values
+    ]
 
 
 class MlflowTrialCallback(Callback):
     """Ray Tune events -> MLflow child runs, written from the driver."""
 
-    def __init__(self, uri: str, *, parent_run_id: str, sweep_name: str, selection: EpochSelection,
-                 on_recorded: Callable[[TrialRecord], None] | None = None,
-                 conditions: Mapping[str, Any] | None = None, searched: Sequence[str] = ()):
+    def __init__(
+        self,
+        uri: str,
+        *,
+        parent_run_id: str,
+        sweep_name: str,
+        selection: EpochSelection,
+        on_recorded: Callable[[TrialRecord], None] | None = None,
+        conditions: Mapping[str, Any] | None = None,
+        searched: Sequence[str] = (),
+    ):
         self.uri = uri
         self.searched = tuple(searched)  # what the sweep searches: named in each trial's run name
         self.parent_run_id = parent_run_id
@@ -69,12 +81,21 @@ class MlflowTrialCallback(Callback):
             # The values the trial uses: no threshold without clipping, no inactive conditional hp.
             values = resolve_config(trial.config, self.conditions)
             recorder = self.tracker.trial_recorder(
-                parent_run_id=self.parent_run_id, role="trial", config=values, tags={Tag.SWEEP: self.sweep_name},
-                run_name=trial_run_name(trial.trial_id, values, getattr(self, "searched", ())), trial_id=trial.trial_id)
+                parent_run_id=self.parent_run_id,
+                role="trial",
+                config=values,
+                tags={Tag.SWEEP: self.sweep_name},
+                run_name=trial_run_name(trial.trial_id, values, getattr(self, "searched", ())),
+                trial_id=trial.trial_id,
+            )
             self._run_ids[trial.trial_id] = self.run_ids[trial.trial_id] = recorder.run_id
             self._recorded_epochs[trial.trial_id] = recorder.recorded_epochs
-        return TrialRecorder(self.tracker, self._run_ids[trial.trial_id], self.selection,
-                             recorded_epochs=self._recorded_epochs.get(trial.trial_id, frozenset()))
+        return TrialRecorder(
+            self.tracker,
+            self._run_ids[trial.trial_id],
+            self.selection,
+            recorded_epochs=self._recorded_epochs.get(trial.trial_id, frozenset()),
+        )
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if trial.trial_id in self._run_ids:

@@ -10,18 +10,25 @@ The data behind the last two comes from ``learning_curve_data`` and
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from pipeline.records.report import _group, nan_table_rows, selected_epoch, selected_score, shared_ranks, split_params
 from pipeline.contract.account import TimeAccount
 from pipeline.contract.results import NAN_EPOCH, TRAIN_RATE, TrialStatus, trial_account
 from pipeline.inputs.spec import Objective
+from pipeline.records.report import _group, nan_table_rows, selected_epoch, selected_score, shared_ranks, split_params
 from pipeline.records.tracking import TrialRecord
 
-PLOTS = ("score_vs_batch_size.png", "nan_rate_heatmap.png", "throughput_vs_batch_size.png", "time_account.png",
-         "learning_curves.png", "parallel_coordinates.png")
+PLOTS = (
+    "score_vs_batch_size.png",
+    "nan_rate_heatmap.png",
+    "throughput_vs_batch_size.png",
+    "time_account.png",
+    "learning_curves.png",
+    "parallel_coordinates.png",
+)
 HIGHLIGHTED = 3  # the best trials drawn bold in the learning curves
 
 
@@ -38,8 +45,9 @@ class Curve:
     selected_at: int | None = None
 
 
-def learning_curve_data(records: Sequence[TrialRecord], objective: Objective,
-                        histories: Mapping[str, Sequence[tuple[int, float]]]) -> list[Curve]:
+def learning_curve_data(
+    records: Sequence[TrialRecord], objective: Objective, histories: Mapping[str, Sequence[tuple[int, float]]]
+) -> list[Curve]:
     """A curve per trial that recorded any epoch."""
     ranks = shared_ranks(records, objective)
     curves = []
@@ -48,8 +56,16 @@ def learning_curve_data(records: Sequence[TrialRecord], objective: Objective,
         if not points:
             continue
         nan_at = int(record.tags.get(NAN_EPOCH, points[-1][0])) if record.status is TrialStatus.NAN else None
-        curves.append(Curve(record.run_name, tuple(step for step, _ in points), tuple(value for _, value in points),
-                            ranks.get(record.run_id, 0), nan_at, selected_epoch(record)))
+        curves.append(
+            Curve(
+                record.run_name,
+                tuple(step for step, _ in points),
+                tuple(value for _, value in points),
+                ranks.get(record.run_id, 0),
+                nan_at,
+                selected_epoch(record),
+            )
+        )
     return curves
 
 
@@ -75,10 +91,16 @@ def parallel_coordinates_data(records: Sequence[TrialRecord], objective: Objecti
         spread = max(len(values) - 1, 1)
         positions.append({value: index / spread for index, value in enumerate(values)})
         ticks.append(tuple(tick_label(value) for value in values))
-    rows = tuple(tuple(position[record.params.get(axis, "-")] for axis, position in zip(axes, positions))
-                 for record in scored)
-    return Coordinates(tuple(axes), tuple(ticks), rows, tuple(selected_score(record, objective.key) for record in scored),
-                       tuple(record.run_name for record in scored))
+    rows = tuple(
+        tuple(position[record.params.get(axis, "-")] for axis, position in zip(axes, positions)) for record in scored
+    )
+    return Coordinates(
+        tuple(axes),
+        tuple(ticks),
+        rows,
+        tuple(selected_score(record, objective.key) for record in scored),
+        tuple(record.run_name for record in scored),
+    )
 
 
 # A category longer than this (a learning-rate schedule's call) is cut to its start on an axis.
@@ -92,7 +114,7 @@ def tick_label(value: str) -> str:
     name, parenthesis, arguments = value.partition("(")
     if parenthesis:
         return f"{name}({arguments.split(',')[0].rstrip(')')}…)"
-    return value[:MAX_TICK_CHARS - 1] + "…"
+    return value[: MAX_TICK_CHARS - 1] + "…"
 
 
 def _sortable(value: str) -> tuple[int, float, str]:
@@ -102,8 +124,12 @@ def _sortable(value: str) -> tuple[int, float, str]:
         return 1, 0.0, value
 
 
-def write_plots(records: Sequence[TrialRecord], objective: Objective, directory: Path,
-                histories: Mapping[str, Sequence[tuple[int, float]]]) -> list[Path]:
+def write_plots(
+    records: Sequence[TrialRecord],
+    objective: Objective,
+    directory: Path,
+    histories: Mapping[str, Sequence[tuple[int, float]]],
+) -> list[Path]:
     """The sweep's plots as PNG files in ``directory`` (``PLOTS``); returns their paths.
     ``histories`` is each trial run's objective per epoch (``Tracker.metric_histories``)."""
     import matplotlib.pyplot as plt
@@ -117,15 +143,21 @@ def write_plots(records: Sequence[TrialRecord], objective: Objective, directory:
     return paths
 
 
-def plot_figures(records: Sequence[TrialRecord], objective: Objective,
-                 histories: Mapping[str, Sequence[tuple[int, float]]]) -> dict[str, Any]:
+def plot_figures(
+    records: Sequence[TrialRecord], objective: Objective, histories: Mapping[str, Sequence[tuple[int, float]]]
+) -> dict[str, Any]:
     """Each of ``PLOTS`` as a matplotlib figure, laid out (the caller saves and closes them)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    figures = [_score_vs_batch_size(records, objective), _nan_rates(records), _throughput(records),
-               _time_account(time_account_data(records)), _learning_curves(learning_curve_data(records, objective, histories), objective),
-               _parallel_coordinates(parallel_coordinates_data(records, objective), objective)]
+    figures = [
+        _score_vs_batch_size(records, objective),
+        _nan_rates(records),
+        _throughput(records),
+        _time_account(time_account_data(records)),
+        _learning_curves(learning_curve_data(records, objective, histories), objective),
+        _parallel_coordinates(parallel_coordinates_data(records, objective), objective),
+    ]
     for figure in figures:
         figure.tight_layout()
     return dict(zip(PLOTS, figures))
@@ -141,8 +173,14 @@ def _score_vs_batch_size(records: Sequence[TrialRecord], objective: Objective) -
     key = objective.key
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for kind in sorted({_group(record)[1] for record in records}):
-        members = [r for r in records if _group(r)[1] == kind and r.status in (TrialStatus.OK, TrialStatus.PRUNED)
-                   and selected_score(r, key) is not None and _group(r)[0] is not None]
+        members = [
+            r
+            for r in records
+            if _group(r)[1] == kind
+            and r.status in (TrialStatus.OK, TrialStatus.PRUNED)
+            and selected_score(r, key) is not None
+            and _group(r)[0] is not None
+        ]
         axes.scatter([_group(r)[0] for r in members], [selected_score(r, key) for r in members], label=kind, alpha=0.8)
     failed = [r for r in records if r.status is TrialStatus.NAN and _group(r)[0] is not None]
     if failed:
@@ -188,8 +226,7 @@ def _throughput(records: Sequence[TrialRecord]) -> Any:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    measured = [r for r in records if math.isfinite(r.metrics.get(TRAIN_RATE, math.nan))
-                and _group(r)[0] is not None]
+    measured = [r for r in records if math.isfinite(r.metrics.get(TRAIN_RATE, math.nan)) and _group(r)[0] is not None]
     axes.scatter([_group(r)[0] for r in measured], [r.metrics[TRAIN_RATE] for r in measured], alpha=0.8)
     _batch_axis(axes, _batches(records))
     axes.set_ylabel("training samples/s (all folds, compilation excluded)")
@@ -241,12 +278,19 @@ def _learning_curves(curves: Sequence[Curve], objective: Objective) -> Any:
     figure, axes = plt.subplots(figsize=(8, 4.8))
     for curve in sorted(curves, key=lambda c: (0 < c.rank <= HIGHLIGHTED, -c.rank)):
         best = 0 < curve.rank <= HIGHLIGHTED
-        axes.plot(curve.epochs, curve.scores, linewidth=2.2 if best else 0.8, alpha=1.0 if best else 0.35,
-                  color=None if best else "grey", label=f"#{curve.rank} {curve.run_name}" if best else None)
+        axes.plot(
+            curve.epochs,
+            curve.scores,
+            linewidth=2.2 if best else 0.8,
+            alpha=1.0 if best else 0.35,
+            color=None if best else "grey",
+            label=f"#{curve.rank} {curve.run_name}" if best else None,
+        )
         if best and curve.selected_at in curve.epochs:
             chosen = curve.epochs.index(curve.selected_at)
-            axes.scatter([curve.selected_at], [curve.scores[chosen]], marker="o", facecolors="none",
-                         edgecolors="black", zorder=3)
+            axes.scatter(
+                [curve.selected_at], [curve.scores[chosen]], marker="o", facecolors="none", edgecolors="black", zorder=3
+            )
         if curve.nan_at is not None:
             stop = curve.epochs.index(curve.nan_at) if curve.nan_at in curve.epochs else -1
             axes.scatter([curve.epochs[stop]], [curve.scores[stop]], marker="x", color="red", zorder=3)
@@ -256,8 +300,9 @@ def _learning_curves(curves: Sequence[Curve], objective: Objective) -> Any:
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_ylabel(f"{objective.key} (CV mean)")
     highlighted = sum(0 < curve.rank <= HIGHLIGHTED for curve in curves)
-    axes.set_title(f"learning curves: {len(curves)} trials, the {highlighted} best highlighted "
-                   "(o: the epoch each is scored at)")
+    axes.set_title(
+        f"learning curves: {len(curves)} trials, the {highlighted} best highlighted (o: the epoch each is scored at)"
+    )
     if axes.get_legend_handles_labels()[0]:
         axes.legend(fontsize=8)
     return figure
@@ -273,8 +318,9 @@ def _parallel_coordinates(data: Coordinates, objective: Objective) -> Any:
         norm = colors.Normalize(min(data.scores), max(data.scores))
         cmap = matplotlib.colormaps["viridis" if objective.mode == "max" else "viridis_r"]
         positions = range(len(data.axes))
-        for row, score in sorted(zip(data.rows, data.scores), key=lambda pair: objective.sort_key(pair[1]),
-                                 reverse=True):
+        for row, score in sorted(
+            zip(data.rows, data.scores), key=lambda pair: objective.sort_key(pair[1]), reverse=True
+        ):
             axes.plot(positions, row, color=cmap(norm(score)), alpha=0.8)
         for position, labels in zip(positions, data.ticks):
             axes.axvline(position, color="black", linewidth=0.6)

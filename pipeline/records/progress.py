@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ray.tune import Callback
 
@@ -109,10 +110,14 @@ class SweepProgress:
     def counts(self) -> dict[str, int]:
         states = [trial.state for trial in self.trials.values()]
         planned = self.trials_planned - self.trials_done_before
-        return {"done": self.trials_done_before + sum(state is not TrialStatus.RUNNING for state in states),
-                "running": states.count(TrialStatus.RUNNING), "pending": max(0, planned - len(states)),
-                "pruned": states.count(TrialStatus.PRUNED), "nan": states.count(TrialStatus.NAN),
-                "failed": states.count(TrialStatus.ERROR)}
+        return {
+            "done": self.trials_done_before + sum(state is not TrialStatus.RUNNING for state in states),
+            "running": states.count(TrialStatus.RUNNING),
+            "pending": max(0, planned - len(states)),
+            "pruned": states.count(TrialStatus.PRUNED),
+            "nan": states.count(TrialStatus.NAN),
+            "failed": states.count(TrialStatus.ERROR),
+        }
 
     def best(self) -> TrialRecord | None:
         """The best ended trial by the leaderboard's rule: its score at its selected epoch."""
@@ -128,12 +133,15 @@ class SweepProgress:
         if self.rate_start is None:
             return None
         since, epochs_then = self.rate_start
-        total = sum(trial.epoch if trial.state is not TrialStatus.RUNNING else max(trial.epochs, trial.epoch)
-                    for trial in self.trials.values())
+        total = sum(
+            trial.epoch if trial.state is not TrialStatus.RUNNING else max(trial.epochs, trial.epoch)
+            for trial in self.trials.values()
+        )
         total += self.counts()["pending"] * self.epochs_per_trial
         done = self.epochs_done()
-        rate = eta_seconds(epochs_done=done - epochs_then, epochs_total=total - epochs_then,
-                           elapsed_s=time.monotonic() - since)
+        rate = eta_seconds(
+            epochs_done=done - epochs_then, epochs_total=total - epochs_then, elapsed_s=time.monotonic() - since
+        )
         return 0.0 if done >= total else rate
 
     def summary_line(self) -> str:
@@ -141,13 +149,17 @@ class SweepProgress:
         best = self.best()
         best_text = "no ranked trial yet" if counts["done"] else "no trial ended yet"
         if best is not None:
-            best_text = (f"best {self.objective.key} {selected_score(best, self.objective.key):.4f} at epoch "
-                         f"{selected_epoch(best)} ({best.label} ({short_run_id(best.run_id)}))")
+            best_text = (
+                f"best {self.objective.key} {selected_score(best, self.objective.key):.4f} at epoch "
+                f"{selected_epoch(best)} ({best.label} ({short_run_id(best.run_id)}))"
+            )
         eta = self.eta()
         eta_text = "ETA once a trial has ended" if self.rate_start is None else f"ETA ~{clock(eta)}"
-        return (f"{counts['done']}/{self.trials_planned} trials done, {counts['running']} running, "
-                f"{counts['pending']} pending, {counts['pruned']} pruned, {counts['nan']} NaN, {counts['failed']} failed;"
-                f" {best_text}; elapsed {clock(time.monotonic() - self.started)}, {eta_text}")
+        return (
+            f"{counts['done']}/{self.trials_planned} trials done, {counts['running']} running, "
+            f"{counts['pending']} pending, {counts['pruned']} pruned, {counts['nan']} NaN, {counts['failed']} failed;"
+            f" {best_text}; elapsed {clock(time.monotonic() - self.started)}, {eta_text}"
+        )
 
 
 class ProgressCallback(Callback):
@@ -156,8 +168,9 @@ class ProgressCallback(Callback):
     ``run_ids``: each trial's MLflow run id, as the recording callback creates them (the trials'
     names show it)."""
 
-    def __init__(self, progress: SweepProgress, *, describe: Callable[[Mapping[str, Any]], str],
-                 console: Any, live: bool):
+    def __init__(
+        self, progress: SweepProgress, *, describe: Callable[[Mapping[str, Any]], str], console: Any, live: bool
+    ):
         self.progress = progress
         self.describe = describe
         self.console = console

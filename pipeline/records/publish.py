@@ -6,17 +6,31 @@ refreshes all of it."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from pipeline.records.plots import write_plots
-from pipeline.records.report import (Standings, cv_results, nan_table_rows, rerun_command, split_params, sweep_description,
-                             to_csv, trial_description)
+from pipeline.records.report import (
+    Standings,
+    cv_results,
+    nan_table_rows,
+    rerun_command,
+    split_params,
+    sweep_description,
+    to_csv,
+    trial_description,
+)
 from pipeline.records.tracking import Tracker
 
 
-def publish(tracker: Tracker, parent_run_id: str, standings: Standings, *, sweep_name: str,
-            test_scores: Mapping[str, float] = {}) -> str:
+def publish(
+    tracker: Tracker,
+    parent_run_id: str,
+    standings: Standings,
+    *,
+    sweep_name: str,
+    test_scores: Mapping[str, float] = {},
+) -> str:
     """Write (or refresh) the sweep's tables, plots, run descriptions, each ranked trial's
     ``pvalue_vs_best`` and its view in the MLflow UI; returns the UI address path that opens the
     sweep's trials."""
@@ -27,8 +41,9 @@ def publish(tracker: Tracker, parent_run_id: str, standings: Standings, *, sweep
         plots = write_plots(records, objective, Path(directory), histories)
         tracker.publish_sweep_files(parent_run_id, texts=texts, files={path: "plots" for path in plots})
     descriptions = {record.run_id: trial_description(record, standings) for record in records}
-    descriptions[parent_run_id] = sweep_description(standings, sweep_name=sweep_name, test_scores=test_scores,
-                                                    rerun_command=rerun_command(standings, tracker.uri))
+    descriptions[parent_run_id] = sweep_description(
+        standings, sweep_name=sweep_name, test_scores=test_scores, rerun_command=rerun_command(standings, tracker.uri)
+    )
     tracker.describe_runs(descriptions)
     tracker.mark_comparisons({run_id: comparison.pvalue for run_id, comparison in standings.comparisons.items()})
     varying, _ = split_params(records)

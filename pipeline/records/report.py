@@ -13,17 +13,31 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from rich.table import Table
 
-from pipeline.contract.results import (BEST_EPOCH, COMPILE_S, EVAL_RATE, NAN_EPOCH, NAN_FAILURES, NAN_FOLD, NAN_STEP, SELECTED_PREFIX,
-                                       TRAIN_RATE, TRIAL_WALL_S, TrialStatus, split_key, sweep_fixed_s,
-                                       trial_account)
 from pipeline.contract.account import TimeAccount
-from pipeline.records.significance import SIGNIFICANCE_LEVEL, Comparison, corrected_ttest, val_train_ratio
+from pipeline.contract.results import (
+    BEST_EPOCH,
+    COMPILE_S,
+    EVAL_RATE,
+    NAN_EPOCH,
+    NAN_FAILURES,
+    NAN_FOLD,
+    NAN_STEP,
+    SELECTED_PREFIX,
+    TRAIN_RATE,
+    TRIAL_WALL_S,
+    TrialStatus,
+    split_key,
+    sweep_fixed_s,
+    trial_account,
+)
 from pipeline.inputs.spec import NO_CLIPPING, Objective
+from pipeline.records.significance import SIGNIFICANCE_LEVEL, Comparison, corrected_ttest, val_train_ratio
 from pipeline.records.tracking import TrialRecord
 
 # The scores every classifier's trials are ranked by in cv_results.csv, besides the objective.
@@ -50,8 +64,11 @@ def ranked(records: Sequence[TrialRecord], objective: Objective) -> list[TrialRe
     """Trials that finished all their epochs with a finite score, best first by the score at
     their selected epoch (ties keep the order trials started). Pruned, NaN and failed trials are
     not ranked."""
-    scored = [record for record in records
-              if record.status is TrialStatus.OK and selected_score(record, objective.key) is not None]
+    scored = [
+        record
+        for record in records
+        if record.status is TrialStatus.OK and selected_score(record, objective.key) is not None
+    ]
     return sorted(scored, key=lambda record: objective.sort_key(selected_score(record, objective.key)))
 
 
@@ -123,12 +140,16 @@ class Standings:
             return ""
         others = len(self.ranked) - 1
         tied = len(self.tied_with_best())
-        test = (f"one-sided corrected resampled t-test over {self.replicas} replicas at each trial's selected epoch, "
-                f"p >= {SIGNIFICANCE_LEVEL:g}")
+        test = (
+            f"one-sided corrected resampled t-test over {self.replicas} replicas at each trial's selected epoch, "
+            f"p >= {SIGNIFICANCE_LEVEL:g}"
+        )
         if others == 0:
             return f"only one trial is ranked: nothing to compare the best with ({test})"
-        return (f"{tied} of the {others} other ranked trials {'is' if tied == 1 else 'are'} statistically "
-                f"indistinguishable from the best ({test})")
+        return (
+            f"{tied} of the {others} other ranked trials {'is' if tied == 1 else 'are'} statistically "
+            f"indistinguishable from the best ({test})"
+        )
 
 
 def _p_text(pvalue: float) -> str:
@@ -151,8 +172,10 @@ def leaderboard_table(standings: Standings, *, title: str = "") -> Table:
     varying, shared = split_params(records)
     caption = " ".join(f"{key}={_short(value)}" for key, value in sorted(shared.items()))
     better = "higher" if objective.mode == "max" else "lower"
-    table = Table(title=title or f"leaderboard ({objective.key}, {better} is better)",
-                  caption=f"all trials: {caption}" if caption else None)
+    table = Table(
+        title=title or f"leaderboard ({objective.key}, {better} is better)",
+        caption=f"all trials: {caption}" if caption else None,
+    )
     table.add_column("rank", justify="right")
     table.add_column("run id")
     table.add_column("trial")
@@ -162,13 +185,28 @@ def leaderboard_table(standings: Standings, *, title: str = "") -> Table:
     table.add_column("status")
     table.add_column("params")
     for record in standings.ranked:
-        table.add_row(str(standings.rank(record)), short_run_id(record.run_id), record.label,
-                      _score_text(record, objective), _epoch_text(record), standings.versus_best(record), record.status,
-                      _params_text(record, varying))
+        table.add_row(
+            str(standings.rank(record)),
+            short_run_id(record.run_id),
+            record.label,
+            _score_text(record, objective),
+            _epoch_text(record),
+            standings.versus_best(record),
+            record.status,
+            _params_text(record, varying),
+        )
     for record in records:
         if record not in standings.ranked:
-            table.add_row("-", short_run_id(record.run_id), record.label, "-", "-", "-", status_text(record),
-                          _params_text(record, varying))
+            table.add_row(
+                "-",
+                short_run_id(record.run_id),
+                record.label,
+                "-",
+                "-",
+                "-",
+                status_text(record),
+                _params_text(record, varying),
+            )
     return table
 
 
@@ -222,8 +260,16 @@ def param_names(records: Sequence[TrialRecord]) -> list[str]:
     def column(name: str) -> tuple[str | None, ...]:
         return tuple(record.params.get(name) for record in records)
 
-    return [name for name in names if not (name in IN_EFFECT_PARAMS and any(
-        other != name and other not in IN_EFFECT_PARAMS and column(other) == column(name) for other in names))]
+    return [
+        name
+        for name in names
+        if not (
+            name in IN_EFFECT_PARAMS
+            and any(
+                other != name and other not in IN_EFFECT_PARAMS and column(other) == column(name) for other in names
+            )
+        )
+    ]
 
 
 def split_params(records: Sequence[TrialRecord]) -> tuple[list[str], dict[str, str]]:
@@ -255,16 +301,21 @@ def cv_results(standings: Standings) -> list[dict[str, Any]]:
     records = standings.records
     names = param_names(records)
     metrics = recorded_metrics(records, standings.objective)
-    replicas = max((len(replica_scores(record, Objective(metric))) for record in records for metric in metrics),
-                   default=0)
+    replicas = max(
+        (len(replica_scores(record, Objective(metric))) for record in records for metric in metrics), default=0
+    )
     # Ranked: the objective (in its direction), and loss and accuracy as before.
     objectives = {metric: Objective.for_metric(metric) for metric in METRICS if metric in metrics}
     objectives[standings.objective.metric] = standings.objective
     ranks = {metric: shared_ranks(records, objective) for metric, objective in objectives.items()}
     rows = []
     for record in records:
-        row: dict[str, Any] = {"run_id": record.run_id, "trial_id": record.trial_id, "status": record.status,
-                               BEST_EPOCH: _blank(selected_epoch(record))}
+        row: dict[str, Any] = {
+            "run_id": record.run_id,
+            "trial_id": record.trial_id,
+            "status": record.status,
+            BEST_EPOCH: _blank(selected_epoch(record)),
+        }
         row.update({f"param_{name}": record.params.get(name, "") for name in names})
         for metric in metrics:
             for k in range(replicas):
@@ -286,8 +337,12 @@ def cv_results(standings: Standings) -> list[dict[str, Any]]:
 def recorded_metrics(records: Sequence[TrialRecord], objective: Objective) -> list[str]:
     """The validation metrics the trials recorded (``mean_val_<name>``): loss and accuracy first,
     then the objective, then the others by name."""
-    found = {key.removeprefix(f"{SELECTED_PREFIX}mean_val_").removeprefix("mean_val_") for record in records
-             for key in record.metrics if key.startswith(("mean_val_", f"{SELECTED_PREFIX}mean_val_"))}
+    found = {
+        key.removeprefix(f"{SELECTED_PREFIX}mean_val_").removeprefix("mean_val_")
+        for record in records
+        for key in record.metrics
+        if key.startswith(("mean_val_", f"{SELECTED_PREFIX}mean_val_"))
+    }
     first = [metric for metric in (*METRICS, objective.metric) if metric in found or metric == objective.metric]
     return list(dict.fromkeys([*first, *sorted(found - set(first))]))
 
@@ -302,8 +357,7 @@ def shared_ranks(records: Sequence[TrialRecord], objective: Objective) -> dict[s
     ranks: dict[str, int] = {}
     for position, record in enumerate(ordered, start=1):
         previous = ordered[position - 2] if position > 1 else None
-        tied = (previous is not None
-                and selected_score(previous, objective.key) == selected_score(record, objective.key))
+        tied = previous is not None and selected_score(previous, objective.key) == selected_score(record, objective.key)
         ranks[record.run_id] = ranks[previous.run_id] if tied else position
     return ranks
 
@@ -329,9 +383,13 @@ def nan_table_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
     for record in records:
         groups.setdefault(_group(record), []).append(record)
     return [
-        {"batch_size": batch, "clipping": clipping, "trials": len(members),
-         "nan": sum(member.status is TrialStatus.NAN for member in members),
-         "nan_folds": int(sum(member.metrics.get(NAN_FAILURES, 0) for member in members))}
+        {
+            "batch_size": batch,
+            "clipping": clipping,
+            "trials": len(members),
+            "nan": sum(member.status is TrialStatus.NAN for member in members),
+            "nan_folds": int(sum(member.metrics.get(NAN_FAILURES, 0) for member in members)),
+        }
         for (batch, clipping), members in sorted(groups.items(), key=lambda item: (item[0][0] or 0, item[0][1]))
     ]
 
@@ -361,13 +419,21 @@ def account_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
     accounts = [(label, account) for label, account in accounts if account is not None]
     if not accounts:
         return []
-    total = TimeAccount(sum(account.wall_s for _, account in accounts),
-                        tuple((name, sum(dict(account.parts)[name] for _, account in accounts))
-                              for name, _ in accounts[0][1].parts))
-    return [{"trial": label, TRIAL_WALL_S: account.wall_s,
-             **{name: _seconds_share(seconds, share, between="\n") for (name, seconds), share
-                in zip(account.as_dict().items(), account.shares().values())}}
-            for label, account in [*accounts, (f"all {len(accounts)}", total)]]
+    total = TimeAccount(
+        sum(account.wall_s for _, account in accounts),
+        tuple((name, sum(dict(account.parts)[name] for _, account in accounts)) for name, _ in accounts[0][1].parts),
+    )
+    return [
+        {
+            "trial": label,
+            TRIAL_WALL_S: account.wall_s,
+            **{
+                name: _seconds_share(seconds, share, between="\n")
+                for (name, seconds), share in zip(account.as_dict().items(), account.shares().values())
+            },
+        }
+        for label, account in [*accounts, (f"all {len(accounts)}", total)]
+    ]
 
 
 def _seconds_share(seconds: float, share: float, *, between: str = " ") -> str:
@@ -376,9 +442,8 @@ def _seconds_share(seconds: float, share: float, *, between: str = " ") -> str:
 
 def account_table(rows: Sequence[dict[str, Any]]) -> Table:
     """The accounts as a table that fits an 80-column terminal: each part's share under its seconds."""
-    table = Table(title="where each trial's time went (seconds, share)", box=None, pad_edge=False,
-                  header_style="bold")
-    for column in (rows[0] if rows else {}):
+    table = Table(title="where each trial's time went (seconds, share)", box=None, pad_edge=False, header_style="bold")
+    for column in rows[0] if rows else {}:
         table.add_column(column, justify="right", no_wrap=True)
     for row in rows:
         table.add_row(*(_cell(value) for value in row.values()))
@@ -389,7 +454,8 @@ def account_text(account: TimeAccount) -> str:
     """``12.3 s wall: setup_s 3.10 (25%), compile_s ...``: a trial's account on one line."""
     return f"{account.wall_s:.2f} s wall: " + ", ".join(
         f"{name} {_seconds_share(seconds, share)}"
-        for (name, seconds), share in zip(account.as_dict().items(), account.shares().values()))
+        for (name, seconds), share in zip(account.as_dict().items(), account.shares().values())
+    )
 
 
 def sweep_account_text(account: TimeAccount) -> str:
@@ -399,7 +465,7 @@ def sweep_account_text(account: TimeAccount) -> str:
 
 def rows_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
-    for column in (rows[0] if rows else {}):
+    for column in rows[0] if rows else {}:
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(*(_cell(value) for value in row.values()))
@@ -412,8 +478,9 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def sweep_description(standings: Standings, *, sweep_name: str, test_scores: Mapping[str, float] = {},
-                      rerun_command: str | None = None) -> str:
+def sweep_description(
+    standings: Standings, *, sweep_name: str, test_scores: Mapping[str, float] = {}, rerun_command: str | None = None
+) -> str:
     """The parent run's description, in Markdown: the leaderboard (the params that vary) with
     how many trials are tied with the best, the NaN table (batch size x clipping), the refit's
     test scores and how to rerun the best trial."""
@@ -423,20 +490,28 @@ def sweep_description(standings: Standings, *, sweep_name: str, test_scores: Map
     lines = [f"## {sweep_name}: {len(records)} trials, ranked by {objective.key} ({better} is better)", ""]
     if standings.ties_line():
         lines += [standings.ties_line()[0].upper() + standings.ties_line()[1:] + ".", ""]
-    lines += ["| rank | trial | " + f"{objective.key} ± std | epoch | vs best | status | " + " | ".join(varying) + " |",
-              "|" + " --- |" * (6 + len(varying))]
+    lines += [
+        "| rank | trial | " + f"{objective.key} ± std | epoch | vs best | status | " + " | ".join(varying) + " |",
+        "|" + " --- |" * (6 + len(varying)),
+    ]
     rows = []
     for record in [*ordered, *(r for r in records if r not in ordered)]:
         rank = str(standings.rank(record)) if record in ordered else "-"
         score = _score_text(record, objective) if record in ordered else "-"
-        cells = [rank, f"{record.label} ({short_run_id(record.run_id)})", score, _epoch_text(record) if record in ordered else "-",
-                 standings.versus_best(record), status_text(record),
-                 *(_short(record.params.get(name, "-")) for name in varying)]
+        cells = [
+            rank,
+            f"{record.label} ({short_run_id(record.run_id)})",
+            score,
+            _epoch_text(record) if record in ordered else "-",
+            standings.versus_best(record),
+            status_text(record),
+            *(_short(record.params.get(name, "-")) for name in varying),
+        ]
         rows.append("| " + " | ".join(cells) + " |")
     # MLflow keeps at most 8,000 characters of a tag: the best rows fit, the rest is in cv_results.csv.
     budget = DESCRIPTION_BUDGET - 2000  # room for the NaN table, refit and rerun sections
     shown = 0
-    while shown < len(rows) and sum(len(row) + 1 for row in rows[:shown + 1]) < budget:
+    while shown < len(rows) and sum(len(row) + 1 for row in rows[: shown + 1]) < budget:
         shown += 1
     lines += rows[:shown]
     if shown < len(rows):
@@ -445,12 +520,21 @@ def sweep_description(standings: Standings, *, sweep_name: str, test_scores: Map
     if shared:
         lines += ["", "All trials: " + ", ".join(f"`{key}={_short(value)}`" for key, value in sorted(shared.items()))]
     nan_rows = nan_table_rows(records)
-    lines += ["", "### NaN failures by batch size and clipping", "", "| batch_size | clipping | trials | NaN |",
-              "| --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "### NaN failures by batch size and clipping",
+        "",
+        "| batch_size | clipping | trials | NaN |",
+        "| --- | --- | --- | --- |",
+    ]
     lines += [f"| {row['batch_size']} | {row['clipping']} | {row['trials']} | {row['nan']} |" for row in nan_rows]
     if test_scores:
-        lines += ["", "### Refit of the best trial on the held-out test split", "",
-                  ", ".join(f"{key} **{value:.4f}**" for key, value in sorted(test_scores.items()))]
+        lines += [
+            "",
+            "### Refit of the best trial on the held-out test split",
+            "",
+            ", ".join(f"{key} **{value:.4f}**" for key, value in sorted(test_scores.items())),
+        ]
     if rerun_command:
         lines += ["", "### Rerun the best trial", "", f"```\n{rerun_command}\n```"]
     return ("\n".join(lines) + "\n")[:DESCRIPTION_BUDGET]
@@ -463,8 +547,17 @@ def trial_description(record: TrialRecord, standings: Standings) -> str:
     if rank is None:
         return f"Not ranked: status {status_text(record)}."
     versus = standings.versus_best(record)
-    comparison = "" if versus == "-" else (
-        " The best trial." if rank == 1 else f" Against the best on the same {standings.replicas} replicas: {versus}.")
-    return (f"Rank **{rank}** of {len(standings.ranked)} ranked trials: {standings.objective.key} "
-            f"{_score_text(record, standings.objective)} at epoch {_epoch_text(record)}; status {record.status}."
-            + comparison)
+    comparison = (
+        ""
+        if versus == "-"
+        else (
+            " The best trial."
+            if rank == 1
+            else f" Against the best on the same {standings.replicas} replicas: {versus}."
+        )
+    )
+    return (
+        f"Rank **{rank}** of {len(standings.ranked)} ranked trials: {standings.objective.key} "
+        f"{_score_text(record, standings.objective)} at epoch {_epoch_text(record)}; status {record.status}."
+        + comparison
+    )

@@ -12,8 +12,8 @@ mean validation and training sizes are N/k and N - N/k, and ``n_val/n_train = 1/
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -20,8 +20,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 from urllib.parse import urlparse
 
 from pipeline.base.errors import TrackingError
@@ -54,7 +55,8 @@ def check_tracking_uri(uri: str, *, source: str = "tracking.uri") -> None:
         hint = f" (did you mean sqlite:///{uri}?)" if not parsed.scheme and uri.strip() else ""
         raise TrackingError(
             f"{source} must be sqlite:///FILE (e.g. sqlite:///mlflow.db), http(s)://HOST:PORT or another "
-            f"MLflow store URI, got {uri!r}{hint}")
+            f"MLflow store URI, got {uri!r}{hint}"
+        )
 
 
 def require_existing_store(uri: str, *, source: str, purpose: str) -> None:
@@ -72,7 +74,7 @@ def require_existing_store(uri: str, *, source: str, purpose: str) -> None:
 
 def sqlite_path(uri: str) -> Path | None:
     """The file of a ``sqlite:///`` URI, absolute (None for an in-memory store)."""
-    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+    path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else None
     if not path or path == ":memory:":
         return None
     return Path(path).resolve()
@@ -80,19 +82,23 @@ def sqlite_path(uri: str) -> Path | None:
 
 def _check_sqlite_file(uri: str, database: Path, source: str) -> None:
     if database.is_dir():
-        raise TrackingError(f"{source}: {uri!r} names a directory, not a SQLite file (e.g. "
-                            f"sqlite:///{database / 'mlflow.db'})")
+        raise TrackingError(
+            f"{source}: {uri!r} names a directory, not a SQLite file (e.g. sqlite:///{database / 'mlflow.db'})"
+        )
     if not database.exists():
         directory = database.parent
         if not directory.is_dir():
-            raise TrackingError(f"{source}: the directory of the SQLite file must exist, got {uri!r} "
-                                f"(no directory {str(directory)!r})")
+            raise TrackingError(
+                f"{source}: the directory of the SQLite file must exist, got {uri!r} (no directory {str(directory)!r})"
+            )
         try:  # the only sure test (permissions, read-only mounts, /proc): a file made and removed at once
             with tempfile.NamedTemporaryFile(dir=directory, prefix=".foldsweep-probe-"):
                 pass
         except OSError as exc:
-            raise TrackingError(f"{source}: no store can be created at {uri!r}: files cannot be created in "
-                                f"{str(directory)!r} ({exc.strerror or exc})") from None
+            raise TrackingError(
+                f"{source}: no store can be created at {uri!r}: files cannot be created in "
+                f"{str(directory)!r} ({exc.strerror or exc})"
+            ) from None
         return
     if database.stat().st_size == 0:  # an empty file becomes a new store
         return
@@ -102,13 +108,17 @@ def _check_sqlite_file(uri: str, database: Path, source: str) -> None:
     except OSError as exc:
         raise TrackingError(f"{source}: cannot read the store {uri!r}: {exc.strerror or exc}") from None
     if header != SQLITE_HEADER:
-        raise TrackingError(f"{source}: {str(database)!r} is not a SQLite database, so not an MLflow store "
-                            f"(got {uri!r}); name a new file or an existing MLflow store")
+        raise TrackingError(
+            f"{source}: {str(database)!r} is not a SQLite database, so not an MLflow store "
+            f"(got {uri!r}); name a new file or an existing MLflow store"
+        )
     tables = _sqlite_tables(database, uri, source)
     if tables and not MLFLOW_STORE_TABLES <= tables and not _being_created(database, tables):
         shown = ", ".join(sorted(tables)[:6]) + (", ..." if len(tables) > 6 else "")
-        raise TrackingError(f"{source}: {str(database)!r} is a SQLite database but not an MLflow store (its tables: "
-                            f"{shown}), got {uri!r}; name a new file or an existing MLflow store")
+        raise TrackingError(
+            f"{source}: {str(database)!r} is a SQLite database but not an MLflow store (its tables: "
+            f"{shown}), got {uri!r}; name a new file or an existing MLflow store"
+        )
     if not os.access(database, os.W_OK):
         raise TrackingError(f"{source}: the store {uri!r} is not writable by this user")
 
@@ -143,10 +153,16 @@ def _check_server(uri: str, source: str) -> None:
     except urllib.error.HTTPError as exc:
         raise TrackingError(f"{source}: {uri!r} answered HTTP {exc.code} at /health: is it an MLflow server?") from None
     except (OSError, ValueError) as exc:
-        raise TrackingError(f"{source}: cannot reach an MLflow server at {uri!r}: {getattr(exc, 'reason', exc)}") from None
+        raise TrackingError(
+            f"{source}: cannot reach an MLflow server at {uri!r}: {getattr(exc, 'reason', exc)}"
+        ) from None
     headers = {"Content-Type": "application/json", **server_credentials()}
-    request = urllib.request.Request(f"{base}/api/2.0/mlflow/experiments/search", method="POST", headers=headers,
-                                     data=json.dumps({"max_results": 1}).encode())
+    request = urllib.request.Request(
+        f"{base}/api/2.0/mlflow/experiments/search",
+        method="POST",
+        headers=headers,
+        data=json.dumps({"max_results": 1}).encode(),
+    )
     try:
         with urllib.request.urlopen(request, timeout=SERVER_TIMEOUT_S) as response:
             response.read()
@@ -155,11 +171,15 @@ def _check_server(uri: str, source: str) -> None:
             given = "refuses the credentials of" if "Authorization" in headers else "asks for credentials: set"
             raise TrackingError(
                 f"{source}: the MLflow server at {uri!r} {given} MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
-                f"(HTTP {exc.code})") from None
-        raise TrackingError(f"{source}: {uri!r} answered HTTP {exc.code} to a search for experiments: is it an "
-                            "MLflow tracking server?") from None
+                f"(HTTP {exc.code})"
+            ) from None
+        raise TrackingError(
+            f"{source}: {uri!r} answered HTTP {exc.code} to a search for experiments: is it an MLflow tracking server?"
+        ) from None
     except (OSError, ValueError) as exc:
-        raise TrackingError(f"{source}: cannot reach an MLflow server at {uri!r}: {getattr(exc, 'reason', exc)}") from None
+        raise TrackingError(
+            f"{source}: cannot reach an MLflow server at {uri!r}: {getattr(exc, 'reason', exc)}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -212,10 +232,14 @@ def ready_store(open_client: Callable[[], Client], uri: str) -> Client:
             try:
                 return _opened(open_client)
             except Exception as exc:
-                if ("database is locked" not in str(exc) and not _schema_moves(database, before)
-                        and not _dropped_interrupted_copies(database)):
-                    raise TrackingError(f"the tracking store {uri!r} cannot be opened: "
-                                        f"{' '.join(str(exc).split())}") from exc
+                if (
+                    "database is locked" not in str(exc)
+                    and not _schema_moves(database, before)
+                    and not _dropped_interrupted_copies(database)
+                ):
+                    raise TrackingError(
+                        f"the tracking store {uri!r} cannot be opened: {' '.join(str(exc).split())}"
+                    ) from exc
                 time.sleep(min(0.1 * (attempt + 1), 1.0))
         return _opened(open_client)
 
@@ -237,8 +261,11 @@ def _dropped_interrupted_copies(database: Path) -> list[str]:
     try:
         with contextlib.closing(sqlite3.connect(database, timeout=5)) as connection, connection:
             names = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            copies = sorted(name for name in names if name.startswith(INTERRUPTED_COPY_PREFIX)
-                            and name.removeprefix(INTERRUPTED_COPY_PREFIX) in names)
+            copies = sorted(
+                name
+                for name in names
+                if name.startswith(INTERRUPTED_COPY_PREFIX) and name.removeprefix(INTERRUPTED_COPY_PREFIX) in names
+            )
             for copy in copies:
                 connection.execute(f'DROP TABLE "{copy}"')
     except sqlite3.Error:  # the attempt's own error is the one to report
@@ -272,8 +299,11 @@ def _schema_state(database: Path) -> tuple[str, ...] | None:
     try:
         with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=1)) as connection:
             tables = sorted(connection.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
-            revision = (list(connection.execute("SELECT version_num FROM alembic_version"))
-                        if any(name == "alembic_version" for name, _ in tables) else [])
+            revision = (
+                list(connection.execute("SELECT version_num FROM alembic_version"))
+                if any(name == "alembic_version" for name, _ in tables)
+                else []
+            )
     except sqlite3.Error as exc:
         return None if "locked" in str(exc) else (f"unreadable: {exc}",)
     return tuple(f"{name}: {sql}" for name, sql in tables) + tuple(row[0] for row in revision)

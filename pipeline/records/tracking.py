@@ -13,18 +13,33 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from pipeline.base.errors import TrackingError
-from pipeline.contract.results import (BEST_EPOCH, EPOCH_GAP_S, FOLD_IDS, NAN_FAILURES, PLAN_ARTIFACT, RETRIES,
-                                       SELECTED_PREFIX, EpochResult, EpochSelection, SweepStatus, TrialInfo, TrialStatus, in_history,
-                                       placement_metrics, placement_tags, trial_label)
-from pipeline.inputs.spec import Objective
 from pipeline.base.private_hooks import MLFLOW_SHARED_VIEW_PARAM, MLFLOW_SHARED_VIEW_TAG
+from pipeline.contract.results import (
+    BEST_EPOCH,
+    EPOCH_GAP_S,
+    FOLD_IDS,
+    NAN_FAILURES,
+    PLAN_ARTIFACT,
+    RETRIES,
+    SELECTED_PREFIX,
+    EpochResult,
+    EpochSelection,
+    SweepStatus,
+    TrialInfo,
+    TrialStatus,
+    in_history,
+    placement_metrics,
+    placement_tags,
+    trial_label,
+)
+from pipeline.inputs.spec import Objective
 from pipeline.records.stores import quiet_mlflow, ready_store, sqlite_path
-
 
 
 class Tag:
@@ -93,12 +108,18 @@ class TrialRecord:
     def from_run(cls, run: Any) -> TrialRecord:
         """The record of an MLflow run (the one place a trial's flat record is read back)."""
         tags = run.data.tags
-        return cls(run_id=run.info.run_id, run_name=run.info.run_name, trial_id=tags.get(Tag.TRIAL_ID, ""),
-                   state=run.info.status, status=TrialStatus.recorded(tags.get(Tag.STATUS)),
-                   params=dict(run.data.params), metrics=dict(run.data.metrics), error=tags.get(Tag.ERROR, ""),
-                   tags={key.removeprefix(Tag.PREFIX): value for key, value in tags.items()
-                         if key.startswith(Tag.PREFIX)},
-                   ended_at=run.info.end_time / 1000 if run.info.end_time else None)
+        return cls(
+            run_id=run.info.run_id,
+            run_name=run.info.run_name,
+            trial_id=tags.get(Tag.TRIAL_ID, ""),
+            state=run.info.status,
+            status=TrialStatus.recorded(tags.get(Tag.STATUS)),
+            params=dict(run.data.params),
+            metrics=dict(run.data.metrics),
+            error=tags.get(Tag.ERROR, ""),
+            tags={key.removeprefix(Tag.PREFIX): value for key, value in tags.items() if key.startswith(Tag.PREFIX)},
+            ended_at=run.info.end_time / 1000 if run.info.end_time else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -122,8 +143,13 @@ class SweepRecord:
 
     @classmethod
     def from_run(cls, run: Any) -> SweepRecord:
-        return cls(run_id=run.info.run_id, name=run.data.tags.get(Tag.SWEEP, run.info.run_name),
-                   params=dict(run.data.params), metrics=dict(run.data.metrics), tags=dict(run.data.tags))
+        return cls(
+            run_id=run.info.run_id,
+            name=run.data.tags.get(Tag.SWEEP, run.info.run_name),
+            params=dict(run.data.params),
+            metrics=dict(run.data.metrics),
+            tags=dict(run.data.tags),
+        )
 
 
 @dataclass(frozen=True)
@@ -158,8 +184,11 @@ class Tracker:
             return experiment.experiment_id
         # The MLflow UI opens an experiment on the view its kind names; CV sweeps are model
         # training, not GenAI traces.
-        return self._client.create_experiment(name, artifact_location=self._artifact_location(name),
-                                              tags={"mlflow.experimentKind": "custom_model_development"})
+        return self._client.create_experiment(
+            name,
+            artifact_location=self._artifact_location(name),
+            tags={"mlflow.experimentKind": "custom_model_development"},
+        )
 
     def _artifact_location(self, name: str) -> str | None:
         # Artifacts of a SQLite store live beside the database file rather than in whatever
@@ -172,15 +201,23 @@ class Tracker:
 
     # -- sweeps ---------------------------------------------------------------------------------
 
-    def start_sweep(self, *, name: str, spec_text: str, manifest: Mapping[str, Any],
-                    params: Mapping[str, Any], ray_path_for: Callable[[str], str],
-                    tags: Mapping[str, str] = {}) -> tuple[str, str]:
+    def start_sweep(
+        self,
+        *,
+        name: str,
+        spec_text: str,
+        manifest: Mapping[str, Any],
+        params: Mapping[str, Any],
+        ray_path_for: Callable[[str], str],
+        tags: Mapping[str, str] = {},
+    ) -> tuple[str, str]:
         """Create the parent run of a sweep with its spec, fold manifest and ``tags``; returns its
         id and the Ray Tune experiment path (``ray_path_for(run_id)``), recorded for a resume."""
         from mlflow.entities import Param
 
         run = self._client.create_run(
-            self.experiment_id(name), run_name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            self.experiment_id(name),
+            run_name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
             tags={**tags, Tag.ROLE: "sweep", Tag.SWEEP: name, Tag.STATUS: SweepStatus.RUNNING.value},
         )
         run_id = run.info.run_id
@@ -209,8 +246,10 @@ class Tracker:
         """
         parent = self.find_sweep(name)
         if parent.tags.get(Tag.STATUS) == SweepStatus.OK.value:
-            raise TrackingError(f"--resume: the latest sweep {name!r} (run {parent.run_id}) finished; "
-                                "nothing to resume (run without --resume for a new sweep)")
+            raise TrackingError(
+                f"--resume: the latest sweep {name!r} (run {parent.run_id}) finished; "
+                "nothing to resume (run without --resume for a new sweep)"
+            )
         if not parent.tags.get(Tag.RAY_PATH):
             raise TrackingError(f"--resume: sweep run {parent.run_id} has no Ray experiment path to resume from")
         return parent
@@ -238,8 +277,9 @@ class Tracker:
             except MlflowException:
                 raise TrackingError(f"SWEEP: no run with id {sweep!r} in {self.uri}") from None
             if run.data.tags.get(Tag.ROLE) != "sweep":
-                raise TrackingError(f"SWEEP: run {sweep!r} is not a foldsweep sweep (tag {Tag.ROLE}="
-                                    f"{run.data.tags.get(Tag.ROLE)!r})")
+                raise TrackingError(
+                    f"SWEEP: run {sweep!r} is not a foldsweep sweep (tag {Tag.ROLE}={run.data.tags.get(Tag.ROLE)!r})"
+                )
             return SweepRecord.from_run(run)
         if sweep is not None:
             experiment = self._client.get_experiment_by_name(sweep)
@@ -248,15 +288,21 @@ class Tracker:
             experiment_ids = [experiment.experiment_id]
         else:
             experiment_ids = [e.experiment_id for e in self._client.search_experiments()]
-        runs = self._client.search_runs(experiment_ids, filter_string=role, order_by=["attributes.start_time DESC"],
-                                        max_results=1) if experiment_ids else []
+        runs = (
+            self._client.search_runs(
+                experiment_ids, filter_string=role, order_by=["attributes.start_time DESC"], max_results=1
+            )
+            if experiment_ids
+            else []
+        )
         if not runs:
             where = f"named {sweep!r} " if sweep else ""
             raise TrackingError(f"SWEEP: no sweep {where}in {self.uri}")
         return SweepRecord.from_run(runs[0])
 
-    def publish_sweep_files(self, run_id: str, *, texts: Mapping[str, str] = {},
-                            files: Mapping[Path, str | None] = {}) -> None:
+    def publish_sweep_files(
+        self, run_id: str, *, texts: Mapping[str, str] = {}, files: Mapping[Path, str | None] = {}
+    ) -> None:
         """Artifacts of a sweep's parent run: ``texts`` {artifact path: content}, ``files``
         {local file: artifact directory (None: the top)}."""
         for artifact, text in texts.items():
@@ -286,19 +332,26 @@ class Tracker:
         key = f"foldsweep-{parent_run_id[:12]}"
         state = {
             "searchFilter": f"tags.`{Tag.PARENT}` = '{parent_run_id}' and tags.`{Tag.ROLE}` = 'trial'",
-            "orderByKey": f"metrics.`{SELECTED_PREFIX}{objective.key}`", "orderByAsc": objective.mode == "min",
-            "selectedColumns": [f"metrics.`{SELECTED_PREFIX}{objective.key}`",
-                                f"metrics.`{SELECTED_PREFIX}{objective.spread_key}`", f"metrics.`{BEST_EPOCH}`",
-                                f"tags.`{Tag.PVALUE_VS_BEST}`", f"tags.`{Tag.STATUS}`",
-                                *(f"params.`{name}`" for name in columns)],
+            "orderByKey": f"metrics.`{SELECTED_PREFIX}{objective.key}`",
+            "orderByAsc": objective.mode == "min",
+            "selectedColumns": [
+                f"metrics.`{SELECTED_PREFIX}{objective.key}`",
+                f"metrics.`{SELECTED_PREFIX}{objective.spread_key}`",
+                f"metrics.`{BEST_EPOCH}`",
+                f"tags.`{Tag.PVALUE_VS_BEST}`",
+                f"tags.`{Tag.STATUS}`",
+                *(f"params.`{name}`" for name in columns),
+            ],
         }
         self._client.set_experiment_tag(experiment_id, f"{MLFLOW_SHARED_VIEW_TAG}{key}", json.dumps(state))
         return f"/#/experiments/{experiment_id}/runs?{MLFLOW_SHARED_VIEW_PARAM}={key}&workflowType=machine_learning"
 
     def metric_histories(self, run_ids: Sequence[str], key: str) -> dict[str, list[tuple[int, float]]]:
         """One metric's (step, value) history of each run."""
-        return {run_id: [(metric.step, metric.value) for metric in self._client.get_metric_history(run_id, key)]
-                for run_id in run_ids}
+        return {
+            run_id: [(metric.step, metric.value) for metric in self._client.get_metric_history(run_id, key)]
+            for run_id in run_ids
+        }
 
     # -- trials ---------------------------------------------------------------------------------
 
@@ -316,17 +369,26 @@ class Tracker:
     def trial_record(self, run_id: str) -> TrialRecord:
         return TrialRecord.from_run(self._client.get_run(run_id))
 
-    def close_open_trial_runs(self, parent_run_id: str, *, status: TrialStatus,
-                              selection: EpochSelection | None = None) -> None:
+    def close_open_trial_runs(
+        self, parent_run_id: str, *, status: TrialStatus, selection: EpochSelection | None = None
+    ) -> None:
         """Trial runs left RUNNING (a stopped sweep, or a driver killed before it closed them)
         end as ``status``."""
         for record in self.trial_records(parent_run_id):
             if record.state == "RUNNING":
                 TrialRecorder(self, record.run_id, selection).finish(status)
 
-    def trial_recorder(self, *, parent_run_id: str, run_name: str, role: str, config: Mapping[str, Any],
-                       tags: Mapping[str, str], trial_id: str | None = None,
-                       selection: EpochSelection | None = None) -> TrialRecorder:
+    def trial_recorder(
+        self,
+        *,
+        parent_run_id: str,
+        run_name: str,
+        role: str,
+        config: Mapping[str, Any],
+        tags: Mapping[str, str],
+        trial_id: str | None = None,
+        selection: EpochSelection | None = None,
+    ) -> TrialRecorder:
         """The recorder of a trial's run (or a rerun's): a new child run of the sweep with the
         config it uses as params and as ``trial_config.json`` (typed, for reruns); for a Ray
         trial that already has a run in this sweep (a resume), that run, set running again."""
@@ -344,7 +406,8 @@ class Tracker:
             tags = {**tags, Tag.TRIAL_ID: trial_id}
         parent = self._client.get_run(parent_run_id)
         run = self._client.create_run(
-            parent.info.experiment_id, run_name=run_name,
+            parent.info.experiment_id,
+            run_name=run_name,
             tags={Tag.PARENT: parent_run_id, Tag.ROLE: role, Tag.STATUS: TrialStatus.RUNNING.value, **tags},
         )
         run_id = run.info.run_id
@@ -357,9 +420,12 @@ class Tracker:
         parent = self._client.get_run(parent_run_id)
         runs = self._client.search_runs(
             [parent.info.experiment_id],
-            filter_string=(f"tags.`{Tag.PARENT}` = '{parent_run_id}' and tags.`{Tag.ROLE}` = 'trial' "
-                           f"and tags.`{Tag.TRIAL_ID}` = '{trial_id}'"),
-            max_results=1)
+            filter_string=(
+                f"tags.`{Tag.PARENT}` = '{parent_run_id}' and tags.`{Tag.ROLE}` = 'trial' "
+                f"and tags.`{Tag.TRIAL_ID}` = '{trial_id}'"
+            ),
+            max_results=1,
+        )
         return runs[0] if runs else None
 
     def trial_run_id(self, given: str) -> str:
@@ -374,18 +440,24 @@ class Tracker:
         with contextlib.suppress(MlflowException):
             return self._client.get_run(given).info.run_id
         experiments = [experiment.experiment_id for experiment in self._client.search_experiments()]
-        runs = self._client.search_runs(experiments, filter_string=f"tags.`{Tag.ROLE}` = 'trial'",
-                                        max_results=50000) if experiments and given.strip() else []
+        runs = (
+            self._client.search_runs(experiments, filter_string=f"tags.`{Tag.ROLE}` = 'trial'", max_results=50000)
+            if experiments and given.strip()
+            else []
+        )
         matching = [run for run in runs if run.data.tags.get(Tag.TRIAL_ID) == given]
         matching = matching or [run for run in runs if run.info.run_id.startswith(given.lower())]
         if len(matching) == 1:
             return matching[0].info.run_id
         if not matching:
-            raise TrackingError(f"RUN_ID: no trial run with id {given!r} in {self.uri} (give an MLflow run id, the "
-                                "start of one as the leaderboard shows it, or a Ray trial id)")
+            raise TrackingError(
+                f"RUN_ID: no trial run with id {given!r} in {self.uri} (give an MLflow run id, the "
+                "start of one as the leaderboard shows it, or a Ray trial id)"
+            )
         shown = ", ".join(f"{run.info.run_id} ({run.info.run_name})" for run in matching[:5])
-        raise TrackingError(f"RUN_ID: {given!r} matches {len(matching)} trial runs in {self.uri}: {shown}; give more of "
-                            "the run id")
+        raise TrackingError(
+            f"RUN_ID: {given!r} matches {len(matching)} trial runs in {self.uri}: {shown}; give more of the run id"
+        )
 
     def recorded_trial_run(self, run_id: str) -> RecordedTrialRun:
         """A trial's config, and its sweep's spec text, fold manifest and params.
@@ -400,13 +472,17 @@ class Tracker:
         run_id = self.trial_run_id(run_id)
         run = self._client.get_run(run_id)
         if run.data.tags.get(Tag.ROLE) not in ("trial", "rerun"):
-            raise TrackingError(f"RUN_ID: run {run_id!r} is not a foldsweep trial (tag {Tag.ROLE}="
-                                f"{run.data.tags.get(Tag.ROLE)!r})")
+            raise TrackingError(
+                f"RUN_ID: run {run_id!r} is not a foldsweep trial (tag {Tag.ROLE}={run.data.tags.get(Tag.ROLE)!r})"
+            )
         parent_id = run.data.tags[Tag.PARENT]
         with tempfile.TemporaryDirectory() as directory:
+
             def text(of_run: str, artifact: str) -> str:
                 try:
-                    return Path(self._client.download_artifacts(of_run, artifact, directory)).read_text(encoding="utf-8")
+                    return Path(self._client.download_artifacts(of_run, artifact, directory)).read_text(
+                        encoding="utf-8"
+                    )
                 except (OSError, UnicodeDecodeError, MlflowException) as exc:
                     raise TrackingError(f"RUN_ID: cannot read {artifact} of run {of_run}: {exc}") from None
 
@@ -422,9 +498,17 @@ class Tracker:
             artifacts = {item.path for item in self._client.list_artifacts(run_id)}
             plan = document(run_id, PLAN_ARTIFACT) if PLAN_ARTIFACT in artifacts else None
         parent = self._client.get_run(parent_id)
-        return RecordedTrialRun(run_id=run_id, run_name=run.info.run_name, parent_run_id=parent_id, config=config,
-                                spec_text=spec_text, manifest=manifest, sweep_params=dict(parent.data.params),
-                                sweep_tags=dict(parent.data.tags), plan=plan)
+        return RecordedTrialRun(
+            run_id=run_id,
+            run_name=run.info.run_name,
+            parent_run_id=parent_id,
+            config=config,
+            spec_text=spec_text,
+            manifest=manifest,
+            sweep_params=dict(parent.data.params),
+            sweep_tags=dict(parent.data.tags),
+            plan=plan,
+        )
 
     def epoch_rows(self, run_id: str) -> dict[int, dict[str, float]]:
         """The run's per-epoch metrics, {epoch: {key: value}} (what MLflow holds, so a restored
@@ -442,8 +526,14 @@ class TrialRecorder:
     callback and in-process trials (``foldsweep trial``/``rerun``) alike. With a ``selection``,
     the end records the epoch the trial is scored at and its scores there."""
 
-    def __init__(self, tracker: Tracker, run_id: str, selection: EpochSelection | None = None, *,
-                 recorded_epochs: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        tracker: Tracker,
+        run_id: str,
+        selection: EpochSelection | None = None,
+        *,
+        recorded_epochs: frozenset[int] = frozenset(),
+    ):
         self.tracker = tracker
         self.run_id = run_id
         self.selection = selection
@@ -476,10 +566,12 @@ class TrialRecorder:
         if params:  # what the trial's config did not hold already (MLflow params never change)
             recorded = self._client.get_run(self.run_id).data.params
             params = {key: value for key, value in params.items() if key not in recorded}
-        self._client.log_batch(self.run_id, metrics=[Metric(key, value, now, result.epoch)
-                                                     for key, value in metrics.items()],
-                               params=[Param(key, value) for key, value in params.items()],
-                               tags=[RunTag(Tag.of(key), value) for key, value in tags.items()])
+        self._client.log_batch(
+            self.run_id,
+            metrics=[Metric(key, value, now, result.epoch) for key, value in metrics.items()],
+            params=[Param(key, value) for key, value in params.items()],
+            tags=[RunTag(Tag.of(key), value) for key, value in tags.items()],
+        )
         for artifact, text in (info.mlflow_texts() if info else {}).items():
             self._client.log_text(self.run_id, text, artifact)
 
@@ -495,14 +587,21 @@ class TrialRecorder:
         self._client.set_tag(self.run_id, Tag.RETRIES, str(retries))
         self._client.log_metric(self.run_id, RETRIES, float(retries))
 
-    def finish(self, status: TrialStatus, *, error: str | None = None, last_report: Mapping[str, Any] | None = None,
-               tags: Mapping[str, str] | None = None) -> None:
+    def finish(
+        self,
+        status: TrialStatus,
+        *,
+        error: str | None = None,
+        last_report: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> None:
         """End the run: status tag, error text, the time account of its last report (wall time
         and where it went), the selected epoch and its scores, ``history.csv``, run state."""
         from mlflow.entities import Metric
 
-        account = EpochResult.from_report(last_report).account_values() if last_report and FOLD_IDS in last_report \
-            else {}
+        account = (
+            EpochResult.from_report(last_report).account_values() if last_report and FOLD_IDS in last_report else {}
+        )
         account.pop(EPOCH_GAP_S, None)  # recorded with its epoch
         if account:
             now = int(time.time() * 1000)
