@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.foldsweep-installed
 SPEC ?= sweeps/quickstart.yaml
 PYTEST_ARGS ?=
-# `make test` runs the suite in two pytest-xdist workers, a test module at a time (tests/conftest.py
+# `make test` runs the suite in two pytest-xdist workers, a test module at a time (tests/run_machinery.py
 # says how they are sent): on two cores one worker's sweep starts processes and imports while the
 # other's trains. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2

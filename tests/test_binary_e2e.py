@@ -10,7 +10,7 @@ import csv
 import numpy as np
 import pytest
 
-from conftest import binary_data, foldsweep, run_learning_rate_grid, seed_store
+from helpers import binary_data, foldsweep, run_learning_rate_grid, seed_store
 
 pytestmark = pytest.mark.e2e
 

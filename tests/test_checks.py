@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conftest import REPO
+from helpers import REPO
 from pipeline.base.errors import SpecError
 from pipeline.checks import check_inputs, make_checked_folds
 from pipeline.cli import app

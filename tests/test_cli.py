@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import free_port
+from helpers import free_port
 from pipeline.cli import _wait_until_answering, app, ui_command
 
 runner = CliRunner()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, Replace, foldsweep, sweep_runs
+from helpers import REPO, Replace, foldsweep, sweep_runs
 from pipeline.base import compile_cache
 from pipeline.base.compile_cache import CHECKSUM_SUFFIX, CompileCache, content_name, content_names
 from pipeline.contract.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES

@@ -9,7 +9,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import REPO, merged
+from helpers import REPO, merged
 from pipeline.cli import app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]

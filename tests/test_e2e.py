@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import Replace, answers, free_port, wait_for
+from helpers import Replace, answers, free_port, wait_for
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds

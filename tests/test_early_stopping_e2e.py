@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conftest import MNIST1D_EXPERIMENT, foldsweep, seed_store, sweep_runs
+from helpers import MNIST1D_EXPERIMENT, foldsweep, seed_store, sweep_runs
 from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e

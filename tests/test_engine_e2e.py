@@ -7,7 +7,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import DELETE, Replace
+from helpers import DELETE, Replace
 from pipeline.cli import app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]

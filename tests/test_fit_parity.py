@@ -30,7 +30,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conftest import binary_data
+from helpers import binary_data
 from pipeline.cli import app
 
 pytestmark = pytest.mark.training  # every test trains the same model with keras fit and with foldsweep

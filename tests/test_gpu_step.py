@@ -13,7 +13,8 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import MNIST1D_EXPERIMENT, between_trials
+from helpers import MNIST1D_EXPERIMENT
+from run_machinery import between_trials
 from pipeline.base.accelerator import GpuIdentity
 from pipeline.contract.plan import ExecutionChoices
 from pipeline.engine import trainer as trainer_module

@@ -9,7 +9,7 @@ import keras
 import pytest
 from ray import tune
 
-from conftest import MNIST1D_EXPERIMENT, Replace
+from helpers import MNIST1D_EXPERIMENT, Replace
 from pipeline.base.errors import ExperimentError, SpecError
 from pipeline.inputs.hypermodel import load_experiment
 from pipeline.inputs.space import build_space, hp_domain, split_config

@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, Replace, merged
+from helpers import REPO, TINY_SPEC, Replace, merged
 from pipeline.cli import app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]

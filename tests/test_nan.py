@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from conftest import MNIST1D_EXPERIMENT, between_trials
+from helpers import MNIST1D_EXPERIMENT
+from run_machinery import between_trials
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.inputs.hypermodel import load_builder

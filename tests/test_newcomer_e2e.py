@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import MNIST1D_EXPERIMENT, REPO, sweep_runs
+from helpers import MNIST1D_EXPERIMENT, REPO, sweep_runs
 
 pytestmark = pytest.mark.e2e
 

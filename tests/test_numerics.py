@@ -11,7 +11,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from conftest import MNIST1D_EXPERIMENT, between_trials
+from helpers import MNIST1D_EXPERIMENT
+from run_machinery import between_trials
 
 TEXTS = Path(__file__).resolve().parent / "fixtures" / "check_numerics"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import sweep_runs
+from helpers import sweep_runs
 from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e

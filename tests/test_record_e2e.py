@@ -14,7 +14,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import RECORDED_SPACE, Replace, free_port
+from conftest import RECORDED_SPACE
+from helpers import Replace, free_port
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.records.plots import PLOTS
@@ -299,7 +300,7 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_pat
     import subprocess
     import sys
 
-    from conftest import answers
+    from helpers import answers
 
     chromium = shutil.which("chromium")
     if chromium is None:

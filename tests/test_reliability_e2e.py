@@ -17,7 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, Replace, answers, free_port, merged, sweep_runs
+from helpers import REPO, TINY_SPEC, Replace, answers, free_port, merged, sweep_runs
 from pipeline.cli import _alive, _descendants, app
 
 pytestmark = pytest.mark.e2e

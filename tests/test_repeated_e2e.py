@@ -12,7 +12,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import MNIST1D_EXPERIMENT, seed_store, sweep_runs
+from helpers import MNIST1D_EXPERIMENT, seed_store, sweep_runs
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds, manifest_identity
@@ -165,7 +165,7 @@ def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_l
 def test_a_rerun_trains_every_replica_of_a_repeated_trial_and_reproduces_it(grouped_repeated_sweep, monkeypatch):
     """The refusal runs in this process (it ends before TensorFlow); the rerun in a fresh one,
     whose thread pools are the trial's, so that it reproduces the trial to rel 1e-6."""
-    from conftest import foldsweep
+    from helpers import foldsweep
 
     directory, uri, _, _ = grouped_repeated_sweep
     client, parent, trials = sweep_runs(uri, "grouped-repeated")

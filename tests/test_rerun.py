@@ -8,7 +8,7 @@ import keras_tuner
 import pytest
 from typer.testing import CliRunner
 
-from conftest import Replace
+from helpers import Replace
 from pipeline.base.errors import InputError
 from pipeline.cli import app
 from pipeline.inputs.space import build_space

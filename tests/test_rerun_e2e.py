@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, foldsweep, merged, seed_store
+from helpers import REPO, TINY_SPEC, foldsweep, merged, seed_store
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.spec import DatasetSpec

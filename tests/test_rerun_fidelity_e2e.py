@@ -9,7 +9,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import TINY_SPEC, Replace, foldsweep, merged, seed_store
+from helpers import TINY_SPEC, Replace, foldsweep, merged, seed_store
 from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import MNIST1D_EXPERIMENT
+from helpers import MNIST1D_EXPERIMENT
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.contract.plan import TrialPlan

@@ -15,7 +15,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import TINY_SPEC, merged
+from helpers import TINY_SPEC, merged
 from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import TINY_SPEC, free_port, merged, serving, wait_for
+from helpers import TINY_SPEC, free_port, merged, serving, wait_for
 from pipeline.cli import app
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ from ray.tune.experiment import Experiment
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
 from ray.tune.search import BasicVariantGenerator, Searcher
 
-from conftest import DELETE, MNIST1D_EXPERIMENT, Replace
+from helpers import DELETE, MNIST1D_EXPERIMENT, Replace
 from pipeline.base.errors import SpecError
 from pipeline.engine.relocation import movable
 from pipeline.inputs import searchers

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import Replace
+from helpers import Replace
 from pipeline.cli import app
 from pipeline.inputs.hypermodel import load_experiment
 

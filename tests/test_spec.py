@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DELETE
+from helpers import DELETE
 from pipeline.base.errors import SpecError
 from pipeline.inputs.spec import (CVSpec, EarlyStoppingSpec, ParamSpec, ResourcesSpec, SchedulerSpec, SearchSpec,
                                   TrackingSpec, TrainSpec, load_spec, read_yaml)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import DELETE
+from helpers import DELETE
 from pipeline.cli import app
 from pipeline.base.errors import ExperimentError, SpecError
 from pipeline.inputs.spec import EarlyStoppingSpec, load_spec

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from benchmarks.suite_cpu import summarize
-from conftest import REPO
+from helpers import REPO
 
 pytest_plugins = ["pytester"]
 

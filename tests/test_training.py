@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import MNIST1D_EXPERIMENT, between_trials, cores_per_worker
+from helpers import MNIST1D_EXPERIMENT
+from run_machinery import between_trials, cores_per_worker
 from pipeline.base import compile_cache
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
