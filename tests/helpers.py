@@ -119,12 +119,14 @@ def sweep_runs(uri: str, name: str):
     return client, parent, trials
 
 
-def reruns_of(client: Any, run: Any) -> list[Any]:
-    """The runs `foldsweep rerun` recorded of the trial run ``run``, in its experiment."""
+def reruns_of(client: Any, run: Any, *, where: str = "") -> list[Any]:
+    """The runs `foldsweep rerun` recorded of the trial run ``run`` (and matching the MLflow
+    filter ``where``), newest first."""
     from pipeline.records.tracking import Tag
 
-    return client.search_runs([run.info.experiment_id],
-                              filter_string=f"tags.`{Tag.RERUN_OF}` = '{run.info.run_id}'")
+    rerun_of = f"tags.`{Tag.RERUN_OF}` = '{run.info.run_id}'"
+    return client.search_runs([run.info.experiment_id], filter_string=f"{rerun_of} and {where}" if where else rerun_of,
+                              order_by=["attributes.start_time DESC"])
 
 
 def history(store: str, run_id: str, key: str) -> dict[int, float]:

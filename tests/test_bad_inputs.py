@@ -15,6 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 LOOP_MODEL = '''
 import keras
@@ -275,7 +276,7 @@ def recorded_store(tmp_path_factory) -> tuple[bytes, str]:
     path = tmp_path_factory.mktemp("store") / "recorded.db"
     client = MlflowClient(f"sqlite:///{path}")
     experiment = client.create_experiment("other")
-    run = client.create_run(experiment, tags={"foldsweep.role": "sweep", "foldsweep.sweep": "other"})
+    run = client.create_run(experiment, tags={Tag.ROLE: "sweep", Tag.SWEEP: "other"})
     client.set_terminated(run.info.run_id)
     return path.read_bytes(), run.info.run_id
 

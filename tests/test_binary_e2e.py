@@ -10,7 +10,9 @@ import csv
 import numpy as np
 import pytest
 
-from helpers import binary_data, foldsweep, run_learning_rate_grid, seed_store
+from helpers import binary_data, curve, foldsweep, reruns_of, run_learning_rate_grid, seed_store
+
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -53,26 +55,26 @@ def binary_sweep(ray_cluster, tmp_path_factory):
 def test_a_sigmoid_head_trains_stacked_and_is_scored_by_binary_accuracy(binary_sweep):
     _, _, _, _, _, by_rate = binary_sweep
     learned = by_rate[0.01]
-    assert learned.data.tags["foldsweep.status"] == "ok"
-    assert "stacked" in learned.data.tags["foldsweep.fused_reason"]
+    assert learned.data.tags[Tag.STATUS] == "ok"
+    assert "stacked" in learned.data.tags[Tag.of("fused_reason")]
     # Chance is 0.5; an arg max over one unit would score every sample as class 0 (about 0.5).
     for k in range(3):
         assert 0.8 < learned.data.metrics[f"split{k}_val_accuracy"] <= 1.0
         assert 0.0 < learned.data.metrics[f"split{k}_val_loss"] < 0.6931  # below a constant 0.5's log 2
-    assert learned.data.tags["foldsweep.loss"] == "binary_crossentropy"
+    assert learned.data.tags[Tag.of("loss")] == "binary_crossentropy"
 
 
 def test_a_diverging_binary_head_is_recorded_as_nan(binary_sweep):
     _, _, _, _, _, by_rate = binary_sweep
     diverged = by_rate[1.0e+6]
-    assert diverged.data.tags["foldsweep.status"] == "nan"
-    assert diverged.data.tags["foldsweep.nan_epoch"] == "1"
+    assert diverged.data.tags[Tag.STATUS] == "nan"
+    assert diverged.data.tags[Tag.of("nan_epoch")] == "1"
 
 
 def test_the_binary_sweep_is_ranked_refit_and_tabled(binary_sweep):
     directory, _, output, client, parent, by_rate = binary_sweep
     learned = by_rate[0.01]
-    assert parent.data.tags["foldsweep.best_run_id"] == learned.info.run_id
+    assert parent.data.tags[Tag.BEST_RUN_ID] == learned.info.run_id
     assert 0.8 < parent.data.metrics["test_accuracy"] <= 1.0
     rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "cv_results.csv", str(directory)))))
     ok = next(row for row in rows if row["status"] == "ok")
@@ -101,10 +103,9 @@ def test_a_rerun_of_a_binary_trial_reproduces_its_per_fold_losses(binary_sweep):
     original = by_rate[0.01]
     ran = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
     assert ran.exit_code == 0, ran.output
-    again = client.search_runs([original.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
+    again = reruns_of(client, original)[0]
     for k in range(3):
         for key in (f"split{k}_train_loss", f"split{k}_val_loss", f"split{k}_val_accuracy", f"split{k}_val_auc"):
-            recorded = [m.value for m in sorted(client.get_metric_history(original.info.run_id, key), key=lambda m: m.step)]
-            rerun = [m.value for m in sorted(client.get_metric_history(again.info.run_id, key), key=lambda m: m.step)]
+            recorded = curve(store, original.info.run_id, key)
+            rerun = curve(store, again.info.run_id, key)
             assert len(recorded) == EPOCHS and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key

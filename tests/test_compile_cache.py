@@ -14,6 +14,7 @@ from helpers import REPO, Replace, foldsweep, sweep_runs
 from pipeline.base import compile_cache
 from pipeline.base.compile_cache import CHECKSUM_SUFFIX, CompileCache, content_name, content_names
 from pipeline.contract.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES
+from pipeline.records.tracking import Tag
 
 
 def _message(fields: list[tuple[int, bytes | int]]) -> bytes:
@@ -282,7 +283,7 @@ def test_a_worker_reuses_the_programs_of_its_earlier_trials_and_never_another_pr
     assert result.exit_code == 0, result.output
     _, _, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "reuse")
     started = sorted(trials, key=lambda run: run.info.start_time)
-    assert len(trials) == 4 and len({run.data.tags["foldsweep.pid"] for run in trials}) == 1
+    assert len(trials) == 4 and len({run.data.tags[Tag.of("pid")] for run in trials}) == 1
     assert all(later.info.start_time >= earlier.info.end_time for earlier, later in zip(started, started[1:]))
     by_config = {(float(run.data.params["learning_rate"]), float(run.data.params["clip_threshold"])): run.data.metrics
                  for run in trials}

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from helpers import REPO, merged
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 
@@ -28,8 +29,8 @@ def ci_sized(name: str, tmp_path: Path, overrides: dict) -> Path:
 def recorded(tmp_path: Path, experiment: str):
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
-    return [run for run in runs if run.data.tags["foldsweep.role"] == "trial"], \
-        next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
+    return [run for run in runs if run.data.tags[Tag.ROLE] == "trial"], \
+        next(run for run in runs if run.data.tags[Tag.ROLE] == "sweep")
 
 
 def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monkeypatch):
@@ -45,7 +46,7 @@ def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monk
     trials, parent = recorded(tmp_path, "protein-batch-clip")
     assert len(trials) == 2
     # ASHA's one rung (epoch 1 of 2) cannot stop the first trial to reach it; seeded, neither goes NaN.
-    assert sorted(run.data.tags["foldsweep.status"] for run in trials) in (["ok", "ok"], ["ok", "pruned"])
+    assert sorted(run.data.tags[Tag.STATUS] for run in trials) in (["ok", "ok"], ["ok", "pruned"])
     assert parent.data.params["cv.splitter"] == "group"
     for run in trials:
         assert run.data.params["batch_size"] in {"4", "8", "16", "32", "64"}

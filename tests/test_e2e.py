@@ -17,6 +17,7 @@ from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.inputs.spec import load_spec
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -40,8 +41,8 @@ def runs_of(tracking_uri: str, experiment: str):
     client = MlflowClient(tracking_uri)
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
     runs = client.search_runs([experiment_id], max_results=1000)
-    parents = [run for run in runs if run.data.tags.get("foldsweep.role") == "sweep"]
-    trials = [run for run in runs if run.data.tags.get("foldsweep.role") == "trial"]
+    parents = [run for run in runs if run.data.tags.get(Tag.ROLE) == "sweep"]
+    trials = [run for run in runs if run.data.tags.get(Tag.ROLE) == "trial"]
     return client, parents, trials
 
 
@@ -60,7 +61,7 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tm
     client, parents, trials = runs_of(tracking_uri, "tiny")
     assert len(parents) == 1 and len(trials) == 2
     parent = parents[0]
-    assert parent.info.status == "FINISHED" and parent.data.tags["foldsweep.status"] == "ok"
+    assert parent.info.status == "FINISHED" and parent.data.tags[Tag.STATUS] == "ok"
     assert parent.data.metrics["n_trials"] == 2 and parent.data.metrics["n_failed"] == 0
 
     artifacts = {artifact.path for artifact in client.list_artifacts(parent.info.run_id)}
@@ -73,7 +74,7 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tm
     scores = []
     for trial in trials:
         assert trial.info.status == "FINISHED"
-        assert trial.data.tags["foldsweep.status"] == "ok"
+        assert trial.data.tags[Tag.STATUS] == "ok"
         assert trial.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert set(trial.data.params) == ALL_HYPERPARAMETERS
         assert trial.data.params["filters"] == "16" and trial.data.params["kernel_size"] in {"3", "5"}
@@ -87,7 +88,7 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tm
         assert trial.data.metrics["train_samples_per_s"] > 0 and trial.data.metrics["trial_wall_s"] > 0
         scores.append(trial.data.metrics["mean_val_accuracy"])
     assert parent.data.metrics["best_mean_val_accuracy"] == pytest.approx(max(scores))
-    assert parent.data.tags["foldsweep.best_run_id"] in {trial.info.run_id for trial in trials}
+    assert parent.data.tags[Tag.BEST_RUN_ID] in {trial.info.run_id for trial in trials}
 
 
 def test_a_failing_trial_is_recorded_and_a_gpu_request_without_gpus_runs_on_cpu(ray_cluster, tmp_path, write_spec,
@@ -107,10 +108,10 @@ def test_a_failing_trial_is_recorded_and_a_gpu_request_without_gpus_runs_on_cpu(
     client, parents, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "failing")
     by_mode = {trial.data.params["mode"]: trial for trial in trials}
     assert set(by_mode) == {"ok", "bad"}
-    assert by_mode["ok"].info.status == "FINISHED" and by_mode["ok"].data.tags["foldsweep.status"] == "ok"
-    assert "CPU" in by_mode["ok"].data.tags["foldsweep.device"]
-    assert by_mode["bad"].info.status == "FAILED" and by_mode["bad"].data.tags["foldsweep.status"] == "error"
-    assert "this config cannot be built" in by_mode["bad"].data.tags["foldsweep.error"]
+    assert by_mode["ok"].info.status == "FINISHED" and by_mode["ok"].data.tags[Tag.STATUS] == "ok"
+    assert "CPU" in by_mode["ok"].data.tags[Tag.of("device")]
+    assert by_mode["bad"].info.status == "FAILED" and by_mode["bad"].data.tags[Tag.STATUS] == "error"
+    assert "this config cannot be built" in by_mode["bad"].data.tags[Tag.ERROR]
     assert parents[0].data.metrics["n_trials"] == 2
     assert parents[0].data.metrics["n_failed"] == 1
 

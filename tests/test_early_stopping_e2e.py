@@ -10,8 +10,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from helpers import MNIST1D_EXPERIMENT, foldsweep, seed_store, sweep_runs
+from helpers import MNIST1D_EXPERIMENT, foldsweep, history, reruns_of, seed_store, sweep_runs
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -31,10 +32,6 @@ def overfitting(directory, name: str, **train) -> dict:
         "resources": {"cpu": 1, "max_concurrent": 1},
         "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
     }
-
-
-def history(client, run_id: str, key: str) -> dict[int, float]:
-    return {metric.step: metric.value for metric in client.get_metric_history(run_id, key)}
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +59,17 @@ def stopped_sweep(ray_cluster, tmp_path_factory):
 
 
 def test_each_trial_stops_patience_epochs_after_its_best_and_is_scored_there(stopped_sweep):
-    _, output, client, parent, trials, _ = stopped_sweep
+    directory, output, client, parent, trials, _ = stopped_sweep
     assert len(trials) == 3
     for trial in trials:
-        metrics, curve = trial.data.metrics, history(client, trial.info.run_id, "mean_val_loss")
+        metrics, curve = trial.data.metrics, history(f"sqlite:///{directory / 'mlflow.db'}", trial.info.run_id, "mean_val_loss")
         stopped, best = int(metrics["stopped_epoch"]), int(metrics["best_epoch"])
-        assert trial.info.status == "FINISHED" and trial.data.tags["foldsweep.status"] == "ok"
+        assert trial.info.status == "FINISHED" and trial.data.tags[Tag.STATUS] == "ok"
         assert stopped < EPOCHS / 2, "stopped well before the planned epochs"
         assert stopped - best == PATIENCE and max(curve) == stopped
         assert best == min(curve, key=lambda epoch: (curve[epoch], epoch))
         assert metrics["selected_mean_val_loss"] == curve[best]
-    best_trial = next(trial for trial in trials if trial.info.run_id == parent.data.tags["foldsweep.best_run_id"])
+    best_trial = next(trial for trial in trials if trial.info.run_id == parent.data.tags[Tag.BEST_RUN_ID])
     assert f"{best_trial.data.metrics['selected_mean_val_loss']:.4f}" in output  # the leaderboard's score
     assert parent.data.metrics["refit_epochs"] == best_trial.data.metrics["best_epoch"]
 
@@ -95,9 +92,8 @@ def test_a_rerun_reproduces_the_curve_and_stops_at_the_same_epoch(stopped_sweep)
     assert ran.exit_code == 0, ran.output
     stopped = int(original.data.metrics["stopped_epoch"])
     assert f"stopped early after epoch {stopped}: train.early_stopping {{patience: {PATIENCE}, monitor: loss}}" in ran.output
-    again = client.search_runs([original.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
-    recorded, replayed = (history(client, run.info.run_id, "mean_val_loss") for run in (original, again))
+    again = reruns_of(client, original)[0]
+    recorded, replayed = (history(f"sqlite:///{directory / 'mlflow.db'}", run.info.run_id, "mean_val_loss") for run in (original, again))
     assert sorted(replayed) == list(range(1, stopped + 1))
     assert [replayed[epoch] for epoch in sorted(replayed)] == pytest.approx(
         [recorded[epoch] for epoch in sorted(recorded)], rel=1e-6, abs=0)

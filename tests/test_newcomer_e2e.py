@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import MNIST1D_EXPERIMENT, REPO, sweep_runs
+from helpers import MNIST1D_EXPERIMENT, REPO, curve, reruns_of, sweep_runs
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -69,7 +70,7 @@ def test_the_leaderboard_shows_run_ids_and_its_rerun_command_works_as_printed(sc
     for trial in trials:
         assert re.search(rf"│\s+\d\s+│ {trial.info.run_id[:8]} │ trial-\d+ ", ran.stdout), ran.stdout
         assert re.fullmatch(r"trial-\d{5} learning_rate=\S+ .*", trial.info.run_name), trial.info.run_name
-        assert Tracker(uri).trial_run_id(trial.data.tags["foldsweep.trial_id"]) == trial.info.run_id
+        assert Tracker(uri).trial_run_id(trial.data.tags[Tag.TRIAL_ID]) == trial.info.run_id
     command = re.search(r"^rerun the best trial: (.*)$", ran.stdout, re.MULTILINE).group(1)
     best = next(trial for trial in trials if trial.info.run_id.startswith(shlex.split(command)[2]))
     assert shlex.split(command)[0] == str(INSTALLED)
@@ -77,10 +78,9 @@ def test_the_leaderboard_shows_run_ids_and_its_rerun_command_works_as_printed(sc
     again = subprocess.run(shlex.split(command), cwd=elsewhere, capture_output=True, text=True, timeout=900,
                            env={**os.environ, "PYTHONPATH": str(REPO)})
     assert again.returncode == 0, again.stdout + again.stderr
-    rerun = client.search_runs([best.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{best.info.run_id}'")[0]
+    rerun = reruns_of(client, best)[0]
     for k in range(2):
         key = f"split{k}_val_loss"
-        recorded = [m.value for m in sorted(client.get_metric_history(best.info.run_id, key), key=lambda m: m.step)]
-        replayed = [m.value for m in sorted(client.get_metric_history(rerun.info.run_id, key), key=lambda m: m.step)]
+        recorded = curve(uri, best.info.run_id, key)
+        replayed = curve(uri, rerun.info.run_id, key)
         assert len(recorded) == 2 and replayed == pytest.approx(recorded, rel=1e-6, abs=0)

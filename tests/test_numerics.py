@@ -14,6 +14,8 @@ import pytest
 from helpers import MNIST1D_EXPERIMENT
 from run_machinery import between_trials
 
+from pipeline.records.tracking import Tag
+
 TEXTS = Path(__file__).resolve().parent / "fixtures" / "check_numerics"
 
 
@@ -212,7 +214,7 @@ def test_a_rerun_sets_where_its_trial_went_nan_against_where_the_check_stopped()
     from pipeline.rerun import NumericsFinding, NumericsPart, recorded_nan_line
 
     found = NumericsFinding("L2Loss", "global_norm/L2Loss", NumericsPart.GRADIENT_NORM, fold=0, epoch=2, step=5)
-    source = "its tags foldsweep.nan_fold, nan_epoch, nan_step"
+    source = f"its tags {Tag.of('nan_fold')}, nan_epoch, nan_step"
     assert recorded_nan_line(found, {"nan_fold": "0", "nan_epoch": "2", "nan_step": "5"}) == \
         f"the recorded trial went NaN at the same place (fold 0, epoch 2, step 5: {source})"
     assert recorded_nan_line(found, {"nan_fold": "1", "nan_epoch": "2", "nan_step": "-1"}) == \

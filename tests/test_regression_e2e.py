@@ -10,7 +10,9 @@ import csv
 import numpy as np
 import pytest
 
-from helpers import binary_data, foldsweep, run_learning_rate_grid, seed_store
+from helpers import binary_data, curve, foldsweep, reruns_of, run_learning_rate_grid, seed_store
+
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +55,7 @@ def test_a_regression_sweep_is_ranked_by_its_compiled_mae_lower_first(regression
     fast, slow = by_rate[0.01], by_rate[0.0001]
     assert parent.data.params["train.mode"] == "min"
     assert fast.data.metrics["selected_mean_val_mae"] < slow.data.metrics["selected_mean_val_mae"]
-    assert parent.data.tags["foldsweep.best_run_id"] == fast.info.run_id
+    assert parent.data.tags[Tag.BEST_RUN_ID] == fast.info.run_id
     assert "split0_val_accuracy" not in fast.data.metrics and "split0_val_mae" in fast.data.metrics
     rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "cv_results.csv", str(directory)))))
     ranks = {row["run_id"]: row["rank_val_mae"] for row in rows}
@@ -80,10 +82,9 @@ def test_a_rerun_reproduces_the_recorded_mae_histories(regression_sweep):
     original = by_rate[0.01]
     ran = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
     assert ran.exit_code == 0, ran.output
-    again = client.search_runs([original.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
+    again = reruns_of(client, original)[0]
     for k in range(3):
         key = f"split{k}_val_mae"
-        recorded = [m.value for m in sorted(client.get_metric_history(original.info.run_id, key), key=lambda m: m.step)]
-        rerun = [m.value for m in sorted(client.get_metric_history(again.info.run_id, key), key=lambda m: m.step)]
+        recorded = curve(store, original.info.run_id, key)
+        rerun = curve(store, again.info.run_id, key)
         assert len(recorded) == EPOCHS and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key

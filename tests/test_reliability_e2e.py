@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from helpers import REPO, TINY_SPEC, Replace, answers, free_port, merged, sweep_runs
 from pipeline.cli import _alive, _descendants, app
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -47,16 +48,16 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster,
         assert result.exit_code == 0, result.output
         _, _, trials = sweep_runs(uri, name)
         assert len(trials) == (2 if name == "budgeted" else 4) and all(run.info.status == "FINISHED" for run in trials)
-        assert not any("foldsweep.retries" in run.data.tags for run in trials)
+        assert not any(Tag.RETRIES in run.data.tags for run in trials)
         scores[name] = {(run.data.params["kernel_size"], run.data.params["filters"]): run for run in trials}
-        pids = [run.data.tags["foldsweep.pid"] for run in trials]
-        retired = [run.data.tags.get("foldsweep.worker_retires", "") for run in trials]
+        pids = [run.data.tags[Tag.of("pid")] for run in trials]
+        retired = [run.data.tags.get(Tag.of("worker_retires"), "") for run in trials]
         assert all(run.data.metrics["worker_maps"] > 0 and run.data.metrics["worker_rss_mb"] > 100 for run in trials)
         if name == "recycled":
             assert len(set(pids)) == 2, "a fresh worker process every two trials"
-            assert sorted(run.data.tags["foldsweep.worker_trials"] for run in trials) == ["1", "1", "2", "2"]
+            assert sorted(run.data.tags[Tag.of("worker_trials")] for run in trials) == ["1", "1", "2", "2"]
             # Each new process copied the data to its device once.
-            assert {run.data.tags["foldsweep.data_transfers"] for run in trials} == {"1"}
+            assert {run.data.tags[Tag.of("data_transfers")] for run in trials} == {"1"}
             assert sorted(retired) == ["", "", *["ran 2 trials (resources.max_trials_per_worker)"] * 2]
         elif name == "budgeted":
             assert len(set(pids)) == 2, "a fresh worker process after every trial"
@@ -87,9 +88,9 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(ray_cluster, t
     _, parent, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", what)
     assert trials and all(run.info.status == "FINISHED" for run in trials)
     if what == "refit":
-        assert parent.info.status == "FINISHED" and parent.data.tags["foldsweep.refit"].startswith("error: RuntimeError")
+        assert parent.info.status == "FINISHED" and parent.data.tags[Tag.REFIT].startswith("error: RuntimeError")
     else:
-        assert parent.info.status == "FAILED" and "publish broke" in parent.data.tags["foldsweep.error"]
+        assert parent.info.status == "FAILED" and "publish broke" in parent.data.tags[Tag.ERROR]
 
 
 def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(ray_cluster, tmp_path, empty_store, monkeypatch):
@@ -120,7 +121,7 @@ def test_eight_concurrent_trials_record_every_epoch_once(ray_cluster, tmp_path, 
     assert "locked" not in result.output
     client, _, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "eight")
     assert len(trials) == 8 and all(run.info.status == "FINISHED" for run in trials)
-    assert len({run.data.tags["foldsweep.pid"] for run in trials}) == 8, "eight workers, all at once"
+    assert len({run.data.tags[Tag.of("pid")] for run in trials}) == 8, "eight workers, all at once"
     for run in trials:
         steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "mean_val_loss")]
         assert sorted(steps) == [1, 2]

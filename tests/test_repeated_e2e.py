@@ -12,11 +12,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from helpers import MNIST1D_EXPERIMENT, seed_store, sweep_runs
+from helpers import MNIST1D_EXPERIMENT, history, seed_store, sweep_runs
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds, manifest_identity
 from pipeline.inputs.spec import DatasetSpec, load_spec
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -99,7 +100,7 @@ def test_configs_that_train_alike_are_tied_and_a_broken_learning_rate_is_signifi
     assert sorted(row["rank_val_accuracy"] for row in working) == ["1", "1"]  # equal scores share rank 1
     assert all(float(row["pvalue_vs_best"]) > 0.5 and row["tied_with_best"] == "True" for row in working)
     assert all(float(row["pvalue_vs_best"]) < 0.05 and row["tied_with_best"] == "False" for row in broken)
-    assert {run.data.tags["foldsweep.pvalue_vs_best"] for run in trials
+    assert {run.data.tags[Tag.PVALUE_VS_BEST] for run in trials
             if run.data.params["learning_rate"] == "0.01"} == {"1"}
     assert parent.data.metrics["n_tied_with_best"] == 1
     line = "1 of the 3 other ranked trials is statistically indistinguishable from the best"
@@ -127,16 +128,12 @@ def overfitting_spec(directory: Path, select: str) -> dict:
     }
 
 
-def mean_val_loss_curve(client: MlflowClient, run_id: str) -> dict[int, float]:
-    return {metric.step: metric.value for metric in client.get_metric_history(run_id, "mean_val_loss")}
-
-
 def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_last_restores_the_old_ranking(
         ray_cluster, tmp_path, empty_store):
     uri = f"sqlite:///{empty_store}"
     _, output = run(overfitting_spec(tmp_path, "best_epoch"), tmp_path)
     client, parent, trials = sweep_runs(uri, "overfit-best_epoch")
-    curves = {trial.info.run_id: mean_val_loss_curve(client, trial.info.run_id) for trial in trials}
+    curves = {trial.info.run_id: history(uri, trial.info.run_id, "mean_val_loss") for trial in trials}
     for trial in trials:
         curve = curves[trial.info.run_id]
         best_epoch = int(trial.data.metrics["best_epoch"])
@@ -145,7 +142,7 @@ def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_l
         assert trial.data.metrics["selected_mean_val_loss"] == curve[best_epoch]
         assert trial.data.metrics["selected_mean_val_loss"] < trial.data.metrics["mean_val_loss"]  # the last epoch's
     best = min(trials, key=lambda trial: min(curves[trial.info.run_id].values()))
-    assert parent.data.tags["foldsweep.best_run_id"] == best.info.run_id
+    assert parent.data.tags[Tag.BEST_RUN_ID] == best.info.run_id
     assert parent.data.metrics["best_mean_val_loss"] == min(curves[best.info.run_id].values())
     assert parent.data.metrics["refit_epochs"] == best.data.metrics["best_epoch"]
     assert f"({int(best.data.metrics['best_epoch'])} epochs)" in output
@@ -154,11 +151,11 @@ def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_l
 
     _, output = run(overfitting_spec(tmp_path, "last"), tmp_path)
     client, parent, trials = sweep_runs(uri, "overfit-last")
-    last = {trial.info.run_id: mean_val_loss_curve(client, trial.info.run_id)[30] for trial in trials}
+    last = {trial.info.run_id: history(uri, trial.info.run_id, "mean_val_loss")[30] for trial in trials}
     assert all(trial.data.metrics["best_epoch"] == 30 for trial in trials)
     assert all(trial.data.metrics["selected_mean_val_loss"] == last[trial.info.run_id] for trial in trials)
     best_last = min(trials, key=lambda trial: last[trial.info.run_id])
-    assert parent.data.tags["foldsweep.best_run_id"] == best_last.info.run_id
+    assert parent.data.tags[Tag.BEST_RUN_ID] == best_last.info.run_id
     assert parent.data.metrics["refit_epochs"] == 30 and "(30 epochs)" in output
 
 
@@ -169,7 +166,7 @@ def test_a_rerun_trains_every_replica_of_a_repeated_trial_and_reproduces_it(grou
 
     directory, uri, _, _ = grouped_repeated_sweep
     client, parent, trials = sweep_runs(uri, "grouped-repeated")
-    trial = client.get_run(parent.data.tags["foldsweep.best_run_id"])
+    trial = client.get_run(parent.data.tags[Tag.BEST_RUN_ID])
     monkeypatch.chdir(directory)
     refused = CliRunner().invoke(app, ["rerun", trial.info.run_id, "--tracking-uri", uri, "--fold", "6"],
                                  env={"COLUMNS": "250"})
@@ -178,11 +175,10 @@ def test_a_rerun_trains_every_replica_of_a_repeated_trial_and_reproduces_it(grou
     ran = foldsweep("rerun", trial.info.run_id, "--tracking-uri", uri, cwd=directory)
     assert ran.exit_code == 0, ran.output
     rerun = next(run for run in client.search_runs(
-        [parent.info.experiment_id], filter_string="tags.`foldsweep.role` = 'rerun'"))
+        [parent.info.experiment_id], filter_string=f"tags.`{Tag.ROLE}` = 'rerun'"))
     for j in range(6):
         key = f"split{j}_val_loss"
-        recorded = {m.step: m.value for m in client.get_metric_history(trial.info.run_id, key)}
-        again = {m.step: m.value for m in client.get_metric_history(rerun.info.run_id, key)}
+        recorded, again = history(uri, trial.info.run_id, key), history(uri, rerun.info.run_id, key)
         assert len(recorded) == 5 and again.keys() == recorded.keys()
         assert all(again[epoch] == pytest.approx(recorded[epoch], rel=1e-6) for epoch in recorded)
     assert rerun.data.metrics["best_epoch"] == trial.data.metrics["best_epoch"]

@@ -11,10 +11,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from helpers import REPO, TINY_SPEC, foldsweep, merged, seed_store
+from helpers import REPO, TINY_SPEC, curve, foldsweep, merged, reruns_of, seed_store
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.spec import DatasetSpec
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -43,12 +44,9 @@ def rerun(monkeypatch, threads_kept):
     return run
 
 
-def history(client, run_id, key):
-    return [metric.value for metric in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
-
-
 def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_apart(unclipped_trials, rerun):
     directory, client, trials, parent = unclipped_trials
+    store = f"sqlite:///{directory / 'mlflow.db'}"
     original = trials["0.01"]
     assert original.info.status == "FINISHED"
     runs_before = len(client.search_runs([parent.info.experiment_id]))
@@ -59,18 +57,17 @@ def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_ap
     assert "epoch 1: fold 0" in result.output and "epoch 2: fold 0" in result.output
     # The layout follows this process' compute threads; either way the folds train fused, as
     # many steps per launch as the trial did.
-    steps = original.data.tags["foldsweep.steps_per_launch"]
+    steps = original.data.tags[Tag.of("steps_per_launch")]
     assert re.search(rf"fused: 2 folds in one execution[^;\n]*(stacked|side by side)[^;\n]*; steps per launch: {steps}\b",
                      result.output), result.output
-    reruns = client.search_runs([parent.info.experiment_id],
-                                filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")
+    reruns = reruns_of(client, original)
     assert len(reruns) == 1
     again = reruns[0]
-    assert again.info.status == "FINISHED" and again.data.tags["foldsweep.role"] == "rerun"
+    assert again.info.status == "FINISHED" and again.data.tags[Tag.ROLE] == "rerun"
     for k in (0, 1):
         for key in (f"split{k}_val_loss", f"split{k}_val_accuracy", f"split{k}_train_loss"):
-            assert history(client, again.info.run_id, key) == pytest.approx(
-                history(client, original.info.run_id, key), rel=1e-4, abs=1e-6)
+            assert curve(store, again.info.run_id, key) == pytest.approx(
+                curve(store, original.info.run_id, key), rel=1e-4, abs=1e-6)
     # The original is untouched, and nothing but the rerun was added.
     assert client.get_run(original.info.run_id).data.metrics == original.data.metrics
     assert len(client.search_runs([parent.info.experiment_id])) == runs_before + 1
@@ -100,9 +97,8 @@ def test_rerun_profile_says_where_a_steady_epoch_goes_and_keeps_its_trace(unclip
     assert "conv" in top.lower(), top
     assert re.search(r"no operation runs for \d+% of the training", ran.output)
     assert "xprof --logdir=" in ran.output
-    rerun_run = client.search_runs([parent.info.experiment_id], order_by=["attributes.start_time DESC"],
-                                   filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
-    assert "--profile" in rerun_run.data.tags["foldsweep.rerun_differs"]
+    rerun_run = reruns_of(client, original)[0]
+    assert "--profile" in rerun_run.data.tags[Tag.RERUN_DIFFERS]
     listed = [item.path for item in client.list_artifacts(rerun_run.info.run_id, "profile/plugins/profile")]
     assert len(listed) == 1
     assert any(item.path.endswith(".xplane.pb") for item in client.list_artifacts(rerun_run.info.run_id, listed[0]))
@@ -121,7 +117,7 @@ def test_rerun_one_fold_with_fewer_epochs_without_tracking(unclipped_trials, rer
     assert "unfused: one fold to train" in result.output
     # The sweep trained the folds fused; this single fold, eager and unfused, still matches it.
     assert len(client.search_runs([parent.info.experiment_id])) == runs_before
-    recorded = history(client, original.info.run_id, "split1_val_loss")[0]
+    recorded = curve(f"sqlite:///{directory / 'mlflow.db'}", original.info.run_id, "split1_val_loss")[0]
     shown = float(result.output.split("val_loss ")[1].split()[0])
     assert shown == pytest.approx(recorded, rel=1e-3)
 
@@ -136,8 +132,8 @@ def test_check_numerics_places_a_nan_trials_overflowing_gradient_norm_in_its_fol
 
     directory, client, trials, _ = unclipped_trials
     nan_trial = trials["50.0"]
-    assert nan_trial.data.tags["foldsweep.status"] == "nan"
-    recorded = {key: nan_trial.data.tags[f"foldsweep.nan_{key}"] for key in ("fold", "epoch", "step")}
+    assert nan_trial.data.tags[Tag.STATUS] == "nan"
+    recorded = {key: nan_trial.data.tags[Tag.of(f"nan_{key}")] for key in ("fold", "epoch", "step")}
     stopped = []
 
     def placed(message, stopped_call):  # the real reading; what it was placed in is kept
@@ -154,21 +150,20 @@ def test_check_numerics_places_a_nan_trials_overflowing_gradient_norm_in_its_fol
     place = f"fold {recorded['fold']}, epoch {recorded['epoch']}, step {recorded['step']}"
     assert (f"first non-finite value: {place}: the gradient norm, foldsweep's own check of each step (op L2Loss, "
             "node global_norm/L2Loss") in output
-    assert f"the recorded trial went NaN at the same place ({place}: its tags foldsweep.nan_fold" in output
-    again = client.search_runs([nan_trial.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{nan_trial.info.run_id}'")[0]
+    assert f"the recorded trial went NaN at the same place ({place}: its tags {Tag.of('nan_fold')}" in output
+    again = reruns_of(client, nan_trial)[0]
     tags = again.data.tags
-    assert tags["foldsweep.status"] == "nan" and tags["foldsweep.numerics_op"] == "L2Loss"
-    assert {key: tags[f"foldsweep.numerics_{key}"] for key in ("fold", "epoch", "step")} == recorded
-    assert re.fullmatch(r"global_norm/L2Loss(_\d+)?", tags["foldsweep.numerics_node"])
+    assert tags[Tag.STATUS] == "nan" and tags[Tag.NUMERICS_OP] == "L2Loss"
+    assert {key: tags[Tag.of(f"numerics_{key}")] for key in ("fold", "epoch", "step")} == recorded
+    assert re.fullmatch(r"global_norm/L2Loss(_\d+)?", tags[Tag.NUMERICS_NODE])
     # The layer and variable are the NaN fold's model's own (never the norm's scope, global_norm).
     (call,) = stopped
     assert str(call.fold) == recorded["fold"]
     layers = {f"{layer.name} ({type(layer).__name__})": layer for layer in call.model.layers}
-    layer = layers[tags["foldsweep.numerics_layer"]]
-    assert tags["foldsweep.numerics_variable"] in {variable.path for variable in layer.trainable_variables}
-    assert f"the gradient of {tags['foldsweep.numerics_variable']}, a variable of layer " \
-           f"{tags['foldsweep.numerics_layer']}, is the first whose sum of squares is not finite" in output
+    layer = layers[tags[Tag.NUMERICS_LAYER]]
+    assert tags[Tag.NUMERICS_VARIABLE] in {variable.path for variable in layer.trainable_variables}
+    assert f"the gradient of {tags[Tag.NUMERICS_VARIABLE]}, a variable of layer " \
+           f"{tags[Tag.NUMERICS_LAYER]}, is the first whose sum of squares is not finite" in output
 
 
 def test_set_reruns_the_nan_trial_with_clipping(unclipped_trials, rerun):
@@ -177,16 +172,14 @@ def test_set_reruns_the_nan_trial_with_clipping(unclipped_trials, rerun):
     result = rerun(directory, nan_trial.info.run_id, "--set", "clipping=global_norm", "--set", "clip_threshold=0.1")
     assert result.exit_code == 0, result.output
     assert "status: ok" in result.output
-    again = client.search_runs([nan_trial.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{nan_trial.info.run_id}' "
-                                             f"and params.clipping = 'global_norm'")[0]
+    again = reruns_of(client, nan_trial, where="params.clipping = 'global_norm'")[0]
     assert again.data.params["clip_threshold"] == "0.1" and again.data.params["learning_rate"] == "50.0"
-    assert again.data.tags["foldsweep.status"] == "ok"
+    assert again.data.tags[Tag.STATUS] == "ok"
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["0123456789abcdef0123456789abcdef"], "RUN_ID: no trial run with id '0123456789abcdef0123456789abcdef'"),
-    (["PARENT"], "is not a foldsweep trial (tag foldsweep.role='sweep')"),
+    (["PARENT"], f"is not a foldsweep trial (tag {Tag.ROLE}='sweep')"),
     (["TRIAL", "--fold", "2"], "--fold must be between 0 and 1 (the sweep's trials train 2 folds), got 2"),
     (["TRIAL", "--set", "fliters=3"], "--set fliters: not a hyperparameter of this trial"),
     (["TRIAL", "--set", "filters"], "--set must be name=value, got 'filters'"),
@@ -258,8 +251,8 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(ra
     assert swept.exit_code == 0, swept.output
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("relative").experiment_id])
-    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
-    trial = next(run for run in runs if run.data.tags["foldsweep.role"] == "trial")
+    parent = next(run for run in runs if run.data.tags[Tag.ROLE] == "sweep")
+    trial = next(run for run in runs if run.data.tags[Tag.ROLE] == "trial")
     assert parent.data.params["dataset_path"] == str(project / "data.npz")
     assert parent.data.params["experiment_path"] == str(project / "model.py")
 
@@ -268,6 +261,6 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(ra
                                env={"COLUMNS": "200"})
     assert again.exit_code == 0, again.output
     assert "epoch 2: fold 0" in again.output
-    recorded = history(client, trial.info.run_id, "split0_val_loss")
+    recorded = curve(store, trial.info.run_id, "split0_val_loss")
     printed = [float(value) for value in re.findall(r"fold 0 train_loss \S+ val_loss (\S+)", again.output)]
     assert printed == pytest.approx(recorded, rel=1e-3)

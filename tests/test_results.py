@@ -22,6 +22,7 @@ from pipeline.inputs.hypermodel import load_builder
 from pipeline.engine.resident import resident_data
 from pipeline.engine.recipe import TrainingRecipe
 from pipeline.engine.trial import TrialRunner, TrialSettings, Worker
+from pipeline.records.tracking import Tag
 
 
 ACCOUNT = TimeAccount.of(20.0, setup_s=5.0, compile_s=3.0, train_s=8.0, eval_s=1.5, gap_s=2.0)
@@ -151,7 +152,7 @@ def test_what_ray_tune_delivers_reaches_mlflow(ray_cluster, tmp_path, write_spec
     assert len(delivered) == 2
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = next(run for run in client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
-               if run.data.tags["foldsweep.role"] == "trial")
+               if run.data.tags[Tag.ROLE] == "trial")
     for report in delivered:
         assert unrecorded_keys(report) == set(), f"keys nobody records: {unrecorded_keys(report)}"
     recorded = recorded_keys(delivered[0])

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from helpers import TINY_SPEC, merged
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +32,7 @@ def finished_trials(database: Path) -> int:
         with sqlite3.connect(database, timeout=5) as connection:
             return connection.execute(
                 "select count(*) from runs r join tags t on t.run_uuid = r.run_uuid "
-                "where t.key = 'foldsweep.role' and t.value = 'trial' and r.status = 'FINISHED'").fetchone()[0]
+                f"where t.key = '{Tag.ROLE}' and t.value = 'trial' and r.status = 'FINISHED'").fetchone()[0]
     except sqlite3.OperationalError:
         return 0
 
@@ -42,7 +43,7 @@ def unfinished_checkpoints(directory: Path) -> list[Path]:
         with sqlite3.connect(directory / "mlflow.db", timeout=5) as connection:
             finished = {row[0] for row in connection.execute(
                 "select t.value from runs r join tags t on t.run_uuid = r.run_uuid "
-                "where t.key = 'foldsweep.trial_id' and r.status = 'FINISHED'")}
+                f"where t.key = '{Tag.TRIAL_ID}' and r.status = 'FINISHED'")}
     except sqlite3.OperationalError:
         return []
     found = []
@@ -56,8 +57,8 @@ def unfinished_checkpoints(directory: Path) -> list[Path]:
 def runs(directory: Path):
     client = MlflowClient(f"sqlite:///{directory / 'mlflow.db'}")
     found = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
-    parents = [run for run in found if run.data.tags["foldsweep.role"] == "sweep"]
-    trials = [run for run in found if run.data.tags["foldsweep.role"] == "trial"]
+    parents = [run for run in found if run.data.tags[Tag.ROLE] == "sweep"]
+    trials = [run for run in found if run.data.tags[Tag.ROLE] == "trial"]
     return client, parents, trials
 
 
@@ -102,7 +103,7 @@ def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(ray_cluster
         assert sweep.returncode == 130, output
         # The command as it was run (not on the PATH here: by its path), to paste again.
         assert f"Resume with: {command[0]} run spec.yaml --resume" in " ".join(output.split()), output
-        assert parents[0].info.status == "KILLED" and parents[0].data.tags["foldsweep.status"] == "interrupted"
+        assert parents[0].info.status == "KILLED" and parents[0].data.tags[Tag.STATUS] == "interrupted"
         assert all(run.info.status in ("FINISHED", "KILLED") for run in trials)
 
     resumed = CliRunner().invoke(app, ["run", str(tmp_path / "spec.yaml"), "--resume"])
@@ -114,10 +115,10 @@ def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(ray_cluster
     assert f"({TRIALS} in the sweep, {len(done_before)} ended before this resume)" in resumed.output
     client, parents, trials = runs(tmp_path)
     assert [parent.info.run_id for parent in parents] == [parent_id]
-    assert parents[0].info.status == "FINISHED" and parents[0].data.tags["foldsweep.resumes"] == "1"
+    assert parents[0].info.status == "FINISHED" and parents[0].data.tags[Tag.RESUMES] == "1"
     assert len(trials) == TRIALS
-    assert len({run.data.tags["foldsweep.trial_id"] for run in trials}) == TRIALS
-    assert all(run.info.status == "FINISHED" and run.data.tags["foldsweep.status"] == "ok" for run in trials)
+    assert len({run.data.tags[Tag.TRIAL_ID] for run in trials}) == TRIALS
+    assert all(run.info.status == "FINISHED" and run.data.tags[Tag.STATUS] == "ok" for run in trials)
     for run in trials:
         history = client.get_metric_history(run.info.run_id, "mean_val_loss")
         assert sorted(metric.step for metric in history) == list(range(1, EPOCHS + 1)), "each epoch recorded once"

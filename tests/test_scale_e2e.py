@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from helpers import TINY_SPEC, free_port, merged, serving, wait_for
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -29,8 +30,8 @@ def trial_runs(uri: str, experiment: str):
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
     runs = client.search_runs([found.experiment_id]) if found else []
-    trials = [run for run in runs if run.data.tags.get("foldsweep.role") == "trial"]
-    parents = [run for run in runs if run.data.tags.get("foldsweep.role") == "sweep"]
+    trials = [run for run in runs if run.data.tags.get(Tag.ROLE) == "trial"]
+    parents = [run for run in runs if run.data.tags.get(Tag.ROLE) == "sweep"]
     return client, trials, parents
 
 
@@ -42,7 +43,7 @@ def worker_pid(database: Path) -> int | None:
         with sqlite3.connect(database, timeout=5) as connection:
             row = connection.execute(
                 "select t.value from tags t join metrics m on m.run_uuid = t.run_uuid "
-                "where t.key = 'foldsweep.pid' and m.key = 'mean_val_accuracy' limit 1").fetchone()
+                f"where t.key = '{Tag.of('pid')}' and m.key = 'mean_val_accuracy' limit 1").fetchone()
     except sqlite3.OperationalError:
         return None
     return int(row[0]) if row else None
@@ -69,9 +70,9 @@ def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path, empty_stor
     _, trials, _ = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "faults")
     assert len(trials) == 1
     trial = trials[0]
-    assert trial.info.status == "FINISHED" and trial.data.tags["foldsweep.status"] == "ok"
-    assert trial.data.tags["foldsweep.retries"] == "1" and trial.data.metrics["retries"] == 1
-    assert int(trial.data.tags["foldsweep.pid"]) != pid  # finished in a new worker process
+    assert trial.info.status == "FINISHED" and trial.data.tags[Tag.STATUS] == "ok"
+    assert trial.data.tags[Tag.RETRIES] == "1" and trial.data.metrics["retries"] == 1
+    assert int(trial.data.tags[Tag.of("pid")]) != pid  # finished in a new worker process
 
 
 def started_node(command: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -164,7 +165,7 @@ def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, em
     assert result.exit_code == 0, result.output
     _, trials, _ = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "cluster")
     assert len(trials) == 4 and all(run.info.status == "FINISHED" for run in trials)
-    assert len({run.data.tags["foldsweep.node_id"] for run in trials}) == 2, "trials ran on both nodes"
+    assert len({run.data.tags[Tag.of("node_id")] for run in trials}) == 2, "trials ran on both nodes"
 
 
 # The README's auth.ini (its shared MLflow server recipe).

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from helpers import Replace
 from pipeline.cli import app
 from pipeline.inputs.hypermodel import load_experiment
+from pipeline.records.tracking import Tag
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 
@@ -40,7 +41,7 @@ MODEL_HPS = {"filters", "kernel", "pool", "units", "dropout"}
 def trials_of(tmp_path, experiment):
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    return client, client.search_runs([experiment_id], filter_string="tags.`foldsweep.role` = 'trial'")
+    return client, client.search_runs([experiment_id], filter_string=f"tags.`{Tag.ROLE}` = 'trial'")
 
 
 def test_unmodified_keras_tuner_hypermodel_sweeps_with_every_hp_recorded_as_used(
@@ -86,9 +87,9 @@ def test_asha_stops_bad_trials_early_and_records_them_as_pruned(ray_cluster, tmp
 
     assert result.exit_code == 0, result.output
     client, runs = trials_of(tmp_path, "asha")
-    statuses = {run.data.params["learning_rate"]: run.data.tags["foldsweep.status"] for run in runs}
+    statuses = {run.data.params["learning_rate"]: run.data.tags[Tag.STATUS] for run in runs}
     assert statuses["0.005"] == "ok"
-    pruned = [run for run in runs if run.data.tags["foldsweep.status"] == "pruned"]
+    pruned = [run for run in runs if run.data.tags[Tag.STATUS] == "pruned"]
     assert pruned, statuses
     for run in pruned:
         assert run.info.status == "FINISHED"
