@@ -9,14 +9,12 @@ import keras
 import numpy as np
 import pytest
 
-from helpers import MNIST1D_EXPERIMENT
+from helpers import MNIST1D_EXPERIMENT, mnist1d_folds
 from run_machinery import between_trials
-from pipeline.inputs.datasets import load_dataset
-from pipeline.inputs.folds import Fold, make_folds
+from pipeline.inputs.folds import Fold
 from pipeline.inputs.hypermodel import load_builder
 from pipeline.contract.plan import ExecutionChoices
 from pipeline.engine.resident import resident_data
-from pipeline.inputs.spec import CVSpec, DatasetSpec
 from pipeline.engine.stacked import forward_matches, forward_mismatch, model_blocker, steps_blocker
 from pipeline.engine.trainer import build_trainer
 from pipeline.engine.recipe import TrainingRecipe
@@ -28,15 +26,20 @@ HISTORY_KEYS = ("train_loss", "val_loss", "val_accuracy")
 
 
 @pytest.fixture(scope="module")
-def dataset():
-    return load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 410}))
+def dataset_and_folds():
+    """Two folds: side by side, each fold is one more model in the program XLA compiles, and the
+    compile is most of each case's time."""
+    return mnist1d_folds(410)
 
 
 @pytest.fixture(scope="module")
-def folds(dataset):
-    """Two folds: side by side, each fold is one more model in the program XLA compiles, and the
-    compile is most of each case's time."""
-    return make_folds(CVSpec(splitter="stratified", n_splits=2, seed=0), dataset).folds
+def dataset(dataset_and_folds):
+    return dataset_and_folds[0]
+
+
+@pytest.fixture(scope="module")
+def folds(dataset_and_folds):
+    return dataset_and_folds[1]
 
 
 def train(x, y, folds, *, fused, epochs=2, fingerprint=None, dropout=0.0, jit_compile="auto", steps_per_launch=1,

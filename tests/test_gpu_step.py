@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-from helpers import MNIST1D_EXPERIMENT
+from helpers import MNIST1D_EXPERIMENT, mnist1d_folds
 from run_machinery import between_trials
 from pipeline.base.accelerator import GpuIdentity
 from pipeline.contract.plan import ExecutionChoices
@@ -23,10 +23,8 @@ from pipeline.engine.resident import resident_data
 from pipeline.engine.stacked import (StackedFolds, StackedForm, forward_matches, forward_mismatch, forward_tolerance,
                                      stacked_weights)
 from pipeline.engine.trainer import build_trainer
-from pipeline.inputs.datasets import load_dataset
-from pipeline.inputs.folds import Fold, make_folds
+from pipeline.inputs.folds import Fold
 from pipeline.inputs.hypermodel import load_builder
-from pipeline.inputs.spec import CVSpec, DatasetSpec
 
 pytestmark = pytest.mark.training
 
@@ -36,13 +34,18 @@ CONDITIONALS = {"If", "StatelessIf"}
 
 
 @pytest.fixture(scope="module")
-def dataset():
-    return load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 410}))
+def dataset_and_folds():
+    return mnist1d_folds(410)
 
 
 @pytest.fixture(scope="module")
-def folds(dataset):
-    return make_folds(CVSpec(splitter="stratified", n_splits=2, seed=0), dataset).folds
+def dataset(dataset_and_folds):
+    return dataset_and_folds[0]
+
+
+@pytest.fixture(scope="module")
+def folds(dataset_and_folds):
+    return dataset_and_folds[1]
 
 
 def trainer_for(data, folds, *, layout, steps_per_launch=1, per_epoch=False):

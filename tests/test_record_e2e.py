@@ -39,7 +39,7 @@ def test_a_diverging_trial_is_recorded_as_nan_and_the_sweep_completes(recorded_s
     assert nan_trial.data.tags[Tag.of("nan_epoch")] == "1"
     assert int(nan_trial.data.tags[Tag.of("nan_step")]) >= 0
     for key in ("nan_last_finite_loss", "nan_grad_norm"):
-        assert math.isfinite(float(nan_trial.data.tags[f"foldsweep.{key}"]))
+        assert math.isfinite(float(nan_trial.data.tags[Tag.of(key)]))
     for config in [("0.01", "none"), ("0.01", "global_norm"), ("50.0", "global_norm")]:
         assert by_config[config].info.status == "FINISHED" and by_config[config].data.tags[Tag.STATUS] == "ok"
     # What the scheduler and searcher saw is finite for every trial, the NaN one included.
@@ -57,7 +57,7 @@ def test_the_trial_record_has_history_summary_and_system_info(recorded_sweep):
     assert [row["epoch"] for row in history] == ["1", "2"]
     assert float(history[1]["mean_val_accuracy"]) == pytest.approx(run.data.metrics["mean_val_accuracy"])
     for tag in ("tensorflow_version", "keras_version", "ray_version", "device"):
-        assert run.data.tags[f"foldsweep.{tag}"]
+        assert run.data.tags[Tag.of(tag)]
     assert run.data.tags[Tag.of("tensorflow_version")] == __import__("tensorflow").__version__
     for metric in ("train_samples_per_s", "compile_s", "eval_samples_per_s", "trial_wall_s", "mean_train_loss"):
         assert metric in run.data.metrics

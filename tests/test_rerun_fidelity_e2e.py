@@ -119,7 +119,7 @@ def test_a_nan_trial_goes_nan_again_at_the_recorded_fold_epoch_and_step(sweeps):
     again = the_rerun(client, original)
     assert again.data.tags[Tag.STATUS] == "nan"
     for tag in ("nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm"):
-        assert again.data.tags[f"foldsweep.{tag}"] == original.data.tags[f"foldsweep.{tag}"], tag
+        assert again.data.tags[Tag.of(tag)] == original.data.tags[Tag.of(tag)], tag
     where = (f"NaN in fold {original.data.tags[Tag.of('nan_fold')]} at epoch "
              f"{original.data.tags[Tag.of('nan_epoch')]}, step {original.data.tags[Tag.of('nan_step')]}")
     assert where in " ".join(result.output.split())  # the console wraps long lines

@@ -158,7 +158,7 @@ def test_what_ray_tune_delivers_reaches_mlflow(ray_cluster, tmp_path, write_spec
     recorded = recorded_keys(delivered[0])
     assert {"pid", "node_ip", "hostname", "tf_threads", "fused_reason"} <= recorded
     for key in recorded - {"params_in_effect"}:
-        assert (key in run.data.metrics or f"foldsweep.{key}" in run.data.tags
+        assert (key in run.data.metrics or Tag.of(key) in run.data.tags
                 or key in ("model_summary", "trial_plan")), key
     assert set(delivered[0]["params_in_effect"]) <= set(run.data.params)  # the optimizer and its learning rate
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import MNIST1D_EXPERIMENT
+from helpers import MNIST1D_EXPERIMENT, mnist1d_folds
 from run_machinery import between_trials, cores_per_worker
 from pipeline.base import compile_cache
 from pipeline.inputs.datasets import load_dataset
@@ -30,8 +30,7 @@ MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.1}
 
 @pytest.fixture(scope="module")
 def data_and_folds():
-    data = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 300}))
-    return data, make_folds(CVSpec(splitter="stratified", n_splits=2, seed=0), data).folds
+    return mnist1d_folds(300)
 
 
 def trainer(data_and_folds, seed=0, batch_size=32, jit_compile="auto"):
