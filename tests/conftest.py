@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 import yaml
 
 from helpers import TINY_SPEC, Replace, merged, seed_store, sweep_runs
-from run_machinery import LocalRay
+
+if TYPE_CHECKING:  # imported by pytest as a plugin, first: assertion rewriting applies to it
+    from run_machinery import LocalRay
 
 pytest_plugins = ["run_machinery"]
 

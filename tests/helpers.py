@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from run_machinery import REPO
-
+REPO = Path(__file__).resolve().parents[1]
 MNIST1D_EXPERIMENT = REPO / "experiments" / "mnist1d_cnn.py"
 
 TINY_SPEC: dict[str, Any] = {

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # Under pytest-xdist (`make test` runs two workers), tests are sent to the workers a module at a
 # time, so that a module's fixtures are made once; the modules that read the session's recorded
