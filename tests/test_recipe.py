@@ -123,7 +123,7 @@ def spec(tmp_path: Path, **overrides):
 
 def test_the_recipe_from_a_spec_takes_its_train_section_and_the_training_names_its_space_searches(tmp_path):
     swept = spec(tmp_path, search={"space": {"learning_rate": {"choice": [0.01, 0.1]}, "batch_size": 16}},
-                 train={"jit_compile": "on", "steps_per_launch": 4, "fused": "off"})
+                 train={"jit_compile": True, "steps_per_launch": 4, "fused": False})
     recipe = TrainingRecipe.from_spec(swept, fit_arguments={"batch_size": "bs"})
     assert recipe.train == swept.train
     assert recipe.spec_names == frozenset({"learning_rate", "batch_size"})
@@ -133,7 +133,7 @@ def test_the_recipe_from_a_spec_takes_its_train_section_and_the_training_names_i
 
 @pytest.mark.parametrize("eager, check_numerics", [(True, False), (False, True)])
 def test_eager_runs_and_numeric_checks_are_not_compiled_by_xla(tmp_path, eager, check_numerics):
-    recipe = TrainingRecipe.from_spec(spec(tmp_path, train={"jit_compile": "on"}), eager=eager,
+    recipe = TrainingRecipe.from_spec(spec(tmp_path, train={"jit_compile": True}), eager=eager,
                                       check_numerics=check_numerics)
     assert recipe.choices.jit_compile == "off"
     assert (recipe.choices.eager, recipe.choices.check_numerics) == (eager, check_numerics)
