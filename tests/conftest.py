@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import pytest
 import yaml
 
-from helpers import TINY_SPEC, Replace, merged, seed_store, sweep_runs
+# helpers' assertions (a rerun reproducing its trial, say) explained as a test's are.
+pytest.register_assert_rewrite("helpers")
+from helpers import TINY_SPEC, Replace, merged, seed_store, sweep_runs  # noqa: E402
 
 if TYPE_CHECKING:  # imported by pytest as a plugin, first: assertion rewriting applies to it
     from run_machinery import LocalRay

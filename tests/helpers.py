@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 MNIST1D_EXPERIMENT = REPO / "experiments" / "mnist1d_cnn.py"
 
@@ -141,6 +143,21 @@ def curve(store: str, run_id: str, key: str) -> list[float]:
     return list(history(store, run_id, key).values())
 
 
+def assert_rerun_reproduces(store: str, directory: Path, client: Any, original: Any, keys: list[str], *,
+                            epochs: int) -> None:
+    """`foldsweep rerun` of the trial run ``original`` in a fresh process (its thread pools are
+    the trial's, fixed once TensorFlow starts in a process) records each of ``keys`` over
+    ``epochs`` epochs as the trial did, to rel 1e-6."""
+    import pytest
+
+    ran = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
+    assert ran.exit_code == 0, ran.output
+    again = reruns_of(client, original)[0]
+    for key in keys:
+        recorded, rerun = curve(store, original.info.run_id, key), curve(store, again.info.run_id, key)
+        assert len(recorded) == epochs and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key
+
+
 def run_learning_rate_grid(directory: Path, store: str, document: dict[str, Any]):
     """Run the sweep ``document`` (a grid over learning rates) from ``directory`` in this process;
     returns (its output, client, parent run, {learning rate: trial run})."""
@@ -170,15 +187,40 @@ def binary_data(n: int = 600, seed: int = 0) -> tuple[Any, Any]:
     return x, y
 
 
-def mnist1d_folds(num_samples: int, n_splits: int = 2) -> tuple[Any, list[Any]]:
-    """(the mnist1d dataset of ``num_samples``, its stratified folds, seed 0): what the modules
-    that build fold trainers in this process train on."""
+def mnist1d(num_samples: int) -> Any:
     from pipeline.inputs.datasets import load_dataset
-    from pipeline.inputs.folds import make_folds
-    from pipeline.inputs.spec import CVSpec, DatasetSpec
+    from pipeline.inputs.spec import DatasetSpec
 
-    dataset = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": num_samples}))
-    return dataset, make_folds(CVSpec(splitter="stratified", n_splits=n_splits, seed=0), dataset).folds
+    return load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": num_samples}))
+
+
+def stratified_folds(dataset: Any, n_splits: int = 2) -> list[Any]:
+    from pipeline.inputs.folds import make_folds
+    from pipeline.inputs.spec import CVSpec
+
+    return make_folds(CVSpec(splitter="stratified", n_splits=n_splits, seed=0), dataset).folds
+
+
+def mnist1d_folds(num_samples: int) -> tuple[Any, list[Any]]:
+    """(the mnist1d dataset of ``num_samples``, its two stratified folds, seed 0): what the
+    modules that build fold trainers in this process train on."""
+    dataset = mnist1d(num_samples)
+    return dataset, stratified_folds(dataset)
+
+
+def mnist1d_fixtures(num_samples: int) -> tuple[Any, Any]:
+    """The module-scoped fixtures ``dataset`` and ``folds`` of ``mnist1d_folds``, for a module
+    to take as ``dataset, folds = mnist1d_fixtures(n)``."""
+
+    @pytest.fixture(scope="module", name="dataset")
+    def dataset() -> Any:
+        return mnist1d(num_samples)
+
+    @pytest.fixture(scope="module", name="folds")
+    def folds(dataset: Any) -> list[Any]:
+        return stratified_folds(dataset)
+
+    return dataset, folds
 
 
 # -- servers ------------------------------------------------------------------------------------

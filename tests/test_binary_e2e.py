@@ -10,7 +10,7 @@ import csv
 import numpy as np
 import pytest
 
-from helpers import binary_data, curve, foldsweep, reruns_of, run_learning_rate_grid, seed_store
+from helpers import assert_rerun_reproduces, binary_data, run_learning_rate_grid, seed_store
 
 from pipeline.records.tracking import Tag
 
@@ -100,12 +100,5 @@ def test_the_binary_sweep_is_ranked_refit_and_tabled(binary_sweep):
 def test_a_rerun_of_a_binary_trial_reproduces_its_per_fold_losses(binary_sweep):
     """A fresh process: the trial's thread pools are fixed once TensorFlow starts in a process."""
     directory, store, _, client, _, by_rate = binary_sweep
-    original = by_rate[0.01]
-    ran = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
-    assert ran.exit_code == 0, ran.output
-    again = reruns_of(client, original)[0]
-    for k in range(3):
-        for key in (f"split{k}_train_loss", f"split{k}_val_loss", f"split{k}_val_accuracy", f"split{k}_val_auc"):
-            recorded = curve(store, original.info.run_id, key)
-            rerun = curve(store, again.info.run_id, key)
-            assert len(recorded) == EPOCHS and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key
+    keys = [f"split{k}_{name}" for k in range(3) for name in ("train_loss", "val_loss", "val_accuracy", "val_auc")]
+    assert_rerun_reproduces(store, directory, client, by_rate[0.01], keys, epochs=EPOCHS)

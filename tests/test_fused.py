@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from helpers import MNIST1D_EXPERIMENT, mnist1d_folds
+from helpers import MNIST1D_EXPERIMENT, mnist1d_fixtures
 from run_machinery import between_trials
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.hypermodel import load_builder
@@ -25,21 +25,9 @@ MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3}
 HISTORY_KEYS = ("train_loss", "val_loss", "val_accuracy")
 
 
-@pytest.fixture(scope="module")
-def dataset_and_folds():
-    """Two folds: side by side, each fold is one more model in the program XLA compiles, and the
-    compile is most of each case's time."""
-    return mnist1d_folds(410)
-
-
-@pytest.fixture(scope="module")
-def dataset(dataset_and_folds):
-    return dataset_and_folds[0]
-
-
-@pytest.fixture(scope="module")
-def folds(dataset_and_folds):
-    return dataset_and_folds[1]
+# Two folds: side by side, each fold is one more model in the program XLA compiles, and the
+# compile is most of each case's time.
+dataset, folds = mnist1d_fixtures(410)
 
 
 def train(x, y, folds, *, fused, epochs=2, fingerprint=None, dropout=0.0, jit_compile="auto", steps_per_launch=1,

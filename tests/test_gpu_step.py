@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-from helpers import MNIST1D_EXPERIMENT, mnist1d_folds
+from helpers import MNIST1D_EXPERIMENT, mnist1d_fixtures
 from run_machinery import between_trials
 from pipeline.base.accelerator import GpuIdentity
 from pipeline.contract.plan import ExecutionChoices
@@ -33,19 +33,7 @@ CONFIG = {"conv_layers": 1, "filters": 8, "kernel_size": 3, "dropout": 0.0, "bat
 CONDITIONALS = {"If", "StatelessIf"}
 
 
-@pytest.fixture(scope="module")
-def dataset_and_folds():
-    return mnist1d_folds(410)
-
-
-@pytest.fixture(scope="module")
-def dataset(dataset_and_folds):
-    return dataset_and_folds[0]
-
-
-@pytest.fixture(scope="module")
-def folds(dataset_and_folds):
-    return dataset_and_folds[1]
+dataset, folds = mnist1d_fixtures(410)
 
 
 def trainer_for(data, folds, *, layout, steps_per_launch=1, per_epoch=False):

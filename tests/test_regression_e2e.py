@@ -10,7 +10,7 @@ import csv
 import numpy as np
 import pytest
 
-from helpers import binary_data, curve, foldsweep, reruns_of, run_learning_rate_grid, seed_store
+from helpers import assert_rerun_reproduces, binary_data, run_learning_rate_grid, seed_store
 
 from pipeline.records.tracking import Tag
 
@@ -79,12 +79,5 @@ def test_the_refits_test_mae_is_what_the_saved_model_scores(regression_sweep):
 
 def test_a_rerun_reproduces_the_recorded_mae_histories(regression_sweep):
     directory, store, _, client, _, by_rate = regression_sweep
-    original = by_rate[0.01]
-    ran = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
-    assert ran.exit_code == 0, ran.output
-    again = reruns_of(client, original)[0]
-    for k in range(3):
-        key = f"split{k}_val_mae"
-        recorded = curve(store, original.info.run_id, key)
-        rerun = curve(store, again.info.run_id, key)
-        assert len(recorded) == EPOCHS and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key
+    assert_rerun_reproduces(store, directory, client, by_rate[0.01], [f"split{k}_val_mae" for k in range(3)],
+                            epochs=EPOCHS)
