@@ -107,17 +107,24 @@ def seed_store(database: Path) -> Path:
     return database
 
 
-def sweep_runs(uri: str, name: str):
-    """(client, parent run, trial runs) of the latest sweep recorded under experiment ``name``."""
+def recorded_runs(uri: str, name: str):
+    """(client, parent runs newest first, trial runs) of the sweeps recorded under experiment
+    ``name``; no runs while there is no such experiment."""
     from mlflow.tracking import MlflowClient
 
     from pipeline.records.tracking import Tag
 
     client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
-    parent = next(run for run in runs if run.data.tags[Tag.ROLE] == "sweep")
-    trials = [run for run in runs if run.data.tags[Tag.ROLE] == "trial"]
-    return client, parent, trials
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id], max_results=1000) if experiment else []
+    return (client, [run for run in runs if run.data.tags.get(Tag.ROLE) == "sweep"],
+            [run for run in runs if run.data.tags.get(Tag.ROLE) == "trial"])
+
+
+def sweep_runs(uri: str, name: str):
+    """(client, parent run, trial runs) of the latest sweep recorded under experiment ``name``."""
+    client, parents, trials = recorded_runs(uri, name)
+    return client, parents[0], trials
 
 
 def reruns_of(client: Any, run: Any, *, where: str = "") -> list[Any]:

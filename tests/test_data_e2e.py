@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from helpers import REPO, merged
+from helpers import REPO, merged, recorded_runs
 from pipeline.cli import app
 from pipeline.records.tracking import Tag
 
@@ -27,10 +26,8 @@ def ci_sized(name: str, tmp_path: Path, overrides: dict) -> Path:
 
 
 def recorded(tmp_path: Path, experiment: str):
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
-    return [run for run in runs if run.data.tags[Tag.ROLE] == "trial"], \
-        next(run for run in runs if run.data.tags[Tag.ROLE] == "sweep")
+    _, parents, trials = recorded_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment)
+    return trials, parents[0]
 
 
 def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monkeypatch):

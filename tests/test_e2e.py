@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from helpers import Replace, answers, free_port, wait_for
+from helpers import Replace, answers, free_port, recorded_runs, wait_for
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
@@ -38,12 +38,7 @@ def build(hp):
 
 
 def runs_of(tracking_uri: str, experiment: str):
-    client = MlflowClient(tracking_uri)
-    experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    runs = client.search_runs([experiment_id], max_results=1000)
-    parents = [run for run in runs if run.data.tags.get(Tag.ROLE) == "sweep"]
-    trials = [run for run in runs if run.data.tags.get(Tag.ROLE) == "trial"]
-    return client, parents, trials
+    return recorded_runs(tracking_uri, experiment)
 
 
 def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tmp_path, write_spec, empty_store,

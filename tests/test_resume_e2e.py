@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from helpers import TINY_SPEC, merged
+from helpers import TINY_SPEC, merged, recorded_runs
 from pipeline.cli import app
 from pipeline.records.tracking import Tag
 
@@ -55,11 +54,7 @@ def unfinished_checkpoints(directory: Path) -> list[Path]:
 
 
 def runs(directory: Path):
-    client = MlflowClient(f"sqlite:///{directory / 'mlflow.db'}")
-    found = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
-    parents = [run for run in found if run.data.tags[Tag.ROLE] == "sweep"]
-    trials = [run for run in found if run.data.tags[Tag.ROLE] == "trial"]
-    return client, parents, trials
+    return recorded_runs(f"sqlite:///{directory / 'mlflow.db'}", "resume")
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])

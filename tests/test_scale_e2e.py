@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from helpers import TINY_SPEC, free_port, merged, serving, wait_for
+from helpers import TINY_SPEC, free_port, merged, recorded_runs, serving, wait_for
 from pipeline.cli import app
 from pipeline.records.tracking import Tag
 
@@ -27,11 +26,7 @@ BIN = Path(sys.executable).parent
 
 
 def trial_runs(uri: str, experiment: str):
-    client = MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([found.experiment_id]) if found else []
-    trials = [run for run in runs if run.data.tags.get(Tag.ROLE) == "trial"]
-    parents = [run for run in runs if run.data.tags.get(Tag.ROLE) == "sweep"]
+    client, parents, trials = recorded_runs(uri, experiment)
     return client, trials, parents
 
 
