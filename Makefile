@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.foldsweep-installed
 SPEC ?= sweeps/quickstart.yaml
 PYTEST_ARGS ?=
-# `make test` runs the suite in two pytest-xdist workers, a test module at a time (tests/conftest.py
+# `make test` runs the suite in two pytest-xdist workers, a test module at a time (tests/run_machinery.py
 # says how they are sent): on two cores one worker's sweep starts processes and imports while the
 # other's trains. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
@@ -26,11 +26,11 @@ EXPORT := $(UV) export --frozen --no-emit-project --no-header --quiet --format p
 sweep: $(STAMP)
 	$(BIN)/foldsweep run $(SPEC)
 
-test: lock-check $(STAMP) chromium
+test: lock-check $(STAMP) chromium lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # The style, kept by tools: ruff's formatter and linter over the code, mypy over the typed layers
-# (pyproject.toml says which).
+# (pyproject.toml says which). `make test` runs it before the suite, so CI keeps it.
 lint: $(STAMP)
 	$(BIN)/ruff format --check pipeline tests benchmarks
 	$(BIN)/ruff check pipeline tests benchmarks

@@ -131,15 +131,34 @@ def test_the_compile_cache_is_off_with_a_notice_where_the_gpu_cannot_be_identifi
 def test_a_rerun_names_another_gpu_or_other_versions_among_its_differences():
     from pipeline.contract.plan import ThreadPlan, plan_differences
 
-    recorded = TrialPlan(jit_compile=True, steps_per_launch=1, layout="stacked", reason="r",
-                         threads=ThreadPlan(1, 1), device="/GPU:0", stop_test="per_epoch",
-                         stacked_convolutions="grouped", gpu=GpuIdentity("NVIDIA A100-SXM4-80GB (compute 8.0)",
-                                                                         "550.54.15", "12.9.79", "9.10.2.21"))
+    recorded = TrialPlan(
+        jit_compile=True,
+        steps_per_launch=1,
+        layout="stacked",
+        reason="r",
+        threads=ThreadPlan(1, 1),
+        device="/GPU:0",
+        stop_test="per_epoch",
+        stacked_convolutions="grouped",
+        gpu=GpuIdentity("NVIDIA A100-SXM4-80GB (compute 8.0)", "550.54.15", "12.9.79", "9.10.2.21"),
+    )
     assert TrialPlan.from_dict(recorded.as_dict()) == recorded
-    now = TrialPlan.from_dict({**recorded.as_dict(), "deterministic_ops": True,
-                               "gpu": {"model": "NVIDIA H100 80GB HBM3 (compute 9.0)", "driver": "560.28.03",
-                                       "cuda": "12.9.79", "cudnn": "9.1.0.70"}})
+    now = TrialPlan.from_dict(
+        {
+            **recorded.as_dict(),
+            "deterministic_ops": True,
+            "gpu": {
+                "model": "NVIDIA H100 80GB HBM3 (compute 9.0)",
+                "driver": "560.28.03",
+                "cuda": "12.9.79",
+                "cudnn": "9.1.0.70",
+            },
+        }
+    )
     assert plan_differences(recorded, now) == [
         "GPU NVIDIA A100-SXM4-80GB (compute 8.0) -> NVIDIA H100 80GB HBM3 (compute 9.0)",
-        "driver 550.54.15 -> 560.28.03", "cuDNN 9.10.2.21 -> 9.1.0.70", "deterministic ops off -> on"]
+        "driver 550.54.15 -> 560.28.03",
+        "cuDNN 9.10.2.21 -> 9.1.0.70",
+        "deterministic ops off -> on",
+    ]
     assert plan_differences(recorded, recorded) == []

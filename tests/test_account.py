@@ -11,16 +11,28 @@ STARTED = 1000.0
 
 
 def account(*spans: tuple[float, float], ended: float, refit_s: float = 0.0):
-    return sweep_account(started=STARTED, ended=STARTED + ended, refit_s=refit_s, parts=SWEEP_PARTS,
-                         trials=[Span(STARTED + start, STARTED + end) for start, end in spans])
+    return sweep_account(
+        started=STARTED,
+        ended=STARTED + ended,
+        refit_s=refit_s,
+        parts=SWEEP_PARTS,
+        trials=[Span(STARTED + start, STARTED + end) for start, end in spans],
+    )
 
 
 def test_two_slots_overlap_into_one_training_span_and_the_rest_is_start_idle_refit_and_end():
     # slot 1: 8-20, then 21-30; slot 2: 9-15, then nothing until a trial at 33-40; refit 40-45.
     sweep = account((8, 20), (9, 15), (21, 30), (33, 40), ended=47.0, refit_s=5.0)
-    assert sweep.as_dict() == pytest.approx({"sweep_startup_s": 8.0, "sweep_training_s": 12 + 9 + 7,
-                                             "sweep_idle_s": 1 + 3, "sweep_refit_s": 5.0, "sweep_finish_s": 2.0,
-                                             "other_s": 0.0})
+    assert sweep.as_dict() == pytest.approx(
+        {
+            "sweep_startup_s": 8.0,
+            "sweep_training_s": 12 + 9 + 7,
+            "sweep_idle_s": 1 + 3,
+            "sweep_refit_s": 5.0,
+            "sweep_finish_s": 2.0,
+            "other_s": 0.0,
+        }
+    )
     assert sweep.wall_s == 47.0 and sweep_fixed_s(sweep) == pytest.approx(8 + 4 + 2)
 
 

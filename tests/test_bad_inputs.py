@@ -15,8 +15,9 @@ import yaml
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
-LOOP_MODEL = '''
+LOOP_MODEL = """
 import keras
 
 
@@ -26,9 +27,11 @@ def build(hp):
         model.add(keras.layers.Dense(hp.Int(f"units_{i}", 8, 32, step=8), activation="relu"))
     model.add(keras.layers.Dense(2, activation="softmax"))
     return model
-'''
-LINEAR_MODEL = "import keras\ndef build(hp):\n    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2)])\n"
-OVERRIDE_MODEL = '''
+"""
+LINEAR_MODEL = (
+    "import keras\ndef build(hp):\n    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2)])\n"
+)
+OVERRIDE_MODEL = """
 import keras
 
 
@@ -39,8 +42,8 @@ class Custom(keras.Sequential):
 
 def build(hp):
     return Custom([keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")])
-'''
-VECTOR_METRIC_MODEL = '''
+"""
+VECTOR_METRIC_MODEL = """
 import keras
 
 
@@ -60,7 +63,7 @@ def build(hp):
     model = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")])
     model.compile(loss="sparse_categorical_crossentropy", metrics=[PerClass()])
     return model
-'''
+"""
 REGRESSION_MODEL = """
 import keras
 
@@ -70,8 +73,15 @@ def build(hp):
     model.compile(loss="mse", metrics=["mae"])
     return model
 """
-GOOD_SPEC = {"name": "good", "experiment": "loop.py", "dataset": "good.npz", "cv": {"n_splits": 2},
-             "search": {"space": {"batch_size": 8}}, "train": {"epochs": 1}, "tracking": {"uri": "sqlite:///store.db"}}
+GOOD_SPEC = {
+    "name": "good",
+    "experiment": "loop.py",
+    "dataset": "good.npz",
+    "cv": {"n_splits": 2},
+    "search": {"space": {"batch_size": 8}},
+    "train": {"epochs": 1},
+    "tracking": {"uri": "sqlite:///store.db"},
+}
 
 
 def arrays(n: int = 60, **changes) -> dict[str, np.ndarray]:
@@ -86,11 +96,13 @@ def spec_text(**overrides) -> str:
 
 
 FILES = {
-    "loop.py": LOOP_MODEL, "linear.py": LINEAR_MODEL, "override.py": OVERRIDE_MODEL,
+    "loop.py": LOOP_MODEL,
+    "linear.py": LINEAR_MODEL,
+    "override.py": OVERRIDE_MODEL,
     "good.yaml": spec_text(),
     "twice.yaml": spec_text() + "train: {epochs: 3}\n",
-    "twice_nested.yaml": spec_text(search=None).replace("search: null\n", "") +
-    "search:\n  space:\n    batch_size: 8\n    batch_size: 16\n",
+    "twice_nested.yaml": spec_text(search=None).replace("search: null\n", "")
+    + "search:\n  space:\n    batch_size: 8\n    batch_size: 16\n",
     "asha.yaml": spec_text(search={"scheduler": {"name": "asha", "grace_period": 3}, "space": {"batch_size": 8}}),
     "median.yaml": spec_text(search={"scheduler": {"name": "median", "grace_period": 1}, "space": {"batch_size": 8}}),
     "typo.yaml": spec_text(trian={"epochs": 1}),
@@ -123,15 +135,25 @@ FILES = {
     "vector.py": VECTOR_METRIC_MODEL,
     "reg.py": REGRESSION_MODEL,
     "positions.yaml": spec_text(dataset="positions.npz", cv={"n_splits": 2, "splitter": "kfold"}, train={"epochs": 1}),
-    "no_loss.yaml": spec_text(dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"},
-                              train={"epochs": 1, "metric": "loss"}),
-    "class_loss.yaml": spec_text(dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"},
-                                 train={"epochs": 1, "metric": "loss", "loss": "sparse_categorical_crossentropy"}),
-    "shape.yaml": spec_text(dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"},
-                            train={"epochs": 1, "metric": "loss", "loss": "mean_squared_error"}),
-    "stratified_float.yaml": spec_text(experiment="reg.py", dataset="regress.npz", train={"epochs": 1, "metric": "mae"}),
-    "accuracy_of_regression.yaml": spec_text(experiment="reg.py", dataset="regress.npz",
-                                             cv={"n_splits": 2, "splitter": "kfold"}, train={"epochs": 1}),
+    "no_loss.yaml": spec_text(
+        dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"}, train={"epochs": 1, "metric": "loss"}
+    ),
+    "class_loss.yaml": spec_text(
+        dataset="regress.npz",
+        cv={"n_splits": 2, "splitter": "kfold"},
+        train={"epochs": 1, "metric": "loss", "loss": "sparse_categorical_crossentropy"},
+    ),
+    "shape.yaml": spec_text(
+        dataset="regress.npz",
+        cv={"n_splits": 2, "splitter": "kfold"},
+        train={"epochs": 1, "metric": "loss", "loss": "mean_squared_error"},
+    ),
+    "stratified_float.yaml": spec_text(
+        experiment="reg.py", dataset="regress.npz", train={"epochs": 1, "metric": "mae"}
+    ),
+    "accuracy_of_regression.yaml": spec_text(
+        experiment="reg.py", dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"}, train={"epochs": 1}
+    ),
     "override.yaml": spec_text(experiment="override.py"),
     "notdb.db": "not a database\n",
 }
@@ -156,76 +178,154 @@ CASES = [
     # the spec
     ("a key written twice", ["validate", "twice.yaml"], ["key 'train' appears twice", "lines 9 and 13"]),
     ("a nested key written twice", ["run", "twice_nested.yaml"], ["key 'batch_size' appears twice"]),
-    ("an ASHA grace period past the epochs", ["run", "asha.yaml"],
-     ["search.scheduler.grace_period must be below the epochs a trial trains (train.epochs: at most 1)"]),
+    (
+        "an ASHA grace period past the epochs",
+        ["run", "asha.yaml"],
+        ["search.scheduler.grace_period must be below the epochs a trial trains (train.epochs: at most 1)"],
+    ),
     ("a median grace period at the epochs", ["validate", "median.yaml"], ["got grace_period=1"]),
     ("a misspelt key", ["run", "typo.yaml"], ["unknown key 'trian' (did you mean 'train'?)"]),
-    ("an experiment found nowhere", ["run", "no_experiment.yaml"],
-     ["experiment: file not found: 'experiments/nope.py'; looked in"]),
-    ("a data file found nowhere", ["validate", "no_data.yaml"], ["dataset: file not found: 'data/nope.npz'; looked in"]),
+    (
+        "an experiment found nowhere",
+        ["run", "no_experiment.yaml"],
+        ["experiment: file not found: 'experiments/nope.py'; looked in"],
+    ),
+    (
+        "a data file found nowhere",
+        ["validate", "no_data.yaml"],
+        ["dataset: file not found: 'data/nope.npz'; looked in"],
+    ),
     ("one split", ["run", "one_split.yaml"], ["cv.n_splits must be an integer >= 2, got 1"]),
     ("a spec that is not UTF-8", ["validate", "latin1.yaml"], ["a spec must be UTF-8 text"]),
     ("a spec that is not YAML", ["run", "broken.yaml"], ["not valid YAML at line"]),
     ("a hyperparameter the model does not have", ["run", "unknown_hp.yaml"], ["search.space.unitz_0"]),
     ("an unknown epoch selection", ["validate", "select.yaml"], ["train.select must be one of best_epoch, last"]),
     # A terminal that read "[low, high]" as a style would print "must be finite numbers , got".
-    ("bounds that are not numbers", ["validate", "bounds.yaml"],
-     ["search.space.learning_rate.loguniform must be finite numbers [low, high], got ['low', 'high']"]),
-    ("a mode against its metric", ["run", "mode.yaml"],
-     ["train.mode must be min for train.metric loss (lower loss is better", "drop train.mode", "got 'max'"]),
-    ("grouped data split without its groups", ["run", "ungrouped.yaml"],
-     ["cv.splitter stratified ignores the groups of", "use cv.splitter: group | stratified_group, or set "
-      "cv.groups: ignore"]),
-    ("a misspelt key of a section read only when present", ["validate", "early.yaml"],
-     ["unknown key 'train.early_stoping' (did you mean 'early_stopping'?)"]),
-    ("a store path without a scheme in the spec", ["validate", "bad_uri.yaml"],
-     ["tracking.uri must be sqlite:///FILE", "(did you mean sqlite:///mlflow.db?)"]),
+    (
+        "bounds that are not numbers",
+        ["validate", "bounds.yaml"],
+        ["search.space.learning_rate.loguniform must be finite numbers [low, high], got ['low', 'high']"],
+    ),
+    (
+        "a mode against its metric",
+        ["run", "mode.yaml"],
+        ["train.mode must be min for train.metric loss (lower loss is better", "drop train.mode", "got 'max'"],
+    ),
+    (
+        "grouped data split without its groups",
+        ["run", "ungrouped.yaml"],
+        [
+            "cv.splitter stratified ignores the groups of",
+            "use cv.splitter: group | stratified_group, or set cv.groups: ignore",
+        ],
+    ),
+    (
+        "a misspelt key of a section read only when present",
+        ["validate", "early.yaml"],
+        ["unknown key 'train.early_stoping' (did you mean 'early_stopping'?)"],
+    ),
+    (
+        "a store path without a scheme in the spec",
+        ["validate", "bad_uri.yaml"],
+        ["tracking.uri must be sqlite:///FILE", "(did you mean sqlite:///mlflow.db?)"],
+    ),
     ("a spec that does not exist", ["trial", "absent.yaml"], ["spec file not found"]),
     # flags
-    ("a store path without a scheme", ["run", "good.yaml", "--tracking-uri", "mlflow.db"],
-     ["--tracking-uri must be sqlite:///FILE", "(did you mean sqlite:///mlflow.db?)"]),
-    ("a store that is not SQLite", ["run", "good.yaml", "--tracking-uri", "sqlite:///notdb.db"],
-     ["--tracking-uri:", "notdb.db' is not a SQLite database"]),
-    ("a SQLite file that is not an MLflow store", ["report", "--tracking-uri", "sqlite:///other.db"],
-     ["other.db' is a SQLite database but not an MLflow store (its tables: t)"]),
-    ("a store where no file can be created", ["run", "good.yaml", "--tracking-uri", "sqlite:////proc/x.db"],
-     ["no store can be created at 'sqlite:////proc/x.db'"]),
+    (
+        "a store path without a scheme",
+        ["run", "good.yaml", "--tracking-uri", "mlflow.db"],
+        ["--tracking-uri must be sqlite:///FILE", "(did you mean sqlite:///mlflow.db?)"],
+    ),
+    (
+        "a store that is not SQLite",
+        ["run", "good.yaml", "--tracking-uri", "sqlite:///notdb.db"],
+        ["--tracking-uri:", "notdb.db' is not a SQLite database"],
+    ),
+    (
+        "a SQLite file that is not an MLflow store",
+        ["report", "--tracking-uri", "sqlite:///other.db"],
+        ["other.db' is a SQLite database but not an MLflow store (its tables: t)"],
+    ),
+    (
+        "a store where no file can be created",
+        ["run", "good.yaml", "--tracking-uri", "sqlite:////proc/x.db"],
+        ["no store can be created at 'sqlite:////proc/x.db'"],
+    ),
     ("no trials", ["run", "good.yaml", "--num-samples", "0"], ["--num-samples must be >= 1, got 0"]),
     ("a Ray address that is no address", ["run", "good.yaml", "--address", "nowhere"], ["must be host:port"]),
-    ("--resume without a store", ["run", "good.yaml", "--resume"],
-     ["--resume: no MLflow store at 'sqlite:///store.db'", "no sweep named 'good' to resume"]),
-    ("--resume of a sweep the store does not have", ["run", "good.yaml", "--resume", "--tracking-uri", "{store}"],
-     ["no sweep named 'good'"]),
+    (
+        "--resume without a store",
+        ["run", "good.yaml", "--resume"],
+        ["--resume: no MLflow store at 'sqlite:///store.db'", "no sweep named 'good' to resume"],
+    ),
+    (
+        "--resume of a sweep the store does not have",
+        ["run", "good.yaml", "--resume", "--tracking-uri", "{store}"],
+        ["no sweep named 'good'"],
+    ),
     ("a fold out of range", ["trial", "good.yaml", "--fold", "5"], ["--fold must be between 0 and 1"]),
-    ("report on a store that does not exist", ["report", "--tracking-uri", "sqlite:///absent.db"],
-     ["--tracking-uri: no MLflow store at 'sqlite:///absent.db'"]),
-    ("report on a sweep the store does not have", ["report", "nosuch", "--tracking-uri", "{store}"],
-     ["SWEEP: no sweep named 'nosuch'"]),
-    ("a port out of range", ["ui", "--tracking-uri", "{store}", "--port", "70000"],
-     ["--port must be between 1 and 65535, got 70000"]),
+    (
+        "report on a store that does not exist",
+        ["report", "--tracking-uri", "sqlite:///absent.db"],
+        ["--tracking-uri: no MLflow store at 'sqlite:///absent.db'"],
+    ),
+    (
+        "report on a sweep the store does not have",
+        ["report", "nosuch", "--tracking-uri", "{store}"],
+        ["SWEEP: no sweep named 'nosuch'"],
+    ),
+    (
+        "a port out of range",
+        ["ui", "--tracking-uri", "{store}", "--port", "70000"],
+        ["--port must be between 1 and 65535, got 70000"],
+    ),
     # --set
-    ("--set a batch size that is not a number", ["trial", "good.yaml", "--set", "batch_size=abc"],
-     ["--set: batch_size must be a positive integer (every value it takes), got 'abc'"]),
-    ("--set an hp.Int to text", ["trial", "good.yaml", "--set", "units_0=abc"],
-     ["--set units_0: the hypermodel declares it hp.Int"]),
-    ("--set an hp.Int beyond its range", ["trial", "good.yaml", "--set", "num_layers=5"],
-     ["--set num_layers: the hypermodel declares it hp.Int from 1 to 3, got 5"]),
+    (
+        "--set a batch size that is not a number",
+        ["trial", "good.yaml", "--set", "batch_size=abc"],
+        ["--set: batch_size must be a positive integer (every value it takes), got 'abc'"],
+    ),
+    (
+        "--set an hp.Int to text",
+        ["trial", "good.yaml", "--set", "units_0=abc"],
+        ["--set units_0: the hypermodel declares it hp.Int"],
+    ),
+    (
+        "--set an hp.Int beyond its range",
+        ["trial", "good.yaml", "--set", "num_layers=5"],
+        ["--set num_layers: the hypermodel declares it hp.Int from 1 to 3, got 5"],
+    ),
     ("--set an hp.Int off its steps", ["trial", "good.yaml", "--set", "units_0=12"], ["in steps of 8, got 12"]),
-    ("--set a value that is not a scalar", ["trial", "good.yaml", "--set", "batch_size=[8"],
-     ["--set batch_size: the value must be a YAML scalar (a number, string or boolean), got '[8'"]),
-    ("--set an unknown optimizer", ["trial", "good.yaml", "--set", "optimizer=adamm"],
-     ["optimizer must be one of adam, adamw, sgd, rmsprop (did you mean 'adam'?)"]),
-    ("--set a negative learning rate", ["trial", "good.yaml", "--set", "learning_rate=-1"],
-     ["learning_rate must be a number > 0 (every value it takes), got -1"]),
-    ("--set a name the trial does not have", ["trial", "good.yaml", "--set", "unitz=8"],
-     ["--set unitz: not a hyperparameter of this trial"]),
+    (
+        "--set a value that is not a scalar",
+        ["trial", "good.yaml", "--set", "batch_size=[8"],
+        ["--set batch_size: the value must be a YAML scalar (a number, string or boolean), got '[8'"],
+    ),
+    (
+        "--set an unknown optimizer",
+        ["trial", "good.yaml", "--set", "optimizer=adamm"],
+        ["optimizer must be one of adam, adamw, sgd, rmsprop (did you mean 'adam'?)"],
+    ),
+    (
+        "--set a negative learning rate",
+        ["trial", "good.yaml", "--set", "learning_rate=-1"],
+        ["learning_rate must be a number > 0 (every value it takes), got -1"],
+    ),
+    (
+        "--set a name the trial does not have",
+        ["trial", "good.yaml", "--set", "unitz=8"],
+        ["--set unitz: not a hyperparameter of this trial"],
+    ),
     ("--set without a value", ["trial", "good.yaml", "--set", "batch_size"], ["--set must be name=value"]),
     # data files
     ("a data file without samples", ["run", "empty.yaml"], ["has no samples"]),
     ("float labels", ["validate", "floaty.yaml"], ["y.astype(int)"]),
     ("labels counted from 1", ["run", "from1.yaml"], ["labels must start at 0", "y - 1"]),
-    ("-1/+1 labels", ["validate", "plusminus.yaml"],
-     ["array y has negative labels, e.g. -1; for -1/+1 labels", "y = (y > 0).astype(int)"]),
+    (
+        "-1/+1 labels",
+        ["validate", "plusminus.yaml"],
+        ["array y has negative labels, e.g. -1; for -1/+1 labels", "y = (y > 0).astype(int)"],
+    ),
     ("arrays under other names", ["validate", "renamed.yaml"], ["its arrays are X, Y", "x: X, y: Y"]),
     ("x and y of different lengths", ["run", "mismatch.yaml"], ["differ in length: 60 vs 50"]),
     ("samples with NaN", ["validate", "nan.yaml"], ["60 samples with NaN/Inf"]),
@@ -236,34 +336,79 @@ CASES = [
     ("a linear head without from_logits", ["run", "linear.yaml"], ["set train.from_logits: true"]),
     ("a train_step override", ["validate", "override.yaml"], ["Custom overrides train_step"]),
     # objectives
-    ("an objective the model does not compute", ["validate", "uncomputed.yaml"],
-     ["train.metric must be a score the model computes (accuracy, loss: its loss", "got 'auc'"]),
-    ("a metric of unknown direction without a mode", ["validate", "direction.yaml"],
-     ["train.mode is required for train.metric mcc"]),
-    ("a metric with a value per class", ["run", "vector.yaml"],
-     ["compiles the metric per_class, which gives several values per fold", "average='macro'"]),
+    (
+        "an objective the model does not compute",
+        ["validate", "uncomputed.yaml"],
+        ["train.metric must be a score the model computes (accuracy, loss: its loss", "got 'auc'"],
+    ),
+    (
+        "a metric of unknown direction without a mode",
+        ["validate", "direction.yaml"],
+        ["train.mode is required for train.metric mcc"],
+    ),
+    (
+        "a metric with a value per class",
+        ["run", "vector.yaml"],
+        ["compiles the metric per_class, which gives several values per fold", "average='macro'"],
+    ),
     # regression targets
-    ("float targets and no loss named", ["validate", "no_loss.yaml"],
-     ["the targets are floats (regression) and neither the model's compile nor the spec names a loss: set train.loss"]),
-    ("float targets with a classification loss", ["validate", "class_loss.yaml"],
-     ["the loss is sparse_categorical_crossentropy, a classification loss"]),
-    ("targets whose shape does not fit the output", ["run", "shape.yaml"],
-     ["holds float (regression) targets of shape () per sample, but the model", "outputs shape (2,) per sample",
-      "its loss mean_squared_error"]),
-    ("stratified folds of float targets", ["validate", "stratified_float.yaml"],
-     ["cv.splitter stratified keeps each class's share of the samples in every fold", "float (regression) targets", "use cv.splitter: kfold, or group"]),
-    ("accuracy as the objective of a regression", ["validate", "accuracy_of_regression.yaml"],
-     ["train.metric must be a score the model computes (loss, mae:", "got 'accuracy'"]),
-    ("labels per position for a model of one label per sample", ["validate", "positions.yaml"],
-     ["holds integer labels of shape (8,) per sample (one per position), but the model", "outputs shape (2,)"]),
+    (
+        "float targets and no loss named",
+        ["validate", "no_loss.yaml"],
+        [
+            "the targets are floats (regression) and neither the model's compile nor the spec names a loss: set train.loss"
+        ],
+    ),
+    (
+        "float targets with a classification loss",
+        ["validate", "class_loss.yaml"],
+        ["the loss is sparse_categorical_crossentropy, a classification loss"],
+    ),
+    (
+        "targets whose shape does not fit the output",
+        ["run", "shape.yaml"],
+        [
+            "holds float (regression) targets of shape () per sample, but the model",
+            "outputs shape (2,) per sample",
+            "its loss mean_squared_error",
+        ],
+    ),
+    (
+        "stratified folds of float targets",
+        ["validate", "stratified_float.yaml"],
+        [
+            "cv.splitter stratified keeps each class's share of the samples in every fold",
+            "float (regression) targets",
+            "use cv.splitter: kfold, or group",
+        ],
+    ),
+    (
+        "accuracy as the objective of a regression",
+        ["validate", "accuracy_of_regression.yaml"],
+        ["train.metric must be a score the model computes (loss, mae:", "got 'accuracy'"],
+    ),
+    (
+        "labels per position for a model of one label per sample",
+        ["validate", "positions.yaml"],
+        ["holds integer labels of shape (8,) per sample (one per position), but the model", "outputs shape (2,)"],
+    ),
     # record ids
-    ("an unknown run id", ["rerun", "0123456789abcdef0123456789abcdef", "--tracking-uri", "{store}"],
-     ["RUN_ID: no trial run with id '0123456789abcdef0123456789abcdef'"]),
+    (
+        "an unknown run id",
+        ["rerun", "0123456789abcdef0123456789abcdef", "--tracking-uri", "{store}"],
+        ["RUN_ID: no trial run with id '0123456789abcdef0123456789abcdef'"],
+    ),
     ("an unknown short run id", ["rerun", "zzzzzz", "--tracking-uri", "{store}"], ["no trial run with id 'zzzzzz'"]),
-    ("a sweep's run id for a trial's", ["rerun", "{sweep_run}", "--tracking-uri", "{store}"],
-     ["is not a foldsweep trial"]),
-    ("a rerun from a store that does not exist", ["rerun", "abc", "--tracking-uri", "sqlite:///absent.db"],
-     ["--tracking-uri: no MLflow store at 'sqlite:///absent.db'"]),
+    (
+        "a sweep's run id for a trial's",
+        ["rerun", "{sweep_run}", "--tracking-uri", "{store}"],
+        ["is not a foldsweep trial"],
+    ),
+    (
+        "a rerun from a store that does not exist",
+        ["rerun", "abc", "--tracking-uri", "sqlite:///absent.db"],
+        ["--tracking-uri: no MLflow store at 'sqlite:///absent.db'"],
+    ),
 ]
 
 
@@ -275,7 +420,7 @@ def recorded_store(tmp_path_factory) -> tuple[bytes, str]:
     path = tmp_path_factory.mktemp("store") / "recorded.db"
     client = MlflowClient(f"sqlite:///{path}")
     experiment = client.create_experiment("other")
-    run = client.create_run(experiment, tags={"foldsweep.role": "sweep", "foldsweep.sweep": "other"})
+    run = client.create_run(experiment, tags={Tag.ROLE: "sweep", Tag.SWEEP: "other"})
     client.set_terminated(run.info.run_id)
     return path.read_bytes(), run.info.run_id
 
@@ -297,8 +442,10 @@ def workspace(tmp_path, recorded_store, monkeypatch, threads_kept) -> Path:
 
 
 def snapshot(directory: Path) -> dict[str, bytes | None]:
-    return {str(path.relative_to(directory)): path.read_bytes() if path.is_file() else None
-            for path in sorted(directory.rglob("*"))}
+    return {
+        str(path.relative_to(directory)): path.read_bytes() if path.is_file() else None
+        for path in sorted(directory.rglob("*"))
+    }
 
 
 def expand(argument: str, workspace: Path, sweep_run: str) -> str:
@@ -306,8 +453,9 @@ def expand(argument: str, workspace: Path, sweep_run: str) -> str:
 
 
 @pytest.mark.parametrize("case, argv, expected", CASES, ids=[case[0] for case in CASES])
-def test_a_bad_input_is_one_message_and_exit_2_with_nothing_written(without_ray, workspace, recorded_store, case, argv,
-                                                                   expected):
+def test_a_bad_input_is_one_message_and_exit_2_with_nothing_written(
+    without_ray, workspace, recorded_store, case, argv, expected
+):
     import ray
 
     before = snapshot(workspace)
@@ -339,8 +487,9 @@ def test_unbalanced_grouped_folds_are_warned_about_not_refused(workspace):
     y = np.repeat([0, 0, 1, 1, 2, 2], 10).astype(np.int32)
     np.savez(workspace / "grouped.npz", **arrays(60, y=y, groups=np.repeat(np.arange(6), 10)))
     (workspace / "grouped.py").write_text(LOOP_MODEL.replace("Dense(2,", "Dense(3,"))
-    (workspace / "grouped.yaml").write_text(spec_text(experiment="grouped.py", dataset="grouped.npz",
-                                                      cv={"splitter": "group", "n_splits": 3}))
+    (workspace / "grouped.yaml").write_text(
+        spec_text(experiment="grouped.py", dataset="grouped.npz", cv={"splitter": "group", "n_splits": 3})
+    )
     result = CliRunner().invoke(app, ["validate", "grouped.yaml"])
     output = " ".join(result.output.split())
     assert result.exit_code == 0, result.output
@@ -348,18 +497,29 @@ def test_unbalanced_grouped_folds_are_warned_about_not_refused(workspace):
 
 
 ENVIRONMENT_CASES = [
-    ("FOLDSWEEP_DATA_DIR", "/proc/foldsweep-cache", ["validate", "builtin.yaml"],
-     ["built-in datasets are cached in $FOLDSWEEP_DATA_DIR (/proc/foldsweep-cache), but no file can be written"]),
+    (
+        "FOLDSWEEP_DATA_DIR",
+        "/proc/foldsweep-cache",
+        ["validate", "builtin.yaml"],
+        ["built-in datasets are cached in $FOLDSWEEP_DATA_DIR (/proc/foldsweep-cache), but no file can be written"],
+    ),
     ("FOLDSWEEP_DATA_DIR", "{workspace}/good.yaml", ["run", "builtin.yaml"], ["set $FOLDSWEEP_DATA_DIR to a writable"]),
-    ("RAY_ADDRESS", "nowhere", ["run", "good.yaml"], ["RAY_ADDRESS must be host:port (e.g. 127.0.0.1:6379), got 'nowhere'"]),
+    (
+        "RAY_ADDRESS",
+        "nowhere",
+        ["run", "good.yaml"],
+        ["RAY_ADDRESS must be host:port (e.g. 127.0.0.1:6379), got 'nowhere'"],
+    ),
     ("RAY_ADDRESS", "127.0.0.1:9", ["run", "good.yaml"], ["RAY_ADDRESS: no Ray cluster answers at '127.0.0.1:9'"]),
 ]
 
 
-@pytest.mark.parametrize("variable, value, argv, expected", ENVIRONMENT_CASES,
-                         ids=[f"{case[0]}={case[1]}" for case in ENVIRONMENT_CASES])
-def test_a_bad_environment_variable_is_one_message_and_exit_2(without_ray, workspace, monkeypatch, variable, value, argv,
-                                                              expected):
+@pytest.mark.parametrize(
+    "variable, value, argv, expected", ENVIRONMENT_CASES, ids=[f"{case[0]}={case[1]}" for case in ENVIRONMENT_CASES]
+)
+def test_a_bad_environment_variable_is_one_message_and_exit_2(
+    without_ray, workspace, monkeypatch, variable, value, argv, expected
+):
     import ray
 
     (workspace / "builtin.yaml").write_text(spec_text(dataset={"name": "digits"}, experiment="loop.py"))

@@ -9,13 +9,14 @@ import csv
 
 import numpy as np
 import pytest
+from helpers import assert_rerun_reproduces, binary_data, run_learning_rate_grid, seed_store
 
-from conftest import binary_data, foldsweep, run_learning_rate_grid, seed_store
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
 EPOCHS = 3
-HYPERMODEL = '''
+HYPERMODEL = """
 import keras
 import keras_tuner
 
@@ -29,7 +30,7 @@ class BindingSite(keras_tuner.HyperModel):
         model = keras.Model(inputs, outputs)
         model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy", keras.metrics.AUC(name="auc")])
         return model
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -40,50 +41,65 @@ def binary_sweep(ray_cluster, tmp_path_factory):
     np.savez(directory / "sites.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (directory / "sites.py").write_text(HYPERMODEL)
     store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
-    output, client, parent, by_rate = run_learning_rate_grid(directory, store, {
-        "name": "sites", "experiment": "sites.py:BindingSite", "dataset": "sites.npz",
-        "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
-        # Batch 8 on one CPU: the folds are stacked into one XLA program; a rate of 1e6 diverges.
-        "search": {"algorithm": "grid", "space": {"optimizer": "sgd", "learning_rate": {"grid": [0.01, 1.0e+6]},
-                                                  "batch_size": 8, "filters": 8}},
-        "train": {"epochs": EPOCHS, "seed": 0, "metric": "auc"}, "resources": {"cpu": 1, "max_concurrent": 1}})
+    output, client, parent, by_rate = run_learning_rate_grid(
+        directory,
+        store,
+        {
+            "name": "sites",
+            "experiment": "sites.py:BindingSite",
+            "dataset": "sites.npz",
+            "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
+            # Batch 8 on one CPU: the folds are stacked into one XLA program; a rate of 1e6 diverges.
+            "search": {
+                "algorithm": "grid",
+                "space": {"optimizer": "sgd", "learning_rate": {"grid": [0.01, 1.0e6]}, "batch_size": 8, "filters": 8},
+            },
+            "train": {"epochs": EPOCHS, "seed": 0, "metric": "auc"},
+            "resources": {"cpu": 1, "max_concurrent": 1},
+        },
+    )
     return directory, store, output, client, parent, by_rate
 
 
 def test_a_sigmoid_head_trains_stacked_and_is_scored_by_binary_accuracy(binary_sweep):
     _, _, _, _, _, by_rate = binary_sweep
     learned = by_rate[0.01]
-    assert learned.data.tags["foldsweep.status"] == "ok"
-    assert "stacked" in learned.data.tags["foldsweep.fused_reason"]
+    assert learned.data.tags[Tag.STATUS] == "ok"
+    assert "stacked" in learned.data.tags[Tag.of("fused_reason")]
     # Chance is 0.5; an arg max over one unit would score every sample as class 0 (about 0.5).
     for k in range(3):
         assert 0.8 < learned.data.metrics[f"split{k}_val_accuracy"] <= 1.0
         assert 0.0 < learned.data.metrics[f"split{k}_val_loss"] < 0.6931  # below a constant 0.5's log 2
-    assert learned.data.tags["foldsweep.loss"] == "binary_crossentropy"
+    assert learned.data.tags[Tag.of("loss")] == "binary_crossentropy"
 
 
 def test_a_diverging_binary_head_is_recorded_as_nan(binary_sweep):
     _, _, _, _, _, by_rate = binary_sweep
-    diverged = by_rate[1.0e+6]
-    assert diverged.data.tags["foldsweep.status"] == "nan"
-    assert diverged.data.tags["foldsweep.nan_epoch"] == "1"
+    diverged = by_rate[1.0e6]
+    assert diverged.data.tags[Tag.STATUS] == "nan"
+    assert diverged.data.tags[Tag.of("nan_epoch")] == "1"
 
 
 def test_the_binary_sweep_is_ranked_refit_and_tabled(binary_sweep):
     directory, _, output, client, parent, by_rate = binary_sweep
     learned = by_rate[0.01]
-    assert parent.data.tags["foldsweep.best_run_id"] == learned.info.run_id
+    assert parent.data.tags[Tag.BEST_RUN_ID] == learned.info.run_id
     assert 0.8 < parent.data.metrics["test_accuracy"] <= 1.0
     rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "cv_results.csv", str(directory)))))
     ok = next(row for row in rows if row["status"] == "ok")
-    assert ok["rank_val_accuracy"] == "1" and next(row for row in rows if row["status"] == "nan")["rank_val_accuracy"] == ""
-    assert float(ok["mean_val_accuracy"]) == pytest.approx(np.mean(
-        [learned.data.metrics[f"selected_split{k}_val_accuracy"] for k in range(3)]))
+    assert (
+        ok["rank_val_accuracy"] == "1"
+        and next(row for row in rows if row["status"] == "nan")["rank_val_accuracy"] == ""
+    )
+    assert float(ok["mean_val_accuracy"]) == pytest.approx(
+        np.mean([learned.data.metrics[f"selected_split{k}_val_accuracy"] for k in range(3)])
+    )
     # Ranked by the compiled AUC (max): its columns, rank, and the refit's test_auc, which is what
     # the saved refit model scores on the test split.
     assert ok["rank_val_auc"] == "1" and 0.8 < float(ok["mean_val_auc"]) <= 1.0 and ok["std_val_auc"] != ""
-    assert float(ok["mean_val_auc"]) == pytest.approx(np.mean(
-        [learned.data.metrics[f"selected_split{k}_val_auc"] for k in range(3)]))
+    assert float(ok["mean_val_auc"]) == pytest.approx(
+        np.mean([learned.data.metrics[f"selected_split{k}_val_auc"] for k in range(3)])
+    )
     assert parent.data.params["train.mode"] == "max"
     assert f"{float(ok['mean_val_auc']):.4f}" in output  # the leaderboard ranks on it
     import keras
@@ -98,13 +114,5 @@ def test_the_binary_sweep_is_ranked_refit_and_tabled(binary_sweep):
 def test_a_rerun_of_a_binary_trial_reproduces_its_per_fold_losses(binary_sweep):
     """A fresh process: the trial's thread pools are fixed once TensorFlow starts in a process."""
     directory, store, _, client, _, by_rate = binary_sweep
-    original = by_rate[0.01]
-    ran = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
-    assert ran.exit_code == 0, ran.output
-    again = client.search_runs([original.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
-    for k in range(3):
-        for key in (f"split{k}_train_loss", f"split{k}_val_loss", f"split{k}_val_accuracy", f"split{k}_val_auc"):
-            recorded = [m.value for m in sorted(client.get_metric_history(original.info.run_id, key), key=lambda m: m.step)]
-            rerun = [m.value for m in sorted(client.get_metric_history(again.info.run_id, key), key=lambda m: m.step)]
-            assert len(recorded) == EPOCHS and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key
+    keys = [f"split{k}_{name}" for k in range(3) for name in ("train_loss", "val_loss", "val_accuracy", "val_auc")]
+    assert_rerun_reproduces(store, directory, client, by_rate[0.01], keys, epochs=EPOCHS)

@@ -10,16 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import REPO
 from typer.testing import CliRunner
 
-from conftest import REPO
 from pipeline.base.errors import SpecError
 from pipeline.checks import check_inputs, make_checked_folds
 from pipeline.cli import app
 from pipeline.inputs.spec import load_spec
 
-MODEL = ("import keras\ndef build(hp):\n"
-         "    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2, activation='softmax')])\n")
+MODEL = (
+    "import keras\ndef build(hp):\n"
+    "    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2, activation='softmax')])\n"
+)
 
 
 def grouped_workspace(directory: Path, cv: dict) -> Path:
@@ -30,15 +32,25 @@ def grouped_workspace(directory: Path, cv: dict) -> Path:
     np.savez(directory / "grouped.npz", x=x, y=(groups % 2).astype(np.int32), groups=groups)
     (directory / "model.py").write_text(MODEL)
     spec = directory / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"name": "grouped", "experiment": "model.py", "dataset": "grouped.npz",
-                                    "cv": {"n_splits": 2, **cv}, "search": {"space": {"batch_size": 8}},
-                                    "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "grouped",
+                "experiment": "model.py",
+                "dataset": "grouped.npz",
+                "cv": {"n_splits": 2, **cv},
+                "search": {"space": {"batch_size": 8}},
+                "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
+            }
+        )
+    )
     return spec
 
 
 @pytest.mark.parametrize("splitter", ["stratified", "kfold"])
-def test_grouped_data_split_without_its_groups_is_refused_before_anything_runs(without_ray, tmp_path, monkeypatch,
-                                                                                splitter):
+def test_grouped_data_split_without_its_groups_is_refused_before_anything_runs(
+    without_ray, tmp_path, monkeypatch, splitter
+):
     import ray
 
     spec = grouped_workspace(tmp_path, {"splitter": splitter})
@@ -48,8 +60,9 @@ def test_grouped_data_split_without_its_groups_is_refused_before_anything_runs(w
         result = CliRunner().invoke(app, [command, str(spec)])
         output = " ".join(result.output.split())
         assert result.exit_code == 2, result.output
-        assert (f"cv.splitter {splitter} ignores the groups of '{tmp_path / 'grouped.npz'}' (12 groups over 60 "
-                "samples)") in output
+        assert (
+            f"cv.splitter {splitter} ignores the groups of '{tmp_path / 'grouped.npz'}' (12 groups over 60 samples)"
+        ) in output
         assert "use cv.splitter: group | stratified_group, or set cv.groups: ignore" in output
     assert sorted(tmp_path.iterdir()) == before and not ray.is_initialized()
 
@@ -64,9 +77,14 @@ def test_groups_ignored_on_purpose_are_accepted_and_recorded_with_the_sweep(tmp_
     params = _sweep_params(prepared)
     assert params["cv.groups"] == "ignore" and params["cv.splitter"] == "stratified"
     tracker = Tracker(prepared.tracking_uri)
-    parent_run_id, _ = tracker.start_sweep(name=spec.name, spec_text=spec.source_text,
-                                           manifest=prepared.folds.manifest(), params=params, tags={},
-                                           ray_path_for=lambda run_id: str(tmp_path / run_id))
+    parent_run_id, _ = tracker.start_sweep(
+        name=spec.name,
+        spec_text=spec.source_text,
+        manifest=prepared.folds.manifest(),
+        params=params,
+        tags={},
+        ray_path_for=lambda run_id: str(tmp_path / run_id),
+    )
     assert tracker.find_sweep(spec.name).params["cv.groups"] == "ignore"
     assert parent_run_id == tracker.find_sweep(spec.name).run_id
 
@@ -79,7 +97,8 @@ def test_grouped_splitters_and_data_without_groups_need_no_opt_out(tmp_path):
     data = dict(np.load(tmp_path / "grouped.npz"))
     np.savez(tmp_path / "grouped.npz", x=data["x"], y=data["y"])
     assert check_inputs(spec).warnings == (
-        f"cv.groups: ignore has nothing to ignore: '{tmp_path / 'grouped.npz'}' has no groups",)
+        f"cv.groups: ignore has nothing to ignore: '{tmp_path / 'grouped.npz'}' has no groups",
+    )
     with pytest.raises(SpecError, match="cv.groups ignore contradicts cv.splitter group"):
         load_spec(grouped_workspace(tmp_path, {"splitter": "group", "groups": "ignore"}))
 
@@ -89,20 +108,30 @@ def test_a_data_error_is_reported_before_tensorflow_loads(tmp_path, case):
     """What needs no model is checked first: the command answers without importing TensorFlow."""
     spec = grouped_workspace(tmp_path, {"splitter": "group"})
     data = dict(np.load(tmp_path / "grouped.npz"))
-    expected = {"a missing data file": "dataset: file not found: 'absent.npz'",
-                "a misnamed label array": "has no array 'y' (for y); its arrays are x, labels, groups",
-                "-1/+1 labels": "for -1/+1 labels (FordA's, an SVM's) use 0/1: y = (y > 0).astype(int)"}[case]
+    expected = {
+        "a missing data file": "dataset: file not found: 'absent.npz'",
+        "a misnamed label array": "has no array 'y' (for y); its arrays are x, labels, groups",
+        "-1/+1 labels": "for -1/+1 labels (FordA's, an SVM's) use 0/1: y = (y > 0).astype(int)",
+    }[case]
     if case == "a missing data file":
         spec.write_text(spec.read_text().replace("grouped.npz", "absent.npz"))
     elif case == "a misnamed label array":
         np.savez(tmp_path / "grouped.npz", x=data["x"], labels=data["y"], groups=data["groups"])
     else:
         np.savez(tmp_path / "grouped.npz", x=data["x"], y=data["y"] * 2 - 1, groups=data["groups"])
-    probe = ("import sys\nfrom typer.testing import CliRunner\nfrom pipeline.cli import app\n"
-             f"result = CliRunner().invoke(app, ['validate', {str(spec)!r}])\n"
-             "print(result.exit_code, 'tensorflow' in sys.modules, 'keras' in sys.modules)\nprint(result.output)\n")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    probe = (
+        "import sys\nfrom typer.testing import CliRunner\nfrom pipeline.cli import app\n"
+        f"result = CliRunner().invoke(app, ['validate', {str(spec)!r}])\n"
+        "print(result.exit_code, 'tensorflow' in sys.modules, 'keras' in sys.modules)\nprint(result.output)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     first, output = done.stdout.split("\n", 1)
     assert first == "2 False False", done.stdout + done.stderr
     assert expected in " ".join(output.split())

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 from typer.testing import CliRunner
 
-from conftest import free_port
 from pipeline.cli import _wait_until_answering, app, ui_command
 
 runner = CliRunner()
@@ -29,34 +29,57 @@ def test_validate_accepts_a_good_spec(write_spec):
     assert "val sizes 160, 160" in result.output
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"cv": {"n_splits": 1}}, "cv.n_splits must be an integer >= 2, got 1"),
-    ({"train": {"epoch": 3}}, "unknown key 'train.epoch' (did you mean 'epochs'?)"),
-    ({"cv": {"n_splits": 41}}, "cv.n_splits must be <= the smallest class size"),
-    ({"dataset": "mnist2d"}, "unknown built-in dataset 'mnist2d'"),
-    ({"dataset": {"name": "mnist1d", "num_samples": 5}}, "dataset.num_samples must be an integer >= 100, got 5"),
-    ({"dataset": "missing/data.npz"}, "dataset: file not found: 'missing/data.npz'; looked in"),
-    ({"search": {"space": {"fliters": 8}}}, "search.space.fliters is not a hyperparameter"),
-    ({"experiment": "nowhere/model.py:build"}, "experiment: file not found: 'nowhere/model.py'"),
-    ({"tracking": {"uri": "sqlite:////no/such/dir/mlflow.db"}}, "the directory of the SQLite file must exist"),
-    ({"tracking": {"uri": "ftp://example/x"}}, "tracking.uri must be sqlite:///FILE"),
-    ({"tracking": {"uri": "http://127.0.0.1:9"}}, "tracking.uri: cannot reach an MLflow server at 'http://127.0.0.1:9'"),
-    ({"search": {"space": {"batch_size": {"choice": [8, 512]}}}},
-     "search.space.batch_size must be <= the smallest training fold (160 samples), got 512"),
-    ({"search": {"space": {"batch_size": -8}}}, "search.space.batch_size must be a positive integer (every value it takes), got -8"),
-    ({"train": {"epochs": 0}}, "train.epochs must be an integer >= 1, got 0"),
-    ({"search": {"space": {"dropout": {"uniform": [0.5, 0.2]}}}}, "search.space.dropout.uniform needs low < high"),
-    ({"search": {"space": {"kernel_size": {"choice": []}}}}, "search.space.kernel_size.choice must be a non-empty list"),
-    ({"resources": {"cpu": 64}}, "resources.cpu must be <= the CPUs of this machine"),
-    ({"resources": {"address": "127.0.0.1:9"}}, "no Ray cluster answers at '127.0.0.1:9'"),
-    ({"resources": {"address": "nowhere"}}, "must be host:port (e.g. 127.0.0.1:6379), got 'nowhere'"),
-    ({"resources": {"max_failures": -1}}, "resources.max_failures must be an integer >= 0, got -1"),
-    ({"resources": {"gpu": 1.5}}, "resources.gpu must be a share of one GPU (at most 1) or a whole number of GPUs, got 1.5"),
-    ({"resources": {"gpu": 2}}, "resources.gpu must be at most 1: foldsweep trains all the folds of a trial on one GPU"),
-    ({"cv": {"n_repeats": 0}}, "cv.n_repeats must be an integer >= 1, got 0"),
-    ({"cv": {"n_repeats": 10_000_000}}, "cv.n_repeats: 10000000 repeats x 2 folds = 20,000,000 replicas of the default model"),
-    ({"train": {"select": "best"}}, "train.select must be one of best_epoch, last"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"cv": {"n_splits": 1}}, "cv.n_splits must be an integer >= 2, got 1"),
+        ({"train": {"epoch": 3}}, "unknown key 'train.epoch' (did you mean 'epochs'?)"),
+        ({"cv": {"n_splits": 41}}, "cv.n_splits must be <= the smallest class size"),
+        ({"dataset": "mnist2d"}, "unknown built-in dataset 'mnist2d'"),
+        ({"dataset": {"name": "mnist1d", "num_samples": 5}}, "dataset.num_samples must be an integer >= 100, got 5"),
+        ({"dataset": "missing/data.npz"}, "dataset: file not found: 'missing/data.npz'; looked in"),
+        ({"search": {"space": {"fliters": 8}}}, "search.space.fliters is not a hyperparameter"),
+        ({"experiment": "nowhere/model.py:build"}, "experiment: file not found: 'nowhere/model.py'"),
+        ({"tracking": {"uri": "sqlite:////no/such/dir/mlflow.db"}}, "the directory of the SQLite file must exist"),
+        ({"tracking": {"uri": "ftp://example/x"}}, "tracking.uri must be sqlite:///FILE"),
+        (
+            {"tracking": {"uri": "http://127.0.0.1:9"}},
+            "tracking.uri: cannot reach an MLflow server at 'http://127.0.0.1:9'",
+        ),
+        (
+            {"search": {"space": {"batch_size": {"choice": [8, 512]}}}},
+            "search.space.batch_size must be <= the smallest training fold (160 samples), got 512",
+        ),
+        (
+            {"search": {"space": {"batch_size": -8}}},
+            "search.space.batch_size must be a positive integer (every value it takes), got -8",
+        ),
+        ({"train": {"epochs": 0}}, "train.epochs must be an integer >= 1, got 0"),
+        ({"search": {"space": {"dropout": {"uniform": [0.5, 0.2]}}}}, "search.space.dropout.uniform needs low < high"),
+        (
+            {"search": {"space": {"kernel_size": {"choice": []}}}},
+            "search.space.kernel_size.choice must be a non-empty list",
+        ),
+        ({"resources": {"cpu": 64}}, "resources.cpu must be <= the CPUs of this machine"),
+        ({"resources": {"address": "127.0.0.1:9"}}, "no Ray cluster answers at '127.0.0.1:9'"),
+        ({"resources": {"address": "nowhere"}}, "must be host:port (e.g. 127.0.0.1:6379), got 'nowhere'"),
+        ({"resources": {"max_failures": -1}}, "resources.max_failures must be an integer >= 0, got -1"),
+        (
+            {"resources": {"gpu": 1.5}},
+            "resources.gpu must be a share of one GPU (at most 1) or a whole number of GPUs, got 1.5",
+        ),
+        (
+            {"resources": {"gpu": 2}},
+            "resources.gpu must be at most 1: foldsweep trains all the folds of a trial on one GPU",
+        ),
+        ({"cv": {"n_repeats": 0}}, "cv.n_repeats must be an integer >= 1, got 0"),
+        (
+            {"cv": {"n_repeats": 10_000_000}},
+            "cv.n_repeats: 10000000 repeats x 2 folds = 20,000,000 replicas of the default model",
+        ),
+        ({"train": {"select": "best"}}, "train.select must be one of best_epoch, last"),
+    ],
+)
 def test_bad_input_exits_2_with_one_message_and_writes_nothing(tmp_path, write_spec, overrides, message):
     spec = write_spec(overrides)
     for command in ("validate", "run"):
@@ -97,7 +120,8 @@ def test_model_output_must_cover_the_labels(write_spec, write_experiment):
         "import keras\n"
         "def build(hp):\n"
         "    i = keras.Input((40, 1))\n"
-        "    return keras.Model(i, keras.layers.Dense(3, activation='softmax')(keras.layers.Flatten()(i)))\n")
+        "    return keras.Model(i, keras.layers.Dense(3, activation='softmax')(keras.layers.Flatten()(i)))\n"
+    )
     result = invoke("validate", str(write_spec({"experiment": f"{experiment}:build", "search": {"space": None}})))
     assert result.exit_code == 2
     assert "labels of 'mnist1d' go up to 9, but the model" in result.output.replace("\n", " ")
@@ -114,8 +138,10 @@ def test_the_installed_command_exits_2_on_a_bad_spec(write_spec):
     command = Path(sys.executable).parent / "foldsweep"
     completed = subprocess.run([str(command), "validate", str(spec)], capture_output=True, text=True, timeout=120)
     assert completed.returncode == 2
-    assert "cv.splitter must be one of kfold, stratified, group, stratified_group (did you mean 'kfold'?), got 'kfolds'" in \
-        completed.stderr.replace("\n", " ")
+    assert (
+        "cv.splitter must be one of kfold, stratified, group, stratified_group (did you mean 'kfold'?), got 'kfolds'"
+        in completed.stderr.replace("\n", " ")
+    )
 
 
 def test_help_lists_every_command():

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import REPO, Replace, foldsweep, sweep_runs
 
-from conftest import REPO, Replace, foldsweep, sweep_runs
 from pipeline.base import compile_cache
 from pipeline.base.compile_cache import CHECKSUM_SUFFIX, CompileCache, content_name, content_names
 from pipeline.contract.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES
+from pipeline.records.tracking import Tag
 
 
 def _message(fields: list[tuple[int, bytes | int]]) -> bytes:
@@ -48,7 +49,10 @@ def _process_cache(tmp_path: Path) -> CompileCache:
 
 
 def test_an_entry_enters_the_store_complete_and_other_processes_link_it(tmp_path):
-    writer, reader = _process_cache(tmp_path), CompileCache(tmp_path / "store", tmp_path / "store" / ".processes" / "2-cd")
+    writer, reader = (
+        _process_cache(tmp_path),
+        CompileCache(tmp_path / "store", tmp_path / "store" / ".processes" / "2-cd"),
+    )
     reader.process_directory.mkdir(parents=True)
     entry = _entry(writer.process_directory)
     half = writer.process_directory / "xla_compile_cache__33__44__XLA_CPU_JIT.pb"
@@ -106,8 +110,9 @@ def _traced(rate: float, *, keep: list) -> tuple[str, str]:
     import tensorflow as tf
 
     with content_names():
-        step = tf.function(lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: x * rate, lambda: x - rate),
-                           jit_compile=True)
+        step = tf.function(
+            lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: x * rate, lambda: x - rate), jit_compile=True
+        )
         concrete = step.get_concrete_function(tf.TensorSpec([4], tf.float32))
     keep.append((step, concrete))
     assert float(concrete(tf.ones([4]))[0]) == rate  # compiled and run under its own name
@@ -168,8 +173,22 @@ def test_switched_off_by_the_environment(monkeypatch):
     assert not compile_cache.disabled_by_environment()
 
 
-TRIAL = ("trial", "sweeps/quickstart.yaml", "--epochs", "2", "--fold", "0", "--set", "dropout=0.0",
-         "--set", "learning_rate=0.003", "--set", "batch_size=48", "--set", "conv_layers=1")
+TRIAL = (
+    "trial",
+    "sweeps/quickstart.yaml",
+    "--epochs",
+    "2",
+    "--fold",
+    "0",
+    "--set",
+    "dropout=0.0",
+    "--set",
+    "learning_rate=0.003",
+    "--set",
+    "batch_size=48",
+    "--set",
+    "conv_layers=1",
+)
 
 
 def _losses(output: str) -> list[str]:
@@ -260,7 +279,8 @@ def test_a_dead_process_directory_of_this_machine_is_published_and_removed(tmp_p
 
 @pytest.mark.e2e
 def test_a_worker_reuses_the_programs_of_its_earlier_trials_and_never_another_programs(
-        ray_cluster, tmp_path, write_spec, empty_store, monkeypatch):
+    ray_cluster, tmp_path, write_spec, empty_store, monkeypatch
+):
     """Four trials in one worker process: the learning rate is a variable, so a trial with another
     one loads the programs its predecessor compiled; the clip threshold is baked into the program,
     so another threshold compiles its own (had it run the other's, it would train identically)."""
@@ -269,23 +289,39 @@ def test_a_worker_reuses_the_programs_of_its_earlier_trials_and_never_another_pr
     from pipeline.cli import app
 
     monkeypatch.chdir(tmp_path)
-    spec = write_spec({
-        "name": "reuse", "dataset": {"num_samples": 360},
-        "search": {"num_samples": 1, "space": {
-            "learning_rate": {"grid": [0.01, 0.02]}, "clipping": "norm", "clip_threshold": {"grid": [1.0, 0.0371]},
-            "batch_size": 24, "conv_layers": 1, "filters": 8, "kernel_size": 3, "dropout": 0.0}},
-        "train": {"epochs": 1, "jit_compile": True},
-        "resources": {"max_concurrent": 1}})
+    spec = write_spec(
+        {
+            "name": "reuse",
+            "dataset": {"num_samples": 360},
+            "search": {
+                "num_samples": 1,
+                "space": {
+                    "learning_rate": {"grid": [0.01, 0.02]},
+                    "clipping": "norm",
+                    "clip_threshold": {"grid": [1.0, 0.0371]},
+                    "batch_size": 24,
+                    "conv_layers": 1,
+                    "filters": 8,
+                    "kernel_size": 3,
+                    "dropout": 0.0,
+                },
+            },
+            "train": {"epochs": 1, "jit_compile": True},
+            "resources": {"max_concurrent": 1},
+        }
+    )
 
     result = CliRunner().invoke(app, ["run", str(spec)])
 
     assert result.exit_code == 0, result.output
     _, _, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "reuse")
     started = sorted(trials, key=lambda run: run.info.start_time)
-    assert len(trials) == 4 and len({run.data.tags["foldsweep.pid"] for run in trials}) == 1
+    assert len(trials) == 4 and len({run.data.tags[Tag.of("pid")] for run in trials}) == 1
     assert all(later.info.start_time >= earlier.info.end_time for earlier, later in zip(started, started[1:]))
-    by_config = {(float(run.data.params["learning_rate"]), float(run.data.params["clip_threshold"])): run.data.metrics
-                 for run in trials}
+    by_config = {
+        (float(run.data.params["learning_rate"]), float(run.data.params["clip_threshold"])): run.data.metrics
+        for run in trials
+    }
     first_of_threshold: dict[float, tuple[float, float]] = {}
     for run in started:
         config = (float(run.data.params["learning_rate"]), float(run.data.params["clip_threshold"]))
@@ -296,7 +332,9 @@ def test_a_worker_reuses_the_programs_of_its_earlier_trials_and_never_another_pr
             first_of_threshold[config[1]] = config
             assert metrics[COMPILE_CACHE_MISSES] > 0, config
     for learning_rate in (0.01, 0.02):
-        assert by_config[(learning_rate, 1.0)]["split0_val_loss"] != by_config[(learning_rate, 0.0371)]["split0_val_loss"]
+        assert (
+            by_config[(learning_rate, 1.0)]["split0_val_loss"] != by_config[(learning_rate, 0.0371)]["split0_val_loss"]
+        )
 
 
 @pytest.mark.e2e
@@ -304,9 +342,25 @@ def test_the_refit_in_the_driver_compiles_into_the_store_too(tmp_path, write_spe
     """`foldsweep run` in a fresh process (the driver's TensorFlow must not have started): every
     entry beyond the ones the trial compiled is the refit's."""
     monkeypatch.setenv(compile_cache.DIRECTORY_VARIABLE, str(tmp_path / "xla"))
-    spec = write_spec({"name": "refit-cache", "search": {"num_samples": 1, "space": Replace({
-        "learning_rate": 0.01, "batch_size": 32, "conv_layers": 1, "filters": 8, "kernel_size": 3, "dropout": 0.0})},
-        "train": {"epochs": 1, "jit_compile": True, "refit": True}})
+    spec = write_spec(
+        {
+            "name": "refit-cache",
+            "search": {
+                "num_samples": 1,
+                "space": Replace(
+                    {
+                        "learning_rate": 0.01,
+                        "batch_size": 32,
+                        "conv_layers": 1,
+                        "filters": 8,
+                        "kernel_size": 3,
+                        "dropout": 0.0,
+                    }
+                ),
+            },
+            "train": {"epochs": 1, "jit_compile": True, "refit": True},
+        }
+    )
 
     ran = foldsweep("run", str(spec), cwd=tmp_path)
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
+from helpers import REPO, merged, recorded_runs
 from typer.testing import CliRunner
 
-from conftest import REPO, merged
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 
@@ -26,18 +26,23 @@ def ci_sized(name: str, tmp_path: Path, overrides: dict) -> Path:
 
 
 def recorded(tmp_path: Path, experiment: str):
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
-    return [run for run in runs if run.data.tags["foldsweep.role"] == "trial"], \
-        next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
+    _, parents, trials = recorded_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment)
+    return trials, parents[0]
 
 
 def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = ci_sized("protein_batch_clip.yaml", tmp_path,
-                    # Two epochs: ASHA's grace period must stay below them to be able to act.
-                    {"dataset": {"name": "protein_windows", "n_proteins": 30}, "train": {"epochs": 2},
-                     "search": {"scheduler": {"grace_period": 1}}, "resources": {"max_concurrent": 1}})
+    spec = ci_sized(
+        "protein_batch_clip.yaml",
+        tmp_path,
+        # Two epochs: ASHA's grace period must stay below them to be able to act.
+        {
+            "dataset": {"name": "protein_windows", "n_proteins": 30},
+            "train": {"epochs": 2},
+            "search": {"scheduler": {"grace_period": 1}},
+            "resources": {"max_concurrent": 1},
+        },
+    )
 
     result = CliRunner().invoke(app, ["run", str(spec), "--num-samples", "2"])
 
@@ -45,7 +50,7 @@ def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monk
     trials, parent = recorded(tmp_path, "protein-batch-clip")
     assert len(trials) == 2
     # ASHA's one rung (epoch 1 of 2) cannot stop the first trial to reach it; seeded, neither goes NaN.
-    assert sorted(run.data.tags["foldsweep.status"] for run in trials) in (["ok", "ok"], ["ok", "pruned"])
+    assert sorted(run.data.tags[Tag.STATUS] for run in trials) in (["ok", "ok"], ["ok", "pruned"])
     assert parent.data.params["cv.splitter"] == "group"
     for run in trials:
         assert run.data.params["batch_size"] in {"4", "8", "16", "32", "64"}
@@ -54,8 +59,9 @@ def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monk
 
 def test_digits_sweep_runs_a_2d_cnn(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = ci_sized("digits.yaml", tmp_path, {"cv": {"n_splits": 3}, "train": {"epochs": 3},
-                                                 "resources": {"max_concurrent": 1}})
+    spec = ci_sized(
+        "digits.yaml", tmp_path, {"cv": {"n_splits": 3}, "train": {"epochs": 3}, "resources": {"max_concurrent": 1}}
+    )
 
     result = CliRunner().invoke(app, ["run", str(spec), "--num-samples", "2"])
 

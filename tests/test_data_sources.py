@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.inputs.datasets import Dataset, load_dataset
 from pipeline.base.errors import DataError
+from pipeline.inputs.datasets import Dataset, load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.inputs.protein import AMINO_ACIDS, SEGMENT_LENGTHS, SEGMENT_SHARES
 from pipeline.inputs.spec import CVSpec, DatasetSpec
@@ -14,8 +14,12 @@ from pipeline.inputs.spec import CVSpec, DatasetSpec
 
 def grouped_dataset(n: int = 240, n_groups: int = 24) -> Dataset:
     rng = np.random.default_rng(3)
-    return Dataset(name="toy", x=rng.normal(size=(n, 6, 1)).astype(np.float32),
-                   y=(np.arange(n) % 3).astype(np.int32), groups=rng.integers(0, n_groups, size=n))
+    return Dataset(
+        name="toy",
+        x=rng.normal(size=(n, 6, 1)).astype(np.float32),
+        y=(np.arange(n) % 3).astype(np.int32),
+        groups=rng.integers(0, n_groups, size=n),
+    )
 
 
 @pytest.mark.parametrize("splitter", ["kfold", "stratified", "group", "stratified_group"])
@@ -84,8 +88,9 @@ def test_npz_arrays_can_be_renamed_and_a_npy_directory_is_memory_mapped(tmp_path
     x = np.random.default_rng(0).normal(size=(30, 5)).astype(np.float32)
     y = np.arange(30) % 3
     np.savez(tmp_path / "renamed.npz", features=x, labels=y, protein=np.arange(30) // 5)
-    data = load_dataset(DatasetSpec(path=str(tmp_path / "renamed.npz"),
-                                    options={"x": "features", "y": "labels", "groups": "protein"}))
+    data = load_dataset(
+        DatasetSpec(path=str(tmp_path / "renamed.npz"), options={"x": "features", "y": "labels", "groups": "protein"})
+    )
     assert data.x.shape == (30, 5, 1) and data.groups.tolist() == (np.arange(30) // 5).tolist()
     directory = tmp_path / "arrays"
     directory.mkdir()
@@ -96,14 +101,28 @@ def test_npz_arrays_can_be_renamed_and_a_npy_directory_is_memory_mapped(tmp_path
     np.testing.assert_array_equal(np.asarray(mapped.x)[..., 0], x)
 
 
-@pytest.mark.parametrize(("arrays", "options", "message"), [
-    ({"x": np.ones((4, 3)), "y": np.arange(4)}, {"y": "labels"}, "has no array 'labels' (for y)"),
-    ({"x": np.array([np.ones(3), np.ones(2)], dtype=object), "y": np.arange(2)}, {},
-     "holds an object array (ragged shapes?)"),
-    ({"x": np.ones((4, 3)), "y": np.array([0.0, 1.0, 0.0, 1.0])}, {}, "array y must be 1-D integer class labels, got dtype float64"),
-    ({"x": np.ones((4, 3)), "y": np.arange(4), "groups": np.arange(3)}, {}, "arrays groups and y differ in length: 3 vs 4"),
-    ({"x": np.ones((4, 3)), "y": np.arange(4)}, {"weights": "w"}, "dataset.weights: not an option of a data file"),
-])
+@pytest.mark.parametrize(
+    ("arrays", "options", "message"),
+    [
+        ({"x": np.ones((4, 3)), "y": np.arange(4)}, {"y": "labels"}, "has no array 'labels' (for y)"),
+        (
+            {"x": np.array([np.ones(3), np.ones(2)], dtype=object), "y": np.arange(2)},
+            {},
+            "holds an object array (ragged shapes?)",
+        ),
+        (
+            {"x": np.ones((4, 3)), "y": np.array([0.0, 1.0, 0.0, 1.0])},
+            {},
+            "array y must be 1-D integer class labels, got dtype float64",
+        ),
+        (
+            {"x": np.ones((4, 3)), "y": np.arange(4), "groups": np.arange(3)},
+            {},
+            "arrays groups and y differ in length: 3 vs 4",
+        ),
+        ({"x": np.ones((4, 3)), "y": np.arange(4)}, {"weights": "w"}, "dataset.weights: not an option of a data file"),
+    ],
+)
 def test_file_format_errors_name_the_array_and_the_problem(tmp_path, arrays, options, message):
     np.savez(tmp_path / "data.npz", **arrays)
     with pytest.raises(DataError) as caught:
@@ -111,26 +130,47 @@ def test_file_format_errors_name_the_array_and_the_problem(tmp_path, arrays, opt
     assert message in str(caught.value)
 
 
-@pytest.mark.parametrize(("arrays", "options", "message"), [
-    ({"X": np.ones((4, 3)), "Y": np.arange(4)}, {},
-     "has no array 'x' (for x) nor 'y' (for y); its arrays are X, Y: name the ones to use in the spec, "
-     "e.g. dataset: {path: PATH, x: X, y: Y}"),
-    ({"features": np.ones((4, 3)), "labels": np.arange(4), "protein": np.arange(4)}, {"groups": "protein"},
-     "has no array 'x' (for x) nor 'y' (for y); its arrays are features, labels, protein: name the ones to use "
-     "in the spec, e.g. dataset: {path: PATH, x: features, y: labels, groups: protein}"),
-    ({"X": np.ones((4, 3)), "Y": np.arange(4), "X_test": np.ones((2, 3)), "Y_test": np.arange(2)}, {},
-     "has no array 'x' (for x) nor 'y' (for y); its arrays are X, Y, X_test, Y_test: name the ones to use in the "
-     "spec, e.g. dataset: {path: PATH, x: X, y: Y, x_test: X_test, y_test: Y_test}"),
-    ({"signals": np.ones((4, 3)), "y": np.arange(4)}, {},
-     "has no array 'x' (for x); its arrays are signals, y: name the ones to use in the spec, "
-     "e.g. dataset: {path: PATH, x: signals}"),
-    ({"a": np.ones((4, 3)), "b": np.arange(4)}, {},
-     "has no array 'x' (for x) nor 'y' (for y); its arrays are a, b: name the ones to use in the spec, "
-     "e.g. dataset: {path: PATH, x: <its name in the file>, y: <its name in the file>}"),
-    ({"x": np.ones((4, 3)), "y": np.arange(4)}, {"groups": "protein"},
-     "has no array 'protein' (for groups); its arrays are x, y: name the ones to use in the spec, "
-     "e.g. dataset: {path: PATH, groups: <its name in the file>}"),
-])
+@pytest.mark.parametrize(
+    ("arrays", "options", "message"),
+    [
+        (
+            {"X": np.ones((4, 3)), "Y": np.arange(4)},
+            {},
+            "has no array 'x' (for x) nor 'y' (for y); its arrays are X, Y: name the ones to use in the spec, "
+            "e.g. dataset: {path: PATH, x: X, y: Y}",
+        ),
+        (
+            {"features": np.ones((4, 3)), "labels": np.arange(4), "protein": np.arange(4)},
+            {"groups": "protein"},
+            "has no array 'x' (for x) nor 'y' (for y); its arrays are features, labels, protein: name the ones to use "
+            "in the spec, e.g. dataset: {path: PATH, x: features, y: labels, groups: protein}",
+        ),
+        (
+            {"X": np.ones((4, 3)), "Y": np.arange(4), "X_test": np.ones((2, 3)), "Y_test": np.arange(2)},
+            {},
+            "has no array 'x' (for x) nor 'y' (for y); its arrays are X, Y, X_test, Y_test: name the ones to use in the "
+            "spec, e.g. dataset: {path: PATH, x: X, y: Y, x_test: X_test, y_test: Y_test}",
+        ),
+        (
+            {"signals": np.ones((4, 3)), "y": np.arange(4)},
+            {},
+            "has no array 'x' (for x); its arrays are signals, y: name the ones to use in the spec, "
+            "e.g. dataset: {path: PATH, x: signals}",
+        ),
+        (
+            {"a": np.ones((4, 3)), "b": np.arange(4)},
+            {},
+            "has no array 'x' (for x) nor 'y' (for y); its arrays are a, b: name the ones to use in the spec, "
+            "e.g. dataset: {path: PATH, x: <its name in the file>, y: <its name in the file>}",
+        ),
+        (
+            {"x": np.ones((4, 3)), "y": np.arange(4)},
+            {"groups": "protein"},
+            "has no array 'protein' (for groups); its arrays are x, y: name the ones to use in the spec, "
+            "e.g. dataset: {path: PATH, groups: <its name in the file>}",
+        ),
+    ],
+)
 def test_a_file_without_the_named_arrays_lists_its_arrays_and_the_renaming(tmp_path, arrays, options, message):
     path = tmp_path / "data.npz"
     np.savez(path, **arrays)
@@ -146,6 +186,7 @@ def test_a_npy_directory_without_x_and_y_lists_its_files(tmp_path):
         load_dataset(DatasetSpec(path=str(tmp_path)))
     assert str(caught.value) == (
         f"dataset: {str(tmp_path)!r} has no array 'x' (for x) nor 'y' (for y); its arrays are X, Y: name the ones "
-        f"to use in the spec, e.g. dataset: {{path: {tmp_path}, x: X, y: Y}}")
+        f"to use in the spec, e.g. dataset: {{path: {tmp_path}, x: X, y: Y}}"
+    )
     renamed = load_dataset(DatasetSpec(path=str(tmp_path), options={"x": "X", "y": "Y"}))
     assert renamed.x.shape == (4, 3, 1)

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.base.errors import DataError
 from pipeline.inputs import datasets
 from pipeline.inputs.datasets import Dataset, load_dataset
-from pipeline.base.errors import DataError
 from pipeline.inputs.spec import DatasetSpec
 
 
@@ -54,12 +54,15 @@ def test_generation_leaves_numpy_global_random_state_alone():
     assert np.random.random() == expected
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"num_samples": 10}, "dataset.num_samples must be an integer >= 100, got 10"),
-    ({"train_split": 1.5}, "dataset.train_split must be a number between 0 and 1"),
-    ({"seed": -3}, "dataset.seed must be an integer >= 0, got -3"),
-    ({"samples": 100}, "dataset.samples: not an option of built-in dataset 'mnist1d'"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"num_samples": 10}, "dataset.num_samples must be an integer >= 100, got 10"),
+        ({"train_split": 1.5}, "dataset.train_split must be a number between 0 and 1"),
+        ({"seed": -3}, "dataset.seed must be an integer >= 0, got -3"),
+        ({"samples": 100}, "dataset.samples: not an option of built-in dataset 'mnist1d'"),
+    ],
+)
 def test_bad_generator_options_are_refused(options, message):
     with pytest.raises(DataError) as caught:
         load_dataset(DatasetSpec(name="mnist1d", options=options))
@@ -67,7 +70,9 @@ def test_bad_generator_options_are_refused(options, message):
 
 
 def test_unknown_builtin_is_refused():
-    with pytest.raises(DataError, match="unknown built-in dataset 'mnist2d'; built-ins: digits, mnist1d, protein_windows"):
+    with pytest.raises(
+        DataError, match="unknown built-in dataset 'mnist2d'; built-ins: digits, mnist1d, protein_windows"
+    ):
         load_dataset(DatasetSpec(name="mnist2d"))
 
 
@@ -83,15 +88,20 @@ def test_npz_file_loads_and_gains_a_channel_axis(tmp_path):
     assert data.x.shape == (10, 6, 1) and data.n_classes == 2
 
 
-@pytest.mark.parametrize(("arrays", "message"), [
-    ({"x": np.ones((4, 3))}, "has no array 'y'"),
-    ({"x": np.ones((4, 3)), "y": np.arange(5)}, "arrays x and y differ in length: 4 vs 5"),
-    ({"x": np.ones((4, 3)), "y": np.array([0.0, 1.0, 0.0, 1.0])}, "array y must be 1-D integer class labels"),
-    ({"x": np.array([[1.0, np.nan], [1.0, 2.0], [np.inf, 0.0]]), "y": np.arange(3)},
-     "array x has 2 samples with NaN/Inf, first at index 0"),
-    ({"x": np.ones((3, 2)), "y": np.array([0, -1, 1])}, "array y has negative labels"),
-    ({"x": np.array(["a", "b"]), "y": np.arange(2)}, "array x must be numeric"),
-])
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"x": np.ones((4, 3))}, "has no array 'y'"),
+        ({"x": np.ones((4, 3)), "y": np.arange(5)}, "arrays x and y differ in length: 4 vs 5"),
+        ({"x": np.ones((4, 3)), "y": np.array([0.0, 1.0, 0.0, 1.0])}, "array y must be 1-D integer class labels"),
+        (
+            {"x": np.array([[1.0, np.nan], [1.0, 2.0], [np.inf, 0.0]]), "y": np.arange(3)},
+            "array x has 2 samples with NaN/Inf, first at index 0",
+        ),
+        ({"x": np.ones((3, 2)), "y": np.array([0, -1, 1])}, "array y has negative labels"),
+        ({"x": np.array(["a", "b"]), "y": np.arange(2)}, "array x must be numeric"),
+    ],
+)
 def test_bad_npz_is_refused_with_the_reason(tmp_path, arrays, message):
     with pytest.raises(DataError) as caught:
         load_dataset(DatasetSpec(path=str(save(tmp_path, **arrays))))
@@ -145,24 +155,30 @@ def test_the_data_dir_variable_wins_over_a_checkout(monkeypatch, tmp_path):
 
 
 def test_a_checkout_caches_in_its_own_data_folder_from_any_working_directory(
-        monkeypatch, tmp_path, no_data_dir_variable):
+    monkeypatch, tmp_path, no_data_dir_variable
+):
     monkeypatch.setattr(datasets, "PACKAGE_DIR", package_in(tmp_path, checkout=True))
     monkeypatch.chdir(tmp_path / "checkout" / "pipeline")
     assert datasets.data_dir() == tmp_path / "checkout" / "data"
     assert datasets.data_dir_source() == (
         f"the project's data/ folder ({tmp_path / 'checkout' / 'data'}), as foldsweep runs from its checkout; "
-        "$FOLDSWEEP_DATA_DIR moves it")
+        "$FOLDSWEEP_DATA_DIR moves it"
+    )
 
 
-@pytest.mark.parametrize(("checkout", "xdg_cache_home", "cache"), [
-    (False, None, "home/.cache/foldsweep"),
-    (False, "", "home/.cache/foldsweep"),
-    (False, "relative/cache", "home/.cache/foldsweep"),  # the XDG spec ignores relative paths
-    (False, "xdg", "xdg/foldsweep"),
-    (True, None, "home/.cache/foldsweep"),  # a checkout without data/ is not foldsweep's own
-])
+@pytest.mark.parametrize(
+    ("checkout", "xdg_cache_home", "cache"),
+    [
+        (False, None, "home/.cache/foldsweep"),
+        (False, "", "home/.cache/foldsweep"),
+        (False, "relative/cache", "home/.cache/foldsweep"),  # the XDG spec ignores relative paths
+        (False, "xdg", "xdg/foldsweep"),
+        (True, None, "home/.cache/foldsweep"),  # a checkout without data/ is not foldsweep's own
+    ],
+)
 def test_an_installed_package_caches_in_the_user_cache_directory(
-        monkeypatch, tmp_path, no_data_dir_variable, checkout, xdg_cache_home, cache):
+    monkeypatch, tmp_path, no_data_dir_variable, checkout, xdg_cache_home, cache
+):
     monkeypatch.setattr(datasets, "PACKAGE_DIR", package_in(tmp_path, checkout=checkout, data_folder=False))
     if xdg_cache_home is not None:
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg") if xdg_cache_home == "xdg" else xdg_cache_home)
@@ -170,12 +186,14 @@ def test_an_installed_package_caches_in_the_user_cache_directory(
     named = "$XDG_CACHE_HOME/foldsweep" if xdg_cache_home == "xdg" else "~/.cache/foldsweep"
     assert datasets.data_dir_source() == (
         f"the user cache directory {named} ({tmp_path / cache}), as foldsweep is not installed from a checkout; "
-        "$FOLDSWEEP_DATA_DIR moves it")
+        "$FOLDSWEEP_DATA_DIR moves it"
+    )
 
 
 @pytest.mark.parametrize(("checkout", "cache"), [(True, "checkout/data"), (False, "xdg/foldsweep")])
 def test_loading_a_builtin_writes_nothing_into_the_working_directory(
-        monkeypatch, tmp_path, no_data_dir_variable, checkout, cache):
+    monkeypatch, tmp_path, no_data_dir_variable, checkout, cache
+):
     monkeypatch.setattr(datasets, "PACKAGE_DIR", package_in(tmp_path, checkout=checkout))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     scratch = tmp_path / "scratch"
@@ -202,32 +220,56 @@ def test_float_targets_that_are_not_whole_numbers_are_regression_targets(tmp_pat
     assert dataset.y.tolist() == [0.5, 1.25, -2.0, 1.0]  # negative targets too: no class numbering rule
 
 
-@pytest.mark.parametrize(("y", "y_test", "message"), [
-    ([0.0, 1.0, 2.0, 1.0], None,
-     "array y must be 1-D integer class labels, got dtype float64 shape (4,); its values are whole numbers (0 to 2): "
-     "store them as integers, y.astype(int) in code, np.savez(..., y=y.astype(np.int64)) in the file"),
-    ([0, 1, 2, 1], [0.0, 2.0],
-     "array y_test must be 1-D integer class labels, got dtype float64 shape (2,); its values are whole numbers "
-     "(0 to 2): store them as integers, y_test.astype(int) in code, "
-     "np.savez(..., y_test=y_test.astype(np.int64)) in the file"),
-    ([0.0, np.nan, 1.0], None, "array y has 1 samples with NaN/Inf targets, first at index 1"),
-    ([1, 2, 3, 2], None,
-     "array y: labels must start at 0 (a model with C outputs predicts classes 0..C-1), got labels 1..3 with no 0; "
-     "they look counted from 1: shift them, y - 1 (np.savez(..., y=y - 1))"),
-    ([3, 7, 7, 3], None,
-     "array y: labels must start at 0 (a model with C outputs predicts classes 0..C-1), got labels 3, 7 with no 0; "
-     "number the classes 0..C-1: classes = np.unique(y), then y = np.searchsorted(classes, y) "
-     "(and the same for y_test)"),
-    ([0, 1, 2, 1], [1, 2, 3],
-     "array y_test: labels must start at 0 like y's (labels 0..2), got labels 1..3 with no 0; "
-     "shift them, y_test - 1 (np.savez(..., y_test=y_test - 1))"),
-    ([[0], [1], [1]], None,
-     "array y must be 1-D integer class labels, got dtype int64 shape (3, 1): one label per sample, flattened: "
-     "y.ravel()"),
-    ([[1.0, 0.0], [0.0, 1.0]], None,
-     "array y must be 1-D integer class labels, got dtype float64 shape (2, 2): if these are one-hot rows, "
-     "store the class numbers: y.argmax(axis=1)"),
-])
+@pytest.mark.parametrize(
+    ("y", "y_test", "message"),
+    [
+        (
+            [0.0, 1.0, 2.0, 1.0],
+            None,
+            "array y must be 1-D integer class labels, got dtype float64 shape (4,); its values are whole numbers (0 to 2): "
+            "store them as integers, y.astype(int) in code, np.savez(..., y=y.astype(np.int64)) in the file",
+        ),
+        (
+            [0, 1, 2, 1],
+            [0.0, 2.0],
+            "array y_test must be 1-D integer class labels, got dtype float64 shape (2,); its values are whole numbers "
+            "(0 to 2): store them as integers, y_test.astype(int) in code, "
+            "np.savez(..., y_test=y_test.astype(np.int64)) in the file",
+        ),
+        ([0.0, np.nan, 1.0], None, "array y has 1 samples with NaN/Inf targets, first at index 1"),
+        (
+            [1, 2, 3, 2],
+            None,
+            "array y: labels must start at 0 (a model with C outputs predicts classes 0..C-1), got labels 1..3 with no 0; "
+            "they look counted from 1: shift them, y - 1 (np.savez(..., y=y - 1))",
+        ),
+        (
+            [3, 7, 7, 3],
+            None,
+            "array y: labels must start at 0 (a model with C outputs predicts classes 0..C-1), got labels 3, 7 with no 0; "
+            "number the classes 0..C-1: classes = np.unique(y), then y = np.searchsorted(classes, y) "
+            "(and the same for y_test)",
+        ),
+        (
+            [0, 1, 2, 1],
+            [1, 2, 3],
+            "array y_test: labels must start at 0 like y's (labels 0..2), got labels 1..3 with no 0; "
+            "shift them, y_test - 1 (np.savez(..., y_test=y_test - 1))",
+        ),
+        (
+            [[0], [1], [1]],
+            None,
+            "array y must be 1-D integer class labels, got dtype int64 shape (3, 1): one label per sample, flattened: "
+            "y.ravel()",
+        ),
+        (
+            [[1.0, 0.0], [0.0, 1.0]],
+            None,
+            "array y must be 1-D integer class labels, got dtype float64 shape (2, 2): if these are one-hot rows, "
+            "store the class numbers: y.argmax(axis=1)",
+        ),
+    ],
+)
 def test_label_mistakes_are_refused_with_a_hint(tmp_path, y, y_test, message):
     path = labels_file(tmp_path, y, y_test)
     with pytest.raises(DataError) as caught:
@@ -235,21 +277,31 @@ def test_label_mistakes_are_refused_with_a_hint(tmp_path, y, y_test, message):
     assert str(caught.value) == f"dataset: {path} {message}"
 
 
-@pytest.mark.parametrize(("y", "y_test"), [
-    ([1, 1, 1], None),  # one class: the sweep refuses it with its own message, not "start at 0"
-    ([0, 1, 2, 1], [1, 2]),  # a small test split may lack class 0 by chance
-])
+@pytest.mark.parametrize(
+    ("y", "y_test"),
+    [
+        ([1, 1, 1], None),  # one class: the sweep refuses it with its own message, not "start at 0"
+        ([0, 1, 2, 1], [1, 2]),  # a small test split may lack class 0 by chance
+    ],
+)
 def test_labels_without_a_0_that_are_not_counted_from_1_load(tmp_path, y, y_test):
     load_dataset(DatasetSpec(path=str(labels_file(tmp_path, y, y_test))))
 
 
-@pytest.mark.parametrize(("arrays", "message"), [
-    ({"x": np.zeros((0, 3), np.float32), "y": np.zeros(0)},
-     "has no samples: arrays x and y have length 0, shapes (0, 3) and (0,)"),
-    ({"x": np.ones((2, 3)), "y": np.arange(2), "x_test": np.zeros((0, 3)), "y_test": np.zeros(0, np.int64)},
-     "has no test samples (leave x_test and y_test out when there are none): arrays x_test and y_test have "
-     "length 0, shapes (0, 3) and (0,)"),
-])
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        (
+            {"x": np.zeros((0, 3), np.float32), "y": np.zeros(0)},
+            "has no samples: arrays x and y have length 0, shapes (0, 3) and (0,)",
+        ),
+        (
+            {"x": np.ones((2, 3)), "y": np.arange(2), "x_test": np.zeros((0, 3)), "y_test": np.zeros(0, np.int64)},
+            "has no test samples (leave x_test and y_test out when there are none): arrays x_test and y_test have "
+            "length 0, shapes (0, 3) and (0,)",
+        ),
+    ],
+)
 def test_a_file_without_samples_is_refused(tmp_path, arrays, message):
     path = save(tmp_path, **arrays)
     with pytest.raises(DataError) as caught:

@@ -84,15 +84,16 @@ def test_the_same_seeds_draw_the_same_numbers_and_a_stacked_folds_share_is_its_o
     stacked = counter_uniform(seeds, [3 * 5, 7]).numpy()
     stacked_normals = counter_normal(seeds, [3 * 5, 7]).numpy()
     for k in range(3):
-        alone = counter_uniform(seeds[k:k + 1], [5, 7]).numpy()
-        assert np.array_equal(stacked[5 * k:5 * (k + 1)], alone)  # integer hashes: exactly
+        alone = counter_uniform(seeds[k : k + 1], [5, 7]).numpy()
+        assert np.array_equal(stacked[5 * k : 5 * (k + 1)], alone)  # integer hashes: exactly
         # A fold's batch padded (stacked folds pad a short last batch) starts with the same numbers.
-        assert np.array_equal(counter_uniform(seeds[k:k + 1], [9, 7]).numpy()[:5], alone)
+        assert np.array_equal(counter_uniform(seeds[k : k + 1], [9, 7]).numpy()[:5], alone)
         # Normals go through log and cos, whose kernels may round a tensor's tail otherwise.
-        alone_normals = counter_normal(seeds[k:k + 1], [5, 7]).numpy()
-        np.testing.assert_allclose(stacked_normals[5 * k:5 * (k + 1)], alone_normals, rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(counter_normal(seeds[k:k + 1], [9, 7]).numpy()[:5], alone_normals, rtol=1e-6,
-                                   atol=1e-6)
+        alone_normals = counter_normal(seeds[k : k + 1], [5, 7]).numpy()
+        np.testing.assert_allclose(stacked_normals[5 * k : 5 * (k + 1)], alone_normals, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            counter_normal(seeds[k : k + 1], [9, 7]).numpy()[:5], alone_normals, rtol=1e-6, atol=1e-6
+        )
     assert np.array_equal(stacked, counter_uniform(seeds, [15, 7]).numpy())
     assert np.array_equal(stacked_normals, counter_normal(seeds, [15, 7]).numpy())
 

@@ -9,21 +9,31 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import Replace, answers, free_port, recorded_runs, wait_for
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import Replace, answers, free_port, wait_for
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.inputs.spec import load_spec
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
-ALL_HYPERPARAMETERS = {"batch_size", "learning_rate", "optimizer", "epochs", "clipping",
-                       "conv_layers", "filters", "kernel_size", "dropout"}  # no clip_threshold: clipping is off
+ALL_HYPERPARAMETERS = {
+    "batch_size",
+    "learning_rate",
+    "optimizer",
+    "epochs",
+    "clipping",
+    "conv_layers",
+    "filters",
+    "kernel_size",
+    "dropout",
+}  # no clip_threshold: clipping is off
 
-FAILS_ON_BAD = '''
+FAILS_ON_BAD = """
 import keras
 
 def build(hp):
@@ -33,20 +43,16 @@ def build(hp):
     x = keras.layers.Conv1D(4, 3, activation="relu")(inputs)
     outputs = keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(x))
     return keras.Model(inputs, outputs)
-'''
+"""
 
 
 def runs_of(tracking_uri: str, experiment: str):
-    client = MlflowClient(tracking_uri)
-    experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    runs = client.search_runs([experiment_id], max_results=1000)
-    parents = [run for run in runs if run.data.tags.get("foldsweep.role") == "sweep"]
-    trials = [run for run in runs if run.data.tags.get("foldsweep.role") == "trial"]
-    return client, parents, trials
+    return recorded_runs(tracking_uri, experiment)
 
 
-def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tmp_path, write_spec, empty_store,
-                                                                  monkeypatch):
+def test_sweep_records_one_parent_and_a_finished_child_per_trial(
+    ray_cluster, tmp_path, write_spec, empty_store, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     spec_path = write_spec()
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -60,12 +66,14 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tm
     client, parents, trials = runs_of(tracking_uri, "tiny")
     assert len(parents) == 1 and len(trials) == 2
     parent = parents[0]
-    assert parent.info.status == "FINISHED" and parent.data.tags["foldsweep.status"] == "ok"
+    assert parent.info.status == "FINISHED" and parent.data.tags[Tag.STATUS] == "ok"
     assert parent.data.metrics["n_trials"] == 2 and parent.data.metrics["n_failed"] == 0
 
     artifacts = {artifact.path for artifact in client.list_artifacts(parent.info.run_id)}
     assert {"spec.yaml", "fold_manifest.json"} <= artifacts
-    manifest = json.loads(Path(client.download_artifacts(parent.info.run_id, "fold_manifest.json", str(tmp_path))).read_text())
+    manifest = json.loads(
+        Path(client.download_artifacts(parent.info.run_id, "fold_manifest.json", str(tmp_path))).read_text()
+    )
     spec = load_spec(spec_path)
     expected = make_folds(spec.cv, load_dataset(spec.dataset)).manifest()
     assert manifest == expected
@@ -73,12 +81,14 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tm
     scores = []
     for trial in trials:
         assert trial.info.status == "FINISHED"
-        assert trial.data.tags["foldsweep.status"] == "ok"
+        assert trial.data.tags[Tag.STATUS] == "ok"
         assert trial.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert set(trial.data.params) == ALL_HYPERPARAMETERS
         assert trial.data.params["filters"] == "16" and trial.data.params["kernel_size"] in {"3", "5"}
-        history = {key: client.get_metric_history(trial.info.run_id, key)
-                   for key in ("mean_val_accuracy", "split0_val_accuracy", "split1_val_accuracy")}
+        history = {
+            key: client.get_metric_history(trial.info.run_id, key)
+            for key in ("mean_val_accuracy", "split0_val_accuracy", "split1_val_accuracy")
+        }
         assert [m.step for m in history["mean_val_accuracy"]] == [1, 2]
         for epoch in range(2):
             folds = [history[f"split{k}_val_accuracy"][epoch].value for k in range(2)]
@@ -87,30 +97,39 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(ray_cluster, tm
         assert trial.data.metrics["train_samples_per_s"] > 0 and trial.data.metrics["trial_wall_s"] > 0
         scores.append(trial.data.metrics["mean_val_accuracy"])
     assert parent.data.metrics["best_mean_val_accuracy"] == pytest.approx(max(scores))
-    assert parent.data.tags["foldsweep.best_run_id"] in {trial.info.run_id for trial in trials}
+    assert parent.data.tags[Tag.BEST_RUN_ID] in {trial.info.run_id for trial in trials}
 
 
-def test_a_failing_trial_is_recorded_and_a_gpu_request_without_gpus_runs_on_cpu(ray_cluster, tmp_path, write_spec,
-                                                                              empty_store, write_experiment, monkeypatch):
+def test_a_failing_trial_is_recorded_and_a_gpu_request_without_gpus_runs_on_cpu(
+    ray_cluster, tmp_path, write_spec, empty_store, write_experiment, monkeypatch
+):
     """One sweep for two things a sweep survives: a trial whose build raises (recorded as failed,
     the sweep completes) and resources.gpu on a cluster without GPUs (a notice, trials on CPU)."""
     monkeypatch.chdir(tmp_path)
     experiment = write_experiment(FAILS_ON_BAD)
-    spec_path = write_spec({"experiment": f"{experiment}:build", "name": "failing", "resources": {"gpu": 0.5},
-                            "search": {"num_samples": 1, "space": Replace({"mode": {"grid": ["ok", "bad"]}})},
-                            "train": {"epochs": 1}})
+    spec_path = write_spec(
+        {
+            "experiment": f"{experiment}:build",
+            "name": "failing",
+            "resources": {"gpu": 0.5},
+            "search": {"num_samples": 1, "space": Replace({"mode": {"grid": ["ok", "bad"]}})},
+            "train": {"epochs": 1},
+        }
+    )
 
     result = CliRunner().invoke(app, ["run", str(spec_path)])
 
     assert result.exit_code == 0, result.output
-    assert "notice: resources.gpu=0.5 but the Ray cluster has no GPU: trials run on CPU" in result.output.replace("\n", " ")
+    assert "notice: resources.gpu=0.5 but the Ray cluster has no GPU: trials run on CPU" in result.output.replace(
+        "\n", " "
+    )
     client, parents, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "failing")
     by_mode = {trial.data.params["mode"]: trial for trial in trials}
     assert set(by_mode) == {"ok", "bad"}
-    assert by_mode["ok"].info.status == "FINISHED" and by_mode["ok"].data.tags["foldsweep.status"] == "ok"
-    assert "CPU" in by_mode["ok"].data.tags["foldsweep.device"]
-    assert by_mode["bad"].info.status == "FAILED" and by_mode["bad"].data.tags["foldsweep.status"] == "error"
-    assert "this config cannot be built" in by_mode["bad"].data.tags["foldsweep.error"]
+    assert by_mode["ok"].info.status == "FINISHED" and by_mode["ok"].data.tags[Tag.STATUS] == "ok"
+    assert "CPU" in by_mode["ok"].data.tags[Tag.of("device")]
+    assert by_mode["bad"].info.status == "FAILED" and by_mode["bad"].data.tags[Tag.STATUS] == "error"
+    assert "this config cannot be built" in by_mode["bad"].data.tags[Tag.ERROR]
     assert parents[0].data.metrics["n_trials"] == 2
     assert parents[0].data.metrics["n_failed"] == 1
 
@@ -119,10 +138,18 @@ def test_ui_serves_the_store_on_loopback(tmp_path):
     tracking_uri = f"sqlite:///{tmp_path / 'ui.db'}"
     MlflowClient(tracking_uri).create_experiment("shown-in-ui", artifact_location=(tmp_path / "a").as_uri())
     port = free_port()
-    command = [str(Path(sys.executable).parent / "foldsweep"), "ui", "--tracking-uri", tracking_uri, "--port", str(port)]
+    command = [
+        str(Path(sys.executable).parent / "foldsweep"),
+        "ui",
+        "--tracking-uri",
+        tracking_uri,
+        "--port",
+        str(port),
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=shown-in-ui"
     try:
+
         def listening():
             assert process.poll() is None, process.stdout.read().decode()
             return answers(url)

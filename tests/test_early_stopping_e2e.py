@@ -8,10 +8,11 @@ import re
 
 import pytest
 import yaml
+from helpers import MNIST1D_EXPERIMENT, foldsweep, history, reruns_of, seed_store, sweep_runs
 from typer.testing import CliRunner
 
-from conftest import MNIST1D_EXPERIMENT, foldsweep, seed_store, sweep_runs
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -22,19 +23,27 @@ PATIENCE = 3
 def overfitting(directory, name: str, **train) -> dict:
     """80 training samples, 2 folds, a wide CNN: the validation loss turns up within a few epochs."""
     return {
-        "name": name, "experiment": f"{MNIST1D_EXPERIMENT}:build", "dataset": {"name": "mnist1d", "num_samples": 100},
+        "name": name,
+        "experiment": f"{MNIST1D_EXPERIMENT}:build",
+        "dataset": {"name": "mnist1d", "num_samples": 100},
         "cv": {"splitter": "stratified", "n_splits": 2, "seed": 0},
-        "search": {"algorithm": "optuna", "num_samples": 3, "seed": 0, "space": {
-            "learning_rate": {"choice": [0.01, 0.003, 0.001]}, "batch_size": 8, "conv_layers": 2, "filters": 64,
-            "kernel_size": 5, "dropout": 0.0}},
+        "search": {
+            "algorithm": "optuna",
+            "num_samples": 3,
+            "seed": 0,
+            "space": {
+                "learning_rate": {"choice": [0.01, 0.003, 0.001]},
+                "batch_size": 8,
+                "conv_layers": 2,
+                "filters": 64,
+                "kernel_size": 5,
+                "dropout": 0.0,
+            },
+        },
         "train": {"epochs": EPOCHS, "metric": "loss", "seed": 0, "early_stopping": {"patience": PATIENCE}, **train},
         "resources": {"cpu": 1, "max_concurrent": 1},
         "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
     }
-
-
-def history(client, run_id: str, key: str) -> dict[int, float]:
-    return {metric.step: metric.value for metric in client.get_metric_history(run_id, key)}
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +71,20 @@ def stopped_sweep(ray_cluster, tmp_path_factory):
 
 
 def test_each_trial_stops_patience_epochs_after_its_best_and_is_scored_there(stopped_sweep):
-    _, output, client, parent, trials, _ = stopped_sweep
+    directory, output, client, parent, trials, _ = stopped_sweep
     assert len(trials) == 3
     for trial in trials:
-        metrics, curve = trial.data.metrics, history(client, trial.info.run_id, "mean_val_loss")
+        metrics, curve = (
+            trial.data.metrics,
+            history(f"sqlite:///{directory / 'mlflow.db'}", trial.info.run_id, "mean_val_loss"),
+        )
         stopped, best = int(metrics["stopped_epoch"]), int(metrics["best_epoch"])
-        assert trial.info.status == "FINISHED" and trial.data.tags["foldsweep.status"] == "ok"
+        assert trial.info.status == "FINISHED" and trial.data.tags[Tag.STATUS] == "ok"
         assert stopped < EPOCHS / 2, "stopped well before the planned epochs"
         assert stopped - best == PATIENCE and max(curve) == stopped
         assert best == min(curve, key=lambda epoch: (curve[epoch], epoch))
         assert metrics["selected_mean_val_loss"] == curve[best]
-    best_trial = next(trial for trial in trials if trial.info.run_id == parent.data.tags["foldsweep.best_run_id"])
+    best_trial = next(trial for trial in trials if trial.info.run_id == parent.data.tags[Tag.BEST_RUN_ID])
     assert f"{best_trial.data.metrics['selected_mean_val_loss']:.4f}" in output  # the leaderboard's score
     assert parent.data.metrics["refit_epochs"] == best_trial.data.metrics["best_epoch"]
 
@@ -90,20 +102,26 @@ def test_a_rerun_reproduces_the_curve_and_stops_at_the_same_epoch(stopped_sweep)
     """A fresh process: the trial's thread pools are fixed once TensorFlow starts in a process."""
     directory, _, client, _, trials, _ = stopped_sweep
     original = trials[0]
-    ran = foldsweep("rerun", original.info.run_id[:8], "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}",
-                    cwd=directory)
+    ran = foldsweep(
+        "rerun", original.info.run_id[:8], "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}", cwd=directory
+    )
     assert ran.exit_code == 0, ran.output
     stopped = int(original.data.metrics["stopped_epoch"])
-    assert f"stopped early after epoch {stopped}: train.early_stopping {{patience: {PATIENCE}, monitor: loss}}" in ran.output
-    again = client.search_runs([original.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
-    recorded, replayed = (history(client, run.info.run_id, "mean_val_loss") for run in (original, again))
+    assert (
+        f"stopped early after epoch {stopped}: train.early_stopping {{patience: {PATIENCE}, monitor: loss}}"
+        in ran.output
+    )
+    again = reruns_of(client, original)[0]
+    recorded, replayed = (
+        history(f"sqlite:///{directory / 'mlflow.db'}", run.info.run_id, "mean_val_loss") for run in (original, again)
+    )
     assert sorted(replayed) == list(range(1, stopped + 1))
     assert [replayed[epoch] for epoch in sorted(replayed)] == pytest.approx(
-        [recorded[epoch] for epoch in sorted(recorded)], rel=1e-6, abs=0)
+        [recorded[epoch] for epoch in sorted(recorded)], rel=1e-6, abs=0
+    )
 
 
-HYPERMODEL = f'''
+HYPERMODEL = f"""
 import importlib.util
 
 import keras
@@ -121,22 +139,24 @@ class Stopping(keras_tuner.HyperModel):
     def fit(self, hp, model, *args, **kwargs):
         kwargs["callbacks"] = kwargs.get("callbacks", []) + [keras.callbacks.EarlyStopping(monitor="val_loss", patience=2)]
         return model.fit(*args, **kwargs)
-'''
+"""
 
 
 def test_a_hypermodels_early_stopping_stops_where_the_spec_key_does(tmp_path, threads_kept):
     (tmp_path / "stopping.py").write_text(HYPERMODEL)
     stops = {}
     for name, spec in {
-        "fit": overfitting(tmp_path, "fit", early_stopping=None) | {"experiment": f"{tmp_path / 'stopping.py'}:Stopping"},
+        "fit": overfitting(tmp_path, "fit", early_stopping=None)
+        | {"experiment": f"{tmp_path / 'stopping.py'}:Stopping"},
         "spec": overfitting(tmp_path, "spec", early_stopping={"patience": 2, "monitor": "loss"}),
     }.items():
         spec["train"] = {key: value for key, value in spec["train"].items() if value is not None}
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec))
         result = CliRunner().invoke(app, ["trial", str(tmp_path / f"{name}.yaml"), "--set", "learning_rate=0.01"])
         assert result.exit_code == 0, result.output
-        stops[name] = re.search(r"stopped early after epoch (\d+): train.early_stopping \{patience: 2, monitor: loss\}",
-                                result.output)
+        stops[name] = re.search(
+            r"stopped early after epoch (\d+): train.early_stopping \{patience: 2, monitor: loss\}", result.output
+        )
         assert stops[name], result.output
     assert stops["fit"].group(1) == stops["spec"].group(1)
     assert int(stops["fit"].group(1)) < EPOCHS

@@ -4,11 +4,12 @@ results as fresh ones, and fractional GPU slots bound concurrency (with Ray's lo
 from __future__ import annotations
 
 import pytest
+from helpers import DELETE, Replace
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import DELETE, Replace
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 
@@ -16,8 +17,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 def trial_runs(tracking_uri: str, experiment: str):
     client = MlflowClient(tracking_uri)
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    runs = client.search_runs([experiment_id], filter_string="tags.`foldsweep.role` = 'trial'",
-                              order_by=["attributes.start_time ASC"])
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{Tag.ROLE}` = 'trial'", order_by=["attributes.start_time ASC"]
+    )
     return client, runs
 
 
@@ -39,17 +41,36 @@ def test_reused_worker_copies_data_once_and_matches_a_fresh_one(ray_cluster, tmp
     # Three trials that train alike on one CPU, one at a time: the first runs in a fresh worker
     # process, the next two in the same process, reused through reset_config. (A sweep never trains
     # one config twice: the three clip gradients at bounds no gradient reaches, or not at all.)
-    spec = write_spec({"name": "reuse", "resources": {"max_concurrent": 1}, "search": {"num_samples": 1, "space": (
-        Replace({"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.2, "batch_size": 16,
-                 "clipping": {"grid": ["none", "value"]}, "clip_threshold": {"grid": [1e8, 1e9]}}))}})
+    spec = write_spec(
+        {
+            "name": "reuse",
+            "resources": {"max_concurrent": 1},
+            "search": {
+                "num_samples": 1,
+                "space": (
+                    Replace(
+                        {
+                            "conv_layers": 1,
+                            "filters": 16,
+                            "kernel_size": 3,
+                            "dropout": 0.2,
+                            "batch_size": 16,
+                            "clipping": {"grid": ["none", "value"]},
+                            "clip_threshold": {"grid": [1e8, 1e9]},
+                        }
+                    )
+                ),
+            },
+        }
+    )
 
     result = CliRunner().invoke(app, ["run", str(spec)])
 
     assert result.exit_code == 0, result.output
     client, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "reuse")
     assert len(runs) == 3
-    assert len({run.data.tags["foldsweep.pid"] for run in runs}) == 1, "one worker process ran every trial"
-    assert [run.data.tags["foldsweep.data_transfers"] for run in runs] == ["1", "1", "1"]
+    assert len({run.data.tags[Tag.of("pid")] for run in runs}) == 1, "one worker process ran every trial"
+    assert [run.data.tags[Tag.of("data_transfers")] for run in runs] == ["1", "1", "1"]
     fresh = loss_history(client, runs[0].info.run_id)
     for reused in runs[1:]:
         assert loss_history(client, reused.info.run_id) == pytest.approx(fresh, rel=1e-5)
@@ -57,21 +78,23 @@ def test_reused_worker_copies_data_once_and_matches_a_fresh_one(ray_cluster, tmp
         metrics = run.data.metrics
         assert metrics["train_samples_per_s"] > 0 and metrics["eval_samples_per_s"] > 0
         assert metrics["compile_s"] >= 0 and metrics["split1_train_samples_per_s"] > 0
-        assert run.data.tags["foldsweep.device"] == "/CPU:0"
+        assert run.data.tags[Tag.of("device")] == "/CPU:0"
         # Dropout drawn by foldsweep: XLA on CPU up to batch 256, as for any model.
-        assert run.data.tags["foldsweep.random_draws"] == "counter"
-        assert run.data.tags["foldsweep.jit_compile"] == "True"
-        assert run.data.tags["foldsweep.fused"] == "True"  # batch 16 on CPU: folds fused by rule
-        assert run.data.tags["foldsweep.fused_reason"] == (
-            "fused: 2 folds in one execution, stacked into one XLA program per step")
-        assert run.data.tags["foldsweep.steps_per_launch"] == "1"  # far fewer steps planned than unrolling needs
-        assert run.data.tags["foldsweep.tf_threads"] == "intra-op 1, inter-op 1"  # one CPU: folds take turns
+        assert run.data.tags[Tag.of("random_draws")] == "counter"
+        assert run.data.tags[Tag.of("jit_compile")] == "True"
+        assert run.data.tags[Tag.of("fused")] == "True"  # batch 16 on CPU: folds fused by rule
+        assert run.data.tags[Tag.of("fused_reason")] == (
+            "fused: 2 folds in one execution, stacked into one XLA program per step"
+        )
+        assert run.data.tags[Tag.of("steps_per_launch")] == "1"  # far fewer steps planned than unrolling needs
+        assert run.data.tags[Tag.of("tf_threads")] == "intra-op 1, inter-op 1"  # one CPU: folds take turns
 
 
 def test_half_gpu_slots_run_at_most_two_trials_at_once(logical_gpu_cluster, tmp_path, write_spec, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = write_spec({"name": "slots", "resources": {"cpu": 0.5, "gpu": 0.5, "max_concurrent": DELETE},
-                       "search": {"num_samples": 4}})
+    spec = write_spec(
+        {"name": "slots", "resources": {"cpu": 0.5, "gpu": 0.5, "max_concurrent": DELETE}, "search": {"num_samples": 4}}
+    )
 
     result = CliRunner().invoke(app, ["run", str(spec)])
 
@@ -82,42 +105,58 @@ def test_half_gpu_slots_run_at_most_two_trials_at_once(logical_gpu_cluster, tmp_
     most_at_once = max(sum(start <= moment < end for start, end in intervals) for moment, _ in intervals)
     assert most_at_once <= 2
     for run in runs:
-        assert run.data.tags["foldsweep.gpu_ids"] == "0"  # the slot Ray assigned: logical GPU 0
-        assert "training on CPU" in run.data.tags["foldsweep.device_notice"]
+        assert run.data.tags[Tag.of("gpu_ids")] == "0"  # the slot Ray assigned: logical GPU 0
+        assert "training on CPU" in run.data.tags[Tag.of("device_notice")]
 
 
-def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(ray_cluster, tmp_path, write_spec,
-                                                                      monkeypatch):
+def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(ray_cluster, tmp_path, write_spec, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = write_spec({"name": "threads", "cv": {"n_splits": 3}, "resources": {"cpu": 2, "max_concurrent": 1},
-                       "search": {"num_samples": 1}, "train": {"epochs": 1}})
+    spec = write_spec(
+        {
+            "name": "threads",
+            "cv": {"n_splits": 3},
+            "resources": {"cpu": 2, "max_concurrent": 1},
+            "search": {"num_samples": 1},
+            "train": {"epochs": 1},
+        }
+    )
 
     result = CliRunner().invoke(app, ["run", str(spec)])
 
     assert result.exit_code == 0, result.output
     _, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "threads")
-    assert [run.data.tags["foldsweep.fused_reason"] for run in runs] == [
-        "fused: 3 folds in one execution, side by side (2 compute threads)"]
+    assert [run.data.tags[Tag.of("fused_reason")] for run in runs] == [
+        "fused: 3 folds in one execution, side by side (2 compute threads)"
+    ]
     # Two CPUs for compute, and each of the three fold loops an executor thread of its own.
-    assert runs[0].data.tags["foldsweep.tf_threads"] == "intra-op 2, inter-op 3"
+    assert runs[0].data.tags[Tag.of("tf_threads")] == "intra-op 2, inter-op 3"
 
 
-def test_a_one_cpu_trial_trains_its_folds_stacked_with_the_unfused_results(ray_cluster, tmp_path, write_spec,
-                                                                           monkeypatch):
+def test_a_one_cpu_trial_trains_its_folds_stacked_with_the_unfused_results(
+    ray_cluster, tmp_path, write_spec, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     space = Replace({"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.0, "batch_size": 8})
     for fused in (True, False):
-        spec = write_spec({"name": f"stacked-{fused}", "train": {"epochs": 2, "fused": fused},
-                           "search": {"num_samples": 1, "space": space}}, name=f"{fused}.yaml")
+        spec = write_spec(
+            {
+                "name": f"stacked-{fused}",
+                "train": {"epochs": 2, "fused": fused},
+                "search": {"num_samples": 1, "space": space},
+            },
+            name=f"{fused}.yaml",
+        )
         result = CliRunner().invoke(app, ["run", str(spec)])
         assert result.exit_code == 0, result.output
 
     client, (stacked,) = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "stacked-True")
     _, (unfused,) = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "stacked-False")
     # One compute thread: side-by-side loops would only take turns, so the folds are stacked.
-    assert stacked.data.tags["foldsweep.fused_reason"] == (
-        "fused: 2 folds in one execution (train.fused is true), stacked into one XLA program per step")
-    assert stacked.data.tags["foldsweep.tf_threads"] == "intra-op 1, inter-op 1"
-    assert unfused.data.tags["foldsweep.fused"] == "False"
-    assert loss_history(client, stacked.info.run_id) == pytest.approx(loss_history(client, unfused.info.run_id),
-                                                                      rel=1e-4)
+    assert stacked.data.tags[Tag.of("fused_reason")] == (
+        "fused: 2 folds in one execution (train.fused is true), stacked into one XLA program per step"
+    )
+    assert stacked.data.tags[Tag.of("tf_threads")] == "intra-op 1, inter-op 1"
+    assert unfused.data.tags[Tag.of("fused")] == "False"
+    assert loss_history(client, stacked.info.run_id) == pytest.approx(
+        loss_history(client, unfused.info.run_id), rel=1e-4
+    )

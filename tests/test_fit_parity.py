@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 import yaml
+from helpers import binary_data
 from typer.testing import CliRunner
 
-from conftest import binary_data
 from pipeline.cli import app
 
 pytestmark = pytest.mark.training  # every test trains the same model with keras fit and with foldsweep
@@ -189,18 +189,31 @@ def workspace(tmp_path_factory):
     return directory
 
 
-def spec_for(directory: Path, builder: str, *, dataset: str = "binary.npz", jit_compile: bool | str = False,
-             splitter: str = "stratified", **train: Any) -> Path:
+def spec_for(
+    directory: Path,
+    builder: str,
+    *,
+    dataset: str = "binary.npz",
+    jit_compile: bool | str = False,
+    splitter: str = "stratified",
+    **train: Any,
+) -> Path:
     path = directory / f"{builder}.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": f"parity-{builder}", "experiment": f"parity.py:{builder}", "dataset": dataset,
-        "cv": {"splitter": splitter, "n_splits": 3, "seed": 0},
-        "search": {"space": {"batch_size": BATCH}},
-        # Compilation is not what is compared here; without XLA the cases run in seconds.
-        # More epochs than are trained: `trial --epochs` says how many, in its header too.
-        "train": {"epochs": EPOCHS + 4, "seed": 0, "jit_compile": jit_compile, **train},
-        "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": f"parity-{builder}",
+                "experiment": f"parity.py:{builder}",
+                "dataset": dataset,
+                "cv": {"splitter": splitter, "n_splits": 3, "seed": 0},
+                "search": {"space": {"batch_size": BATCH}},
+                # Compilation is not what is compared here; without XLA the cases run in seconds.
+                # More epochs than are trained: `trial --epochs` says how many, in its header too.
+                "train": {"epochs": EPOCHS + 4, "seed": 0, "jit_compile": jit_compile, **train},
+                "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
+            }
+        )
+    )
     return path
 
 
@@ -246,10 +259,10 @@ def keras_fit(spec: Path, builder: str) -> Fitted:
 def _keras_fit(spec: Path, build) -> Fitted:
     import keras
 
-    from pipeline.inputs.hypermodel import build_model
-    from pipeline.inputs.spec import load_spec
     from pipeline.checks import prepare
     from pipeline.engine.fold_engine import epoch_order, fold_seed
+    from pipeline.inputs.hypermodel import build_model
+    from pipeline.inputs.spec import load_spec
 
     prepared = prepare(load_spec(spec))
     data = prepared.dataset
@@ -260,8 +273,15 @@ def _keras_fit(spec: Path, build) -> Fitted:
         model = build_model(build, {}, input_shape=data.input_shape)
         for epoch in range(EPOCHS):  # one fit call per epoch: the optimizer (and its schedule) goes on
             order = epoch_order(fold.train, seed=seed, epoch=epoch)
-            history = model.fit(data.x[order], data.y[order], batch_size=BATCH, epochs=1, shuffle=False,
-                                validation_data=(data.x[fold.val], data.y[fold.val]), verbose=0).history
+            history = model.fit(
+                data.x[order],
+                data.y[order],
+                batch_size=BATCH,
+                epochs=1,
+                shuffle=False,
+                validation_data=(data.x[fold.val], data.y[fold.val]),
+                verbose=0,
+            ).history
             losses.append(history["loss"][-1])
         scores.append(history.get("val_accuracy", history.get("val_sparse_categorical_accuracy"))[-1])
     keras.backend.clear_session()
@@ -283,32 +303,39 @@ def foldsweep_stacked(spec: Path, builder: str) -> tuple[Fitted, Any]:
     would train them side by side), through the engine a trial runs; and its trainer."""
     from dataclasses import replace
 
+    from pipeline.checks import prepare
     from pipeline.engine.recipe import TrainingRecipe
     from pipeline.engine.resident import resident_data
     from pipeline.engine.trainer import build_trainer
     from pipeline.inputs.hypermodel import load_builder
     from pipeline.inputs.spec import load_spec
-    from pipeline.checks import prepare
 
     prepared = prepare(load_spec(spec))
     recipe = TrainingRecipe.from_spec(prepared.spec)
     recipe = replace(recipe, choices=replace(recipe.choices, layout="stacked"))
     data = prepared.dataset
-    trainer = build_trainer(load_builder(spec.parent / "parity.py", builder), {"batch_size": BATCH}, recipe,
-                            data=resident_data(data.fingerprint, data.x, data.y), folds=prepared.folds.folds,
-                            planned_epochs=EPOCHS)
+    trainer = build_trainer(
+        load_builder(spec.parent / "parity.py", builder),
+        {"batch_size": BATCH},
+        recipe,
+        data=resident_data(data.fingerprint, data.x, data.y),
+        folds=prepared.folds.folds,
+        planned_epochs=EPOCHS,
+    )
     reports = [trainer.run_epoch().report() for _ in range(EPOCHS)]
     folds = range(len(prepared.folds.folds))
-    return Fitted(float(np.mean([reports[-1][f"split{k}_val_accuracy"] for k in folds])),
-                  float(np.mean([report[f"split{k}_train_loss"] for report in reports for k in folds]))), trainer
+    return Fitted(
+        float(np.mean([reports[-1][f"split{k}_val_accuracy"] for k in folds])),
+        float(np.mean([report[f"split{k}_train_loss"] for report in reports for k in folds])),
+    ), trainer
 
 
 def assert_stacked_forward_is_each_folds_own(trainer, spec: Path) -> None:
     """The trained fold models: their stacked forward pass (outputs, moving statistics, random
     generator states, loss terms) equals each one's own, on each fold's first training batch."""
+    from pipeline.checks import prepare
     from pipeline.engine.stacked import forward_mismatch
     from pipeline.inputs.spec import load_spec
-    from pipeline.checks import prepare
 
     prepared = prepare(load_spec(spec))
     batches = [prepared.dataset.x[fold.train[:BATCH]] for fold in prepared.folds.folds]
@@ -351,7 +378,9 @@ def trial_fold_scores(spec: Path) -> dict[tuple[int, str], float]:
     for part in last.split(" | "):
         fold = re.match(r"(?:epoch \d+: )?fold (\d+) ", part)
         if fold:
-            scores.update({(int(fold.group(1)), name): float(value) for name, value in re.findall(r"val_(\w+) (\S+)", part)})
+            scores.update(
+                {(int(fold.group(1)), name): float(value) for name, value in re.findall(r"val_(\w+) (\S+)", part)}
+            )
     return scores
 
 
@@ -362,10 +391,10 @@ def keras_fold_fits(spec: Path, builder: str, *, cast=None, validate: bool = Fal
     history."""
     import keras
 
-    from pipeline.inputs.hypermodel import build_model, load_builder
-    from pipeline.inputs.spec import load_spec
     from pipeline.checks import prepare
     from pipeline.engine.fold_engine import epoch_order, fold_seed
+    from pipeline.inputs.hypermodel import build_model, load_builder
+    from pipeline.inputs.spec import load_spec
 
     prepared = prepare(load_spec(spec))
     data = prepared.dataset
@@ -379,8 +408,18 @@ def keras_fold_fits(spec: Path, builder: str, *, cast=None, validate: bool = Fal
         for epoch in range(EPOCHS):
             order = epoch_order(fold.train, seed=seed, epoch=epoch)
             y = data.y[order] if cast is None else cast(data.y[order])
-            histories.append(model.fit(data.x[order], y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
-                                       validation_data=validation if validate else None, **fit_arguments).history)
+            histories.append(
+                model.fit(
+                    data.x[order],
+                    y,
+                    batch_size=BATCH,
+                    epochs=1,
+                    shuffle=False,
+                    verbose=0,
+                    validation_data=validation if validate else None,
+                    **fit_arguments,
+                ).history
+            )
         yield k, model, validation, histories
     keras.backend.clear_session()
 
@@ -388,12 +427,20 @@ def keras_fold_fits(spec: Path, builder: str, *, cast=None, validate: bool = Fal
 def keras_fold_scores(spec: Path, builder: str, *, cast=None) -> list[dict[str, float]]:
     """Keras' fit of each fold on foldsweep's batches (the targets through ``cast`` if given), then
     its evaluate on the fold's validation samples."""
-    return [model.evaluate(*validation, batch_size=BATCH, verbose=0, return_dict=True)
-            for _, model, validation, _ in keras_fold_fits(spec, builder, cast=cast)]
+    return [
+        model.evaluate(*validation, batch_size=BATCH, verbose=0, return_dict=True)
+        for _, model, validation, _ in keras_fold_fits(spec, builder, cast=cast)
+    ]
 
 
-@pytest.mark.parametrize("builder, names", [("regression", ("loss", "mae", "root_mean_squared_error")),
-                                            ("huber", ("loss", "logcosh", "mae")), ("log_cosh", ("loss", "mae"))])
+@pytest.mark.parametrize(
+    "builder, names",
+    [
+        ("regression", ("loss", "mae", "root_mean_squared_error")),
+        ("huber", ("loss", "logcosh", "mae")),
+        ("log_cosh", ("loss", "mae")),
+    ],
+)
 def test_a_regression_cnn_trains_and_scores_as_keras_fit_and_evaluate(workspace, threads_kept, builder, names):
     """Float targets under MSE, Huber and log-cosh, and their compiled metrics per fold, as Keras'
     fit + evaluate give them; the same model trained on the targets cast to int (what foldsweep's
@@ -404,7 +451,12 @@ def test_a_regression_cnn_trains_and_scores_as_keras_fit_and_evaluate(workspace,
     truncated = keras_fold_scores(spec, builder, cast=lambda y: y.astype(np.int32)) if builder == "regression" else None
     for k, scores in enumerate(theirs):
         for name in names:
-            assert ours[(k, name)] == pytest.approx(scores[name], rel=REGRESSION_TOLERANCE, abs=PRINTED), (k, name, ours, scores)
+            assert ours[(k, name)] == pytest.approx(scores[name], rel=REGRESSION_TOLERANCE, abs=PRINTED), (
+                k,
+                name,
+                ours,
+                scores,
+            )
         if truncated is not None:
             assert abs(truncated[k]["mae"] - scores["mae"]) >= REGRESSION_FAR * scores["mae"], (truncated[k], scores)
 
@@ -418,9 +470,18 @@ def test_every_compiled_metric_is_each_folds_own_over_the_whole_fold_as_keras_ev
     for k, model, (x_val, y_val), _ in keras_fold_fits(spec, "metrics"):
         theirs = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
         for name in COMPILED_METRICS:
-            assert abs(ours[(k, name)] - theirs[name]) <= TOLERANCE * max(1.0, abs(theirs[name])), (k, name, ours, theirs)
-        batch_means = np.mean([model.evaluate(x_val[i:i + BATCH], y_val[i:i + BATCH], verbose=0, return_dict=True)["tp"]
-                               for i in range(0, len(y_val), BATCH)])
+            assert abs(ours[(k, name)] - theirs[name]) <= TOLERANCE * max(1.0, abs(theirs[name])), (
+                k,
+                name,
+                ours,
+                theirs,
+            )
+        batch_means = np.mean(
+            [
+                model.evaluate(x_val[i : i + BATCH], y_val[i : i + BATCH], verbose=0, return_dict=True)["tp"]
+                for i in range(0, len(y_val), BATCH)
+            ]
+        )
         assert abs(batch_means - theirs["tp"]) >= 0.5 * theirs["tp"], (batch_means, theirs["tp"])
 
 
@@ -431,8 +492,8 @@ def test_class_weights_train_as_keras_fit_class_weight(workspace, threads_kept):
     """train.class_weight weighs each training sample's loss as fit(class_weight=...) does: the
     training loss (weighted) and the validation loss (unweighted) per fold land where Keras' own
     land; fit without the weights trains a loss far from it."""
-    from pipeline.inputs.spec import load_spec
     from pipeline.checks import prepare
+    from pipeline.inputs.spec import load_spec
 
     spec = spec_for(workspace, "sigmoid", class_weight=CLASS_WEIGHT)
     result = CliRunner().invoke(app, ["trial", str(spec), "--epochs", str(EPOCHS)])
@@ -469,6 +530,11 @@ def test_labels_per_position_with_ignored_padding_score_as_keras_fit_and_evaluat
     assert padded > 0.2
     for k, scores in enumerate(theirs):
         for name in ("loss", "accuracy"):
-            assert ours[(k, name)] == pytest.approx(scores[name], rel=REGRESSION_TOLERANCE, abs=2 * PRINTED), (k, name, ours, scores)
+            assert ours[(k, name)] == pytest.approx(scores[name], rel=REGRESSION_TOLERANCE, abs=2 * PRINTED), (
+                k,
+                name,
+                ours,
+                scores,
+            )
         # A mean over every position (the padded ones adding 0) would be (1 - padded) of it.
         assert abs(ours[(k, "loss")] * (1 - padded) - scores["loss"]) >= 0.15 * scores["loss"]

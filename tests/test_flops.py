@@ -8,12 +8,18 @@ from benchmarks.flops import forward_macs, profiled_forward_flops, training_flop
 from pipeline.inputs.hypermodel import build_model, load_builder
 
 
-@pytest.mark.parametrize("name, build, values", [
-    ("protein_cnn", load_builder(REPO / "experiments" / "protein_cnn.py", "build"), {}),
-    ("protein_cnn filters 32, 3 layers", load_builder(REPO / "experiments" / "protein_cnn.py", "build"),
-     {"filters": 32, "conv_layers": 3, "kernel_size": 7}),
-    ("plain CNN on MNIST-1D", cnn_builder((40, 1), 10), {}),
-])
+@pytest.mark.parametrize(
+    "name, build, values",
+    [
+        ("protein_cnn", load_builder(REPO / "experiments" / "protein_cnn.py", "build"), {}),
+        (
+            "protein_cnn filters 32, 3 layers",
+            load_builder(REPO / "experiments" / "protein_cnn.py", "build"),
+            {"filters": 32, "conv_layers": 3, "kernel_size": 7},
+        ),
+        ("plain CNN on MNIST-1D", cnn_builder((40, 1), 10), {}),
+    ],
+)
 def test_the_layers_count_agrees_with_tensorflows_profiler(name, build, values):
     model = build_model(build, values)
     counted = 2 * forward_macs(model)

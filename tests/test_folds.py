@@ -5,16 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.inputs.datasets import Dataset
 from pipeline.base.errors import DataError
+from pipeline.inputs.datasets import Dataset
 from pipeline.inputs.folds import Fold, FoldPlan, class_balance_warning, make_folds, manifest_identity
 from pipeline.inputs.spec import CVSpec
 
 
 def dataset(n: int = 103, classes: int = 3) -> Dataset:
     rng = np.random.default_rng(7)
-    return Dataset(name="toy", x=rng.normal(size=(n, 8, 1)).astype(np.float32),
-                   y=(np.arange(n) % classes).astype(np.int32))
+    return Dataset(
+        name="toy", x=rng.normal(size=(n, 8, 1)).astype(np.float32), y=(np.arange(n) % classes).astype(np.int32)
+    )
 
 
 @pytest.mark.parametrize("splitter", ["kfold", "stratified"])
@@ -81,7 +82,7 @@ def test_repeated_folds_validate_every_sample_once_per_repeat_and_keep_groups_wh
         if splitter in ("group", "stratified_group"):
             assert np.intersect1d(data.groups[fold.train], data.groups[fold.val]).size == 0
     # each repeat is a new shuffle; the first is the unrepeated split (old sweeps keep their folds)
-    repeats = [tuple(tuple(fold.val) for fold in repeated.folds[r * 3:(r + 1) * 3]) for r in range(4)]
+    repeats = [tuple(tuple(fold.val) for fold in repeated.folds[r * 3 : (r + 1) * 3]) for r in range(4)]
     assert len(set(repeats)) == 4
     single = make_folds(CVSpec(splitter=splitter, n_splits=3, n_repeats=1, seed=5), data)
     assert manifest_identity(single.manifest()) == manifest_identity(repeated.manifest())[:3]
@@ -91,24 +92,37 @@ def test_the_manifest_lists_every_repeat_and_fold_in_scikit_learn_order():
     manifest = make_folds(CVSpec(splitter="stratified", n_splits=3, n_repeats=2, seed=0), dataset()).manifest()
     assert manifest["n_repeats"] == 2 and manifest["n_samples"] == 103
     assert [(f["fold"], f["repeat"], f["fold_in_repeat"]) for f in manifest["folds"]] == [
-        (0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0), (4, 1, 1), (5, 1, 2)]
+        (0, 0, 0),
+        (1, 0, 1),
+        (2, 0, 2),
+        (3, 1, 0),
+        (4, 1, 1),
+        (5, 1, 2),
+    ]
 
 
 def grouped_dataset(n: int = 120) -> Dataset:
     rng = np.random.default_rng(3)
-    return Dataset(name="grouped", x=rng.normal(size=(n, 8, 1)).astype(np.float32),
-                   y=(np.arange(n) % 2).astype(np.int32), groups=(np.arange(n) // 4).astype(np.int64))
+    return Dataset(
+        name="grouped",
+        x=rng.normal(size=(n, 8, 1)).astype(np.float32),
+        y=(np.arange(n) % 2).astype(np.int32),
+        groups=(np.arange(n) // 4).astype(np.int64),
+    )
 
 
-def plan_with_validation_counts(counts_per_fold: list[list[int]],
-                                splitter: str = "group") -> tuple[FoldPlan, np.ndarray]:
+def plan_with_validation_counts(
+    counts_per_fold: list[list[int]], splitter: str = "group"
+) -> tuple[FoldPlan, np.ndarray]:
     """Hand-made folds whose validation sides hold the given class counts (together, every sample once)."""
     y = np.concatenate([np.repeat(np.arange(len(counts)), counts) for counts in counts_per_fold]).astype(np.int32)
     ends = np.cumsum([sum(counts) for counts in counts_per_fold])
-    folds = tuple(Fold(train=np.setdiff1d(np.arange(len(y)), val), val=val)
-                  for val in np.split(np.arange(len(y)), ends[:-1]))
-    return FoldPlan(cv=CVSpec(splitter=splitter, n_splits=len(folds), seed=0), folds=folds,
-                    dataset_fingerprint="hand-made"), y
+    folds = tuple(
+        Fold(train=np.setdiff1d(np.arange(len(y)), val), val=val) for val in np.split(np.arange(len(y)), ends[:-1])
+    )
+    return FoldPlan(
+        cv=CVSpec(splitter=splitter, n_splits=len(folds), seed=0), folds=folds, dataset_fingerprint="hand-made"
+    ), y
 
 
 # 420 samples of each class overall; fold 0 is the unbalanced one, folds 1 and 2 stray by 0.12.
@@ -120,21 +134,27 @@ def test_an_unbalanced_group_fold_is_named_with_its_class_counts():
     assert class_balance_warning(plan, y) == (
         "cv.splitter group: fold 0 validates on class counts [42, 210, 168] (10%/50%/40%) while the data has "
         "33%/33%/33%, a total-variation distance of 0.23 (over 0.2): its score measures another class mix than "
-        "the data's; cv.splitter: stratified_group keeps groups whole and each fold's classes close to the data's")
+        "the data's; cv.splitter: stratified_group keeps groups whole and each fold's classes close to the data's"
+    )
 
 
 def test_the_warning_counts_every_fold_past_the_threshold():
     plan, y = plan_with_validation_counts([[100, 0], [0, 100], [50, 50]])
     warning = class_balance_warning(plan, y)
-    assert warning.startswith("cv.splitter group: fold 0 validates on class counts [100, 0] (100%/0%) while the "
-                              "data has 50%/50%, a total-variation distance of 0.50 (over 0.2); 2 of 3 folds are "
-                              "past it: ")
+    assert warning.startswith(
+        "cv.splitter group: fold 0 validates on class counts [100, 0] (100%/0%) while the "
+        "data has 50%/50%, a total-variation distance of 0.50 (over 0.2); 2 of 3 folds are "
+        "past it: "
+    )
 
 
-@pytest.mark.parametrize("counts_per_fold", [
-    [[140, 140, 140]] * 3,
-    [[150, 110, 160], [135, 155, 130], [135, 155, 130]],  # strays by 0.07 at most
-])
+@pytest.mark.parametrize(
+    "counts_per_fold",
+    [
+        [[140, 140, 140]] * 3,
+        [[150, 110, 160], [135, 155, 130], [135, 155, 130]],  # strays by 0.07 at most
+    ],
+)
 def test_balanced_group_folds_get_no_warning(counts_per_fold):
     plan, y = plan_with_validation_counts(counts_per_fold)
     assert class_balance_warning(plan, y) is None

@@ -8,17 +8,16 @@ import math
 import keras
 import numpy as np
 import pytest
+from helpers import MNIST1D_EXPERIMENT, mnist1d_fixtures
+from run_machinery import between_trials
 
-from conftest import MNIST1D_EXPERIMENT, between_trials
-from pipeline.inputs.datasets import load_dataset
-from pipeline.inputs.folds import Fold, make_folds
-from pipeline.inputs.hypermodel import load_builder
 from pipeline.contract.plan import ExecutionChoices
+from pipeline.engine.recipe import TrainingRecipe
 from pipeline.engine.resident import resident_data
-from pipeline.inputs.spec import CVSpec, DatasetSpec
 from pipeline.engine.stacked import forward_matches, forward_mismatch, model_blocker, steps_blocker
 from pipeline.engine.trainer import build_trainer
-from pipeline.engine.recipe import TrainingRecipe
+from pipeline.inputs.folds import Fold
+from pipeline.inputs.hypermodel import load_builder
 
 pytestmark = pytest.mark.training  # every test trains fold models, fused and not
 
@@ -26,28 +25,38 @@ MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3}
 HISTORY_KEYS = ("train_loss", "val_loss", "val_accuracy")
 
 
-@pytest.fixture(scope="module")
-def dataset():
-    return load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 410}))
+# Two folds: side by side, each fold is one more model in the program XLA compiles, and the
+# compile is most of each case's time.
+dataset, folds = mnist1d_fixtures(410)
 
 
-@pytest.fixture(scope="module")
-def folds(dataset):
-    """Two folds: side by side, each fold is one more model in the program XLA compiles, and the
-    compile is most of each case's time."""
-    return make_folds(CVSpec(splitter="stratified", n_splits=2, seed=0), dataset).folds
-
-
-def train(x, y, folds, *, fused, epochs=2, fingerprint=None, dropout=0.0, jit_compile="auto", steps_per_launch=1,
-          layout="side_by_side", build=None, **params):
+def train(
+    x,
+    y,
+    folds,
+    *,
+    fused,
+    epochs=2,
+    fingerprint=None,
+    dropout=0.0,
+    jit_compile="auto",
+    steps_per_launch=1,
+    layout="side_by_side",
+    build=None,
+    **params,
+):
     """Per-fold history {fold: {key: [value per epoch]}} and the trainer."""
     between_trials()
     settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
     fingerprint = fingerprint or f"test-fused-{len(y)}"
     choices = ExecutionChoices(jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, layout=layout)
-    trainer = build_trainer(build or load_builder(MNIST1D_EXPERIMENT, "build"),
-                            {**MODEL, "dropout": dropout, **settings}, TrainingRecipe(choices=choices),
-                            data=resident_data(fingerprint, x, y), folds=folds)
+    trainer = build_trainer(
+        build or load_builder(MNIST1D_EXPERIMENT, "build"),
+        {**MODEL, "dropout": dropout, **settings},
+        TrainingRecipe(choices=choices),
+        data=resident_data(fingerprint, x, y),
+        folds=folds,
+    )
     history: dict[int, dict[str, list[float]]] = {k: {key: [] for key in HISTORY_KEYS} for k in range(len(folds))}
     for _ in range(epochs):
         result = trainer.run_epoch().report()
@@ -85,21 +94,40 @@ def unfused_reference(dataset, folds, trained_once):
     """Unfused training, one step per launch: what every fused layout and unrolling must match."""
 
     def reference(dropout, jit):
-        return trained_once(f"unfused, dropout {dropout}, jit {jit}", lambda: train(
-            dataset.x, dataset.y, folds, fused="off", dropout=dropout, jit_compile=jit))
+        return trained_once(
+            f"unfused, dropout {dropout}, jit {jit}",
+            lambda: train(dataset.x, dataset.y, folds, fused="off", dropout=dropout, jit_compile=jit),
+        )
 
     return reference
 
 
-@pytest.mark.parametrize("dropout, jit, steps_per_launch, layout", [
-    (0.0, "auto", 1, "side_by_side"), (0.0, "auto", 4, "side_by_side"), (0.2, "off", 1, "side_by_side"),
-    (0.0, "auto", 1, "stacked"), (0.0, "auto", 4, "stacked"), (0.2, "auto", 1, "stacked")])
-def test_fused_and_unfused_per_fold_histories_match(dataset, folds, unfused_reference, dropout, jit,
-                                                     steps_per_launch, layout):
+@pytest.mark.parametrize(
+    "dropout, jit, steps_per_launch, layout",
+    [
+        (0.0, "auto", 1, "side_by_side"),
+        (0.0, "auto", 4, "side_by_side"),
+        (0.2, "off", 1, "side_by_side"),
+        (0.0, "auto", 1, "stacked"),
+        (0.0, "auto", 4, "stacked"),
+        (0.2, "auto", 1, "stacked"),
+    ],
+)
+def test_fused_and_unfused_per_fold_histories_match(
+    dataset, folds, unfused_reference, dropout, jit, steps_per_launch, layout
+):
     # Folds of 164 training samples: 20 full batches of 8 each and a remainder of 4 (with 4 steps
     # per launch: 5 launches, then the remainder alone).
-    fused, fused_trainer = train(dataset.x, dataset.y, folds, fused="on", dropout=dropout, jit_compile=jit,
-                                 steps_per_launch=steps_per_launch, layout=layout)
+    fused, fused_trainer = train(
+        dataset.x,
+        dataset.y,
+        folds,
+        fused="on",
+        dropout=dropout,
+        jit_compile=jit,
+        steps_per_launch=steps_per_launch,
+        layout=layout,
+    )
     unfused, unfused_trainer = unfused_reference(dropout, jit)
     assert fused_trainer.plan.layout == layout and unfused_trainer.plan.layout == "sequential"
     assert fused_trainer.plan.steps_per_launch == steps_per_launch and unfused_trainer.plan.steps_per_launch == 1
@@ -120,17 +148,23 @@ def compiled_build(hp):
     with a searched learning rate and its own clipping, and a loss on one-hot targets."""
     model = load_builder(MNIST1D_EXPERIMENT, "build")(hp)
     learning_rate = hp.Float("lr", 1e-4, 1e-2, sampling="log", default=3e-3)
-    model.compile(optimizer=keras.optimizers.RMSprop(learning_rate=learning_rate, clipnorm=0.5),
-                  loss="categorical_crossentropy", metrics=["accuracy"])
+    model.compile(
+        optimizer=keras.optimizers.RMSprop(learning_rate=learning_rate, clipnorm=0.5),
+        loss="categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     return model
 
 
 @pytest.mark.parametrize("layout", ["side_by_side", "stacked"])
-def test_a_hypermodel_compiled_optimizer_trains_the_same_fused_and_unfused(dataset, folds, unfused_reference,
-                                                                          trained_once, layout):
+def test_a_hypermodel_compiled_optimizer_trains_the_same_fused_and_unfused(
+    dataset, folds, unfused_reference, trained_once, layout
+):
     fused, trainer = train(dataset.x, dataset.y, folds, fused="on", layout=layout, build=compiled_build)
-    unfused, _ = trained_once("compiled by the hypermodel, unfused",
-                              lambda: train(dataset.x, dataset.y, folds, fused="off", build=compiled_build))
+    unfused, _ = trained_once(
+        "compiled by the hypermodel, unfused",
+        lambda: train(dataset.x, dataset.y, folds, fused="off", build=compiled_build),
+    )
     assert trainer.plan.layout == layout and trainer.optimizer.source == "hypermodel"
     assert trainer.optimizer.cls is keras.optimizers.RMSprop and trainer.optimizer.clipping == ("norm", 0.5)
     assert trainer.loss.one_hot and trainer.engines[0].optimizer is not trainer.engines[1].optimizer
@@ -142,22 +176,32 @@ def test_a_hypermodel_compiled_optimizer_trains_the_same_fused_and_unfused(datas
     assert not np.allclose(default[0]["train_loss"], unfused[0]["train_loss"], rtol=1e-3)
 
 
-@pytest.mark.parametrize("steps_per_launch, layout", [(1, "side_by_side"), (3, "side_by_side"), (1, "stacked"),
-                                                      (3, "stacked")])
-def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(dataset, folds, trained_once, steps_per_launch,
-                                                               layout):
+@pytest.mark.parametrize(
+    "steps_per_launch, layout", [(1, "side_by_side"), (3, "side_by_side"), (1, "stacked"), (3, "stacked")]
+)
+def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(dataset, folds, trained_once, steps_per_launch, layout):
     poisoned = np.full(dataset.x.shape[1:], np.nan, dtype=np.float32)
     x, y, changed, name = with_extra_sample(dataset, folds, poisoned, "nan")
 
     def poisoned_training(steps_per_launch):
-        return train(x, y, changed, fused="on", fingerprint=name, epochs=3, steps_per_launch=steps_per_launch,
-                     layout=layout)
+        return train(
+            x, y, changed, fused="on", fingerprint=name, epochs=3, steps_per_launch=steps_per_launch, layout=layout
+        )
 
-    with_nan, trainer = trained_once(f"nan in fold 0, {layout}, {steps_per_launch} per launch",
-                                     lambda: poisoned_training(steps_per_launch))
+    with_nan, trainer = trained_once(
+        f"nan in fold 0, {layout}, {steps_per_launch} per launch", lambda: poisoned_training(steps_per_launch)
+    )
     x_clean, y_clean, _, clean_name = with_extra_sample(dataset, folds, dataset.x[0], "clean")
-    clean, _ = train(x_clean, y_clean, changed, fused="on", fingerprint=clean_name, epochs=3,
-                     steps_per_launch=steps_per_launch, layout=layout)
+    clean, _ = train(
+        x_clean,
+        y_clean,
+        changed,
+        fused="on",
+        fingerprint=clean_name,
+        epochs=3,
+        steps_per_launch=steps_per_launch,
+        layout=layout,
+    )
     assert trainer.plan.layout == layout
 
     failure = trainer.engines[0].failure
@@ -180,8 +224,16 @@ def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(dataset, folds, t
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("clipping, layout", [("global_norm", "side_by_side"), ("norm", "side_by_side"),
-                                              ("global_norm", "stacked"), ("norm", "stacked"), ("value", "stacked")])
+@pytest.mark.parametrize(
+    "clipping, layout",
+    [
+        ("global_norm", "side_by_side"),
+        ("norm", "side_by_side"),
+        ("global_norm", "stacked"),
+        ("norm", "stacked"),
+        ("value", "stacked"),
+    ],
+)
 def test_clipping_is_applied_per_fold(dataset, folds, trained_once, clipping, layout):
     # Fold 0 alone trains on a sample scaled 1e4: its gradients are huge. Were the norm taken
     # across folds, the other folds' updates would be clipped by fold 0's gradients.
@@ -191,8 +243,10 @@ def test_clipping_is_applied_per_fold(dataset, folds, trained_once, clipping, la
     clip = {"clipping": clipping, "clip_threshold": 0.01 if clipping == "value" else 0.5, "learning_rate": 3e-3}
     huge, trainer = train(x, y, changed, fused="on", fingerprint=name, layout=layout, **clip)
     calm, _ = train(x_calm, y_calm, changed, fused="on", fingerprint=calm_name, layout=layout, **clip)
-    unclipped, _ = trained_once(f"calm, unclipped, {layout}", lambda: train(
-        x_calm, y_calm, changed, fused="on", fingerprint=calm_name, layout=layout, learning_rate=3e-3))
+    unclipped, _ = trained_once(
+        f"calm, unclipped, {layout}",
+        lambda: train(x_calm, y_calm, changed, fused="on", fingerprint=calm_name, layout=layout, learning_rate=3e-3),
+    )
 
     assert trainer.plan.layout == layout
     assert not np.allclose(huge[0]["train_loss"], calm[0]["train_loss"], rtol=1e-3)  # fold 0 did see it
@@ -210,8 +264,13 @@ def test_fold_models_sharing_layers_are_not_fused(dataset, folds):
         inputs = keras.Input(shape=dataset.input_shape)
         return keras.Model(inputs, shared(keras.layers.Flatten()(inputs)))
 
-    trainer = build_trainer(build, {"batch_size": 8}, TrainingRecipe(),
-                            data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds)
+    trainer = build_trainer(
+        build,
+        {"batch_size": 8},
+        TrainingRecipe(),
+        data=resident_data("test-fused-400", dataset.x, dataset.y),
+        folds=folds,
+    )
     assert trainer.plan.layout == "sequential"
     assert "share 2 variables" in trainer.plan.reason
 
@@ -229,14 +288,32 @@ def _three_models(build):
     return models
 
 
-@pytest.mark.parametrize("layers, shape", [
-    ([keras.layers.Conv1D(6, 3, strides=2, padding="same", activation="relu"), keras.layers.GlobalMaxPooling1D()],
-     (11, 2)),
-    ([keras.layers.Conv1D(5, 3, dilation_rate=2, padding="valid", use_bias=False), keras.layers.Flatten()], (12, 3)),
-    ([keras.layers.Conv2D(4, (3, 2), strides=(2, 1), padding="same", activation="tanh"),
-      keras.layers.MaxPooling2D(2), keras.layers.Flatten(), keras.layers.Dense(3, activation="softmax")], (9, 8, 2)),
-    ([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)], (5, 3)),  # Dense on each of 5 steps
-])
+@pytest.mark.parametrize(
+    "layers, shape",
+    [
+        (
+            [
+                keras.layers.Conv1D(6, 3, strides=2, padding="same", activation="relu"),
+                keras.layers.GlobalMaxPooling1D(),
+            ],
+            (11, 2),
+        ),
+        (
+            [keras.layers.Conv1D(5, 3, dilation_rate=2, padding="valid", use_bias=False), keras.layers.Flatten()],
+            (12, 3),
+        ),
+        (
+            [
+                keras.layers.Conv2D(4, (3, 2), strides=(2, 1), padding="same", activation="tanh"),
+                keras.layers.MaxPooling2D(2),
+                keras.layers.Flatten(),
+                keras.layers.Dense(3, activation="softmax"),
+            ],
+            (9, 8, 2),
+        ),
+        ([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)], (5, 3)),  # Dense on each of 5 steps
+    ],
+)
 def test_the_stacked_forward_pass_reproduces_each_fold_models_outputs(layers, shape):
     def build():
         inputs = keras.Input(shape=shape)
@@ -269,8 +346,13 @@ def test_fold_models_without_a_stacked_form_train_side_by_side(dataset, folds):
         x = keras.layers.Flatten()(keras.layers.DepthwiseConv1D(3)(keras.layers.Conv1D(4, 3)(inputs)))
         return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(x))
 
-    trainer = build_trainer(build, {"batch_size": 8}, TrainingRecipe(choices=ExecutionChoices(layout="stacked")),
-                            data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds)
+    trainer = build_trainer(
+        build,
+        {"batch_size": 8},
+        TrainingRecipe(choices=ExecutionChoices(layout="stacked")),
+        data=resident_data("test-fused-400", dataset.x, dataset.y),
+        folds=folds,
+    )
     assert trainer.plan.layout == "side_by_side"
     assert trainer.plan.reason.endswith("side by side (not stacked: DepthwiseConv1D layers have no stacked form)")
     result = trainer.run_epoch()
@@ -351,18 +433,32 @@ def test_the_forward_check_refuses_loss_terms_it_cannot_give_each_fold():
     assert model_blocker(models[0]) is None  # weightless: only the forward check can tell
     samples = np.random.default_rng(0).normal(size=(3 * 4, 4)).astype(np.float32)
     assert forward_mismatch(models, samples) == (
-        "the stacked forward pass does not reproduce the model's loss terms (model.losses)")
+        "the stacked forward pass does not reproduce the model's loss terms (model.losses)"
+    )
 
 
 # Layers made when the test runs (a SeedGenerator made while collecting would start TensorFlow).
-@pytest.mark.parametrize("layer, reason", [
-    (lambda: keras.layers.BatchNormalization(renorm=True, name="odd"), "batch normalization 'odd' with renorm=True"),
-    (lambda: keras.layers.Dense(4, kernel_constraint="max_norm", name="odd"), "layer 'odd' has a weight constraint"),
-    (lambda: keras.layers.Dropout(0.2, noise_shape=(1, None), name="odd"),
-     "layer 'odd' has a noise_shape that fixes the batch axis"),
-    (lambda: keras.layers.Activation("relu", activity_regularizer=lambda x: keras.ops.max(x), name="odd"),
-     "layer 'odd' has an activity_regularizer (function) not known to add up over samples"),
-])
+@pytest.mark.parametrize(
+    "layer, reason",
+    [
+        (
+            lambda: keras.layers.BatchNormalization(renorm=True, name="odd"),
+            "batch normalization 'odd' with renorm=True",
+        ),
+        (
+            lambda: keras.layers.Dense(4, kernel_constraint="max_norm", name="odd"),
+            "layer 'odd' has a weight constraint",
+        ),
+        (
+            lambda: keras.layers.Dropout(0.2, noise_shape=(1, None), name="odd"),
+            "layer 'odd' has a noise_shape that fixes the batch axis",
+        ),
+        (
+            lambda: keras.layers.Activation("relu", activity_regularizer=lambda x: keras.ops.max(x), name="odd"),
+            "layer 'odd' has an activity_regularizer (function) not known to add up over samples",
+        ),
+    ],
+)
 def test_what_has_no_stacked_form_is_named(layer, reason):
     def build():
         inputs = keras.Input(shape=(4,))
@@ -379,13 +475,17 @@ def test_class_weights_and_labels_per_position_train_side_by_side_with_the_reaso
         inputs = keras.Input(shape=dataset.input_shape)
         return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(inputs)))
 
-    weighted = build_trainer(classifier, {"batch_size": 8},
-                             TrainingRecipe(train=TrainSpec(class_weight="balanced"),
-                                            choices=ExecutionChoices(layout="stacked")),
-                             data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds)
+    weighted = build_trainer(
+        classifier,
+        {"batch_size": 8},
+        TrainingRecipe(train=TrainSpec(class_weight="balanced"), choices=ExecutionChoices(layout="stacked")),
+        data=resident_data("test-fused-400", dataset.x, dataset.y),
+        folds=folds,
+    )
     assert weighted.plan.layout == "side_by_side"
     assert weighted.plan.reason.endswith(
-        "(not stacked: train.class_weight (each fold's own weights) is not yet applied in the stacked step)")
+        "(not stacked: train.class_weight (each fold's own weights) is not yet applied in the stacked step)"
+    )
 
     def labeller(hp):  # a label per position of the signal
         inputs = keras.Input(shape=dataset.input_shape)
@@ -393,11 +493,17 @@ def test_class_weights_and_labels_per_position_train_side_by_side_with_the_reaso
         return keras.Model(inputs, keras.layers.Conv1D(2, 1, activation="softmax")(x))
 
     positions = (dataset.x[:, :, 0] > 0).astype(np.int32)
-    per_position = build_trainer(labeller, {"batch_size": 8}, TrainingRecipe(choices=ExecutionChoices(layout="stacked")),
-                                 data=resident_data("test-fused-positions", dataset.x, positions), folds=folds)
+    per_position = build_trainer(
+        labeller,
+        {"batch_size": 8},
+        TrainingRecipe(choices=ExecutionChoices(layout="stacked")),
+        data=resident_data("test-fused-positions", dataset.x, positions),
+        folds=folds,
+    )
     assert per_position.plan.layout == "side_by_side"
     assert per_position.plan.reason.endswith(
-        "(not stacked: targets with more than one value per sample (per position, or a vector) are not yet stacked)")
+        "(not stacked: targets with more than one value per sample (per position, or a vector) are not yet stacked)"
+    )
     assert all(math.isfinite(scores.val_loss) for scores in per_position.run_epoch().folds)
 
 
@@ -405,12 +511,20 @@ def test_compiled_metrics_are_scored_in_validation_and_never_touched_by_the_trai
     def build(hp):
         inputs = keras.Input(shape=dataset.input_shape)
         model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(inputs)))
-        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
-                      metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3, name="top3")])
+        model.compile(
+            optimizer="adam",
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3, name="top3")],
+        )
         return model
 
-    trainer = build_trainer(build, {"batch_size": 8}, TrainingRecipe(choices=ExecutionChoices(fused="off")),
-                            data=resident_data("test-fused-400", dataset.x, dataset.y), folds=folds)
+    trainer = build_trainer(
+        build,
+        {"batch_size": 8},
+        TrainingRecipe(choices=ExecutionChoices(fused="off")),
+        data=resident_data("test-fused-400", dataset.x, dataset.y),
+        folds=folds,
+    )
     result = trainer.run_epoch()
     assert all(0.0 <= scores.metrics["top3"] <= 1.0 for scores in result.folds)
     engine = trainer.engines[0]

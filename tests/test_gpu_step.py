@@ -12,50 +12,64 @@ from dataclasses import replace
 import keras
 import numpy as np
 import pytest
+from helpers import MNIST1D_EXPERIMENT, mnist1d_fixtures
+from run_machinery import between_trials
 
-from conftest import MNIST1D_EXPERIMENT, between_trials
 from pipeline.base.accelerator import GpuIdentity
 from pipeline.contract.plan import ExecutionChoices
 from pipeline.engine import trainer as trainer_module
 from pipeline.engine.recipe import TrainingRecipe
 from pipeline.engine.resident import resident_data
-from pipeline.engine.stacked import (StackedFolds, StackedForm, forward_matches, forward_mismatch, forward_tolerance,
-                                     stacked_weights)
+from pipeline.engine.stacked import (
+    StackedFolds,
+    StackedForm,
+    forward_matches,
+    forward_mismatch,
+    forward_tolerance,
+    stacked_weights,
+)
 from pipeline.engine.trainer import build_trainer
-from pipeline.inputs.datasets import load_dataset
-from pipeline.inputs.folds import Fold, make_folds
+from pipeline.inputs.folds import Fold
 from pipeline.inputs.hypermodel import load_builder
-from pipeline.inputs.spec import CVSpec, DatasetSpec
 
 pytestmark = pytest.mark.training
 
-CONFIG = {"conv_layers": 1, "filters": 8, "kernel_size": 3, "dropout": 0.0, "batch_size": 8, "learning_rate": 1e-3,
-          "optimizer": "adam"}
+CONFIG = {
+    "conv_layers": 1,
+    "filters": 8,
+    "kernel_size": 3,
+    "dropout": 0.0,
+    "batch_size": 8,
+    "learning_rate": 1e-3,
+    "optimizer": "adam",
+}
 CONDITIONALS = {"If", "StatelessIf"}
 
 
-@pytest.fixture(scope="module")
-def dataset():
-    return load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 410}))
-
-
-@pytest.fixture(scope="module")
-def folds(dataset):
-    return make_folds(CVSpec(splitter="stratified", n_splits=2, seed=0), dataset).folds
+dataset, folds = mnist1d_fixtures(410)
 
 
 def trainer_for(data, folds, *, layout, steps_per_launch=1, per_epoch=False):
     """A trainer of the CPU plan, or of the same plan with the GPU's per-epoch stop test."""
-    choices = ExecutionChoices(fused="off" if layout == "sequential" else "on", steps_per_launch=steps_per_launch,
-                               layout="auto" if layout == "sequential" else layout)
+    choices = ExecutionChoices(
+        fused="off" if layout == "sequential" else "on",
+        steps_per_launch=steps_per_launch,
+        layout="auto" if layout == "sequential" else layout,
+    )
     build = load_builder(MNIST1D_EXPERIMENT, "build")
     between_trials()
     trainer = build_trainer(build, CONFIG, TrainingRecipe(choices=choices), data=data, folds=folds)
     assert trainer.plan.layout == layout and trainer.plan.stop_test == "per_launch"
     if per_epoch:
         between_trials()
-        trainer = build_trainer(build, CONFIG, TrainingRecipe(choices=choices), data=data, folds=folds,
-                                replay=replace(trainer.plan, stop_test="per_epoch"))
+        trainer = build_trainer(
+            build,
+            CONFIG,
+            TrainingRecipe(choices=choices),
+            data=data,
+            folds=folds,
+            replay=replace(trainer.plan, stop_test="per_epoch"),
+        )
         assert trainer.plan.stop_test == "per_epoch"
     return trainer
 
@@ -63,16 +77,25 @@ def trainer_for(data, folds, *, layout, steps_per_launch=1, per_epoch=False):
 def with_stacked_executor(trainer, data, **options):
     """The trainer with its stacked folds executed in another form than its plan's (what a plan
     on CPU never asks for: the GPU's grouped convolutions, say)."""
-    trainer._executor = StackedFolds(trainer.engines, trainer.params, data=data, loss=trainer.loss,
-                                     optimizer=trainer.optimizer, steps_per_launch=trainer.plan.steps_per_launch,
-                                     **options)
+    trainer._executor = StackedFolds(
+        trainer.engines,
+        trainer.params,
+        data=data,
+        loss=trainer.loss,
+        optimizer=trainer.optimizer,
+        steps_per_launch=trainer.plan.steps_per_launch,
+        **options,
+    )
     return trainer
 
 
 def history(trainer, epochs=2):
     reports = [trainer.run_epoch().report() for _ in range(epochs)]
-    keys = [key for key in reports[0] if key.startswith("split") and key.split("_", 1)[1] in
-            ("train_loss", "val_loss", "val_accuracy")]
+    keys = [
+        key
+        for key in reports[0]
+        if key.startswith("split") and key.split("_", 1)[1] in ("train_loss", "val_loss", "val_accuracy")
+    ]
     return {key: [report[key] for report in reports] for key in keys}
 
 
@@ -83,14 +106,19 @@ def epoch_graphs(trainer):
         engine = trainer.engines[0]
         return [engine._train_epoch.get_concrete_function(*engine.epoch_batch_tensors(0))]
     if trainer.plan.layout == "side_by_side":
-        return [function.get_concrete_function([engine.epoch_batch_tensors(0) for engine in trainer.engines])
-                for function in executor._compiled.values()]
+        return [
+            function.get_concrete_function([engine.epoch_batch_tensors(0) for engine in trainer.engines])
+            for function in executor._compiled.values()
+        ]
     import tensorflow as tf
 
     live = tuple(range(len(trainer.engines)))
     indices, weights = executor.epoch_batches(0, live)
-    return [executor._train_epoch.get_concrete_function(tf.constant(indices), tf.constant(weights),
-                                                        tf.constant(np.ones(len(live), bool)))]
+    return [
+        executor._train_epoch.get_concrete_function(
+            tf.constant(indices), tf.constant(weights), tf.constant(np.ones(len(live), bool))
+        )
+    ]
 
 
 def host_waits(concrete) -> tuple[set[str], list[set[str]]]:
@@ -100,8 +128,11 @@ def host_waits(concrete) -> tuple[set[str], list[set[str]]]:
     functions = {function.signature.name: function for function in graph.library.function}
     nodes = [*graph.node, *(node for function in functions.values() for node in function.node_def)]
     conditionals = {node.op for node in nodes if node.op in CONDITIONALS}
-    loop_tests = [{node.op for node in functions[node.attr["cond"].func.name].node_def}
-                  for node in nodes if node.op in ("While", "StatelessWhile")]
+    loop_tests = [
+        {node.op for node in functions[node.attr["cond"].func.name].node_def}
+        for node in nodes
+        if node.op in ("While", "StatelessWhile")
+    ]
     return conditionals, loop_tests
 
 
@@ -153,8 +184,9 @@ def test_labels_and_index_batches_are_int64_on_a_gpu_and_train_the_cpus_numbers(
     from pipeline.engine import resident
 
     data_cpu = resident_data("test-gpu-step", dataset.x, dataset.y)
-    cpu = with_stacked_executor(trainer_for(data_cpu, folds, layout="stacked"), data_cpu, stop_test="per_epoch",
-                                convolutions="grouped")
+    cpu = with_stacked_executor(
+        trainer_for(data_cpu, folds, layout="stacked"), data_cpu, stop_test="per_epoch", convolutions="grouped"
+    )
     trained_cpu = history(cpu)
     # No GPU here: TensorFlow's soft placement runs what is placed on /GPU:0 on the CPU, so the
     # trial is planned and its tensors made as on a GPU.
@@ -164,8 +196,13 @@ def test_labels_and_index_batches_are_int64_on_a_gpu_and_train_the_cpus_numbers(
     data = resident_data("test-gpu-step-on-gpu", dataset.x, dataset.y)
     assert data.device == "/GPU:0" and data.y.dtype.name == "int64" and data_cpu.y.dtype.name == "int32"
     between_trials()
-    gpu = build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"), CONFIG,
-                        TrainingRecipe(choices=ExecutionChoices()), data=data, folds=folds)
+    gpu = build_trainer(
+        load_builder(MNIST1D_EXPERIMENT, "build"),
+        CONFIG,
+        TrainingRecipe(choices=ExecutionChoices()),
+        data=data,
+        folds=folds,
+    )
     assert gpu.plan.device == "/GPU:0" and gpu.plan.layout == "stacked" and gpu.plan.stop_test == "per_epoch"
     assert gpu.plan.stacked_convolutions == "grouped" and gpu.plan.gpu == a100
     # TensorFlow's default: TF32 on, recorded, and the forward check at TF32's tolerance.
@@ -179,17 +216,31 @@ def test_labels_and_index_batches_are_int64_on_a_gpu_and_train_the_cpus_numbers(
     # copies are compiled graphs of variable reads, stacks, slices and assignments only.
     for copy in gpu._executor._copies((0, 1)):
         ops = {node.op for node in copy.get_concrete_function().graph.as_graph_def().node}
-        assert "AssignVariableOp" in ops and ops <= {"ReadVariableOp", "AssignVariableOp", "Pack", "StridedSlice",
-                                                     "Const", "NoOp", "Identity", "Placeholder"}
+        assert "AssignVariableOp" in ops and ops <= {
+            "ReadVariableOp",
+            "AssignVariableOp",
+            "Pack",
+            "StridedSlice",
+            "Const",
+            "NoOp",
+            "Identity",
+            "Placeholder",
+        }
 
 
 CONVOLUTIONS = [
     [keras.layers.Conv1D(6, 3, strides=2, padding="same", activation="relu"), keras.layers.GlobalMaxPooling1D()],
     [keras.layers.Conv1D(5, 3, dilation_rate=2, padding="valid", use_bias=False), keras.layers.Flatten()],
-    [keras.layers.Conv2D(4, (3, 2), strides=(2, 1), padding="same", activation="tanh"), keras.layers.Flatten(),
-     keras.layers.Dense(3, activation="softmax")],
-    [keras.layers.Conv2D(3, (2, 3), dilation_rate=(1, 2), padding="same"), keras.layers.Conv2D(2, 2),
-     keras.layers.Flatten()],
+    [
+        keras.layers.Conv2D(4, (3, 2), strides=(2, 1), padding="same", activation="tanh"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(3, activation="softmax"),
+    ],
+    [
+        keras.layers.Conv2D(3, (2, 3), dilation_rate=(1, 2), padding="same"),
+        keras.layers.Conv2D(2, 2),
+        keras.layers.Flatten(),
+    ],
 ]
 
 
@@ -211,14 +262,17 @@ def test_grouped_convolutions_give_the_patch_products_outputs(layers, shape):
 
     models = fold_models(layers, shape)
     samples = np.random.default_rng(0).normal(size=(3 * 4, *shape)).astype(np.float32)  # 4 per fold
-    values = {id(variable): tf.constant(weights) for variable, weights in
-              zip(models[0].trainable_variables, stacked_weights(models))}
+    values = {
+        id(variable): tf.constant(weights)
+        for variable, weights in zip(models[0].trainable_variables, stacked_weights(models))
+    }
     ones = tf.ones([3, 4])
     patches, _ = StackedForm(models[0], values, 3, convolutions="patches")(samples, ones)
     grouped, _ = StackedForm(models[0], values, 3, convolutions="grouped")(samples, ones)
     # As the GPU's compiled step runs it: under XLA (feature_group_count), and as eagerly checked.
-    compiled = tf.function(lambda x: StackedForm(models[0], values, 3, convolutions="grouped")(x, ones)[0],
-                           jit_compile=True)(samples)
+    compiled = tf.function(
+        lambda x: StackedForm(models[0], values, 3, convolutions="grouped")(x, ones)[0], jit_compile=True
+    )(samples)
     np.testing.assert_allclose(grouped, patches, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(compiled, patches, rtol=1e-5, atol=1e-6)
     assert forward_matches(models, samples, convolutions="grouped")
@@ -237,17 +291,23 @@ def test_the_tf32_tolerance_still_refuses_a_layer_that_mixes_the_folds_samples()
         models.append(build())
     samples = np.random.default_rng(0).normal(size=(3 * 4, 4)).astype(np.float32)
     assert forward_tolerance(True) > forward_tolerance(False)
-    assert forward_mismatch(models, samples, tf32=True) == ("the stacked forward pass does not reproduce the "
-                                                            "model's outputs")
+    assert forward_mismatch(models, samples, tf32=True) == (
+        "the stacked forward pass does not reproduce the model's outputs"
+    )
 
 
 def test_stacked_folds_train_with_grouped_convolutions_as_with_patch_products(dataset, folds):
     data = resident_data("test-gpu-step", dataset.x, dataset.y)
     patches = trainer_for(data, folds, layout="stacked")
     between_trials()
-    grouped = build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"), CONFIG,
-                            TrainingRecipe(choices=ExecutionChoices(fused="on", layout="stacked")), data=data,
-                            folds=folds, replay=replace(patches.plan, stacked_convolutions="grouped"))
+    grouped = build_trainer(
+        load_builder(MNIST1D_EXPERIMENT, "build"),
+        CONFIG,
+        TrainingRecipe(choices=ExecutionChoices(fused="on", layout="stacked")),
+        data=data,
+        folds=folds,
+        replay=replace(patches.plan, stacked_convolutions="grouped"),
+    )
     # Another form is another rounding: not replayed as the recorded plan's own execution.
     assert grouped.plan.stacked_convolutions == "patches"
     grouped = with_stacked_executor(trainer_for(data, folds, layout="stacked"), data, convolutions="grouped")

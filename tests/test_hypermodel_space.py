@@ -7,15 +7,15 @@ from pathlib import Path
 
 import keras
 import pytest
+from helpers import MNIST1D_EXPERIMENT, Replace
 from ray import tune
 
-from conftest import MNIST1D_EXPERIMENT, Replace
 from pipeline.base.errors import ExperimentError, SpecError
 from pipeline.inputs.hypermodel import load_experiment
 from pipeline.inputs.space import build_space, hp_domain, split_config
 from pipeline.inputs.spec import load_spec
 
-KT_HYPERMODEL = '''
+KT_HYPERMODEL = """
 import keras
 import keras_tuner
 
@@ -29,7 +29,7 @@ class Model(keras_tuner.HyperModel):
         x = keras.layers.Dropout(hp.Float("dropout", 1e-3, 0.5, sampling="log"))(x)
         outputs = keras.layers.Dense(3, activation=hp.Choice("act", ["softmax"]))(x)
         return keras.Model(inputs, outputs)
-'''
+"""
 
 
 def test_discovers_the_mnist1d_space_and_builds_with_given_values():
@@ -76,20 +76,29 @@ def test_spec_entry_the_hypermodel_never_asks_for_is_refused(write_spec):
 
 def test_split_config_gives_training_values_and_the_build_every_value():
     training, model = split_config({"batch_size": 8, "filters": 16, "dropout": 0.1, "learning_rate": 0.01})
-    assert training == {"batch_size": 8, "learning_rate": 0.01, "optimizer": "adam", "epochs": None,
-                        "clipping": "none", "clip_threshold": 1.0}
+    assert training == {
+        "batch_size": 8,
+        "learning_rate": 0.01,
+        "optimizer": "adam",
+        "epochs": None,
+        "clipping": "none",
+        "clip_threshold": 1.0,
+    }
     assert model == {"batch_size": 8, "filters": 16, "dropout": 0.1, "learning_rate": 0.01}
 
 
-@pytest.mark.parametrize(("source", "attr", "message"), [
-    (None, "build", "experiment: file not found"),
-    ("import not_a_module_anywhere\n", "build", "importing .* failed: ModuleNotFoundError"),
-    ("x = 1 / 0\n", "build", "importing .* failed: ZeroDivisionError"),
-    ("def make(hp):\n    pass\n", "build", "has no 'build'; callables found: make"),
-    ("build = 3\n", "build", "must be a build\\(hp\\) function or a keras_tuner.HyperModel, got int"),
-    ("def build(hp):\n    raise RuntimeError('boom')\n", "build", "raised RuntimeError when built .*: boom"),
-    ("def build(hp):\n    return 'model'\n", "build", "must return a keras.Model, got str"),
-])
+@pytest.mark.parametrize(
+    ("source", "attr", "message"),
+    [
+        (None, "build", "experiment: file not found"),
+        ("import not_a_module_anywhere\n", "build", "importing .* failed: ModuleNotFoundError"),
+        ("x = 1 / 0\n", "build", "importing .* failed: ZeroDivisionError"),
+        ("def make(hp):\n    pass\n", "build", "has no 'build'; callables found: make"),
+        ("build = 3\n", "build", "must be a build\\(hp\\) function or a keras_tuner.HyperModel, got int"),
+        ("def build(hp):\n    raise RuntimeError('boom')\n", "build", "raised RuntimeError when built .*: boom"),
+        ("def build(hp):\n    return 'model'\n", "build", "must return a keras.Model, got str"),
+    ],
+)
 def test_broken_experiments_are_refused(tmp_path: Path, write_experiment, source, attr, message):
     path = write_experiment(source) if source is not None else tmp_path / "absent.py"
     with pytest.raises(ExperimentError, match=message):
@@ -116,27 +125,37 @@ def test_discovery_reaches_names_inside_a_loop_with_their_condition(write_spec):
 
 FIT_OVERRIDES = {
     "its own loop": ("for _ in range(2):\n            model.fit(*args, **kwargs)", "calls model.fit 2 times"),
-    "callbacks": ("return model.fit(*args, callbacks=[keras.callbacks.TerminateOnNaN()], "
-                  "validation_data=kwargs['validation_data'])", "passes model.fit 1 thing foldsweep cannot honour: (1) the "
-                  "callback TerminateOnNaN, which foldsweep cannot honour"),
-    "sample weights": ("return model.fit(*args, sample_weight=None, **kwargs)", "(1) sample_weight=...: foldsweep trains the loss unweighted"),
+    "callbacks": (
+        "return model.fit(*args, callbacks=[keras.callbacks.TerminateOnNaN()], "
+        "validation_data=kwargs['validation_data'])",
+        "passes model.fit 1 thing foldsweep cannot honour: (1) the "
+        "callback TerminateOnNaN, which foldsweep cannot honour",
+    ),
+    "sample weights": (
+        "return model.fit(*args, sample_weight=None, **kwargs)",
+        "(1) sample_weight=...: foldsweep trains the loss unweighted",
+    ),
     "a loop of its own": ("model.train_on_batch(args[0], args[1])", "calls model.fit 0 times"),
     # Weights computed from the labels fit() is given would be the probe's, not each fold's.
-    "class weights of its labels": ("return model.fit(*args, class_weight={int(args[1][0]): 2.0}, **kwargs)",
-                                    "(1) class_weight=... computed from the labels fit() is given, which are not a "
-                                    "fold's: use train.class_weight: balanced"),
+    "class weights of its labels": (
+        "return model.fit(*args, class_weight={int(args[1][0]): 2.0}, **kwargs)",
+        "(1) class_weight=... computed from the labels fit() is given, which are not a "
+        "fold's: use train.class_weight: balanced",
+    ),
 }
 
 
 def test_a_fit_override_passing_class_weights_weighs_the_training_loss_as_the_spec_would(write_experiment):
-    source = ("import keras\nimport keras_tuner\n\n"
-              "class Model(keras_tuner.HyperModel):\n"
-              "    def build(self, hp):\n"
-              "        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2, activation='softmax')])\n"
-              "        model.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
-              "        return model\n\n"
-              "    def fit(self, hp, model, *args, **kwargs):\n"
-              "        return model.fit(*args, class_weight={0: 1, 1: 3.5}, **kwargs)\n")
+    source = (
+        "import keras\nimport keras_tuner\n\n"
+        "class Model(keras_tuner.HyperModel):\n"
+        "    def build(self, hp):\n"
+        "        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2, activation='softmax')])\n"
+        "        model.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
+        "        return model\n\n"
+        "    def fit(self, hp, model, *args, **kwargs):\n"
+        "        return model.fit(*args, class_weight={0: 1, 1: 3.5}, **kwargs)\n"
+    )
     experiment = load_experiment(write_experiment(source), "Model")
     assert experiment.fit_class_weight == {0: 1.0, 1: 3.5}
 
@@ -144,14 +163,16 @@ def test_a_fit_override_passing_class_weights_weighs_the_training_loss_as_the_sp
 @pytest.mark.parametrize("what", FIT_OVERRIDES)
 def test_a_fit_override_foldsweep_cannot_reproduce_is_refused(write_experiment, what):
     body, message = FIT_OVERRIDES[what]
-    source = ("import keras\nimport keras_tuner\n\n"
-              "class Model(keras_tuner.HyperModel):\n"
-              "    def build(self, hp):\n"
-              "        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(10, activation='softmax')])\n"
-              "        model.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
-              "        return model\n\n"
-              "    def fit(self, hp, model, *args, **kwargs):\n"
-              f"        {body}\n")
+    source = (
+        "import keras\nimport keras_tuner\n\n"
+        "class Model(keras_tuner.HyperModel):\n"
+        "    def build(self, hp):\n"
+        "        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(10, activation='softmax')])\n"
+        "        model.compile(optimizer='adam', loss='sparse_categorical_crossentropy')\n"
+        "        return model\n\n"
+        "    def fit(self, hp, model, *args, **kwargs):\n"
+        f"        {body}\n"
+    )
     with pytest.raises(ExperimentError, match=rf"Model: its HyperModel.fit .*{re.escape(message)}"):
         load_experiment(write_experiment(source), "Model")
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import REPO, TINY_SPEC, Replace, curve, merged
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, Replace, merged
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 
@@ -21,9 +22,15 @@ STYLES = REPO / "tests" / "experiments" / "kerastuner_styles.py"
 def sweep(tmp_path, name: str, attr: str, space: dict, num_samples: int = 1):
     import yaml
 
-    spec = merged(TINY_SPEC, {"name": name, "experiment": f"{STYLES}:{attr}",
-                              "search": {"num_samples": num_samples, "space": Replace(space)},
-                              "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
+    spec = merged(
+        TINY_SPEC,
+        {
+            "name": name,
+            "experiment": f"{STYLES}:{attr}",
+            "search": {"num_samples": num_samples, "space": Replace(space)},
+            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        },
+    )
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     checked = CliRunner().invoke(app, ["validate", str(path)])
@@ -31,15 +38,15 @@ def sweep(tmp_path, name: str, attr: str, space: dict, num_samples: int = 1):
     result = CliRunner().invoke(app, ["run", str(path)])
     assert result.exit_code == 0, result.output
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    trials = client.search_runs([client.get_experiment_by_name(name).experiment_id],
-                                filter_string="tags.`foldsweep.role` = 'trial'", order_by=["attributes.start_time ASC"])
-    assert trials and all(run.info.status == "FINISHED" and run.data.tags["foldsweep.status"] == "ok"
-                          for run in trials), [run.data.tags.get("foldsweep.error") for run in trials]
+    trials = client.search_runs(
+        [client.get_experiment_by_name(name).experiment_id],
+        filter_string=f"tags.`{Tag.ROLE}` = 'trial'",
+        order_by=["attributes.start_time ASC"],
+    )
+    assert trials and all(run.info.status == "FINISHED" and run.data.tags[Tag.STATUS] == "ok" for run in trials), [
+        run.data.tags.get(Tag.ERROR) for run in trials
+    ]
     return client, trials, checked.output
-
-
-def history(client, run_id, key):
-    return [metric.value for metric in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
 def test_a_sequential_without_input_its_own_compile_and_units_inside_a_loop(ray_cluster, tmp_path):
@@ -54,11 +61,14 @@ def test_a_sequential_without_input_its_own_compile_and_units_inside_a_loop(ray_
         # The learning rate recorded is the one the hypermodel's optimizer trained with.
         assert float(run.data.params["learning_rate"]) == pytest.approx(float(run.data.params["lr"]), rel=1e-6)
         assert run.data.params["optimizer"] == "adam"
-        assert run.data.tags["foldsweep.compile_source"] == "hypermodel"
-        assert run.data.tags["foldsweep.loss"] == "categorical_crossentropy"
+        assert run.data.tags[Tag.of("compile_source")] == "hypermodel"
+        assert run.data.tags[Tag.of("loss")] == "categorical_crossentropy"
     by_config = {(run.data.params["num_layers"], float(run.data.params["lr"])): run for run in trials}
     assert len(by_config) == 4
-    slow, fast = (history(client, by_config["1", lr].info.run_id, "split0_train_loss") for lr in (0.0001, 0.01))
+    slow, fast = (
+        curve(f"sqlite:///{tmp_path / 'mlflow.db'}", by_config["1", lr].info.run_id, "split0_train_loss")
+        for lr in (0.0001, 0.01)
+    )
     assert slow != pytest.approx(fast, rel=1e-3), "the hypermodel's learning rate changes training"
     for lr in (0.0001, 0.01):
         assert not {"units_1", "units_2"} & set(by_config["1", lr].data.params)
@@ -78,9 +88,9 @@ def test_a_spec_learning_rate_replaces_the_hypermodels_and_validate_says_so(ray_
 
 def test_a_subclassed_model(ray_cluster, tmp_path):
     _, trials, _ = sweep(tmp_path, "subclassed", "subclassed", {"units": 32, "batch_size": 8})
-    assert trials[0].data.tags["foldsweep.compile_source"] == "default"
+    assert trials[0].data.tags[Tag.of("compile_source")] == "default"
     # Its folds train side by side: a subclassed model has no layer graph to stack.
-    assert "side by side (not stacked: the model has no layer graph" in trials[0].data.tags["foldsweep.fused_reason"]
+    assert "side by side (not stacked: the model has no layer graph" in trials[0].data.tags[Tag.of("fused_reason")]
 
 
 def test_a_hypermodel_fit_that_tunes_the_batch_size(ray_cluster, tmp_path):
@@ -95,5 +105,7 @@ def test_a_fit_that_preprocesses_is_refused(tmp_path, write_spec):
     spec = write_spec({"experiment": f"{STYLES}:Preprocessing", "search": {"space": Replace({})}})
     result = CliRunner().invoke(app, ["validate", str(spec)])
     assert result.exit_code == 2, result.output
-    assert "Preprocessing: its HyperModel.fit passes model.fit 1 thing foldsweep cannot honour: (1) other x than it was given" in \
-        result.output.replace("\n", " ")
+    assert (
+        "Preprocessing: its HyperModel.fit passes model.fit 1 thing foldsweep cannot honour: (1) other x than it was given"
+        in result.output.replace("\n", " ")
+    )

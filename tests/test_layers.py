@@ -52,13 +52,19 @@ def imports_of(source: str, module: str) -> set[str]:
             found |= {alias.name for alias in node.names if alias.name.startswith("pipeline")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipeline"):
             # ``from pipeline.base import errors`` imports pipeline.base.errors
-            found |= {f"{node.module}.{alias.name}" if layer_of(node.module) and node.module.count(".") == 1
-                      and node.module.split(".")[1] in LAYERS else node.module for alias in node.names}
+            found |= {
+                f"{node.module}.{alias.name}"
+                if layer_of(node.module) and node.module.count(".") == 1 and node.module.split(".")[1] in LAYERS
+                else node.module
+                for alias in node.names
+            }
     return {name for name in found if name != module}
 
 
 def package_imports() -> dict[str, set[str]]:
-    return {module_name(path): imports_of(path.read_text(), module_name(path)) for path in sorted(PACKAGE.rglob("*.py"))}
+    return {
+        module_name(path): imports_of(path.read_text(), module_name(path)) for path in sorted(PACKAGE.rglob("*.py"))
+    }
 
 
 def arrows_back_up(imports: dict[str, set[str]], allowed: dict[str, set[str]]) -> list[str]:
@@ -79,7 +85,7 @@ def cycles(imports: dict[str, set[str]]) -> list[list[str]]:
         state[module] = "open"
         for name in sorted(imports.get(module, ())):
             if state.get(name) == "open":
-                found.append(path[path.index(name):] + [name] if name in path else [module, name])
+                found.append(path[path.index(name) :] + [name] if name in path else [module, name])
             elif name not in state and name in imports:
                 visit(name, path + [name])
         state[module] = "done"
@@ -101,24 +107,32 @@ def test_no_import_runs_back_up_a_layer_and_there_are_no_cycles():
     assert arrows_back_up(imports, allowed_layers()) == []
     assert cycles(imports) == []
     # inside the package, only the new paths (pipeline.base.old_paths serves what others wrote)
-    old = {name for names in imports.values() for name in names if layer_of(name) == COMMANDS
-           and name.split(".")[1] not in COMMAND_MODULES}
+    old = {
+        name
+        for names in imports.values()
+        for name in names
+        if layer_of(name) == COMMANDS and name.split(".")[1] not in COMMAND_MODULES
+    }
     assert old == set()
 
 
 def test_the_check_names_an_import_that_runs_back_up():
-    imports = {**package_imports(), "pipeline.inputs.spec": {"pipeline.base.errors", "pipeline.engine.runner"},
-               "pipeline.records.report": {"pipeline.engine.trainer", "pipeline.contract.results"},
-               "pipeline.base.quiet": {"pipeline.sweep"}}
+    imports = {
+        **package_imports(),
+        "pipeline.inputs.spec": {"pipeline.base.errors", "pipeline.engine.runner"},
+        "pipeline.records.report": {"pipeline.engine.trainer", "pipeline.contract.results"},
+        "pipeline.base.quiet": {"pipeline.sweep"},
+    }
     assert sorted(arrows_back_up(imports, allowed_layers())) == [
-        "pipeline.base.quiet -> pipeline.sweep", "pipeline.inputs.spec -> pipeline.engine.runner",
-        "pipeline.records.report -> pipeline.engine.trainer"]
+        "pipeline.base.quiet -> pipeline.sweep",
+        "pipeline.inputs.spec -> pipeline.engine.runner",
+        "pipeline.records.report -> pipeline.engine.trainer",
+    ]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
 
 
 def fresh_interpreter(code: str) -> str:
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=PACKAGE.parent)
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
     assert ran.returncode == 0, ran.stderr
     return ran.stdout
 
@@ -126,11 +140,14 @@ def fresh_interpreter(code: str) -> str:
 @pytest.mark.e2e
 def test_the_reports_load_neither_ray_nor_tensorflow():
     """A fresh interpreter: the only way to see what importing a module loads."""
-    loaded = json.loads(fresh_interpreter(
-        "import json, sys\n"
-        "import pipeline.records.report, pipeline.records.plots, pipeline.records.publish\n"
-        "import pipeline.records.significance, pipeline.records.tracking\n"
-        "print(json.dumps(sorted(name for name in sys.modules)))"))
+    loaded = json.loads(
+        fresh_interpreter(
+            "import json, sys\n"
+            "import pipeline.records.report, pipeline.records.plots, pipeline.records.publish\n"
+            "import pipeline.records.significance, pipeline.records.tracking\n"
+            "print(json.dumps(sorted(name for name in sys.modules)))"
+        )
+    )
     heavy = sorted(name for name in loaded if name.split(".")[0] in ("ray", "tensorflow", "keras", "mlflow"))
     assert heavy == []
     assert "pipeline.records.plots" in loaded and "pipeline.records.callbacks" not in loaded
@@ -148,10 +165,17 @@ def test_sweeps_pickled_under_the_old_module_paths_still_load():
     old = old.replace(b"pipeline.inputs.spec\n", b"pipeline.spec\n")
     old = old.replace(b"pipeline.contract.results\n", b"pipeline.results\n")
     assert b"pipeline.spec" in old and b"pipeline.inputs" not in old
-    loaded = json.loads(fresh_interpreter(
-        f"import json, pickle\nvalue = pickle.loads({old!r})\n"
-        "import pipeline.tracking, pipeline.training\n"
-        "print(json.dumps([repr(value), pipeline.tracking.MlflowTrialCallback.__module__,"
-        " pipeline.training.TrainingParams.__module__, pipeline.tracking.Tracker.__module__]))"))
-    assert loaded == [repr([Objective("loss", "min"), EpochSelection(Objective(), "last")]),
-                      MlflowTrialCallback.__module__, "pipeline.engine.recipe", "pipeline.records.tracking"]
+    loaded = json.loads(
+        fresh_interpreter(
+            f"import json, pickle\nvalue = pickle.loads({old!r})\n"
+            "import pipeline.tracking, pipeline.training\n"
+            "print(json.dumps([repr(value), pipeline.tracking.MlflowTrialCallback.__module__,"
+            " pipeline.training.TrainingParams.__module__, pipeline.tracking.Tracker.__module__]))"
+        )
+    )
+    assert loaded == [
+        repr([Objective("loss", "min"), EpochSelection(Objective(), "last")]),
+        MlflowTrialCallback.__module__,
+        "pipeline.engine.recipe",
+        "pipeline.records.tracking",
+    ]

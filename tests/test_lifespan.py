@@ -41,9 +41,16 @@ def test_auto_retires_before_the_mapping_limit(monkeypatch):
 def test_a_worker_retires_before_its_memory_passes_its_budget(no_map_limit, monkeypatch):
     """Made-up figures: each trial adds to the worker's resident memory; the worker retires once
     its memory after a trial plus the most a trial has added would pass the budget."""
-    resident = iter([1000.0, 1100.0,   # trial 1: +100 MiB
-                     1100.0, 1150.0,   # trial 2: +50, and 1150 + 100 = 1250 fits under 1300
-                     1150.0, 1220.0])  # trial 3: 1220 + 100 would pass 1300
+    resident = iter(
+        [
+            1000.0,
+            1100.0,  # trial 1: +100 MiB
+            1100.0,
+            1150.0,  # trial 2: +50, and 1150 + 100 = 1250 fits under 1300
+            1150.0,
+            1220.0,
+        ]
+    )  # trial 3: 1220 + 100 would pass 1300
     monkeypatch.setattr(lifespan, "resident_mb", lambda: next(resident))
     life = Lifespan(max_rss_mb=1300)
     life.start_trial()
@@ -52,9 +59,11 @@ def test_a_worker_retires_before_its_memory_passes_its_budget(no_map_limit, monk
     state = life.observe()
     assert state == WorkerState(state.maps, 1150.0) and life.retire_reason(state) == ""
     life.start_trial()
-    assert life.retire_reason(life.observe()) == ("1,220 MiB resident, and a trial has added up to 100 MiB: another "
-                                                  "would pass resources.max_worker_memory (1,300 MiB)")
-    assert Lifespan(max_rss_mb=None).retire_reason(WorkerState(0, 10 ** 9)) == ""  # no budget known: no limit
+    assert life.retire_reason(life.observe()) == (
+        "1,220 MiB resident, and a trial has added up to 100 MiB: another "
+        "would pass resources.max_worker_memory (1,300 MiB)"
+    )
+    assert Lifespan(max_rss_mb=None).retire_reason(WorkerState(0, 10**9)) == ""  # no budget known: no limit
 
 
 @pytest.mark.training

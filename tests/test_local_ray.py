@@ -32,8 +32,9 @@ def test_a_second_local_ray_of_the_process_keeps_its_token():
     assert environ == {"RAY_AUTH_TOKEN": token}
 
 
-@pytest.mark.parametrize("own", [{"RAY_AUTH_TOKEN": "researchers-own"},
-                                 {"RAY_AUTH_TOKEN_PATH": "/home/me/.secrets/ray_token"}])
+@pytest.mark.parametrize(
+    "own", [{"RAY_AUTH_TOKEN": "researchers-own"}, {"RAY_AUTH_TOKEN_PATH": "/home/me/.secrets/ray_token"}]
+)
 def test_the_researchers_own_token_is_kept(own):
     environ = dict(own)
 

@@ -6,17 +6,18 @@ import math
 
 import numpy as np
 import pytest
+from helpers import MNIST1D_EXPERIMENT
+from run_machinery import between_trials
 
-from conftest import MNIST1D_EXPERIMENT, between_trials
+from pipeline.contract.plan import ExecutionChoices
+from pipeline.contract.results import EVAL_STEP, NAN_FOLD_SCORES, NanEvent, cv_summary
+from pipeline.engine.recipe import TrainingRecipe
+from pipeline.engine.resident import resident_data
+from pipeline.engine.trainer import build_trainer
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.inputs.hypermodel import load_builder
-from pipeline.engine.resident import resident_data
 from pipeline.inputs.spec import CVSpec, DatasetSpec
-from pipeline.contract.plan import ExecutionChoices
-from pipeline.contract.results import EVAL_STEP, NAN_FOLD_SCORES, NanEvent, cv_summary
-from pipeline.engine.trainer import build_trainer
-from pipeline.engine.recipe import TrainingRecipe
 
 pytestmark = pytest.mark.training  # every test trains until, or past, a NaN
 
@@ -33,9 +34,13 @@ def trainer(data_and_folds, jit_compile="auto", **params):
     data, folds = data_and_folds
     settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
     between_trials()
-    return build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"), {**MODEL, **settings},
-                         TrainingRecipe(choices=ExecutionChoices(jit_compile=jit_compile)),
-                         data=resident_data(data.fingerprint, data.x, data.y), folds=folds)
+    return build_trainer(
+        load_builder(MNIST1D_EXPERIMENT, "build"),
+        {**MODEL, **settings},
+        TrainingRecipe(choices=ExecutionChoices(jit_compile=jit_compile)),
+        data=resident_data(data.fingerprint, data.x, data.y),
+        folds=folds,
+    )
 
 
 def test_a_nan_fold_stays_nan_in_its_split_and_counts_as_worst_in_the_mean():

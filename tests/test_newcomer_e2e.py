@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import MNIST1D_EXPERIMENT, REPO, curve, reruns_of, sweep_runs
 
-from conftest import MNIST1D_EXPERIMENT, REPO, sweep_runs
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -24,19 +25,35 @@ TENSORFLOW_LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|absl::Ini
 
 
 def installed(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(INSTALLED), *args], cwd=cwd, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [str(INSTALLED), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)},
+    )
 
 
 @pytest.fixture(scope="module")
 def scratch_sweep(tmp_path_factory):
     assert INSTALLED.exists(), "the foldsweep command is installed beside the interpreter (make install)"
     scratch = tmp_path_factory.mktemp("scratch")
-    (scratch / "spec.yaml").write_text(yaml.safe_dump({
-        "name": "newcomer", "experiment": str(MNIST1D_EXPERIMENT), "dataset": {"name": "mnist1d", "num_samples": 300},
-        "cv": {"n_splits": 2}, "train": {"epochs": 2, "refit": False},
-        "search": {"num_samples": 2, "space": {"conv_layers": 1, "filters": 16,
-                                                "learning_rate": {"loguniform": [0.001, 0.01]}}}}))
+    (scratch / "spec.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "newcomer",
+                "experiment": str(MNIST1D_EXPERIMENT),
+                "dataset": {"name": "mnist1d", "num_samples": 300},
+                "cv": {"n_splits": 2},
+                "train": {"epochs": 2, "refit": False},
+                "search": {
+                    "num_samples": 2,
+                    "space": {"conv_layers": 1, "filters": 16, "learning_rate": {"loguniform": [0.001, 0.01]}},
+                },
+            }
+        )
+    )
     ran = installed("run", "spec.yaml", cwd=scratch)
     return scratch, ran
 
@@ -69,18 +86,23 @@ def test_the_leaderboard_shows_run_ids_and_its_rerun_command_works_as_printed(sc
     for trial in trials:
         assert re.search(rf"│\s+\d\s+│ {trial.info.run_id[:8]} │ trial-\d+ ", ran.stdout), ran.stdout
         assert re.fullmatch(r"trial-\d{5} learning_rate=\S+ .*", trial.info.run_name), trial.info.run_name
-        assert Tracker(uri).trial_run_id(trial.data.tags["foldsweep.trial_id"]) == trial.info.run_id
+        assert Tracker(uri).trial_run_id(trial.data.tags[Tag.TRIAL_ID]) == trial.info.run_id
     command = re.search(r"^rerun the best trial: (.*)$", ran.stdout, re.MULTILINE).group(1)
     best = next(trial for trial in trials if trial.info.run_id.startswith(shlex.split(command)[2]))
     assert shlex.split(command)[0] == str(INSTALLED)
     elsewhere = scratch.parent  # the command holds the store's absolute path: it works from anywhere
-    again = subprocess.run(shlex.split(command), cwd=elsewhere, capture_output=True, text=True, timeout=900,
-                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    again = subprocess.run(
+        shlex.split(command),
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert again.returncode == 0, again.stdout + again.stderr
-    rerun = client.search_runs([best.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{best.info.run_id}'")[0]
+    rerun = reruns_of(client, best)[0]
     for k in range(2):
         key = f"split{k}_val_loss"
-        recorded = [m.value for m in sorted(client.get_metric_history(best.info.run_id, key), key=lambda m: m.step)]
-        replayed = [m.value for m in sorted(client.get_metric_history(rerun.info.run_id, key), key=lambda m: m.step)]
+        recorded = curve(uri, best.info.run_id, key)
+        replayed = curve(uri, rerun.info.run_id, key)
         assert len(recorded) == 2 and replayed == pytest.approx(recorded, rel=1e-6, abs=0)

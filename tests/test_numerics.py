@@ -4,14 +4,17 @@ produced (tests/fixtures/make_check_numerics_texts.py writes them again)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
+from helpers import MNIST1D_EXPERIMENT
+from run_machinery import between_trials
 
-from conftest import MNIST1D_EXPERIMENT, between_trials
+from pipeline.records.tracking import Tag
 
 TEXTS = Path(__file__).resolve().parent / "fixtures" / "check_numerics"
 
@@ -122,7 +125,8 @@ def test_an_overflowing_gradient_norm_names_the_variable_and_its_layer_not_a_glo
     assert found.describe() == (
         "fold 0, epoch 1, step 7: the gradient norm, foldsweep's own check of each step (op L2Loss, node "
         "global_norm/L2Loss): the gradient of conv1d/kernel, a variable of layer conv1d (Conv1D), is the first whose "
-        "sum of squares is not finite")
+        "sum of squares is not finite"
+    )
 
 
 def test_the_gradient_norm_of_fold_1_names_fold_1s_variable():
@@ -141,15 +145,20 @@ def test_a_gradient_that_is_none_takes_no_place_in_the_norm():
     assert (found.variable, found.layer) == ("conv/bias", "conv (Conv1D)")
     assert found.layer in layer_texts(model)
     # The op's input, as the text shows it, is that gradient: conv's (scoped conv_1), of shape (8,).
-    assert 'Input tensor: Tensor("gradient_tape/spare_1/conv_1/Reshape_1:0", shape=(8,)' in \
-        (TEXTS / "none_gradient.txt").read_text()
+    assert (
+        'Input tensor: Tensor("gradient_tape/spare_1/conv_1/Reshape_1:0", shape=(8,)'
+        in (TEXTS / "none_gradient.txt").read_text()
+    )
 
 
-@pytest.mark.parametrize(("name", "node", "part", "layer"), [
-    # Fold 0's model has dense and dense_1; the graph scopes their calls dense_1 and dense_1_2.
-    ("forward", "mnist1d_cnn_1/dense_1_2/MatMul", "LAYER", "dense_1 (Dense)"),
-    ("backward", "gradient_tape/rooted_1/root_1/SqrtGrad", "LAYER_GRADIENT", "root (Lambda)"),
-])
+@pytest.mark.parametrize(
+    ("name", "node", "part", "layer"),
+    [
+        # Fold 0's model has dense and dense_1; the graph scopes their calls dense_1 and dense_1_2.
+        ("forward", "mnist1d_cnn_1/dense_1_2/MatMul", "LAYER", "dense_1 (Dense)"),
+        ("backward", "gradient_tape/rooted_1/root_1/SqrtGrad", "LAYER_GRADIENT", "root (Lambda)"),
+    ],
+)
 def test_an_op_of_the_model_is_placed_in_its_layer(name, node, part, layer):
     from pipeline.rerun import NumericsPart
 
@@ -201,16 +210,34 @@ def test_the_fold_engine_keeps_the_variables_its_gradient_norm_adds_up():
     model = fold_models(CASES["none_gradient"])[0]
     x = np.random.default_rng(0).normal(size=(24, 40, 1)).astype(np.float32)
     y = np.arange(24, dtype=np.int32) % 10
-    engine = FoldEngine(model, keras.optimizers.SGD(), resident_data("numerics-test", x, y),
-                        Fold(train=np.arange(16), val=np.arange(16, 24)),
-                        plan=TrialPlan(jit_compile=False, steps_per_launch=1, layout="sequential", reason="",
-                                       threads=ThreadPlan(0, 0), device="/CPU:0"),
-                        recipe=TrainingRecipe(), params=TrainingParams(batch_size=8, learning_rate=0.01, optimizer="sgd"),
-                        loss=TrainingLoss(keras.losses.sparse_categorical_crossentropy), seed=0)
+    engine = FoldEngine(
+        model,
+        keras.optimizers.SGD(),
+        resident_data("numerics-test", x, y),
+        Fold(train=np.arange(16), val=np.arange(16, 24)),
+        plan=TrialPlan(
+            jit_compile=False,
+            steps_per_launch=1,
+            layout="sequential",
+            reason="",
+            threads=ThreadPlan(0, 0),
+            device="/CPU:0",
+        ),
+        recipe=TrainingRecipe(),
+        params=TrainingParams(batch_size=8, learning_rate=0.01, optimizer="sgd"),
+        loss=TrainingLoss(keras.losses.sparse_categorical_crossentropy),
+        seed=0,
+    )
     assert engine.norm_variables == []
     engine.train_epoch(0)
     assert [variable.path for variable in engine.norm_variables] == [
-        "conv/kernel", "conv/bias", "hidden/kernel", "hidden/bias", "head/kernel", "head/bias"]
+        "conv/kernel",
+        "conv/bias",
+        "hidden/kernel",
+        "hidden/bias",
+        "head/kernel",
+        "head/bias",
+    ]
     assert engine.stopped_call() is None
 
 
@@ -218,9 +245,13 @@ def test_a_rerun_sets_where_its_trial_went_nan_against_where_the_check_stopped()
     from pipeline.rerun import NumericsFinding, NumericsPart, recorded_nan_line
 
     found = NumericsFinding("L2Loss", "global_norm/L2Loss", NumericsPart.GRADIENT_NORM, fold=0, epoch=2, step=5)
-    source = "its tags foldsweep.nan_fold, nan_epoch, nan_step"
-    assert recorded_nan_line(found, {"nan_fold": "0", "nan_epoch": "2", "nan_step": "5"}) == \
-        f"the recorded trial went NaN at the same place (fold 0, epoch 2, step 5: {source})"
-    assert recorded_nan_line(found, {"nan_fold": "1", "nan_epoch": "2", "nan_step": "-1"}) == \
-        f"the recorded trial went NaN at fold 1, validation of epoch 2 ({source}), not where this run's check stopped"
+    source = f"its tags {Tag.of('nan_fold')}, nan_epoch, nan_step"
+    assert (
+        recorded_nan_line(found, {"nan_fold": "0", "nan_epoch": "2", "nan_step": "5"})
+        == f"the recorded trial went NaN at the same place (fold 0, epoch 2, step 5: {source})"
+    )
+    assert (
+        recorded_nan_line(found, {"nan_fold": "1", "nan_epoch": "2", "nan_step": "-1"})
+        == f"the recorded trial went NaN at fold 1, validation of epoch 2 ({source}), not where this run's check stopped"
+    )
     assert recorded_nan_line(found, {"status": "ok"}) == "the recorded trial did not go NaN"

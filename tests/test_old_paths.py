@@ -15,15 +15,40 @@ from pipeline.base.old_paths import OLD_NAMES, OLD_PATHS
 
 # What the engine's modules defined before #54 (at 31e017e), but training.METRIC_NAMES (dead, deleted).
 ENGINE_BEFORE_THE_LAYOUT_NAMES = {
-    "trial": ("CHECKPOINT_FILE", "LAST_REPORT_FILE", "TrialSettings", "Worker", "configure_tensorflow",
-              "use_compile_cache", "set_up_worker", "TrialRunner", "FoldTrainable", "surviving_checkpoint"),
-    "training": ("EVAL_BATCH_SIZE", "epoch_order", "fold_seed", "FoldSteps", "traced_once", "fold_steps",
-                 "launch_loop", "StoppedCall", "EpochTally", "tally_step", "CallTimer", "FoldEngine", "FoldExecutor",
-                 "SequentialFolds", "close_shared_epoch"),
+    "trial": (
+        "CHECKPOINT_FILE",
+        "LAST_REPORT_FILE",
+        "TrialSettings",
+        "Worker",
+        "configure_tensorflow",
+        "use_compile_cache",
+        "set_up_worker",
+        "TrialRunner",
+        "FoldTrainable",
+        "surviving_checkpoint",
+    ),
+    "training": (
+        "EVAL_BATCH_SIZE",
+        "epoch_order",
+        "fold_seed",
+        "FoldSteps",
+        "traced_once",
+        "fold_steps",
+        "launch_loop",
+        "StoppedCall",
+        "EpochTally",
+        "tally_step",
+        "CallTimer",
+        "FoldEngine",
+        "FoldExecutor",
+        "SequentialFolds",
+        "close_shared_epoch",
+    ),
     "fused": ("FusedFolds",),
 }
-OLD_ENGINE_PATHS = [f"{package}.{module}" for package in ("pipeline.engine", "pipeline")
-                    for module in ENGINE_BEFORE_THE_LAYOUT_NAMES]
+OLD_ENGINE_PATHS = [
+    f"{package}.{module}" for package in ("pipeline.engine", "pipeline") for module in ENGINE_BEFORE_THE_LAYOUT_NAMES
+]
 
 
 @pytest.mark.parametrize("path", OLD_ENGINE_PATHS)

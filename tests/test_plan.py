@@ -7,10 +7,23 @@ import json
 
 import pytest
 
-from pipeline.contract.plan import (GPU_UNROLL_MAX_BATCH, GPU_UNROLL_MIN_PLANNED_STEPS, STACK_MAX_BATCH,
-                                    UNROLL_MAX_BATCH, UNROLL_MIN_PLANNED_STEPS, UNROLLED_STEPS, XLA_MAX_BATCH_ON_CPU,
-                                    ExecutionChoices, ThreadPlan, TrialPlan, plan_differences, plan_threads,
-                                    plan_trial, replay_choices, shared_variable_count)
+from pipeline.contract.plan import (
+    GPU_UNROLL_MAX_BATCH,
+    GPU_UNROLL_MIN_PLANNED_STEPS,
+    STACK_MAX_BATCH,
+    UNROLL_MAX_BATCH,
+    UNROLL_MIN_PLANNED_STEPS,
+    UNROLLED_STEPS,
+    XLA_MAX_BATCH_ON_CPU,
+    ExecutionChoices,
+    ThreadPlan,
+    TrialPlan,
+    plan_differences,
+    plan_threads,
+    plan_trial,
+    replay_choices,
+    shared_variable_count,
+)
 
 
 class Layer:
@@ -44,8 +57,18 @@ ONE_THREAD, TWO_THREADS = ThreadPlan(intra_op=1, inter_op=1), ThreadPlan(intra_o
 SIZES = [300, 300, 300]
 
 
-def plan(choices=ExecutionChoices(), *, models=None, threads=ONE_THREAD, device=CPU, batch_size=8, epochs=2,
-         sizes=SIZES, blocker=None, tf32=False) -> TrialPlan:
+def plan(
+    choices=ExecutionChoices(),
+    *,
+    models=None,
+    threads=ONE_THREAD,
+    device=CPU,
+    batch_size=8,
+    epochs=2,
+    sizes=SIZES,
+    blocker=None,
+    tf32=False,
+) -> TrialPlan:
     asked = []
 
     def stacking_blocker(jit_compile, random_draws, convolutions):
@@ -54,48 +77,111 @@ def plan(choices=ExecutionChoices(), *, models=None, threads=ONE_THREAD, device=
         return blocker if jit_compile else "the step runs without XLA"
 
     models = models() if callable(models) else models
-    result = plan_trial(choices, models=models or [Model() for _ in sizes], threads=threads, device=device,
-                        batch_size=batch_size, train_sizes=sizes, planned_epochs=epochs,
-                        stacking_blocker=stacking_blocker, tf32=tf32)
+    result = plan_trial(
+        choices,
+        models=models or [Model() for _ in sizes],
+        threads=threads,
+        device=device,
+        batch_size=batch_size,
+        train_sizes=sizes,
+        planned_epochs=epochs,
+        stacking_blocker=stacking_blocker,
+        tf32=tf32,
+    )
     # The blocker runs the models (a forward check): asked only when stacking is wanted.
     assert len(asked) == (1 if result.layout == "stacked" or "not stacked" in result.reason else 0)
     return result
 
 
-@pytest.mark.parametrize("choices, overrides, layout, reason", [
-    (ExecutionChoices(), {}, "stacked", "fused: 3 folds in one execution, stacked into one XLA program per step"),
-    (ExecutionChoices(fused="on"), {}, "stacked",
-     "fused: 3 folds in one execution (train.fused is true), stacked into one XLA program per step"),
-    (ExecutionChoices(), {"threads": TWO_THREADS}, "side_by_side",
-     "fused: 3 folds in one execution, side by side (2 compute threads)"),
-    (ExecutionChoices(), {"batch_size": 64}, "side_by_side",
-     f"fused: 3 folds in one execution, side by side (batch 64: stacking pays up to batch {STACK_MAX_BATCH})"),
-    (ExecutionChoices(), {"blocker": "BatchNormalization layers have no stacked form"}, "side_by_side",
-     "fused: 3 folds in one execution, side by side (not stacked: BatchNormalization layers have no stacked form)"),
-    # Made when the test runs: a SeedGenerator made while collecting would start TensorFlow before
-    # the suite sizes its thread pools (conftest's pytest_collection_finish).
-    (ExecutionChoices(), {"models": lambda: [Model(RandomLayer()) for _ in SIZES]}, "side_by_side",
-     "fused: 3 folds in one execution, side by side (not stacked: the step runs without XLA)"),
-    (ExecutionChoices(), {"threads": TWO_THREADS, "sizes": [300] * 15}, "stacked",
-     "fused: 15 folds in one execution, stacked into one XLA program per step"),
-    (ExecutionChoices(), {"threads": TWO_THREADS, "sizes": [300] * 8}, "side_by_side",
-     "fused: 8 folds in one execution, side by side (2 compute threads)"),
-    (ExecutionChoices(), {"threads": TWO_THREADS, "sizes": [300] * 15, "batch_size": 64}, "side_by_side",
-     f"fused: 15 folds in one execution, side by side (batch 64: stacking pays up to batch {STACK_MAX_BATCH})"),
-    (ExecutionChoices(), {"threads": TWO_THREADS, "device": GPU}, "stacked",
-     "fused: 3 folds in one execution, stacked into one XLA program per step"),
-    (ExecutionChoices(layout="side_by_side"), {}, "side_by_side",
-     "fused: 3 folds in one execution, side by side (1 compute thread)"),
-    (ExecutionChoices(layout="stacked"), {"threads": TWO_THREADS, "batch_size": 256}, "stacked",
-     "fused: 3 folds in one execution, stacked into one XLA program per step"),
-    (ExecutionChoices(fused="off"), {}, "sequential", "unfused: train.fused is false"),
-    (ExecutionChoices(fused="on"), {"sizes": [300]}, "sequential", "unfused: one fold to train"),
-    (ExecutionChoices(fused="on", eager=True), {}, "sequential",
-     "unfused: eager execution (debugging) runs each fold op by op"),
-    (ExecutionChoices(fused="on", check_numerics=True), {}, "sequential",
-     "unfused: numeric checking runs the folds one after another, so that the first non-finite value is the same "
-     "in every run"),
-])
+@pytest.mark.parametrize(
+    "choices, overrides, layout, reason",
+    [
+        (ExecutionChoices(), {}, "stacked", "fused: 3 folds in one execution, stacked into one XLA program per step"),
+        (
+            ExecutionChoices(fused="on"),
+            {},
+            "stacked",
+            "fused: 3 folds in one execution (train.fused is true), stacked into one XLA program per step",
+        ),
+        (
+            ExecutionChoices(),
+            {"threads": TWO_THREADS},
+            "side_by_side",
+            "fused: 3 folds in one execution, side by side (2 compute threads)",
+        ),
+        (
+            ExecutionChoices(),
+            {"batch_size": 64},
+            "side_by_side",
+            f"fused: 3 folds in one execution, side by side (batch 64: stacking pays up to batch {STACK_MAX_BATCH})",
+        ),
+        (
+            ExecutionChoices(),
+            {"blocker": "BatchNormalization layers have no stacked form"},
+            "side_by_side",
+            "fused: 3 folds in one execution, side by side (not stacked: BatchNormalization layers have no stacked form)",
+        ),
+        # Made when the test runs: a SeedGenerator made while collecting would start TensorFlow before
+        # the suite sizes its thread pools (conftest's pytest_collection_finish).
+        (
+            ExecutionChoices(),
+            {"models": lambda: [Model(RandomLayer()) for _ in SIZES]},
+            "side_by_side",
+            "fused: 3 folds in one execution, side by side (not stacked: the step runs without XLA)",
+        ),
+        (
+            ExecutionChoices(),
+            {"threads": TWO_THREADS, "sizes": [300] * 15},
+            "stacked",
+            "fused: 15 folds in one execution, stacked into one XLA program per step",
+        ),
+        (
+            ExecutionChoices(),
+            {"threads": TWO_THREADS, "sizes": [300] * 8},
+            "side_by_side",
+            "fused: 8 folds in one execution, side by side (2 compute threads)",
+        ),
+        (
+            ExecutionChoices(),
+            {"threads": TWO_THREADS, "sizes": [300] * 15, "batch_size": 64},
+            "side_by_side",
+            f"fused: 15 folds in one execution, side by side (batch 64: stacking pays up to batch {STACK_MAX_BATCH})",
+        ),
+        (
+            ExecutionChoices(),
+            {"threads": TWO_THREADS, "device": GPU},
+            "stacked",
+            "fused: 3 folds in one execution, stacked into one XLA program per step",
+        ),
+        (
+            ExecutionChoices(layout="side_by_side"),
+            {},
+            "side_by_side",
+            "fused: 3 folds in one execution, side by side (1 compute thread)",
+        ),
+        (
+            ExecutionChoices(layout="stacked"),
+            {"threads": TWO_THREADS, "batch_size": 256},
+            "stacked",
+            "fused: 3 folds in one execution, stacked into one XLA program per step",
+        ),
+        (ExecutionChoices(fused="off"), {}, "sequential", "unfused: train.fused is false"),
+        (ExecutionChoices(fused="on"), {"sizes": [300]}, "sequential", "unfused: one fold to train"),
+        (
+            ExecutionChoices(fused="on", eager=True),
+            {},
+            "sequential",
+            "unfused: eager execution (debugging) runs each fold op by op",
+        ),
+        (
+            ExecutionChoices(fused="on", check_numerics=True),
+            {},
+            "sequential",
+            "unfused: numeric checking runs the folds one after another, so that the first non-finite value is the same "
+            "in every run",
+        ),
+    ],
+)
 def test_layout_decision_and_its_reason(choices, overrides, layout, reason):
     decided = plan(choices, **overrides)
     assert (decided.layout, decided.reason) == (layout, reason)
@@ -186,9 +272,13 @@ def test_a_plan_recorded_before_the_layouts_were_renamed_reads_its_unfused_layou
     sequential = plan(ExecutionChoices(fused="off"))
     recorded = TrialPlan.from_dict({**sequential.as_dict(), "layout": "unfused"})
     assert recorded == sequential and recorded.layout == "sequential" and not recorded.fused
-    assert replay_choices(recorded) == ExecutionChoices(jit_compile="on" if sequential.jit_compile else "off",
-                                                        fused="off", steps_per_launch=1, layout="auto",
-                                                        random_draws="auto")
+    assert replay_choices(recorded) == ExecutionChoices(
+        jit_compile="on" if sequential.jit_compile else "off",
+        fused="off",
+        steps_per_launch=1,
+        layout="auto",
+        random_draws="auto",
+    )
     assert plan_differences(recorded, sequential) == []
 
 

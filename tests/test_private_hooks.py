@@ -44,7 +44,8 @@ def test_a_ray_method_with_another_signature_is_refused(monkeypatch):
         f"foldsweep relies on ray {metadata.version('ray')}'s "
         "ray.tune.execution.tune_controller.TuneController._maybe_cache_trial_actor so that a worker that retires "
         "(max_trials_per_worker) ends with its trial instead of being reused, but "
-        "TuneController._maybe_cache_trial_actor no longer takes (self, trial)"]
+        "TuneController._maybe_cache_trial_actor no longer takes (self, trial)"
+    ]
 
 
 def test_an_mlflow_ui_without_the_shared_view_tag_is_named(monkeypatch, tmp_path):
@@ -73,7 +74,8 @@ def test_keras_keeping_loss_weights_elsewhere_is_named(monkeypatch):
     assert problems == [
         f"foldsweep relies on keras {metadata.version('keras')}'s model._compile_loss._user_loss_weights so that "
         "compile(loss_weights=...) is refused instead of silently trained unweighted, but a model compiled with "
-        "loss_weights=[0.5] no longer shows them as _compile_loss._user_loss_weights"]
+        "loss_weights=[0.5] no longer shows them as _compile_loss._user_loss_weights"
+    ]
 
 
 def test_tensorflow_refusing_a_second_definition_under_one_name_is_named(monkeypatch):
@@ -83,8 +85,10 @@ def test_tensorflow_refusing_a_second_definition_under_one_name_is_named(monkeyp
 
     monkeypatch.setattr(compile_cache, "GRADIENT_OP_TYPE", "_not_the_gradient_name")
     [problem] = broken_hooks(["tensorflow"])
-    assert problem.startswith(f"foldsweep relies on tensorflow {metadata.version('tensorflow')}'s "
-                              "atomic_function.from_func_graph(name, graph)")
+    assert problem.startswith(
+        f"foldsweep relies on tensorflow {metadata.version('tensorflow')}'s "
+        "atomic_function.from_func_graph(name, graph)"
+    )
     assert "two traces of one function are named __inference_" in problem and "not after their graph" in problem
 
 
@@ -93,8 +97,9 @@ def test_a_check_that_fails_itself_is_reported_not_raised(monkeypatch):
         raise TypeError("unexpected keyword argument")
 
     hook = HOOKS[0]
-    monkeypatch.setattr(private_hooks, "HOOKS", (type(hook)(hook.library, hook.place, hook.used_for, hook.names,
-                                                               failing),))
+    monkeypatch.setattr(
+        private_hooks, "HOOKS", (type(hook)(hook.library, hook.place, hook.used_for, hook.names, failing),)
+    )
     assert broken_hooks()[0].endswith("but checking it failed: TypeError: unexpected keyword argument")
 
 
@@ -107,16 +112,25 @@ def _private_names_used() -> dict[str, str]:
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 own.add(node.name)
-            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+            ):
                 own.add(node.attr)
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 own.add(node.target.id)
             if isinstance(node, ast.Attribute):
                 name = node.attr
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                  and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2
-                  and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr", "setattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+            ):
                 name = node.args[1].value
             else:
                 continue
@@ -136,13 +150,21 @@ def test_every_private_name_the_package_uses_is_guarded():
 def workspace(tmp_path):
     """A tiny spec, its data and experiment; returns the spec's path."""
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "data.npz", x=rng.normal(size=(40, 8, 1)).astype(np.float32),
-             y=(np.arange(40) % 2).astype(np.int32))
+    np.savez(
+        tmp_path / "data.npz", x=rng.normal(size=(40, 8, 1)).astype(np.float32), y=(np.arange(40) % 2).astype(np.int32)
+    )
     (tmp_path / "model.py").write_text(
-        "import keras\ndef build(hp):\n    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2, activation='softmax')])\n")
-    spec = {"name": "hooked", "experiment": "model.py", "dataset": "data.npz", "cv": {"n_splits": 2},
-            "search": {"space": {"batch_size": 8}}, "train": {"epochs": 1},
-            "tracking": {"uri": f"sqlite:///{tmp_path / 'store.db'}"}}
+        "import keras\ndef build(hp):\n    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2, activation='softmax')])\n"
+    )
+    spec = {
+        "name": "hooked",
+        "experiment": "model.py",
+        "dataset": "data.npz",
+        "cv": {"n_splits": 2},
+        "search": {"space": {"batch_size": 8}},
+        "train": {"epochs": 1},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'store.db'}"},
+    }
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
     return tmp_path / "spec.yaml"
 
@@ -169,9 +191,9 @@ def without_keras_hook(monkeypatch):
 
 
 @pytest.mark.parametrize("command, breaking", [("run", without_ray_hook), ("trial", without_keras_hook)])
-def test_a_command_with_a_hook_missing_exits_1_with_one_line_before_anything_starts(without_ray, threads_kept,
-                                                                                    monkeypatch, workspace, command,
-                                                                                    breaking):
+def test_a_command_with_a_hook_missing_exits_1_with_one_line_before_anything_starts(
+    without_ray, threads_kept, monkeypatch, workspace, command, breaking
+):
     import ray
 
     from pipeline.cli import app

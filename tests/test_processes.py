@@ -24,8 +24,9 @@ wait
 
 def start_tree(kind: str) -> tuple[subprocess.Popen, dict[str, int]]:
     """The leader and its children's pids by name (they print them in any order)."""
-    leader = subprocess.Popen(["bash", "-c", TREE, "tree", kind], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    leader = subprocess.Popen(
+        ["bash", "-c", TREE, "tree", kind], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     children = dict(leader.stdout.readline().split() for _ in range(3))
     return leader, {name: int(pid) for name, pid in children.items()}
 
@@ -61,7 +62,10 @@ def test_the_whole_tree_ends_by_sigterm_one_in_a_session_of_its_own_too(tree):
     found = descendants(leader.pid)
     assert sorted(process.pid for process in found) == sorted(children.values())
     assert {name: os.getsid(pid) == leader.pid for name, pid in children.items()} == {
-        "grouped": True, "own_session": False, "maybe_stubborn": True}
+        "grouped": True,
+        "own_session": False,
+        "maybe_stubborn": True,
+    }
 
     killed = stop_process_tree(leader.pid)
 

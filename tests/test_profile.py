@@ -13,10 +13,13 @@ def test_an_operation_is_named_without_its_instance_number_and_launches_are_no_o
     assert op_name("convolution.1", "", hlo=True) == "convolution"
     assert op_name("multiply_subtract_fusion.12", "", hlo=True) == "multiply_subtract_fusion"
     assert op_name("while_4/body/_463/GatherV2:GatherV2", "GatherV2", hlo=False) == "GatherV2"
-    assert op_name("while/StatefulPartitionedCall:StatefulPartitionedCall", "StatefulPartitionedCall",
-                   hlo=False) is None
-    assert op_name("__inference_train_steps_12:__inference_train_steps_12", "__inference_train_steps_12",
-                   hlo=False) is None
+    assert (
+        op_name("while/StatefulPartitionedCall:StatefulPartitionedCall", "StatefulPartitionedCall", hlo=False) is None
+    )
+    assert (
+        op_name("__inference_train_steps_12:__inference_train_steps_12", "__inference_train_steps_12", hlo=False)
+        is None
+    )
     assert op_name("ExecutorState::Process", "", hlo=False) is None
     assert op_name("end: convolution.1", "", hlo=False) is None
 
@@ -28,10 +31,15 @@ def thread(*events):
 
 # Two folds' steps: XLA's ops on the launching thread inside its executor's event, the other
 # fold's convolution on a pool thread, TensorFlow ops after them, and the region the trainer marks.
-MAIN = thread((TRAIN_REGION, None, 0, 100), ("ExecutorState::Process", None, 0, 100),
-              ("ThunkExecutor::Execute", None, 10, 50), ("convolution.1", "convolution", 12, 32),
-              ("dot.3", "dot", 34, 40), ("GatherV2", "GatherV2", 60, 65),
-              ("_MklNativeFusedConv2D", "_MklNativeFusedConv2D", 70, 80))
+MAIN = thread(
+    (TRAIN_REGION, None, 0, 100),
+    ("ExecutorState::Process", None, 0, 100),
+    ("ThunkExecutor::Execute", None, 10, 50),
+    ("convolution.1", "convolution", 12, 32),
+    ("dot.3", "dot", 34, 40),
+    ("GatherV2", "GatherV2", 60, 65),
+    ("_MklNativeFusedConv2D", "_MklNativeFusedConv2D", 70, 80),
+)
 POOL = thread(("convolution", "convolution", 20, 30))
 
 

@@ -18,8 +18,15 @@ from pipeline.records.tracking import TrialRecord
 def record(trial: str, status: TrialStatus, *, selected: float, last: float, epoch: int = 1) -> TrialRecord:
     """A recorded trial scored ``selected`` at its selected ``epoch``, ``last`` at its last."""
     metrics = {"mean_val_loss": last, "selected_mean_val_loss": selected, "best_epoch": float(epoch)}
-    return TrialRecord(run_id=f"{trial}{'0' * 31}", run_name=f"trial-{trial}", trial_id=f"x_{trial}", state="FINISHED",
-                       status=status, params={}, metrics=metrics)
+    return TrialRecord(
+        run_id=f"{trial}{'0' * 31}",
+        run_name=f"trial-{trial}",
+        trial_id=f"x_{trial}",
+        state="FINISHED",
+        status=status,
+        params={},
+        metrics=metrics,
+    )
 
 
 def test_eta_is_the_epochs_left_at_the_rate_so_far():
@@ -60,11 +67,13 @@ def test_a_resumed_sweep_counts_the_trials_it_ended_before():
 def test_the_live_best_is_the_leaderboards_best_after_every_ended_trial():
     """Its score at its selected epoch, never its last epoch's, and never a NaN or pruned trial's."""
     objective = Objective("loss", "min")
-    ended = [record("00000", TrialStatus.OK, selected=0.30, last=0.45, epoch=3),
-             record("00001", TrialStatus.OK, selected=0.35, last=0.36, epoch=8),  # better last epoch, worse selected
-             record("00002", TrialStatus.NAN, selected=1e6, last=1e6),
-             record("00003", TrialStatus.PRUNED, selected=0.10, last=0.10),
-             record("00004", TrialStatus.OK, selected=0.20, last=0.50, epoch=2)]
+    ended = [
+        record("00000", TrialStatus.OK, selected=0.30, last=0.45, epoch=3),
+        record("00001", TrialStatus.OK, selected=0.35, last=0.36, epoch=8),  # better last epoch, worse selected
+        record("00002", TrialStatus.NAN, selected=1e6, last=1e6),
+        record("00003", TrialStatus.PRUNED, selected=0.10, last=0.10),
+        record("00004", TrialStatus.OK, selected=0.20, last=0.50, epoch=2),
+    ]
     progress = SweepProgress(objective, trials_planned=5, epochs_per_trial=8)
     for count, trial in enumerate(ended, start=1):
         progress.recorded(trial)

@@ -11,14 +11,17 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from conftest import RECORDED_SPACE
+from helpers import Replace, free_port
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import RECORDED_SPACE, Replace, free_port
+from pipeline.base.environment import LOCK_HASH_TAG, LOCK_MATCHES_TAG, VERSION_TAG_PREFIX
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
-from pipeline.records.plots import PLOTS
 from pipeline.inputs.spec import DatasetSpec
+from pipeline.records.plots import PLOTS
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -30,15 +33,15 @@ def test_a_diverging_trial_is_recorded_as_nan_and_the_sweep_completes(recorded_s
     by_config = {(run.data.params["learning_rate"], run.data.params["clipping"]): run for run in trials}
     nan_trial = by_config[("50.0", "none")]
     assert nan_trial.info.status == "FAILED"
-    assert nan_trial.data.tags["foldsweep.status"] == "nan"
+    assert nan_trial.data.tags[Tag.STATUS] == "nan"
     assert nan_trial.data.metrics["nan_failures"] >= 1
-    assert nan_trial.data.tags["foldsweep.nan_fold"] in {"0", "1"}
-    assert nan_trial.data.tags["foldsweep.nan_epoch"] == "1"
-    assert int(nan_trial.data.tags["foldsweep.nan_step"]) >= 0
+    assert nan_trial.data.tags[Tag.of("nan_fold")] in {"0", "1"}
+    assert nan_trial.data.tags[Tag.of("nan_epoch")] == "1"
+    assert int(nan_trial.data.tags[Tag.of("nan_step")]) >= 0
     for key in ("nan_last_finite_loss", "nan_grad_norm"):
-        assert math.isfinite(float(nan_trial.data.tags[f"foldsweep.{key}"]))
+        assert math.isfinite(float(nan_trial.data.tags[Tag.of(key)]))
     for config in [("0.01", "none"), ("0.01", "global_norm"), ("50.0", "global_norm")]:
-        assert by_config[config].info.status == "FINISHED" and by_config[config].data.tags["foldsweep.status"] == "ok"
+        assert by_config[config].info.status == "FINISHED" and by_config[config].data.tags[Tag.STATUS] == "ok"
     # What the scheduler and searcher saw is finite for every trial, the NaN one included.
     assert all(math.isfinite(run.data.metrics["mean_val_accuracy"]) for run in trials)
     assert parent.data.metrics["n_nan"] == 1 and parent.data.metrics["n_failed"] == 0
@@ -48,14 +51,14 @@ def test_a_diverging_trial_is_recorded_as_nan_and_the_sweep_completes(recorded_s
 def test_the_trial_record_has_history_summary_and_system_info(recorded_sweep):
     directory = recorded_sweep.directory
     client, _, trials = recorded_sweep.runs()
-    run = next(run for run in trials if run.data.tags["foldsweep.status"] == "ok")
+    run = next(run for run in trials if run.data.tags[Tag.STATUS] == "ok")
     assert {"history.csv", "model_summary.txt"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
     history = list(csv.DictReader(open(client.download_artifacts(run.info.run_id, "history.csv", str(directory)))))
     assert [row["epoch"] for row in history] == ["1", "2"]
     assert float(history[1]["mean_val_accuracy"]) == pytest.approx(run.data.metrics["mean_val_accuracy"])
     for tag in ("tensorflow_version", "keras_version", "ray_version", "device"):
-        assert run.data.tags[f"foldsweep.{tag}"]
-    assert run.data.tags["foldsweep.tensorflow_version"] == __import__("tensorflow").__version__
+        assert run.data.tags[Tag.of(tag)]
+    assert run.data.tags[Tag.of("tensorflow_version")] == __import__("tensorflow").__version__
     for metric in ("train_samples_per_s", "compile_s", "eval_samples_per_s", "trial_wall_s", "mean_train_loss"):
         assert metric in run.data.metrics
 
@@ -78,14 +81,14 @@ def test_each_trial_accounts_for_its_wall_clock(recorded_sweep):
         assert metrics["setup_s"] > 0 and metrics["train_s"] > 0 and metrics["eval_s"] > 0
         # Compiling is told apart from training once a second epoch ran in every fold (in the
         # NaN trial a fold stopped in its first: there its compiling is counted in train_s).
-        if run.data.tags["foldsweep.status"] == "ok":
+        if run.data.tags[Tag.STATUS] == "ok":
             assert metrics["compile_s"] > 0
         gaps = {metric.step: metric.value for metric in client.get_metric_history(run_id, "epoch_gap_s")}
         assert sorted(gaps) == epochs[1:] and all(gap > 0 for gap in gaps.values())
         assert metrics["gap_s"] == pytest.approx(sum(gaps.values()))
     # A worker's first trial starts it: loading foldsweep and TensorFlow, placing the data.
-    first = [run.data.metrics["setup_s"] for run in trials if run.data.tags["foldsweep.worker_trials"] == "1"]
-    later = [run.data.metrics["setup_s"] for run in trials if run.data.tags["foldsweep.worker_trials"] != "1"]
+    first = [run.data.metrics["setup_s"] for run in trials if run.data.tags[Tag.of("worker_trials")] == "1"]
+    later = [run.data.metrics["setup_s"] for run in trials if run.data.tags[Tag.of("worker_trials")] != "1"]
     assert first and later and min(first) > max(later)
     records = Tracker(recorded_sweep.uri).trial_records(parent.info.run_id)
     rows = account_rows(records)
@@ -107,7 +110,8 @@ def test_the_sweep_accounts_for_its_wall_clock_and_prints_its_fixed_cost(recorde
     longest = max(run.data.metrics["trial_wall_s"] - run.data.metrics["setup_s"] for run in trials)
     assert metrics["sweep_training_s"] >= longest * 0.95
     assert metrics["sweep_fixed_s"] == pytest.approx(
-        metrics["sweep_startup_s"] + metrics["sweep_idle_s"] + metrics["sweep_finish_s"])
+        metrics["sweep_startup_s"] + metrics["sweep_idle_s"] + metrics["sweep_finish_s"]
+    )
     assert f"fixed cost {metrics['sweep_fixed_s']:.1f} s" in recorded_sweep.output
 
 
@@ -123,52 +127,71 @@ def test_the_parent_run_holds_cv_results_plots_and_a_ranking(recorded_sweep):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "cv_results.csv", str(directory)))))
     assert len(rows) == 4
-    for column in ("param_batch_size", "param_clipping", "split0_val_accuracy", "split1_val_accuracy",
-                   "mean_val_accuracy", "std_val_accuracy", "rank_val_accuracy", "status", "train_samples_per_s"):
+    for column in (
+        "param_batch_size",
+        "param_clipping",
+        "split0_val_accuracy",
+        "split1_val_accuracy",
+        "mean_val_accuracy",
+        "std_val_accuracy",
+        "rank_val_accuracy",
+        "status",
+        "train_samples_per_s",
+    ):
         assert column in rows[0]
     ranked = sorted((row for row in rows if row["status"] == "ok"), key=lambda row: int(row["rank_val_accuracy"]))
     assert [int(row["rank_val_accuracy"]) for row in ranked] == [1, 2, 3]
     assert float(ranked[0]["mean_val_accuracy"]) >= float(ranked[-1]["mean_val_accuracy"])
     assert next(row for row in rows if row["status"] == "nan")["rank_val_accuracy"] == ""
     best = next(run for run in trials if run.info.run_id == ranked[0]["run_id"])
-    assert parent.data.tags["foldsweep.best_run_id"] == best.info.run_id
+    assert parent.data.tags[Tag.BEST_RUN_ID] == best.info.run_id
     assert parent.data.metrics["best_mean_val_accuracy"] == pytest.approx(best.data.metrics["mean_val_accuracy"])
-    nan_rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "nan_summary.csv", str(directory)))))
-    assert {(row["clipping"], row["trials"], row["nan"]) for row in nan_rows} == {("none", "2", "1"), ("global_norm", "2", "0")}
+    nan_rows = list(
+        csv.DictReader(open(client.download_artifacts(parent.info.run_id, "nan_summary.csv", str(directory))))
+    )
+    assert {(row["clipping"], row["trials"], row["nan"]) for row in nan_rows} == {
+        ("none", "2", "1"),
+        ("global_norm", "2", "0"),
+    }
 
 
 def test_the_sweep_describes_itself_in_mlflow(recorded_sweep):
     client, parent, trials = recorded_sweep.runs()
     note = parent.data.tags["mlflow.note.content"]
     leaderboard = note.split("### NaN failures")[0]
-    ranked_rows = [line for line in leaderboard.splitlines() if line.startswith("| ")
-                   and line.split("|")[1].strip().isdigit()]
-    scores = {run.info.run_id: run.data.metrics.get("mean_val_accuracy") for run in trials
-              if run.data.tags["foldsweep.status"] == "ok"}
+    ranked_rows = [
+        line for line in leaderboard.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()
+    ]
+    scores = {
+        run.info.run_id: run.data.metrics.get("mean_val_accuracy")
+        for run in trials
+        if run.data.tags[Tag.STATUS] == "ok"
+    }
     best = max(scores, key=scores.get)
     best_run = next(run for run in trials if run.info.run_id == best)
-    label = f"trial-{best_run.data.tags['foldsweep.trial_id'].rsplit('_', 1)[-1]}"
+    label = f"trial-{best_run.data.tags[Tag.TRIAL_ID].rsplit('_', 1)[-1]}"
     assert ranked_rows[0].split("|")[2].strip() == f"{label} ({best[:8]})", "the best trial first"
     assert len(ranked_rows) == len(scores)
     assert f"foldsweep rerun {best[:8]} --tracking-uri {recorded_sweep.uri}" in note
     assert "### NaN failures by batch size and clipping" in note and "| 8 | none | 2 | 1 |" in note
     assert "test_accuracy" in note  # the refit's score
     assert client.get_run(best_run.info.run_id).data.tags["mlflow.note.content"].startswith("Rank **1** of 3")
-    nan_trial = next(run for run in trials if run.data.tags["foldsweep.status"] == "nan")
+    nan_trial = next(run for run in trials if run.data.tags[Tag.STATUS] == "nan")
     assert client.get_run(nan_trial.info.run_id).data.tags["mlflow.note.content"].startswith("Not ranked: status nan")
 
 
 def test_the_new_plots_draw_every_trial(recorded_sweep):
-    from pipeline.records.plots import learning_curve_data, parallel_coordinates_data
     from pipeline.inputs.spec import Objective
+    from pipeline.records.plots import learning_curve_data, parallel_coordinates_data
     from pipeline.records.tracking import Tracker
 
     tracker = Tracker(recorded_sweep.uri)
     _, parent, trials = recorded_sweep.runs()
     records = tracker.trial_records(parent.info.run_id)
     objective = Objective("accuracy", "max")
-    curves = learning_curve_data(records, objective, tracker.metric_histories([r.run_id for r in records],
-                                                                               objective.key))
+    curves = learning_curve_data(
+        records, objective, tracker.metric_histories([r.run_id for r in records], objective.key)
+    )
     assert len(curves) == 4 and sorted(curve.rank for curve in curves) == [0, 1, 2, 3]
     assert [curve.nan_at for curve in curves if curve.rank == 0] == [1]  # the NaN trial, marked where it stopped
     assert all(len(curve.epochs) == 2 for curve in curves if curve.rank)
@@ -218,15 +241,18 @@ def test_every_title_and_label_of_every_plot_lies_inside_its_figure(recorded_swe
         # What is drawn (titles, labels, the values beside each axis), in inches: within the figure.
         drawn = figure.get_tightbbox(figure.canvas.get_renderer())
         width, height = figure.get_size_inches()
-        assert drawn.x0 >= -0.01 and drawn.y0 >= -0.01 and drawn.x1 <= width + 0.01 and drawn.y1 <= height + 0.01, \
-            (name, drawn, (width, height))
+        assert drawn.x0 >= -0.01 and drawn.y0 >= -0.01 and drawn.x1 <= width + 0.01 and drawn.y1 <= height + 0.01, (
+            name,
+            drawn,
+            (width, height),
+        )
         plt.close(figure)
 
 
 def test_refit_scores_the_best_config_on_the_held_out_test_split(recorded_sweep):
     directory = recorded_sweep.directory
     client, parent, _ = recorded_sweep.runs()
-    assert parent.data.tags["foldsweep.refit_of"] == parent.data.tags["foldsweep.best_run_id"]
+    assert parent.data.tags[Tag.REFIT_OF] == parent.data.tags[Tag.BEST_RUN_ID]
     model = keras.models.load_model(client.download_artifacts(parent.info.run_id, "refit_model.keras", str(directory)))
     data = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
     accuracy = float(np.mean(np.argmax(model.predict(data.x_test, verbose=0), axis=-1) == data.y_test))
@@ -254,26 +280,41 @@ def test_report_prints_the_tables_and_refreshes_the_plots(recorded_sweep):
     assert not_sweep.exit_code == 2 and "is not a foldsweep sweep" in not_sweep.output
 
 
-def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(ray_cluster, tmp_path, write_spec, empty_store,
-                                                                          monkeypatch):
+def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(
+    ray_cluster, tmp_path, write_spec, empty_store, monkeypatch
+):
     """Also Optuna's define-by-run space end to end: a clip threshold only where clipping is on."""
     monkeypatch.chdir(tmp_path)
-    space = {**RECORDED_SPACE, "learning_rate": {"choice": [0.01, 50.0]},
-             "clipping": {"choice": ["none", "global_norm"]}, "clip_threshold": {"loguniform": [0.1, 10.0]}}
-    spec = write_spec({"name": "optuna-nan", "train": {"refit": False, "epochs": 3},
-                       "search": {"algorithm": "optuna", "num_samples": 4, "seed": 2, "scheduler": "asha",
-                                  "space": Replace(space)}})
+    space = {
+        **RECORDED_SPACE,
+        "learning_rate": {"choice": [0.01, 50.0]},
+        "clipping": {"choice": ["none", "global_norm"]},
+        "clip_threshold": {"loguniform": [0.1, 10.0]},
+    }
+    spec = write_spec(
+        {
+            "name": "optuna-nan",
+            "train": {"refit": False, "epochs": 3},
+            "search": {
+                "algorithm": "optuna",
+                "num_samples": 4,
+                "seed": 2,
+                "scheduler": "asha",
+                "space": Replace(space),
+            },
+        }
+    )
 
     result = CliRunner().invoke(app, ["run", str(spec)])
 
     assert result.exit_code == 0, result.output
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("optuna-nan").experiment_id])
-    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
-    trials = [run for run in runs if run.data.tags["foldsweep.role"] == "trial"]
+    parent = next(run for run in runs if run.data.tags[Tag.ROLE] == "sweep")
+    trials = [run for run in runs if run.data.tags[Tag.ROLE] == "trial"]
     assert len(trials) == 4
-    assert "nan" in {run.data.tags["foldsweep.status"] for run in trials}
-    assert {run.data.tags["foldsweep.status"] for run in trials} <= {"ok", "pruned", "nan"}
+    assert "nan" in {run.data.tags[Tag.STATUS] for run in trials}
+    assert {run.data.tags[Tag.STATUS] for run in trials} <= {"ok", "pruned", "nan"}
     assert {run.data.params["clipping"] for run in trials} == {"none", "global_norm"}
     for run in trials:
         assert ("clip_threshold" in run.data.params) == (run.data.params["clipping"] != "none")
@@ -283,17 +324,30 @@ def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(ray_cl
 
 
 WINDOW_SIZE = (1600, 1000)
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--virtual-time-budget=30000", f"--window-size={WINDOW_SIZE[0]},{WINDOW_SIZE[1]}"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--virtual-time-budget=30000",
+    f"--window-size={WINDOW_SIZE[0]},{WINDOW_SIZE[1]}",
+]
 
 
 def rendered(chromium: str, url: str, profile: Path) -> str:
     """The page's DOM after its scripts ran, from headless Chromium."""
     import subprocess
 
-    completed = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
-                               capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return completed.stdout
 
 
@@ -316,7 +370,7 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_pat
     import subprocess
     import sys
 
-    from conftest import answers
+    from helpers import answers
 
     chromium = shutil.which("chromium")
     if chromium is None:
@@ -325,8 +379,15 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_pat
         pytest.skip("chromium is not installed; `make test` installs it")
     client, parent, trials = recorded_sweep.runs()
     port = free_port()
-    command = [str(Path(sys.executable).parent / "foldsweep"), "ui", "diverging", "--tracking-uri",
-               recorded_sweep.uri, "--port", str(port)]
+    command = [
+        str(Path(sys.executable).parent / "foldsweep"),
+        "ui",
+        "diverging",
+        "--tracking-uri",
+        recorded_sweep.uri,
+        "--port",
+        str(port),
+    ]
     ui = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         printed = ui.stdout.readline()
@@ -340,20 +401,38 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_pat
             assert run.info.run_name in visible
         assert "mean_val_accuracy" in visible and "Model training" in visible
         assert re.search(rf"\b{len(trials)}\s+matching runs", visible), "the trials, flat, without the parent"
-        ok_scores = sorted(((run.data.metrics["mean_val_accuracy"], run.info.run_name) for run in trials
-                            if run.data.tags["foldsweep.status"] == "ok"), reverse=True)
+        ok_scores = sorted(
+            (
+                (run.data.metrics["mean_val_accuracy"], run.info.run_name)
+                for run in trials
+                if run.data.tags[Tag.STATUS] == "ok"
+            ),
+            reverse=True,
+        )
         positions = [visible.index(name) for _, name in ok_scores]
         assert positions == sorted(positions), "best first"
         screenshot = tmp_path / "sweep_in_the_ui.png"
-        shot = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'shot-profile'}",
-                               f"--screenshot={screenshot}", address], capture_output=True, timeout=120)
+        shot = subprocess.run(
+            [
+                chromium,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={tmp_path / 'shot-profile'}",
+                f"--screenshot={screenshot}",
+                address,
+            ],
+            capture_output=True,
+            timeout=120,
+        )
         assert shot.returncode == 0, shot.stderr
         assert_drawn_page(screenshot)
-        nan_trial = next(run for run in trials if run.data.tags["foldsweep.status"] == "nan")
-        trial_page = rendered(chromium, f"http://127.0.0.1:{port}/#/experiments/{parent.info.experiment_id}/runs/"
-                                        f"{nan_trial.info.run_id}", tmp_path / "profile2")
+        nan_trial = next(run for run in trials if run.data.tags[Tag.STATUS] == "nan")
+        trial_page = rendered(
+            chromium,
+            f"http://127.0.0.1:{port}/#/experiments/{parent.info.experiment_id}/runs/{nan_trial.info.run_id}",
+            tmp_path / "profile2",
+        )
         assert nan_trial.info.run_name in trial_page
-        for text in ("mean_val_accuracy", "nan_failures", "foldsweep.status", "foldsweep.nan_epoch"):
+        for text in ("mean_val_accuracy", "nan_failures", Tag.STATUS, Tag.of("nan_epoch")):
             assert text in trial_page
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
@@ -369,13 +448,13 @@ def test_the_sweep_records_the_environment_it_ran_in_and_report_prints_it(record
     _, parent, _ = recorded_sweep.runs()
     tags = parent.data.tags
     lock = Path(__file__).resolve().parents[1] / "uv.lock"
-    assert tags["foldsweep.lock_hash"] == "sha256:" + hashlib.sha256(lock.read_bytes()).hexdigest()
-    assert tags["foldsweep.lock_matches"] == "true"
+    assert tags[LOCK_HASH_TAG] == "sha256:" + hashlib.sha256(lock.read_bytes()).hexdigest()
+    assert tags[LOCK_MATCHES_TAG] == "true"
     names = direct_dependencies()
     assert {"tensorflow", "keras", "ray", "mlflow", "scikit-learn", "keras-tuner"} <= set(names)
     for name in names:
-        assert tags[f"foldsweep.version.{name}"] == metadata.version(name)
+        assert tags[f"{VERSION_TAG_PREFIX}{name}"] == metadata.version(name)
     result = CliRunner().invoke(app, ["report", "--tracking-uri", recorded_sweep.uri])
     output = " ".join(result.output.split())
-    assert f"environment: lock {tags['foldsweep.lock_hash']} (installed versions match it: true)" in output
+    assert f"environment: lock {tags[LOCK_HASH_TAG]} (installed versions match it: true)" in output
     assert f"tensorflow {metadata.version('tensorflow')}" in output and f"ray {metadata.version('ray')}" in output

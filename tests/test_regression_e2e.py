@@ -9,13 +9,14 @@ import csv
 
 import numpy as np
 import pytest
+from helpers import assert_rerun_reproduces, binary_data, run_learning_rate_grid, seed_store
 
-from conftest import binary_data, foldsweep, run_learning_rate_grid, seed_store
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
 EPOCHS = 2
-MODEL = '''
+MODEL = """
 import keras
 
 
@@ -24,7 +25,7 @@ def build(hp):
                               keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse", metrics=["mae"])
     return model
-'''
+"""
 
 
 def regression_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -40,11 +41,19 @@ def regression_sweep(ray_cluster, tmp_path_factory):
     np.savez(directory / "bumps.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (directory / "bumps.py").write_text(MODEL)
     store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
-    output, client, parent, by_rate = run_learning_rate_grid(directory, store, {
-        "name": "bumps", "experiment": "bumps.py", "dataset": "bumps.npz",
-        "cv": {"splitter": "kfold", "n_splits": 3, "seed": 0},
-        "search": {"algorithm": "grid", "space": {"learning_rate": {"grid": [0.01, 0.0001]}, "batch_size": 16}},
-        "train": {"epochs": EPOCHS, "seed": 0, "metric": "mae"}, "resources": {"cpu": 1, "max_concurrent": 1}})
+    output, client, parent, by_rate = run_learning_rate_grid(
+        directory,
+        store,
+        {
+            "name": "bumps",
+            "experiment": "bumps.py",
+            "dataset": "bumps.npz",
+            "cv": {"splitter": "kfold", "n_splits": 3, "seed": 0},
+            "search": {"algorithm": "grid", "space": {"learning_rate": {"grid": [0.01, 0.0001]}, "batch_size": 16}},
+            "train": {"epochs": EPOCHS, "seed": 0, "metric": "mae"},
+            "resources": {"cpu": 1, "max_concurrent": 1},
+        },
+    )
     return directory, store, output, client, parent, by_rate
 
 
@@ -53,15 +62,16 @@ def test_a_regression_sweep_is_ranked_by_its_compiled_mae_lower_first(regression
     fast, slow = by_rate[0.01], by_rate[0.0001]
     assert parent.data.params["train.mode"] == "min"
     assert fast.data.metrics["selected_mean_val_mae"] < slow.data.metrics["selected_mean_val_mae"]
-    assert parent.data.tags["foldsweep.best_run_id"] == fast.info.run_id
+    assert parent.data.tags[Tag.BEST_RUN_ID] == fast.info.run_id
     assert "split0_val_accuracy" not in fast.data.metrics and "split0_val_mae" in fast.data.metrics
     rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "cv_results.csv", str(directory)))))
     ranks = {row["run_id"]: row["rank_val_mae"] for row in rows}
     assert ranks == {fast.info.run_id: "1", slow.info.run_id: "2"}
     assert "mean_val_accuracy" not in rows[0] and {"mean_val_loss", "std_val_mae", "split2_val_mae"} <= set(rows[0])
     # the leaderboard: best (lowest MAE) first
-    assert output.index(f"{fast.data.metrics['selected_mean_val_mae']:.4f}") < \
-        output.index(f"{slow.data.metrics['selected_mean_val_mae']:.4f}")
+    assert output.index(f"{fast.data.metrics['selected_mean_val_mae']:.4f}") < output.index(
+        f"{slow.data.metrics['selected_mean_val_mae']:.4f}"
+    )
 
 
 def test_the_refits_test_mae_is_what_the_saved_model_scores(regression_sweep):
@@ -77,13 +87,6 @@ def test_the_refits_test_mae_is_what_the_saved_model_scores(regression_sweep):
 
 def test_a_rerun_reproduces_the_recorded_mae_histories(regression_sweep):
     directory, store, _, client, _, by_rate = regression_sweep
-    original = by_rate[0.01]
-    ran = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
-    assert ran.exit_code == 0, ran.output
-    again = client.search_runs([original.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
-    for k in range(3):
-        key = f"split{k}_val_mae"
-        recorded = [m.value for m in sorted(client.get_metric_history(original.info.run_id, key), key=lambda m: m.step)]
-        rerun = [m.value for m in sorted(client.get_metric_history(again.info.run_id, key), key=lambda m: m.step)]
-        assert len(recorded) == EPOCHS and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key
+    assert_rerun_reproduces(
+        store, directory, client, by_rate[0.01], [f"split{k}_val_mae" for k in range(3)], epochs=EPOCHS
+    )

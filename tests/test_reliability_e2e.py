@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import REPO, TINY_SPEC, Replace, answers, free_port, merged, sweep_runs
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, Replace, answers, free_port, merged, sweep_runs
 from pipeline.base.processes import descendants, running, wait_until_ended
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -39,24 +40,32 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster,
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     scores = {}
     half_grid = {**GRID, "filters": 16}
-    for name, grid, resources in (("recycled", GRID, {"max_trials_per_worker": 2}),
-                                  ("budgeted", half_grid, {"max_worker_memory": 1}), ("kept", GRID, {})):
-        spec = write(tmp_path, name, search={"num_samples": 1, "space": Replace(grid)},
-                     train={"epochs": 1}, resources={"max_concurrent": 1, **resources})
+    for name, grid, resources in (
+        ("recycled", GRID, {"max_trials_per_worker": 2}),
+        ("budgeted", half_grid, {"max_worker_memory": 1}),
+        ("kept", GRID, {}),
+    ):
+        spec = write(
+            tmp_path,
+            name,
+            search={"num_samples": 1, "space": Replace(grid)},
+            train={"epochs": 1},
+            resources={"max_concurrent": 1, **resources},
+        )
         result = CliRunner().invoke(app, ["run", str(spec)])
         assert result.exit_code == 0, result.output
         _, _, trials = sweep_runs(uri, name)
         assert len(trials) == (2 if name == "budgeted" else 4) and all(run.info.status == "FINISHED" for run in trials)
-        assert not any("foldsweep.retries" in run.data.tags for run in trials)
+        assert not any(Tag.RETRIES in run.data.tags for run in trials)
         scores[name] = {(run.data.params["kernel_size"], run.data.params["filters"]): run for run in trials}
-        pids = [run.data.tags["foldsweep.pid"] for run in trials]
-        retired = [run.data.tags.get("foldsweep.worker_retires", "") for run in trials]
+        pids = [run.data.tags[Tag.of("pid")] for run in trials]
+        retired = [run.data.tags.get(Tag.of("worker_retires"), "") for run in trials]
         assert all(run.data.metrics["worker_maps"] > 0 and run.data.metrics["worker_rss_mb"] > 100 for run in trials)
         if name == "recycled":
             assert len(set(pids)) == 2, "a fresh worker process every two trials"
-            assert sorted(run.data.tags["foldsweep.worker_trials"] for run in trials) == ["1", "1", "2", "2"]
+            assert sorted(run.data.tags[Tag.of("worker_trials")] for run in trials) == ["1", "1", "2", "2"]
             # Each new process copied the data to its device once.
-            assert {run.data.tags["foldsweep.data_transfers"] for run in trials} == {"1"}
+            assert {run.data.tags[Tag.of("data_transfers")] for run in trials} == {"1"}
             assert sorted(retired) == ["", "", *["ran 2 trials (resources.max_trials_per_worker)"] * 2]
         elif name == "budgeted":
             assert len(set(pids)) == 2, "a fresh worker process after every trial"
@@ -67,11 +76,14 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster,
     for retiring in ("recycled", "budgeted"):
         for key, run in scores[retiring].items():
             assert run.data.metrics["mean_val_loss"] == pytest.approx(
-                scores["kept"][key].data.metrics["mean_val_loss"], rel=1e-6)
+                scores["kept"][key].data.metrics["mean_val_loss"], rel=1e-6
+            )
 
 
 @pytest.mark.parametrize("what", ["refit", "publish"])
-def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(ray_cluster, tmp_path, empty_store, monkeypatch, what):
+def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(
+    ray_cluster, tmp_path, empty_store, monkeypatch, what
+):
     import pipeline.records.publish
     import pipeline.refit
 
@@ -79,17 +91,18 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(ray_cluster, t
         raise RuntimeError(f"{what} broke")
 
     monkeypatch.setattr(pipeline.refit if what == "refit" else pipeline.records.publish, what, broken)
-    spec = write(tmp_path, what, search={"num_samples": 1, "space": {"kernel_size": 3}},
-                 train={"epochs": 1, "refit": True})
+    spec = write(
+        tmp_path, what, search={"num_samples": 1, "space": {"kernel_size": 3}}, train={"epochs": 1, "refit": True}
+    )
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 1, result.output
     assert "every trial ended and is recorded, but" in result.output and f"{what} broke" in result.output
     _, parent, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", what)
     assert trials and all(run.info.status == "FINISHED" for run in trials)
     if what == "refit":
-        assert parent.info.status == "FINISHED" and parent.data.tags["foldsweep.refit"].startswith("error: RuntimeError")
+        assert parent.info.status == "FINISHED" and parent.data.tags[Tag.REFIT].startswith("error: RuntimeError")
     else:
-        assert parent.info.status == "FAILED" and "publish broke" in parent.data.tags["foldsweep.error"]
+        assert parent.info.status == "FAILED" and "publish broke" in parent.data.tags[Tag.ERROR]
 
 
 def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(ray_cluster, tmp_path, empty_store, monkeypatch):
@@ -111,16 +124,22 @@ def test_eight_concurrent_trials_record_every_epoch_once(ray_cluster, tmp_path, 
     """About 30 s alone, up to 120 s beside the other pytest worker: eight worker processes start
     TensorFlow at once on two cores (a quarter of a CPU each, so that the session's Ray holds all
     eight)."""
-    spec = write(tmp_path, "eight", search={"num_samples": 8, "space": {
-        "kernel_size": 3, "learning_rate": {"loguniform": [1e-3, 1e-2]}}},  # eight configs: a sweep repeats none
-                 train={"epochs": 2, "jit_compile": False},
-                 resources={"cpu": 0.25, "max_concurrent": 8})
+    spec = write(
+        tmp_path,
+        "eight",
+        search={
+            "num_samples": 8,
+            "space": {"kernel_size": 3, "learning_rate": {"loguniform": [1e-3, 1e-2]}},
+        },  # eight configs: a sweep repeats none
+        train={"epochs": 2, "jit_compile": False},
+        resources={"cpu": 0.25, "max_concurrent": 8},
+    )
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 0, result.output
     assert "locked" not in result.output
     client, _, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "eight")
     assert len(trials) == 8 and all(run.info.status == "FINISHED" for run in trials)
-    assert len({run.data.tags["foldsweep.pid"] for run in trials}) == 8, "eight workers, all at once"
+    assert len({run.data.tags[Tag.of("pid")] for run in trials}) == 8, "eight workers, all at once"
     for run in trials:
         steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "mean_val_loss")]
         assert sorted(steps) == [1, 2]
@@ -130,13 +149,19 @@ def test_a_fresh_store_opened_by_a_second_process_at_once(ray_cluster, tmp_path,
     """The sweep in this process, the other opener in a process of its own: both open the store
     the moment the other one is ready to."""
     monkeypatch.chdir(tmp_path)
-    spec = write(tmp_path, "fresh", search={"num_samples": 1, "space": {"kernel_size": 3}},
-                 train={"epochs": 1})
+    spec = write(tmp_path, "fresh", search={"num_samples": 1, "space": {"kernel_size": 3}}, train={"epochs": 1})
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    poller = ("import sys, mlflow\nprint('ready', flush=True)\nclient = mlflow.MlflowClient(sys.argv[1])\n"
-              "for _ in range(20):\n    client.search_experiments()\n")
-    other = subprocess.Popen([sys.executable, "-c", poller, uri], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    poller = (
+        "import sys, mlflow\nprint('ready', flush=True)\nclient = mlflow.MlflowClient(sys.argv[1])\n"
+        "for _ in range(20):\n    client.search_experiments()\n"
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", poller, uri],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert other.stdout.readline().strip() == "ready"
         result = CliRunner().invoke(app, ["run", str(spec)])
@@ -151,10 +176,23 @@ def test_a_fresh_store_opened_by_a_second_process_at_once(ray_cluster, tmp_path,
 
 def test_sigterm_stops_the_ui_and_everything_it_started(tmp_path):
     port = free_port()
-    ui = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "ui", "--tracking-uri",
-                           f"sqlite:///{tmp_path / 'mlflow.db'}", "--port", str(port)], cwd=tmp_path,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    ui = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "ui",
+            "--tracking-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "--port",
+            str(port),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         printed = ui.stdout.readline()
         # The address the line gives opens at once: it is printed once the server answers.
@@ -196,13 +234,25 @@ def damaged_inputs(directory: Path) -> dict[str, tuple[Path, dict]]:
         "random-byte .npy": (directory / "random_npy" / "x.npy", {"dataset": str(directory / "random_npy")}),
         "non-UTF-8 spec": (directory / "latin1.yaml", {}),
         "binary spec": (directory / "binary.yaml", {}),
-        "experiment that is not Python": (directory / "not_python.py",
-                                          {"experiment": f"{directory / 'not_python.py'}:build"}),
+        "experiment that is not Python": (
+            directory / "not_python.py",
+            {"experiment": f"{directory / 'not_python.py'}:build"},
+        ),
     }
 
 
-@pytest.mark.parametrize("kind", ["truncated .npz", "random-byte .npz", "truncated .npy", "random-byte .npy",
-                                  "non-UTF-8 spec", "binary spec", "experiment that is not Python"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "truncated .npz",
+        "random-byte .npz",
+        "truncated .npy",
+        "random-byte .npy",
+        "non-UTF-8 spec",
+        "binary spec",
+        "experiment that is not Python",
+    ],
+)
 def test_damaged_input_is_bad_input_naming_the_file(tmp_path, write_spec, kind):
     damaged, overrides = damaged_inputs(tmp_path)[kind]
     spec = damaged if damaged.suffix == ".yaml" else write_spec(overrides)

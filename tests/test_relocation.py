@@ -27,8 +27,9 @@ def basic_variants(fresh: bool):
 
 
 def optuna_tpe(fresh: bool):
-    searcher = OptunaSearch(space={"learning_rate": optuna.distributions.FloatDistribution(1e-3, 1e-1)},
-                            metric="score", mode="max", seed=0)
+    searcher = OptunaSearch(
+        space={"learning_rate": optuna.distributions.FloatDistribution(1e-3, 1e-1)}, metric="score", mode="max", seed=0
+    )
     # Ray Tune's run wraps a Searcher so; movable does it itself on a resume.
     return searcher if fresh else SearchGenerator(ConcurrencyLimiter(searcher, max_concurrent=1))
 

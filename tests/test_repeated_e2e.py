@@ -9,14 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import MNIST1D_EXPERIMENT, history, seed_store, sweep_runs
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import MNIST1D_EXPERIMENT, seed_store, sweep_runs
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds, manifest_identity
 from pipeline.inputs.spec import DatasetSpec, load_spec
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -45,28 +46,42 @@ def grouped_repeated_sweep(ray_cluster, tmp_path_factory):
     np.savez(directory / "grouped.npz", x=mnist.x, y=mnist.y, groups=groups)
     uri = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
     spec = {
-        "name": "grouped-repeated", "experiment": f"{MNIST1D_EXPERIMENT}:build", "dataset": "grouped.npz",
+        "name": "grouped-repeated",
+        "experiment": f"{MNIST1D_EXPERIMENT}:build",
+        "dataset": "grouped.npz",
         "cv": {"splitter": "group", "n_splits": 3, "n_repeats": 2, "seed": 0},
         # Each learning rate twice, as two configs that train alike (a sweep never trains one config
         # twice): without clipping, and clipping gradients at a bound none reaches.
-        "search": {"num_samples": 1, "seed": 0, "space": {
-            "learning_rate": {"grid": [0.01, 1e-7]}, "clipping": {"grid": ["none", "value"]}, "clip_threshold": 1e9,
-            "batch_size": 16, "conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.0}},
+        "search": {
+            "num_samples": 1,
+            "seed": 0,
+            "space": {
+                "learning_rate": {"grid": [0.01, 1e-7]},
+                "clipping": {"grid": ["none", "value"]},
+                "clip_threshold": 1e9,
+                "batch_size": 16,
+                "conv_layers": 1,
+                "filters": 16,
+                "kernel_size": 3,
+                "dropout": 0.0,
+            },
+        },
         "train": {"epochs": 5, "metric": "accuracy", "mode": "max", "seed": 0},
-        "resources": {"cpu": 1, "max_concurrent": 1}, "tracking": {"uri": uri},
+        "resources": {"cpu": 1, "max_concurrent": 1},
+        "tracking": {"uri": uri},
     }
     path, output = run(spec, directory)
     return directory, uri, path, output
 
 
-def test_two_repeats_of_three_folds_give_six_replicas_each_sample_validated_twice_groups_whole(
-        grouped_repeated_sweep):
+def test_two_repeats_of_three_folds_give_six_replicas_each_sample_validated_twice_groups_whole(grouped_repeated_sweep):
     directory, uri, path, _ = grouped_repeated_sweep
     client, parent, trials = sweep_runs(uri, "grouped-repeated")
     assert len(trials) == 4 and parent.data.params["cv.n_repeats"] == "2"
     manifest = json.loads(artifact(client, parent.info.run_id, "fold_manifest.json", directory).read_text())
     assert [(f["fold"], f["repeat"], f["fold_in_repeat"]) for f in manifest["folds"]] == [
-        (j, j // 3, j % 3) for j in range(6)]
+        (j, j // 3, j % 3) for j in range(6)
+    ]
     spec = load_spec(Path(path))
     dataset = load_dataset(spec.resolved_dataset())
     folds = make_folds(spec.cv, dataset)
@@ -85,7 +100,8 @@ def test_two_repeats_of_three_folds_give_six_replicas_each_sample_validated_twic
         rows = list(csv.DictReader(handle))
     columns = list(rows[0])
     assert [c for c in columns if c.endswith("_val_accuracy") and c.startswith("split")] == [
-        f"split{j}_val_accuracy" for j in range(6)]
+        f"split{j}_val_accuracy" for j in range(6)
+    ]
     assert {"pvalue_vs_best", "tied_with_best", "best_epoch"} <= set(columns)
 
 
@@ -99,8 +115,7 @@ def test_configs_that_train_alike_are_tied_and_a_broken_learning_rate_is_signifi
     assert sorted(row["rank_val_accuracy"] for row in working) == ["1", "1"]  # equal scores share rank 1
     assert all(float(row["pvalue_vs_best"]) > 0.5 and row["tied_with_best"] == "True" for row in working)
     assert all(float(row["pvalue_vs_best"]) < 0.05 and row["tied_with_best"] == "False" for row in broken)
-    assert {run.data.tags["foldsweep.pvalue_vs_best"] for run in trials
-            if run.data.params["learning_rate"] == "0.01"} == {"1"}
+    assert {run.data.tags[Tag.PVALUE_VS_BEST] for run in trials if run.data.params["learning_rate"] == "0.01"} == {"1"}
     assert parent.data.metrics["n_tied_with_best"] == 1
     line = "1 of the 3 other ranked trials is statistically indistinguishable from the best"
     assert line in output.replace("\n", " ")
@@ -115,28 +130,36 @@ def test_configs_that_train_alike_are_tied_and_a_broken_learning_rate_is_signifi
 def overfitting_spec(directory: Path, select: str) -> dict:
     """80 training samples, 2 folds, 30 epochs of a wide CNN: the validation loss turns up early."""
     return {
-        "name": f"overfit-{select}", "experiment": f"{MNIST1D_EXPERIMENT}:build",
+        "name": f"overfit-{select}",
+        "experiment": f"{MNIST1D_EXPERIMENT}:build",
         "dataset": {"name": "mnist1d", "num_samples": 100},
         "cv": {"splitter": "stratified", "n_splits": 2, "seed": 0},
-        "search": {"algorithm": "grid", "num_samples": 1, "seed": 0, "space": {
-            "learning_rate": {"grid": [0.01, 0.003]}, "batch_size": 8, "conv_layers": 2, "filters": 64,
-            "kernel_size": 5, "dropout": 0.0}},
+        "search": {
+            "algorithm": "grid",
+            "num_samples": 1,
+            "seed": 0,
+            "space": {
+                "learning_rate": {"grid": [0.01, 0.003]},
+                "batch_size": 8,
+                "conv_layers": 2,
+                "filters": 64,
+                "kernel_size": 5,
+                "dropout": 0.0,
+            },
+        },
         "train": {"epochs": 30, "metric": "loss", "mode": "min", "seed": 0, "select": select},
         "resources": {"cpu": 1, "max_concurrent": 1},
         "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
     }
 
 
-def mean_val_loss_curve(client: MlflowClient, run_id: str) -> dict[int, float]:
-    return {metric.step: metric.value for metric in client.get_metric_history(run_id, "mean_val_loss")}
-
-
 def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_last_restores_the_old_ranking(
-        ray_cluster, tmp_path, empty_store):
+    ray_cluster, tmp_path, empty_store
+):
     uri = f"sqlite:///{empty_store}"
     _, output = run(overfitting_spec(tmp_path, "best_epoch"), tmp_path)
     client, parent, trials = sweep_runs(uri, "overfit-best_epoch")
-    curves = {trial.info.run_id: mean_val_loss_curve(client, trial.info.run_id) for trial in trials}
+    curves = {trial.info.run_id: history(uri, trial.info.run_id, "mean_val_loss") for trial in trials}
     for trial in trials:
         curve = curves[trial.info.run_id]
         best_epoch = int(trial.data.metrics["best_epoch"])
@@ -145,7 +168,7 @@ def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_l
         assert trial.data.metrics["selected_mean_val_loss"] == curve[best_epoch]
         assert trial.data.metrics["selected_mean_val_loss"] < trial.data.metrics["mean_val_loss"]  # the last epoch's
     best = min(trials, key=lambda trial: min(curves[trial.info.run_id].values()))
-    assert parent.data.tags["foldsweep.best_run_id"] == best.info.run_id
+    assert parent.data.tags[Tag.BEST_RUN_ID] == best.info.run_id
     assert parent.data.metrics["best_mean_val_loss"] == min(curves[best.info.run_id].values())
     assert parent.data.metrics["refit_epochs"] == best.data.metrics["best_epoch"]
     assert f"({int(best.data.metrics['best_epoch'])} epochs)" in output
@@ -154,35 +177,36 @@ def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_l
 
     _, output = run(overfitting_spec(tmp_path, "last"), tmp_path)
     client, parent, trials = sweep_runs(uri, "overfit-last")
-    last = {trial.info.run_id: mean_val_loss_curve(client, trial.info.run_id)[30] for trial in trials}
+    last = {trial.info.run_id: history(uri, trial.info.run_id, "mean_val_loss")[30] for trial in trials}
     assert all(trial.data.metrics["best_epoch"] == 30 for trial in trials)
     assert all(trial.data.metrics["selected_mean_val_loss"] == last[trial.info.run_id] for trial in trials)
     best_last = min(trials, key=lambda trial: last[trial.info.run_id])
-    assert parent.data.tags["foldsweep.best_run_id"] == best_last.info.run_id
+    assert parent.data.tags[Tag.BEST_RUN_ID] == best_last.info.run_id
     assert parent.data.metrics["refit_epochs"] == 30 and "(30 epochs)" in output
 
 
 def test_a_rerun_trains_every_replica_of_a_repeated_trial_and_reproduces_it(grouped_repeated_sweep, monkeypatch):
     """The refusal runs in this process (it ends before TensorFlow); the rerun in a fresh one,
     whose thread pools are the trial's, so that it reproduces the trial to rel 1e-6."""
-    from conftest import foldsweep
+    from helpers import foldsweep
 
     directory, uri, _, _ = grouped_repeated_sweep
     client, parent, trials = sweep_runs(uri, "grouped-repeated")
-    trial = client.get_run(parent.data.tags["foldsweep.best_run_id"])
+    trial = client.get_run(parent.data.tags[Tag.BEST_RUN_ID])
     monkeypatch.chdir(directory)
-    refused = CliRunner().invoke(app, ["rerun", trial.info.run_id, "--tracking-uri", uri, "--fold", "6"],
-                                 env={"COLUMNS": "250"})
+    refused = CliRunner().invoke(
+        app, ["rerun", trial.info.run_id, "--tracking-uri", uri, "--fold", "6"], env={"COLUMNS": "250"}
+    )
     assert refused.exit_code == 2
     assert "--fold must be between 0 and 5 (the sweep's trials train 6 folds (2 repeats x 3)), got 6" in refused.output
     ran = foldsweep("rerun", trial.info.run_id, "--tracking-uri", uri, cwd=directory)
     assert ran.exit_code == 0, ran.output
-    rerun = next(run for run in client.search_runs(
-        [parent.info.experiment_id], filter_string="tags.`foldsweep.role` = 'rerun'"))
+    rerun = next(
+        run for run in client.search_runs([parent.info.experiment_id], filter_string=f"tags.`{Tag.ROLE}` = 'rerun'")
+    )
     for j in range(6):
         key = f"split{j}_val_loss"
-        recorded = {m.step: m.value for m in client.get_metric_history(trial.info.run_id, key)}
-        again = {m.step: m.value for m in client.get_metric_history(rerun.info.run_id, key)}
+        recorded, again = history(uri, trial.info.run_id, key), history(uri, rerun.info.run_id, key)
         assert len(recorded) == 5 and again.keys() == recorded.keys()
         assert all(again[epoch] == pytest.approx(recorded[epoch], rel=1e-6) for epoch in recorded)
     assert rerun.data.metrics["best_epoch"] == trial.data.metrics["best_epoch"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import keras_tuner
 import pytest
+from helpers import Replace
 from typer.testing import CliRunner
 
-from conftest import Replace
 from pipeline.base.errors import InputError
 from pipeline.cli import app
 from pipeline.inputs.space import build_space
@@ -19,9 +19,9 @@ CLIP_SPACE = {"clipping": {"choice": ["none", "global_norm"]}, "clip_threshold":
 
 
 def test_set_values_are_read_as_a_spec_reads_numbers():
-    assert parse_assignments(["learning_rate=1e-3", "clip_threshold=1E-1", "dropout=.5", "batch_size=8",
-                              "optimizer=adam"]) == {
-        "learning_rate": 1e-3, "clip_threshold": 0.1, "dropout": 0.5, "batch_size": 8, "optimizer": "adam"}
+    assert parse_assignments(
+        ["learning_rate=1e-3", "clip_threshold=1E-1", "dropout=.5", "batch_size=8", "optimizer=adam"]
+    ) == {"learning_rate": 1e-3, "clip_threshold": 0.1, "dropout": 0.5, "batch_size": 8, "optimizer": "adam"}
     with pytest.raises(InputError, match="--set filters: the value must be a YAML scalar"):
         parse_assignments(["filters={8"])
 
@@ -42,13 +42,15 @@ def test_a_set_value_whose_condition_does_not_hold_is_left_out_with_a_note():
     from keras_tuner.src.engine import conditions
 
     layers = {"units_2": (conditions.Parent("num_layers", [3]),)}
-    left_out = inactive_overrides({"clipping": "none", "num_layers": 1}, {"clip_threshold": 1.0, "units_2": 16,
-                                                                          "num_layers": 1}, layers)
+    left_out = inactive_overrides(
+        {"clipping": "none", "num_layers": 1}, {"clip_threshold": 1.0, "units_2": 16, "num_layers": 1}, layers
+    )
     assert left_out == {
         "clip_threshold": "--set clip_threshold=1.0 is left out: clip_threshold only counts when clipping is 'norm', "
-                          "'value', 'global_norm', and this trial has clipping='none'",
+        "'value', 'global_norm', and this trial has clipping='none'",
         "units_2": "--set units_2=16 is left out: units_2 only counts when num_layers is 3, and this trial has "
-                   "num_layers=1"}
+        "num_layers=1",
+    }
     assert inactive_overrides({"clipping": "norm"}, {"clip_threshold": 1.0}, {}) == {}
 
 
@@ -56,8 +58,9 @@ def test_a_set_value_whose_condition_does_not_hold_is_left_out_with_a_note():
 def test_a_trial_without_clipping_runs_from_a_spec_that_searches_the_threshold(write_spec, threads_kept):
     spec = write_spec({"search": {"space": {**CLIP_SPACE, "kernel_size": 3}}})
     for extra in ([], ["--set", "clip_threshold=1.0"]):
-        result = CliRunner().invoke(app, ["trial", str(spec), "--set", "clipping=none", *extra, "--fold", "0",
-                                          "--epochs", "1"])
+        result = CliRunner().invoke(
+            app, ["trial", str(spec), "--set", "clipping=none", *extra, "--fold", "0", "--epochs", "1"]
+        )
         assert result.exit_code == 0, result.output
         shown = next(line for line in result.output.splitlines() if line.startswith("trial of "))
         assert "clipping=none" in shown and "clip_threshold" not in shown

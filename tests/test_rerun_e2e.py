@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO, TINY_SPEC, curve, foldsweep, merged, reruns_of, seed_store
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import REPO, TINY_SPEC, foldsweep, merged, seed_store
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.spec import DatasetSpec
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -37,18 +37,16 @@ def rerun(monkeypatch, threads_kept):
 
     def run(directory: Path, *args: str):
         monkeypatch.chdir(directory)
-        return CliRunner().invoke(app, ["rerun", *args, "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}"],
-                                  env={"COLUMNS": "200"})
+        return CliRunner().invoke(
+            app, ["rerun", *args, "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}"], env={"COLUMNS": "200"}
+        )
 
     return run
 
 
-def history(client, run_id, key):
-    return [metric.value for metric in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
-
-
 def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_apart(unclipped_trials, rerun):
     directory, client, trials, parent = unclipped_trials
+    store = f"sqlite:///{directory / 'mlflow.db'}"
     original = trials["0.01"]
     assert original.info.status == "FINISHED"
     runs_before = len(client.search_runs([parent.info.experiment_id]))
@@ -59,18 +57,20 @@ def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_ap
     assert "epoch 1: fold 0" in result.output and "epoch 2: fold 0" in result.output
     # The layout follows this process' compute threads; either way the folds train fused, as
     # many steps per launch as the trial did.
-    steps = original.data.tags["foldsweep.steps_per_launch"]
-    assert re.search(rf"fused: 2 folds in one execution[^;\n]*(stacked|side by side)[^;\n]*; steps per launch: {steps}\b",
-                     result.output), result.output
-    reruns = client.search_runs([parent.info.experiment_id],
-                                filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")
+    steps = original.data.tags[Tag.of("steps_per_launch")]
+    assert re.search(
+        rf"fused: 2 folds in one execution[^;\n]*(stacked|side by side)[^;\n]*; steps per launch: {steps}\b",
+        result.output,
+    ), result.output
+    reruns = reruns_of(client, original)
     assert len(reruns) == 1
     again = reruns[0]
-    assert again.info.status == "FINISHED" and again.data.tags["foldsweep.role"] == "rerun"
+    assert again.info.status == "FINISHED" and again.data.tags[Tag.ROLE] == "rerun"
     for k in (0, 1):
         for key in (f"split{k}_val_loss", f"split{k}_val_accuracy", f"split{k}_train_loss"):
-            assert history(client, again.info.run_id, key) == pytest.approx(
-                history(client, original.info.run_id, key), rel=1e-4, abs=1e-6)
+            assert curve(store, again.info.run_id, key) == pytest.approx(
+                curve(store, original.info.run_id, key), rel=1e-4, abs=1e-6
+            )
     # The original is untouched, and nothing but the rerun was added.
     assert client.get_run(original.info.run_id).data.metrics == original.data.metrics
     assert len(client.search_runs([parent.info.experiment_id])) == runs_before + 1
@@ -81,8 +81,14 @@ def test_rerun_profile_says_where_a_steady_epoch_goes_and_keeps_its_trace(unclip
     TensorFlow starts), as a researcher runs it."""
     directory, client, trials, parent = unclipped_trials
     original = trials["0.01"]
-    ran = foldsweep("rerun", original.info.run_id, "--profile", "--tracking-uri",
-                    f"sqlite:///{directory / 'mlflow.db'}", cwd=tmp_path)
+    ran = foldsweep(
+        "rerun",
+        original.info.run_id,
+        "--profile",
+        "--tracking-uri",
+        f"sqlite:///{directory / 'mlflow.db'}",
+        cwd=tmp_path,
+    )
     assert ran.exit_code == 0, ran.output
     assert re.search(r"differs from the trial: [^\n]*--profile \(TensorFlow's profiler around epoch 2", ran.output)
     trace = Path(re.search(r"trace: (\S+\.xplane\.pb);", ran.output).group(1))
@@ -91,18 +97,22 @@ def test_rerun_profile_says_where_a_steady_epoch_goes_and_keeps_its_trace(unclip
     assert trace.is_relative_to(tmp_path / "profiles") and "plugins/profile" in trace.as_posix()
     # The epoch's wall clock, measured by the trial's clock, against its parts: training and
     # validation as the trace marks them, the gap before them as the clock measured it.
-    wall, train, validation, gap = (float(value) for value in re.search(
-        r"profile of epoch 2: its wall clock ([\d.]+) s = training launches ([\d.]+) s \([^)]*\), validation "
-        r"([\d.]+) s \([^)]*\), gap before the epoch ([\d.]+) s", ran.output).groups())
+    wall, train, validation, gap = (
+        float(value)
+        for value in re.search(
+            r"profile of epoch 2: its wall clock ([\d.]+) s = training launches ([\d.]+) s \([^)]*\), validation "
+            r"([\d.]+) s \([^)]*\), gap before the epoch ([\d.]+) s",
+            ran.output,
+        ).groups()
+    )
     assert train > 0 and validation > 0
     assert train + validation + gap == pytest.approx(wall, rel=0.10)
     top = ran.output.split("top operations by self time")[1].split("no operation runs")[0]
     assert "conv" in top.lower(), top
     assert re.search(r"no operation runs for \d+% of the training", ran.output)
     assert "xprof --logdir=" in ran.output
-    rerun_run = client.search_runs([parent.info.experiment_id], order_by=["attributes.start_time DESC"],
-                                   filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'")[0]
-    assert "--profile" in rerun_run.data.tags["foldsweep.rerun_differs"]
+    rerun_run = reruns_of(client, original)[0]
+    assert "--profile" in rerun_run.data.tags[Tag.RERUN_DIFFERS]
     listed = [item.path for item in client.list_artifacts(rerun_run.info.run_id, "profile/plugins/profile")]
     assert len(listed) == 1
     assert any(item.path.endswith(".xplane.pb") for item in client.list_artifacts(rerun_run.info.run_id, listed[0]))
@@ -121,13 +131,14 @@ def test_rerun_one_fold_with_fewer_epochs_without_tracking(unclipped_trials, rer
     assert "unfused: one fold to train" in result.output
     # The sweep trained the folds fused; this single fold, eager and unfused, still matches it.
     assert len(client.search_runs([parent.info.experiment_id])) == runs_before
-    recorded = history(client, original.info.run_id, "split1_val_loss")[0]
+    recorded = curve(f"sqlite:///{directory / 'mlflow.db'}", original.info.run_id, "split1_val_loss")[0]
     shown = float(result.output.split("val_loss ")[1].split()[0])
     assert shown == pytest.approx(recorded, rel=1e-3)
 
 
 def test_check_numerics_places_a_nan_trials_overflowing_gradient_norm_in_its_fold_epoch_step_and_layer(
-        unclipped_trials, rerun, monkeypatch):
+    unclipped_trials, rerun, monkeypatch
+):
     """lr 50 unclipped: the first non-finite value is foldsweep's own gradient norm. The rerun names
     the variable whose gradient's squares overflowed first and its layer, one of the NaN fold's
     model, and the fold, epoch and step the recorded trial went NaN at (the divergence is
@@ -136,8 +147,8 @@ def test_check_numerics_places_a_nan_trials_overflowing_gradient_norm_in_its_fol
 
     directory, client, trials, _ = unclipped_trials
     nan_trial = trials["50.0"]
-    assert nan_trial.data.tags["foldsweep.status"] == "nan"
-    recorded = {key: nan_trial.data.tags[f"foldsweep.nan_{key}"] for key in ("fold", "epoch", "step")}
+    assert nan_trial.data.tags[Tag.STATUS] == "nan"
+    recorded = {key: nan_trial.data.tags[Tag.of(f"nan_{key}")] for key in ("fold", "epoch", "step")}
     stopped = []
 
     def placed(message, stopped_call):  # the real reading; what it was placed in is kept
@@ -152,23 +163,26 @@ def test_check_numerics_places_a_nan_trials_overflowing_gradient_norm_in_its_fol
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())  # the console wraps long lines
     place = f"fold {recorded['fold']}, epoch {recorded['epoch']}, step {recorded['step']}"
-    assert (f"first non-finite value: {place}: the gradient norm, foldsweep's own check of each step (op L2Loss, "
-            "node global_norm/L2Loss") in output
-    assert f"the recorded trial went NaN at the same place ({place}: its tags foldsweep.nan_fold" in output
-    again = client.search_runs([nan_trial.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{nan_trial.info.run_id}'")[0]
+    assert (
+        f"first non-finite value: {place}: the gradient norm, foldsweep's own check of each step (op L2Loss, "
+        "node global_norm/L2Loss"
+    ) in output
+    assert f"the recorded trial went NaN at the same place ({place}: its tags {Tag.of('nan_fold')}" in output
+    again = reruns_of(client, nan_trial)[0]
     tags = again.data.tags
-    assert tags["foldsweep.status"] == "nan" and tags["foldsweep.numerics_op"] == "L2Loss"
-    assert {key: tags[f"foldsweep.numerics_{key}"] for key in ("fold", "epoch", "step")} == recorded
-    assert re.fullmatch(r"global_norm/L2Loss(_\d+)?", tags["foldsweep.numerics_node"])
+    assert tags[Tag.STATUS] == "nan" and tags[Tag.NUMERICS_OP] == "L2Loss"
+    assert {key: tags[Tag.of(f"numerics_{key}")] for key in ("fold", "epoch", "step")} == recorded
+    assert re.fullmatch(r"global_norm/L2Loss(_\d+)?", tags[Tag.NUMERICS_NODE])
     # The layer and variable are the NaN fold's model's own (never the norm's scope, global_norm).
     (call,) = stopped
     assert str(call.fold) == recorded["fold"]
     layers = {f"{layer.name} ({type(layer).__name__})": layer for layer in call.model.layers}
-    layer = layers[tags["foldsweep.numerics_layer"]]
-    assert tags["foldsweep.numerics_variable"] in {variable.path for variable in layer.trainable_variables}
-    assert f"the gradient of {tags['foldsweep.numerics_variable']}, a variable of layer " \
-           f"{tags['foldsweep.numerics_layer']}, is the first whose sum of squares is not finite" in output
+    layer = layers[tags[Tag.NUMERICS_LAYER]]
+    assert tags[Tag.NUMERICS_VARIABLE] in {variable.path for variable in layer.trainable_variables}
+    assert (
+        f"the gradient of {tags[Tag.NUMERICS_VARIABLE]}, a variable of layer "
+        f"{tags[Tag.NUMERICS_LAYER]}, is the first whose sum of squares is not finite" in output
+    )
 
 
 def test_set_reruns_the_nan_trial_with_clipping(unclipped_trials, rerun):
@@ -177,23 +191,29 @@ def test_set_reruns_the_nan_trial_with_clipping(unclipped_trials, rerun):
     result = rerun(directory, nan_trial.info.run_id, "--set", "clipping=global_norm", "--set", "clip_threshold=0.1")
     assert result.exit_code == 0, result.output
     assert "status: ok" in result.output
-    again = client.search_runs([nan_trial.info.experiment_id],
-                               filter_string=f"tags.`foldsweep.rerun_of` = '{nan_trial.info.run_id}' "
-                                             f"and params.clipping = 'global_norm'")[0]
+    again = reruns_of(client, nan_trial, where="params.clipping = 'global_norm'")[0]
     assert again.data.params["clip_threshold"] == "0.1" and again.data.params["learning_rate"] == "50.0"
-    assert again.data.tags["foldsweep.status"] == "ok"
+    assert again.data.tags[Tag.STATUS] == "ok"
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["0123456789abcdef0123456789abcdef"], "RUN_ID: no trial run with id '0123456789abcdef0123456789abcdef'"),
-    (["PARENT"], "is not a foldsweep trial (tag foldsweep.role='sweep')"),
-    (["TRIAL", "--fold", "2"], "--fold must be between 0 and 1 (the sweep's trials train 2 folds), got 2"),
-    (["TRIAL", "--set", "fliters=3"], "--set fliters: not a hyperparameter of this trial"),
-    (["TRIAL", "--set", "filters"], "--set must be name=value, got 'filters'"),
-    (["TRIAL", "--profile-epoch", "3"], "--profile-epoch must be between 1 and 2 (the trial trains 2 epochs), got 3"),
-    (["TRIAL", "--profile", "--epochs", "1", "--profile-epoch", "2"],
-     "--profile-epoch must be between 1 and 1 (the trial trains 1 epoch), got 2"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["0123456789abcdef0123456789abcdef"], "RUN_ID: no trial run with id '0123456789abcdef0123456789abcdef'"),
+        (["PARENT"], f"is not a foldsweep trial (tag {Tag.ROLE}='sweep')"),
+        (["TRIAL", "--fold", "2"], "--fold must be between 0 and 1 (the sweep's trials train 2 folds), got 2"),
+        (["TRIAL", "--set", "fliters=3"], "--set fliters: not a hyperparameter of this trial"),
+        (["TRIAL", "--set", "filters"], "--set must be name=value, got 'filters'"),
+        (
+            ["TRIAL", "--profile-epoch", "3"],
+            "--profile-epoch must be between 1 and 2 (the trial trains 2 epochs), got 3",
+        ),
+        (
+            ["TRIAL", "--profile", "--epochs", "1", "--profile-epoch", "2"],
+            "--profile-epoch must be between 1 and 1 (the trial trains 1 epoch), got 2",
+        ),
+    ],
+)
 def test_bad_rerun_requests_exit_2(unclipped_trials, rerun, args, message):
     directory, _, trials, parent = unclipped_trials
     args = [{"PARENT": parent.info.run_id, "TRIAL": trials["0.01"].info.run_id}.get(arg, arg) for arg in args]
@@ -223,18 +243,22 @@ def test_trial_runs_one_config_of_a_spec_in_process(write_spec, tmp_path, monkey
     spec = write_spec({"search": {"space": {"learning_rate": {"loguniform": [1e-4, 1e-2]}}}, "train": {"epochs": 1}})
     refused = CliRunner().invoke(app, ["trial", str(spec)], env={"COLUMNS": "200"})
     assert refused.exit_code == 2
-    assert "needs one value for learning_rate (loguniform in the spec), kernel_size (choice in the spec)" in \
-        refused.output.replace("\n", " ")
-    result = CliRunner().invoke(app, ["trial", str(spec), "--set", "learning_rate=0.003", "--set", "kernel_size=5"],
-                                env={"COLUMNS": "200"})
+    assert (
+        "needs one value for learning_rate (loguniform in the spec), kernel_size (choice in the spec)"
+        in refused.output.replace("\n", " ")
+    )
+    result = CliRunner().invoke(
+        app, ["trial", str(spec), "--set", "learning_rate=0.003", "--set", "kernel_size=5"], env={"COLUMNS": "200"}
+    )
     assert result.exit_code == 0, result.output
     assert "learning_rate=0.003" in result.output and "kernel_size=5" in result.output
     assert "epoch 1: fold 0" in result.output and "fold 1" in result.output and "status: ok" in result.output
     assert not (tmp_path / "ray_results").exists()
 
 
-def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(ray_cluster, tmp_path, monkeypatch,
-                                                                               threads_kept):
+def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(
+    ray_cluster, tmp_path, monkeypatch, threads_kept
+):
     """The experiment and data file are named relative to the spec's directory; the sweep runs
     from one working directory and the rerun from another."""
     import shutil
@@ -248,9 +272,16 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(ra
     np.savez(project / "data.npz", x=source.x, y=source.y)
     shutil.copy(REPO / "experiments" / "mnist1d_cnn.py", project / "model.py")
     store = f"sqlite:///{seed_store(tmp_path / 'mlflow.db')}"
-    spec = merged(TINY_SPEC, {"name": "relative", "experiment": "model.py:build", "dataset": "data.npz",
-                              "search": {"num_samples": 1, "space": {"kernel_size": 3}},
-                              "tracking": {"uri": store}})
+    spec = merged(
+        TINY_SPEC,
+        {
+            "name": "relative",
+            "experiment": "model.py:build",
+            "dataset": "data.npz",
+            "search": {"num_samples": 1, "space": {"kernel_size": 3}},
+            "tracking": {"uri": store},
+        },
+    )
     (project / "spec.yaml").write_text(yaml.safe_dump(spec))
 
     monkeypatch.chdir(launch)
@@ -258,16 +289,17 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(ra
     assert swept.exit_code == 0, swept.output
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("relative").experiment_id])
-    parent = next(run for run in runs if run.data.tags["foldsweep.role"] == "sweep")
-    trial = next(run for run in runs if run.data.tags["foldsweep.role"] == "trial")
+    parent = next(run for run in runs if run.data.tags[Tag.ROLE] == "sweep")
+    trial = next(run for run in runs if run.data.tags[Tag.ROLE] == "trial")
     assert parent.data.params["dataset_path"] == str(project / "data.npz")
     assert parent.data.params["experiment_path"] == str(project / "model.py")
 
     monkeypatch.chdir(elsewhere)
-    again = CliRunner().invoke(app, ["rerun", trial.info.run_id, "--tracking-uri", store, "--no-track"],
-                               env={"COLUMNS": "200"})
+    again = CliRunner().invoke(
+        app, ["rerun", trial.info.run_id, "--tracking-uri", store, "--no-track"], env={"COLUMNS": "200"}
+    )
     assert again.exit_code == 0, again.output
     assert "epoch 2: fold 0" in again.output
-    recorded = history(client, trial.info.run_id, "split0_val_loss")
+    recorded = curve(store, trial.info.run_id, "split0_val_loss")
     printed = [float(value) for value in re.findall(r"fold 0 train_loss \S+ val_loss (\S+)", again.output)]
     assert printed == pytest.approx(recorded, rel=1e-3)

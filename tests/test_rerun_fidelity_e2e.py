@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from helpers import TINY_SPEC, Replace, curve, foldsweep, merged, reruns_of, seed_store
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import TINY_SPEC, Replace, foldsweep, merged, seed_store
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -38,8 +39,15 @@ SWEEPS = {
     "nan": ({**MNIST1D_CNN, "dropout": 0.0, "batch_size": 8, "optimizer": "sgd", "learning_rate": 50.0}, 1, None),
     "stacked_bn_dropout": ({"filters": 8, "dropout": 0.2, "batch_size": 8}, 1, "bn_dropout.py:build"),
 }
-EXECUTION_TAGS = ("foldsweep.tf_threads", "foldsweep.fused_reason", "foldsweep.jit_compile",
-                  "foldsweep.steps_per_launch", "foldsweep.fused", "foldsweep.device", "foldsweep.random_draws")
+EXECUTION_TAGS = (
+    Tag.of("tf_threads"),
+    Tag.of("fused_reason"),
+    Tag.of("jit_compile"),
+    Tag.of("steps_per_launch"),
+    Tag.of("fused"),
+    Tag.of("device"),
+    Tag.of("random_draws"),
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,52 +60,57 @@ def sweeps(ray_cluster, tmp_path_factory):
     store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
     (directory / "bn_dropout.py").write_text(BN_DROPOUT_EXPERIMENT)
     for name, (space, cpus, experiment) in SWEEPS.items():
-        spec = merged(TINY_SPEC, {
-            "name": name, "cv": {"n_splits": 3}, "search": {"num_samples": 1, "space": Replace(space)},
-            "train": {"epochs": EPOCHS}, "resources": {"cpu": cpus, "max_concurrent": 1},
-            "tracking": {"uri": store}, **({"experiment": experiment} if experiment else {})})
+        spec = merged(
+            TINY_SPEC,
+            {
+                "name": name,
+                "cv": {"n_splits": 3},
+                "search": {"num_samples": 1, "space": Replace(space)},
+                "train": {"epochs": EPOCHS},
+                "resources": {"cpu": cpus, "max_concurrent": 1},
+                "tracking": {"uri": store},
+                **({"experiment": experiment} if experiment else {}),
+            },
+        )
         (directory / f"{name}.yaml").write_text(yaml.safe_dump(spec))
         result = CliRunner().invoke(app, ["run", str(directory / f"{name}.yaml")])
         assert result.exit_code == 0, result.output
     client = MlflowClient(store)
     trials = {}
     for name in SWEEPS:
-        runs = client.search_runs([client.get_experiment_by_name(name).experiment_id],
-                                  filter_string="tags.`foldsweep.role` = 'trial'")
+        runs = client.search_runs(
+            [client.get_experiment_by_name(name).experiment_id], filter_string=f"tags.`{Tag.ROLE}` = 'trial'"
+        )
         trials[name] = runs[0]
     return directory, store, client, trials
 
 
-def history(client, run_id, key):
-    return [metric.value for metric in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
-
-
 def the_rerun(client, original):
-    runs = client.search_runs([original.info.experiment_id],
-                              filter_string=f"tags.`foldsweep.rerun_of` = '{original.info.run_id}'",
-                              order_by=["attributes.start_time DESC"])
-    return runs[0]
+    return reruns_of(client, original)[0]
 
 
-def assert_same_trajectory(client, original, again, folds, epochs=EPOCHS, *, exactly=False):
+def assert_same_trajectory(store, original, again, folds, epochs=EPOCHS, *, exactly=False):
     for k in folds:
         for key in (f"split{k}_val_loss", f"split{k}_train_loss", f"split{k}_val_accuracy"):
-            recorded, rerun = history(client, original.info.run_id, key), history(client, again.info.run_id, key)
+            recorded, rerun = curve(store, original.info.run_id, key), curve(store, again.info.run_id, key)
             assert len(rerun) == epochs, key
             assert recorded[:epochs] == (rerun if exactly else pytest.approx(rerun, rel=1e-6, abs=0)), key
 
 
-@pytest.mark.parametrize("layout, reason", [
-    ("dropout", "side by side (batch 32: stacking pays up to batch 16)"),
-    ("stacked", "stacked into one XLA program per step"),
-    ("side_by_side", "side by side (2 compute threads)"),
-    ("stacked_bn_dropout", "stacked into one XLA program per step"),
-])
+@pytest.mark.parametrize(
+    "layout, reason",
+    [
+        ("dropout", "side by side (batch 32: stacking pays up to batch 16)"),
+        ("stacked", "stacked into one XLA program per step"),
+        ("side_by_side", "side by side (2 compute threads)"),
+        ("stacked_bn_dropout", "stacked into one XLA program per step"),
+    ],
+)
 def test_a_rerun_reproduces_every_epoch_of_its_trial(sweeps, layout, reason):
     """The first case sets up `sweeps` (35-65 s: a sweep per layout); each case is a rerun's own process."""
     directory, store, client, trials = sweeps
     original = trials[layout]
-    assert original.data.tags["foldsweep.fused_reason"].endswith(reason)
+    assert original.data.tags[Tag.of("fused_reason")].endswith(reason)
 
     result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
 
@@ -106,28 +119,30 @@ def test_a_rerun_reproduces_every_epoch_of_its_trial(sweeps, layout, reason):
     again = the_rerun(client, original)
     # Stacked BatchNormalization and Dropout (foldsweep's own draws, from each fold's generator):
     # every recorded fold loss and accuracy, bit for bit.
-    assert_same_trajectory(client, original, again, folds=range(3), exactly=layout == "stacked_bn_dropout")
+    assert_same_trajectory(store, original, again, folds=range(3), exactly=layout == "stacked_bn_dropout")
     if layout in ("dropout", "stacked_bn_dropout"):
-        assert original.data.tags["foldsweep.random_draws"] == "counter"
+        assert original.data.tags[Tag.of("random_draws")] == "counter"
     for tag in EXECUTION_TAGS:
         assert again.data.tags[tag] == original.data.tags[tag], tag
-    assert "foldsweep.rerun_differs" not in again.data.tags
+    assert Tag.RERUN_DIFFERS not in again.data.tags
 
 
 def test_a_nan_trial_goes_nan_again_at_the_recorded_fold_epoch_and_step(sweeps):
     directory, store, client, trials = sweeps
     original = trials["nan"]
-    assert original.data.tags["foldsweep.status"] == "nan"
+    assert original.data.tags[Tag.STATUS] == "nan"
 
     result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
 
     assert result.exit_code == 0, result.output
     again = the_rerun(client, original)
-    assert again.data.tags["foldsweep.status"] == "nan"
+    assert again.data.tags[Tag.STATUS] == "nan"
     for tag in ("nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm"):
-        assert again.data.tags[f"foldsweep.{tag}"] == original.data.tags[f"foldsweep.{tag}"], tag
-    where = (f"NaN in fold {original.data.tags['foldsweep.nan_fold']} at epoch "
-             f"{original.data.tags['foldsweep.nan_epoch']}, step {original.data.tags['foldsweep.nan_step']}")
+        assert again.data.tags[Tag.of(tag)] == original.data.tags[Tag.of(tag)], tag
+    where = (
+        f"NaN in fold {original.data.tags[Tag.of('nan_fold')]} at epoch "
+        f"{original.data.tags[Tag.of('nan_epoch')]}, step {original.data.tags[Tag.of('nan_step')]}"
+    )
     assert where in " ".join(result.output.split())  # the console wraps long lines
 
 
@@ -140,33 +155,47 @@ def in_process(directory, monkeypatch, *args):
 def test_check_numerics_says_that_it_changes_the_trajectory(sweeps, monkeypatch, threads_kept):
     directory, store, client, trials = sweeps
     original = trials["nan"]
-    result = in_process(directory, monkeypatch, "rerun", original.info.run_id, "--tracking-uri", store,
-                        "--check-numerics")
+    result = in_process(
+        directory, monkeypatch, "rerun", original.info.run_id, "--tracking-uri", store, "--check-numerics"
+    )
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "differs from the trial" in line)
     assert "jit_compile True -> False" in line and "numbers may differ from the recorded ones" in line
     assert "first non-finite value: fold " in result.output
     again = the_rerun(client, original)
-    assert "jit_compile True -> False" in again.data.tags["foldsweep.rerun_differs"]
+    assert "jit_compile True -> False" in again.data.tags[Tag.RERUN_DIFFERS]
 
 
 def test_one_fold_of_a_side_by_side_trial_is_that_fold_of_the_trial(sweeps):
     directory, store, client, trials = sweeps
     original = trials["side_by_side"]
-    result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, "--fold", "1", "--epochs", "4",
-                       cwd=directory)
+    result = foldsweep(
+        "rerun", original.info.run_id, "--tracking-uri", store, "--fold", "1", "--epochs", "4", cwd=directory
+    )
     assert result.exit_code == 0, result.output
     assert "differs from the trial" not in result.output
-    assert_same_trajectory(client, original, the_rerun(client, original), folds=[1], epochs=4)
+    assert_same_trajectory(store, original, the_rerun(client, original), folds=[1], epochs=4)
 
 
 def test_one_fold_of_a_stacked_trial_names_the_difference(sweeps, monkeypatch, threads_kept):
     directory, store, client, trials = sweeps
     original = trials["stacked"]
-    result = in_process(directory, monkeypatch, "rerun", original.info.run_id, "--tracking-uri", store,
-                        "--fold", "2", "--epochs", "1", "--set", "learning_rate=0.003")
+    result = in_process(
+        directory,
+        monkeypatch,
+        "rerun",
+        original.info.run_id,
+        "--tracking-uri",
+        store,
+        "--fold",
+        "2",
+        "--epochs",
+        "1",
+        "--set",
+        "learning_rate=0.003",
+    )
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "differs from the trial" in line)
     assert "layout stacked -> sequential" in line and "--set learning_rate=0.003" in line
-    differs = the_rerun(client, original).data.tags["foldsweep.rerun_differs"]
+    differs = the_rerun(client, original).data.tags[Tag.RERUN_DIFFERS]
     assert "layout stacked -> sequential" in differs and "learning_rate" in differs

@@ -5,34 +5,57 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
+from helpers import MNIST1D_EXPERIMENT
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import MNIST1D_EXPERIMENT
+from pipeline.contract.account import TimeAccount
+from pipeline.contract.plan import TrialPlan
+from pipeline.contract.results import (
+    BOOKKEEPING_KEYS,
+    FOLD_SCORE_NAMES,
+    NAN_FOLD_SCORES,
+    WORKER_RETIRES,
+    EpochResult,
+    FoldScores,
+    FoldThroughput,
+    NanEvent,
+    NanReport,
+    Throughput,
+    TrialInfo,
+    TrialStatus,
+    is_bookkeeping,
+    placement_metrics,
+    placement_tags,
+    trial_account,
+)
+from pipeline.engine.recipe import TrainingRecipe
+from pipeline.engine.resident import resident_data
+from pipeline.engine.runner import TrialRunner, TrialSettings, Worker
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
-from pipeline.contract.plan import TrialPlan
-from pipeline.contract.account import TimeAccount
-from pipeline.contract.results import (BOOKKEEPING_KEYS, FOLD_SCORE_NAMES, NAN_FOLD_SCORES, WORKER_RETIRES, EpochResult,
-                                      FoldScores, FoldThroughput, NanEvent, NanReport, Throughput, TrialInfo,
-                                      TrialStatus, is_bookkeeping, placement_metrics, placement_tags, trial_account)
-from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
 from pipeline.inputs.hypermodel import load_builder
-from pipeline.engine.resident import resident_data
-from pipeline.engine.recipe import TrainingRecipe
-from pipeline.engine.runner import TrialRunner, TrialSettings, Worker
-
+from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
+from pipeline.records.tracking import Tag
 
 ACCOUNT = TimeAccount.of(20.0, setup_s=5.0, compile_s=3.0, train_s=8.0, eval_s=1.5, gap_s=2.0)
 
 
 def epoch_result(*, epoch=2, planned=3, nan=NanReport(), account=None, gap=None) -> EpochResult:
-    return EpochResult(epoch=epoch, fold_ids=(0, 2), folds=(FoldScores(0.5, 0.6, 0.7), FoldScores(0.4, 0.5, 0.9)),
-                       throughput=Throughput(100.0, 200.0, 3.0, (FoldThroughput(50.0, 1.0), FoldThroughput(60.0, math.nan))),
-                       nan=nan, epochs_planned=planned, account=account, epoch_gap_s=gap)
+    return EpochResult(
+        epoch=epoch,
+        fold_ids=(0, 2),
+        folds=(FoldScores(0.5, 0.6, 0.7), FoldScores(0.4, 0.5, 0.9)),
+        throughput=Throughput(100.0, 200.0, 3.0, (FoldThroughput(50.0, 1.0), FoldThroughput(60.0, math.nan))),
+        nan=nan,
+        epochs_planned=planned,
+        account=account,
+        epoch_gap_s=gap,
+    )
 
 
 def recorded_keys(report: Mapping[str, Any]) -> set[str]:
@@ -43,8 +66,15 @@ def recorded_keys(report: Mapping[str, Any]) -> set[str]:
     # the info's fields as reported: recorded as tags, params, metrics and artifacts
     from_info = set(info.report()) if info is not None else set()
     # the account: recorded when the trial ends, from its last report
-    return {*result.mlflow_metrics(), *result.throughput_values(), *result.mlflow_tags(), *placement_tags(report),
-            *placement_metrics(report), *result.account_values(), *from_info}
+    return {
+        *result.mlflow_metrics(),
+        *result.throughput_values(),
+        *result.mlflow_tags(),
+        *placement_tags(report),
+        *placement_metrics(report),
+        *result.account_values(),
+        *from_info,
+    }
 
 
 def unrecorded_keys(report: Mapping[str, Any]) -> set[str]:
@@ -67,14 +97,26 @@ def test_a_report_reads_back_as_the_same_result():
 def test_a_time_account_leaves_the_unmeasured_rest_to_other_s_and_reads_back_from_a_report():
     assert ACCOUNT.other_s == pytest.approx(0.5)
     assert sum(ACCOUNT.as_dict().values()) == pytest.approx(ACCOUNT.wall_s)
-    assert ACCOUNT.shares() == pytest.approx({"setup_s": 0.25, "compile_s": 0.15, "train_s": 0.4, "eval_s": 0.075,
-                                              "gap_s": 0.1, "other_s": 0.025})
+    assert ACCOUNT.shares() == pytest.approx(
+        {"setup_s": 0.25, "compile_s": 0.15, "train_s": 0.4, "eval_s": 0.075, "gap_s": 0.1, "other_s": 0.025}
+    )
     report = epoch_result(account=ACCOUNT, gap=0.25).report()
     # Its compile_s is the throughput's (3.0 here), reported once.
-    assert {key: report[key] for key in ("trial_wall_s", "setup_s", "train_s", "eval_s", "gap_s", "other_s",
-                                         "epoch_gap_s", "compile_s")} == pytest.approx(
-        {"trial_wall_s": 20.0, "setup_s": 5.0, "train_s": 8.0, "eval_s": 1.5, "gap_s": 2.0, "other_s": 0.5,
-         "epoch_gap_s": 0.25, "compile_s": 3.0})
+    assert {
+        key: report[key]
+        for key in ("trial_wall_s", "setup_s", "train_s", "eval_s", "gap_s", "other_s", "epoch_gap_s", "compile_s")
+    } == pytest.approx(
+        {
+            "trial_wall_s": 20.0,
+            "setup_s": 5.0,
+            "train_s": 8.0,
+            "eval_s": 1.5,
+            "gap_s": 2.0,
+            "other_s": 0.5,
+            "epoch_gap_s": 0.25,
+            "compile_s": 3.0,
+        }
+    )
     assert trial_account(report) == ACCOUNT
     # Before a second epoch compiling is not told apart (NaN): none of the wall clock is put on it.
     unmeasured = {**report, "compile_s": math.nan, "other_s": 3.5}
@@ -96,22 +138,39 @@ def test_the_report_speaks_scikit_learns_vocabulary():
 
 def test_mlflow_gets_nan_scores_but_no_unmeasured_throughput():
     nan = NanReport(1, 2, NanEvent(epoch=1, step=4, last_finite_loss=0.3, grad_norm=7.0))
-    frozen = EpochResult(epoch=2, fold_ids=(0, 2), folds=(FoldScores(0.5, 0.6, 0.7), FoldScores.frozen()),
-                         throughput=epoch_result().throughput, nan=nan)
+    frozen = EpochResult(
+        epoch=2,
+        fold_ids=(0, 2),
+        folds=(FoldScores(0.5, 0.6, 0.7), FoldScores.frozen()),
+        throughput=epoch_result().throughput,
+        nan=nan,
+    )
     metrics = frozen.mlflow_metrics()
     assert math.isnan(metrics["split2_val_loss"]) and metrics["mean_val_loss"] == pytest.approx((0.6 + 1e6) / 2)
     assert "split2_compile_s" not in metrics and metrics["split0_compile_s"] == 1.0
-    assert frozen.mlflow_tags() == {"nan_fold": "2", "nan_epoch": "1", "nan_step": "4",
-                                    "nan_last_finite_loss": "0.3", "nan_grad_norm": "7.0"}
+    assert frozen.mlflow_tags() == {
+        "nan_fold": "2",
+        "nan_epoch": "1",
+        "nan_step": "4",
+        "nan_last_finite_loss": "0.3",
+        "nan_grad_norm": "7.0",
+    }
 
 
 def test_every_metric_of_a_fold_is_reported_read_back_and_a_nan_fold_counts_as_its_worst():
     """Compiled metrics ride along as val_<name>; a regression has no accuracy; a NaN fold counts
     as each metric's worst by its direction (unknown: the mean stays NaN), on the driver too."""
-    folds = (FoldScores(0.5, 0.6, None, {"mae": 0.2, "r2_score": 0.7, "mcc": 0.3}),
-             FoldScores.frozen(("mae", "r2_score", "mcc"), classifier=False))
-    result = EpochResult(epoch=1, fold_ids=(0, 1), folds=folds, throughput=epoch_result().throughput,
-                         directions={"mae": "min", "r2_score": "max", "mcc": ""})
+    folds = (
+        FoldScores(0.5, 0.6, None, {"mae": 0.2, "r2_score": 0.7, "mcc": 0.3}),
+        FoldScores.frozen(("mae", "r2_score", "mcc"), classifier=False),
+    )
+    result = EpochResult(
+        epoch=1,
+        fold_ids=(0, 1),
+        folds=folds,
+        throughput=epoch_result().throughput,
+        directions={"mae": "min", "r2_score": "max", "mcc": ""},
+    )
     report = json.loads(json.dumps(result.report()))
     assert "split0_val_accuracy" not in report and report["split0_val_mae"] == 0.2
     assert report["mean_val_mae"] == pytest.approx((0.2 + 1e6) / 2)
@@ -137,21 +196,38 @@ def test_status_follows_nan_and_planned_epochs():
     assert epoch_result(epoch=2, planned=3).status() is TrialStatus.PRUNED
     nan = NanReport(1, 0, NanEvent(epoch=1, step=0, last_finite_loss=0.3, grad_norm=7.0))
     assert epoch_result(nan=nan).status() is TrialStatus.NAN
-    assert [status.run_state for status in TrialStatus] == ["RUNNING", "FINISHED", "FINISHED", "FAILED", "FAILED",
-                                                              "KILLED"]
+    assert [status.run_state for status in TrialStatus] == [
+        "RUNNING",
+        "FINISHED",
+        "FINISHED",
+        "FAILED",
+        "FAILED",
+        "KILLED",
+    ]
 
 
 @pytest.mark.training
 def test_every_key_a_trial_reports_is_recorded_or_bookkeeping():
     dataset = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 200}))
     folds = make_folds(CVSpec(n_splits=2), dataset).folds
-    settings = TrialSettings(experiment_path=str(MNIST1D_EXPERIMENT), experiment_attr="build",
-                             dataset_fingerprint=dataset.fingerprint, recipe=TrainingRecipe(TrainSpec(epochs=2)))
+    settings = TrialSettings(
+        experiment_path=str(MNIST1D_EXPERIMENT),
+        experiment_attr="build",
+        dataset_fingerprint=dataset.fingerprint,
+        recipe=TrainingRecipe(TrainSpec(epochs=2)),
+    )
     # In this process TensorFlow already runs: the worker without configuring its threads.
-    worker = Worker(data=resident_data(dataset.fingerprint, dataset.x, dataset.y),
-                    build_fn=load_builder(MNIST1D_EXPERIMENT, "build"), device_notice="")
-    runner = TrialRunner({"conv_layers": 1, "filters": 8, "kernel_size": 3, "dropout": 0.0, "batch_size": 32},
-                         worker=worker, folds=folds, settings=settings)
+    worker = Worker(
+        data=resident_data(dataset.fingerprint, dataset.x, dataset.y),
+        build_fn=load_builder(MNIST1D_EXPERIMENT, "build"),
+        device_notice="",
+    )
+    runner = TrialRunner(
+        {"conv_layers": 1, "filters": 8, "kernel_size": 3, "dropout": 0.0, "batch_size": 32},
+        worker=worker,
+        folds=folds,
+        settings=settings,
+    )
     first, second = runner.step(), runner.step()
     assert "trial_plan" in first and "trial_plan" not in second  # once per process
     assert TrialPlan.from_dict(json.loads(first["trial_plan"])) == runner.trainer.plan
@@ -183,15 +259,17 @@ def test_what_ray_tune_delivers_reaches_mlflow(ray_cluster, tmp_path, write_spec
     assert result.exit_code == 0, result.output
     assert len(delivered) == 2
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    run = next(run for run in client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
-               if run.data.tags["foldsweep.role"] == "trial")
+    run = next(
+        run
+        for run in client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+        if run.data.tags[Tag.ROLE] == "trial"
+    )
     for report in delivered:
         assert unrecorded_keys(report) == set(), f"keys nobody records: {unrecorded_keys(report)}"
     recorded = recorded_keys(delivered[0])
     assert {"pid", "node_ip", "hostname", "tf_threads", "fused_reason"} <= recorded
     for key in recorded - {"params_in_effect"}:
-        assert (key in run.data.metrics or f"foldsweep.{key}" in run.data.tags
-                or key in ("model_summary", "trial_plan")), key
+        assert key in run.data.metrics or Tag.of(key) in run.data.tags or key in ("model_summary", "trial_plan"), key
     assert set(delivered[0]["params_in_effect"]) <= set(run.data.params)  # the optimizer and its learning rate
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
     assert {"model_summary.txt", "trial_plan.json", "history.csv", "trial_config.json"} <= artifacts

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
+from helpers import TINY_SPEC, merged, recorded_runs
 from typer.testing import CliRunner
 
-from conftest import TINY_SPEC, merged
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +31,8 @@ def finished_trials(database: Path) -> int:
         with sqlite3.connect(database, timeout=5) as connection:
             return connection.execute(
                 "select count(*) from runs r join tags t on t.run_uuid = r.run_uuid "
-                "where t.key = 'foldsweep.role' and t.value = 'trial' and r.status = 'FINISHED'").fetchone()[0]
+                f"where t.key = '{Tag.ROLE}' and t.value = 'trial' and r.status = 'FINISHED'"
+            ).fetchone()[0]
     except sqlite3.OperationalError:
         return 0
 
@@ -40,9 +41,13 @@ def unfinished_checkpoints(directory: Path) -> list[Path]:
     """The newest checkpoint of each trial the record does not hold as finished."""
     try:
         with sqlite3.connect(directory / "mlflow.db", timeout=5) as connection:
-            finished = {row[0] for row in connection.execute(
-                "select t.value from runs r join tags t on t.run_uuid = r.run_uuid "
-                "where t.key = 'foldsweep.trial_id' and r.status = 'FINISHED'")}
+            finished = {
+                row[0]
+                for row in connection.execute(
+                    "select t.value from runs r join tags t on t.run_uuid = r.run_uuid "
+                    f"where t.key = '{Tag.TRIAL_ID}' and r.status = 'FINISHED'"
+                )
+            }
     except sqlite3.OperationalError:
         return []
     found = []
@@ -54,21 +59,23 @@ def unfinished_checkpoints(directory: Path) -> list[Path]:
 
 
 def runs(directory: Path):
-    client = MlflowClient(f"sqlite:///{directory / 'mlflow.db'}")
-    found = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
-    parents = [run for run in found if run.data.tags["foldsweep.role"] == "sweep"]
-    trials = [run for run in found if run.data.tags["foldsweep.role"] == "trial"]
-    return client, parents, trials
+    return recorded_runs(f"sqlite:///{directory / 'mlflow.db'}", "resume")
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(ray_cluster, tmp_path, empty_store, stop):
     """About 45 s beside the other pytest worker: `foldsweep run` in a process of its own (it
     starts Ray and TensorFlow) stopped in mid-sweep, then resumed in this one."""
-    spec = merged(TINY_SPEC, {"name": "resume", "dataset": {"num_samples": 1000},
-                              "search": {"num_samples": TRIALS, "space": {"kernel_size": 3, "batch_size": 8}},
-                              "train": {"epochs": EPOCHS},
-                              "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
+    spec = merged(
+        TINY_SPEC,
+        {
+            "name": "resume",
+            "dataset": {"num_samples": 1000},
+            "search": {"num_samples": TRIALS, "space": {"kernel_size": 3, "batch_size": 8}},
+            "train": {"epochs": EPOCHS},
+            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        },
+    )
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
     command = [str(Path(sys.executable).parent / "foldsweep"), "run", "spec.yaml"]
     sweep = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -77,7 +84,8 @@ def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(ray_cluster
         # Waiting for progress, not timing anything; a kill -9 waits for a trial in the middle
         # of its epochs too.
         while finished_trials(tmp_path / "mlflow.db") < 2 or (
-                stop == signal.SIGKILL and not unfinished_checkpoints(tmp_path)):
+            stop == signal.SIGKILL and not unfinished_checkpoints(tmp_path)
+        ):
             assert time.monotonic() < deadline and sweep.poll() is None, "the sweep made no progress"
             time.sleep(0.5)
         os.kill(sweep.pid, stop)
@@ -95,14 +103,17 @@ def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(ray_cluster
     client, parents, trials = runs(tmp_path)
     assert len(parents) == 1
     parent_id = parents[0].info.run_id
-    done_before = {run.info.run_id: (run.info.end_time, len(client.get_metric_history(run.info.run_id, "mean_val_loss")))
-                   for run in trials if run.info.status == "FINISHED"}
+    done_before = {
+        run.info.run_id: (run.info.end_time, len(client.get_metric_history(run.info.run_id, "mean_val_loss")))
+        for run in trials
+        if run.info.status == "FINISHED"
+    }
     assert 2 <= len(done_before) < TRIALS
     if stop == signal.SIGINT:
         assert sweep.returncode == 130, output
         # The command as it was run (not on the PATH here: by its path), to paste again.
         assert f"Resume with: {command[0]} run spec.yaml --resume" in " ".join(output.split()), output
-        assert parents[0].info.status == "KILLED" and parents[0].data.tags["foldsweep.status"] == "interrupted"
+        assert parents[0].info.status == "KILLED" and parents[0].data.tags[Tag.STATUS] == "interrupted"
         assert all(run.info.status in ("FINISHED", "KILLED") for run in trials)
 
     resumed = CliRunner().invoke(app, ["run", str(tmp_path / "spec.yaml"), "--resume"])
@@ -114,10 +125,10 @@ def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(ray_cluster
     assert f"({TRIALS} in the sweep, {len(done_before)} ended before this resume)" in resumed.output
     client, parents, trials = runs(tmp_path)
     assert [parent.info.run_id for parent in parents] == [parent_id]
-    assert parents[0].info.status == "FINISHED" and parents[0].data.tags["foldsweep.resumes"] == "1"
+    assert parents[0].info.status == "FINISHED" and parents[0].data.tags[Tag.RESUMES] == "1"
     assert len(trials) == TRIALS
-    assert len({run.data.tags["foldsweep.trial_id"] for run in trials}) == TRIALS
-    assert all(run.info.status == "FINISHED" and run.data.tags["foldsweep.status"] == "ok" for run in trials)
+    assert len({run.data.tags[Tag.TRIAL_ID] for run in trials}) == TRIALS
+    assert all(run.info.status == "FINISHED" and run.data.tags[Tag.STATUS] == "ok" for run in trials)
     for run in trials:
         history = client.get_metric_history(run.info.run_id, "mean_val_loss")
         assert sorted(metric.step for metric in history) == list(range(1, EPOCHS + 1)), "each epoch recorded once"
@@ -132,8 +143,13 @@ def test_resume_refuses_a_finished_sweep(tmp_path, write_spec, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = write_spec({"name": "done"})
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    parent, _ = tracker.start_sweep(name="done", spec_text="", manifest={}, params={},
-                                    ray_path_for=lambda run_id: str(tmp_path / "ray_results" / run_id))
+    parent, _ = tracker.start_sweep(
+        name="done",
+        spec_text="",
+        manifest={},
+        params={},
+        ray_path_for=lambda run_id: str(tmp_path / "ray_results" / run_id),
+    )
     tracker.end_sweep(parent, status=SweepStatus.OK, summary={})
     result = CliRunner().invoke(app, ["run", str(spec), "--resume"])
     assert result.exit_code == 2

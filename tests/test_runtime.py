@@ -7,8 +7,16 @@ import os
 import pytest
 
 from pipeline.contract.plan import ThreadPlan
-from pipeline.engine.runtime import (GPU_CONTEXT_RESERVE_MB, DeviceError, GpuMemory, ThreadsError, configure_devices,
-                                     configure_threads, hide_gpus, threads_in_effect)
+from pipeline.engine.runtime import (
+    GPU_CONTEXT_RESERVE_MB,
+    DeviceError,
+    GpuMemory,
+    ThreadsError,
+    configure_devices,
+    configure_threads,
+    hide_gpus,
+    threads_in_effect,
+)
 
 
 def test_thread_pools_that_cannot_be_applied_raise():
@@ -18,8 +26,11 @@ def test_thread_pools_that_cannot_be_applied_raise():
     running = threads_in_effect()
     configure_threads(running)  # what already runs needs no change
     other = ThreadPlan(intra_op=running.intra_op + 3, inter_op=running.inter_op + 2)
-    with pytest.raises(ThreadsError, match=rf"already runs in this process with {running.describe()} threads, and "
-                                           rf"this trial needs {other.describe()}"):
+    with pytest.raises(
+        ThreadsError,
+        match=rf"already runs in this process with {running.describe()} threads, and "
+        rf"this trial needs {other.describe()}",
+    ):
         configure_threads(other)
     assert threads_in_effect() == running
 
@@ -44,12 +55,21 @@ def two_gpus(monkeypatch):
         return gpus if device_type == "GPU" else []
 
     monkeypatch.setattr(tf.config, "list_physical_devices", list_physical_devices)
-    monkeypatch.setattr(tf.config, "set_visible_devices",
-                        lambda devices, device_type=None: calls.append(("visible", list(devices), device_type)))
-    monkeypatch.setattr(tf.config, "set_logical_device_configuration", lambda device, logical: calls.append(
-        ("limit", device.name, [config.memory_limit for config in logical])))
-    monkeypatch.setattr(tf.config.experimental, "set_memory_growth",
-                        lambda device, enable: calls.append(("growth", device.name, enable)))
+    monkeypatch.setattr(
+        tf.config,
+        "set_visible_devices",
+        lambda devices, device_type=None: calls.append(("visible", list(devices), device_type)),
+    )
+    monkeypatch.setattr(
+        tf.config,
+        "set_logical_device_configuration",
+        lambda device, logical: calls.append(("limit", device.name, [config.memory_limit for config in logical])),
+    )
+    monkeypatch.setattr(
+        tf.config.experimental,
+        "set_memory_growth",
+        lambda device, enable: calls.append(("growth", device.name, enable)),
+    )
     monkeypatch.setattr(runtime, "_device_notice", None)
     monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
@@ -69,8 +89,13 @@ def test_a_worker_without_gpus_hides_them_before_tensorflow_starts(two_gpus, mon
     monkeypatch.setattr(pipeline.base.compile_cache, "deactivate", lambda: None)
     monkeypatch.setattr(pipeline.engine.resident, "resident_data", lambda *args: two_gpus.append(("data",)))
     monkeypatch.setattr(pipeline.inputs.hypermodel, "load_builder", lambda *args: None)
-    settings = SimpleNamespace(gpus=0.0, train=SimpleNamespace(compile_cache=False), dataset_fingerprint="f",
-                               experiment_path="experiment.py", experiment_attr="build")
+    settings = SimpleNamespace(
+        gpus=0.0,
+        train=SimpleNamespace(compile_cache=False),
+        dataset_fingerprint="f",
+        experiment_path="experiment.py",
+        experiment_attr="build",
+    )
     worker = set_up_worker(settings, x=None, y=None, threads=threads_in_effect())
     # CUDA found no device when TensorFlow first asked (so it made no context on any), and
     # TensorFlow keeps off any it would have found; the processes this one starts see them all.
@@ -79,13 +104,17 @@ def test_a_worker_without_gpus_hides_them_before_tensorflow_starts(two_gpus, mon
     assert worker.device_notice == "resources.gpu is 0: this worker's TensorFlow sees no GPU, training on CPU"
 
 
-@pytest.mark.parametrize(("fraction", "memory", "limit"), [
-    (0.25, GpuMemory(total_mb=16_000, free_mb=15_500), 4_000 - GPU_CONTEXT_RESERVE_MB),
-    (0.5, GpuMemory(total_mb=16_000, free_mb=3_000), 3_000 - GPU_CONTEXT_RESERVE_MB),  # others hold the rest
-    (0.5, GpuMemory(total_mb=16_000, free_mb=None), 8_000 - GPU_CONTEXT_RESERVE_MB),
-])
-def test_a_fractional_slot_grows_up_to_a_ceiling_that_leaves_room_for_its_cuda_context(two_gpus, monkeypatch,
-                                                                                         fraction, memory, limit):
+@pytest.mark.parametrize(
+    ("fraction", "memory", "limit"),
+    [
+        (0.25, GpuMemory(total_mb=16_000, free_mb=15_500), 4_000 - GPU_CONTEXT_RESERVE_MB),
+        (0.5, GpuMemory(total_mb=16_000, free_mb=3_000), 3_000 - GPU_CONTEXT_RESERVE_MB),  # others hold the rest
+        (0.5, GpuMemory(total_mb=16_000, free_mb=None), 8_000 - GPU_CONTEXT_RESERVE_MB),
+    ],
+)
+def test_a_fractional_slot_grows_up_to_a_ceiling_that_leaves_room_for_its_cuda_context(
+    two_gpus, monkeypatch, fraction, memory, limit
+):
     from pipeline.engine import runtime
 
     monkeypatch.setattr(runtime, "_gpu_memory", lambda: memory)
@@ -97,10 +126,13 @@ def test_a_fractional_slot_grows_up_to_a_ceiling_that_leaves_room_for_its_cuda_c
     assert configure_devices(fraction) == notice and len(two_gpus) == 3  # set once per process
 
 
-@pytest.mark.parametrize(("fraction", "memory", "notice"), [
-    (1.0, GpuMemory(total_mb=16_000, free_mb=15_500), "GPU with memory growth"),
-    (0.5, None, "GPU slot 0.5 of a GPU of unknown size (nvidia-smi did not answer): memory growth, no ceiling"),
-])
+@pytest.mark.parametrize(
+    ("fraction", "memory", "notice"),
+    [
+        (1.0, GpuMemory(total_mb=16_000, free_mb=15_500), "GPU with memory growth"),
+        (0.5, None, "GPU slot 0.5 of a GPU of unknown size (nvidia-smi did not answer): memory growth, no ceiling"),
+    ],
+)
 def test_a_whole_gpu_or_one_of_unknown_size_grows(two_gpus, monkeypatch, fraction, memory, notice):
     from pipeline.engine import runtime
 
@@ -120,9 +152,12 @@ def test_a_slot_that_cannot_be_set_fails_with_the_reason(two_gpus, monkeypatch):
 
     monkeypatch.setattr(runtime, "_gpu_memory", lambda: GpuMemory(total_mb=16_000, free_mb=None))
     monkeypatch.setattr(tf.config, "set_logical_device_configuration", started)
-    with pytest.raises(DeviceError, match=r"resources.gpu 0.25: TensorFlow has already set up the GPUs of this "
-                                          r"process, so it can no longer be limited to its slot \(Virtual devices "
-                                          r"cannot be modified after being initialized\)"):
+    with pytest.raises(
+        DeviceError,
+        match=r"resources.gpu 0.25: TensorFlow has already set up the GPUs of this "
+        r"process, so it can no longer be limited to its slot \(Virtual devices "
+        r"cannot be modified after being initialized\)",
+    ):
         configure_devices(0.25)
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
+from helpers import TINY_SPEC, free_port, merged, recorded_runs, serving, wait_for
 from typer.testing import CliRunner
 
-from conftest import TINY_SPEC, free_port, merged, serving, wait_for
 from pipeline.cli import app
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -26,11 +26,7 @@ BIN = Path(sys.executable).parent
 
 
 def trial_runs(uri: str, experiment: str):
-    client = MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([found.experiment_id]) if found else []
-    trials = [run for run in runs if run.data.tags.get("foldsweep.role") == "trial"]
-    parents = [run for run in runs if run.data.tags.get("foldsweep.role") == "sweep"]
+    client, parents, trials = recorded_runs(uri, experiment)
     return client, trials, parents
 
 
@@ -42,22 +38,34 @@ def worker_pid(database: Path) -> int | None:
         with sqlite3.connect(database, timeout=5) as connection:
             row = connection.execute(
                 "select t.value from tags t join metrics m on m.run_uuid = t.run_uuid "
-                "where t.key = 'foldsweep.pid' and m.key = 'mean_val_accuracy' limit 1").fetchone()
+                f"where t.key = '{Tag.of('pid')}' and m.key = 'mean_val_accuracy' limit 1"
+            ).fetchone()
     except sqlite3.OperationalError:
         return None
     return int(row[0]) if row else None
 
 
 def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path, empty_store):
-    spec = merged(TINY_SPEC, {"name": "faults", "dataset": {"num_samples": 1500},
-                              "search": {"num_samples": 1, "space": {"kernel_size": 3, "batch_size": 8}},
-                              # Epochs enough to outlast the poll that finds the first one.
-                              "train": {"epochs": 12},
-                              "resources": {"max_failures": 2},
-                              "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
+    spec = merged(
+        TINY_SPEC,
+        {
+            "name": "faults",
+            "dataset": {"num_samples": 1500},
+            "search": {"num_samples": 1, "space": {"kernel_size": 3, "batch_size": 8}},
+            # Epochs enough to outlast the poll that finds the first one.
+            "train": {"epochs": 12},
+            "resources": {"max_failures": 2},
+            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        },
+    )
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
-    sweep = subprocess.Popen([str(BIN / "foldsweep"), "run", "spec.yaml"], cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sweep = subprocess.Popen(
+        [str(BIN / "foldsweep"), "run", "spec.yaml"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         pid = wait_for(lambda: worker_pid(tmp_path / "mlflow.db"), seconds=180, what="a trial's first epoch")
         os.kill(pid, signal.SIGKILL)
@@ -69,15 +77,16 @@ def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path, empty_stor
     _, trials, _ = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "faults")
     assert len(trials) == 1
     trial = trials[0]
-    assert trial.info.status == "FINISHED" and trial.data.tags["foldsweep.status"] == "ok"
-    assert trial.data.tags["foldsweep.retries"] == "1" and trial.data.metrics["retries"] == 1
-    assert int(trial.data.tags["foldsweep.pid"]) != pid  # finished in a new worker process
+    assert trial.info.status == "FINISHED" and trial.data.tags[Tag.STATUS] == "ok"
+    assert trial.data.tags[Tag.RETRIES] == "1" and trial.data.metrics["retries"] == 1
+    assert int(trial.data.tags[Tag.of("pid")]) != pid  # finished in a new worker process
 
 
 def started_node(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     """`ray start ... --block` in a session of its own, once it says the node runs."""
-    node = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    node = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     said = []
     for line in node.stdout:
         said.append(line)
@@ -133,8 +142,9 @@ def two_node_cluster(without_ray):
     node_options = ["--num-cpus=1", "--disable-usage-stats", f"--temp-dir={temp_dir}", "--block"]
     nodes = []
     try:
-        nodes.append(started_node([ray, "start", "--head", f"--port={port}", "--include-dashboard=false",
-                                   *node_options], env))
+        nodes.append(
+            started_node([ray, "start", "--head", f"--port={port}", "--include-dashboard=false", *node_options], env)
+        )
         nodes.append(started_node([ray, "start", f"--address=127.0.0.1:{port}", *node_options], env))
         yield f"127.0.0.1:{port}"
     finally:
@@ -156,15 +166,21 @@ def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, em
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     # A worker retires after its trial: a cached one would take the next trial before the other
     # node's worker has started, and every trial could run on one node.
-    spec = write_spec({"name": "cluster", "search": {"num_samples": 4}, "train": {"epochs": 1},
-                       "resources": {"max_concurrent": 2, "max_trials_per_worker": 1}})
+    spec = write_spec(
+        {
+            "name": "cluster",
+            "search": {"num_samples": 4},
+            "train": {"epochs": 1},
+            "resources": {"max_concurrent": 2, "max_trials_per_worker": 1},
+        }
+    )
 
     result = CliRunner().invoke(app, ["run", str(spec), "--address", two_node_cluster])
 
     assert result.exit_code == 0, result.output
     _, trials, _ = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "cluster")
     assert len(trials) == 4 and all(run.info.status == "FINISHED" for run in trials)
-    assert len({run.data.tags["foldsweep.node_id"] for run in trials}) == 2, "trials ran on both nodes"
+    assert len({run.data.tags[Tag.of("node_id")] for run in trials}) == 2, "trials ran on both nodes"
 
 
 # The README's auth.ini (its shared MLflow server recipe).
@@ -177,8 +193,9 @@ auth_cache_ttl_seconds = 60
 """
 
 
-def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(local_ray, without_ray, tmp_path, write_spec,
-                                                                       monkeypatch):
+def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(
+    local_ray, without_ray, tmp_path, write_spec, monkeypatch
+):
     """The README's basic-auth recipe on loopback: without the credentials, or with wrong ones,
     the sweep is refused before Ray starts; with them, it records over HTTP."""
     import ray
@@ -189,22 +206,46 @@ def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(local_ray,
     (tmp_path / "auth.ini").write_text(AUTH_CONFIG.format(directory=tmp_path))
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    server_environment = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini"),
-                          "MLFLOW_AUTH_ADMIN_PASSWORD": "s3cret-Passphrase", "MLFLOW_FLASK_SERVER_SECRET_KEY": "k" * 32,
-                          "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    with serving([sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--backend-store-uri",
-                  f"sqlite:///{tmp_path / 'server.db'}", "--host", "127.0.0.1", "--port", str(port),
-                  # One worker process: four (the default) start for seconds on two cores.
-                  "--workers", "1"],
-                 url=uri, what="the MLflow server", cwd=tmp_path, env=server_environment):
+    server_environment = {
+        **os.environ,
+        "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini"),
+        "MLFLOW_AUTH_ADMIN_PASSWORD": "s3cret-Passphrase",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "k" * 32,
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
+    with serving(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--app-name",
+            "basic-auth",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            # One worker process: four (the default) start for seconds on two cores.
+            "--workers",
+            "1",
+        ],
+        url=uri,
+        what="the MLflow server",
+        cwd=tmp_path,
+        env=server_environment,
+    ):
         spec = write_spec({"name": "server", "search": {"num_samples": 1}, "train": {"epochs": 1, "refit": True}})
         before = sorted(path.name for path in tmp_path.iterdir())
         anonymous = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
         wrong = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
-        for refused, phrase in ((anonymous, "asks for credentials: set MLFLOW_TRACKING_USERNAME"),
-                                (wrong, "refuses the credentials of MLFLOW_TRACKING_USERNAME")):
+        for refused, phrase in (
+            (anonymous, "asks for credentials: set MLFLOW_TRACKING_USERNAME"),
+            (wrong, "refuses the credentials of MLFLOW_TRACKING_USERNAME"),
+        ):
             assert refused.exit_code == 2, refused.output
             assert f"--tracking-uri: the MLflow server at '{uri}' {phrase}" in " ".join(refused.output.split())
         assert not ray.is_initialized()

@@ -11,11 +11,35 @@ from pipeline.inputs.scoring import KNOWN_DIRECTIONS, Scorer, ValidationMetrics,
 
 # Where the table departs from KerasTuner's rule, which calls every keras.metrics class it does not
 # list "min": these improve upwards.
-KERAS_TUNER_WRONG = {"F1Score", "f1_score", "FBetaScore", "fbeta_score", "R2Score", "r2_score", "CosineSimilarity",
-                     "cosine_similarity", "PearsonCorrelation", "pearson_correlation", "ConcordanceCorrelation",
-                     "concordance_correlation", "IoU", "MeanIoU", "mean_iou", "BinaryIoU", "binary_iou", "OneHotIoU",
-                     "OneHotMeanIoU", "PrecisionAtRecall", "RecallAtPrecision", "SensitivityAtSpecificity",
-                     "SpecificityAtSensitivity", "TruePositives", "true_positives", "TrueNegatives", "true_negatives"}
+KERAS_TUNER_WRONG = {
+    "F1Score",
+    "f1_score",
+    "FBetaScore",
+    "fbeta_score",
+    "R2Score",
+    "r2_score",
+    "CosineSimilarity",
+    "cosine_similarity",
+    "PearsonCorrelation",
+    "pearson_correlation",
+    "ConcordanceCorrelation",
+    "concordance_correlation",
+    "IoU",
+    "MeanIoU",
+    "mean_iou",
+    "BinaryIoU",
+    "binary_iou",
+    "OneHotIoU",
+    "OneHotMeanIoU",
+    "PrecisionAtRecall",
+    "RecallAtPrecision",
+    "SensitivityAtSpecificity",
+    "SpecificityAtSensitivity",
+    "TruePositives",
+    "true_positives",
+    "TrueNegatives",
+    "true_negatives",
+}
 
 
 def test_the_direction_table_is_keras_tuners_rule_put_right_where_it_is_wrong():
@@ -37,8 +61,12 @@ def test_every_keras_metric_class_has_a_direction():
 
     import keras
 
-    classes = [name for name in dir(keras.metrics) if inspect.isclass(getattr(keras.metrics, name))
-               and issubclass(getattr(keras.metrics, name), keras.metrics.Metric)]
+    classes = [
+        name
+        for name in dir(keras.metrics)
+        if inspect.isclass(getattr(keras.metrics, name))
+        and issubclass(getattr(keras.metrics, name), keras.metrics.Metric)
+    ]
     unknown = set(classes) - set(KNOWN_DIRECTIONS) - {"Metric", "Mean", "Sum", "MeanMetricWrapper"}
     assert not unknown
     # A Keras metric object by its class; a researcher's own by nothing (its name proves nothing).
@@ -58,13 +86,16 @@ def test_a_folds_metrics_are_accumulated_over_all_its_batches_not_averaged_per_b
     y = rng.integers(0, 2, 96)
     p = np.clip(y * 0.3 + rng.uniform(size=96) * 0.7, 0, 1).astype(np.float32)[:, None]
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-    model.compile(loss="binary_crossentropy", metrics=[keras.metrics.AUC(name="auc"), "accuracy"],
-                  weighted_metrics=[keras.metrics.TruePositives(name="tp")])
+    model.compile(
+        loss="binary_crossentropy",
+        metrics=[keras.metrics.AUC(name="auc"), "accuracy"],
+        weighted_metrics=[keras.metrics.TruePositives(name="tp")],
+    )
     metrics = ValidationMetrics(model)
     metrics.build(y[:1], p[:1])
     assert metrics.names == ("auc", "tp")  # accuracy is foldsweep's own (the same rule)
     for begin in range(0, 96, 32):
-        metrics.update(y[begin:begin + 32], p[begin:begin + 32])
+        metrics.update(y[begin : begin + 32], p[begin : begin + 32])
     whole = keras.metrics.AUC()
     whole.update_state(y, p)
     results = metrics.results()
@@ -100,7 +131,8 @@ def test_balanced_class_weights_come_from_each_training_folds_own_labels():
     balanced = fold_class_weights("balanced", data, fold)
     # the training fold's labels 0,0,0,1,2,2: never the validation fold's
     assert balanced.tolist() == pytest.approx(
-        compute_class_weight("balanced", classes=np.array([0, 1, 2]), y=y[fold.train]).tolist())
+        compute_class_weight("balanced", classes=np.array([0, 1, 2]), y=y[fold.train]).tolist()
+    )
     assert balanced[1] == pytest.approx(6 / (3 * 1))
     assert fold_class_weights({1: 4.0}, data, fold).tolist() == [1.0, 4.0, 1.0]  # unnamed classes weigh 1, as fit
     assert fold_class_weights(None, data, fold) is None

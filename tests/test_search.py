@@ -5,23 +5,23 @@ from __future__ import annotations
 
 import keras
 import pytest
+from helpers import DELETE, MNIST1D_EXPERIMENT, Replace
 from ray.tune.experiment import Experiment
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
 from ray.tune.search import BasicVariantGenerator, Searcher
 
-from conftest import DELETE, MNIST1D_EXPERIMENT, Replace
 from pipeline.base.errors import SpecError
+from pipeline.engine.recipe import TrainingParams, optimizer_recipe
 from pipeline.engine.relocation import movable
+from pipeline.engine.stacked import clip_per_fold
 from pipeline.inputs import searchers
 from pipeline.inputs import space as space_module
 from pipeline.inputs.hypermodel import load_experiment
 from pipeline.inputs.space import CLIP_PAIR, build_space, config_key, resolve_config
 from pipeline.inputs.spec import CLIPPING_KINDS, NO_CLIPPING, OPTIMIZERS, load_spec
 from pipeline.sweep import make_scheduler, make_searcher
-from pipeline.engine.recipe import TrainingParams, optimizer_recipe
-from pipeline.engine.stacked import clip_per_fold
 
-CONDITIONAL = '''
+CONDITIONAL = """
 import keras
 
 def build(hp):
@@ -36,16 +36,16 @@ def build(hp):
             x = keras.layers.Dense(hp.Int("dense_units", 4, 8, step=4))(x)
     x = keras.layers.Flatten()(x)
     return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(x))
-'''
+"""
 
-CONTINUOUS = '''
+CONTINUOUS = """
 import keras
 
 def build(hp):
     inputs = keras.Input((40, 1))
     x = keras.layers.Dropout(hp.Float("rate", 0.0, 0.5))(keras.layers.Flatten()(inputs))
     return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(x))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,9 @@ def mnist1d_hps():
     return load_experiment(MNIST1D_EXPERIMENT, "build").hyperparameters
 
 
-@pytest.mark.parametrize(("clipping", "argument"), [
-    ("norm", "clipnorm"), ("value", "clipvalue"), ("global_norm", "global_clipnorm")])
+@pytest.mark.parametrize(
+    ("clipping", "argument"), [("norm", "clipnorm"), ("value", "clipvalue"), ("global_norm", "global_clipnorm")]
+)
 def test_each_clipping_kind_sets_its_keras_argument(clipping, argument):
     optimizer = optimizer_recipe(None, TrainingParams(8, 1e-3, "adam", clipping=clipping, clip_threshold=0.5)).make()
     assert getattr(optimizer, argument) == 0.5
@@ -77,8 +78,9 @@ def test_every_optimizer_and_clipping_kind_the_spec_allows_is_made():
         assert isinstance(recipe.make(), keras.optimizers.Optimizer) and recipe.name == name
     for kind in CLIPPING_KINDS:
         threshold = None if kind == NO_CLIPPING else 0.5
-        assert optimizer_recipe(None, TrainingParams(8, 1e-3, "adam", clipping=kind, clip_threshold=threshold)
-                                ).clipping == (kind, threshold)
+        assert optimizer_recipe(
+            None, TrainingParams(8, 1e-3, "adam", clipping=kind, clip_threshold=threshold)
+        ).clipping == (kind, threshold)
         assert callable(clip_per_fold(kind, threshold))
 
 
@@ -87,17 +89,29 @@ def test_sgd_has_momentum():
 
 
 def test_clipping_grid_pairs_thresholds_only_with_clipping(write_spec, mnist1d_hps):
-    spec = load_spec(write_spec({"search": {"space": {
-        "clipping": {"grid": ["none", "norm", "value"]}, "clip_threshold": {"grid": [0.5, 1.0]}}}}))
+    spec = load_spec(
+        write_spec(
+            {
+                "search": {
+                    "space": {"clipping": {"grid": ["none", "norm", "value"]}, "clip_threshold": {"grid": [0.5, 1.0]}}
+                }
+            }
+        )
+    )
     pairs = build_space(spec, mnist1d_hps).param_space[CLIP_PAIR]["grid_search"]
     assert pairs == [
         {"clipping": "none", "clip_threshold": None},
-        {"clipping": "norm", "clip_threshold": 0.5}, {"clipping": "norm", "clip_threshold": 1.0},
-        {"clipping": "value", "clip_threshold": 0.5}, {"clipping": "value", "clip_threshold": 1.0},
+        {"clipping": "norm", "clip_threshold": 0.5},
+        {"clipping": "norm", "clip_threshold": 1.0},
+        {"clipping": "value", "clip_threshold": 0.5},
+        {"clipping": "value", "clip_threshold": 1.0},
     ]
     assert build_space(spec, mnist1d_hps).trial_count(2) == 10
     assert resolve_config({CLIP_PAIR: pairs[1], "filters": 16}) == {
-        "clipping": "norm", "clip_threshold": 0.5, "filters": 16}
+        "clipping": "norm",
+        "clip_threshold": 0.5,
+        "filters": 16,
+    }
 
 
 def test_threshold_is_dropped_when_clipping_is_off():
@@ -115,8 +129,7 @@ def test_conditional_scopes_are_discovered_and_inactive_values_dropped(write_spe
     assert any(isinstance(layer, keras.layers.Dense) and layer.units == 4 for layer in model.layers)
 
 
-def test_grid_search_enumerates_finite_spaces_and_refuses_continuous_ones(write_spec, write_experiment,
-                                                                          mnist1d_hps):
+def test_grid_search_enumerates_finite_spaces_and_refuses_continuous_ones(write_spec, write_experiment, mnist1d_hps):
     spec = load_spec(write_spec({"search": {"algorithm": "grid"}}))
     space = build_space(spec, mnist1d_hps).param_space
     assert space["kernel_size"] == {"grid_search": [3, 5]}
@@ -127,23 +140,47 @@ def test_grid_search_enumerates_finite_spaces_and_refuses_continuous_ones(write_
         build_space(spec, continuous.hyperparameters)
 
 
-@pytest.mark.parametrize(("search", "message"), [
-    ({"algorithm": "grid", "space": {"learning_rate": {"loguniform": [1e-4, 1e-2]}}},
-     "search.space.learning_rate must be a fixed value, choice or grid when search.algorithm is grid"),
-    ({"algorithm": "optuna", "space": {"batch_size": {"grid": [8, 16]}}},
-     "search.space.batch_size cannot be a grid with search.algorithm optuna"),
-    ({"space": {"clipping": "clip"}}, "search.space.clipping must be one of none, norm, value, global_norm"),
-    ({"space": {"clipping": {"choice": ["none", "nrom"]}}}, "(did you mean 'norm'?), got 'nrom'"),
-    ({"space": {"clip_threshold": 0}}, "search.space.clip_threshold must be a number > 0 (every value it takes), got 0"),
-    ({"space": {"epochs": {"choice": [2, 0]}}}, "search.space.epochs must be a positive integer (every value it takes), got 0"),
-    ({"scheduler": "hyperband"}, "search.scheduler must be one of fifo, asha, median"),
-    ({"scheduler": {"name": "asha", "reduction_factor": 1}}, "search.scheduler.reduction_factor must be an integer >= 2, got 1"),
-    ({"scheduler": {"name": "asha", "grace": 1}}, "unknown key 'search.scheduler.grace' (did you mean 'grace_period'?)"),
-    ({"scheduler": {"name": "asha", "grace_period": 3}}, "search.scheduler.grace_period must be below the epochs a "
-     "trial trains (train.epochs: at most 2), or asha can never stop a trial early, got grace_period=3"),
-    ({"scheduler": {"name": "median", "grace_period": 4}, "space": {"epochs": {"choice": [2, 4]}}},
-     "search.scheduler.grace_period must be below the epochs a trial trains (search.space.epochs: at most 4)"),
-])
+@pytest.mark.parametrize(
+    ("search", "message"),
+    [
+        (
+            {"algorithm": "grid", "space": {"learning_rate": {"loguniform": [1e-4, 1e-2]}}},
+            "search.space.learning_rate must be a fixed value, choice or grid when search.algorithm is grid",
+        ),
+        (
+            {"algorithm": "optuna", "space": {"batch_size": {"grid": [8, 16]}}},
+            "search.space.batch_size cannot be a grid with search.algorithm optuna",
+        ),
+        ({"space": {"clipping": "clip"}}, "search.space.clipping must be one of none, norm, value, global_norm"),
+        ({"space": {"clipping": {"choice": ["none", "nrom"]}}}, "(did you mean 'norm'?), got 'nrom'"),
+        (
+            {"space": {"clip_threshold": 0}},
+            "search.space.clip_threshold must be a number > 0 (every value it takes), got 0",
+        ),
+        (
+            {"space": {"epochs": {"choice": [2, 0]}}},
+            "search.space.epochs must be a positive integer (every value it takes), got 0",
+        ),
+        ({"scheduler": "hyperband"}, "search.scheduler must be one of fifo, asha, median"),
+        (
+            {"scheduler": {"name": "asha", "reduction_factor": 1}},
+            "search.scheduler.reduction_factor must be an integer >= 2, got 1",
+        ),
+        (
+            {"scheduler": {"name": "asha", "grace": 1}},
+            "unknown key 'search.scheduler.grace' (did you mean 'grace_period'?)",
+        ),
+        (
+            {"scheduler": {"name": "asha", "grace_period": 3}},
+            "search.scheduler.grace_period must be below the epochs a "
+            "trial trains (train.epochs: at most 2), or asha can never stop a trial early, got grace_period=3",
+        ),
+        (
+            {"scheduler": {"name": "median", "grace_period": 4}, "space": {"epochs": {"choice": [2, 4]}}},
+            "search.scheduler.grace_period must be below the epochs a trial trains (search.space.epochs: at most 4)",
+        ),
+    ],
+)
 def test_search_rules(write_spec, search, message):
     with pytest.raises(SpecError) as caught:
         load_spec(write_spec({"search": search}))
@@ -152,8 +189,9 @@ def test_search_rules(write_spec, search, message):
 
 def test_schedulers_are_built_from_the_spec(write_spec):
     assert isinstance(make_scheduler(load_spec(write_spec())), FIFOScheduler)
-    asha = make_scheduler(load_spec(write_spec({"search": {"scheduler": {"name": "asha", "grace_period": 2}},
-                                                "train": {"epochs": 3}})))
+    asha = make_scheduler(
+        load_spec(write_spec({"search": {"scheduler": {"name": "asha", "grace_period": 2}}, "train": {"epochs": 3}}))
+    )
     assert isinstance(asha, ASHAScheduler) and asha._max_t == 3
     assert isinstance(make_scheduler(load_spec(write_spec({"search": {"scheduler": "median"}}))), MedianStoppingRule)
 
@@ -173,9 +211,17 @@ def optuna_suggestions(spec, hps, count=5):
 
 
 def test_optuna_tpe_with_a_seed_proposes_the_same_configs_and_no_threshold_without_clipping(write_spec, mnist1d_hps):
-    overrides = {"search": {"algorithm": "optuna", "seed": 7, "space": {
-        "learning_rate": {"loguniform": [1e-4, 1e-1]}, "clipping": {"choice": ["none", "norm"]},
-        "clip_threshold": {"loguniform": [0.1, 10.0]}}}}
+    overrides = {
+        "search": {
+            "algorithm": "optuna",
+            "seed": 7,
+            "space": {
+                "learning_rate": {"loguniform": [1e-4, 1e-1]},
+                "clipping": {"choice": ["none", "norm"]},
+                "clip_threshold": {"loguniform": [0.1, 10.0]},
+            },
+        }
+    }
     spec = load_spec(write_spec(overrides))
     first = optuna_suggestions(spec, mnist1d_hps)
     assert first == optuna_suggestions(spec, mnist1d_hps)
@@ -187,8 +233,13 @@ def test_optuna_tpe_with_a_seed_proposes_the_same_configs_and_no_threshold_witho
 
 
 # 2 x 2 x 2 = 8 configs: the model's other hyperparameters fixed.
-EIGHT_CONFIGS = {"conv_layers": 1, "filters": 16, "kernel_size": {"choice": [3, 5]},
-                 "dropout": {"choice": [0.0, 0.1]}, "batch_size": {"choice": [8, 16]}}
+EIGHT_CONFIGS = {
+    "conv_layers": 1,
+    "filters": 16,
+    "kernel_size": {"choice": [3, 5]},
+    "dropout": {"choice": [0.0, 0.1]},
+    "batch_size": {"choice": [8, 16]},
+}
 
 
 def trainable(config):
@@ -198,8 +249,9 @@ def trainable(config):
 def tuner_trials(searcher, space, num_samples, storage, *, stop_after=None):
     """The trials a searcher makes, asked as Ray Tune's TuneController asks: the experiment added,
     then next_trial until there is none (or ``stop_after``), each trial ended before the next."""
-    searcher.add_configurations([Experiment("sweep", trainable, config=space.param_space, num_samples=num_samples,
-                                            storage_path=str(storage))])
+    searcher.add_configurations(
+        [Experiment("sweep", trainable, config=space.param_space, num_samples=num_samples, storage_path=str(storage))]
+    )
     return made_trials(searcher, stop_after)
 
 
@@ -214,8 +266,9 @@ def made_trials(searcher, stop_after=None):
 def searched_values(space, trials):
     """Each trial's config as the trial uses it, its searched values only."""
     searched = set(space.searched())
-    return [{name: value for name, value in space.resolve(trial.config).items() if name in searched}
-            for trial in trials]
+    return [
+        {name: value for name, value in space.resolve(trial.config).items() if name in searched} for trial in trials
+    ]
 
 
 def random_search(write_spec, hps, tmp_path, space, num_samples, **search):
@@ -240,7 +293,8 @@ def test_more_samples_than_configs_runs_each_once_and_says_so(write_spec, mnist1
     assert space.trial_count(12) == len(configs) == len(distinct(configs)) == 8
     assert space.repeats_notice(12) == (
         "search.num_samples 12 exceeds the 8 distinct configs of the search space: each runs once (8 trials); "
-        "search.algorithm: grid enumerates them")
+        "search.algorithm: grid enumerates them"
+    )
     assert "--num-samples 12 exceeds" in space.repeats_notice(12, source="--num-samples")
 
 
@@ -249,8 +303,9 @@ def test_validate_counts_the_distinct_configs_and_says_why(write_spec):
 
     from pipeline.cli import app
 
-    result = CliRunner().invoke(app, ["validate", str(write_spec({"search": {"num_samples": 12,
-                                                                             "space": Replace(EIGHT_CONFIGS)}}))])
+    result = CliRunner().invoke(
+        app, ["validate", str(write_spec({"search": {"num_samples": 12, "space": Replace(EIGHT_CONFIGS)}}))]
+    )
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())
     assert "random search, 8 trials" in output
@@ -260,31 +315,58 @@ def test_validate_counts_the_distinct_configs_and_says_why(write_spec):
 def test_a_threshold_without_clipping_makes_no_new_config(write_spec, mnist1d_hps, tmp_path):
     """clipping none once per kernel size, norm with each threshold: 2 x (1 + 2) = 6 configs, at
     each of the grid's two batch sizes."""
-    space = {"conv_layers": 1, "filters": 16, "dropout": 0.0, "kernel_size": {"choice": [3, 5]},
-             "clipping": {"choice": ["none", "norm"]}, "clip_threshold": {"choice": [0.5, 1.0]},
-             "batch_size": {"grid": [8, 16]}}
+    space = {
+        "conv_layers": 1,
+        "filters": 16,
+        "dropout": 0.0,
+        "kernel_size": {"choice": [3, 5]},
+        "clipping": {"choice": ["none", "norm"]},
+        "clip_threshold": {"choice": [0.5, 1.0]},
+        "batch_size": {"grid": [8, 16]},
+    }
     built, configs = random_search(write_spec, mnist1d_hps, tmp_path, space, 10)
     assert built.trial_count(10) == len(configs) == len(distinct(configs)) == 12
     for batch_size in (8, 16):
         at_point = [config for config in configs if config["batch_size"] == batch_size]
         assert sorted((c["kernel_size"], c["clipping"], c.get("clip_threshold", 0)) for c in at_point) == [
-            (3, "none", 0), (3, "norm", 0.5), (3, "norm", 1.0), (5, "none", 0), (5, "norm", 0.5), (5, "norm", 1.0)]
+            (3, "none", 0),
+            (3, "norm", 0.5),
+            (3, "norm", 1.0),
+            (5, "none", 0),
+            (5, "norm", 0.5),
+            (5, "norm", 1.0),
+        ]
     assert built.repeats_notice(10) == (
         "search.num_samples 10 at each of the 2 grid points would repeat configs: they make 12 distinct ones, and "
-        "each runs once (12 trials, not 20)")
+        "each runs once (12 trials, not 20)"
+    )
 
 
 def test_grid_search_runs_a_conditional_scope_once_per_config(write_spec, write_experiment, tmp_path):
     """block x conv_filters x dense_units is 8 grid points, but only 4 configs: conv_filters
     counts only for conv blocks, dense_units only for dense ones."""
     experiment = load_experiment(write_experiment(CONDITIONAL), "build")
-    spec = load_spec(write_spec({"experiment": experiment.reference,
-                                 "search": {"algorithm": "grid", "num_samples": 1, "space": Replace({})}}))
+    spec = load_spec(
+        write_spec(
+            {
+                "experiment": experiment.reference,
+                "search": {"algorithm": "grid", "num_samples": 1, "space": Replace({})},
+            }
+        )
+    )
     space = build_space(spec, experiment.hyperparameters)
     configs = searched_values(space, tuner_trials(make_searcher(spec, space), space, 1, tmp_path / "ray"))
-    assert sorted(map(config_key, configs)) == sorted(map(config_key, [
-        {"block": "conv", "conv_filters": 4}, {"block": "conv", "conv_filters": 8},
-        {"block": "dense", "dense_units": 4}, {"block": "dense", "dense_units": 8}]))
+    assert sorted(map(config_key, configs)) == sorted(
+        map(
+            config_key,
+            [
+                {"block": "conv", "conv_filters": 4},
+                {"block": "conv", "conv_filters": 8},
+                {"block": "dense", "dense_units": 4},
+                {"block": "dense", "dense_units": 8},
+            ],
+        )
+    )
     assert space.trial_count(1) == 4 and space.trial_count(3) == 4
     assert space.repeats_notice(1).startswith("the 8 grid points make 4 distinct configs")
 
@@ -303,10 +385,14 @@ def test_the_same_seed_draws_the_same_configs_and_another_seed_others(write_spec
     assert first == again and first != other
 
 
-@pytest.mark.parametrize("space", [
-    {"learning_rate": {"loguniform": [1e-4, 1e-2]}, "batch_size": {"grid": [8, 16]}},
-    {**EIGHT_CONFIGS, "learning_rate": {"loguniform": [1e-4, 1e-2]}},
-], ids=["continuous with a grid", "finite and continuous"])
+@pytest.mark.parametrize(
+    "space",
+    [
+        {"learning_rate": {"loguniform": [1e-4, 1e-2]}, "batch_size": {"grid": [8, 16]}},
+        {**EIGHT_CONFIGS, "learning_rate": {"loguniform": [1e-4, 1e-2]}},
+    ],
+    ids=["continuous with a grid", "finite and continuous"],
+)
 def test_a_space_that_cannot_repeat_a_config_draws_what_ray_tune_drew(write_spec, mnist1d_hps, tmp_path, space):
     """Sweeps recorded before draws were kept distinct draw the same configs from the same seed."""
     spec = load_spec(write_spec({"search": {"num_samples": 6, "seed": 5, "space": Replace(space)}}))
@@ -358,16 +444,21 @@ def optuna_configs(spec, space, count):
     return configs
 
 
-@pytest.mark.parametrize("repeats", [searchers.REPEATS_BEFORE_A_NEW_CONFIG, 1],
-                         ids=["patient", "given untried configs"])
+@pytest.mark.parametrize(
+    "repeats", [searchers.REPEATS_BEFORE_A_NEW_CONFIG, 1], ids=["patient", "given untried configs"]
+)
 @pytest.mark.parametrize("num_samples", [6, 12])
-def test_optuna_never_suggests_a_config_twice_and_finishes_when_all_were(write_spec, mnist1d_hps, monkeypatch,
-                                                                          num_samples, repeats):
+def test_optuna_never_suggests_a_config_twice_and_finishes_when_all_were(
+    write_spec, mnist1d_hps, monkeypatch, num_samples, repeats
+):
     """Optuna's TPE proposes configs it proposed before (4 to 6 distinct of 8 with seeds 0-4):
     they are answered without training, and after all 8 the search is finished."""
     monkeypatch.setattr(searchers, "REPEATS_BEFORE_A_NEW_CONFIG", repeats)
-    spec = load_spec(write_spec({"search": {"algorithm": "optuna", "num_samples": num_samples, "seed": 0,
-                                            "space": Replace(EIGHT_CONFIGS)}}))
+    spec = load_spec(
+        write_spec(
+            {"search": {"algorithm": "optuna", "num_samples": num_samples, "seed": 0, "space": Replace(EIGHT_CONFIGS)}}
+        )
+    )
     space = build_space(spec, mnist1d_hps)
     configs = optuna_configs(spec, space, num_samples)
     assert len(configs) == len(distinct(configs)) == space.trial_count(num_samples) == min(num_samples, 8)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import keras
 import pytest
+from helpers import Replace
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from conftest import Replace
 from pipeline.cli import app
 from pipeline.inputs.hypermodel import load_experiment
+from pipeline.records.tracking import Tag
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 
@@ -40,11 +41,12 @@ MODEL_HPS = {"filters", "kernel", "pool", "units", "dropout"}
 def trials_of(tmp_path, experiment):
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    return client, client.search_runs([experiment_id], filter_string="tags.`foldsweep.role` = 'trial'")
+    return client, client.search_runs([experiment_id], filter_string=f"tags.`{Tag.ROLE}` = 'trial'")
 
 
 def test_unmodified_keras_tuner_hypermodel_sweeps_with_every_hp_recorded_as_used(
-        ray_cluster, tmp_path, write_spec, write_experiment, monkeypatch):
+    ray_cluster, tmp_path, write_spec, write_experiment, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     path = write_experiment(KERAS_TUNER_HYPERMODEL)
     spec = write_spec({"name": "kt", "experiment": f"{path}:CNN", "search": {"num_samples": 3, "space": Replace({})}})
@@ -59,8 +61,13 @@ def test_unmodified_keras_tuner_hypermodel_sweeps_with_every_hp_recorded_as_used
         params = run.data.params
         assert MODEL_HPS <= set(params)
         assert "split1_val_accuracy" in run.data.metrics
-        values = {"filters": int(params["filters"]), "kernel": int(params["kernel"]),
-                  "pool": params["pool"] == "True", "units": int(params["units"]), "dropout": float(params["dropout"])}
+        values = {
+            "filters": int(params["filters"]),
+            "kernel": int(params["kernel"]),
+            "pool": params["pool"] == "True",
+            "units": int(params["units"]),
+            "dropout": float(params["dropout"]),
+        }
         assert values["filters"] in (4, 8, 12) and 1e-3 <= values["dropout"] <= 0.3
         # The recorded values are the ones the trial's model was built with: rebuilding from them
         # gives the same parameter count, and the trial's own model summary shows the filters.
@@ -74,21 +81,26 @@ def test_unmodified_keras_tuner_hypermodel_sweeps_with_every_hp_recorded_as_used
 
 def test_asha_stops_bad_trials_early_and_records_them_as_pruned(ray_cluster, tmp_path, write_spec, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = write_spec({
-        "name": "asha",
-        "search": {"num_samples": 1, "scheduler": {"name": "asha", "grace_period": 1, "reduction_factor": 2},
-                   "space": {"learning_rate": {"grid": [0.005, 1e-7, 2e-7, 3e-7]}}},
-        "train": {"epochs": 4},
-        "resources": {"max_concurrent": 1},
-    })
+    spec = write_spec(
+        {
+            "name": "asha",
+            "search": {
+                "num_samples": 1,
+                "scheduler": {"name": "asha", "grace_period": 1, "reduction_factor": 2},
+                "space": {"learning_rate": {"grid": [0.005, 1e-7, 2e-7, 3e-7]}},
+            },
+            "train": {"epochs": 4},
+            "resources": {"max_concurrent": 1},
+        }
+    )
 
     result = CliRunner().invoke(app, ["run", str(spec)])
 
     assert result.exit_code == 0, result.output
     client, runs = trials_of(tmp_path, "asha")
-    statuses = {run.data.params["learning_rate"]: run.data.tags["foldsweep.status"] for run in runs}
+    statuses = {run.data.params["learning_rate"]: run.data.tags[Tag.STATUS] for run in runs}
     assert statuses["0.005"] == "ok"
-    pruned = [run for run in runs if run.data.tags["foldsweep.status"] == "pruned"]
+    pruned = [run for run in runs if run.data.tags[Tag.STATUS] == "pruned"]
     assert pruned, statuses
     for run in pruned:
         assert run.info.status == "FINISHED"

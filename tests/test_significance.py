@@ -8,10 +8,17 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipeline.records.report import Standings, cv_results, leaderboard_table, replica_scores, split_params, sweep_description
 from pipeline.contract.results import EpochSelection, TrialStatus
-from pipeline.records.significance import corrected_ttest, val_train_ratio
 from pipeline.inputs.spec import Objective
+from pipeline.records.report import (
+    Standings,
+    cv_results,
+    leaderboard_table,
+    replica_scores,
+    split_params,
+    sweep_description,
+)
+from pipeline.records.significance import corrected_ttest, val_train_ratio
 from pipeline.records.tracking import TrialRecord
 
 # Six paired differences (2 repeats x 3 folds), worked by hand:
@@ -57,37 +64,64 @@ def test_identical_scores_are_tied_and_a_constant_advantage_is_not():
         corrected_ttest([0.1, math.nan], val_train_ratio=0.5)
 
 
-@pytest.mark.parametrize("rule, metric, curve, expected", [
-    ("best_epoch", "accuracy", {1: 0.5, 2: 0.7, 3: 0.6}, 2),
-    ("best_epoch", "accuracy", {1: 0.5, 2: 0.7, 3: 0.7}, 2),  # the earliest of equal epochs
-    ("best_epoch", "loss", {1: 0.9, 2: 0.4, 3: 0.6}, 2),
-    ("best_epoch", "accuracy", {1: 0.5, 2: math.nan, 3: 0.4}, 1),
-    ("last", "accuracy", {1: 0.5, 2: 0.7, 3: 0.6}, 3),
-    ("best_epoch", "accuracy", {1: math.nan}, None),
-])
+@pytest.mark.parametrize(
+    "rule, metric, curve, expected",
+    [
+        ("best_epoch", "accuracy", {1: 0.5, 2: 0.7, 3: 0.6}, 2),
+        ("best_epoch", "accuracy", {1: 0.5, 2: 0.7, 3: 0.7}, 2),  # the earliest of equal epochs
+        ("best_epoch", "loss", {1: 0.9, 2: 0.4, 3: 0.6}, 2),
+        ("best_epoch", "accuracy", {1: 0.5, 2: math.nan, 3: 0.4}, 1),
+        ("last", "accuracy", {1: 0.5, 2: 0.7, 3: 0.6}, 3),
+        ("best_epoch", "accuracy", {1: math.nan}, None),
+    ],
+)
 def test_the_epoch_is_chosen_on_the_mean_cv_curve(rule, metric, curve, expected):
     assert EpochSelection(Objective.for_metric(metric), rule).epoch(curve) == expected
 
 
 def test_the_selection_records_every_cv_score_of_one_epoch_for_all_replicas():
     # Fold 1 peaks at epoch 3, but the mean peaks at epoch 2: one epoch for all replicas.
-    rows = {1: {"mean_val_accuracy": 0.5, "split0_val_accuracy": 0.5, "split1_val_accuracy": 0.5, "compile_s": 3.0},
-            2: {"mean_val_accuracy": 0.7, "split0_val_accuracy": 0.8, "split1_val_accuracy": 0.6, "std_val_loss": 0.1,
-                "split1_train_samples_per_s": 900.0},
-            3: {"mean_val_accuracy": 0.65, "split0_val_accuracy": 0.6, "split1_val_accuracy": 0.7}}
+    rows = {
+        1: {"mean_val_accuracy": 0.5, "split0_val_accuracy": 0.5, "split1_val_accuracy": 0.5, "compile_s": 3.0},
+        2: {
+            "mean_val_accuracy": 0.7,
+            "split0_val_accuracy": 0.8,
+            "split1_val_accuracy": 0.6,
+            "std_val_loss": 0.1,
+            "split1_train_samples_per_s": 900.0,
+        },
+        3: {"mean_val_accuracy": 0.65, "split0_val_accuracy": 0.6, "split1_val_accuracy": 0.7},
+    }
     selected = EpochSelection(Objective()).selected_metrics(rows)
-    assert selected == {"best_epoch": 2.0, "selected_mean_val_accuracy": 0.7, "selected_split0_val_accuracy": 0.8,
-                        "selected_split1_val_accuracy": 0.6, "selected_std_val_loss": 0.1}
+    assert selected == {
+        "best_epoch": 2.0,
+        "selected_mean_val_accuracy": 0.7,
+        "selected_split0_val_accuracy": 0.8,
+        "selected_split1_val_accuracy": 0.6,
+        "selected_std_val_loss": 0.1,
+    }
 
 
 def record(name: str, splits: list[float], *, status: str = "ok", epoch: int = 3, lr: str = "0.01") -> TrialRecord:
     metrics = {f"selected_split{j}_val_accuracy": value for j, value in enumerate(splits)}
-    metrics.update({"selected_mean_val_accuracy": float(np.mean(splits)),
-                    "selected_std_val_accuracy": float(np.std(splits)), "best_epoch": float(epoch),
-                    # the last epoch's scores, which a selection must not rank on
-                    "mean_val_accuracy": 0.99 - float(np.mean(splits))})
-    return TrialRecord(run_id=f"run-{name}", run_name=name, trial_id=name, state="FINISHED", status=TrialStatus(status),
-                       params={"learning_rate": lr}, metrics=metrics)
+    metrics.update(
+        {
+            "selected_mean_val_accuracy": float(np.mean(splits)),
+            "selected_std_val_accuracy": float(np.std(splits)),
+            "best_epoch": float(epoch),
+            # the last epoch's scores, which a selection must not rank on
+            "mean_val_accuracy": 0.99 - float(np.mean(splits)),
+        }
+    )
+    return TrialRecord(
+        run_id=f"run-{name}",
+        run_name=name,
+        trial_id=name,
+        state="FINISHED",
+        status=TrialStatus(status),
+        params={"learning_rate": lr},
+        metrics=metrics,
+    )
 
 
 def test_standings_rank_on_the_selected_epoch_and_compare_each_trial_with_the_best():
@@ -112,9 +146,18 @@ def test_standings_rank_on_the_selected_epoch_and_compare_each_trial_with_the_be
 
 
 def test_trials_recorded_before_selection_rank_on_their_last_epoch_without_pvalues():
-    old = [TrialRecord(run_id=f"r{i}", run_name=f"t{i}", trial_id=f"t{i}", state="FINISHED", status=TrialStatus.OK, params={},
-                       metrics={"mean_val_accuracy": score, "split0_val_accuracy": score, "split1_val_accuracy": score})
-           for i, score in enumerate([0.5, 0.7])]
+    old = [
+        TrialRecord(
+            run_id=f"r{i}",
+            run_name=f"t{i}",
+            trial_id=f"t{i}",
+            state="FINISHED",
+            status=TrialStatus.OK,
+            params={},
+            metrics={"mean_val_accuracy": score, "split0_val_accuracy": score, "split1_val_accuracy": score},
+        )
+        for i, score in enumerate([0.5, 0.7])
+    ]
     standings = Standings.of(old, Objective(), n_splits=None)
     assert [r.run_name for r in standings.ranked] == ["t1", "t0"]
     assert standings.comparisons == {} and standings.ties_line() == ""
@@ -123,8 +166,10 @@ def test_trials_recorded_before_selection_rank_on_their_last_epoch_without_pvalu
 def test_the_sweep_description_says_how_many_are_tied_and_keeps_its_table_whole_when_cut():
     from pipeline.records.report import DESCRIPTION_BUDGET, sweep_description
 
-    records = [record(f"trial-{i:03d}", [0.8 - i * 0.001 + j * 0.01 for j in range(6)], lr=str(0.001 * (i + 1)))
-               for i in range(200)]
+    records = [
+        record(f"trial-{i:03d}", [0.8 - i * 0.001 + j * 0.01 for j in range(6)], lr=str(0.001 * (i + 1)))
+        for i in range(200)
+    ]
     text = sweep_description(Standings.of(records, Objective(), n_splits=3), sweep_name="many")
     assert len(text) <= DESCRIPTION_BUDGET
     assert "statistically indistinguishable from the best" in text.splitlines()[2]
@@ -147,19 +192,30 @@ def test_equal_scores_share_a_rank_in_every_view():
     ranks = [line.split("│")[1].strip() for line in console.export_text().splitlines() if line.startswith("│")]
     assert ranks == ["1", "1", "3"]
     description = sweep_description(standings, sweep_name="tied")
-    assert [line.split("|")[1].strip() for line in description.splitlines() if line.startswith("| ") and "trial-" in line] \
-        == ["1", "1", "3"]
+    assert [
+        line.split("|")[1].strip() for line in description.splitlines() if line.startswith("| ") and "trial-" in line
+    ] == ["1", "1", "3"]
     assert standings.versus_best(standings.ranked[0]) == "best"
     assert standings.versus_best(standings.ranked[1]).startswith("tied (p=1")
 
 
 def test_an_in_effect_learning_rate_that_repeats_the_hypermodels_own_is_one_column():
-    records = [TrialRecord(run_id=f"r{i}", run_name=f"t{i}", trial_id=f"x_{i:05d}", state="FINISHED", status=TrialStatus.OK,
-                           params={"lr": lr, "learning_rate": lr, "units": units}, metrics={})
-               for i, (lr, units) in enumerate([("0.01", "8"), ("0.001", "8"), ("0.01", "16")])]
+    records = [
+        TrialRecord(
+            run_id=f"r{i}",
+            run_name=f"t{i}",
+            trial_id=f"x_{i:05d}",
+            state="FINISHED",
+            status=TrialStatus.OK,
+            params={"lr": lr, "learning_rate": lr, "units": units},
+            metrics={},
+        )
+        for i, (lr, units) in enumerate([("0.01", "8"), ("0.001", "8"), ("0.01", "16")])
+    ]
     assert split_params(records) == (["lr", "units"], {})
-    assert [key for key in cv_results(Standings.of(records, Objective(), n_splits=3))[0] if key.startswith("param_")] \
-        == ["param_lr", "param_units"]
+    assert [
+        key for key in cv_results(Standings.of(records, Objective(), n_splits=3))[0] if key.startswith("param_")
+    ] == ["param_lr", "param_units"]
     # Where the two differ (the spec replaced the hypermodel's rate), both are shown.
     different = [TrialRecord(**{**vars(r), "params": {**r.params, "learning_rate": "0.5"}}) for r in records[:2]]
     assert split_params(different) == (["lr"], {"learning_rate": "0.5", "units": "8"})

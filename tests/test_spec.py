@@ -7,12 +7,24 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from helpers import DELETE
 
-from conftest import DELETE
 from pipeline.base.errors import SpecError
 from pipeline.inputs import spec as spec_module
-from pipeline.inputs.spec import (CVSpec, EarlyStoppingSpec, ParamSpec, ResourcesSpec, SchedulerSpec, SearchSpec,
-                                  TrackingSpec, TrainSpec, default_of, load_spec, parse_spec, read_yaml)
+from pipeline.inputs.spec import (
+    CVSpec,
+    EarlyStoppingSpec,
+    ParamSpec,
+    ResourcesSpec,
+    SchedulerSpec,
+    SearchSpec,
+    TrackingSpec,
+    TrainSpec,
+    default_of,
+    load_spec,
+    parse_spec,
+    read_yaml,
+)
 
 BAD_SPECS = [
     # (overrides, expected message fragment)
@@ -27,7 +39,10 @@ BAD_SPECS = [
     ({"trian": {"epochs": 1}}, "unknown key 'trian' (did you mean 'train'?)"),
     ({"cv": {"n_split": 3}}, "unknown key 'cv.n_split' (did you mean 'n_splits'?)"),
     ({"cv": "kfold"}, "cv must be a mapping of keys to values, got 'kfold'"),
-    ({"cv": {"splitter": "kfolds"}}, "cv.splitter must be one of kfold, stratified, group, stratified_group (did you mean 'kfold'?), got 'kfolds'"),
+    (
+        {"cv": {"splitter": "kfolds"}},
+        "cv.splitter must be one of kfold, stratified, group, stratified_group (did you mean 'kfold'?), got 'kfolds'",
+    ),
     ({"cv": {"n_splits": 1}}, "cv.n_splits must be an integer >= 2, got 1"),
     ({"cv": {"n_splits": 2.5}}, "cv.n_splits must be an integer, got 2.5"),
     ({"cv": {"n_splits": True}}, "cv.n_splits must be an integer, got True"),
@@ -35,44 +50,99 @@ BAD_SPECS = [
     ({"search": {"num_samples": 0}}, "search.num_samples must be an integer >= 1, got 0"),
     ({"search": {"seed": "zero"}}, "search.seed must be an integer, got 'zero'"),
     ({"search": {"algorithm": "bayes"}}, "search.algorithm must be one of random"),
-    ({"search": {"space": {"filters": {"choice": []}}}}, "search.space.filters.choice must be a non-empty list of values, got []"),
-    ({"search": {"space": {"filters": {"choice": 16}}}}, "search.space.filters.choice must be a non-empty list of values, got 16"),
-    ({"search": {"space": {"dropout": {"uniform": [0.5, 0.1]}}}}, "search.space.dropout.uniform needs low < high, got [0.5, 0.1]"),
-    ({"search": {"space": {"dropout": {"uniform": [0.1]}}}}, "search.space.dropout.uniform must be a list [low, high], got [0.1]"),
-    ({"search": {"space": {"learning_rate": {"loguniform": [0, 0.1]}}}}, "search.space.learning_rate.loguniform needs low > 0 (log scale), got [0, 0.1]"),
-    ({"search": {"space": {"filters": {"randint": [8, 16.5]}}}}, "search.space.filters.randint must be integers [low, high], got [8, 16.5]"),
-    ({"search": {"space": {"filters": {"qrandint": [8, 64, 0]}}}}, "search.space.filters.qrandint needs q > 0, got [8, 64, 0]"),
+    (
+        {"search": {"space": {"filters": {"choice": []}}}},
+        "search.space.filters.choice must be a non-empty list of values, got []",
+    ),
+    (
+        {"search": {"space": {"filters": {"choice": 16}}}},
+        "search.space.filters.choice must be a non-empty list of values, got 16",
+    ),
+    (
+        {"search": {"space": {"dropout": {"uniform": [0.5, 0.1]}}}},
+        "search.space.dropout.uniform needs low < high, got [0.5, 0.1]",
+    ),
+    (
+        {"search": {"space": {"dropout": {"uniform": [0.1]}}}},
+        "search.space.dropout.uniform must be a list [low, high], got [0.1]",
+    ),
+    (
+        {"search": {"space": {"learning_rate": {"loguniform": [0, 0.1]}}}},
+        "search.space.learning_rate.loguniform needs low > 0 (log scale), got [0, 0.1]",
+    ),
+    (
+        {"search": {"space": {"filters": {"randint": [8, 16.5]}}}},
+        "search.space.filters.randint must be integers [low, high], got [8, 16.5]",
+    ),
+    (
+        {"search": {"space": {"filters": {"qrandint": [8, 64, 0]}}}},
+        "search.space.filters.qrandint needs q > 0, got [8, 64, 0]",
+    ),
     ({"search": {"space": {"filters": {"normal": [0, 1]}}}}, "search.space.filters distribution must be one of"),
-    ({"search": {"space": {"filters": {"choice": [8], "grid": [8]}}}}, "search.space.filters must be a fixed value or a mapping with exactly one of"),
-    ({"search": {"space": {"filters": [8, 16]}}}, "search.space.filters a list is ambiguous: write {choice: [...]} or {grid: [...]}"),
+    (
+        {"search": {"space": {"filters": {"choice": [8], "grid": [8]}}}},
+        "search.space.filters must be a fixed value or a mapping with exactly one of",
+    ),
+    (
+        {"search": {"space": {"filters": [8, 16]}}},
+        "search.space.filters a list is ambiguous: write {choice: [...]} or {grid: [...]}",
+    ),
     ({"search": {"space": {"filters": None}}}, "search.space.filters must have a value, got None"),
-    ({"search": {"space": {"batch_size": 0}}}, "search.space.batch_size must be a positive integer (every value it takes), got 0"),
-    ({"search": {"space": {"batch_size": {"choice": [8, -4]}}}}, "search.space.batch_size must be a positive integer (every value it takes), got -4"),
+    (
+        {"search": {"space": {"batch_size": 0}}},
+        "search.space.batch_size must be a positive integer (every value it takes), got 0",
+    ),
+    (
+        {"search": {"space": {"batch_size": {"choice": [8, -4]}}}},
+        "search.space.batch_size must be a positive integer (every value it takes), got -4",
+    ),
     ({"search": {"space": {"batch_size": {"uniform": [4, 64]}}}}, "search.space.batch_size must take integer values"),
-    ({"search": {"space": {"learning_rate": -0.1}}}, "search.space.learning_rate must be a number > 0 (every value it takes), got -0.1"),
-    ({"search": {"space": {"optimizer": "adamm"}}}, "search.space.optimizer must be one of adam, adamw, sgd, rmsprop (did you mean 'adam'?), got 'adamm'"),
-    ({"search": {"space": {"optimizer": {"uniform": [0, 1]}}}}, "search.space.optimizer must be a fixed value or a choice/grid"),
+    (
+        {"search": {"space": {"learning_rate": -0.1}}},
+        "search.space.learning_rate must be a number > 0 (every value it takes), got -0.1",
+    ),
+    (
+        {"search": {"space": {"optimizer": "adamm"}}},
+        "search.space.optimizer must be one of adam, adamw, sgd, rmsprop (did you mean 'adam'?), got 'adamm'",
+    ),
+    (
+        {"search": {"space": {"optimizer": {"uniform": [0, 1]}}}},
+        "search.space.optimizer must be a fixed value or a choice/grid",
+    ),
     ({"train": {"epochs": 0}}, "train.epochs must be an integer >= 1, got 0"),
     ({"train": {"metric": "val accuracy"}}, "train.metric must be a metric's name (loss, accuracy, or a Keras metric"),
     # Neither Keras nor KerasTuner knows which way a researcher's own metric improves.
-    ({"train": {"metric": "mcc", "mode": DELETE}}, "train.mode is required for train.metric mcc: neither Keras nor KerasTuner knows "
-                                   "whether a higher mcc is better (max) or worse (min), got None"),
+    (
+        {"train": {"metric": "mcc", "mode": DELETE}},
+        "train.mode is required for train.metric mcc: neither Keras nor KerasTuner knows "
+        "whether a higher mcc is better (max) or worse (min), got None",
+    ),
     ({"train": {"metric": "mae", "mode": "max"}}, "train.mode must be min for train.metric mae"),
     ({"train": {"metrics": "auc"}}, "train.metrics must be a list of Keras metric identifiers"),
-    ({"train": {"class_weight": {0: 1.0, 1: -2}}}, "train.class_weight must be balanced or a mapping of integer class "
-                                                  "labels to weights > 0"),
+    (
+        {"train": {"class_weight": {0: 1.0, 1: -2}}},
+        "train.class_weight must be balanced or a mapping of integer class labels to weights > 0",
+    ),
     ({"train": {"class_weight": "inverse"}}, "train.class_weight must be balanced or a mapping"),
     ({"train": {"mode": "maximize"}}, "train.mode must be one of max, min"),
     # A mode against its metric's direction would crown the worst trial and refit it.
-    ({"train": {"metric": "loss", "mode": "max"}},
-     "train.mode must be min for train.metric loss (lower loss is better; a mode against it would rank the worst "
-     "trial first): drop train.mode, the metric decides it, got 'max'"),
+    (
+        {"train": {"metric": "loss", "mode": "max"}},
+        "train.mode must be min for train.metric loss (lower loss is better; a mode against it would rank the worst "
+        "trial first): drop train.mode, the metric decides it, got 'max'",
+    ),
     ({"train": {"metric": "accuracy", "mode": "min"}}, "train.mode must be max for train.metric accuracy"),
-    ({"train": {"early_stoping": {"patience": 2}}}, "unknown key 'train.early_stoping' (did you mean 'early_stopping'?)"),
+    (
+        {"train": {"early_stoping": {"patience": 2}}},
+        "unknown key 'train.early_stoping' (did you mean 'early_stopping'?)",
+    ),
     ({"cv": {"groups": "ignored"}}, "cv.groups must be one of respect, ignore (did you mean 'ignore'?), got 'ignored'"),
     ({"cv": {"splitter": "group", "groups": "ignore"}}, "cv.groups ignore contradicts cv.splitter group"),
     ({"train": {"from_logits": "yes"}}, "train.from_logits must be true or false, got 'yes'"),
-    ({"train": {"label_smoothing": 1}}, "train.label_smoothing must be a number below 1 (the share of a label spread over the classes), got 1.0"),
+    (
+        {"train": {"label_smoothing": 1}},
+        "train.label_smoothing must be a number below 1 (the share of a label spread over the classes), got 1.0",
+    ),
     ({"train": {"label_smoothing": -0.1}}, "train.label_smoothing must be a number >= 0, got -0.1"),
     ({"train": {"jit_compile": "sometimes"}}, "train.jit_compile must be auto, true or false, got 'sometimes'"),
     ({"train": {"fused": "yes"}}, "train.fused must be auto, true or false, got 'yes'"),
@@ -80,12 +150,17 @@ BAD_SPECS = [
     ({"train": {"steps_per_launch": "many"}}, "train.steps_per_launch must be auto or an integer >= 1, got 'many'"),
     ({"resources": {"cpu": 0}}, "resources.cpu must be a number > 0, got 0"),
     ({"resources": {"gpu": -0.5}}, "resources.gpu must be a number >= 0, got -0.5"),
-    ({"resources": {"gpu": 1.5}},
-     "resources.gpu must be a share of one GPU (at most 1) or a whole number of GPUs, got 1.5"),
-    ({"resources": {"gpu": 2}}, "resources.gpu must be at most 1: foldsweep trains all the folds of a trial on one "
-                                "GPU, so a trial reserving more would leave the others idle; to run more trials at "
-                                "once, give each a share (gpu: 0.5 runs two trials on a GPU) or raise "
-                                "resources.max_concurrent, got 2"),
+    (
+        {"resources": {"gpu": 1.5}},
+        "resources.gpu must be a share of one GPU (at most 1) or a whole number of GPUs, got 1.5",
+    ),
+    (
+        {"resources": {"gpu": 2}},
+        "resources.gpu must be at most 1: foldsweep trains all the folds of a trial on one "
+        "GPU, so a trial reserving more would leave the others idle; to run more trials at "
+        "once, give each a share (gpu: 0.5 runs two trials on a GPU) or raise "
+        "resources.max_concurrent, got 2",
+    ),
     ({"resources": {"max_concurrent": 0}}, "resources.max_concurrent must be an integer >= 1, got 0"),
     ({"tracking": {"uri": 42}}, "tracking.uri must be a string, got 42"),
     ({"tracking": {"url": "sqlite:///x.db"}}, "unknown key 'tracking.url' (did you mean 'uri'?)"),
@@ -130,8 +205,17 @@ def test_numbers_read_as_researchers_write_them(write_spec):
     spec = load_spec(path)
     assert spec.search.space["learning_rate"] == ParamSpec("loguniform", (1e-4, 1e-2))
     assert spec.search.space["dropout"] == ParamSpec("fixed", (0.5,))
-    assert read_yaml("[1e-4, -2E3, +.5e1, 3, 1.0e-4, 1e, e3, 1.2.3, adam]") == \
-        [1e-4, -2000.0, 5.0, 3, 1e-4, "1e", "e3", "1.2.3", "adam"]
+    assert read_yaml("[1e-4, -2E3, +.5e1, 3, 1.0e-4, 1e, e3, 1.2.3, adam]") == [
+        1e-4,
+        -2000.0,
+        5.0,
+        3,
+        1e-4,
+        "1e",
+        "e3",
+        "1.2.3",
+        "adam",
+    ]
 
 
 def test_missing_file_is_named(tmp_path: Path):
@@ -171,8 +255,18 @@ def test_valid_spec_fills_defaults(write_spec):
     assert spec.dataset.name == "mnist1d" and spec.dataset.options == {"num_samples": 400}
     assert "name: tiny" in spec.source_text
 
-@pytest.mark.parametrize(("metric", "mode"), [("auc", "max"), ("val_auc", "max"), ("mae", "min"),
-                                              ("root_mean_squared_error", "min"), ("precision", "max"), ("r2_score", "max")])
+
+@pytest.mark.parametrize(
+    ("metric", "mode"),
+    [
+        ("auc", "max"),
+        ("val_auc", "max"),
+        ("mae", "min"),
+        ("root_mean_squared_error", "min"),
+        ("precision", "max"),
+        ("r2_score", "max"),
+    ],
+)
 def test_a_keras_metric_as_objective_gets_its_direction(write_spec, metric, mode):
     spec = load_spec(write_spec({"train": {"mode": DELETE, "metric": metric, "metrics": ["auc"]}}))
     assert (spec.objective.metric, spec.objective.mode) == (metric.removeprefix("val_"), mode)
@@ -189,7 +283,6 @@ def test_a_metric_of_unknown_direction_ranks_by_the_mode_given_and_early_stoppin
     spec = load_spec(write_spec({"train": {"metric": "mcc", "mode": "max", "early_stopping": {"patience": 2}}}))
     assert spec.objective.key == "mean_val_mcc" and spec.objective.mode == "max"
     assert spec.train.early_stopping.objective == spec.objective
-
 
 
 def test_string_dataset_is_a_name_or_a_file(write_spec):
@@ -247,10 +340,17 @@ MINIMAL_SPEC = {"name": "minimal", "experiment": "experiment.py", "dataset": "mn
 def test_an_empty_section_parses_to_its_dataclass_defaults():
     """Every default is declared once, on the dataclass: a key left out is read as its field's default."""
     spec = parse_spec(MINIMAL_SPEC, source_path=Path("minimal.yaml"))
-    assert (spec.cv, spec.search, spec.train, spec.resources, spec.tracking) == \
-        (CVSpec(), SearchSpec(), TrainSpec(), ResourcesSpec(), TrackingSpec())
-    with_sections = parse_spec({**MINIMAL_SPEC, "search": {"scheduler": {"name": "fifo"}},
-                                "train": {"early_stopping": {"patience": 2}}}, source_path=Path("minimal.yaml"))
+    assert (spec.cv, spec.search, spec.train, spec.resources, spec.tracking) == (
+        CVSpec(),
+        SearchSpec(),
+        TrainSpec(),
+        ResourcesSpec(),
+        TrackingSpec(),
+    )
+    with_sections = parse_spec(
+        {**MINIMAL_SPEC, "search": {"scheduler": {"name": "fifo"}}, "train": {"early_stopping": {"patience": 2}}},
+        source_path=Path("minimal.yaml"),
+    )
     assert with_sections.search.scheduler == SchedulerSpec()
     assert with_sections.train.early_stopping == EarlyStoppingSpec(patience=2)
 
@@ -259,25 +359,35 @@ def test_the_parser_writes_no_default_of_its_own():
     """A literal ``default=`` in spec.py would be a default written a second time (beside its
     dataclass field), free to drift from it; the parser reads each from the field instead."""
     tree = ast.parse(Path(spec_module.__file__).read_text())
-    literals = [f"line {node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree) if isinstance(node, ast.Call)
-                for keyword in node.keywords
-                if keyword.arg == "default" and isinstance(keyword.value, ast.Constant) and keyword.value.value is not None]
+    literals = [
+        f"line {node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        for keyword in node.keywords
+        if keyword.arg == "default" and isinstance(keyword.value, ast.Constant) and keyword.value.value is not None
+    ]
     assert literals == []
 
 
-@pytest.mark.parametrize("cls", [CVSpec, SchedulerSpec, SearchSpec, TrainSpec, EarlyStoppingSpec, ResourcesSpec,
-                                 TrackingSpec])
+@pytest.mark.parametrize(
+    "cls", [CVSpec, SchedulerSpec, SearchSpec, TrainSpec, EarlyStoppingSpec, ResourcesSpec, TrackingSpec]
+)
 def test_default_of_reads_the_field(cls):
-    defaults = {field.name: default_of(cls, field.name) for field in dataclasses.fields(cls)
-                if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING}
+    defaults = {
+        field.name: default_of(cls, field.name)
+        for field in dataclasses.fields(cls)
+        if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+    }
     made = cls(patience=1) if cls is EarlyStoppingSpec else cls()
     assert defaults == {name: getattr(made, name) for name in defaults}
     with pytest.raises(ValueError, match="has no field 'nope'"):
         default_of(cls, "nope")
 
 
-@pytest.mark.parametrize(("epochs", "longest"), [(None, 4), (6, 6), ({"choice": [3, 7, 5]}, 7), ({"randint": [2, 9]}, 9),
-                                                 ({"qrandint": [2, 12, 2]}, 12)])
+@pytest.mark.parametrize(
+    ("epochs", "longest"),
+    [(None, 4), (6, 6), ({"choice": [3, 7, 5]}, 7), ({"randint": [2, 9]}, 9), ({"qrandint": [2, 12, 2]}, 12)],
+)
 def test_the_longest_epochs_a_trial_trains(epochs, longest):
     """What ASHA's max_t and the scheduler's grace-period check both read."""
     space = {"search": {"space": {"epochs": epochs}}} if epochs is not None else {}

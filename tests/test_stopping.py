@@ -7,13 +7,13 @@ import types
 
 import numpy as np
 import pytest
+from helpers import DELETE
 from typer.testing import CliRunner
 
-from conftest import DELETE
-from pipeline.cli import app
 from pipeline.base.errors import ExperimentError, SpecError
-from pipeline.inputs.spec import EarlyStoppingSpec, load_spec
+from pipeline.cli import app
 from pipeline.engine.stopping import Patience
+from pipeline.inputs.spec import EarlyStoppingSpec, load_spec
 
 CURVES = {
     "falls then rises": [1.0, 0.8, 0.7, 0.72, 0.75, 0.71, 0.9, 1.1, 1.2],
@@ -33,10 +33,14 @@ def keras_stops_at(rule: EarlyStoppingSpec, curve: list[float]) -> int | None:
     """The 1-based epoch at which Keras' own EarlyStopping ends fit() on this validation curve."""
     import keras
 
-    callback = keras.callbacks.EarlyStopping(monitor=f"val_{rule.monitor}", patience=rule.patience,
-                                             min_delta=rule.min_delta, baseline=rule.baseline,
-                                             start_from_epoch=rule.start_from_epoch,
-                                             mode="min" if rule.monitor == "loss" else "max")
+    callback = keras.callbacks.EarlyStopping(
+        monitor=f"val_{rule.monitor}",
+        patience=rule.patience,
+        min_delta=rule.min_delta,
+        baseline=rule.baseline,
+        start_from_epoch=rule.start_from_epoch,
+        mode="min" if rule.monitor == "loss" else "max",
+    )
     model = types.SimpleNamespace(stop_training=False)
     callback.set_model(model)
     callback.on_train_begin()
@@ -77,16 +81,25 @@ def test_the_rule_stops_patience_epochs_after_the_best_and_a_nan_fold_is_no_wors
     assert again.state() == state and again.wait == 0
 
 
-@pytest.mark.parametrize("section, message", [
-    ({"early_stopping": {}}, "train.early_stopping.patience is required"),
-    ({"early_stopping": {"patience": 0}}, "train.early_stopping.patience must be an integer >= 1, got 0"),
-    # Any validation metric may be watched (val_loss is read as loss); one of unknown direction needs its mode.
-    ({"early_stopping": {"patience": 2, "monitor": "mcc"}}, "train.early_stopping.mode is required for monitor mcc"),
-    ({"early_stopping": {"patience": 2, "monitor": "val loss"}}, "train.early_stopping.monitor must be a metric's name"),
-    ({"early_stopping": {"patience": 2, "min_delta": -1}}, "train.early_stopping.min_delta must be a number >= 0"),
-    ({"early_stopping": {"patience": 2, "baseline": "high"}}, "train.early_stopping.baseline must be a number"),
-    ({"early_stopping": {"patience": 2, "wait": 1}}, "unknown key 'train.early_stopping.wait'"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"early_stopping": {}}, "train.early_stopping.patience is required"),
+        ({"early_stopping": {"patience": 0}}, "train.early_stopping.patience must be an integer >= 1, got 0"),
+        # Any validation metric may be watched (val_loss is read as loss); one of unknown direction needs its mode.
+        (
+            {"early_stopping": {"patience": 2, "monitor": "mcc"}},
+            "train.early_stopping.mode is required for monitor mcc",
+        ),
+        (
+            {"early_stopping": {"patience": 2, "monitor": "val loss"}},
+            "train.early_stopping.monitor must be a metric's name",
+        ),
+        ({"early_stopping": {"patience": 2, "min_delta": -1}}, "train.early_stopping.min_delta must be a number >= 0"),
+        ({"early_stopping": {"patience": 2, "baseline": "high"}}, "train.early_stopping.baseline must be a number"),
+        ({"early_stopping": {"patience": 2, "wait": 1}}, "unknown key 'train.early_stopping.wait'"),
+    ],
+)
 def test_early_stopping_rules(write_spec, section, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_spec(write_spec({"train": section}))
@@ -98,7 +111,7 @@ def test_the_monitor_defaults_to_the_sweeps_metric(write_spec):
     assert spec.train.early_stopping.objective.mode == "min"
 
 
-FIT_WITH = '''
+FIT_WITH = """
 import keras
 import keras_tuner
 
@@ -110,30 +123,41 @@ class Model(keras_tuner.HyperModel):
     def fit(self, hp, model, *args, **kwargs):
         kwargs["callbacks"] = kwargs.get("callbacks", []) + [{callback}]
         return model.fit(*args, batch_size=hp.Choice("batch_size", [16, 32]), **kwargs)
-'''
+"""
 
 
 def test_a_hypermodels_early_stopping_becomes_the_rule_and_validate_says_so(write_spec, write_experiment):
     callback = "keras.callbacks.EarlyStopping(monitor='val_loss', patience=2, restore_best_weights=True)"
     experiment = write_experiment(FIT_WITH.format(callback=callback))
-    result = CliRunner().invoke(app, ["validate", str(write_spec({"experiment": f"{experiment}:Model",
-                                                                   "search": {"space": None}}))])
+    result = CliRunner().invoke(
+        app, ["validate", str(write_spec({"experiment": f"{experiment}:Model", "search": {"space": None}}))]
+    )
     output = " ".join(result.output.split())
     assert result.exit_code == 0, result.output
-    assert ("EarlyStopping(monitor='val_loss', patience=2) in " in output
-            and "fit() becomes train.early_stopping: {patience: 2, monitor: loss}, on the trial's mean CV curve" in output)
+    assert (
+        "EarlyStopping(monitor='val_loss', patience=2) in " in output
+        and "fit() becomes train.early_stopping: {patience: 2, monitor: loss}, on the trial's mean CV curve" in output
+    )
     assert "restore_best_weights=True is what train.select: best_epoch already does" in output
 
 
-@pytest.mark.parametrize("callback, message", [
-    ("keras.callbacks.EarlyStopping(monitor='loss', patience=2)",
-     "(1) EarlyStopping(monitor='loss'): foldsweep stops a trial on its mean CV validation curve"),
-    ("keras.callbacks.EarlyStopping(monitor='val_loss', mode='max')", "mode='min' or 'auto'"),
-    ("keras.callbacks.ModelCheckpoint('best.keras')", "passes model.fit 1 thing foldsweep cannot honour: (1) the "
-                                                      "callback ModelCheckpoint, which foldsweep cannot honour: foldsweep "
-                                                      "keeps its own per-epoch checkpoints"),
-    ("keras.callbacks.ReduceLROnPlateau()", "the callback ReduceLROnPlateau"),
-])
+@pytest.mark.parametrize(
+    "callback, message",
+    [
+        (
+            "keras.callbacks.EarlyStopping(monitor='loss', patience=2)",
+            "(1) EarlyStopping(monitor='loss'): foldsweep stops a trial on its mean CV validation curve",
+        ),
+        ("keras.callbacks.EarlyStopping(monitor='val_loss', mode='max')", "mode='min' or 'auto'"),
+        (
+            "keras.callbacks.ModelCheckpoint('best.keras')",
+            "passes model.fit 1 thing foldsweep cannot honour: (1) the "
+            "callback ModelCheckpoint, which foldsweep cannot honour: foldsweep "
+            "keeps its own per-epoch checkpoints",
+        ),
+        ("keras.callbacks.ReduceLROnPlateau()", "the callback ReduceLROnPlateau"),
+    ],
+)
 def test_callbacks_foldsweep_cannot_honour_are_refused_by_name(write_experiment, callback, message):
     from pathlib import Path
 
@@ -146,8 +170,8 @@ def test_callbacks_foldsweep_cannot_honour_are_refused_by_name(write_experiment,
 
 
 def test_an_early_stopped_trial_counts_as_done_at_its_stopped_epoch():
-    from pipeline.records.progress import SweepProgress
     from pipeline.inputs.spec import Objective
+    from pipeline.records.progress import SweepProgress
 
     progress = SweepProgress(Objective(), trials_planned=2, epochs_per_trial=40)
     progress.result("a", "", {"epoch": 7, "epochs_planned": 40, "mean_val_accuracy": 0.8, "stopped_epoch": 7})
@@ -158,12 +182,14 @@ def test_an_early_stopped_trial_counts_as_done_at_its_stopped_epoch():
     since, epochs_then = progress.rate_start
     progress.rate_start = (since - 1.0, epochs_then)
     from pipeline.records.progress import eta_seconds
-    assert progress.eta() == pytest.approx(eta_seconds(epochs_done=14 - 7, epochs_total=47 - 7, elapsed_s=1.0),
-                                           rel=1e-2)
+
+    assert progress.eta() == pytest.approx(
+        eta_seconds(epochs_done=14 - 7, epochs_total=47 - 7, elapsed_s=1.0), rel=1e-2
+    )
     assert np.isfinite(progress.eta())
 
 
-KERAS_IO_FIT = '''
+KERAS_IO_FIT = """
 import keras
 import keras_tuner
 
@@ -180,7 +206,7 @@ class Model(keras_tuner.HyperModel):
             keras.callbacks.EarlyStopping(monitor="val_loss", patience=50, verbose=1),
         ]
         return model.fit(*args, batch_size=32, epochs=500, validation_split=0.2, verbose=1, **kwargs)
-'''
+"""
 
 
 def test_a_fit_foldsweep_cannot_honour_lists_every_problem_in_one_message(write_experiment):
@@ -191,12 +217,18 @@ def test_a_fit_foldsweep_cannot_honour_lists_every_problem_in_one_message(write_
     with pytest.raises(ExperimentError) as refused:
         load_experiment(Path(write_experiment(KERAS_IO_FIT)), "Model")
     message = str(refused.value)
-    assert "its HyperModel.fit passes model.fit 3 things foldsweep cannot honour: (1) the callback ModelCheckpoint, " \
-           "which foldsweep cannot honour: foldsweep keeps its own per-epoch checkpoints" in message
-    assert "; (2) the callback ReduceLROnPlateau, which foldsweep cannot honour: it would change the learning rate" \
-           in message
-    assert "; (3) validation_split=...: each fold's held-out part is its validation data (cv in the spec): drop it." \
-           in message
+    assert (
+        "its HyperModel.fit passes model.fit 3 things foldsweep cannot honour: (1) the callback ModelCheckpoint, "
+        "which foldsweep cannot honour: foldsweep keeps its own per-epoch checkpoints" in message
+    )
+    assert (
+        "; (2) the callback ReduceLROnPlateau, which foldsweep cannot honour: it would change the learning rate"
+        in message
+    )
+    assert (
+        "; (3) validation_split=...: each fold's held-out part is its validation data (cv in the spec): drop it."
+        in message
+    )
     assert "EarlyStopping" not in message.split(". foldsweep trains")[0]  # the one it translates is no problem
 
 
@@ -206,11 +238,14 @@ def test_a_fit_that_passes_callbacks_twice_is_told_in_its_own_words(write_experi
     from pipeline.inputs.hypermodel import load_experiment
 
     twice = KERAS_IO_FIT.replace('kwargs["callbacks"] = kwargs.get("callbacks", []) + [', "callbacks = [").replace(
-        "validation_split=0.2, verbose=1, **kwargs)", "callbacks=callbacks, **kwargs)")
+        "validation_split=0.2, verbose=1, **kwargs)", "callbacks=callbacks, **kwargs)"
+    )
     with pytest.raises(ExperimentError) as refused:
         load_experiment(Path(write_experiment(twice)), "Model")
     message = str(refused.value)
-    assert "TypeError: model.fit() got multiple values for keyword argument 'callbacks' (KerasTuner passes " \
-           "callbacks in **kwargs too: add yours to them, kwargs['callbacks'] = kwargs.get('callbacks', []) + [...])" \
-           in message
+    assert (
+        "TypeError: model.fit() got multiple values for keyword argument 'callbacks' (KerasTuner passes "
+        "callbacks in **kwargs too: add yours to them, kwargs['callbacks'] = kwargs.get('callbacks', []) + [...])"
+        in message
+    )
     assert "_RecordingFit" not in message

@@ -54,8 +54,10 @@ def migrated_up_to(uri: str, revision: str) -> None:
 
 def test_an_attempt_that_fails_while_the_schema_changes_under_it_is_made_again(tmp_path, pauses):
     database = tmp_path / "mlflow.db"
-    failures = [KeyError("dimension_attributes"),
-                sqlite3.OperationalError("table _alembic_tmp_model_versions already exists")]
+    failures = [
+        KeyError("dimension_attributes"),
+        sqlite3.OperationalError("table _alembic_tmp_model_versions already exists"),
+    ]
     client = stores.ready_store(lambda: Client(database, failures, steps=1), f"sqlite:///{database}")
     assert isinstance(client, Client) and client.searched == 1
     assert failures == [] and pauses == [0.1, 0.2]
@@ -110,8 +112,11 @@ def test_a_store_of_a_schema_this_mlflow_does_not_know_is_refused_as_it_is(tmp_p
         connection.execute("UPDATE alembic_version SET version_num = 'ffffffffffff'")
     before = database.read_bytes()
     monkeypatch.setattr(stores, "SCHEMA_WATCH_POLLS", 1)
-    with pytest.raises(TrackingError, match="cannot be opened: Detected out-of-date database schema "
-                                            r"\(found version ffffffffffff"):
+    with pytest.raises(
+        TrackingError,
+        match="cannot be opened: Detected out-of-date database schema "
+        r"\(found version ffffffffffff",
+    ):
         stores.ready_store(lambda: MlflowClient(f"sqlite:///{database}"), f"sqlite:///{database}")
     assert database.read_bytes() == before
 
@@ -125,8 +130,7 @@ def test_a_store_still_changing_after_every_attempt_raises_the_last_error(tmp_pa
 
 
 @pytest.mark.parametrize("moves", [True, False], ids=["being created", "still"])
-def test_a_store_another_process_is_creating_is_not_taken_for_another_programs_database(tmp_path, monkeypatch,
-                                                                                         moves):
+def test_a_store_another_process_is_creating_is_not_taken_for_another_programs_database(tmp_path, monkeypatch, moves):
     """MLflow makes a new store's first tables before its migration table: a sweep that looks at
     that moment waits for the schema to move; a database that stays so is not an MLflow store."""
     database = tmp_path / "mlflow.db"
@@ -144,8 +148,11 @@ def test_a_store_another_process_is_creating_is_not_taken_for_another_programs_d
     if moves:
         stores.check_tracking_uri(f"sqlite:///{database}")
     else:
-        with pytest.raises(TrackingError, match="is a SQLite database but not an MLflow store "
-                                                r"\(its tables: experiments, runs\)"):
+        with pytest.raises(
+            TrackingError,
+            match="is a SQLite database but not an MLflow store "
+            r"\(its tables: experiments, runs\)",
+        ):
             stores.check_tracking_uri(f"sqlite:///{database}")
 
 
@@ -159,7 +166,9 @@ def test_a_migration_that_died_mid_step_in_another_process_leaves_nothing_that_s
     uri = f"sqlite:///{database}"
     migrated_up_to(uri, "1971f2d9a75b")
     with contextlib.closing(sqlite3.connect(database)) as connection, connection:
-        connection.execute("INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (7, 'kept', 'active')")
+        connection.execute(
+            "INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (7, 'kept', 'active')"
+        )
         connection.execute("INSERT INTO experiment_tags (key, value, experiment_id) VALUES ('owner', 'ada', 7)")
         connection.execute("CREATE TABLE _alembic_tmp_experiment_tags (key VARCHAR(250), value TEXT, experiment_id)")
     monkeypatch.setattr(stores, "SCHEMA_WATCH_POLLS", 3)  # nobody else migrates it: no need to watch long

@@ -24,8 +24,10 @@ def checkpoint_dir(trial_dir: Path, index: int, epoch: int) -> Path:
 
 def saved(path: Path, iteration: int) -> SimpleNamespace:
     """What Ray Tune hands ``restore``: the checkpoint its state names, with that result's metrics."""
-    return SimpleNamespace(checkpoint=tune.Checkpoint.from_directory(str(path)),
-                           metrics={"training_iteration": iteration, "time_total_s": 3.0})
+    return SimpleNamespace(
+        checkpoint=tune.Checkpoint.from_directory(str(path)),
+        metrics={"training_iteration": iteration, "time_total_s": 3.0},
+    )
 
 
 def test_the_named_checkpoint_is_used_while_it_exists(tmp_path):
@@ -77,8 +79,12 @@ class EpochsOf:
 
     def step(self):
         self.epoch += 1
-        return {"epoch": self.epoch, "epochs_planned": self.planned, "done": self.epoch >= self.planned,
-                "mean_val_loss": np.float32(1.0 / self.epoch)}
+        return {
+            "epoch": self.epoch,
+            "epochs_planned": self.planned,
+            "done": self.epoch >= self.planned,
+            "mean_val_loss": np.float32(1.0 / self.epoch),
+        }
 
     def state(self):
         return {"epoch": np.array(self.epoch)}
@@ -95,8 +101,9 @@ def trainable_with(runner: EpochsOf) -> FoldTrainable:
 
 
 @pytest.mark.parametrize("planned, resumed_epochs", [(2, [2]), (3, [3])], ids=["last epoch", "one epoch before"])
-def test_a_trial_restored_from_a_checkpoint_trains_on_to_its_planned_epochs_and_no_further(tmp_path, planned,
-                                                                                         resumed_epochs):
+def test_a_trial_restored_from_a_checkpoint_trains_on_to_its_planned_epochs_and_no_further(
+    tmp_path, planned, resumed_epochs
+):
     """Saved after epoch 2: a trial of 2 epochs ends with epoch 2's report again (Ray Tune asks a
     restored trial for one more step), a trial of 3 trains epoch 3."""
     before = trainable_with(EpochsOf(planned))

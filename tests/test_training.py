@@ -7,41 +7,45 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import MNIST1D_EXPERIMENT, mnist1d_folds
+from run_machinery import between_trials, cores_per_worker
 
-from conftest import MNIST1D_EXPERIMENT, between_trials, cores_per_worker
 from pipeline.base import compile_cache
+from pipeline.contract.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_threads
+from pipeline.contract.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES, cv_summary
+from pipeline.engine.fold_engine import fold_seed
+from pipeline.engine.recipe import TrainingRecipe
+from pipeline.engine.resident import resident_data
+from pipeline.engine.runtime import threads_in_effect
+from pipeline.engine.trainer import build_trainer
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.inputs.hypermodel import load_builder
-from pipeline.engine.resident import resident_data
 from pipeline.inputs.spec import CVSpec, DatasetSpec, TrainSpec
-from pipeline.contract.plan import ExecutionChoices, ThreadPlan, TrialPlan, plan_threads
-from pipeline.contract.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES, cv_summary
-from pipeline.engine.trainer import build_trainer
-from pipeline.engine.recipe import TrainingRecipe
-from pipeline.engine.runtime import threads_in_effect
-from pipeline.engine.fold_engine import fold_seed
 
 pytestmark = pytest.mark.training  # every test trains fold models
 
 MODEL = {"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.1}
 # A fold engine's plan when a test builds one itself: one fold, no XLA, one step per launch.
-SEQUENTIAL_WITHOUT_XLA = TrialPlan(jit_compile=False, steps_per_launch=1, layout="sequential", reason="",
-                                   threads=ThreadPlan(0, 0), device="/CPU:0")
+SEQUENTIAL_WITHOUT_XLA = TrialPlan(
+    jit_compile=False, steps_per_launch=1, layout="sequential", reason="", threads=ThreadPlan(0, 0), device="/CPU:0"
+)
 
 
 @pytest.fixture(scope="module")
 def data_and_folds():
-    data = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 300}))
-    return data, make_folds(CVSpec(splitter="stratified", n_splits=2, seed=0), data).folds
+    return mnist1d_folds(300)
 
 
 def trainer(data_and_folds, seed=0, batch_size=32, jit_compile="auto"):
     data, folds = data_and_folds
-    return build_trainer(load_builder(MNIST1D_EXPERIMENT, "build"),
-                         {**MODEL, "batch_size": batch_size, "learning_rate": 1e-3, "optimizer": "adam"},
-                         TrainingRecipe(TrainSpec(seed=seed), ExecutionChoices(jit_compile=jit_compile)),
-                         data=resident_data(data.fingerprint, data.x, data.y), folds=folds)
+    return build_trainer(
+        load_builder(MNIST1D_EXPERIMENT, "build"),
+        {**MODEL, "batch_size": batch_size, "learning_rate": 1e-3, "optimizer": "adam"},
+        TrainingRecipe(TrainSpec(seed=seed), ExecutionChoices(jit_compile=jit_compile)),
+        data=resident_data(data.fingerprint, data.x, data.y),
+        folds=folds,
+    )
 
 
 def test_models_trained_beside_other_pytest_workers_get_the_thread_pools_of_a_trial_of_their_cores():
@@ -167,8 +171,13 @@ def test_a_loss_of_the_researchers_own_is_traced_as_keras_fit_traces_it(data_and
     data, folds = data_and_folds
 
     def model():
-        return keras.Sequential([keras.layers.Conv1D(4, 3), keras.layers.GlobalAveragePooling1D(),
-                                 keras.layers.Dense(10, activation="softmax")])
+        return keras.Sequential(
+            [
+                keras.layers.Conv1D(4, 3),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
 
     fitted = model()
     fitted.compile(optimizer="adam", loss=loss)
@@ -176,10 +185,17 @@ def test_a_loss_of_the_researchers_own_is_traced_as_keras_fit_traces_it(data_and
         fitted.fit(data.x[:64], data.y[:64], batch_size=32, epochs=1, verbose=0)
     trained = model()
     trained.build((None, *data.x.shape[1:]))
-    engine = FoldEngine(trained, keras.optimizers.Adam(), resident_data(data.fingerprint, data.x, data.y), folds[0],
-                        plan=SEQUENTIAL_WITHOUT_XLA, recipe=TrainingRecipe(),
-                        params=TrainingParams(batch_size=32, learning_rate=1e-3, optimizer="adam"),
-                        loss=TrainingLoss(loss), seed=0)
+    engine = FoldEngine(
+        trained,
+        keras.optimizers.Adam(),
+        resident_data(data.fingerprint, data.x, data.y),
+        folds[0],
+        plan=SEQUENTIAL_WITHOUT_XLA,
+        recipe=TrainingRecipe(),
+        params=TrainingParams(batch_size=32, learning_rate=1e-3, optimizer="adam"),
+        loss=TrainingLoss(loss),
+        seed=0,
+    )
     with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
         engine.train_epoch(0)
 
@@ -193,7 +209,13 @@ def test_a_trials_config_is_resolved_once_into_named_parts():
     config = {**MODEL, "batch_size": 16, "learning_rate": 0.01, "optimizer": "sgd"}
     resolved = recipe.resolve(config)
     used = {**config, "clipping": "none"}  # the values the trial uses, its defaults included
-    assert resolved == TrialConfig(config=used, model_values=used, epochs=7, params=TrainingParams(
-        batch_size=16, learning_rate=0.01, optimizer="sgd", clipping="none", clip_threshold=1.0, shuffle=True))
+    assert resolved == TrialConfig(
+        config=used,
+        model_values=used,
+        epochs=7,
+        params=TrainingParams(
+            batch_size=16, learning_rate=0.01, optimizer="sgd", clipping="none", clip_threshold=1.0, shuffle=True
+        ),
+    )
     assert recipe.resolve(resolved) is resolved
     assert recipe.resolve({**config, "epochs": 3}).epochs == 3

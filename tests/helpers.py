@@ -1,0 +1,293 @@
+"""What tests share that is not a fixture: the tiny spec and its merging, the command in a fresh
+process, seeded stores and sweeps read back through the package's own reader, tiny data, and
+waiting on servers. Fixtures are conftest.py's; the run's machinery is run_machinery.py's."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST1D_EXPERIMENT = REPO / "experiments" / "mnist1d_cnn.py"
+
+TINY_SPEC: dict[str, Any] = {
+    "name": "tiny",
+    "experiment": f"{MNIST1D_EXPERIMENT}:build",
+    "dataset": {"name": "mnist1d", "num_samples": 400},
+    "cv": {"splitter": "stratified", "n_splits": 2, "seed": 0},
+    "search": {
+        "num_samples": 2,
+        "seed": 0,
+        "space": {"conv_layers": 1, "filters": 16, "kernel_size": {"choice": [3, 5]}},
+    },
+    # No refit: it trains again in the driver, and only the tests of the refit ask for it.
+    "train": {"epochs": 2, "metric": "accuracy", "mode": "max", "seed": 0, "refit": False},
+    # One trial at a time: the next trial reuses the worker process, where a second one at once
+    # would start its own (Ray and TensorFlow: ~6 s of a core, on two cores that the other
+    # pytest worker keeps busy). Tests of concurrency ask for it.
+    "resources": {"cpu": 1, "max_concurrent": 1},
+}
+
+
+@dataclass(frozen=True)
+class Ran:
+    exit_code: int
+    output: str  # standard output, then standard error
+
+
+def foldsweep(*args: str, cwd: Path | str | None = None) -> Ran:
+    """The command in a fresh process, as a researcher runs it: TensorFlow not yet started there,
+    so a trial run in-process (`trial`, `rerun`) gets the thread pools it asks for."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+    )
+    return Ran(ran.returncode, ran.stdout + ran.stderr)
+
+
+def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``overrides`` into a copy of ``base``.
+
+    A value of ``DELETE`` removes the key; ``Replace(value)`` sets it without merging.
+    """
+    result = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if value is DELETE:
+            result.pop(key, None)
+        elif isinstance(value, Replace):
+            result[key] = value.value
+        elif isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+DELETE = object()
+
+
+class Replace:
+    def __init__(self, value: Any):
+        self.value = value
+
+
+# -- records ------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _empty_store_template() -> bytes:
+    import tempfile
+
+    from mlflow.tracking import MlflowClient
+
+    with tempfile.TemporaryDirectory(prefix="foldsweep-store-") as directory:
+        database = Path(directory) / "mlflow.db"
+        MlflowClient(f"sqlite:///{database}").search_experiments()
+        return database.read_bytes()
+
+
+def seed_store(database: Path) -> Path:
+    """An empty MLflow store at ``database``, copied from one this test process created once.
+    A new store runs MLflow's schema migrations, 2-3 s of a busy core per sweep; the tests that
+    seed record sweeps, not a store's birth (test_stores, test_newcomer_e2e and the fresh-store
+    race in test_reliability_e2e start from no file)."""
+    database.parent.mkdir(parents=True, exist_ok=True)
+    database.write_bytes(_empty_store_template())
+    return database
+
+
+def recorded_runs(uri: str, name: str):
+    """(client, parent runs newest first, trial runs) of the sweeps recorded under experiment
+    ``name``; no runs while there is no such experiment."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.records.tracking import Tag
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id], max_results=1000) if experiment else []
+    return (
+        client,
+        [run for run in runs if run.data.tags.get(Tag.ROLE) == "sweep"],
+        [run for run in runs if run.data.tags.get(Tag.ROLE) == "trial"],
+    )
+
+
+def sweep_runs(uri: str, name: str):
+    """(client, parent run, trial runs) of the latest sweep recorded under experiment ``name``."""
+    client, parents, trials = recorded_runs(uri, name)
+    return client, parents[0], trials
+
+
+def reruns_of(client: Any, run: Any, *, where: str = "") -> list[Any]:
+    """The runs `foldsweep rerun` recorded of the trial run ``run`` (and matching the MLflow
+    filter ``where``), newest first."""
+    from pipeline.records.tracking import Tag
+
+    rerun_of = f"tags.`{Tag.RERUN_OF}` = '{run.info.run_id}'"
+    return client.search_runs(
+        [run.info.experiment_id],
+        filter_string=f"{rerun_of} and {where}" if where else rerun_of,
+        order_by=["attributes.start_time DESC"],
+    )
+
+
+def history(store: str, run_id: str, key: str) -> dict[int, float]:
+    """A run's metric ``key`` as recorded, {epoch: value} in epoch order, read through the
+    package's reader (``Tracker``)."""
+    from pipeline.records.tracking import Tracker
+
+    return dict(sorted(Tracker(store).metric_histories([run_id], key)[run_id]))
+
+
+def curve(store: str, run_id: str, key: str) -> list[float]:
+    """``history``'s values, in epoch order."""
+    return list(history(store, run_id, key).values())
+
+
+def assert_rerun_reproduces(
+    store: str, directory: Path, client: Any, original: Any, keys: list[str], *, epochs: int
+) -> None:
+    """`foldsweep rerun` of the trial run ``original`` in a fresh process (its thread pools are
+    the trial's, fixed once TensorFlow starts in a process) records each of ``keys`` over
+    ``epochs`` epochs as the trial did, to rel 1e-6."""
+    import pytest
+
+    ran = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
+    assert ran.exit_code == 0, ran.output
+    again = reruns_of(client, original)[0]
+    for key in keys:
+        recorded, rerun = curve(store, original.info.run_id, key), curve(store, again.info.run_id, key)
+        assert len(recorded) == epochs and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key
+
+
+def run_learning_rate_grid(directory: Path, store: str, document: dict[str, Any]):
+    """Run the sweep ``document`` (a grid over learning rates) from ``directory`` in this process;
+    returns (its output, client, parent run, {learning rate: trial run})."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    (directory / "spec.yaml").write_text(yaml.safe_dump({**document, "tracking": {"uri": store}}))
+    result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
+    assert result.exit_code == 0, result.output
+    client, parent, trials = sweep_runs(store, document["name"])
+    return result.output, client, parent, {float(run.data.params["learning_rate"]): run for run in trials}
+
+
+# -- data ---------------------------------------------------------------------------------------
+
+
+def binary_data(n: int = 600, seed: int = 0) -> tuple[Any, Any]:
+    """Two classes (0/1) told apart by the sign of a bump in a noisy 16-step signal."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n).astype(np.int32)
+    x = rng.normal(size=(n, 16, 1)).astype(np.float32)
+    x[:, 4:8, 0] += (2 * y - 1)[:, None] * 0.8
+    return x, y
+
+
+def mnist1d(num_samples: int) -> Any:
+    from pipeline.inputs.datasets import load_dataset
+    from pipeline.inputs.spec import DatasetSpec
+
+    return load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": num_samples}))
+
+
+def stratified_folds(dataset: Any, n_splits: int = 2) -> list[Any]:
+    from pipeline.inputs.folds import make_folds
+    from pipeline.inputs.spec import CVSpec
+
+    return make_folds(CVSpec(splitter="stratified", n_splits=n_splits, seed=0), dataset).folds
+
+
+def mnist1d_folds(num_samples: int) -> tuple[Any, list[Any]]:
+    """(the mnist1d dataset of ``num_samples``, its two stratified folds, seed 0): what the
+    modules that build fold trainers in this process train on."""
+    dataset = mnist1d(num_samples)
+    return dataset, stratified_folds(dataset)
+
+
+def mnist1d_fixtures(num_samples: int) -> tuple[Any, Any]:
+    """The module-scoped fixtures ``dataset`` and ``folds`` of ``mnist1d_folds``, for a module
+    to take as ``dataset, folds = mnist1d_fixtures(n)``."""
+
+    @pytest.fixture(scope="module", name="dataset")
+    def dataset() -> Any:
+        return mnist1d(num_samples)
+
+    @pytest.fixture(scope="module", name="folds")
+    def folds(dataset: Any) -> list[Any]:
+        return stratified_folds(dataset)
+
+    return dataset, folds
+
+
+# -- servers ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], Any], *, seconds: float, what: str) -> Any:
+    """Poll until ``condition()`` is truthy (waiting on other processes, not timing anything)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def answers(url: str) -> bytes | None:
+    """The body at ``url``, or None while nothing listens there."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read() or b" "
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def serving(command: list[str], *, url: str, what: str, **popen: Any) -> Iterator[subprocess.Popen]:
+    """A server started in its own session and answering at ``url``/health; on exit, stopped
+    with every process it started."""
+    server = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, **popen
+    )
+    try:
+
+        def listening() -> bytes | None:
+            assert server.poll() is None, f"{what} exited"
+            return answers(f"{url}/health")
+
+        wait_for(listening, seconds=120, what=what)
+        yield server
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

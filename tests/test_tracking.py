@@ -1,0 +1,223 @@
+"""MLflow through ``Tracker`` (pipeline.records.tracking), on a real SQLite store: a sweep's
+parent run and its trials written and read back typed, a resume finding them again, a trial
+found by any id a user gives, and the tag names users' scripts read."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import seed_store
+
+from pipeline.base.errors import TrackingError
+from pipeline.contract.results import (
+    EpochResult,
+    EpochSelection,
+    FoldScores,
+    FoldThroughput,
+    SweepStatus,
+    Throughput,
+    TrialStatus,
+)
+from pipeline.inputs.spec import Objective
+from pipeline.records.tracking import HISTORY_ARTIFACT, TRIAL_CONFIG_ARTIFACT, Tag, Tracker, TrialRecord, _history_csv
+
+SPEC_TEXT = "name: tiny\n"
+MANIFEST = {"n_splits": 2, "folds": [[0, 1], [2, 3]]}
+
+
+def test_the_tag_names_are_the_documented_ones():
+    """The one test of the literal names (users' scripts and MLflow searches read them; README
+    "What is recorded"); every other test reads them through ``Tag``."""
+    assert {name: value for name, value in vars(Tag).items() if name.isupper()} == {
+        "PREFIX": "foldsweep.",
+        "ROLE": "foldsweep.role",
+        "STATUS": "foldsweep.status",
+        "SWEEP": "foldsweep.sweep",
+        "TRIAL_ID": "foldsweep.trial_id",
+        "ERROR": "foldsweep.error",
+        "RETRIES": "foldsweep.retries",
+        "RERUN_OF": "foldsweep.rerun_of",
+        "RAY_PATH": "foldsweep.ray_experiment_path",
+        "RESUMES": "foldsweep.resumes",
+        "BEST_RUN_ID": "foldsweep.best_run_id",
+        "REFIT": "foldsweep.refit",
+        "REFIT_OF": "foldsweep.refit_of",
+        "NUMERICS_OP": "foldsweep.numerics_op",
+        "NUMERICS_NODE": "foldsweep.numerics_node",
+        "NUMERICS_LAYER": "foldsweep.numerics_layer",
+        "NUMERICS_VARIABLE": "foldsweep.numerics_variable",
+        "NUMERICS_FOLD": "foldsweep.numerics_fold",
+        "NUMERICS_EPOCH": "foldsweep.numerics_epoch",
+        "NUMERICS_STEP": "foldsweep.numerics_step",
+        "RERUN_DIFFERS": "foldsweep.rerun_differs",
+        "PVALUE_VS_BEST": "foldsweep.pvalue_vs_best",
+        "PARENT": "mlflow.parentRunId",
+    }
+    assert Tag.of("fused_reason") == "foldsweep.fused_reason" and Tag.of("pid") == "foldsweep.pid"
+
+
+@pytest.fixture
+def tracker(tmp_path) -> Tracker:
+    return Tracker(f"sqlite:///{seed_store(tmp_path / 'mlflow.db')}")
+
+
+def start(tracker: Tracker, name: str = "tiny") -> str:
+    run_id, ray_path = tracker.start_sweep(
+        name=name,
+        spec_text=SPEC_TEXT,
+        manifest=MANIFEST,
+        params={"train.metric": "loss", "train.mode": "min", "cv.n_splits": 2},
+        ray_path_for=lambda run_id: f"/ray/{name}-{run_id[:8]}",
+    )
+    assert ray_path == f"/ray/{name}-{run_id[:8]}"
+    return run_id
+
+
+def trial(tracker: Tracker, parent: str, trial_id: str, config=None, **options):
+    return tracker.trial_recorder(
+        parent_run_id=parent,
+        run_name=f"trial-{trial_id[-5:]}",
+        role="trial",
+        config=config or {"learning_rate": 0.01, "batch_size": 8},
+        tags={},
+        trial_id=trial_id,
+        **options,
+    )
+
+
+def epoch(number: int, losses: tuple[float, float]) -> dict:
+    """An epoch's report of a trial of two folds."""
+    folds = tuple(FoldScores(train_loss=loss + 0.1, val_loss=loss, val_accuracy=0.5) for loss in losses)
+    return EpochResult(
+        epoch=number,
+        fold_ids=(0, 1),
+        folds=folds,
+        epochs_planned=3,
+        throughput=Throughput(100.0, 200.0, 1.0, (FoldThroughput(50.0, 1.0),) * 2),
+    ).report()
+
+
+def test_a_sweep_is_found_by_its_name_its_run_id_or_as_the_latest(tracker):
+    first = start(tracker, "first")
+    second = start(tracker, "second")
+    found = tracker.find_sweep("first")
+    assert (found.run_id, found.name) == (first, "first")
+    assert found.objective == Objective(metric="loss", mode="min") and found.n_splits == 2
+    assert found.tags[Tag.ROLE] == "sweep" and found.tags[Tag.STATUS] == SweepStatus.RUNNING.value
+    assert found.tags[Tag.RAY_PATH] == f"/ray/first-{first[:8]}"
+    assert tracker.find_sweep(second).name == "second" and tracker.find_sweep().run_id == second
+    with pytest.raises(TrackingError, match="SWEEP: no sweep named 'third' in sqlite:///"):
+        tracker.find_sweep("third")
+    with pytest.raises(TrackingError, match=f"SWEEP: no run with id '{'0' * 32}'"):
+        tracker.find_sweep("0" * 32)
+
+
+def test_a_trial_records_its_config_epochs_and_end_and_reads_back_typed(tracker):
+    parent = start(tracker)
+    selection = EpochSelection(Objective(metric="loss", mode="min"))
+    recorder = trial(tracker, parent, "11830_00003", selection=selection)
+    for number, losses in ((1, (0.9, 0.7)), (2, (0.5, 0.3)), (3, (0.6, 0.4))):
+        recorder.log_epoch(epoch(number, losses))
+    recorder.finish(TrialStatus.OK)
+
+    [record] = tracker.trial_records(parent)
+    assert isinstance(record, TrialRecord) and record == tracker.trial_record(record.run_id)
+    assert (record.trial_id, record.label, record.state, record.status) == (
+        "11830_00003",
+        "trial-00003",
+        "FINISHED",
+        TrialStatus.OK,
+    )
+    assert record.params == {"batch_size": "8", "learning_rate": "0.01"}
+    assert record.tags["status"] == "ok" and record.tags["trial_id"] == "11830_00003"  # prefix removed
+    assert record.metrics["mean_val_loss"] == pytest.approx(0.5)  # the last epoch's
+    # Scored at the best epoch of the mean curve: epoch 2 (mean 0.4).
+    assert record.metrics["best_epoch"] == 2 and record.metrics["selected_mean_val_loss"] == pytest.approx(0.4)
+    [history] = tracker.metric_histories([record.run_id], "mean_val_loss").values()
+    assert sorted(history) == [(1, pytest.approx(0.8)), (2, pytest.approx(0.4)), (3, pytest.approx(0.5))]
+    rows = tracker.epoch_rows(record.run_id)
+    assert sorted(rows) == [1, 2, 3] and rows[2]["split1_val_loss"] == pytest.approx(0.3)
+    assert "selected_mean_val_loss" not in rows[2]
+    recorded = tracker.recorded_trial_run(record.run_id)
+    assert recorded.config == {"learning_rate": 0.01, "batch_size": 8} and recorded.parent_run_id == parent
+    assert recorded.spec_text == SPEC_TEXT and recorded.manifest == MANIFEST and recorded.plan is None
+    assert recorded.sweep_params["cv.n_splits"] == "2"
+
+
+def test_a_resumed_trial_reopens_its_run_and_records_each_epoch_once(tracker):
+    parent = start(tracker)
+    recorder = trial(tracker, parent, "11830_00000")
+    recorder.log_epoch(epoch(1, (0.9, 0.7)))
+    recorder.log_epoch(epoch(2, (0.5, 0.3)))
+    recorder.finish(TrialStatus.KILLED)
+    reopened = trial(tracker, parent, "11830_00000")
+    assert reopened.run_id == recorder.run_id and reopened.recorded_epochs == frozenset({1, 2})
+    assert tracker.trial_record(recorder.run_id).status is TrialStatus.RUNNING
+    # Restored from the checkpoint of epoch 1: epoch 2 trains again and stays recorded once.
+    reopened.log_epoch(epoch(2, (0.55, 0.35)))
+    reopened.log_epoch(epoch(3, (0.4, 0.2)))
+    reopened.finish(TrialStatus.OK)
+    [history] = tracker.metric_histories([recorder.run_id], "mean_val_loss").values()
+    assert sorted(history) == [(1, pytest.approx(0.8)), (2, pytest.approx(0.4)), (3, pytest.approx(0.3))]
+    assert len(tracker.trial_records(parent)) == 1
+
+
+def test_a_sweep_resumes_only_when_unfinished_and_counts_its_resumes(tracker):
+    parent = start(tracker)
+    trial(tracker, parent, "11830_00000")  # left running by a killed driver
+    tracker.close_open_trial_runs(parent, status=TrialStatus.KILLED)
+    assert [record.status for record in tracker.trial_records(parent)] == [TrialStatus.KILLED]
+    tracker.end_sweep(parent, status=SweepStatus.INTERRUPTED, summary={"best_mean_val_loss": math.nan})
+    resumable = tracker.resumable_sweep("tiny")
+    assert resumable.run_id == parent and "best_mean_val_loss" not in resumable.metrics  # NaN is not logged
+    assert tracker.reopen_sweep(resumable) == (parent, f"/ray/tiny-{parent[:8]}")
+    assert tracker.find_sweep("tiny").tags[Tag.RESUMES] == "1"
+    assert tracker.find_sweep("tiny").tags[Tag.STATUS] == SweepStatus.RUNNING.value
+    tracker.end_sweep(parent, status=SweepStatus.OK, summary={"best_mean_val_loss": 0.4, Tag.BEST_RUN_ID: "abc"})
+    finished = tracker.find_sweep("tiny")
+    assert finished.metrics == {"best_mean_val_loss": 0.4} and finished.tags[Tag.BEST_RUN_ID] == "abc"
+    with pytest.raises(TrackingError, match="--resume: the latest sweep 'tiny' .* finished; nothing to resume"):
+        tracker.resumable_sweep("tiny")
+
+
+def test_a_trial_is_found_by_its_run_id_the_start_of_it_or_its_ray_trial_id(tracker):
+    parent = start(tracker)
+    runs = [trial(tracker, parent, f"11830_0000{k}").run_id for k in range(2)]
+    assert tracker.trial_run_id(runs[0]) == runs[0]
+    assert tracker.trial_run_id(runs[1][:12]) == runs[1]
+    assert tracker.trial_run_id("11830_00001") == runs[1]
+    with pytest.raises(TrackingError, match="RUN_ID: no trial run with id 'nothing'"):
+        tracker.trial_run_id("nothing")
+    with pytest.raises(TrackingError, match="RUN_ID: run .* is not a foldsweep trial"):
+        tracker.recorded_trial_run(parent)
+
+
+def test_a_trials_error_status_tags_and_comparisons_are_recorded(tracker):
+    parent = start(tracker)
+    recorder = trial(tracker, parent, "11830_00000")
+    recorder.count_retry(2)
+    recorder.set_tags({Tag.of("device_notice"): "x" * 6000})
+    recorder.finish(TrialStatus.ERROR, error="Traceback ...\nValueError: bad config")
+    tracker.mark_comparisons({recorder.run_id: 0.0123456})
+    tracker.describe_runs({recorder.run_id: "**best**"})
+    record = tracker.trial_record(recorder.run_id)
+    assert (record.status, record.state) == (TrialStatus.ERROR, "FAILED")
+    assert record.error == "Traceback ...\nValueError: bad config"
+    assert record.tags["retries"] == "2" and record.metrics["retries"] == 2.0
+    assert record.tags["device_notice"] == "x" * 5000  # MLflow's tag limit
+    assert record.tags["pvalue_vs_best"] == "0.01235"
+
+
+def test_history_csv_is_one_row_per_epoch_with_every_key():
+    text = _history_csv({2: {"b": 0.5}, 1: {"a": 1.0, "b": 2.0}})
+    assert text.splitlines() == ["epoch,a,b", "1,1.0,2.0", "2,,0.5"]
+
+
+def test_a_finished_trial_keeps_its_history_and_config_as_artifacts(tracker, tmp_path):
+    parent = start(tracker)
+    recorder = trial(tracker, parent, "11830_00000")
+    recorder.log_epoch(epoch(1, (0.9, 0.7)))
+    recorder.finish(TrialStatus.OK)
+    artifacts = {path.name for path in (tmp_path / "mlartifacts").rglob("*") if path.is_file()}
+    assert {HISTORY_ARTIFACT, TRIAL_CONFIG_ARTIFACT, "spec.yaml", "fold_manifest.json"} <= artifacts
