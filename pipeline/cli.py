@@ -25,6 +25,7 @@ from rich.text import Text
 
 from pipeline.base.errors import FoldsweepError, InputError
 from pipeline.base.quiet import import_tensorflow, quiet_environment
+from pipeline.inputs.spec import TrackingSpec
 
 # TensorFlow's C++ chatter would bury the command's own output: its log levels are set before
 # anything imports it, and the commands that train import it through ``import_tensorflow``.
@@ -50,8 +51,10 @@ def styled(label: str, style: str, rest: str = "") -> Text:
 
 DEFAULT_UI_PORT = 5000
 TrackingUriOption = typer.Option(
-    None, "--tracking-uri", help="MLflow tracking URI [default: the spec's tracking.uri, or sqlite:///mlflow.db]"
+    None, "--tracking-uri", help=f"MLflow tracking URI [default: the spec's tracking.uri, or {TrackingSpec.uri}]"
 )
+# The store of the commands that read one: the spec's default store.
+StoreOption = typer.Option(TrackingSpec.uri, "--tracking-uri", help="MLflow tracking URI")
 
 
 def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -416,7 +419,7 @@ def run(
 @exit_codes
 def report(
     sweep: str | None = typer.Argument(None, help="Sweep name or parent run id [default: the latest sweep]"),
-    tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
+    tracking_uri: str = StoreOption,
 ) -> None:
     """Print a recorded sweep's leaderboard, NaN and throughput tables; refresh its plots,
     descriptions and its view in the MLflow UI."""
@@ -569,7 +572,7 @@ def trial(
 @exit_codes
 def rerun(
     run_id: str = typer.Argument(..., help="MLflow run id of a trial"),
-    tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
+    tracking_uri: str = StoreOption,
     fold: int | None = FoldOption,
     epochs: int | None = EpochsOption,
     eager: bool = EagerOption,
@@ -877,7 +880,7 @@ def ui(
     sweep: str | None = typer.Argument(
         None, help="Open on this sweep (name or parent run id) [default: the latest sweep, if any]"
     ),
-    tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
+    tracking_uri: str = StoreOption,
     port: int = typer.Option(DEFAULT_UI_PORT, "--port", help="Port on 127.0.0.1"),
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 for a tracking store, opening on a sweep's trials."""
