@@ -124,7 +124,10 @@ TRIAL_PARTS = (SETUP_S, COMPILE_S, TRAIN_S, EVAL_S, GAP_S)
 # one trial trains, while none does between trials, the refit, and the end (recording, the
 # tables); ``sweep_fixed_s`` is the cost outside training and the refit: start, idle and end.
 SWEEP_WALL_S = "sweep_wall_s"
-SWEEP_PARTS = ("sweep_startup_s", "sweep_training_s", "sweep_idle_s", "sweep_refit_s", "sweep_finish_s")
+SWEEP_STARTUP_S = "sweep_startup_s"
+SWEEP_IDLE_S = "sweep_idle_s"
+SWEEP_FINISH_S = "sweep_finish_s"
+SWEEP_PARTS = (SWEEP_STARTUP_S, "sweep_training_s", SWEEP_IDLE_S, "sweep_refit_s", SWEEP_FINISH_S)
 SWEEP_FIXED_S = "sweep_fixed_s"
 # What a trial's report says of its account (``compile_s`` is reported as its throughput).
 ACCOUNT_KEYS = (TRIAL_WALL_S, SETUP_S, TRAIN_S, EVAL_S, GAP_S, OTHER_S)
@@ -133,7 +136,7 @@ ACCOUNT_KEYS = (TRIAL_WALL_S, SETUP_S, TRAIN_S, EVAL_S, GAP_S, OTHER_S)
 def sweep_fixed_s(account: TimeAccount) -> float:
     """The sweep's time outside its trials' training and the refit."""
     seconds = account.as_dict()
-    return seconds["sweep_startup_s"] + seconds["sweep_idle_s"] + seconds["sweep_finish_s"]
+    return seconds[SWEEP_STARTUP_S] + seconds[SWEEP_IDLE_S] + seconds[SWEEP_FINISH_S]
 
 
 def recorded_sweep_account(values: Mapping[str, Any]) -> TimeAccount | None:

@@ -395,8 +395,6 @@ class FoldEngine:
         self.train_timer = CallTimer()
         self.eval_timer = CallTimer()
         self.failure: NanEvent | None = None
-        # The XLA-compiled launch (None when the step runs without XLA): each trace is a program.
-        self.compiled_steps: Any = None
         self.shuffle = params.shuffle
         # What the engine is running, from the start of a call until it returns, so that an error
         # leaves it set (``stopped_call``): the epoch, and in training the steps the optimizer
@@ -432,8 +430,6 @@ class FoldEngine:
         # loops and conditions as tf.while_loop and tf.cond. Converting the engine's functions
         # cost each process about a second of CPU before its first trial, for the same graph.
         steps = train_steps if eager else tf.function(train_steps, jit_compile=plan.jit_compile, autograph=False)
-        if plan.jit_compile and not eager:
-            self.compiled_steps = steps
         # The uncompiled epoch loop (its steps compiled), for ``pipeline.engine.side_by_side`` to
         # run several folds' loops in one execution.
         self.epoch_loop = epoch_loop(steps, steps_per_launch=plan.steps_per_launch, per_epoch=per_epoch)

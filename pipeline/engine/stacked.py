@@ -628,7 +628,6 @@ class StackedFolds:
             jit_compile=True,
             autograph=False,
         )
-        self.compiled_steps = steps
 
         def stopped(tally, live):
             return tf.reduce_all(~live | tally.failed)
