@@ -113,6 +113,7 @@ def test_a_sweep_is_found_by_its_name_its_run_id_or_as_the_latest(tracker):
     assert (found.run_id, found.name) == (first, "first")
     assert found.objective == Objective(metric="loss", mode="min") and found.n_splits == 2
     assert found.tags[Tag.ROLE] == "sweep" and found.tags[Tag.STATUS] == SweepStatus.RUNNING.value
+    assert found.state == "RUNNING"
     assert found.tags[Tag.RAY_PATH] == f"/ray/first-{first[:8]}"
     assert tracker.find_sweep(second).name == "second" and tracker.find_sweep().run_id == second
     with pytest.raises(TrackingError, match="SWEEP: no sweep named 'third' in sqlite:///"):

@@ -133,6 +133,7 @@ class SweepRecord:
     params: Mapping[str, str]
     metrics: Mapping[str, float]
     tags: Mapping[str, str]
+    state: str = ""  # the MLflow run state
 
     @property
     def objective(self) -> Objective:
@@ -151,6 +152,7 @@ class SweepRecord:
             params=dict(run.data.params),
             metrics=dict(run.data.metrics),
             tags=dict(run.data.tags),
+            state=run.info.status,
         )
 
 
