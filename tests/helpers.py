@@ -99,6 +99,7 @@ class Replace:
 def _empty_store_template() -> bytes:
     import tempfile
 
+    # A raw client: the store's birth (MLflow's schema), not a record of foldsweep's.
     from mlflow.tracking import MlflowClient
 
     with tempfile.TemporaryDirectory(prefix="foldsweep-store-") as directory:

@@ -149,6 +149,7 @@ def test_a_fresh_store_opened_by_a_second_process_at_once(ray_cluster, tmp_path,
     monkeypatch.chdir(tmp_path)
     spec = write(tmp_path, "fresh", search={"num_samples": 1, "space": {"kernel_size": 3}}, train={"epochs": 1})
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # The other opener is MLflow's own client: what races is the store's creation, not a record.
     poller = (
         "import sys, mlflow\nprint('ready', flush=True)\nclient = mlflow.MlflowClient(sys.argv[1])\n"
         "for _ in range(20):\n    client.search_experiments()\n"
