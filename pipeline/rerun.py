@@ -38,7 +38,7 @@ from pipeline.inputs.spec import (
     parse_spec,
     read_yaml,
 )
-from pipeline.records.tracking import Tracker
+from pipeline.records.tracking import Tag, Tracker
 
 if TYPE_CHECKING:
     from pipeline.engine.fold_engine import StoppedCall
@@ -131,9 +131,9 @@ def recorded_nan_line(finding: NumericsFinding, recorded_tags: Mapping[str, str]
     """Where the recorded trial went NaN (its tags nan_fold, nan_epoch, nan_step), against where
     this run's numeric checking stopped: a rerun may walk another trajectory (numeric checking
     runs without XLA, for one)."""
-    if recorded_tags.get(NAN_EPOCH) is None:
+    if recorded_tags.get(Tag.of(NAN_EPOCH)) is None:
         return "the recorded trial did not go NaN"
-    recorded = place_text(*(int(recorded_tags[key]) for key in (NAN_FOLD, NAN_EPOCH, NAN_STEP)))
+    recorded = place_text(*(int(recorded_tags[Tag.of(key)]) for key in (NAN_FOLD, NAN_EPOCH, NAN_STEP)))
     source = "its tags foldsweep.nan_fold, nan_epoch, nan_step"
     if recorded == finding.place():
         return f"the recorded trial went NaN at the same place ({recorded}: {source})"

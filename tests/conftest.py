@@ -15,7 +15,7 @@ import yaml
 
 # helpers' assertions (a rerun reproducing its trial, say) explained as a test's are.
 pytest.register_assert_rewrite("helpers")
-from helpers import TINY_SPEC, Replace, merged, seed_store, sweep_runs  # noqa: E402
+from helpers import TINY_SPEC, Latest, Replace, latest_sweep, merged, seed_store  # noqa: E402
 
 if TYPE_CHECKING:  # imported by pytest as a plugin, first: assertion rewriting applies to it
     from run_machinery import LocalRay
@@ -66,9 +66,9 @@ class RecordedSweep:
     exit_code: int
     output: str  # what `foldsweep run` printed
 
-    def runs(self):
-        """(client, parent run, trial runs), read afresh."""
-        return sweep_runs(self.uri, "diverging")
+    def records(self) -> Latest:
+        """(tracker, sweep, trials), read afresh."""
+        return latest_sweep(self.uri, "diverging")
 
 
 @pytest.fixture

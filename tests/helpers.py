@@ -17,9 +17,12 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
+
+if TYPE_CHECKING:
+    from pipeline.records.tracking import SweepRecord, Tracker, TrialRecord
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST1D_EXPERIMENT = REPO / "experiments" / "mnist1d_cnn.py"
@@ -96,6 +99,7 @@ class Replace:
 def _empty_store_template() -> bytes:
     import tempfile
 
+    # A raw client: the store's birth (MLflow's schema), not a record of foldsweep's.
     from mlflow.tracking import MlflowClient
 
     with tempfile.TemporaryDirectory(prefix="foldsweep-store-") as directory:
@@ -114,40 +118,48 @@ def seed_store(database: Path) -> Path:
     return database
 
 
-def recorded_runs(uri: str, name: str):
-    """(client, parent runs newest first, trial runs) of the sweeps recorded under experiment
-    ``name``; no runs while there is no such experiment."""
+class Recorded(NamedTuple):
+    """The sweeps recorded under one name, read through the package's reader."""
+
+    tracker: Tracker
+    sweeps: list[SweepRecord]  # newest first
+    trials: list[TrialRecord]  # of every sweep, newest sweep first, each sweep's oldest trial first
+
+
+class Latest(NamedTuple):
+    """The latest sweep recorded under one name, read through the package's reader."""
+
+    tracker: Tracker
+    sweep: SweepRecord
+    trials: list[TrialRecord]  # oldest first
+
+
+def recorded_sweeps(uri: str, name: str) -> Recorded:
+    """The sweeps recorded under ``name`` in the store ``uri`` and their trials; none while
+    there is no such sweep."""
+    from pipeline.records.tracking import Tracker
+
+    tracker = Tracker(uri)
+    sweeps = tracker.sweep_records(name)
+    return Recorded(tracker, sweeps, [trial for sweep in sweeps for trial in tracker.trial_records(sweep.run_id)])
+
+
+def latest_sweep(uri: str, name: str) -> Latest:
+    """The latest sweep recorded under ``name`` in the store ``uri`` and its trials."""
+    from pipeline.records.tracking import Tracker
+
+    tracker = Tracker(uri)
+    sweep = tracker.find_sweep(name)
+    return Latest(tracker, sweep, tracker.trial_records(sweep.run_id))
+
+
+def runs_in_store(uri: str, name: str) -> int:
+    """How many runs the store holds under the experiment ``name``, whatever wrote them: a raw
+    MLflow client, as the records show only the runs foldsweep knows."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.records.tracking import Tag
-
     client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(name)
-    runs = client.search_runs([experiment.experiment_id], max_results=1000) if experiment else []
-    return (
-        client,
-        [run for run in runs if run.data.tags.get(Tag.ROLE) == "sweep"],
-        [run for run in runs if run.data.tags.get(Tag.ROLE) == "trial"],
-    )
-
-
-def sweep_runs(uri: str, name: str):
-    """(client, parent run, trial runs) of the latest sweep recorded under experiment ``name``."""
-    client, parents, trials = recorded_runs(uri, name)
-    return client, parents[0], trials
-
-
-def reruns_of(client: Any, run: Any, *, where: str = "") -> list[Any]:
-    """The runs `foldsweep rerun` recorded of the trial run ``run`` (and matching the MLflow
-    filter ``where``), newest first."""
-    from pipeline.records.tracking import Tag
-
-    rerun_of = f"tags.`{Tag.RERUN_OF}` = '{run.info.run_id}'"
-    return client.search_runs(
-        [run.info.experiment_id],
-        filter_string=f"{rerun_of} and {where}" if where else rerun_of,
-        order_by=["attributes.start_time DESC"],
-    )
+    return len(client.search_runs([client.get_experiment_by_name(name).experiment_id], max_results=50000))
 
 
 def history(store: str, run_id: str, key: str) -> dict[int, float]:
@@ -164,24 +176,26 @@ def curve(store: str, run_id: str, key: str) -> list[float]:
 
 
 def assert_rerun_reproduces(
-    store: str, directory: Path, client: Any, original: Any, keys: list[str], *, epochs: int
+    store: str, directory: Path, original: TrialRecord, keys: list[str], *, epochs: int
 ) -> None:
-    """`foldsweep rerun` of the trial run ``original`` in a fresh process (its thread pools are
-    the trial's, fixed once TensorFlow starts in a process) records each of ``keys`` over
-    ``epochs`` epochs as the trial did, to rel 1e-6."""
-    import pytest
+    """`foldsweep rerun` of the trial ``original`` in a fresh process (its thread pools are the
+    trial's, fixed once TensorFlow starts in a process) records each of ``keys`` over ``epochs``
+    epochs as the trial did, to rel 1e-6."""
+    from pipeline.records.tracking import Tracker
 
-    ran = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
+    ran = foldsweep("rerun", original.run_id, "--tracking-uri", store, cwd=directory)
     assert ran.exit_code == 0, ran.output
-    again = reruns_of(client, original)[0]
+    again = Tracker(store).reruns(original.run_id)[0]
     for key in keys:
-        recorded, rerun = curve(store, original.info.run_id, key), curve(store, again.info.run_id, key)
+        recorded, rerun = curve(store, original.run_id, key), curve(store, again.run_id, key)
         assert len(recorded) == epochs and rerun == pytest.approx(recorded, rel=1e-6, abs=0), key
 
 
-def run_learning_rate_grid(directory: Path, store: str, document: dict[str, Any]):
+def run_learning_rate_grid(
+    directory: Path, store: str, document: dict[str, Any]
+) -> tuple[str, Tracker, SweepRecord, dict[float, TrialRecord]]:
     """Run the sweep ``document`` (a grid over learning rates) from ``directory`` in this process;
-    returns (its output, client, parent run, {learning rate: trial run})."""
+    returns (its output, its store's tracker, its sweep, {learning rate: trial})."""
     import yaml
     from typer.testing import CliRunner
 
@@ -190,8 +204,8 @@ def run_learning_rate_grid(directory: Path, store: str, document: dict[str, Any]
     (directory / "spec.yaml").write_text(yaml.safe_dump({**document, "tracking": {"uri": store}}))
     result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
     assert result.exit_code == 0, result.output
-    client, parent, trials = sweep_runs(store, document["name"])
-    return result.output, client, parent, {float(run.data.params["learning_rate"]): run for run in trials}
+    tracker, sweep, trials = latest_sweep(store, document["name"])
+    return result.output, tracker, sweep, {float(trial.params["learning_rate"]): trial for trial in trials}
 
 
 # -- data ---------------------------------------------------------------------------------------

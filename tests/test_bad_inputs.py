@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.records.tracking import Tag
+from pipeline.records.tracking import Tracker
 
 LOOP_MODEL = """
 import keras
@@ -415,14 +415,13 @@ CASES = [
 @pytest.fixture(scope="module")
 def recorded_store(tmp_path_factory) -> tuple[bytes, str]:
     """An MLflow store holding one sweep's parent run: (its bytes, the parent run id)."""
-    from mlflow.tracking import MlflowClient
+    from pipeline.contract.results import SweepStatus
 
     path = tmp_path_factory.mktemp("store") / "recorded.db"
-    client = MlflowClient(f"sqlite:///{path}")
-    experiment = client.create_experiment("other")
-    run = client.create_run(experiment, tags={Tag.ROLE: "sweep", Tag.SWEEP: "other"})
-    client.set_terminated(run.info.run_id)
-    return path.read_bytes(), run.info.run_id
+    tracker = Tracker(f"sqlite:///{path}")
+    run_id, _ = tracker.start_sweep(name="other", spec_text="", manifest={}, params={}, ray_path_for=str)
+    tracker.end_sweep(run_id, status=SweepStatus.OK, summary={})
+    return path.read_bytes(), run_id
 
 
 @pytest.fixture

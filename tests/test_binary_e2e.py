@@ -41,7 +41,7 @@ def binary_sweep(ray_cluster, tmp_path_factory):
     np.savez(directory / "sites.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (directory / "sites.py").write_text(HYPERMODEL)
     store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
-    output, client, parent, by_rate = run_learning_rate_grid(
+    output, tracker, parent, by_rate = run_learning_rate_grid(
         directory,
         store,
         {
@@ -58,61 +58,61 @@ def binary_sweep(ray_cluster, tmp_path_factory):
             "resources": {"cpu": 1, "max_concurrent": 1},
         },
     )
-    return directory, store, output, client, parent, by_rate
+    return directory, store, output, tracker, parent, by_rate
 
 
 def test_a_sigmoid_head_trains_stacked_and_is_scored_by_binary_accuracy(binary_sweep):
     _, _, _, _, _, by_rate = binary_sweep
     learned = by_rate[0.01]
-    assert learned.data.tags[Tag.STATUS] == "ok"
-    assert "stacked" in learned.data.tags[Tag.of("fused_reason")]
+    assert learned.tags[Tag.STATUS] == "ok"
+    assert "stacked" in learned.tags[Tag.of("fused_reason")]
     # Chance is 0.5; an arg max over one unit would score every sample as class 0 (about 0.5).
     for k in range(3):
-        assert 0.8 < learned.data.metrics[f"split{k}_val_accuracy"] <= 1.0
-        assert 0.0 < learned.data.metrics[f"split{k}_val_loss"] < 0.6931  # below a constant 0.5's log 2
-    assert learned.data.tags[Tag.of("loss")] == "binary_crossentropy"
+        assert 0.8 < learned.metrics[f"split{k}_val_accuracy"] <= 1.0
+        assert 0.0 < learned.metrics[f"split{k}_val_loss"] < 0.6931  # below a constant 0.5's log 2
+    assert learned.tags[Tag.of("loss")] == "binary_crossentropy"
 
 
 def test_a_diverging_binary_head_is_recorded_as_nan(binary_sweep):
     _, _, _, _, _, by_rate = binary_sweep
     diverged = by_rate[1.0e6]
-    assert diverged.data.tags[Tag.STATUS] == "nan"
-    assert diverged.data.tags[Tag.of("nan_epoch")] == "1"
+    assert diverged.tags[Tag.STATUS] == "nan"
+    assert diverged.tags[Tag.of("nan_epoch")] == "1"
 
 
 def test_the_binary_sweep_is_ranked_refit_and_tabled(binary_sweep):
-    directory, _, output, client, parent, by_rate = binary_sweep
+    directory, _, output, tracker, parent, by_rate = binary_sweep
     learned = by_rate[0.01]
-    assert parent.data.tags[Tag.BEST_RUN_ID] == learned.info.run_id
-    assert 0.8 < parent.data.metrics["test_accuracy"] <= 1.0
-    rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "cv_results.csv", str(directory)))))
+    assert parent.tags[Tag.BEST_RUN_ID] == learned.run_id
+    assert 0.8 < parent.metrics["test_accuracy"] <= 1.0
+    rows = list(csv.DictReader(open(tracker.artifact_file(parent.run_id, "cv_results.csv", directory))))
     ok = next(row for row in rows if row["status"] == "ok")
     assert (
         ok["rank_val_accuracy"] == "1"
         and next(row for row in rows if row["status"] == "nan")["rank_val_accuracy"] == ""
     )
     assert float(ok["mean_val_accuracy"]) == pytest.approx(
-        np.mean([learned.data.metrics[f"selected_split{k}_val_accuracy"] for k in range(3)])
+        np.mean([learned.metrics[f"selected_split{k}_val_accuracy"] for k in range(3)])
     )
     # Ranked by the compiled AUC (max): its columns, rank, and the refit's test_auc, which is what
     # the saved refit model scores on the test split.
     assert ok["rank_val_auc"] == "1" and 0.8 < float(ok["mean_val_auc"]) <= 1.0 and ok["std_val_auc"] != ""
     assert float(ok["mean_val_auc"]) == pytest.approx(
-        np.mean([learned.data.metrics[f"selected_split{k}_val_auc"] for k in range(3)])
+        np.mean([learned.metrics[f"selected_split{k}_val_auc"] for k in range(3)])
     )
-    assert parent.data.params["train.mode"] == "max"
+    assert parent.params["train.mode"] == "max"
     assert f"{float(ok['mean_val_auc']):.4f}" in output  # the leaderboard ranks on it
     import keras
 
-    model = keras.models.load_model(client.download_artifacts(parent.info.run_id, "refit_model.keras", str(directory)))
+    model = keras.models.load_model(tracker.artifact_file(parent.run_id, "refit_model.keras", directory))
     data = np.load(directory / "sites.npz")
     auc = keras.metrics.AUC()
     auc.update_state(data["y_test"], model.predict(data["x_test"], verbose=0))
-    assert parent.data.metrics["test_auc"] == pytest.approx(float(auc.result()), abs=1e-4)
+    assert parent.metrics["test_auc"] == pytest.approx(float(auc.result()), abs=1e-4)
 
 
 def test_a_rerun_of_a_binary_trial_reproduces_its_per_fold_losses(binary_sweep):
     """A fresh process: the trial's thread pools are fixed once TensorFlow starts in a process."""
-    directory, store, _, client, _, by_rate = binary_sweep
+    directory, store, _, _, _, by_rate = binary_sweep
     keys = [f"split{k}_{name}" for k in range(3) for name in ("train_loss", "val_loss", "val_accuracy", "val_auc")]
-    assert_rerun_reproduces(store, directory, client, by_rate[0.01], keys, epochs=EPOCHS)
+    assert_rerun_reproduces(store, directory, by_rate[0.01], keys, epochs=EPOCHS)

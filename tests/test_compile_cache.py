@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, Replace, foldsweep, sweep_runs
+from helpers import REPO, Replace, foldsweep, latest_sweep
 
 from pipeline.base import compile_cache
 from pipeline.base.compile_cache import CHECKSUM_SUFFIX, CompileCache, content_name, content_names
@@ -314,18 +314,17 @@ def test_a_worker_reuses_the_programs_of_its_earlier_trials_and_never_another_pr
     result = CliRunner().invoke(app, ["run", str(spec)])
 
     assert result.exit_code == 0, result.output
-    _, _, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "reuse")
-    started = sorted(trials, key=lambda run: run.info.start_time)
-    assert len(trials) == 4 and len({run.data.tags[Tag.of("pid")] for run in trials}) == 1
-    assert all(later.info.start_time >= earlier.info.end_time for earlier, later in zip(started, started[1:]))
+    _, _, trials = latest_sweep(f"sqlite:///{tmp_path / 'mlflow.db'}", "reuse")
+    started = sorted(trials, key=lambda run: run.started_at)
+    assert len(trials) == 4 and len({run.tags[Tag.of("pid")] for run in trials}) == 1
+    assert all(later.started_at >= earlier.ended_at for earlier, later in zip(started, started[1:]))
     by_config = {
-        (float(run.data.params["learning_rate"]), float(run.data.params["clip_threshold"])): run.data.metrics
-        for run in trials
+        (float(run.params["learning_rate"]), float(run.params["clip_threshold"])): run.metrics for run in trials
     }
     first_of_threshold: dict[float, tuple[float, float]] = {}
     for run in started:
-        config = (float(run.data.params["learning_rate"]), float(run.data.params["clip_threshold"]))
-        metrics = run.data.metrics
+        config = (float(run.params["learning_rate"]), float(run.params["clip_threshold"]))
+        metrics = run.metrics
         if config[1] in first_of_threshold:
             assert metrics[COMPILE_CACHE_MISSES] == 0 and metrics[COMPILE_CACHE_HITS] > 0, config
         else:
@@ -365,8 +364,8 @@ def test_the_refit_in_the_driver_compiles_into_the_store_too(tmp_path, write_spe
     ran = foldsweep("run", str(spec), cwd=tmp_path)
 
     assert ran.exit_code == 0, ran.output
-    _, parent, [trial] = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "refit-cache")
-    assert "test_accuracy" in parent.data.metrics
+    _, parent, [trial] = latest_sweep(f"sqlite:///{tmp_path / 'mlflow.db'}", "refit-cache")
+    assert "test_accuracy" in parent.metrics
     entries = list((tmp_path / "xla").glob(f"tf*/*{compile_cache.ENTRY_SUFFIX}"))
-    assert trial.data.metrics[COMPILE_CACHE_MISSES] > 0
-    assert len(entries) > trial.data.metrics[COMPILE_CACHE_MISSES]
+    assert trial.metrics[COMPILE_CACHE_MISSES] > 0
+    assert len(entries) > trial.metrics[COMPILE_CACHE_MISSES]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, merged, recorded_runs
+from helpers import REPO, merged, recorded_sweeps
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -26,7 +26,7 @@ def ci_sized(name: str, tmp_path: Path, overrides: dict) -> Path:
 
 
 def recorded(tmp_path: Path, experiment: str):
-    _, parents, trials = recorded_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment)
+    _, parents, trials = recorded_sweeps(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment)
     return trials, parents[0]
 
 
@@ -50,11 +50,11 @@ def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monk
     trials, parent = recorded(tmp_path, "protein-batch-clip")
     assert len(trials) == 2
     # ASHA's one rung (epoch 1 of 2) cannot stop the first trial to reach it; seeded, neither goes NaN.
-    assert sorted(run.data.tags[Tag.STATUS] for run in trials) in (["ok", "ok"], ["ok", "pruned"])
-    assert parent.data.params["cv.splitter"] == "group"
+    assert sorted(run.tags[Tag.STATUS] for run in trials) in (["ok", "ok"], ["ok", "pruned"])
+    assert parent.params["cv.splitter"] == "group"
     for run in trials:
-        assert run.data.params["batch_size"] in {"4", "8", "16", "32", "64"}
-        assert {"batch_norm", "conv_layers", "filters", "kernel_size", "dropout"} <= set(run.data.params)
+        assert run.params["batch_size"] in {"4", "8", "16", "32", "64"}
+        assert {"batch_norm", "conv_layers", "filters", "kernel_size", "dropout"} <= set(run.params)
 
 
 def test_digits_sweep_runs_a_2d_cnn(ray_cluster, tmp_path, monkeypatch):
@@ -67,6 +67,6 @@ def test_digits_sweep_runs_a_2d_cnn(ray_cluster, tmp_path, monkeypatch):
 
     assert result.exit_code == 0, result.output
     trials, parent = recorded(tmp_path, "digits")
-    assert len(trials) == 2 and all(run.info.status == "FINISHED" for run in trials)
-    assert max(run.data.metrics["mean_val_accuracy"] for run in trials) > 0.5  # well above chance (0.1)
-    assert 0 < parent.data.metrics["test_accuracy"] <= 1
+    assert len(trials) == 2 and all(run.state == "FINISHED" for run in trials)
+    assert max(run.metrics["mean_val_accuracy"] for run in trials) > 0.5  # well above chance (0.1)
+    assert 0 < parent.metrics["test_accuracy"] <= 1

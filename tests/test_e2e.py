@@ -9,15 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Replace, answers, free_port, recorded_runs, wait_for
-from mlflow.tracking import MlflowClient
+from helpers import Replace, answers, free_port, recorded_sweeps, wait_for
 from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.inputs.spec import load_spec
-from pipeline.records.tracking import Tag
+from pipeline.records.tracking import Tag, Tracker
 
 pytestmark = pytest.mark.e2e
 
@@ -46,10 +45,6 @@ def build(hp):
 """
 
 
-def runs_of(tracking_uri: str, experiment: str):
-    return recorded_runs(tracking_uri, experiment)
-
-
 def test_sweep_records_one_parent_and_a_finished_child_per_trial(
     ray_cluster, tmp_path, write_spec, empty_store, monkeypatch
 ):
@@ -63,41 +58,39 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(
     assert "leaderboard" in result.output
     assert f"ui tiny --tracking-uri {tracking_uri}" in result.output.replace("\n", "")
     assert "viewStateShareKey=" in result.output
-    client, parents, trials = runs_of(tracking_uri, "tiny")
+    tracker, parents, trials = recorded_sweeps(tracking_uri, "tiny")
     assert len(parents) == 1 and len(trials) == 2
     parent = parents[0]
-    assert parent.info.status == "FINISHED" and parent.data.tags[Tag.STATUS] == "ok"
-    assert parent.data.metrics["n_trials"] == 2 and parent.data.metrics["n_failed"] == 0
+    assert parent.state == "FINISHED" and parent.tags[Tag.STATUS] == "ok"
+    assert parent.metrics["n_trials"] == 2 and parent.metrics["n_failed"] == 0
 
-    artifacts = {artifact.path for artifact in client.list_artifacts(parent.info.run_id)}
+    artifacts = set(tracker.artifact_paths(parent.run_id))
     assert {"spec.yaml", "fold_manifest.json"} <= artifacts
-    manifest = json.loads(
-        Path(client.download_artifacts(parent.info.run_id, "fold_manifest.json", str(tmp_path))).read_text()
-    )
+    manifest = json.loads(tracker.artifact_file(parent.run_id, "fold_manifest.json", tmp_path).read_text())
     spec = load_spec(spec_path)
     expected = make_folds(spec.cv, load_dataset(spec.dataset)).manifest()
     assert manifest == expected
 
     scores = []
     for trial in trials:
-        assert trial.info.status == "FINISHED"
-        assert trial.data.tags[Tag.STATUS] == "ok"
-        assert trial.data.tags["mlflow.parentRunId"] == parent.info.run_id
-        assert set(trial.data.params) == ALL_HYPERPARAMETERS
-        assert trial.data.params["filters"] == "16" and trial.data.params["kernel_size"] in {"3", "5"}
+        assert trial.state == "FINISHED"
+        assert trial.tags[Tag.STATUS] == "ok"
+        assert trial.tags[Tag.PARENT] == parent.run_id
+        assert set(trial.params) == ALL_HYPERPARAMETERS
+        assert trial.params["filters"] == "16" and trial.params["kernel_size"] in {"3", "5"}
         history = {
-            key: client.get_metric_history(trial.info.run_id, key)
+            key: tracker.metric_histories([trial.run_id], key)[trial.run_id]
             for key in ("mean_val_accuracy", "split0_val_accuracy", "split1_val_accuracy")
         }
-        assert [m.step for m in history["mean_val_accuracy"]] == [1, 2]
+        assert [step for step, _ in history["mean_val_accuracy"]] == [1, 2]
         for epoch in range(2):
-            folds = [history[f"split{k}_val_accuracy"][epoch].value for k in range(2)]
-            assert history["mean_val_accuracy"][epoch].value == pytest.approx(np.mean(folds))
-        assert "std_val_accuracy" in trial.data.metrics and "mean_train_loss" in trial.data.metrics
-        assert trial.data.metrics["train_samples_per_s"] > 0 and trial.data.metrics["trial_wall_s"] > 0
-        scores.append(trial.data.metrics["mean_val_accuracy"])
-    assert parent.data.metrics["best_mean_val_accuracy"] == pytest.approx(max(scores))
-    assert parent.data.tags[Tag.BEST_RUN_ID] in {trial.info.run_id for trial in trials}
+            folds = [history[f"split{k}_val_accuracy"][epoch][1] for k in range(2)]
+            assert history["mean_val_accuracy"][epoch][1] == pytest.approx(np.mean(folds))
+        assert "std_val_accuracy" in trial.metrics and "mean_train_loss" in trial.metrics
+        assert trial.metrics["train_samples_per_s"] > 0 and trial.metrics["trial_wall_s"] > 0
+        scores.append(trial.metrics["mean_val_accuracy"])
+    assert parent.metrics["best_mean_val_accuracy"] == pytest.approx(max(scores))
+    assert parent.tags[Tag.BEST_RUN_ID] in {trial.run_id for trial in trials}
 
 
 def test_a_failing_trial_is_recorded_and_a_gpu_request_without_gpus_runs_on_cpu(
@@ -123,20 +116,20 @@ def test_a_failing_trial_is_recorded_and_a_gpu_request_without_gpus_runs_on_cpu(
     assert "notice: resources.gpu=0.5 but the Ray cluster has no GPU: trials run on CPU" in result.output.replace(
         "\n", " "
     )
-    client, parents, trials = runs_of(f"sqlite:///{tmp_path / 'mlflow.db'}", "failing")
-    by_mode = {trial.data.params["mode"]: trial for trial in trials}
+    tracker, parents, trials = recorded_sweeps(f"sqlite:///{tmp_path / 'mlflow.db'}", "failing")
+    by_mode = {trial.params["mode"]: trial for trial in trials}
     assert set(by_mode) == {"ok", "bad"}
-    assert by_mode["ok"].info.status == "FINISHED" and by_mode["ok"].data.tags[Tag.STATUS] == "ok"
-    assert "CPU" in by_mode["ok"].data.tags[Tag.of("device")]
-    assert by_mode["bad"].info.status == "FAILED" and by_mode["bad"].data.tags[Tag.STATUS] == "error"
-    assert "this config cannot be built" in by_mode["bad"].data.tags[Tag.ERROR]
-    assert parents[0].data.metrics["n_trials"] == 2
-    assert parents[0].data.metrics["n_failed"] == 1
+    assert by_mode["ok"].state == "FINISHED" and by_mode["ok"].tags[Tag.STATUS] == "ok"
+    assert "CPU" in by_mode["ok"].tags[Tag.of("device")]
+    assert by_mode["bad"].state == "FAILED" and by_mode["bad"].tags[Tag.STATUS] == "error"
+    assert "this config cannot be built" in by_mode["bad"].tags[Tag.ERROR]
+    assert parents[0].metrics["n_trials"] == 2
+    assert parents[0].metrics["n_failed"] == 1
 
 
 def test_ui_serves_the_store_on_loopback(tmp_path):
     tracking_uri = f"sqlite:///{tmp_path / 'ui.db'}"
-    MlflowClient(tracking_uri).create_experiment("shown-in-ui", artifact_location=(tmp_path / "a").as_uri())
+    Tracker(tracking_uri).experiment_id("shown-in-ui")
     port = free_port()
     command = [
         str(Path(sys.executable).parent / "foldsweep"),

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import yaml
-from helpers import MNIST1D_EXPERIMENT, foldsweep, history, reruns_of, seed_store, sweep_runs
+from helpers import MNIST1D_EXPERIMENT, foldsweep, history, latest_sweep, seed_store
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -66,54 +66,54 @@ def stopped_sweep(ray_cluster, tmp_path_factory):
     finally:
         pipeline.sweep.make_searcher = make_searcher
     assert result.exit_code == 0, result.output
-    client, parent, trials = sweep_runs(f"sqlite:///{directory / 'mlflow.db'}", "early")
-    return directory, result.output, client, parent, trials, searchers[0]
+    tracker, parent, trials = latest_sweep(f"sqlite:///{directory / 'mlflow.db'}", "early")
+    return directory, result.output, tracker, parent, trials, searchers[0]
 
 
 def test_each_trial_stops_patience_epochs_after_its_best_and_is_scored_there(stopped_sweep):
-    directory, output, client, parent, trials, _ = stopped_sweep
+    directory, output, tracker, parent, trials, _ = stopped_sweep
     assert len(trials) == 3
     for trial in trials:
         metrics, curve = (
-            trial.data.metrics,
-            history(f"sqlite:///{directory / 'mlflow.db'}", trial.info.run_id, "mean_val_loss"),
+            trial.metrics,
+            history(f"sqlite:///{directory / 'mlflow.db'}", trial.run_id, "mean_val_loss"),
         )
         stopped, best = int(metrics["stopped_epoch"]), int(metrics["best_epoch"])
-        assert trial.info.status == "FINISHED" and trial.data.tags[Tag.STATUS] == "ok"
+        assert trial.state == "FINISHED" and trial.tags[Tag.STATUS] == "ok"
         assert stopped < EPOCHS / 2, "stopped well before the planned epochs"
         assert stopped - best == PATIENCE and max(curve) == stopped
         assert best == min(curve, key=lambda epoch: (curve[epoch], epoch))
         assert metrics["selected_mean_val_loss"] == curve[best]
-    best_trial = next(trial for trial in trials if trial.info.run_id == parent.data.tags[Tag.BEST_RUN_ID])
-    assert f"{best_trial.data.metrics['selected_mean_val_loss']:.4f}" in output  # the leaderboard's score
-    assert parent.data.metrics["refit_epochs"] == best_trial.data.metrics["best_epoch"]
+    best_trial = next(trial for trial in trials if trial.run_id == parent.tags[Tag.BEST_RUN_ID])
+    assert f"{best_trial.metrics['selected_mean_val_loss']:.4f}" in output  # the leaderboard's score
+    assert parent.metrics["refit_epochs"] == best_trial.metrics["best_epoch"]
 
 
 def test_optuna_learns_the_score_the_leaderboard_ranks(stopped_sweep):
     _, _, _, _, trials, searcher = stopped_sweep
     learned = sorted(trial.value for trial in searcher._ot_study.trials if trial.value is not None)
-    ranked_by = sorted(trial.data.metrics["selected_mean_val_loss"] for trial in trials)
-    last_epochs = sorted(trial.data.metrics["mean_val_loss"] for trial in trials)
+    ranked_by = sorted(trial.metrics["selected_mean_val_loss"] for trial in trials)
+    last_epochs = sorted(trial.metrics["mean_val_loss"] for trial in trials)
     assert learned == pytest.approx(ranked_by, rel=1e-9, abs=0)
     assert learned != pytest.approx(last_epochs, rel=1e-6, abs=0), "not the stopped epoch's score"
 
 
 def test_a_rerun_reproduces_the_curve_and_stops_at_the_same_epoch(stopped_sweep):
     """A fresh process: the trial's thread pools are fixed once TensorFlow starts in a process."""
-    directory, _, client, _, trials, _ = stopped_sweep
+    directory, _, tracker, _, trials, _ = stopped_sweep
     original = trials[0]
     ran = foldsweep(
-        "rerun", original.info.run_id[:8], "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}", cwd=directory
+        "rerun", original.run_id[:8], "--tracking-uri", f"sqlite:///{directory / 'mlflow.db'}", cwd=directory
     )
     assert ran.exit_code == 0, ran.output
-    stopped = int(original.data.metrics["stopped_epoch"])
+    stopped = int(original.metrics["stopped_epoch"])
     assert (
         f"stopped early after epoch {stopped}: train.early_stopping {{patience: {PATIENCE}, monitor: loss}}"
         in ran.output
     )
-    again = reruns_of(client, original)[0]
+    again = tracker.reruns(original.run_id)[0]
     recorded, replayed = (
-        history(f"sqlite:///{directory / 'mlflow.db'}", run.info.run_id, "mean_val_loss") for run in (original, again)
+        history(f"sqlite:///{directory / 'mlflow.db'}", run.run_id, "mean_val_loss") for run in (original, again)
     )
     assert sorted(replayed) == list(range(1, stopped + 1))
     assert [replayed[epoch] for epoch in sorted(replayed)] == pytest.approx(

@@ -4,28 +4,26 @@ results as fresh ones, and fractional GPU slots bound concurrency (with Ray's lo
 from __future__ import annotations
 
 import pytest
-from helpers import DELETE, Replace
-from mlflow.tracking import MlflowClient
+from helpers import DELETE, Replace, latest_sweep
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.records.tracking import Tag
+from pipeline.records.tracking import Tag, Tracker, TrialRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 
 
-def trial_runs(tracking_uri: str, experiment: str):
-    client = MlflowClient(tracking_uri)
-    experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    runs = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{Tag.ROLE}` = 'trial'", order_by=["attributes.start_time ASC"]
-    )
-    return client, runs
+def trial_runs(tracking_uri: str, experiment: str) -> tuple[Tracker, list[TrialRecord]]:
+    """The store's tracker and the trials of the latest sweep ``experiment``, oldest first."""
+    tracker, _, trials = latest_sweep(tracking_uri, experiment)
+    return tracker, trials
 
 
-def loss_history(client: MlflowClient, run_id: str, folds: int = 2) -> list[float]:
+def loss_history(tracker: Tracker, run_id: str, folds: int = 2) -> list[float]:
     """Per-fold, per-epoch validation losses, flattened fold by fold."""
-    return [m.value for k in range(folds) for m in client.get_metric_history(run_id, f"split{k}_val_loss")]
+    return [
+        value for k in range(folds) for _, value in tracker.metric_histories([run_id], f"split{k}_val_loss")[run_id]
+    ]
 
 
 @pytest.fixture
@@ -67,27 +65,27 @@ def test_reused_worker_copies_data_once_and_matches_a_fresh_one(ray_cluster, tmp
     result = CliRunner().invoke(app, ["run", str(spec)])
 
     assert result.exit_code == 0, result.output
-    client, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "reuse")
+    tracker, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "reuse")
     assert len(runs) == 3
-    assert len({run.data.tags[Tag.of("pid")] for run in runs}) == 1, "one worker process ran every trial"
-    assert [run.data.tags[Tag.of("data_transfers")] for run in runs] == ["1", "1", "1"]
-    fresh = loss_history(client, runs[0].info.run_id)
+    assert len({run.tags[Tag.of("pid")] for run in runs}) == 1, "one worker process ran every trial"
+    assert [run.tags[Tag.of("data_transfers")] for run in runs] == ["1", "1", "1"]
+    fresh = loss_history(tracker, runs[0].run_id)
     for reused in runs[1:]:
-        assert loss_history(client, reused.info.run_id) == pytest.approx(fresh, rel=1e-5)
+        assert loss_history(tracker, reused.run_id) == pytest.approx(fresh, rel=1e-5)
     for run in runs:
-        metrics = run.data.metrics
+        metrics = run.metrics
         assert metrics["train_samples_per_s"] > 0 and metrics["eval_samples_per_s"] > 0
         assert metrics["compile_s"] >= 0 and metrics["split1_train_samples_per_s"] > 0
-        assert run.data.tags[Tag.of("device")] == "/CPU:0"
+        assert run.tags[Tag.of("device")] == "/CPU:0"
         # Dropout drawn by foldsweep: XLA on CPU up to batch 256, as for any model.
-        assert run.data.tags[Tag.of("random_draws")] == "counter"
-        assert run.data.tags[Tag.of("jit_compile")] == "True"
-        assert run.data.tags[Tag.of("fused")] == "True"  # batch 16 on CPU: folds fused by rule
-        assert run.data.tags[Tag.of("fused_reason")] == (
+        assert run.tags[Tag.of("random_draws")] == "counter"
+        assert run.tags[Tag.of("jit_compile")] == "True"
+        assert run.tags[Tag.of("fused")] == "True"  # batch 16 on CPU: folds fused by rule
+        assert run.tags[Tag.of("fused_reason")] == (
             "fused: 2 folds in one execution, stacked into one XLA program per step"
         )
-        assert run.data.tags[Tag.of("steps_per_launch")] == "1"  # far fewer steps planned than unrolling needs
-        assert run.data.tags[Tag.of("tf_threads")] == "intra-op 1, inter-op 1"  # one CPU: folds take turns
+        assert run.tags[Tag.of("steps_per_launch")] == "1"  # far fewer steps planned than unrolling needs
+        assert run.tags[Tag.of("tf_threads")] == "intra-op 1, inter-op 1"  # one CPU: folds take turns
 
 
 def test_half_gpu_slots_run_at_most_two_trials_at_once(logical_gpu_cluster, tmp_path, write_spec, monkeypatch):
@@ -100,13 +98,13 @@ def test_half_gpu_slots_run_at_most_two_trials_at_once(logical_gpu_cluster, tmp_
 
     assert result.exit_code == 0, result.output
     _, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "slots")
-    assert len(runs) == 4 and all(run.info.status == "FINISHED" for run in runs)
-    intervals = [(run.info.start_time, run.info.end_time) for run in runs]
+    assert len(runs) == 4 and all(run.state == "FINISHED" for run in runs)
+    intervals = [(run.started_at, run.ended_at) for run in runs]
     most_at_once = max(sum(start <= moment < end for start, end in intervals) for moment, _ in intervals)
     assert most_at_once <= 2
     for run in runs:
-        assert run.data.tags[Tag.of("gpu_ids")] == "0"  # the slot Ray assigned: logical GPU 0
-        assert "training on CPU" in run.data.tags[Tag.of("device_notice")]
+        assert run.tags[Tag.of("gpu_ids")] == "0"  # the slot Ray assigned: logical GPU 0
+        assert "training on CPU" in run.tags[Tag.of("device_notice")]
 
 
 def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(ray_cluster, tmp_path, write_spec, monkeypatch):
@@ -125,11 +123,11 @@ def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(ray_cluste
 
     assert result.exit_code == 0, result.output
     _, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "threads")
-    assert [run.data.tags[Tag.of("fused_reason")] for run in runs] == [
+    assert [run.tags[Tag.of("fused_reason")] for run in runs] == [
         "fused: 3 folds in one execution, side by side (2 compute threads)"
     ]
     # Two CPUs for compute, and each of the three fold loops an executor thread of its own.
-    assert runs[0].data.tags[Tag.of("tf_threads")] == "intra-op 2, inter-op 3"
+    assert runs[0].tags[Tag.of("tf_threads")] == "intra-op 2, inter-op 3"
 
 
 def test_a_one_cpu_trial_trains_its_folds_stacked_with_the_unfused_results(
@@ -149,14 +147,12 @@ def test_a_one_cpu_trial_trains_its_folds_stacked_with_the_unfused_results(
         result = CliRunner().invoke(app, ["run", str(spec)])
         assert result.exit_code == 0, result.output
 
-    client, (stacked,) = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "stacked-True")
+    tracker, (stacked,) = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "stacked-True")
     _, (unfused,) = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "stacked-False")
     # One compute thread: side-by-side loops would only take turns, so the folds are stacked.
-    assert stacked.data.tags[Tag.of("fused_reason")] == (
+    assert stacked.tags[Tag.of("fused_reason")] == (
         "fused: 2 folds in one execution (train.fused is true), stacked into one XLA program per step"
     )
-    assert stacked.data.tags[Tag.of("tf_threads")] == "intra-op 1, inter-op 1"
-    assert unfused.data.tags[Tag.of("fused")] == "False"
-    assert loss_history(client, stacked.info.run_id) == pytest.approx(
-        loss_history(client, unfused.info.run_id), rel=1e-4
-    )
+    assert stacked.tags[Tag.of("tf_threads")] == "intra-op 1, inter-op 1"
+    assert unfused.tags[Tag.of("fused")] == "False"
+    assert loss_history(tracker, stacked.run_id) == pytest.approx(loss_history(tracker, unfused.run_id), rel=1e-4)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import REPO, TINY_SPEC, Replace, curve, merged
-from mlflow.tracking import MlflowClient
+from helpers import REPO, TINY_SPEC, Replace, curve, latest_sweep, merged
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -37,16 +36,11 @@ def sweep(tmp_path, name: str, attr: str, space: dict, num_samples: int = 1):
     assert checked.exit_code == 0, checked.output
     result = CliRunner().invoke(app, ["run", str(path)])
     assert result.exit_code == 0, result.output
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    trials = client.search_runs(
-        [client.get_experiment_by_name(name).experiment_id],
-        filter_string=f"tags.`{Tag.ROLE}` = 'trial'",
-        order_by=["attributes.start_time ASC"],
-    )
-    assert trials and all(run.info.status == "FINISHED" and run.data.tags[Tag.STATUS] == "ok" for run in trials), [
-        run.data.tags.get(Tag.ERROR) for run in trials
+    tracker, _, trials = latest_sweep(f"sqlite:///{tmp_path / 'mlflow.db'}", name)  # oldest first
+    assert trials and all(run.state == "FINISHED" and run.tags[Tag.STATUS] == "ok" for run in trials), [
+        run.tags.get(Tag.ERROR) for run in trials
     ]
-    return client, trials, checked.output
+    return tracker, trials, checked.output
 
 
 def test_a_sequential_without_input_its_own_compile_and_units_inside_a_loop(ray_cluster, tmp_path):
@@ -54,27 +48,27 @@ def test_a_sequential_without_input_its_own_compile_and_units_inside_a_loop(ray_
     optimizer, its searched learning rate, a categorical loss on integer labels) and hidden
     layers whose units are searched inside a loop and recorded only when built."""
     space = {"num_layers": {"grid": [1, 3]}, "units_0": 32, "dropout": False, "lr": {"grid": [0.0001, 0.01]}}
-    client, trials, validated = sweep(tmp_path, "own-compile", "sequential_no_input", space)
+    tracker, trials, validated = sweep(tmp_path, "own-compile", "sequential_no_input", space)
     assert "the Adam optimizer and loss that" in validated
     assert len(trials) == 4
     for run in trials:
         # The learning rate recorded is the one the hypermodel's optimizer trained with.
-        assert float(run.data.params["learning_rate"]) == pytest.approx(float(run.data.params["lr"]), rel=1e-6)
-        assert run.data.params["optimizer"] == "adam"
-        assert run.data.tags[Tag.of("compile_source")] == "hypermodel"
-        assert run.data.tags[Tag.of("loss")] == "categorical_crossentropy"
-    by_config = {(run.data.params["num_layers"], float(run.data.params["lr"])): run for run in trials}
+        assert float(run.params["learning_rate"]) == pytest.approx(float(run.params["lr"]), rel=1e-6)
+        assert run.params["optimizer"] == "adam"
+        assert run.tags[Tag.of("compile_source")] == "hypermodel"
+        assert run.tags[Tag.of("loss")] == "categorical_crossentropy"
+    by_config = {(run.params["num_layers"], float(run.params["lr"])): run for run in trials}
     assert len(by_config) == 4
     slow, fast = (
-        curve(f"sqlite:///{tmp_path / 'mlflow.db'}", by_config["1", lr].info.run_id, "split0_train_loss")
+        curve(f"sqlite:///{tmp_path / 'mlflow.db'}", by_config["1", lr].run_id, "split0_train_loss")
         for lr in (0.0001, 0.01)
     )
     assert slow != pytest.approx(fast, rel=1e-3), "the hypermodel's learning rate changes training"
     for lr in (0.0001, 0.01):
-        assert not {"units_1", "units_2"} & set(by_config["1", lr].data.params)
+        assert not {"units_1", "units_2"} & set(by_config["1", lr].params)
         deep = by_config["3", lr]
-        units = [int(deep.data.params[f"units_{i}"]) for i in range(3)]
-        summary = client.download_artifacts(deep.info.run_id, "model_summary.txt")
+        units = [int(deep.params[f"units_{i}"]) for i in range(3)]
+        summary = tracker.artifact_file(deep.run_id, "model_summary.txt", tmp_path / deep.run_id)
         widths = [int(width) for width in re.findall(r"Dense\)\s+│\s+\(None, (\d+)\)", open(summary).read())]
         assert widths[:3] == units, "each hidden layer has its recorded width"
 
@@ -83,22 +77,22 @@ def test_a_spec_learning_rate_replaces_the_hypermodels_and_validate_says_so(ray_
     space = {"num_layers": 1, "units_0": 32, "dropout": False, "lr": 0.0001, "learning_rate": 0.005}
     _, trials, validated = sweep(tmp_path, "spec-lr", "sequential_no_input", space)
     assert "search.space.learning_rate replaces the learning rate of the Adam optimizer" in validated.replace("\n", " ")
-    assert float(trials[0].data.params["learning_rate"]) == 0.005
+    assert float(trials[0].params["learning_rate"]) == 0.005
 
 
 def test_a_subclassed_model(ray_cluster, tmp_path):
     _, trials, _ = sweep(tmp_path, "subclassed", "subclassed", {"units": 32, "batch_size": 8})
-    assert trials[0].data.tags[Tag.of("compile_source")] == "default"
+    assert trials[0].tags[Tag.of("compile_source")] == "default"
     # Its folds train side by side: a subclassed model has no layer graph to stack.
-    assert "side by side (not stacked: the model has no layer graph" in trials[0].data.tags[Tag.of("fused_reason")]
+    assert "side by side (not stacked: the model has no layer graph" in trials[0].tags[Tag.of("fused_reason")]
 
 
 def test_a_hypermodel_fit_that_tunes_the_batch_size(ray_cluster, tmp_path):
     _, trials, validated = sweep(tmp_path, "fit", "TunedFit", {"units": 16, "shuffle": {"grid": [False, True]}})
     assert f"batch_size comes from {STYLES}:TunedFit's fit() (hyperparameter 'batch_size')" in validated
     assert f"shuffle comes from {STYLES}:TunedFit's fit() (hyperparameter 'shuffle')" in validated
-    assert {run.data.params["batch_size"] for run in trials} <= {"8", "16"}
-    assert sorted(run.data.params["shuffle"] for run in trials) == ["False", "True"]
+    assert {run.params["batch_size"] for run in trials} <= {"8", "16"}
+    assert sorted(run.params["shuffle"] for run in trials) == ["False", "True"]
 
 
 def test_a_fit_that_preprocesses_is_refused(tmp_path, write_spec):

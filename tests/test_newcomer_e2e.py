@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import MNIST1D_EXPERIMENT, REPO, curve, reruns_of, sweep_runs
+from helpers import MNIST1D_EXPERIMENT, REPO, curve, latest_sweep
 
 from pipeline.records.tracking import Tag
 
@@ -82,13 +82,13 @@ def test_the_leaderboard_shows_run_ids_and_its_rerun_command_works_as_printed(sc
 
     scratch, ran = scratch_sweep
     uri = f"sqlite:///{scratch / 'mlflow.db'}"
-    client, _, trials = sweep_runs(uri, "newcomer")
+    tracker, _, trials = latest_sweep(uri, "newcomer")
     for trial in trials:
-        assert re.search(rf"│\s+\d\s+│ {trial.info.run_id[:8]} │ trial-\d+ ", ran.stdout), ran.stdout
-        assert re.fullmatch(r"trial-\d{5} learning_rate=\S+ .*", trial.info.run_name), trial.info.run_name
-        assert Tracker(uri).trial_run_id(trial.data.tags[Tag.TRIAL_ID]) == trial.info.run_id
+        assert re.search(rf"│\s+\d\s+│ {trial.run_id[:8]} │ trial-\d+ ", ran.stdout), ran.stdout
+        assert re.fullmatch(r"trial-\d{5} learning_rate=\S+ .*", trial.run_name), trial.run_name
+        assert Tracker(uri).trial_run_id(trial.tags[Tag.TRIAL_ID]) == trial.run_id
     command = re.search(r"^rerun the best trial: (.*)$", ran.stdout, re.MULTILINE).group(1)
-    best = next(trial for trial in trials if trial.info.run_id.startswith(shlex.split(command)[2]))
+    best = next(trial for trial in trials if trial.run_id.startswith(shlex.split(command)[2]))
     assert shlex.split(command)[0] == str(INSTALLED)
     elsewhere = scratch.parent  # the command holds the store's absolute path: it works from anywhere
     again = subprocess.run(
@@ -100,9 +100,9 @@ def test_the_leaderboard_shows_run_ids_and_its_rerun_command_works_as_printed(sc
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert again.returncode == 0, again.stdout + again.stderr
-    rerun = reruns_of(client, best)[0]
+    rerun = tracker.reruns(best.run_id)[0]
     for k in range(2):
         key = f"split{k}_val_loss"
-        recorded = curve(uri, best.info.run_id, key)
-        replayed = curve(uri, rerun.info.run_id, key)
+        recorded = curve(uri, best.run_id, key)
+        replayed = curve(uri, rerun.run_id, key)
         assert len(recorded) == 2 and replayed == pytest.approx(recorded, rel=1e-6, abs=0)

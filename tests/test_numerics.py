@@ -247,11 +247,11 @@ def test_a_rerun_sets_where_its_trial_went_nan_against_where_the_check_stopped()
     found = NumericsFinding("L2Loss", "global_norm/L2Loss", NumericsPart.GRADIENT_NORM, fold=0, epoch=2, step=5)
     source = f"its tags {Tag.of('nan_fold')}, nan_epoch, nan_step"
     assert (
-        recorded_nan_line(found, {"nan_fold": "0", "nan_epoch": "2", "nan_step": "5"})
+        recorded_nan_line(found, {Tag.of("nan_fold"): "0", Tag.of("nan_epoch"): "2", Tag.of("nan_step"): "5"})
         == f"the recorded trial went NaN at the same place (fold 0, epoch 2, step 5: {source})"
     )
     assert (
-        recorded_nan_line(found, {"nan_fold": "1", "nan_epoch": "2", "nan_step": "-1"})
+        recorded_nan_line(found, {Tag.of("nan_fold"): "1", Tag.of("nan_epoch"): "2", Tag.of("nan_step"): "-1"})
         == f"the recorded trial went NaN at fold 1, validation of epoch 2 ({source}), not where this run's check stopped"
     )
-    assert recorded_nan_line(found, {"status": "ok"}) == "the recorded trial did not go NaN"
+    assert recorded_nan_line(found, {Tag.STATUS: "ok"}) == "the recorded trial did not go NaN"

@@ -14,11 +14,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import curve, reruns_of, sweep_runs
+from helpers import curve, latest_sweep
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.records.tracking import Tag
+from pipeline.records.tracking import Tag, Tracker
 
 pytestmark = pytest.mark.e2e
 
@@ -52,15 +52,15 @@ def unpack(directory: Path, release: str) -> None:
 def old_sweep(request, tmp_path_factory, ray_cluster):
     directory = tmp_path_factory.mktemp(f"old-records-{request.param}")
     unpack(directory, request.param)
-    client, parent, trials = sweep_runs(f"sqlite:///{directory / 'mlflow.db'}", "interrupted")
+    _, parent, trials = latest_sweep(f"sqlite:///{directory / 'mlflow.db'}", "interrupted")
     return directory, parent, trials, request.param
 
 
 def test_the_fixture_is_a_sweep_interrupted_after_its_first_trial(old_sweep):
     directory, parent, trials, release = old_sweep
-    assert parent.data.tags[Tag.STATUS] == "interrupted"
+    assert parent.tags[Tag.STATUS] == "interrupted"
     named, not_named, statuses = RELEASES[release]
-    assert sorted(run.data.tags[Tag.STATUS] for run in trials) == statuses
+    assert sorted(run.tags[Tag.STATUS] for run in trials) == statuses
     pickled = (next((directory / "ray_results").iterdir()) / "tuner.pkl").read_bytes()
     assert named in pickled and not_named not in pickled
 
@@ -73,32 +73,30 @@ def test_a_sweep_recorded_by_an_earlier_release_resumes_and_its_trial_reruns(old
     # the store of the release resumed first here. The first release is resumed on the
     # zero-config store, the others on theirs named absolutely.
     store = [] if release == "0.1.0" else ["--tracking-uri", uri]
-    client, _, _ = sweep_runs(uri, "interrupted")
-    first = next(run for run in before if run.data.tags[Tag.STATUS] == "ok")
-    first_history = curve(uri, first.info.run_id, "mean_val_loss")
+    tracker = Tracker(uri)
+    first = next(run for run in before if run.tags[Tag.STATUS] == "ok")
+    first_history = curve(uri, first.run_id, "mean_val_loss")
 
     resumed = CliRunner().invoke(app, ["run", "spec.yaml", "--resume", *store])
 
     assert resumed.exit_code == 0, resumed.output
-    client, parent_after, trials = sweep_runs(uri, "interrupted")
-    assert parent_after.info.run_id == parent.info.run_id and parent_after.data.tags[Tag.RESUMES] == "1"
-    assert parent_after.data.tags[Tag.STATUS] == "ok"
-    assert sorted(run.data.tags[Tag.TRIAL_ID] for run in trials) == [
-        f"{first.data.tags[Tag.TRIAL_ID][:-1]}{k}" for k in range(3)
-    ]
-    assert [run.data.tags[Tag.STATUS] for run in trials] == ["ok"] * 3
+    tracker, parent_after, trials = latest_sweep(uri, "interrupted")
+    assert parent_after.run_id == parent.run_id and parent_after.tags[Tag.RESUMES] == "1"
+    assert parent_after.tags[Tag.STATUS] == "ok"
+    assert sorted(run.tags[Tag.TRIAL_ID] for run in trials) == [f"{first.tags[Tag.TRIAL_ID][:-1]}{k}" for k in range(3)]
+    assert [run.tags[Tag.STATUS] for run in trials] == ["ok"] * 3
     # The trial the interrupted driver had not made yet is made where the sweep is now, not
     # at RECORDED_AT, where Ray would fail it (path gone) or write into another sweep's files.
     made_here = {path.name.split("_")[2] for path in (directory / "ray_results").glob("*/FoldTrainable_*")}
     assert made_here == {"00000", "00001", "00002"}
-    again = next(run for run in trials if run.info.run_id == first.info.run_id)
-    assert again.info.end_time == first.info.end_time
-    assert curve(uri, first.info.run_id, "mean_val_loss") == first_history
+    again = next(run for run in trials if run.run_id == first.run_id)
+    assert again.ended_at == first.ended_at
+    assert curve(uri, first.run_id, "mean_val_loss") == first_history
 
-    rerun = CliRunner().invoke(app, ["rerun", first.info.run_id[:8], "--epochs", "1", *store])
+    rerun = CliRunner().invoke(app, ["rerun", first.run_id[:8], "--epochs", "1", *store])
 
     assert rerun.exit_code == 0, rerun.output
-    reruns = reruns_of(client, first)
-    assert len(reruns) == 1 and reruns[0].data.tags[Tag.STATUS] == "ok"
-    rerun_loss = curve(uri, reruns[0].info.run_id, "mean_val_loss")[0]
+    reruns = tracker.reruns(first.run_id)
+    assert len(reruns) == 1 and reruns[0].tags[Tag.STATUS] == "ok"
+    rerun_loss = curve(uri, reruns[0].run_id, "mean_val_loss")[0]
     assert math.isclose(rerun_loss, first_history[0], rel_tol=1e-4), (rerun_loss, first_history[0])

@@ -12,8 +12,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import RECORDED_SPACE
-from helpers import Replace, free_port
-from mlflow.tracking import MlflowClient
+from helpers import Replace, free_port, latest_sweep
 from typer.testing import CliRunner
 
 from pipeline.base.environment import LOCK_HASH_TAG, LOCK_MATCHES_TAG, VERSION_TAG_PREFIX
@@ -21,46 +20,46 @@ from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.spec import DatasetSpec
 from pipeline.records.plots import PLOTS
-from pipeline.records.tracking import Tag
+from pipeline.records.tracking import DESCRIPTION_TAG, Tag
 
 pytestmark = pytest.mark.e2e
 
 
 def test_a_diverging_trial_is_recorded_as_nan_and_the_sweep_completes(recorded_sweep):
     assert recorded_sweep.exit_code == 0, recorded_sweep.output
-    _, parent, trials = recorded_sweep.runs()
+    _, parent, trials = recorded_sweep.records()
     assert len(trials) == 4
-    by_config = {(run.data.params["learning_rate"], run.data.params["clipping"]): run for run in trials}
+    by_config = {(run.params["learning_rate"], run.params["clipping"]): run for run in trials}
     nan_trial = by_config[("50.0", "none")]
-    assert nan_trial.info.status == "FAILED"
-    assert nan_trial.data.tags[Tag.STATUS] == "nan"
-    assert nan_trial.data.metrics["nan_failures"] >= 1
-    assert nan_trial.data.tags[Tag.of("nan_fold")] in {"0", "1"}
-    assert nan_trial.data.tags[Tag.of("nan_epoch")] == "1"
-    assert int(nan_trial.data.tags[Tag.of("nan_step")]) >= 0
+    assert nan_trial.state == "FAILED"
+    assert nan_trial.tags[Tag.STATUS] == "nan"
+    assert nan_trial.metrics["nan_failures"] >= 1
+    assert nan_trial.tags[Tag.of("nan_fold")] in {"0", "1"}
+    assert nan_trial.tags[Tag.of("nan_epoch")] == "1"
+    assert int(nan_trial.tags[Tag.of("nan_step")]) >= 0
     for key in ("nan_last_finite_loss", "nan_grad_norm"):
-        assert math.isfinite(float(nan_trial.data.tags[Tag.of(key)]))
+        assert math.isfinite(float(nan_trial.tags[Tag.of(key)]))
     for config in [("0.01", "none"), ("0.01", "global_norm"), ("50.0", "global_norm")]:
-        assert by_config[config].info.status == "FINISHED" and by_config[config].data.tags[Tag.STATUS] == "ok"
+        assert by_config[config].state == "FINISHED" and by_config[config].tags[Tag.STATUS] == "ok"
     # What the scheduler and searcher saw is finite for every trial, the NaN one included.
-    assert all(math.isfinite(run.data.metrics["mean_val_accuracy"]) for run in trials)
-    assert parent.data.metrics["n_nan"] == 1 and parent.data.metrics["n_failed"] == 0
+    assert all(math.isfinite(run.metrics["mean_val_accuracy"]) for run in trials)
+    assert parent.metrics["n_nan"] == 1 and parent.metrics["n_failed"] == 0
     assert "nan (fold" in recorded_sweep.output
 
 
 def test_the_trial_record_has_history_summary_and_system_info(recorded_sweep):
     directory = recorded_sweep.directory
-    client, _, trials = recorded_sweep.runs()
-    run = next(run for run in trials if run.data.tags[Tag.STATUS] == "ok")
-    assert {"history.csv", "model_summary.txt"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
-    history = list(csv.DictReader(open(client.download_artifacts(run.info.run_id, "history.csv", str(directory)))))
+    tracker, _, trials = recorded_sweep.records()
+    run = next(run for run in trials if run.tags[Tag.STATUS] == "ok")
+    assert {"history.csv", "model_summary.txt"} <= set(tracker.artifact_paths(run.run_id))
+    history = list(csv.DictReader(open(tracker.artifact_file(run.run_id, "history.csv", directory))))
     assert [row["epoch"] for row in history] == ["1", "2"]
-    assert float(history[1]["mean_val_accuracy"]) == pytest.approx(run.data.metrics["mean_val_accuracy"])
+    assert float(history[1]["mean_val_accuracy"]) == pytest.approx(run.metrics["mean_val_accuracy"])
     for tag in ("tensorflow_version", "keras_version", "ray_version", "device"):
-        assert run.data.tags[Tag.of(tag)]
-    assert run.data.tags[Tag.of("tensorflow_version")] == __import__("tensorflow").__version__
+        assert run.tags[Tag.of(tag)]
+    assert run.tags[Tag.of("tensorflow_version")] == __import__("tensorflow").__version__
     for metric in ("train_samples_per_s", "compile_s", "eval_samples_per_s", "trial_wall_s", "mean_train_loss"):
-        assert metric in run.data.metrics
+        assert metric in run.metrics
 
 
 def test_each_trial_accounts_for_its_wall_clock(recorded_sweep):
@@ -68,46 +67,44 @@ def test_each_trial_accounts_for_its_wall_clock(recorded_sweep):
     to the trial's wall clock, the rest is small, and each epoch after the first has its gap."""
     from pipeline.records.plots import time_account_data
     from pipeline.records.report import account_rows
-    from pipeline.records.tracking import Tracker
 
-    client, parent, trials = recorded_sweep.runs()
+    tracker, _, trials = recorded_sweep.records()
     parts = ("setup_s", "compile_s", "train_s", "eval_s", "gap_s", "other_s")
     for run in trials:
-        metrics, run_id = run.data.metrics, run.info.run_id
+        metrics, run_id = run.metrics, run.run_id
         wall = metrics["trial_wall_s"]
-        epochs = sorted(metric.step for metric in client.get_metric_history(run_id, "nan_failures"))
+        epochs = sorted(step for step, _ in tracker.metric_histories([run_id], "nan_failures")[run_id])
         assert sum(metrics.get(part, 0.0) for part in parts) == pytest.approx(wall, rel=0.05)
         assert abs(metrics["other_s"]) < 0.10 * wall, {part: metrics.get(part) for part in parts}
         assert metrics["setup_s"] > 0 and metrics["train_s"] > 0 and metrics["eval_s"] > 0
         # Compiling is told apart from training once a second epoch ran in every fold (in the
         # NaN trial a fold stopped in its first: there its compiling is counted in train_s).
-        if run.data.tags[Tag.STATUS] == "ok":
+        if run.tags[Tag.STATUS] == "ok":
             assert metrics["compile_s"] > 0
-        gaps = {metric.step: metric.value for metric in client.get_metric_history(run_id, "epoch_gap_s")}
+        gaps = dict(tracker.metric_histories([run_id], "epoch_gap_s")[run_id])
         assert sorted(gaps) == epochs[1:] and all(gap > 0 for gap in gaps.values())
         assert metrics["gap_s"] == pytest.approx(sum(gaps.values()))
     # A worker's first trial starts it: loading foldsweep and TensorFlow, placing the data.
-    first = [run.data.metrics["setup_s"] for run in trials if run.data.tags[Tag.of("worker_trials")] == "1"]
-    later = [run.data.metrics["setup_s"] for run in trials if run.data.tags[Tag.of("worker_trials")] != "1"]
+    first = [run.metrics["setup_s"] for run in trials if run.tags[Tag.of("worker_trials")] == "1"]
+    later = [run.metrics["setup_s"] for run in trials if run.tags[Tag.of("worker_trials")] != "1"]
     assert first and later and min(first) > max(later)
-    records = Tracker(recorded_sweep.uri).trial_records(parent.info.run_id)
-    rows = account_rows(records)
-    assert [row["trial"] for row in rows] == [record.label for record in records] + ["all 4"]
-    assert rows[-1]["trial_wall_s"] == pytest.approx(sum(run.data.metrics["trial_wall_s"] for run in trials))
-    assert len(time_account_data(records)) == 4
+    rows = account_rows(trials)
+    assert [row["trial"] for row in rows] == [record.label for record in trials] + ["all 4"]
+    assert rows[-1]["trial_wall_s"] == pytest.approx(sum(run.metrics["trial_wall_s"] for run in trials))
+    assert len(time_account_data(trials)) == 4
 
 
 def test_the_sweep_accounts_for_its_wall_clock_and_prints_its_fixed_cost(recorded_sweep):
     """Issue 53: the parent run records where the sweep's wall clock went, its parts adding up to
     it: the start until the first trial trained, the training, the refit (this sweep refits) and
     the end; the command prints it after the leaderboard."""
-    _, parent, trials = recorded_sweep.runs()
-    metrics = parent.data.metrics
+    _, parent, trials = recorded_sweep.records()
+    metrics = parent.metrics
     parts = ("sweep_startup_s", "sweep_training_s", "sweep_idle_s", "sweep_refit_s", "sweep_finish_s")
     assert sum(metrics[part] for part in parts) == pytest.approx(metrics["sweep_wall_s"], rel=1e-6)
     assert metrics["sweep_startup_s"] > 0 and metrics["sweep_refit_s"] > 0 and metrics["sweep_finish_s"] > 0
     # Trials train during most of the time between the first step and the last report.
-    longest = max(run.data.metrics["trial_wall_s"] - run.data.metrics["setup_s"] for run in trials)
+    longest = max(run.metrics["trial_wall_s"] - run.metrics["setup_s"] for run in trials)
     assert metrics["sweep_training_s"] >= longest * 0.95
     assert metrics["sweep_fixed_s"] == pytest.approx(
         metrics["sweep_startup_s"] + metrics["sweep_idle_s"] + metrics["sweep_finish_s"]
@@ -117,15 +114,15 @@ def test_the_sweep_accounts_for_its_wall_clock_and_prints_its_fixed_cost(recorde
 
 def test_the_parent_run_holds_cv_results_plots_and_a_ranking(recorded_sweep):
     directory = recorded_sweep.directory
-    client, parent, trials = recorded_sweep.runs()
-    root = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    tracker, parent, trials = recorded_sweep.records()
+    root = set(tracker.artifact_paths(parent.run_id))
+    plots = set(tracker.artifact_paths(parent.run_id, "plots"))
     assert {"cv_results.csv", "nan_summary.csv", "spec.yaml", "fold_manifest.json", "refit_model.keras"} <= root
     assert plots == {f"plots/{name}" for name in PLOTS}
     for name in PLOTS:
-        png = Path(client.download_artifacts(parent.info.run_id, f"plots/{name}", str(directory)))
+        png = tracker.artifact_file(parent.run_id, f"plots/{name}", directory)
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "cv_results.csv", str(directory)))))
+    rows = list(csv.DictReader(open(tracker.artifact_file(parent.run_id, "cv_results.csv", directory))))
     assert len(rows) == 4
     for column in (
         "param_batch_size",
@@ -143,12 +140,10 @@ def test_the_parent_run_holds_cv_results_plots_and_a_ranking(recorded_sweep):
     assert [int(row["rank_val_accuracy"]) for row in ranked] == [1, 2, 3]
     assert float(ranked[0]["mean_val_accuracy"]) >= float(ranked[-1]["mean_val_accuracy"])
     assert next(row for row in rows if row["status"] == "nan")["rank_val_accuracy"] == ""
-    best = next(run for run in trials if run.info.run_id == ranked[0]["run_id"])
-    assert parent.data.tags[Tag.BEST_RUN_ID] == best.info.run_id
-    assert parent.data.metrics["best_mean_val_accuracy"] == pytest.approx(best.data.metrics["mean_val_accuracy"])
-    nan_rows = list(
-        csv.DictReader(open(client.download_artifacts(parent.info.run_id, "nan_summary.csv", str(directory))))
-    )
+    best = next(run for run in trials if run.run_id == ranked[0]["run_id"])
+    assert parent.tags[Tag.BEST_RUN_ID] == best.run_id
+    assert parent.metrics["best_mean_val_accuracy"] == pytest.approx(best.metrics["mean_val_accuracy"])
+    nan_rows = list(csv.DictReader(open(tracker.artifact_file(parent.run_id, "nan_summary.csv", directory))))
     assert {(row["clipping"], row["trials"], row["nan"]) for row in nan_rows} == {
         ("none", "2", "1"),
         ("global_norm", "2", "0"),
@@ -156,38 +151,31 @@ def test_the_parent_run_holds_cv_results_plots_and_a_ranking(recorded_sweep):
 
 
 def test_the_sweep_describes_itself_in_mlflow(recorded_sweep):
-    client, parent, trials = recorded_sweep.runs()
-    note = parent.data.tags["mlflow.note.content"]
+    tracker, parent, trials = recorded_sweep.records()
+    note = parent.tags[DESCRIPTION_TAG]
     leaderboard = note.split("### NaN failures")[0]
     ranked_rows = [
         line for line in leaderboard.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()
     ]
-    scores = {
-        run.info.run_id: run.data.metrics.get("mean_val_accuracy")
-        for run in trials
-        if run.data.tags[Tag.STATUS] == "ok"
-    }
+    scores = {run.run_id: run.metrics.get("mean_val_accuracy") for run in trials if run.tags[Tag.STATUS] == "ok"}
     best = max(scores, key=scores.get)
-    best_run = next(run for run in trials if run.info.run_id == best)
-    label = f"trial-{best_run.data.tags[Tag.TRIAL_ID].rsplit('_', 1)[-1]}"
+    best_run = next(run for run in trials if run.run_id == best)
+    label = f"trial-{best_run.tags[Tag.TRIAL_ID].rsplit('_', 1)[-1]}"
     assert ranked_rows[0].split("|")[2].strip() == f"{label} ({best[:8]})", "the best trial first"
     assert len(ranked_rows) == len(scores)
     assert f"foldsweep rerun {best[:8]} --tracking-uri {recorded_sweep.uri}" in note
     assert "### NaN failures by batch size and clipping" in note and "| 8 | none | 2 | 1 |" in note
     assert "test_accuracy" in note  # the refit's score
-    assert client.get_run(best_run.info.run_id).data.tags["mlflow.note.content"].startswith("Rank **1** of 3")
-    nan_trial = next(run for run in trials if run.data.tags[Tag.STATUS] == "nan")
-    assert client.get_run(nan_trial.info.run_id).data.tags["mlflow.note.content"].startswith("Not ranked: status nan")
+    assert tracker.trial_record(best_run.run_id).tags[DESCRIPTION_TAG].startswith("Rank **1** of 3")
+    nan_trial = next(run for run in trials if run.tags[Tag.STATUS] == "nan")
+    assert tracker.trial_record(nan_trial.run_id).tags[DESCRIPTION_TAG].startswith("Not ranked: status nan")
 
 
 def test_the_new_plots_draw_every_trial(recorded_sweep):
     from pipeline.inputs.spec import Objective
     from pipeline.records.plots import learning_curve_data, parallel_coordinates_data
-    from pipeline.records.tracking import Tracker
 
-    tracker = Tracker(recorded_sweep.uri)
-    _, parent, trials = recorded_sweep.runs()
-    records = tracker.trial_records(parent.info.run_id)
+    tracker, _, records = recorded_sweep.records()
     objective = Objective("accuracy", "max")
     curves = learning_curve_data(
         records, objective, tracker.metric_histories([r.run_id for r in records], objective.key)
@@ -206,10 +194,8 @@ def test_the_live_best_is_the_leaderboards_best_after_every_recorded_trial(recor
     from pipeline.inputs.spec import Objective
     from pipeline.records.progress import SweepProgress
     from pipeline.records.report import Standings, selected_score
-    from pipeline.records.tracking import Tracker
 
-    _, parent, _ = recorded_sweep.runs()
-    records = Tracker(recorded_sweep.uri).trial_records(parent.info.run_id)
+    _, _, records = recorded_sweep.records()
     objective = Objective("accuracy", "max")
     progress = SweepProgress(objective, trials_planned=len(records), epochs_per_trial=2)
     for count, record in enumerate(records, start=1):
@@ -229,11 +215,8 @@ def test_every_title_and_label_of_every_plot_lies_inside_its_figure(recorded_swe
 
     from pipeline.inputs.spec import Objective
     from pipeline.records.plots import PLOTS, plot_figures
-    from pipeline.records.tracking import Tracker
 
-    tracker = Tracker(recorded_sweep.uri)
-    _, parent, _ = recorded_sweep.runs()
-    records = tracker.trial_records(parent.info.run_id)
+    tracker, _, records = recorded_sweep.records()
     objective = Objective("accuracy", "max")
     figures = plot_figures(records, objective, tracker.metric_histories([r.run_id for r in records], objective.key))
     assert list(figures) == list(PLOTS)
@@ -251,20 +234,20 @@ def test_every_title_and_label_of_every_plot_lies_inside_its_figure(recorded_swe
 
 def test_refit_scores_the_best_config_on_the_held_out_test_split(recorded_sweep):
     directory = recorded_sweep.directory
-    client, parent, _ = recorded_sweep.runs()
-    assert parent.data.tags[Tag.REFIT_OF] == parent.data.tags[Tag.BEST_RUN_ID]
-    model = keras.models.load_model(client.download_artifacts(parent.info.run_id, "refit_model.keras", str(directory)))
+    tracker, parent, _ = recorded_sweep.records()
+    assert parent.tags[Tag.REFIT_OF] == parent.tags[Tag.BEST_RUN_ID]
+    model = keras.models.load_model(tracker.artifact_file(parent.run_id, "refit_model.keras", directory))
     data = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 400}))
     accuracy = float(np.mean(np.argmax(model.predict(data.x_test, verbose=0), axis=-1) == data.y_test))
-    assert parent.data.metrics["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
-    assert 0 < parent.data.metrics["test_loss"] < 10
+    assert parent.metrics["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    assert 0 < parent.metrics["test_loss"] < 10
 
 
 def test_report_prints_the_tables_and_refreshes_the_plots(recorded_sweep):
-    client, parent, _ = recorded_sweep.runs()
-    before = {a.path: a.file_size for a in client.list_artifacts(parent.info.run_id, "plots")}
+    tracker, parent, _ = recorded_sweep.records()
+    before = set(tracker.artifact_paths(parent.run_id, "plots"))
     uri = recorded_sweep.uri
-    for sweep in (None, "diverging", parent.info.run_id):
+    for sweep in (None, "diverging", parent.run_id):
         result = CliRunner().invoke(app, ["report", *([sweep] if sweep else []), "--tracking-uri", uri])
         assert result.exit_code == 0, result.output
         assert "diverging: leaderboard" in result.output
@@ -272,10 +255,10 @@ def test_report_prints_the_tables_and_refreshes_the_plots(recorded_sweep):
         assert "throughput by batch size" in result.output
         assert "where each trial's time went" in result.output and "other_s" in result.output
         assert "test_accuracy" in result.output
-    assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} == set(before)
+    assert set(tracker.artifact_paths(parent.run_id, "plots")) == before
     missing = CliRunner().invoke(app, ["report", "nosuch", "--tracking-uri", uri])
     assert missing.exit_code == 2 and "no sweep named 'nosuch'" in missing.output
-    trial_id = recorded_sweep.runs()[2][0].info.run_id
+    trial_id = recorded_sweep.records().trials[0].run_id
     not_sweep = CliRunner().invoke(app, ["report", trial_id, "--tracking-uri", uri])
     assert not_sweep.exit_code == 2 and "is not a foldsweep sweep" in not_sweep.output
 
@@ -308,19 +291,16 @@ def test_refit_can_be_turned_off_and_optuna_with_asha_survives_divergence(
     result = CliRunner().invoke(app, ["run", str(spec)])
 
     assert result.exit_code == 0, result.output
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("optuna-nan").experiment_id])
-    parent = next(run for run in runs if run.data.tags[Tag.ROLE] == "sweep")
-    trials = [run for run in runs if run.data.tags[Tag.ROLE] == "trial"]
+    tracker, parent, trials = latest_sweep(f"sqlite:///{tmp_path / 'mlflow.db'}", "optuna-nan")
     assert len(trials) == 4
-    assert "nan" in {run.data.tags[Tag.STATUS] for run in trials}
-    assert {run.data.tags[Tag.STATUS] for run in trials} <= {"ok", "pruned", "nan"}
-    assert {run.data.params["clipping"] for run in trials} == {"none", "global_norm"}
+    assert "nan" in {run.tags[Tag.STATUS] for run in trials}
+    assert {run.tags[Tag.STATUS] for run in trials} <= {"ok", "pruned", "nan"}
+    assert {run.params["clipping"] for run in trials} == {"none", "global_norm"}
     for run in trials:
-        assert ("clip_threshold" in run.data.params) == (run.data.params["clipping"] != "none")
-    assert all(math.isfinite(run.data.metrics["mean_val_accuracy"]) for run in trials)
-    assert "test_accuracy" not in parent.data.metrics
-    assert "refit_model.keras" not in {a.path for a in client.list_artifacts(parent.info.run_id)}
+        assert ("clip_threshold" in run.params) == (run.params["clipping"] != "none")
+    assert all(math.isfinite(run.metrics["mean_val_accuracy"]) for run in trials)
+    assert "test_accuracy" not in parent.metrics
+    assert "refit_model.keras" not in set(tracker.artifact_paths(parent.run_id))
 
 
 WINDOW_SIZE = (1600, 1000)
@@ -377,7 +357,7 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_pat
         if os.environ.get("CI"):
             pytest.fail("chromium is missing: `make test` installs it (Debian package chromium)")
         pytest.skip("chromium is not installed; `make test` installs it")
-    client, parent, trials = recorded_sweep.runs()
+    tracker, parent, trials = recorded_sweep.records()
     port = free_port()
     command = [
         str(Path(sys.executable).parent / "foldsweep"),
@@ -398,15 +378,11 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_pat
         page = rendered(chromium, address, tmp_path / "fresh-profile")
         visible = re.sub(r"<[^>]+>", " ", page)
         for run in trials:
-            assert run.info.run_name in visible
+            assert run.run_name in visible
         assert "mean_val_accuracy" in visible and "Model training" in visible
         assert re.search(rf"\b{len(trials)}\s+matching runs", visible), "the trials, flat, without the parent"
         ok_scores = sorted(
-            (
-                (run.data.metrics["mean_val_accuracy"], run.info.run_name)
-                for run in trials
-                if run.data.tags[Tag.STATUS] == "ok"
-            ),
+            ((run.metrics["mean_val_accuracy"], run.run_name) for run in trials if run.tags[Tag.STATUS] == "ok"),
             reverse=True,
         )
         positions = [visible.index(name) for _, name in ok_scores]
@@ -425,13 +401,13 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_pat
         )
         assert shot.returncode == 0, shot.stderr
         assert_drawn_page(screenshot)
-        nan_trial = next(run for run in trials if run.data.tags[Tag.STATUS] == "nan")
+        nan_trial = next(run for run in trials if run.tags[Tag.STATUS] == "nan")
         trial_page = rendered(
             chromium,
-            f"http://127.0.0.1:{port}/#/experiments/{parent.info.experiment_id}/runs/{nan_trial.info.run_id}",
+            f"http://127.0.0.1:{port}/#/experiments/{tracker.experiment_id(parent.name)}/runs/{nan_trial.run_id}",
             tmp_path / "profile2",
         )
-        assert nan_trial.info.run_name in trial_page
+        assert nan_trial.run_name in trial_page
         for text in ("mean_val_accuracy", "nan_failures", Tag.STATUS, Tag.of("nan_epoch")):
             assert text in trial_page
     finally:
@@ -445,8 +421,8 @@ def test_the_sweep_records_the_environment_it_ran_in_and_report_prints_it(record
 
     from pipeline.base.environment import direct_dependencies
 
-    _, parent, _ = recorded_sweep.runs()
-    tags = parent.data.tags
+    _, parent, _ = recorded_sweep.records()
+    tags = parent.tags
     lock = Path(__file__).resolve().parents[1] / "uv.lock"
     assert tags[LOCK_HASH_TAG] == "sha256:" + hashlib.sha256(lock.read_bytes()).hexdigest()
     assert tags[LOCK_MATCHES_TAG] == "true"

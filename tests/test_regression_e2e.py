@@ -41,7 +41,7 @@ def regression_sweep(ray_cluster, tmp_path_factory):
     np.savez(directory / "bumps.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (directory / "bumps.py").write_text(MODEL)
     store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
-    output, client, parent, by_rate = run_learning_rate_grid(
+    output, tracker, parent, by_rate = run_learning_rate_grid(
         directory,
         store,
         {
@@ -54,39 +54,37 @@ def regression_sweep(ray_cluster, tmp_path_factory):
             "resources": {"cpu": 1, "max_concurrent": 1},
         },
     )
-    return directory, store, output, client, parent, by_rate
+    return directory, store, output, tracker, parent, by_rate
 
 
 def test_a_regression_sweep_is_ranked_by_its_compiled_mae_lower_first(regression_sweep):
-    directory, _, output, client, parent, by_rate = regression_sweep
+    directory, _, output, tracker, parent, by_rate = regression_sweep
     fast, slow = by_rate[0.01], by_rate[0.0001]
-    assert parent.data.params["train.mode"] == "min"
-    assert fast.data.metrics["selected_mean_val_mae"] < slow.data.metrics["selected_mean_val_mae"]
-    assert parent.data.tags[Tag.BEST_RUN_ID] == fast.info.run_id
-    assert "split0_val_accuracy" not in fast.data.metrics and "split0_val_mae" in fast.data.metrics
-    rows = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "cv_results.csv", str(directory)))))
+    assert parent.params["train.mode"] == "min"
+    assert fast.metrics["selected_mean_val_mae"] < slow.metrics["selected_mean_val_mae"]
+    assert parent.tags[Tag.BEST_RUN_ID] == fast.run_id
+    assert "split0_val_accuracy" not in fast.metrics and "split0_val_mae" in fast.metrics
+    rows = list(csv.DictReader(open(tracker.artifact_file(parent.run_id, "cv_results.csv", directory))))
     ranks = {row["run_id"]: row["rank_val_mae"] for row in rows}
-    assert ranks == {fast.info.run_id: "1", slow.info.run_id: "2"}
+    assert ranks == {fast.run_id: "1", slow.run_id: "2"}
     assert "mean_val_accuracy" not in rows[0] and {"mean_val_loss", "std_val_mae", "split2_val_mae"} <= set(rows[0])
     # the leaderboard: best (lowest MAE) first
-    assert output.index(f"{fast.data.metrics['selected_mean_val_mae']:.4f}") < output.index(
-        f"{slow.data.metrics['selected_mean_val_mae']:.4f}"
+    assert output.index(f"{fast.metrics['selected_mean_val_mae']:.4f}") < output.index(
+        f"{slow.metrics['selected_mean_val_mae']:.4f}"
     )
 
 
 def test_the_refits_test_mae_is_what_the_saved_model_scores(regression_sweep):
     import keras
 
-    directory, _, _, client, parent, _ = regression_sweep
-    model = keras.models.load_model(client.download_artifacts(parent.info.run_id, "refit_model.keras", str(directory)))
+    directory, _, _, tracker, parent, _ = regression_sweep
+    model = keras.models.load_model(tracker.artifact_file(parent.run_id, "refit_model.keras", directory))
     data = np.load(directory / "bumps.npz")
     mae = float(np.mean(np.abs(model.predict(data["x_test"], verbose=0)[:, 0] - data["y_test"])))
-    assert parent.data.metrics["test_mae"] == pytest.approx(mae, rel=1e-4)
-    assert "test_accuracy" not in parent.data.metrics
+    assert parent.metrics["test_mae"] == pytest.approx(mae, rel=1e-4)
+    assert "test_accuracy" not in parent.metrics
 
 
 def test_a_rerun_reproduces_the_recorded_mae_histories(regression_sweep):
-    directory, store, _, client, _, by_rate = regression_sweep
-    assert_rerun_reproduces(
-        store, directory, client, by_rate[0.01], [f"split{k}_val_mae" for k in range(3)], epochs=EPOCHS
-    )
+    directory, store, _, _, _, by_rate = regression_sweep
+    assert_rerun_reproduces(store, directory, by_rate[0.01], [f"split{k}_val_mae" for k in range(3)], epochs=EPOCHS)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import REPO, TINY_SPEC, Replace, answers, free_port, merged, sweep_runs
+from helpers import REPO, TINY_SPEC, Replace, answers, free_port, latest_sweep, merged
 from typer.testing import CliRunner
 
 from pipeline.base.processes import descendants, running, wait_until_ended
@@ -54,18 +54,18 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster,
         )
         result = CliRunner().invoke(app, ["run", str(spec)])
         assert result.exit_code == 0, result.output
-        _, _, trials = sweep_runs(uri, name)
-        assert len(trials) == (2 if name == "budgeted" else 4) and all(run.info.status == "FINISHED" for run in trials)
-        assert not any(Tag.RETRIES in run.data.tags for run in trials)
-        scores[name] = {(run.data.params["kernel_size"], run.data.params["filters"]): run for run in trials}
-        pids = [run.data.tags[Tag.of("pid")] for run in trials]
-        retired = [run.data.tags.get(Tag.of("worker_retires"), "") for run in trials]
-        assert all(run.data.metrics["worker_maps"] > 0 and run.data.metrics["worker_rss_mb"] > 100 for run in trials)
+        _, _, trials = latest_sweep(uri, name)
+        assert len(trials) == (2 if name == "budgeted" else 4) and all(run.state == "FINISHED" for run in trials)
+        assert not any(Tag.RETRIES in run.tags for run in trials)
+        scores[name] = {(run.params["kernel_size"], run.params["filters"]): run for run in trials}
+        pids = [run.tags[Tag.of("pid")] for run in trials]
+        retired = [run.tags.get(Tag.of("worker_retires"), "") for run in trials]
+        assert all(run.metrics["worker_maps"] > 0 and run.metrics["worker_rss_mb"] > 100 for run in trials)
         if name == "recycled":
             assert len(set(pids)) == 2, "a fresh worker process every two trials"
-            assert sorted(run.data.tags[Tag.of("worker_trials")] for run in trials) == ["1", "1", "2", "2"]
+            assert sorted(run.tags[Tag.of("worker_trials")] for run in trials) == ["1", "1", "2", "2"]
             # Each new process copied the data to its device once.
-            assert {run.data.tags[Tag.of("data_transfers")] for run in trials} == {"1"}
+            assert {run.tags[Tag.of("data_transfers")] for run in trials} == {"1"}
             assert sorted(retired) == ["", "", *["ran 2 trials (resources.max_trials_per_worker)"] * 2]
         elif name == "budgeted":
             assert len(set(pids)) == 2, "a fresh worker process after every trial"
@@ -75,9 +75,7 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster,
     assert set(scores["budgeted"]) < set(scores["kept"]) == set(scores["recycled"])
     for retiring in ("recycled", "budgeted"):
         for key, run in scores[retiring].items():
-            assert run.data.metrics["mean_val_loss"] == pytest.approx(
-                scores["kept"][key].data.metrics["mean_val_loss"], rel=1e-6
-            )
+            assert run.metrics["mean_val_loss"] == pytest.approx(scores["kept"][key].metrics["mean_val_loss"], rel=1e-6)
 
 
 @pytest.mark.parametrize("what", ["refit", "publish"])
@@ -97,12 +95,12 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 1, result.output
     assert "every trial ended and is recorded, but" in result.output and f"{what} broke" in result.output
-    _, parent, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", what)
-    assert trials and all(run.info.status == "FINISHED" for run in trials)
+    _, parent, trials = latest_sweep(f"sqlite:///{tmp_path / 'mlflow.db'}", what)
+    assert trials and all(run.state == "FINISHED" for run in trials)
     if what == "refit":
-        assert parent.info.status == "FINISHED" and parent.data.tags[Tag.REFIT].startswith("error: RuntimeError")
+        assert parent.state == "FINISHED" and parent.tags[Tag.REFIT].startswith("error: RuntimeError")
     else:
-        assert parent.info.status == "FAILED" and "publish broke" in parent.data.tags[Tag.ERROR]
+        assert parent.state == "FAILED" and "publish broke" in parent.tags[Tag.ERROR]
 
 
 def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(ray_cluster, tmp_path, empty_store, monkeypatch):
@@ -116,8 +114,8 @@ def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(ray_cluster,
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 1, result.output
     assert "the store went away" in result.output
-    _, parent, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "callback")
-    assert parent.info.status == "FAILED" and all(run.info.status != "RUNNING" for run in trials)
+    _, parent, trials = latest_sweep(f"sqlite:///{tmp_path / 'mlflow.db'}", "callback")
+    assert parent.state == "FAILED" and all(run.state != "RUNNING" for run in trials)
 
 
 def test_eight_concurrent_trials_record_every_epoch_once(ray_cluster, tmp_path, empty_store):
@@ -137,11 +135,11 @@ def test_eight_concurrent_trials_record_every_epoch_once(ray_cluster, tmp_path, 
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 0, result.output
     assert "locked" not in result.output
-    client, _, trials = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "eight")
-    assert len(trials) == 8 and all(run.info.status == "FINISHED" for run in trials)
-    assert len({run.data.tags[Tag.of("pid")] for run in trials}) == 8, "eight workers, all at once"
+    tracker, _, trials = latest_sweep(f"sqlite:///{tmp_path / 'mlflow.db'}", "eight")
+    assert len(trials) == 8 and all(run.state == "FINISHED" for run in trials)
+    assert len({run.tags[Tag.of("pid")] for run in trials}) == 8, "eight workers, all at once"
     for run in trials:
-        steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "mean_val_loss")]
+        steps = [step for step, _ in tracker.metric_histories([run.run_id], "mean_val_loss")[run.run_id]]
         assert sorted(steps) == [1, 2]
 
 
@@ -151,6 +149,7 @@ def test_a_fresh_store_opened_by_a_second_process_at_once(ray_cluster, tmp_path,
     monkeypatch.chdir(tmp_path)
     spec = write(tmp_path, "fresh", search={"num_samples": 1, "space": {"kernel_size": 3}}, train={"epochs": 1})
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # The other opener is MLflow's own client: what races is the store's creation, not a record.
     poller = (
         "import sys, mlflow\nprint('ready', flush=True)\nclient = mlflow.MlflowClient(sys.argv[1])\n"
         "for _ in range(20):\n    client.search_experiments()\n"
@@ -170,8 +169,8 @@ def test_a_fresh_store_opened_by_a_second_process_at_once(ray_cluster, tmp_path,
         if other.poll() is None:
             other.kill()
     assert result.exit_code == 0, result.output
-    _, parent, trials = sweep_runs(uri, "fresh")
-    assert parent.info.status == "FINISHED" and len(trials) == 1
+    _, parent, trials = latest_sweep(uri, "fresh")
+    assert parent.state == "FINISHED" and len(trials) == 1
 
 
 def test_sigterm_stops_the_ui_and_everything_it_started(tmp_path):

@@ -9,21 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import MNIST1D_EXPERIMENT, history, seed_store, sweep_runs
-from mlflow.tracking import MlflowClient
+from helpers import MNIST1D_EXPERIMENT, history, latest_sweep, seed_store
 from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds, manifest_identity
 from pipeline.inputs.spec import DatasetSpec, load_spec
-from pipeline.records.tracking import Tag
+from pipeline.records.tracking import DESCRIPTION_TAG, Tag
 
 pytestmark = pytest.mark.e2e
-
-
-def artifact(client: MlflowClient, run_id: str, path: str, directory: Path) -> Path:
-    return Path(client.download_artifacts(run_id, path, str(directory)))
 
 
 def run(spec: dict, directory: Path) -> tuple[str, str]:
@@ -76,9 +71,9 @@ def grouped_repeated_sweep(ray_cluster, tmp_path_factory):
 
 def test_two_repeats_of_three_folds_give_six_replicas_each_sample_validated_twice_groups_whole(grouped_repeated_sweep):
     directory, uri, path, _ = grouped_repeated_sweep
-    client, parent, trials = sweep_runs(uri, "grouped-repeated")
-    assert len(trials) == 4 and parent.data.params["cv.n_repeats"] == "2"
-    manifest = json.loads(artifact(client, parent.info.run_id, "fold_manifest.json", directory).read_text())
+    tracker, parent, trials = latest_sweep(uri, "grouped-repeated")
+    assert len(trials) == 4 and parent.params["cv.n_repeats"] == "2"
+    manifest = json.loads(tracker.artifact_file(parent.run_id, "fold_manifest.json", directory).read_text())
     assert [(f["fold"], f["repeat"], f["fold_in_repeat"]) for f in manifest["folds"]] == [
         (j, j // 3, j % 3) for j in range(6)
     ]
@@ -91,12 +86,12 @@ def test_two_repeats_of_three_folds_give_six_replicas_each_sample_validated_twic
     for fold in folds.folds:
         assert np.intersect1d(dataset.groups[fold.train], dataset.groups[fold.val]).size == 0
     for trial in trials:
-        assert {f"split{j}_val_accuracy" for j in range(6)} <= set(trial.data.metrics)
-        assert "split6_val_accuracy" not in trial.data.metrics
-        replicas = [trial.data.metrics[f"selected_split{j}_val_accuracy"] for j in range(6)]
-        assert trial.data.metrics["selected_mean_val_accuracy"] == pytest.approx(np.mean(replicas))
+        assert {f"split{j}_val_accuracy" for j in range(6)} <= set(trial.metrics)
+        assert "split6_val_accuracy" not in trial.metrics
+        replicas = [trial.metrics[f"selected_split{j}_val_accuracy"] for j in range(6)]
+        assert trial.metrics["selected_mean_val_accuracy"] == pytest.approx(np.mean(replicas))
 
-    with artifact(client, parent.info.run_id, "cv_results.csv", directory).open() as handle:
+    with tracker.artifact_file(parent.run_id, "cv_results.csv", directory).open() as handle:
         rows = list(csv.DictReader(handle))
     columns = list(rows[0])
     assert [c for c in columns if c.endswith("_val_accuracy") and c.startswith("split")] == [
@@ -107,19 +102,19 @@ def test_two_repeats_of_three_folds_give_six_replicas_each_sample_validated_twic
 
 def test_configs_that_train_alike_are_tied_and_a_broken_learning_rate_is_significantly_worse(grouped_repeated_sweep):
     directory, uri, _, output = grouped_repeated_sweep
-    client, parent, trials = sweep_runs(uri, "grouped-repeated")
-    with artifact(client, parent.info.run_id, "cv_results.csv", directory).open() as handle:
+    tracker, parent, trials = latest_sweep(uri, "grouped-repeated")
+    with tracker.artifact_file(parent.run_id, "cv_results.csv", directory).open() as handle:
         rows = {row["run_id"]: row for row in csv.DictReader(handle)}
-    working = [rows[t.info.run_id] for t in trials if t.data.params["learning_rate"] == "0.01"]
-    broken = [rows[t.info.run_id] for t in trials if t.data.params["learning_rate"] == "1e-07"]
+    working = [rows[t.run_id] for t in trials if t.params["learning_rate"] == "0.01"]
+    broken = [rows[t.run_id] for t in trials if t.params["learning_rate"] == "1e-07"]
     assert sorted(row["rank_val_accuracy"] for row in working) == ["1", "1"]  # equal scores share rank 1
     assert all(float(row["pvalue_vs_best"]) > 0.5 and row["tied_with_best"] == "True" for row in working)
     assert all(float(row["pvalue_vs_best"]) < 0.05 and row["tied_with_best"] == "False" for row in broken)
-    assert {run.data.tags[Tag.PVALUE_VS_BEST] for run in trials if run.data.params["learning_rate"] == "0.01"} == {"1"}
-    assert parent.data.metrics["n_tied_with_best"] == 1
+    assert {run.tags[Tag.PVALUE_VS_BEST] for run in trials if run.params["learning_rate"] == "0.01"} == {"1"}
+    assert parent.metrics["n_tied_with_best"] == 1
     line = "1 of the 3 other ranked trials is statistically indistinguishable from the best"
     assert line in output.replace("\n", " ")
-    description = parent.data.tags["mlflow.note.content"]
+    description = parent.tags[DESCRIPTION_TAG]
     assert line in description and "worse (p=" in description
 
     report = CliRunner().invoke(app, ["report", "grouped-repeated", "--tracking-uri", uri], env={"COLUMNS": "250"})
@@ -158,31 +153,31 @@ def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_l
 ):
     uri = f"sqlite:///{empty_store}"
     _, output = run(overfitting_spec(tmp_path, "best_epoch"), tmp_path)
-    client, parent, trials = sweep_runs(uri, "overfit-best_epoch")
-    curves = {trial.info.run_id: history(uri, trial.info.run_id, "mean_val_loss") for trial in trials}
+    tracker, parent, trials = latest_sweep(uri, "overfit-best_epoch")
+    curves = {trial.run_id: history(uri, trial.run_id, "mean_val_loss") for trial in trials}
     for trial in trials:
-        curve = curves[trial.info.run_id]
-        best_epoch = int(trial.data.metrics["best_epoch"])
+        curve = curves[trial.run_id]
+        best_epoch = int(trial.metrics["best_epoch"])
         assert len(curve) == 30 and best_epoch < 30  # it overfits: the curve turns up before the end
         assert best_epoch == min(curve, key=lambda epoch: (curve[epoch], epoch))
-        assert trial.data.metrics["selected_mean_val_loss"] == curve[best_epoch]
-        assert trial.data.metrics["selected_mean_val_loss"] < trial.data.metrics["mean_val_loss"]  # the last epoch's
-    best = min(trials, key=lambda trial: min(curves[trial.info.run_id].values()))
-    assert parent.data.tags[Tag.BEST_RUN_ID] == best.info.run_id
-    assert parent.data.metrics["best_mean_val_loss"] == min(curves[best.info.run_id].values())
-    assert parent.data.metrics["refit_epochs"] == best.data.metrics["best_epoch"]
-    assert f"({int(best.data.metrics['best_epoch'])} epochs)" in output
-    leaderboard = next(line for line in output.splitlines() if best.info.run_id[:8] in line and "│    1 │" in line)
-    assert f"{min(curves[best.info.run_id].values()):.4f}" in leaderboard
+        assert trial.metrics["selected_mean_val_loss"] == curve[best_epoch]
+        assert trial.metrics["selected_mean_val_loss"] < trial.metrics["mean_val_loss"]  # the last epoch's
+    best = min(trials, key=lambda trial: min(curves[trial.run_id].values()))
+    assert parent.tags[Tag.BEST_RUN_ID] == best.run_id
+    assert parent.metrics["best_mean_val_loss"] == min(curves[best.run_id].values())
+    assert parent.metrics["refit_epochs"] == best.metrics["best_epoch"]
+    assert f"({int(best.metrics['best_epoch'])} epochs)" in output
+    leaderboard = next(line for line in output.splitlines() if best.run_id[:8] in line and "│    1 │" in line)
+    assert f"{min(curves[best.run_id].values()):.4f}" in leaderboard
 
     _, output = run(overfitting_spec(tmp_path, "last"), tmp_path)
-    client, parent, trials = sweep_runs(uri, "overfit-last")
-    last = {trial.info.run_id: history(uri, trial.info.run_id, "mean_val_loss")[30] for trial in trials}
-    assert all(trial.data.metrics["best_epoch"] == 30 for trial in trials)
-    assert all(trial.data.metrics["selected_mean_val_loss"] == last[trial.info.run_id] for trial in trials)
-    best_last = min(trials, key=lambda trial: last[trial.info.run_id])
-    assert parent.data.tags[Tag.BEST_RUN_ID] == best_last.info.run_id
-    assert parent.data.metrics["refit_epochs"] == 30 and "(30 epochs)" in output
+    tracker, parent, trials = latest_sweep(uri, "overfit-last")
+    last = {trial.run_id: history(uri, trial.run_id, "mean_val_loss")[30] for trial in trials}
+    assert all(trial.metrics["best_epoch"] == 30 for trial in trials)
+    assert all(trial.metrics["selected_mean_val_loss"] == last[trial.run_id] for trial in trials)
+    best_last = min(trials, key=lambda trial: last[trial.run_id])
+    assert parent.tags[Tag.BEST_RUN_ID] == best_last.run_id
+    assert parent.metrics["refit_epochs"] == 30 and "(30 epochs)" in output
 
 
 def test_a_rerun_trains_every_replica_of_a_repeated_trial_and_reproduces_it(grouped_repeated_sweep, monkeypatch):
@@ -191,22 +186,20 @@ def test_a_rerun_trains_every_replica_of_a_repeated_trial_and_reproduces_it(grou
     from helpers import foldsweep
 
     directory, uri, _, _ = grouped_repeated_sweep
-    client, parent, trials = sweep_runs(uri, "grouped-repeated")
-    trial = client.get_run(parent.data.tags[Tag.BEST_RUN_ID])
+    tracker, parent, trials = latest_sweep(uri, "grouped-repeated")
+    trial = tracker.trial_record(parent.tags[Tag.BEST_RUN_ID])
     monkeypatch.chdir(directory)
     refused = CliRunner().invoke(
-        app, ["rerun", trial.info.run_id, "--tracking-uri", uri, "--fold", "6"], env={"COLUMNS": "250"}
+        app, ["rerun", trial.run_id, "--tracking-uri", uri, "--fold", "6"], env={"COLUMNS": "250"}
     )
     assert refused.exit_code == 2
     assert "--fold must be between 0 and 5 (the sweep's trials train 6 folds (2 repeats x 3)), got 6" in refused.output
-    ran = foldsweep("rerun", trial.info.run_id, "--tracking-uri", uri, cwd=directory)
+    ran = foldsweep("rerun", trial.run_id, "--tracking-uri", uri, cwd=directory)
     assert ran.exit_code == 0, ran.output
-    rerun = next(
-        run for run in client.search_runs([parent.info.experiment_id], filter_string=f"tags.`{Tag.ROLE}` = 'rerun'")
-    )
+    (rerun,) = tracker.reruns(trial.run_id)
     for j in range(6):
         key = f"split{j}_val_loss"
-        recorded, again = history(uri, trial.info.run_id, key), history(uri, rerun.info.run_id, key)
+        recorded, again = history(uri, trial.run_id, key), history(uri, rerun.run_id, key)
         assert len(recorded) == 5 and again.keys() == recorded.keys()
         assert all(again[epoch] == pytest.approx(recorded[epoch], rel=1e-6) for epoch in recorded)
-    assert rerun.data.metrics["best_epoch"] == trial.data.metrics["best_epoch"]
+    assert rerun.metrics["best_epoch"] == trial.metrics["best_epoch"]

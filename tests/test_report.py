@@ -31,10 +31,15 @@ from pipeline.records.report import (
     to_csv,
     trial_description,
 )
-from pipeline.records.tracking import TrialRecord
+from pipeline.records.tracking import Tag, TrialRecord
 
 ACCURACY = Objective(metric="accuracy", mode="max")
 LOSS = Objective(metric="loss", mode="min")
+
+
+def nan_at(fold: int, epoch: int, step: int) -> dict[str, str]:
+    """The tags of a trial that went NaN in ``fold`` at ``epoch``, ``step``."""
+    return {Tag.of("nan_fold"): str(fold), Tag.of("nan_epoch"): str(epoch), Tag.of("nan_step"): str(step)}
 
 
 def record(
@@ -95,7 +100,7 @@ def test_only_trials_that_finished_with_a_finite_score_are_ranked_best_first_tie
 
 
 def test_a_nan_trial_says_where_it_went_nan():
-    nan = record(1, status=TrialStatus.NAN, tags={"nan_fold": "1", "nan_epoch": "3", "nan_step": "17"})
+    nan = record(1, status=TrialStatus.NAN, tags=nan_at(1, 3, 17))
     assert status_text(nan) == "nan (fold 1, epoch 3, step 17)"
     assert status_text(record(2, 0.5)) == "ok"
     running = TrialRecord(
@@ -125,7 +130,7 @@ def test_cv_results_has_scikit_learns_columns_for_each_trial():
     trials = [
         record(1, 0.7, train_samples_per_s=1000.0, nan_failures=0.0),
         record(2, 0.9, nan_failures=0.0),
-        record(3, status=TrialStatus.NAN, tags={"nan_fold": "0", "nan_epoch": "1", "nan_step": "4"}, nan_failures=1.0),
+        record(3, status=TrialStatus.NAN, tags=nan_at(0, 1, 4), nan_failures=1.0),
     ]
     rows = cv_results(Standings.of(trials, ACCURACY, n_splits=None))
     assert [row["trial_id"] for row in rows] == ["abc_00001", "abc_00002", "abc_00003"]
@@ -233,7 +238,7 @@ def test_the_descriptions_rank_the_trials_and_say_how_to_rerun_the_best():
     trials = [
         record(1, 0.7),
         record(2, 0.9),
-        record(3, status=TrialStatus.NAN, tags={"nan_fold": "0", "nan_epoch": "1", "nan_step": "4"}),
+        record(3, status=TrialStatus.NAN, tags=nan_at(0, 1, 4)),
     ]
     standings = Standings.of(trials, ACCURACY, n_splits=None)
     text = sweep_description(

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, TINY_SPEC, curve, foldsweep, merged, reruns_of, seed_store
-from mlflow.tracking import MlflowClient
+from helpers import REPO, TINY_SPEC, curve, foldsweep, latest_sweep, merged, runs_in_store, seed_store
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -21,12 +20,12 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def unclipped_trials(recorded_sweep):
-    """The session's recorded sweep (conftest): its directory, client, unclipped trials by
+    """The session's recorded sweep (conftest): its directory, tracker, unclipped trials by
     learning rate (0.01 trains, 50.0 goes NaN) and parent run."""
     assert recorded_sweep.exit_code == 0, recorded_sweep.output
-    client, parent, trials = recorded_sweep.runs()
-    unclipped = {run.data.params["learning_rate"]: run for run in trials if run.data.params["clipping"] == "none"}
-    return recorded_sweep.directory, client, unclipped, parent
+    tracker, parent, trials = recorded_sweep.records()
+    unclipped = {run.params["learning_rate"]: run for run in trials if run.params["clipping"] == "none"}
+    return recorded_sweep.directory, tracker, unclipped, parent
 
 
 @pytest.fixture
@@ -45,45 +44,45 @@ def rerun(monkeypatch, threads_kept):
 
 
 def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_apart(unclipped_trials, rerun):
-    directory, client, trials, parent = unclipped_trials
+    directory, tracker, trials, parent = unclipped_trials
     store = f"sqlite:///{directory / 'mlflow.db'}"
     original = trials["0.01"]
-    assert original.info.status == "FINISHED"
-    runs_before = len(client.search_runs([parent.info.experiment_id]))
+    assert original.state == "FINISHED"
+    runs_before = runs_in_store(store, parent.name)
 
-    result = rerun(directory, original.info.run_id)
+    result = rerun(directory, original.run_id)
 
     assert result.exit_code == 0, result.output
     assert "epoch 1: fold 0" in result.output and "epoch 2: fold 0" in result.output
     # The layout follows this process' compute threads; either way the folds train fused, as
     # many steps per launch as the trial did.
-    steps = original.data.tags[Tag.of("steps_per_launch")]
+    steps = original.tags[Tag.of("steps_per_launch")]
     assert re.search(
         rf"fused: 2 folds in one execution[^;\n]*(stacked|side by side)[^;\n]*; steps per launch: {steps}\b",
         result.output,
     ), result.output
-    reruns = reruns_of(client, original)
+    reruns = tracker.reruns(original.run_id)
     assert len(reruns) == 1
     again = reruns[0]
-    assert again.info.status == "FINISHED" and again.data.tags[Tag.ROLE] == "rerun"
+    assert again.state == "FINISHED" and again.tags[Tag.ROLE] == "rerun"
     for k in (0, 1):
         for key in (f"split{k}_val_loss", f"split{k}_val_accuracy", f"split{k}_train_loss"):
-            assert curve(store, again.info.run_id, key) == pytest.approx(
-                curve(store, original.info.run_id, key), rel=1e-4, abs=1e-6
+            assert curve(store, again.run_id, key) == pytest.approx(
+                curve(store, original.run_id, key), rel=1e-4, abs=1e-6
             )
     # The original is untouched, and nothing but the rerun was added.
-    assert client.get_run(original.info.run_id).data.metrics == original.data.metrics
-    assert len(client.search_runs([parent.info.experiment_id])) == runs_before + 1
+    assert tracker.trial_record(original.run_id).metrics == original.metrics
+    assert runs_in_store(store, parent.name) == runs_before + 1
 
 
 def test_rerun_profile_says_where_a_steady_epoch_goes_and_keeps_its_trace(unclipped_trials, tmp_path):
     """Issue 52: `rerun --profile` in a fresh process (XLA marks its ops only if told before
     TensorFlow starts), as a researcher runs it."""
-    directory, client, trials, parent = unclipped_trials
+    directory, tracker, trials, parent = unclipped_trials
     original = trials["0.01"]
     ran = foldsweep(
         "rerun",
-        original.info.run_id,
+        original.run_id,
         "--profile",
         "--tracking-uri",
         f"sqlite:///{directory / 'mlflow.db'}",
@@ -111,27 +110,28 @@ def test_rerun_profile_says_where_a_steady_epoch_goes_and_keeps_its_trace(unclip
     assert "conv" in top.lower(), top
     assert re.search(r"no operation runs for \d+% of the training", ran.output)
     assert "xprof --logdir=" in ran.output
-    rerun_run = reruns_of(client, original)[0]
-    assert "--profile" in rerun_run.data.tags[Tag.RERUN_DIFFERS]
-    listed = [item.path for item in client.list_artifacts(rerun_run.info.run_id, "profile/plugins/profile")]
+    rerun_run = tracker.reruns(original.run_id)[0]
+    assert "--profile" in rerun_run.tags[Tag.RERUN_DIFFERS]
+    listed = tracker.artifact_paths(rerun_run.run_id, "profile/plugins/profile")
     assert len(listed) == 1
-    assert any(item.path.endswith(".xplane.pb") for item in client.list_artifacts(rerun_run.info.run_id, listed[0]))
+    assert any(path.endswith(".xplane.pb") for path in tracker.artifact_paths(rerun_run.run_id, listed[0]))
     # The rerun's own record holds its account; the trial's is untouched.
-    assert rerun_run.data.metrics["trial_wall_s"] > 0 and "gap_s" in rerun_run.data.metrics
-    assert client.get_run(original.info.run_id).data.metrics == original.data.metrics
+    assert rerun_run.metrics["trial_wall_s"] > 0 and "gap_s" in rerun_run.metrics
+    assert tracker.trial_record(original.run_id).metrics == original.metrics
 
 
 def test_rerun_one_fold_with_fewer_epochs_without_tracking(unclipped_trials, rerun):
-    directory, client, trials, parent = unclipped_trials
+    directory, tracker, trials, parent = unclipped_trials
     original = trials["0.01"]
-    runs_before = len(client.search_runs([parent.info.experiment_id]))
-    result = rerun(directory, original.info.run_id, "--fold", "1", "--epochs", "1", "--no-track", "--eager")
+    store = f"sqlite:///{directory / 'mlflow.db'}"
+    runs_before = runs_in_store(store, parent.name)
+    result = rerun(directory, original.run_id, "--fold", "1", "--epochs", "1", "--no-track", "--eager")
     assert result.exit_code == 0, result.output
     assert "epoch 1: fold 1 " in result.output and "fold 0" not in result.output and "epoch 2" not in result.output
     assert "unfused: one fold to train" in result.output
     # The sweep trained the folds fused; this single fold, eager and unfused, still matches it.
-    assert len(client.search_runs([parent.info.experiment_id])) == runs_before
-    recorded = curve(f"sqlite:///{directory / 'mlflow.db'}", original.info.run_id, "split1_val_loss")[0]
+    assert runs_in_store(store, parent.name) == runs_before
+    recorded = curve(store, original.run_id, "split1_val_loss")[0]
     shown = float(result.output.split("val_loss ")[1].split()[0])
     assert shown == pytest.approx(recorded, rel=1e-3)
 
@@ -145,10 +145,10 @@ def test_check_numerics_places_a_nan_trials_overflowing_gradient_norm_in_its_fol
     explosive: without XLA it goes NaN at the same step)."""
     import pipeline.rerun
 
-    directory, client, trials, _ = unclipped_trials
+    directory, tracker, trials, _ = unclipped_trials
     nan_trial = trials["50.0"]
-    assert nan_trial.data.tags[Tag.STATUS] == "nan"
-    recorded = {key: nan_trial.data.tags[Tag.of(f"nan_{key}")] for key in ("fold", "epoch", "step")}
+    assert nan_trial.tags[Tag.STATUS] == "nan"
+    recorded = {key: nan_trial.tags[Tag.of(f"nan_{key}")] for key in ("fold", "epoch", "step")}
     stopped = []
 
     def placed(message, stopped_call):  # the real reading; what it was placed in is kept
@@ -158,7 +158,7 @@ def test_check_numerics_places_a_nan_trials_overflowing_gradient_norm_in_its_fol
     numerics_finding = pipeline.rerun.numerics_finding
     monkeypatch.setattr(pipeline.rerun, "numerics_finding", placed)
 
-    result = rerun(directory, nan_trial.info.run_id, "--check-numerics")
+    result = rerun(directory, nan_trial.run_id, "--check-numerics")
 
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())  # the console wraps long lines
@@ -168,8 +168,8 @@ def test_check_numerics_places_a_nan_trials_overflowing_gradient_norm_in_its_fol
         "node global_norm/L2Loss"
     ) in output
     assert f"the recorded trial went NaN at the same place ({place}: its tags {Tag.of('nan_fold')}" in output
-    again = reruns_of(client, nan_trial)[0]
-    tags = again.data.tags
+    again = tracker.reruns(nan_trial.run_id)[0]
+    tags = again.tags
     assert tags[Tag.STATUS] == "nan" and tags[Tag.NUMERICS_OP] == "L2Loss"
     assert {key: tags[Tag.of(f"numerics_{key}")] for key in ("fold", "epoch", "step")} == recorded
     assert re.fullmatch(r"global_norm/L2Loss(_\d+)?", tags[Tag.NUMERICS_NODE])
@@ -186,14 +186,14 @@ def test_check_numerics_places_a_nan_trials_overflowing_gradient_norm_in_its_fol
 
 
 def test_set_reruns_the_nan_trial_with_clipping(unclipped_trials, rerun):
-    directory, client, trials, _ = unclipped_trials
+    directory, tracker, trials, _ = unclipped_trials
     nan_trial = trials["50.0"]
-    result = rerun(directory, nan_trial.info.run_id, "--set", "clipping=global_norm", "--set", "clip_threshold=0.1")
+    result = rerun(directory, nan_trial.run_id, "--set", "clipping=global_norm", "--set", "clip_threshold=0.1")
     assert result.exit_code == 0, result.output
     assert "status: ok" in result.output
-    again = reruns_of(client, nan_trial, where="params.clipping = 'global_norm'")[0]
-    assert again.data.params["clip_threshold"] == "0.1" and again.data.params["learning_rate"] == "50.0"
-    assert again.data.tags[Tag.STATUS] == "ok"
+    again = next(run for run in tracker.reruns(nan_trial.run_id) if run.params["clipping"] == "global_norm")
+    assert again.params["clip_threshold"] == "0.1" and again.params["learning_rate"] == "50.0"
+    assert again.tags[Tag.STATUS] == "ok"
 
 
 @pytest.mark.parametrize(
@@ -216,7 +216,7 @@ def test_set_reruns_the_nan_trial_with_clipping(unclipped_trials, rerun):
 )
 def test_bad_rerun_requests_exit_2(unclipped_trials, rerun, args, message):
     directory, _, trials, parent = unclipped_trials
-    args = [{"PARENT": parent.info.run_id, "TRIAL": trials["0.01"].info.run_id}.get(arg, arg) for arg in args]
+    args = [{"PARENT": parent.run_id, "TRIAL": trials["0.01"].run_id}.get(arg, arg) for arg in args]
     result = rerun(directory, *args)
     assert result.exit_code == 2, result.output
     assert message in result.output.replace("\n", " ")
@@ -231,7 +231,7 @@ def test_changed_data_is_refused(unclipped_trials, rerun):
     arrays["x"][0, 0, 0] += 1.0
     try:
         np.savez(path, **arrays)
-        result = rerun(directory, trials["0.01"].info.run_id)
+        result = rerun(directory, trials["0.01"].run_id)
     finally:
         path.write_bytes(original)
     assert result.exit_code == 2, result.output
@@ -287,19 +287,16 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(
     monkeypatch.chdir(launch)
     swept = CliRunner().invoke(app, ["run", "../project/spec.yaml"])
     assert swept.exit_code == 0, swept.output
-    client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("relative").experiment_id])
-    parent = next(run for run in runs if run.data.tags[Tag.ROLE] == "sweep")
-    trial = next(run for run in runs if run.data.tags[Tag.ROLE] == "trial")
-    assert parent.data.params["dataset_path"] == str(project / "data.npz")
-    assert parent.data.params["experiment_path"] == str(project / "model.py")
+    _, parent, (trial, *_) = latest_sweep(store, "relative")
+    assert parent.params["dataset_path"] == str(project / "data.npz")
+    assert parent.params["experiment_path"] == str(project / "model.py")
 
     monkeypatch.chdir(elsewhere)
     again = CliRunner().invoke(
-        app, ["rerun", trial.info.run_id, "--tracking-uri", store, "--no-track"], env={"COLUMNS": "200"}
+        app, ["rerun", trial.run_id, "--tracking-uri", store, "--no-track"], env={"COLUMNS": "200"}
     )
     assert again.exit_code == 0, again.output
     assert "epoch 2: fold 0" in again.output
-    recorded = curve(store, trial.info.run_id, "split0_val_loss")
+    recorded = curve(store, trial.run_id, "split0_val_loss")
     printed = [float(value) for value in re.findall(r"fold 0 train_loss \S+ val_loss (\S+)", again.output)]
     assert printed == pytest.approx(recorded, rel=1e-3)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from helpers import TINY_SPEC, Replace, curve, foldsweep, merged, reruns_of, seed_store
-from mlflow.tracking import MlflowClient
+from helpers import TINY_SPEC, Replace, curve, foldsweep, latest_sweep, merged, seed_store
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.records.tracking import Tag
+from pipeline.records.tracking import Tag, Tracker, TrialRecord
 
 pytestmark = pytest.mark.e2e
 
@@ -75,24 +74,18 @@ def sweeps(ray_cluster, tmp_path_factory):
         (directory / f"{name}.yaml").write_text(yaml.safe_dump(spec))
         result = CliRunner().invoke(app, ["run", str(directory / f"{name}.yaml")])
         assert result.exit_code == 0, result.output
-    client = MlflowClient(store)
-    trials = {}
-    for name in SWEEPS:
-        runs = client.search_runs(
-            [client.get_experiment_by_name(name).experiment_id], filter_string=f"tags.`{Tag.ROLE}` = 'trial'"
-        )
-        trials[name] = runs[0]
-    return directory, store, client, trials
+    trials = {name: latest_sweep(store, name).trials[0] for name in SWEEPS}
+    return directory, store, Tracker(store), trials
 
 
-def the_rerun(client, original):
-    return reruns_of(client, original)[0]
+def the_rerun(tracker: Tracker, original: TrialRecord) -> TrialRecord:
+    return tracker.reruns(original.run_id)[0]
 
 
 def assert_same_trajectory(store, original, again, folds, epochs=EPOCHS, *, exactly=False):
     for k in folds:
         for key in (f"split{k}_val_loss", f"split{k}_train_loss", f"split{k}_val_accuracy"):
-            recorded, rerun = curve(store, original.info.run_id, key), curve(store, again.info.run_id, key)
+            recorded, rerun = curve(store, original.run_id, key), curve(store, again.run_id, key)
             assert len(rerun) == epochs, key
             assert recorded[:epochs] == (rerun if exactly else pytest.approx(rerun, rel=1e-6, abs=0)), key
 
@@ -108,40 +101,40 @@ def assert_same_trajectory(store, original, again, folds, epochs=EPOCHS, *, exac
 )
 def test_a_rerun_reproduces_every_epoch_of_its_trial(sweeps, layout, reason):
     """The first case sets up `sweeps` (35-65 s: a sweep per layout); each case is a rerun's own process."""
-    directory, store, client, trials = sweeps
+    directory, store, tracker, trials = sweeps
     original = trials[layout]
-    assert original.data.tags[Tag.of("fused_reason")].endswith(reason)
+    assert original.tags[Tag.of("fused_reason")].endswith(reason)
 
-    result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
+    result = foldsweep("rerun", original.run_id, "--tracking-uri", store, cwd=directory)
 
     assert result.exit_code == 0, result.output
     assert "differs from the trial" not in result.output
-    again = the_rerun(client, original)
+    again = the_rerun(tracker, original)
     # Stacked BatchNormalization and Dropout (foldsweep's own draws, from each fold's generator):
     # every recorded fold loss and accuracy, bit for bit.
     assert_same_trajectory(store, original, again, folds=range(3), exactly=layout == "stacked_bn_dropout")
     if layout in ("dropout", "stacked_bn_dropout"):
-        assert original.data.tags[Tag.of("random_draws")] == "counter"
+        assert original.tags[Tag.of("random_draws")] == "counter"
     for tag in EXECUTION_TAGS:
-        assert again.data.tags[tag] == original.data.tags[tag], tag
-    assert Tag.RERUN_DIFFERS not in again.data.tags
+        assert again.tags[tag] == original.tags[tag], tag
+    assert Tag.RERUN_DIFFERS not in again.tags
 
 
 def test_a_nan_trial_goes_nan_again_at_the_recorded_fold_epoch_and_step(sweeps):
-    directory, store, client, trials = sweeps
+    directory, store, tracker, trials = sweeps
     original = trials["nan"]
-    assert original.data.tags[Tag.STATUS] == "nan"
+    assert original.tags[Tag.STATUS] == "nan"
 
-    result = foldsweep("rerun", original.info.run_id, "--tracking-uri", store, cwd=directory)
+    result = foldsweep("rerun", original.run_id, "--tracking-uri", store, cwd=directory)
 
     assert result.exit_code == 0, result.output
-    again = the_rerun(client, original)
-    assert again.data.tags[Tag.STATUS] == "nan"
+    again = the_rerun(tracker, original)
+    assert again.tags[Tag.STATUS] == "nan"
     for tag in ("nan_fold", "nan_epoch", "nan_step", "nan_last_finite_loss", "nan_grad_norm"):
-        assert again.data.tags[Tag.of(tag)] == original.data.tags[Tag.of(tag)], tag
+        assert again.tags[Tag.of(tag)] == original.tags[Tag.of(tag)], tag
     where = (
-        f"NaN in fold {original.data.tags[Tag.of('nan_fold')]} at epoch "
-        f"{original.data.tags[Tag.of('nan_epoch')]}, step {original.data.tags[Tag.of('nan_step')]}"
+        f"NaN in fold {original.tags[Tag.of('nan_fold')]} at epoch "
+        f"{original.tags[Tag.of('nan_epoch')]}, step {original.tags[Tag.of('nan_step')]}"
     )
     assert where in " ".join(result.output.split())  # the console wraps long lines
 
@@ -153,38 +146,34 @@ def in_process(directory, monkeypatch, *args):
 
 
 def test_check_numerics_says_that_it_changes_the_trajectory(sweeps, monkeypatch, threads_kept):
-    directory, store, client, trials = sweeps
+    directory, store, tracker, trials = sweeps
     original = trials["nan"]
-    result = in_process(
-        directory, monkeypatch, "rerun", original.info.run_id, "--tracking-uri", store, "--check-numerics"
-    )
+    result = in_process(directory, monkeypatch, "rerun", original.run_id, "--tracking-uri", store, "--check-numerics")
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "differs from the trial" in line)
     assert "jit_compile True -> False" in line and "numbers may differ from the recorded ones" in line
     assert "first non-finite value: fold " in result.output
-    again = the_rerun(client, original)
-    assert "jit_compile True -> False" in again.data.tags[Tag.RERUN_DIFFERS]
+    again = the_rerun(tracker, original)
+    assert "jit_compile True -> False" in again.tags[Tag.RERUN_DIFFERS]
 
 
 def test_one_fold_of_a_side_by_side_trial_is_that_fold_of_the_trial(sweeps):
-    directory, store, client, trials = sweeps
+    directory, store, tracker, trials = sweeps
     original = trials["side_by_side"]
-    result = foldsweep(
-        "rerun", original.info.run_id, "--tracking-uri", store, "--fold", "1", "--epochs", "4", cwd=directory
-    )
+    result = foldsweep("rerun", original.run_id, "--tracking-uri", store, "--fold", "1", "--epochs", "4", cwd=directory)
     assert result.exit_code == 0, result.output
     assert "differs from the trial" not in result.output
-    assert_same_trajectory(store, original, the_rerun(client, original), folds=[1], epochs=4)
+    assert_same_trajectory(store, original, the_rerun(tracker, original), folds=[1], epochs=4)
 
 
 def test_one_fold_of_a_stacked_trial_names_the_difference(sweeps, monkeypatch, threads_kept):
-    directory, store, client, trials = sweeps
+    directory, store, tracker, trials = sweeps
     original = trials["stacked"]
     result = in_process(
         directory,
         monkeypatch,
         "rerun",
-        original.info.run_id,
+        original.run_id,
         "--tracking-uri",
         store,
         "--fold",
@@ -197,5 +186,5 @@ def test_one_fold_of_a_stacked_trial_names_the_difference(sweeps, monkeypatch, t
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "differs from the trial" in line)
     assert "layout stacked -> sequential" in line and "--set learning_rate=0.003" in line
-    differs = the_rerun(client, original).data.tags[Tag.RERUN_DIFFERS]
+    differs = the_rerun(tracker, original).tags[Tag.RERUN_DIFFERS]
     assert "layout stacked -> sequential" in differs and "learning_rate" in differs

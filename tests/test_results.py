@@ -9,8 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from helpers import MNIST1D_EXPERIMENT
-from mlflow.tracking import MlflowClient
+from helpers import MNIST1D_EXPERIMENT, latest_sweep
 from typer.testing import CliRunner
 
 from pipeline.contract.account import TimeAccount
@@ -258,18 +257,13 @@ def test_what_ray_tune_delivers_reaches_mlflow(ray_cluster, tmp_path, write_spec
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 0, result.output
     assert len(delivered) == 2
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    run = next(
-        run
-        for run in client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
-        if run.data.tags[Tag.ROLE] == "trial"
-    )
+    tracker, _, (run, *_) = latest_sweep(f"sqlite:///{tmp_path / 'mlflow.db'}", "tiny")
     for report in delivered:
         assert unrecorded_keys(report) == set(), f"keys nobody records: {unrecorded_keys(report)}"
     recorded = recorded_keys(delivered[0])
     assert {"pid", "node_ip", "hostname", "tf_threads", "fused_reason"} <= recorded
     for key in recorded - {"params_in_effect"}:
-        assert key in run.data.metrics or Tag.of(key) in run.data.tags or key in ("model_summary", "trial_plan"), key
-    assert set(delivered[0]["params_in_effect"]) <= set(run.data.params)  # the optimizer and its learning rate
-    artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
+        assert key in run.metrics or Tag.of(key) in run.tags or key in ("model_summary", "trial_plan"), key
+    assert set(delivered[0]["params_in_effect"]) <= set(run.params)  # the optimizer and its learning rate
+    artifacts = set(tracker.artifact_paths(run.run_id))
     assert {"model_summary.txt", "trial_plan.json", "history.csv", "trial_config.json"} <= artifacts

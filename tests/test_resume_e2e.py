@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import TINY_SPEC, merged, recorded_runs
+from helpers import TINY_SPEC, merged, recorded_sweeps
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -59,7 +59,7 @@ def unfinished_checkpoints(directory: Path) -> list[Path]:
 
 
 def runs(directory: Path):
-    return recorded_runs(f"sqlite:///{directory / 'mlflow.db'}", "resume")
+    return recorded_sweeps(f"sqlite:///{directory / 'mlflow.db'}", "resume")
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
@@ -100,21 +100,21 @@ def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(ray_cluster
         index = int(newest.name.removeprefix("checkpoint_"))
         newest.rename(newest.with_name(f"checkpoint_{index + 1:06d}"))
 
-    client, parents, trials = runs(tmp_path)
+    tracker, parents, trials = runs(tmp_path)
     assert len(parents) == 1
-    parent_id = parents[0].info.run_id
+    parent_id = parents[0].run_id
     done_before = {
-        run.info.run_id: (run.info.end_time, len(client.get_metric_history(run.info.run_id, "mean_val_loss")))
+        run.run_id: (run.ended_at, len(tracker.metric_histories([run.run_id], "mean_val_loss")[run.run_id]))
         for run in trials
-        if run.info.status == "FINISHED"
+        if run.state == "FINISHED"
     }
     assert 2 <= len(done_before) < TRIALS
     if stop == signal.SIGINT:
         assert sweep.returncode == 130, output
         # The command as it was run (not on the PATH here: by its path), to paste again.
         assert f"Resume with: {command[0]} run spec.yaml --resume" in " ".join(output.split()), output
-        assert parents[0].info.status == "KILLED" and parents[0].data.tags[Tag.STATUS] == "interrupted"
-        assert all(run.info.status in ("FINISHED", "KILLED") for run in trials)
+        assert parents[0].state == "KILLED" and parents[0].tags[Tag.STATUS] == "interrupted"
+        assert all(run.state in ("FINISHED", "KILLED") for run in trials)
 
     resumed = CliRunner().invoke(app, ["run", str(tmp_path / "spec.yaml"), "--resume"])
 
@@ -123,17 +123,17 @@ def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(ray_cluster
     left = TRIALS - len(done_before)
     assert f"{left} trial{'s' if left > 1 else ''} trained in " in resumed.output
     assert f"({TRIALS} in the sweep, {len(done_before)} ended before this resume)" in resumed.output
-    client, parents, trials = runs(tmp_path)
-    assert [parent.info.run_id for parent in parents] == [parent_id]
-    assert parents[0].info.status == "FINISHED" and parents[0].data.tags[Tag.RESUMES] == "1"
+    tracker, parents, trials = runs(tmp_path)
+    assert [parent.run_id for parent in parents] == [parent_id]
+    assert parents[0].state == "FINISHED" and parents[0].tags[Tag.RESUMES] == "1"
     assert len(trials) == TRIALS
-    assert len({run.data.tags[Tag.TRIAL_ID] for run in trials}) == TRIALS
-    assert all(run.info.status == "FINISHED" and run.data.tags[Tag.STATUS] == "ok" for run in trials)
+    assert len({run.tags[Tag.TRIAL_ID] for run in trials}) == TRIALS
+    assert all(run.state == "FINISHED" and run.tags[Tag.STATUS] == "ok" for run in trials)
     for run in trials:
-        history = client.get_metric_history(run.info.run_id, "mean_val_loss")
-        assert sorted(metric.step for metric in history) == list(range(1, EPOCHS + 1)), "each epoch recorded once"
-        if run.info.run_id in done_before:  # finished before the stop: not trained again
-            assert (run.info.end_time, len(history)) == done_before[run.info.run_id]
+        history = tracker.metric_histories([run.run_id], "mean_val_loss")[run.run_id]
+        assert sorted(step for step, _ in history) == list(range(1, EPOCHS + 1)), "each epoch recorded once"
+        if run.run_id in done_before:  # finished before the stop: not trained again
+            assert (run.ended_at, len(history)) == done_before[run.run_id]
 
 
 def test_resume_refuses_a_finished_sweep(tmp_path, write_spec, monkeypatch):

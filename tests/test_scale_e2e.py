@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import TINY_SPEC, free_port, merged, recorded_runs, serving, wait_for
+from helpers import TINY_SPEC, free_port, merged, recorded_sweeps, serving, wait_for
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -26,8 +26,8 @@ BIN = Path(sys.executable).parent
 
 
 def trial_runs(uri: str, experiment: str):
-    client, parents, trials = recorded_runs(uri, experiment)
-    return client, trials, parents
+    tracker, parents, trials = recorded_sweeps(uri, experiment)
+    return tracker, trials, parents
 
 
 def worker_pid(database: Path) -> int | None:
@@ -77,9 +77,9 @@ def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path, empty_stor
     _, trials, _ = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "faults")
     assert len(trials) == 1
     trial = trials[0]
-    assert trial.info.status == "FINISHED" and trial.data.tags[Tag.STATUS] == "ok"
-    assert trial.data.tags[Tag.RETRIES] == "1" and trial.data.metrics["retries"] == 1
-    assert int(trial.data.tags[Tag.of("pid")]) != pid  # finished in a new worker process
+    assert trial.state == "FINISHED" and trial.tags[Tag.STATUS] == "ok"
+    assert trial.tags[Tag.RETRIES] == "1" and trial.metrics["retries"] == 1
+    assert int(trial.tags[Tag.of("pid")]) != pid  # finished in a new worker process
 
 
 def started_node(command: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -179,8 +179,8 @@ def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, em
 
     assert result.exit_code == 0, result.output
     _, trials, _ = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "cluster")
-    assert len(trials) == 4 and all(run.info.status == "FINISHED" for run in trials)
-    assert len({run.data.tags[Tag.of("node_id")] for run in trials}) == 2, "trials ran on both nodes"
+    assert len(trials) == 4 and all(run.state == "FINISHED" for run in trials)
+    assert len({run.tags[Tag.of("node_id")] for run in trials}) == 2, "trials ran on both nodes"
 
 
 # The README's auth.ini (its shared MLflow server recipe).
@@ -255,9 +255,9 @@ def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(
         local_ray.ensure()
         result = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
         assert result.exit_code == 0, result.output
-        client, trials, parents = trial_runs(uri, "server")
-        assert len(parents) == 1 and len(trials) == 1 and trials[0].info.status == "FINISHED"
-        artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+        tracker, trials, parents = trial_runs(uri, "server")
+        assert len(parents) == 1 and len(trials) == 1 and trials[0].state == "FINISHED"
+        artifacts = set(tracker.artifact_paths(parents[0].run_id))
         assert {"cv_results.csv", "spec.yaml", "refit_model.keras"} <= artifacts
-        assert "history.csv" in {a.path for a in client.list_artifacts(trials[0].info.run_id)}
+        assert "history.csv" in set(tracker.artifact_paths(trials[0].run_id))
         assert not (tmp_path / "mlflow.db").exists()

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import keras
 import pytest
-from helpers import Replace
-from mlflow.tracking import MlflowClient
+from helpers import Replace, latest_sweep
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -39,9 +38,8 @@ MODEL_HPS = {"filters", "kernel", "pool", "units", "dropout"}
 
 
 def trials_of(tmp_path, experiment):
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    return client, client.search_runs([experiment_id], filter_string=f"tags.`{Tag.ROLE}` = 'trial'")
+    tracker, _, trials = latest_sweep(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment)
+    return tracker, trials
 
 
 def test_unmodified_keras_tuner_hypermodel_sweeps_with_every_hp_recorded_as_used(
@@ -54,13 +52,13 @@ def test_unmodified_keras_tuner_hypermodel_sweeps_with_every_hp_recorded_as_used
     result = CliRunner().invoke(app, ["run", str(spec)])
 
     assert result.exit_code == 0, result.output
-    client, runs = trials_of(tmp_path, "kt")
-    assert len(runs) == 3 and all(run.info.status == "FINISHED" for run in runs)
+    tracker, runs = trials_of(tmp_path, "kt")
+    assert len(runs) == 3 and all(run.state == "FINISHED" for run in runs)
     experiment = load_experiment(path, "CNN")
     for run in runs:
-        params = run.data.params
+        params = run.params
         assert MODEL_HPS <= set(params)
-        assert "split1_val_accuracy" in run.data.metrics
+        assert "split1_val_accuracy" in run.metrics
         values = {
             "filters": int(params["filters"]),
             "kernel": int(params["kernel"]),
@@ -72,8 +70,8 @@ def test_unmodified_keras_tuner_hypermodel_sweeps_with_every_hp_recorded_as_used
         # The recorded values are the ones the trial's model was built with: rebuilding from them
         # gives the same parameter count, and the trial's own model summary shows the filters.
         rebuilt = experiment.build(values)
-        assert run.data.metrics["n_params"] == rebuilt.count_params()
-        summary = client.download_artifacts(run.info.run_id, "model_summary.txt", str(tmp_path / run.info.run_id[:8]))
+        assert run.metrics["n_params"] == rebuilt.count_params()
+        summary = tracker.artifact_file(run.run_id, "model_summary.txt", tmp_path / run.run_id[:8])
         conv_line = next(line for line in open(summary).read().splitlines() if line.strip("│ ").startswith("conv "))
         assert f", {values['filters']})" in conv_line
         keras.backend.clear_session()
@@ -97,12 +95,12 @@ def test_asha_stops_bad_trials_early_and_records_them_as_pruned(ray_cluster, tmp
     result = CliRunner().invoke(app, ["run", str(spec)])
 
     assert result.exit_code == 0, result.output
-    client, runs = trials_of(tmp_path, "asha")
-    statuses = {run.data.params["learning_rate"]: run.data.tags[Tag.STATUS] for run in runs}
+    tracker, runs = trials_of(tmp_path, "asha")
+    statuses = {run.params["learning_rate"]: run.tags[Tag.STATUS] for run in runs}
     assert statuses["0.005"] == "ok"
-    pruned = [run for run in runs if run.data.tags[Tag.STATUS] == "pruned"]
+    pruned = [run for run in runs if run.tags[Tag.STATUS] == "pruned"]
     assert pruned, statuses
     for run in pruned:
-        assert run.info.status == "FINISHED"
-        epochs = [m.step for m in client.get_metric_history(run.info.run_id, "mean_val_accuracy")]
+        assert run.state == "FINISHED"
+        epochs = [step for step, _ in tracker.metric_histories([run.run_id], "mean_val_accuracy")[run.run_id]]
         assert max(epochs) < 4

@@ -20,7 +20,15 @@ from pipeline.contract.results import (
     TrialStatus,
 )
 from pipeline.inputs.spec import Objective
-from pipeline.records.tracking import HISTORY_ARTIFACT, TRIAL_CONFIG_ARTIFACT, Tag, Tracker, TrialRecord, _history_csv
+from pipeline.records.tracking import (
+    DESCRIPTION_TAG,
+    HISTORY_ARTIFACT,
+    TRIAL_CONFIG_ARTIFACT,
+    Tag,
+    Tracker,
+    TrialRecord,
+    _history_csv,
+)
 
 SPEC_TEXT = "name: tiny\n"
 MANIFEST = {"n_splits": 2, "folds": [[0, 1], [2, 3]]}
@@ -105,6 +113,7 @@ def test_a_sweep_is_found_by_its_name_its_run_id_or_as_the_latest(tracker):
     assert (found.run_id, found.name) == (first, "first")
     assert found.objective == Objective(metric="loss", mode="min") and found.n_splits == 2
     assert found.tags[Tag.ROLE] == "sweep" and found.tags[Tag.STATUS] == SweepStatus.RUNNING.value
+    assert found.state == "RUNNING"
     assert found.tags[Tag.RAY_PATH] == f"/ray/first-{first[:8]}"
     assert tracker.find_sweep(second).name == "second" and tracker.find_sweep().run_id == second
     with pytest.raises(TrackingError, match="SWEEP: no sweep named 'third' in sqlite:///"):
@@ -130,7 +139,7 @@ def test_a_trial_records_its_config_epochs_and_end_and_reads_back_typed(tracker)
         TrialStatus.OK,
     )
     assert record.params == {"batch_size": "8", "learning_rate": "0.01"}
-    assert record.tags["status"] == "ok" and record.tags["trial_id"] == "11830_00003"  # prefix removed
+    assert record.tags[Tag.STATUS] == "ok" and record.tags[Tag.TRIAL_ID] == "11830_00003"  # by full name
     assert record.metrics["mean_val_loss"] == pytest.approx(0.5)  # the last epoch's
     # Scored at the best epoch of the mean curve: epoch 2 (mean 0.4).
     assert record.metrics["best_epoch"] == 2 and record.metrics["selected_mean_val_loss"] == pytest.approx(0.4)
@@ -204,9 +213,10 @@ def test_a_trials_error_status_tags_and_comparisons_are_recorded(tracker):
     record = tracker.trial_record(recorder.run_id)
     assert (record.status, record.state) == (TrialStatus.ERROR, "FAILED")
     assert record.error == "Traceback ...\nValueError: bad config"
-    assert record.tags["retries"] == "2" and record.metrics["retries"] == 2.0
-    assert record.tags["device_notice"] == "x" * 5000  # MLflow's tag limit
-    assert record.tags["pvalue_vs_best"] == "0.01235"
+    assert record.tags[Tag.RETRIES] == "2" and record.metrics["retries"] == 2.0
+    assert record.tags[Tag.of("device_notice")] == "x" * 5000  # MLflow's tag limit
+    assert record.tags[Tag.PVALUE_VS_BEST] == "0.01235"
+    assert record.tags[DESCRIPTION_TAG] == "**best**" and record.tags[Tag.PARENT] == parent
 
 
 def test_history_csv_is_one_row_per_epoch_with_every_key():
@@ -221,3 +231,38 @@ def test_a_finished_trial_keeps_its_history_and_config_as_artifacts(tracker, tmp
     recorder.finish(TrialStatus.OK)
     artifacts = {path.name for path in (tmp_path / "mlartifacts").rglob("*") if path.is_file()}
     assert {HISTORY_ARTIFACT, TRIAL_CONFIG_ARTIFACT, "spec.yaml", "fold_manifest.json"} <= artifacts
+
+
+def test_a_names_sweeps_read_back_newest_first_with_when_their_trials_ran(tracker):
+    older, newer = start(tracker), start(tracker)
+    start(tracker, "other")
+    assert [sweep.run_id for sweep in tracker.sweep_records("tiny")] == [newer, older]
+    assert tracker.sweep_records("none") == []
+    recorder = trial(tracker, newer, "11830_00000")
+    recorder.finish(TrialStatus.OK)
+    [record] = tracker.trial_records(newer)
+    assert record.started_at is not None and record.ended_at is not None
+    assert 0 <= record.ended_at - record.started_at < 60
+
+
+def test_a_trials_reruns_read_back_newest_first_and_its_artifacts_by_path(tracker, tmp_path):
+    parent = start(tracker)
+    original = trial(tracker, parent, "11830_00000")
+    original.log_epoch(epoch(1, (0.9, 0.7)))
+    original.finish(TrialStatus.OK)
+    reruns = [
+        tracker.trial_recorder(
+            parent_run_id=parent,
+            run_name="rerun",
+            role="rerun",
+            config={"learning_rate": 0.01},
+            tags={Tag.RERUN_OF: original.run_id},
+        )
+        for _ in range(2)
+    ]
+    assert [rerun.run_id for rerun in tracker.reruns(original.run_id)] == [rerun.run_id for rerun in reversed(reruns)]
+    assert tracker.reruns(reruns[0].run_id) == []
+    assert {HISTORY_ARTIFACT, TRIAL_CONFIG_ARTIFACT} <= set(tracker.artifact_paths(original.run_id))
+    assert tracker.artifact_paths(original.run_id, "none") == []
+    history = tracker.artifact_file(original.run_id, HISTORY_ARTIFACT, tmp_path)
+    assert history.parent == tmp_path and history.read_text().startswith("epoch,")

@@ -19,7 +19,7 @@ from pipeline.contract.account import TimeAccount
 from pipeline.contract.results import NAN_EPOCH, TRAIN_RATE, TrialStatus, trial_account
 from pipeline.inputs.spec import Objective
 from pipeline.records.report import _group, nan_table_rows, selected_epoch, selected_score, shared_ranks, split_params
-from pipeline.records.tracking import TrialRecord
+from pipeline.records.tracking import Tag, TrialRecord
 
 PLOTS = (
     "score_vs_batch_size.png",
@@ -55,7 +55,7 @@ def learning_curve_data(
         points = sorted(histories.get(record.run_id, ()))
         if not points:
             continue
-        nan_at = int(record.tags.get(NAN_EPOCH, points[-1][0])) if record.status is TrialStatus.NAN else None
+        nan_at = int(record.tags.get(Tag.of(NAN_EPOCH), points[-1][0])) if record.status is TrialStatus.NAN else None
         curves.append(
             Curve(
                 record.run_name,

@@ -38,7 +38,7 @@ from pipeline.contract.results import (
 )
 from pipeline.inputs.spec import NO_CLIPPING, Objective
 from pipeline.records.significance import SIGNIFICANCE_LEVEL, Comparison, corrected_ttest, val_train_ratio
-from pipeline.records.tracking import TrialRecord
+from pipeline.records.tracking import Tag, TrialRecord
 
 # The scores every classifier's trials are ranked by in cv_results.csv, besides the objective.
 METRICS = ("accuracy", "loss")
@@ -242,8 +242,8 @@ def status_text(record: TrialRecord) -> str:
     """A trial's status, with where it went NaN for a NaN trial."""
     status = record.status or record.state.lower()
     if status is TrialStatus.NAN:
-        tags = record.tags
-        return f"nan (fold {tags.get('nan_fold')}, epoch {tags.get('nan_epoch')}, step {tags.get('nan_step')})"
+        fold, epoch, step = (record.tags.get(Tag.of(tag)) for tag in NAN_TAGS)
+        return f"nan (fold {fold}, epoch {epoch}, step {step})"
     return status
 
 
@@ -329,7 +329,7 @@ def cv_results(standings: Standings) -> list[dict[str, Any]]:
         row["mean_train_loss"] = _blank(selected_score(record, "mean_train_loss"))
         for column in (*THROUGHPUT_COLUMNS, *NAN_COLUMNS):
             row[column] = record.metrics.get(column, "")
-        row.update({tag: record.tags.get(tag, "") for tag in NAN_TAGS})
+        row.update({tag: record.tags.get(Tag.of(tag), "") for tag in NAN_TAGS})
         rows.append(row)
     return rows
 

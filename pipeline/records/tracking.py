@@ -96,8 +96,9 @@ class TrialRecord:
     params: Mapping[str, str]
     metrics: Mapping[str, float]
     error: str = ""
-    tags: Mapping[str, str] = field(default_factory=dict)
+    tags: Mapping[str, str] = field(default_factory=dict)  # by full name, as ``Tag`` spells them
     ended_at: float | None = None  # when its run ended (seconds since the epoch); None while open
+    started_at: float | None = None  # when its run started (seconds since the epoch)
 
     @property
     def label(self) -> str:
@@ -117,8 +118,9 @@ class TrialRecord:
             params=dict(run.data.params),
             metrics=dict(run.data.metrics),
             error=tags.get(Tag.ERROR, ""),
-            tags={key.removeprefix(Tag.PREFIX): value for key, value in tags.items() if key.startswith(Tag.PREFIX)},
+            tags=dict(tags),
             ended_at=run.info.end_time / 1000 if run.info.end_time else None,
+            started_at=run.info.start_time / 1000 if run.info.start_time else None,
         )
 
 
@@ -131,6 +133,7 @@ class SweepRecord:
     params: Mapping[str, str]
     metrics: Mapping[str, float]
     tags: Mapping[str, str]
+    state: str = ""  # the MLflow run state
 
     @property
     def objective(self) -> Objective:
@@ -149,6 +152,7 @@ class SweepRecord:
             params=dict(run.data.params),
             metrics=dict(run.data.metrics),
             tags=dict(run.data.tags),
+            state=run.info.status,
         )
 
 
@@ -300,6 +304,19 @@ class Tracker:
             raise TrackingError(f"SWEEP: no sweep {where}in {self.uri}")
         return SweepRecord.from_run(runs[0])
 
+    def sweep_records(self, name: str) -> list[SweepRecord]:
+        """Every sweep recorded under the name ``name``, newest first; none while there is none."""
+        experiment = self._client.get_experiment_by_name(name)
+        if experiment is None:
+            return []
+        runs = self._client.search_runs(
+            [experiment.experiment_id],
+            filter_string=f"tags.`{Tag.ROLE}` = 'sweep'",
+            order_by=["attributes.start_time DESC"],
+            max_results=50000,
+        )
+        return [SweepRecord.from_run(run) for run in runs]
+
     def publish_sweep_files(
         self, run_id: str, *, texts: Mapping[str, str] = {}, files: Mapping[Path, str | None] = {}
     ) -> None:
@@ -368,6 +385,24 @@ class Tracker:
 
     def trial_record(self, run_id: str) -> TrialRecord:
         return TrialRecord.from_run(self._client.get_run(run_id))
+
+    def reruns(self, run_id: str) -> list[TrialRecord]:
+        """The runs `foldsweep rerun` recorded of the trial run ``run_id``, newest first."""
+        runs = self._client.search_runs(
+            [self._client.get_run(run_id).info.experiment_id],
+            filter_string=f"tags.`{Tag.RERUN_OF}` = '{run_id}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=50000,
+        )
+        return [TrialRecord.from_run(run) for run in runs]
+
+    def artifact_paths(self, run_id: str, directory: str | None = None) -> list[str]:
+        """The paths of a run's artifacts in ``directory`` (None: the top)."""
+        return [item.path for item in self._client.list_artifacts(run_id, directory)]
+
+    def artifact_file(self, run_id: str, path: str, directory: Path) -> Path:
+        """A run's artifact ``path``, downloaded into the local ``directory``."""
+        return Path(self._client.download_artifacts(run_id, path, str(directory)))
 
     def close_open_trial_runs(
         self, parent_run_id: str, *, status: TrialStatus, selection: EpochSelection | None = None
@@ -480,9 +515,7 @@ class Tracker:
 
             def text(of_run: str, artifact: str) -> str:
                 try:
-                    return Path(self._client.download_artifacts(of_run, artifact, directory)).read_text(
-                        encoding="utf-8"
-                    )
+                    return self.artifact_file(of_run, artifact, Path(directory)).read_text(encoding="utf-8")
                 except (OSError, UnicodeDecodeError, MlflowException) as exc:
                     raise TrackingError(f"RUN_ID: cannot read {artifact} of run {of_run}: {exc}") from None
 
@@ -495,8 +528,7 @@ class Tracker:
             config = document(run_id, TRIAL_CONFIG_ARTIFACT)
             spec_text = text(parent_id, SPEC_ARTIFACT)
             manifest = document(parent_id, MANIFEST_ARTIFACT)
-            artifacts = {item.path for item in self._client.list_artifacts(run_id)}
-            plan = document(run_id, PLAN_ARTIFACT) if PLAN_ARTIFACT in artifacts else None
+            plan = document(run_id, PLAN_ARTIFACT) if PLAN_ARTIFACT in self.artifact_paths(run_id) else None
         parent = self._client.get_run(parent_id)
         return RecordedTrialRun(
             run_id=run_id,
