@@ -274,7 +274,6 @@ class Tracker:
         """
         from mlflow.exceptions import MlflowException
 
-        role = f"tags.`{Tag.ROLE}` = 'sweep'"
         if sweep is not None and re.fullmatch(r"[0-9a-f]{32}", sweep):
             try:
                 run = self._client.get_run(sweep)
@@ -292,13 +291,7 @@ class Tracker:
             experiment_ids = [experiment.experiment_id]
         else:
             experiment_ids = [e.experiment_id for e in self._client.search_experiments()]
-        runs = (
-            self._client.search_runs(
-                experiment_ids, filter_string=role, order_by=["attributes.start_time DESC"], max_results=1
-            )
-            if experiment_ids
-            else []
-        )
+        runs = self._sweep_runs(experiment_ids, max_results=1)
         if not runs:
             where = f"named {sweep!r} " if sweep else ""
             raise TrackingError(f"SWEEP: no sweep {where}in {self.uri}")
@@ -307,15 +300,19 @@ class Tracker:
     def sweep_records(self, name: str) -> list[SweepRecord]:
         """Every sweep recorded under the name ``name``, newest first; none while there is none."""
         experiment = self._client.get_experiment_by_name(name)
-        if experiment is None:
+        runs = self._sweep_runs([experiment.experiment_id]) if experiment is not None else []
+        return [SweepRecord.from_run(run) for run in runs]
+
+    def _sweep_runs(self, experiment_ids: Sequence[str], *, max_results: int = 50000) -> list[Any]:
+        """The sweeps' parent runs in ``experiment_ids``, newest first."""
+        if not experiment_ids:
             return []
-        runs = self._client.search_runs(
-            [experiment.experiment_id],
+        return self._client.search_runs(
+            experiment_ids,
             filter_string=f"tags.`{Tag.ROLE}` = 'sweep'",
             order_by=["attributes.start_time DESC"],
-            max_results=50000,
+            max_results=max_results,
         )
-        return [SweepRecord.from_run(run) for run in runs]
 
     def publish_sweep_files(
         self, run_id: str, *, texts: Mapping[str, str] = {}, files: Mapping[Path, str | None] = {}
