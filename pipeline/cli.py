@@ -1007,8 +1007,15 @@ def _wait_until_answering(server: subprocess.Popen, url: str, *, deadline_s: flo
                 ) from None
 
 
-def main() -> None:  # pragma: no cover - entry point for `python -m pipeline.cli`
-    app()
+def main() -> None:  # pragma: no cover - the `foldsweep` script and `python -m pipeline.cli`
+    """Run the command, then leave without tearing the interpreter down (``processes.leave``)."""
+    from pipeline.base.processes import leave
+
+    try:
+        app()
+    except SystemExit as exc:  # click ends every command by raising it, its exit code inside
+        leave(exc.code)
+    leave(0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,14 +14,27 @@ import yaml
 from typer.testing import CliRunner
 
 from pipeline.base import private_hooks
-from pipeline.base.private_hooks import HOOKS, PrivateHookMissing, broken_hooks, require_hooks
+from pipeline.base.private_hooks import FALLBACK_LIBRARIES, HOOKS, PrivateHookMissing, broken_hooks, require_hooks
 
 PACKAGE = Path(private_hooks.__file__).parents[1]
 
 
 def test_every_hook_holds_on_the_installed_versions():
     assert broken_hooks() == []
-    assert {hook.library for hook in HOOKS} == {"ray", "mlflow", "keras", "tensorflow"}
+    assert broken_hooks(FALLBACK_LIBRARIES) == []
+    assert {hook.library for hook in HOOKS} == {"ray", "mlflow", "keras", "tensorflow", "python"}
+
+
+def test_a_missing_python_exit_function_is_named_with_pythons_version(monkeypatch):
+    import atexit
+    import platform
+
+    monkeypatch.delattr(atexit, "_run_exitfuncs")
+    assert broken_hooks(FALLBACK_LIBRARIES) == [
+        f"foldsweep relies on python {platform.python_version()}'s atexit._run_exitfuncs and os._exit so that a "
+        "command ends without tearing the interpreter down, its atexit handlers run (pipeline.base.processes.leave; "
+        "without them it exits as Python does, 1-3 s later), but atexit._run_exitfuncs is missing"
+    ]
 
 
 def test_a_renamed_ray_method_is_named_with_rays_version(monkeypatch):

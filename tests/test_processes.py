@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import psutil
 import pytest
@@ -92,3 +93,38 @@ def test_a_tree_already_gone_is_left_alone():
     leader.wait(timeout=30)
     assert descendants(leader.pid) == []
     assert not running(process)
+
+
+# A process that leaves through ``leave``: a worker thread still running, an atexit handler, and
+# output not yet flushed, each of which a bare os._exit would lose.
+LEAVING = """
+import atexit, sys, threading
+from pathlib import Path
+from pipeline.base.processes import leave
+
+out = Path(sys.argv[1])
+gate = threading.Lock()
+gate.acquire()
+
+def finish_work():
+    with gate:
+        (out / "thread").write_text("done")
+
+threading.Thread(target=finish_work).start()
+atexit.register(lambda: (out / "atexit").write_text("ran after the thread: " + str((out / "thread").exists())))
+sys.stdout.write("unflushed")
+gate.release()
+leave(eval(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize(("code", "exit_code"), [("None", 0), ("3", 3), ("'stopped: why'", 1)])
+def test_leaving_keeps_what_a_normal_exit_does(tmp_path, code, exit_code):
+    ran = subprocess.run(
+        [sys.executable, "-c", LEAVING, str(tmp_path), code], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == exit_code
+    assert ran.stdout == "unflushed"
+    assert ran.stderr == ("stopped: why\n" if exit_code == 1 else "")
+    assert (tmp_path / "thread").read_text() == "done"
+    assert (tmp_path / "atexit").read_text() == "ran after the thread: True"

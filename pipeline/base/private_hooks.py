@@ -14,6 +14,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -31,6 +32,8 @@ MLFLOW_STORE_TABLES = frozenset({"experiments", "runs", "alembic_version"})
 # Ray Tune's default console output (its "new" output engine) prints over foldsweep's progress lines.
 RAY_OUTPUT_ENGINE_VARIABLE = "RAY_AIR_NEW_OUTPUT"
 HOOKED_LIBRARIES = ("ray", "mlflow", "keras", "tensorflow")
+# Checked by the tests, never before a command: what relies on it falls back to Python's own way.
+FALLBACK_LIBRARIES = ("python",)
 # What a process that trains (trial, rerun) relies on; Ray Tune and MLflow it does not use.
 TRAINING_LIBRARIES = ("keras", "tensorflow")
 
@@ -435,6 +438,15 @@ def _check_content_names() -> str | None:
     return None
 
 
+def _check_exit_functions() -> str | None:
+    import atexit
+    import os
+
+    if not callable(getattr(atexit, "_run_exitfuncs", None)):
+        return "atexit._run_exitfuncs is missing"
+    return None if callable(getattr(os, "_exit", None)) else "os._exit is missing"
+
+
 def _check_gradient_registry() -> str | None:
     from tensorflow.python.framework import ops
     from tensorflow.python.ops import custom_gradient
@@ -598,10 +610,20 @@ HOOKS: tuple[Hook, ...] = (
         ("_initialized", "_physical_devices"),
         _check_context_state,
     ),
+    Hook(
+        "python",
+        "atexit._run_exitfuncs and os._exit",
+        "a command ends without tearing the interpreter down, its atexit handlers run "
+        "(pipeline.base.processes.leave; without them it exits as Python does, 1-3 s later)",
+        ("_run_exitfuncs", "_exit"),
+        _check_exit_functions,
+    ),
 )
 
 
 def _version(library: str) -> str:
+    if library == "python":
+        return platform.python_version()
     try:
         return metadata.version(library)
     except metadata.PackageNotFoundError:
