@@ -67,7 +67,7 @@ def wait_until_ended(processes: list[psutil.Process], *, timeout_s: float) -> li
     return waiting
 
 
-def leave(code: int | str | None) -> None:
+def leave(code: object) -> None:
     """End this process with exit ``code`` as ``sys.exit`` would, without tearing the interpreter down.
 
     Everything a normal exit does for the process's results still happens, in the same order:
@@ -84,7 +84,7 @@ def leave(code: int | str | None) -> None:
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
-    if isinstance(code, str):  # sys.exit("message"): the message on stderr, exit 1
+    if code is not None and not isinstance(code, int):  # sys.exit("message"): on stderr, exit 1
         print(code, file=sys.stderr)
         code = 1
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's, what its own exit calls
