@@ -128,3 +128,19 @@ def test_leaving_keeps_what_a_normal_exit_does(tmp_path, code, exit_code):
     assert ran.stderr == ("stopped: why\n" if exit_code == 1 else "")
     assert (tmp_path / "thread").read_text() == "done"
     assert (tmp_path / "atexit").read_text() == "ran after the thread: True"
+
+
+def test_a_profiled_process_leaves_as_python_does_and_its_profile_is_written(tmp_path):
+    """Under ``python -m cProfile`` leaving is ``sys.exit``: the profile is written after the program
+    returns (and cProfile's own exit code is the same for both)."""
+    exit_codes = []
+    for way in ("from pipeline.base.processes import leave; leave(3)", "import sys; sys.exit(3)"):
+        script, profile = tmp_path / "leaving.py", tmp_path / "leaving.prof"
+        script.write_text(way)
+        profile.unlink(missing_ok=True)
+        ran = subprocess.run(
+            [sys.executable, "-m", "cProfile", "-o", str(profile), str(script)], capture_output=True, timeout=120
+        )
+        exit_codes.append(ran.returncode)
+        assert profile.stat().st_size > 0, way
+    assert exit_codes[0] == exit_codes[1]
