@@ -154,6 +154,21 @@ def test_a_trial_records_its_config_epochs_and_end_and_reads_back_typed(tracker)
     assert recorded.sweep_params["cv.n_splits"] == "2"
 
 
+def test_a_trial_whose_end_was_cut_short_has_not_ended(tracker):
+    """A driver killed (kill -9) while it wrote a trial's end, after its status and before its run's
+    end: the trial reads as not ended, as a resume counts it and trains it on."""
+    parent = start(tracker)
+    recorder = trial(tracker, parent, "11830_00001")
+    recorder.log_epoch(epoch(1, (0.9, 0.7)))
+    tracker._client.set_tag(recorder.run_id, Tag.STATUS, TrialStatus.OK.value)
+
+    [record] = tracker.trial_records(parent)
+    assert (record.state, record.status, record.ended_at) == ("RUNNING", TrialStatus.RUNNING, None)
+    recorder.finish(TrialStatus.OK)
+    [record] = tracker.trial_records(parent)
+    assert (record.state, record.status) == ("FINISHED", TrialStatus.OK)
+
+
 def test_a_resumed_trial_reopens_its_run_and_records_each_epoch_once(tracker):
     parent = start(tracker)
     recorder = trial(tracker, parent, "11830_00000")

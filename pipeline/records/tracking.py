@@ -114,7 +114,7 @@ class TrialRecord:
             run_name=run.info.run_name,
             trial_id=tags.get(Tag.TRIAL_ID, ""),
             state=run.info.status,
-            status=TrialStatus.recorded(tags.get(Tag.STATUS)),
+            status=_trial_status(run.info.status, tags.get(Tag.STATUS)),
             params=dict(run.data.params),
             metrics=dict(run.data.metrics),
             error=tags.get(Tag.ERROR, ""),
@@ -122,6 +122,14 @@ class TrialRecord:
             ended_at=run.info.end_time / 1000 if run.info.end_time else None,
             started_at=run.info.start_time / 1000 if run.info.start_time else None,
         )
+
+
+def _trial_status(run_state: str, tag: str | None) -> TrialStatus | None:
+    """A trial's status as its record holds it. A trial's status is written first as it ends, its
+    run's end last (``TrialRecorder.finish``): a run still running under an ended status is one
+    whose driver was killed in between, a trial that has not ended (a resume trains it on)."""
+    status = TrialStatus.recorded(tag)
+    return TrialStatus.RUNNING if status is not None and run_state == "RUNNING" else status
 
 
 @dataclass(frozen=True)
