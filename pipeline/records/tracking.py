@@ -129,7 +129,7 @@ def _trial_status(run_state: str, tag: str | None) -> TrialStatus | None:
     run's end last (``TrialRecorder.finish``): a run still running under an ended status is one
     whose driver was killed in between, a trial that has not ended (a resume trains it on)."""
     status = TrialStatus.recorded(tag)
-    return TrialStatus.RUNNING if status is not None and run_state == "RUNNING" else status
+    return TrialStatus.RUNNING if status is not None and run_state == TrialStatus.RUNNING.run_state else status
 
 
 @dataclass(frozen=True)
