@@ -1,11 +1,11 @@
 """Every place foldsweep relies on a library's private or undocumented behaviour, each with a check.
 
-A Ray, MLflow, Keras or TensorFlow release may rename or change what foldsweep reaches into without notice.
-Each ``Hook`` names the place, what foldsweep uses it for and the private names it covers (a test
-fails on a private name the package touches that no hook lists); ``require_hooks`` runs every
-check before a command starts anything (exit 1, one line naming the library version and what is
-missing), never mid-sweep, and ``tests/test_private_hooks.py`` runs them in CI against the locked
-versions.
+A Ray, MLflow, Keras or TensorFlow release (or CPython's) may rename or change what foldsweep reaches
+into without notice. Each ``Hook`` names the place, what foldsweep uses it for and the private names
+it covers (a test fails on a private name the package touches that no hook lists); ``require_hooks``
+runs every check of ``HOOKED_LIBRARIES`` before a command starts anything (exit 1, one line naming
+the library version and what is missing), never mid-sweep, and ``tests/test_private_hooks.py`` runs
+them all in CI against the locked versions, ``FALLBACK_LIBRARIES``' too.
 """
 
 from __future__ import annotations

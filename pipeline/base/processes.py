@@ -1,4 +1,5 @@
-"""Stopping a tree of processes (a server and the workers it started), on psutil.
+"""Ending processes: a tree of them (a server and the workers it started), on psutil, and this one
+(``leave``, how every command ends).
 
 A process that has ended but not yet been waited for by its parent (a zombie) counts as ended:
 it holds no memory or port, and only its parent can remove it.
