@@ -24,11 +24,12 @@ from rich.console import Console
 from rich.text import Text
 
 from pipeline.base.errors import FoldsweepError, InputError
-from pipeline.base.quiet import import_tensorflow, quiet_environment
+from pipeline.base.quiet import import_tensorflow_and_keras, quiet_environment
 from pipeline.inputs.spec import TrackingSpec
 
 # TensorFlow's C++ chatter would bury the command's own output: its log levels are set before
-# anything imports it, and the commands that train import it through ``import_tensorflow``.
+# anything imports it, and the commands that train import it through
+# ``import_tensorflow_and_keras``.
 quiet_environment()
 
 app = typer.Typer(
@@ -93,7 +94,7 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
 
     sweep_spec = load_spec(spec)
     inputs = check_inputs(sweep_spec)
-    import_tensorflow()
+    import_tensorflow_and_keras()
     from pipeline.engine.runtime import hide_gpus
 
     hide_gpus()  # as a sweep's driver: a check needs no GPU, and takes none from a sweep running there
@@ -299,7 +300,7 @@ def run(
     doing(f"checking the data and folds of {spec}")
     inputs = check_inputs(sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     doing(f"loading TensorFlow and building the model of {sweep_spec.experiment}")
-    import_tensorflow()
+    import_tensorflow_and_keras()
     if sweep_spec.train.refit and sweep_spec.train.compile_cache:
         # The refit compiles in this process (on CPU, below), whose TensorFlow reads its XLA
         # flags in prepare.
@@ -525,7 +526,7 @@ def trial(
     fold_ids = check_fold(fold, sweep_spec.cv)
     assignments = parse_assignments(set_values)
     inputs = check_inputs(sweep_spec)
-    import_tensorflow()
+    import_tensorflow_and_keras()
     from pipeline.base.private_hooks import TRAINING_LIBRARIES
     from pipeline.engine.runner import configure_tensorflow
 
@@ -610,7 +611,7 @@ def rerun(
     profiled_epoch = (
         check_profile_epoch(profile_epoch, planned=planned) if profiled and isinstance(planned, int) else None
     )
-    import_tensorflow()
+    import_tensorflow_and_keras()
     from pipeline.base.private_hooks import TRAINING_LIBRARIES, require_hooks
     from pipeline.engine.runner import configure_tensorflow
     from pipeline.inputs.hypermodel import load_experiment

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.base.collector import collector_paused
 from pipeline.base.environment import Environment, environment_change
 from pipeline.base.errors import FoldsweepError, InputError, SpecError
 from pipeline.base.private_hooks import RAY_OUTPUT_ENGINE_VARIABLE
@@ -483,15 +484,17 @@ def connect_ray(address: str | None) -> None:
     """
     import ray
 
-    if address in (None, "local"):
-        start_local_ray()
-        return
-    try:
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise InputError(
-            f"resources.address / --address: cannot connect to a Ray cluster at {address!r}: {str(exc).splitlines()[0]}"
-        ) from None
+    with collector_paused():  # ray.init loads most of Ray's client (its modules stay)
+        if address in (None, "local"):
+            start_local_ray()
+            return
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise InputError(
+                f"resources.address / --address: cannot connect to a Ray cluster at {address!r}: "
+                f"{str(exc).splitlines()[0]}"
+            ) from None
 
 
 RAY_TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")

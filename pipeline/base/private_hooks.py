@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pipeline.base.collector import collector_paused
 from pipeline.base.errors import FoldsweepError
 
 # The experiment tag prefix the MLflow UI's "share" button writes a runs view under, and the
@@ -648,6 +649,7 @@ def broken_hooks(libraries: Sequence[str] = HOOKED_LIBRARIES) -> list[str]:
     return problems
 
 
+@collector_paused()  # the checks load the libraries (Ray Tune, MLflow's store), which stay
 def require_hooks(libraries: Sequence[str] = HOOKED_LIBRARIES) -> None:
     """Stop before anything starts when a hook no longer holds.
 

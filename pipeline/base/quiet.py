@@ -17,6 +17,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
+from pipeline.base.collector import collector_paused
+
 TENSORFLOW_START_UP = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     r"|I\d{4} [\d:.]+ +\d+ (port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc):\d+\] .*"
@@ -30,13 +32,14 @@ def quiet_environment() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def import_tensorflow() -> None:
-    """Import TensorFlow once, with its start-up lines filtered from standard error."""
-    if "tensorflow" in sys.modules:
+def import_tensorflow_and_keras() -> None:
+    """Import TensorFlow and Keras once, with TensorFlow's start-up lines filtered from standard
+    error, and the garbage collector paused while they load (``collector_paused``)."""
+    if "keras" in sys.modules:
         return
     quiet_environment()
-    with filtered_stderr(TENSORFLOW_START_UP):
-        import tensorflow  # noqa: F401
+    with collector_paused(), filtered_stderr(TENSORFLOW_START_UP):
+        import keras  # noqa: F401  (Keras 3 loads TensorFlow, its backend, first)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,106 @@
+"""The garbage collector paused while the large libraries load, and what they loaded frozen.
+
+Each check runs in a process of its own: freezing this test process's objects would keep every
+later test's garbage cycles from being collected.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def run_python(code: str) -> dict:
+    """What ``code`` prints as JSON on its last line, run in a new Python."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_block_runs_without_the_collector_and_what_it_made_is_frozen_after():
+    seen = run_python(
+        """
+        import gc, json
+        from pipeline.base.collector import collector_paused
+
+        frozen_before = gc.get_freeze_count()
+        with collector_paused():
+            inside = gc.isenabled()
+            made = [[i] for i in range(50_000)]
+        after = gc.isenabled()
+        frozen = gc.get_freeze_count() - frozen_before
+        print(json.dumps({"inside": inside, "after": after, "frozen": frozen, "made": len(made)}))
+        """
+    )
+    assert seen["inside"] is False
+    assert seen["after"] is True
+    assert seen["frozen"] > seen["made"]  # the lists made inside, and what was there before
+
+
+def test_an_error_in_the_block_still_gives_the_collector_back():
+    seen = run_python(
+        """
+        import gc, json
+        from pipeline.base.collector import collector_paused
+
+        try:
+            with collector_paused():
+                raise ValueError("bad input")
+        except ValueError:
+            pass
+        print(json.dumps({"enabled": gc.isenabled()}))
+        """
+    )
+    assert seen == {"enabled": True}
+
+
+def test_a_collector_already_off_stays_off_and_nothing_is_frozen():
+    """The researcher's own ``gc.disable()``, or a pause around this one, is left as it was."""
+    seen = run_python(
+        """
+        import gc, json
+        from pipeline.base.collector import collector_paused
+
+        gc.disable()
+        with collector_paused():
+            made = [[i] for i in range(1_000)]
+        outer_enabled = gc.isenabled()
+        frozen_off = gc.get_freeze_count()
+        gc.enable()
+        with collector_paused():
+            with collector_paused():
+                inner_enabled = gc.isenabled()
+            between = gc.isenabled()
+            frozen_between = gc.get_freeze_count()
+        print(json.dumps({"outer_enabled": outer_enabled, "frozen_off": frozen_off, "inner": inner_enabled,
+                          "between": between, "frozen_between": frozen_between, "end": gc.isenabled()}))
+        """
+    )
+    assert seen["outer_enabled"] is False
+    assert seen["frozen_off"] == 0
+    assert seen["inner"] is False
+    assert seen["between"] is False  # the inner block's end does not resume the outer pause
+    assert seen["frozen_between"] == 0  # ...nor freeze before the outer block ends
+    assert seen["end"] is True
+
+
+@pytest.mark.e2e
+def test_a_process_that_loads_the_engine_has_tensorflow_and_keras_frozen_and_its_collector_on():
+    """What a Ray worker does with its first trial: loading the engine loads TensorFlow and Keras
+    with the collector paused, and gives it back."""
+    seen = run_python(
+        """
+        import gc, json, sys
+        import pipeline.engine.trainable
+        print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
+                          "keras": "keras" in sys.modules}))
+        """
+    )
+    assert seen["enabled"] is True
+    assert seen["keras"] is True
+    assert seen["frozen"] > 300_000  # ~665,000 objects once Keras and TensorFlow have loaded
