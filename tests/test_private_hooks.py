@@ -5,6 +5,7 @@ touches is listed, and a command with a hook missing stops before it starts anyt
 from __future__ import annotations
 
 import ast
+import importlib
 from importlib import metadata
 from pathlib import Path
 
@@ -25,15 +26,16 @@ def test_every_hook_holds_on_the_installed_versions():
     assert {hook.library for hook in HOOKS} == {"ray", "mlflow", "keras", "tensorflow", "python"}
 
 
-def test_a_missing_python_exit_function_is_named_with_pythons_version(monkeypatch):
-    import atexit
+@pytest.mark.parametrize(("module", "name"), [("atexit", "_run_exitfuncs"), ("threading", "_shutdown")])
+def test_a_missing_python_exit_function_is_named_with_pythons_version(monkeypatch, module, name):
     import platform
 
-    monkeypatch.delattr(atexit, "_run_exitfuncs")
+    monkeypatch.delattr(importlib.import_module(module), name)
     assert broken_hooks(FALLBACK_LIBRARIES) == [
-        f"foldsweep relies on python {platform.python_version()}'s atexit._run_exitfuncs and os._exit so that a "
-        "command ends without tearing the interpreter down, its atexit handlers run (pipeline.base.processes.leave; "
-        "without them it exits as Python does, 1-3 s later), but atexit._run_exitfuncs is missing"
+        f"foldsweep relies on python {platform.python_version()}'s threading._shutdown, atexit._run_exitfuncs and "
+        "os._exit so that a command ends without tearing the interpreter down, its threads stopped and its atexit "
+        "handlers run (pipeline.base.processes.leave; without them it exits as Python does, 1-3 s later), but "
+        f"{module}.{name} is missing"
     ]
 
 

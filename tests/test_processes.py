@@ -96,11 +96,17 @@ def test_a_tree_already_gone_is_left_alone():
 
 
 # A process that leaves through ``leave``: a worker thread still running, an atexit handler, and
-# output not yet flushed, each of which a bare os._exit would lose.
+# output not yet flushed, each of which a bare os._exit would lose; and an executor never shut
+# down, whose idle worker thread Python's exit stops (threading's own exit hooks) before it
+# waits for the threads.
 LEAVING = """
 import atexit, sys, threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from pipeline.base.processes import leave
+
+idle = ThreadPoolExecutor(max_workers=1)
+idle.submit(lambda: None).result()
 
 out = Path(sys.argv[1])
 gate = threading.Lock()

@@ -442,7 +442,10 @@ def _check_content_names() -> str | None:
 def _check_exit_functions() -> str | None:
     import atexit
     import os
+    import threading
 
+    if not callable(getattr(threading, "_shutdown", None)):
+        return "threading._shutdown is missing"
     if not callable(getattr(atexit, "_run_exitfuncs", None)):
         return "atexit._run_exitfuncs is missing"
     return None if callable(getattr(os, "_exit", None)) else "os._exit is missing"
@@ -613,10 +616,10 @@ HOOKS: tuple[Hook, ...] = (
     ),
     Hook(
         "python",
-        "atexit._run_exitfuncs and os._exit",
-        "a command ends without tearing the interpreter down, its atexit handlers run "
+        "threading._shutdown, atexit._run_exitfuncs and os._exit",
+        "a command ends without tearing the interpreter down, its threads stopped and its atexit handlers run "
         "(pipeline.base.processes.leave; without them it exits as Python does, 1-3 s later)",
-        ("_run_exitfuncs", "_exit"),
+        ("_shutdown", "_run_exitfuncs", "_exit"),
         _check_exit_functions,
     ),
 )

@@ -72,9 +72,10 @@ def leave(code: object) -> None:
     """End this process with exit ``code`` as ``sys.exit`` would, without tearing the interpreter down.
 
     Everything a normal exit does for the process's results still happens, in the same order:
-    other non-daemon threads are waited for, then the ``atexit`` handlers run (the compile cache
-    files its new programs, logging and open temporary directories are closed), then the output
-    is flushed. What is skipped is freeing every module and object one by one, which changes nothing
+    threading's own exit hooks stop what waits for work (the idle threads of executors never shut
+    down) and other non-daemon threads are waited for, then the ``atexit`` handlers run (the
+    compile cache files its new programs, logging and open temporary directories are closed),
+    then the output is flushed. What is skipped is freeing every module and object one by one, which changes nothing
     on disk and took 1.2 s of a process that had only imported TensorFlow, Ray and MLflow, and
     2-3 s at the end of a sweep. A process under a profiler or a tracer (``python -m cProfile``, a
     debugger, coverage) exits as Python does: such a tool writes what it gathered once the program
@@ -84,17 +85,16 @@ def leave(code: object) -> None:
     import sys
     import threading
 
-    if sys.getprofile() is not None or sys.gettrace() is not None:
+    # CPython's own, what its exit calls first and then
+    stop_threads = getattr(threading, "_shutdown", None)
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    profiled = sys.getprofile() is not None or sys.gettrace() is not None
+    if profiled or stop_threads is None or run_exit_handlers is None:
         sys.exit(code)
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
     if code is not None and not isinstance(code, int):  # sys.exit("message"): on stderr, exit 1
         print(code, file=sys.stderr)
         code = 1
-    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's, what its own exit calls
-    if run_exit_handlers is None:
-        sys.exit(code)
+    stop_threads()
     run_exit_handlers()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
