@@ -42,6 +42,27 @@ def test_the_block_runs_without_the_collector_and_what_it_made_is_frozen_after()
     assert seen["frozen"] > seen["made"]  # the lists made inside, and what was there before
 
 
+def test_what_the_block_left_unreachable_is_collected_not_frozen():
+    """A model built only to be checked, dropped in a reference cycle, is not kept for good."""
+    seen = run_python(
+        """
+        import gc, json, weakref
+        from pipeline.base.collector import collector_paused
+
+        class Node:
+            pass
+
+        with collector_paused():
+            checked = Node()
+            checked.itself = checked  # a cycle: only the collector frees it
+            gone = weakref.ref(checked)
+            del checked
+        print(json.dumps({"collected": gone() is None}))
+        """
+    )
+    assert seen == {"collected": True}
+
+
 def test_an_error_in_the_block_still_gives_the_collector_back():
     seen = run_python(
         """
