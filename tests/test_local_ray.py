@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.sweep import give_ray_a_private_token
+from pipeline.sweep import LOCAL_RAY_SETTINGS, give_ray_a_private_token
 
 
 def test_a_process_without_a_token_gets_a_new_random_one():
@@ -67,6 +67,10 @@ def test_the_local_ray_takes_its_token_from_the_environment_and_writes_it_nowher
 
     pid, inherited = ray.get(worker.remote())
     assert inherited, "a Ray worker authenticates with the token of its environment"
+    environ = dict(
+        entry.split("=", 1) for entry in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in entry
+    )
+    assert {name: environ.get(name) for name in LOCAL_RAY_SETTINGS} == LOCAL_RAY_SETTINGS
     assert os.stat(f"/proc/{pid}/environ").st_mode & 0o077 == 0, "a worker's environment is its owner's alone"
     secret = token.encode()
     assert not _holds(Path.home() / ".ray" / "auth_token", secret)
