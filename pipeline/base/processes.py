@@ -75,17 +75,17 @@ def leave(code: object) -> None:
     threading's own exit hooks stop what waits for work (the idle threads of executors never shut
     down) and other non-daemon threads are waited for, then the ``atexit`` handlers run (the
     compile cache files its new programs, logging and open temporary directories are closed),
-    then the output is flushed. What is skipped is freeing every module and object one by one, which changes nothing
-    on disk and took 1.2 s of a process that had only imported TensorFlow, Ray and MLflow, and
-    2-3 s at the end of a sweep. A process under a profiler or a tracer (``python -m cProfile``, a
-    debugger, coverage) exits as Python does: such a tool writes what it gathered once the program
-    has returned.
+    then the output is flushed. What is skipped is freeing every module and object one by one,
+    which changes nothing on disk and took 1.2 s of a process that had only imported TensorFlow,
+    Ray and MLflow, and 2-3 s at the end of a sweep. A process under a profiler or a tracer
+    (``python -m cProfile``, a debugger, coverage) exits as Python does: such a tool writes what it
+    gathered once the program has returned.
     """
     import atexit
     import sys
     import threading
 
-    # CPython's own, what its exit calls first and then
+    # CPython's own exit calls these two, in this order
     stop_threads = getattr(threading, "_shutdown", None)
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
     profiled = sys.getprofile() is not None or sys.gettrace() is not None
