@@ -134,6 +134,22 @@ def test_traced_functions_are_named_after_their_graphs_nested_functions_included
     assert content_name("no_counter_in_it", graph=None) == "no_counter_in_it"  # left as it is, graph unread
 
 
+def test_one_graph_compiled_by_xla_and_not_is_two_functions_with_two_names():
+    """TensorFlow refuses a second definition under a name, and a function's attributes (XLA's
+    mark) are part of its definition: a launch is traced unmarked (``compile_call``) and a
+    trial without XLA traces the same graph marked not to compile."""
+    import tensorflow as tf
+
+    names = []
+    with content_names():
+        for jit_compile in (None, False, True):
+            function = tf.function(lambda x: x * 0.5, jit_compile=jit_compile, autograph=False)
+            concrete = function.get_concrete_function(tf.TensorSpec([2], tf.float32))
+            assert [float(value) for value in concrete(tf.ones([2]))] == [0.5, 0.5]
+            names.append(concrete.name)
+    assert len(set(names)) == 3
+
+
 def test_a_custom_gradient_traced_again_shares_the_name_and_both_still_differentiate_their_own():
     """TensorFlow registers each custom gradient under a new process-wide name, written into the
     graph; the digest leaves those names out, so a later trace of the same step (Keras' optimizer
@@ -164,6 +180,25 @@ def test_a_custom_gradient_traced_again_shares_the_name_and_both_still_different
         forward, gradient = concrete(tf.ones([2]))
         assert [float(v) for v in forward] == [0.5, 0.5] and [float(v) for v in gradient] == [1.5, 1.5]
     assert traced(0.25)[0] != first_name
+
+
+def test_a_marked_call_is_compiled_by_xla_and_counted_as_the_program_it_is():
+    import tensorflow as tf
+
+    table = tf.constant([1.0, 2.0])
+    lookup = tf.function(lambda index: tf.gather(table, index), autograph=False)
+
+    def marked(index):
+        value = lookup(index)
+        compile_cache.compile_call(value.op)
+        return value
+
+    before = compile_cache.traced_programs()
+    # Out of range: TensorFlow's own kernel refuses the index, and XLA clamps it to the last one.
+    assert float(tf.function(marked, autograph=False)(tf.constant(5))) == 2.0
+    assert compile_cache.programs_since(before) == 1
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        lookup(tf.constant(5))
 
 
 def test_switched_off_by_the_environment(monkeypatch):

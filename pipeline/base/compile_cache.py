@@ -29,7 +29,7 @@ import os
 import platform
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -388,10 +388,10 @@ def content_names() -> Iterator[None]:
     original_capture = capture_container.FunctionCaptures.capture_by_value
 
     def from_func_graph(name: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
-        renamed = content_name(name, graph)
+        attrs = kwargs.get("attrs", args[0] if args else None) or {}
+        renamed = content_name(name, graph, attrs)
         if graph.name == name:  # a nested function: its caller reads graph.name
             graph.name = renamed
-        attrs = kwargs.get("attrs", args[0] if args else None) or {}
         must_compile = attrs.get(XLA_MUST_COMPILE, False)  # a bool, or an AttrValue
         if getattr(must_compile, "b", must_compile) is True:
             _traced_programs.append(renamed)
@@ -425,27 +425,43 @@ def programs_since(position: int) -> int:
     return len(set(_traced_programs[position:]))
 
 
-# The content names of the XLA programs traced while content_names() was on, in order.
+# The XLA programs traced, in order: content names while content_names() is on.
 _traced_programs: list[Any] = []
 XLA_MUST_COMPILE = "_XlaMustCompile"  # the attribute tf.function(jit_compile=True) gives its functions
 
 
-def content_name(name: Any, graph: Any) -> Any:
-    """``<prefix>_<n>``, TensorFlow's counter in ``n``, with ``n`` a digest of the graph instead."""
+def compile_call(call: Any) -> None:
+    """Have XLA compile one call of a function (an operation of a graph being traced), as
+    ``tf.function(jit_compile=True)`` has it compile the function; counted as a program traced.
+
+    Before XLA lowers a function marked itself, TensorFlow inlines every function it calls,
+    whatever they ask; a function whose call is marked keeps a callee marked ``_noinline`` as a
+    call, which XLA lowers once however often it is called (``fold_engine.compiled_launch``).
+    """
+    from tensorflow.core.framework import attr_value_pb2
+
+    call._set_attr(XLA_MUST_COMPILE, attr_value_pb2.AttrValue(b=True))
+    _traced_programs.append(call.get_attr("f").name)
+
+
+def content_name(name: Any, graph: Any, attrs: Mapping[str, Any] | None = None) -> Any:
+    """``<prefix>_<n>``, TensorFlow's counter in ``n``, with ``n`` a digest of the graph and the
+    function's attributes instead (the same graph compiled by XLA or not is two definitions)."""
     text = name.decode() if isinstance(name, bytes) else str(name)
     stem, _, number = text.rpartition("_")
     if not stem or not number.isdigit():
         return name
-    renamed = f"{stem}_{CONTENT_NAME_FLOOR + _graph_digest(graph)}"
+    renamed = f"{stem}_{CONTENT_NAME_FLOOR + _graph_digest(graph, attrs or {})}"
     return renamed.encode() if isinstance(name, bytes) else renamed
 
 
-def _graph_digest(graph: Any) -> int:
-    """A digest of the graph, as a number, with its custom gradients' registry names
-    (``CustomGradient-<counter>``, new in every trace) numbered by appearance instead.
+def _graph_digest(graph: Any, attrs: Mapping[str, Any]) -> int:
+    """A digest of the graph and ``attrs``, as a number, with the graph's custom gradients'
+    registry names (``CustomGradient-<counter>``, new in every trace) numbered by appearance.
 
     Those names are not part of the program, and TensorFlow takes two definitions that differ
-    only in them (attributes starting with ``_``) as one under the same name.
+    only in them (attributes of nodes starting with ``_``) as one under the same name; two that
+    differ in the function's own attributes it refuses under one name.
     """
     graph_def = graph.as_graph_def()
     renumbered: dict[bytes, bytes] = {}
@@ -453,4 +469,6 @@ def _graph_digest(graph: Any) -> int:
         if GRADIENT_OP_TYPE in node.attr:
             value = node.attr[GRADIENT_OP_TYPE].s
             node.attr[GRADIENT_OP_TYPE].s = renumbered.setdefault(value, b"CustomGradient-%d" % len(renumbered))
-    return int(hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest(), 16) % 10**18
+    digest = hashlib.sha256(graph_def.SerializeToString(deterministic=True))
+    digest.update(repr(sorted((key, str(value)) for key, value in attrs.items())).encode())
+    return int(digest.hexdigest(), 16) % 10**18
