@@ -11,6 +11,7 @@ import pytest
 from helpers import MNIST1D_EXPERIMENT, mnist1d_fixtures
 from run_machinery import between_trials
 
+from pipeline.base import compile_cache
 from pipeline.contract.plan import ExecutionChoices
 from pipeline.engine.recipe import TrainingRecipe
 from pipeline.engine.resident import resident_data
@@ -141,6 +142,50 @@ def test_fused_and_unfused_per_fold_histories_match(
     for fused_model, unfused_model in zip(fused_trainer.models, unfused_trainer.models):
         for a, b in zip(fused_model.get_weights(), unfused_model.get_weights()):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _step_calls_of_marked_launches(monkeypatch) -> list[int]:
+    """Filled as the epoch is traced: for each launch whose call is marked for XLA, the calls it
+    makes to a step kept a call of its own (``_noinline``), which XLA lowers once."""
+    calls: list[int] = []
+    mark = compile_cache.compile_call
+
+    def spy(call):
+        library = {function.signature.name: function for function in call.graph.as_graph_def().library.function}
+        launch = library[call.get_attr("f").name]
+        kept = {name for name, function in library.items() if function.attr["_noinline"].b}
+        calls.append(sum(node.attr["f"].func.name in kept for node in launch.node_def))
+        mark(call)
+
+    monkeypatch.setattr(compile_cache, "compile_call", spy)
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["sequential", "stacked"])
+def test_a_launch_lowers_its_step_once_and_trains_as_when_xla_got_every_step_inlined(
+    dataset, folds, monkeypatch, layout
+):
+    """XLA lowers a launch's step once (TensorFlow inlines every function a function compiled
+    whole calls, so the step's copies were lowered one by one): the same numbers, bit for bit."""
+    import tensorflow as tf
+
+    from pipeline.engine import fold_engine, stacked
+
+    settings = {"fused": "off" if layout == "sequential" else "on", "layout": layout, "epochs": 2}
+    calls = _step_calls_of_marked_launches(monkeypatch)
+    lowered_once, trainer = train(dataset.x, dataset.y, folds, jit_compile="on", steps_per_launch=3, **settings)
+    assert trainer.plan.layout == layout and trainer.plan.jit_compile
+    # Each fold's launch of 3 steps (the stacked folds' one), then launches of one step: a batch
+    # that does not fill a launch, and a fold's remainder (the stacked folds pad theirs).
+    assert sorted(set(calls)) == [1, 3] and calls.count(3) == (1 if layout == "stacked" else len(folds))
+
+    def compiled_whole(steps, *, jit_compile):
+        return tf.function(steps, jit_compile=jit_compile, autograph=False)
+
+    for module in (fold_engine, stacked):
+        monkeypatch.setattr(module, "compiled_launch", compiled_whole)
+    inlined, _ = train(dataset.x, dataset.y, folds, jit_compile="on", steps_per_launch=3, **settings)
+    assert lowered_once == inlined
 
 
 def compiled_build(hp):

@@ -451,6 +451,14 @@ def _check_exit_functions() -> str | None:
     return None if callable(getattr(os, "_exit", None)) else "os._exit is missing"
 
 
+def _check_compiled_calls() -> str | None:
+    from tensorflow.python.framework import ops
+
+    if not callable(getattr(ops.Operation, "_set_attr", None)):
+        return "tensorflow.python.framework.ops.Operation._set_attr is missing"
+    return None
+
+
 def _check_gradient_registry() -> str | None:
     from tensorflow.python.framework import ops
     from tensorflow.python.ops import custom_gradient
@@ -591,6 +599,15 @@ HOOKS: tuple[Hook, ...] = (
         "(pipeline.base.compile_cache's content names)",
         (),
         _check_content_names,
+    ),
+    Hook(
+        "tensorflow",
+        "Operation._set_attr, marking one call of a function for XLA to compile (_XlaMustCompile), and XLA "
+        "lowering a function that call's function calls, marked _noinline, once however often it is called",
+        "each unrolled step of a compiled launch is lowered to XLA again, a larger cold compile and a warm start "
+        "from the compile cache twice as long (pipeline.base.compile_cache.compile_call)",
+        ("_set_attr",),
+        _check_compiled_calls,
     ),
     Hook(
         "tensorflow",

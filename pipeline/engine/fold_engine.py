@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 import keras
 import numpy as np
 
+from pipeline.base import compile_cache
 from pipeline.contract.plan import TrialPlan
 from pipeline.contract.results import EVAL_STEP, NanEvent
 from pipeline.engine import draws
@@ -101,19 +102,45 @@ class FoldSteps(NamedTuple):
     norm_variables: list[Any]
 
 
-def traced_once(step: Callable[..., Any], *, eager: bool) -> Callable[..., Any]:
+def traced_once(step: Callable[..., Any], *, eager: bool, compiled: bool = False) -> Callable[..., Any]:
     """A training step that a launch of several unrolled steps traces once, not once per step.
 
-    The launch calls it as a function of its own, which TensorFlow (and XLA, when the launch is
-    compiled) inlines where it is called: the program is the one the unrolled Python copies made,
-    bit for bit, but tracing a Keras model's forward and backward pass, the larger part of a
-    warm start from the compile cache, is paid once per launch shape instead of once per step.
-    (A launch written as a graph loop instead, which XLA would also compile once, trained 2.9-15x
-    slower per step on CPU, at batch 8 and 64 on both datasets: XLA:CPU runs a convolution's
-    gradient inside a loop body 3.5x slower already at batch 8; ``python -m benchmarks.launch_form``.)"""
+    The launch calls it as a function of its own: tracing a Keras model's forward and backward
+    pass is paid once per launch shape instead of once per step. In a ``compiled`` launch
+    (``compiled_launch``) XLA also lowers it once and calls it where the launch does, and its
+    optimizer inlines the calls: the same instructions as the unrolled Python copies made, so
+    the same numbers, where lowering each copy was most of a warm start from the compile cache
+    (TensorFlow lowers several of a CNN's ops, ReLU, softmax and the square roots of Adam, through
+    an MLIR pipeline of its own per op). (A launch written as a graph loop instead, which XLA would
+    also compile once, trained 2.9-15x slower per step on CPU, at batch 8 and 64 on both datasets:
+    XLA:CPU runs a convolution's gradient inside a loop body 3.5x slower already at batch 8;
+    ``python -m benchmarks.launch_form``.)"""
     import tensorflow as tf
 
-    return step if eager else tf.function(step, autograph=False)
+    if eager:
+        return step
+    return tf.function(step, autograph=False, experimental_attributes={"_noinline": True} if compiled else None)
+
+
+def compiled_launch(train_steps: Callable[..., Any], *, jit_compile: bool) -> Callable[..., Any]:
+    """A launch as a ``tf.function`` for an epoch's function to call, XLA-compiled where
+    ``jit_compile``. TensorFlow inlines every function a function marked ``jit_compile`` calls
+    before XLA lowers it, however they are marked; so the launch is not marked, its call in the
+    epoch is: XLA compiles the same launch, and the step it calls (``traced_once``) is lowered
+    once, not once per unrolled step."""
+    import tensorflow as tf
+
+    launch = tf.function(train_steps, autograph=False, jit_compile=None if jit_compile else False)
+    if not jit_compile:
+        return launch
+
+    def call(*arguments: Any) -> Any:
+        outputs = launch(*arguments)
+        (operation,) = {tensor.op for tensor in tf.nest.flatten(outputs)}
+        compile_cache.compile_call(operation)
+        return outputs
+
+    return call
 
 
 def fold_steps(
@@ -128,6 +155,7 @@ def fold_steps(
     metrics: ValidationMetrics | None = None,
     class_weights: np.ndarray | None = None,
     batch_size: int = 1,
+    compiled: bool = False,
 ) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
@@ -185,7 +213,7 @@ def fold_steps(
         tf.cond(healthy & enabled, apply, lambda: (0,))
         return value, norm, healthy
 
-    step = traced_once(train_step, eager=eager)
+    step = traced_once(train_step, eager=eager, compiled=compiled)
 
     def train_steps(batches, first_step, tally):
         # One compiled launch: the steps of ``batches`` (a static number of steps, unrolled),
@@ -422,6 +450,7 @@ class FoldEngine:
             metrics=self.metrics,
             class_weights=fold_class_weights(recipe.train.class_weight, data, fold),
             batch_size=self.batch_size,
+            compiled=plan.jit_compile,
         )
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
@@ -429,7 +458,7 @@ class FoldEngine:
         # layers are traced as Python, exactly as fit traces them, and the engine writes its own
         # loops and conditions as tf.while_loop and tf.cond. Converting the engine's functions
         # cost each process about a second of CPU before its first trial, for the same graph.
-        steps = train_steps if eager else tf.function(train_steps, jit_compile=plan.jit_compile, autograph=False)
+        steps = train_steps if eager else compiled_launch(train_steps, jit_compile=plan.jit_compile)
         # The uncompiled epoch loop (its steps compiled), for ``pipeline.engine.side_by_side`` to
         # run several folds' loops in one execution.
         self.epoch_loop = epoch_loop(steps, steps_per_launch=plan.steps_per_launch, per_epoch=per_epoch)

@@ -37,7 +37,15 @@ import numpy as np
 from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
 from pipeline.contract.plan import RandomDraws, StackedConvolutions, StopTest
 from pipeline.engine import draws
-from pipeline.engine.fold_engine import EpochTally, FoldEngine, close_shared_epoch, launch_loop, tally_step, traced_once
+from pipeline.engine.fold_engine import (
+    EpochTally,
+    FoldEngine,
+    close_shared_epoch,
+    compiled_launch,
+    launch_loop,
+    tally_step,
+    traced_once,
+)
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams
 from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.inputs.losses import TrainingLoss
@@ -621,12 +629,11 @@ class StackedFolds:
         stacked = _stacked_state(engines, optimizer)
         self._pairs = stacked.pairs
         self._copy_functions: dict[tuple[int, ...], tuple[Any, Any]] = {}
-        steps = tf.function(
+        steps = compiled_launch(
             _stacked_steps(
                 engines[0].model, stacked, loss=loss, clipping=optimizer.clipping, data=data, convolutions=convolutions
             ),
             jit_compile=True,
-            autograph=False,
         )
 
         def stopped(tally, live):
@@ -808,7 +815,7 @@ def _stacked_steps(
             state.assign(tf.where(_over_folds(active, state.shape.rank), state.value, before))
         return losses, norms, healthy, counts
 
-    step = traced_once(train_step, eager=False)
+    step = traced_once(train_step, eager=False, compiled=True)
 
     def train_steps(indices, weights, live, first_step, tally):
         for j in range(indices.shape[0]):
