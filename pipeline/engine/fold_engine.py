@@ -165,7 +165,8 @@ def fold_steps(
     random layers draw foldsweep's numbers (``pipeline.engine.draws``), else Keras' own. With
     ``masked`` (the plan's per-epoch stop test) a step computes its update whatever its health
     and keeps it only where it applies, with no tf.cond: a step not active keeps the layer state
-    too, so that steps after a failure change nothing. With ``eager`` the steps run op by op."""
+    too, so that steps after a failure change nothing. With ``eager`` the steps run op by op; with
+    ``compiled`` (an XLA-compiled launch, ``compiled_launch``) XLA lowers the step once."""
     import tensorflow as tf
 
     features, labels = data.x, data.y
