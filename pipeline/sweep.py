@@ -13,6 +13,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -120,12 +121,10 @@ def run_sweep(
 
     started = time.perf_counter()
     started_at = time.time() if started_at is None else started_at
-    tracker = Tracker(prepared.tracking_uri)
-    resumable = tracker.resumable_sweep(prepared.spec.name) if resume else None
     started_ray = not ray.is_initialized()
     if started_ray:
         doing(f"joining the Ray cluster at {prepared.address}" if prepared.address else "starting a local Ray")
-        connect_ray(prepared.address)
+    tracker, resumable = _open_tracker(prepared, resume=resume, start_ray=started_ray)
     try:
         cluster = ray.cluster_resources()
         gpu = check_cluster_resources(prepared.spec, cluster, notify)
@@ -176,6 +175,35 @@ def run_sweep(
     return _after_trials(
         prepared, tracker, parent_run_id, configs, notify, say, started, started_at, ray_stopping=ray_stopping
     )
+
+
+def _open_tracker(prepared: PreparedSweep, *, resume: bool, start_ray: bool) -> tuple[Tracker, SweepRecord | None]:
+    """The sweep's tracker and, with ``resume``, the sweep it resumes; with ``start_ray``, Ray
+    started or joined (``connect_ray``) too.
+
+    A new SQLite store's schema is MLflow's migrations, ~0.7 s of the driver's CPU, made while
+    Ray starts, which mostly waits for Ray's own processes. A store that exists is opened (and
+    the sweep to resume found) before Ray starts, so that a store this MLflow cannot open, or
+    nothing to resume, stops the sweep before Ray does.
+    """
+    import ray
+
+    database = sqlite_path(prepared.tracking_uri)
+    if not start_ray or resume or database is None or database.exists():
+        tracker = Tracker(prepared.tracking_uri)
+        resumable = tracker.resumable_sweep(prepared.spec.name) if resume else None
+        if start_ray:
+            connect_ray(prepared.address)
+        return tracker, resumable
+    # One pause of the collector for both, which freezes what both leave once both are done.
+    with collector_paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="new-store") as beside:
+        opening = beside.submit(Tracker, prepared.tracking_uri)
+        connect_ray(prepared.address)
+    try:
+        return opening.result(), None
+    except BaseException:
+        ray.shutdown()
+        raise
 
 
 def _open_sweep(

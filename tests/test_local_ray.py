@@ -80,3 +80,57 @@ def test_the_local_ray_takes_its_token_from_the_environment_and_writes_it_nowher
     session = Path(ray._private.worker._global_node.get_session_dir_path())
     assert [path for path in session.rglob("*") if path.is_file() and _holds(path, secret)] == []
     assert [path for path in Path("/proc").glob("[0-9]*/cmdline") if _holds(path, secret)] == []
+
+
+def _opening(tmp_path, monkeypatch, *, exists: bool, resume: bool = False):
+    """What ``_open_tracker`` did, with connect_ray standing in for Ray: whether the store was
+    already made when Ray started to start, and whether it was made while Ray started."""
+    import threading
+    from types import SimpleNamespace
+
+    from pipeline import sweep
+    from pipeline.records.tracking import Tracker
+
+    database = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{database}"
+    if exists:
+        Tracker(uri)
+    made = threading.Event()
+
+    class Made(Tracker):
+        def __init__(self, uri):
+            super().__init__(uri)
+            made.set()
+
+    seen = {}
+
+    def connect(address):
+        seen["made before"] = made.is_set()
+        seen["made while"] = made.wait(timeout=120)
+
+    monkeypatch.setattr(sweep, "Tracker", Made)
+    monkeypatch.setattr(sweep, "connect_ray", connect)
+    prepared = SimpleNamespace(tracking_uri=uri, address=None, spec=SimpleNamespace(name="s"))
+    return seen, lambda: sweep._open_tracker(prepared, resume=resume, start_ray=True)
+
+
+def test_a_new_store_is_made_while_ray_starts(tmp_path, monkeypatch):
+    seen, open_tracker = _opening(tmp_path, monkeypatch, exists=False)
+    tracker, resumable = open_tracker()
+    assert seen == {"made before": False, "made while": True}  # Ray waited for nothing
+    assert resumable is None and tracker.experiment_id("s")
+    assert (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_store_that_exists_is_opened_before_ray_starts(tmp_path, monkeypatch, resume):
+    from pipeline.base.errors import FoldsweepError
+
+    seen, open_tracker = _opening(tmp_path, monkeypatch, exists=True, resume=resume)
+    if resume:  # nothing to resume: said before Ray starts
+        with pytest.raises(FoldsweepError, match="s"):
+            open_tracker()
+        assert seen == {}
+    else:
+        open_tracker()
+        assert seen == {"made before": True, "made while": True}
