@@ -134,3 +134,33 @@ def test_a_store_that_exists_is_opened_before_ray_starts(tmp_path, monkeypatch, 
     else:
         open_tracker()
         assert seen == {"made before": True, "made while": True}
+
+
+def test_ray_stops_with_its_autoscaler_monitor_killed_first(monkeypatch):
+    """Ray stops its GCS before the monitor, whose exit handler then waits on the stopped GCS
+    until Ray kills it a second later."""
+    from types import SimpleNamespace
+
+    import ray
+    from ray._private import ray_constants, worker
+
+    from pipeline.sweep import stop_ray
+
+    done: list[str] = []
+
+    def started(name):
+        return SimpleNamespace(process=SimpleNamespace(kill=lambda: done.append(f"kill {name}")))
+
+    processes = {
+        ray_constants.PROCESS_TYPE_MONITOR: [started("monitor")],
+        ray_constants.PROCESS_TYPE_GCS_SERVER: [started("gcs")],
+    }
+    monkeypatch.setattr(worker, "_global_node", SimpleNamespace(all_processes=processes))
+    monkeypatch.setattr(ray, "shutdown", lambda: done.append("shutdown"))
+    stop_ray()
+    assert done == ["kill monitor", "shutdown"]
+
+    done.clear()
+    monkeypatch.setattr(worker, "_global_node", None)  # a driver that joined a cluster
+    stop_ray()
+    assert done == ["shutdown"]

@@ -157,6 +157,18 @@ def _check_output_engine_switch() -> str | None:
     return None
 
 
+def _check_ray_monitor() -> str | None:
+    from ray._private import node, ray_constants, worker
+
+    if not hasattr(worker, "_global_node"):
+        return "ray._private.worker._global_node is missing"
+    if not isinstance(getattr(ray_constants, "PROCESS_TYPE_MONITOR", None), str):
+        return "ray._private.ray_constants.PROCESS_TYPE_MONITOR is missing"
+    if "self.all_processes" not in inspect.getsource(node.Node):
+        return "ray._private.node.Node no longer keeps its processes in all_processes"
+    return None
+
+
 def _check_internal_kv() -> str | None:
     module = "ray.experimental.internal_kv"
     for function in ("_internal_kv_initialized", "_internal_kv_put", "_internal_kv_get", "_internal_kv_del"):
@@ -508,6 +520,13 @@ HOOKS: tuple[Hook, ...] = (
         "Optuna never has a config trained twice (pipeline.inputs.searchers answers a repeated proposal itself)",
         ("_ot_trials", "_ot_study"),
         _check_optuna_trials,
+    ),
+    Hook(
+        "ray",
+        "ray._private.worker._global_node.all_processes[ray_constants.PROCESS_TYPE_MONITOR]",
+        "a sweep's local Ray stops in 0.3 s, not 1.3 s (pipeline.sweep.stop_ray kills its autoscaler monitor first)",
+        ("_global_node",),
+        _check_ray_monitor,
     ),
     Hook(
         "ray",
