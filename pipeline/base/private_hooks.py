@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import inspect
 import platform
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -216,11 +217,12 @@ def _names_unread(scripts: tuple[Path, ...]) -> tuple[str, ...]:
 
 
 def _check_store_tables() -> str | None:
-    try:
-        from mlflow.store.tracking.dbmodels import models
-    except ImportError:
+    # Read, not imported: importing MLflow's table declarations (0.3 s) before Ray starts would
+    # keep it out of the making of a new store, which runs beside Ray's start.
+    spec = importlib.util.find_spec("mlflow.store.tracking.dbmodels.models")
+    if spec is None or spec.origin is None:
         return "mlflow.store.tracking.dbmodels.models is missing"
-    declared = {getattr(value, "__tablename__", None) for value in vars(models).values()}
+    declared = set(re.findall(r"__tablename__ = \"(\w+)\"", Path(spec.origin).read_text(encoding="utf-8")))
     # alembic_version is Alembic's own table, which MLflow's migrations keep under its default name.
     missing = sorted(MLFLOW_STORE_TABLES - {"alembic_version"} - declared)
     return f"MLflow's SQLite store no longer has the tables {missing}" if missing else None
