@@ -38,7 +38,7 @@ def import_tensorflow_and_keras() -> None:
     if "keras" in sys.modules:
         return
     quiet_environment()
-    with collector_paused(), filtered_stderr(TENSORFLOW_START_UP):
+    with collector_paused(collect=False), filtered_stderr(TENSORFLOW_START_UP):
         import keras  # noqa: F401  (Keras 3 loads TensorFlow, its backend, first)
 
 
