@@ -217,12 +217,16 @@ def _names_unread(scripts: tuple[Path, ...]) -> tuple[str, ...]:
 
 
 def _check_store_tables() -> str | None:
-    # Read, not imported: importing MLflow's table declarations (0.3 s) before Ray starts would
-    # keep it out of the making of a new store, which runs beside Ray's start.
-    spec = importlib.util.find_spec("mlflow.store.tracking.dbmodels.models")
-    if spec is None or spec.origin is None:
+    # Read, not imported (nor its packages): importing MLflow's store and table declarations
+    # (0.3 s) before Ray starts would keep it out of the making of a new store, which runs beside
+    # Ray's start.
+    spec = importlib.util.find_spec("mlflow")
+    models = (
+        Path(spec.origin).parent / "store" / "tracking" / "dbmodels" / "models.py" if spec and spec.origin else None
+    )
+    if models is None or not models.is_file():
         return "mlflow.store.tracking.dbmodels.models is missing"
-    declared = set(re.findall(r"__tablename__ = \"(\w+)\"", Path(spec.origin).read_text(encoding="utf-8")))
+    declared = set(re.findall(r"__tablename__ = \"(\w+)\"", models.read_text(encoding="utf-8")))
     # alembic_version is Alembic's own table, which MLflow's migrations keep under its default name.
     missing = sorted(MLFLOW_STORE_TABLES - {"alembic_version"} - declared)
     return f"MLflow's SQLite store no longer has the tables {missing}" if missing else None
