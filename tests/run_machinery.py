@@ -166,8 +166,10 @@ class LocalRay:
     def stop(self) -> None:
         import ray
 
+        from pipeline.sweep import stop_ray
+
         if ray.is_initialized():
-            ray.shutdown()
+            stop_ray()
         self.shape = None
 
 

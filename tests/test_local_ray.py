@@ -164,3 +164,16 @@ def test_ray_stops_with_its_autoscaler_monitor_killed_first(monkeypatch):
     monkeypatch.setattr(worker, "_global_node", None)  # a driver that joined a cluster
     stop_ray()
     assert done == ["shutdown"]
+
+
+def test_the_local_ray_runs_without_the_api_server_it_would_start_for_usage_statistics(ray_cluster):
+    import ray
+    from ray._private import ray_constants, worker
+
+    @ray.remote
+    def answer():
+        return 42
+
+    assert ray.get(answer.remote()) == 42
+    started = worker._global_node.all_processes
+    assert ray_constants.PROCESS_TYPE_DASHBOARD not in started and ray_constants.PROCESS_TYPE_GCS_SERVER in started
