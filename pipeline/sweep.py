@@ -185,7 +185,6 @@ def _open_tracker(prepared: PreparedSweep, *, resume: bool, start_ray: bool) -> 
     the sweep to resume found) before Ray starts, so that a store this MLflow cannot open, or
     nothing to resume, stops the sweep before Ray does.
     """
-
     database = sqlite_path(prepared.tracking_uri)
     if not start_ray or resume or database is None or database.exists():
         tracker = Tracker(prepared.tracking_uri)

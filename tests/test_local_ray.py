@@ -124,11 +124,11 @@ def test_a_new_store_is_made_while_ray_starts(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("resume", [False, True])
 def test_a_store_that_exists_is_opened_before_ray_starts(tmp_path, monkeypatch, resume):
-    from pipeline.base.errors import FoldsweepError
+    from pipeline.base.errors import TrackingError
 
     seen, open_tracker = _opening(tmp_path, monkeypatch, exists=True, resume=resume)
     if resume:  # nothing to resume: said before Ray starts
-        with pytest.raises(FoldsweepError, match="s"):
+        with pytest.raises(TrackingError, match="^SWEEP: no sweep named 's' in sqlite:///"):
             open_tracker()
         assert seen == {}
     else:
