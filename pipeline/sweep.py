@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequenc
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.base.collector import collector_paused
 from pipeline.base.environment import Environment, environment_change
@@ -42,6 +42,10 @@ from pipeline.inputs.space import SearchSpace
 from pipeline.inputs.spec import SweepSpec
 from pipeline.records.stores import sqlite_path
 from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
+
+if TYPE_CHECKING:
+    from pipeline.inputs.datasets import Dataset
+    from pipeline.refit import EarlyRefit, RefitTarget
 
 RAY_RESULTS_DIR = "ray_results"
 
@@ -137,6 +141,7 @@ def run_sweep(
             + (f" and {gpu:g} GPU" if gpu else "")
             + " (a worker's first trial starts TensorFlow and places the data)"
         )
+        early_refit = _early_refit(prepared, tracker, parent_run_id, slots=at_once, say=say)
         try:
             tuner = _build_tuner(
                 prepared,
@@ -147,9 +152,12 @@ def run_sweep(
                 resume=resume,
                 on_trial_done=on_trial_done,
                 progress=progress,
+                early_refit=early_refit,
             )
             configs = _fit(tuner, prepared, tracker, parent_run_id)
         except BaseException as exc:
+            if early_refit is not None:
+                early_refit.close()
             interrupted = isinstance(exc, KeyboardInterrupt)
             _close_sweep(
                 prepared,
@@ -172,7 +180,16 @@ def run_sweep(
         ray_stopping = threading.Thread(target=stop_ray, name="ray-shutdown")
         ray_stopping.start()
     return _after_trials(
-        prepared, tracker, parent_run_id, configs, notify, say, started, started_at, ray_stopping=ray_stopping
+        prepared,
+        tracker,
+        parent_run_id,
+        configs,
+        notify,
+        say,
+        started,
+        started_at,
+        ray_stopping=ray_stopping,
+        early_refit=early_refit,
     )
 
 
@@ -237,6 +254,7 @@ def _build_tuner(
     resume: bool,
     on_trial_done: Callable[[TrialRecord], None] | None,
     progress: Any = None,
+    early_refit: Any = None,
 ) -> Any:
     """The sweep's Ray Tune Tuner (restored from ``ray_path`` on a resume), recording through
     an MLflow callback."""
@@ -259,6 +277,8 @@ def _build_tuner(
     if progress is not None:
         progress.run_ids = recording.run_ids  # trials are named by their runs from their start
         callbacks.append(progress)
+    if early_refit is not None:  # after the recording: it ranks the trials recorded
+        callbacks.append(early_refit)
     data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
     trainable = tune.with_resources(
         tune.with_parameters(FoldTrainable, data=data, folds=prepared.folds.folds, settings=prepared.trial_settings()),
@@ -347,6 +367,7 @@ def _after_trials(
     started_at: float,
     *,
     ray_stopping: threading.Thread | None = None,
+    early_refit: EarlyRefit | None = None,
 ) -> SweepOutcome:
     """Every trial has ended: publish the sweep's tables and plots, refit the best config, and
     close the parent run, whatever fails: FAILED with the traceback if publishing does, FINISHED
@@ -367,7 +388,7 @@ def _after_trials(
         records = tracker.trial_records(parent_run_id)
         if spec.train.refit:
             try:
-                summary = _refit_best(prepared, tracker, parent_run_id, records, configs, notify, say)
+                summary = _refit_best(prepared, tracker, parent_run_id, records, configs, notify, say, early_refit)
             except Exception as exc:
                 summary = {Tag.REFIT: f"error: {type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH]}
                 failed.append(f"the refit: {type(exc).__name__}: {exc}")
@@ -383,6 +404,8 @@ def _after_trials(
         _close_sweep(prepared, tracker, parent_run_id, SweepStatus.INTERRUPTED)
         raise SweepInterrupted(parent_run_id) from None
     finally:
+        if early_refit is not None:
+            early_refit.close()
         if ray_stopping is not None:
             ray_stopping.join()
     account = _sweep_account(records, started_at=started_at, refit_s=refit_s)
@@ -434,47 +457,108 @@ def _refit_best(
     tracker: Tracker,
     parent_run_id: str,
     records: list[TrialRecord],
-    configs: dict[str, dict[str, Any]],
+    configs: Mapping[str, Mapping[str, Any]],
     notify: Callable[[str], None],
     say: Callable[[str], None],
+    early_refit: EarlyRefit | None = None,
 ) -> dict[str, float | str]:
-    """Train the best config on the whole CV training split; score it on the held-out test split."""
+    """Train the best config on the whole CV training split; score it on the held-out test split
+    (the refit ``early_refit`` started beside the last trials, where it refit the best)."""
     import tempfile
 
-    from pipeline.inputs.hypermodel import load_builder
-    from pipeline.records.report import ranked
     from pipeline.refit import refit, refit_scores
 
     spec, dataset = prepared.spec, prepared.dataset
-    ranking = ranked(records, spec.objective)
     if dataset.x_test is None:
         notify("refit skipped: the dataset has no held-out test split")
         return {Tag.REFIT: "skipped: no test split"}
-    if not ranking or ranking[0].trial_id not in configs:
+    target = _refit_target(spec, records, configs)
+    if target is None:
         notify("refit skipped: no trial finished with a finite score")
         return {Tag.REFIT: "skipped: no finished trial"}
-    best = ranking[0]
-    # The epochs the best trial was scored at (train.select), else all it trained.
-    epochs = int(best.metrics.get(BEST_EPOCH, best.params.get("epochs", spec.train.epochs)))
-    say(
-        f"refitting {best.run_name} on all {len(dataset.y)} training samples ({epochs} epoch{'s' if epochs != 1 else ''})"
-    )
-    with tempfile.TemporaryDirectory(prefix="foldsweep-refit-") as directory:
-        result = refit(
-            load_builder(prepared.experiment_path, spec.experiment_attr),
-            configs[best.trial_id],
-            dataset,
-            epochs=epochs,
-            recipe=prepared.trial_settings().recipe,
-            directory=Path(directory),
-        )
-        tracker.publish_sweep_files(parent_run_id, files={result.model_path: None})
+    early, delete_early = early_refit.result_for(target) if early_refit is not None else (None, lambda: None)
+    try:
+        if early is not None:
+            result = early
+            tracker.publish_sweep_files(parent_run_id, files={result.model_path: None})
+        else:
+            say(_refitting(target, dataset))
+            with tempfile.TemporaryDirectory(prefix="foldsweep-refit-") as directory:
+                result = refit(
+                    _builder(prepared),
+                    target.config,
+                    dataset,
+                    epochs=target.epochs,
+                    recipe=prepared.trial_settings().recipe,
+                    directory=Path(directory),
+                )
+                tracker.publish_sweep_files(parent_run_id, files={result.model_path: None})
+    finally:
+        delete_early()
     scores = refit_scores(result)
     notify(
-        f"refit of {best.run_name} on all {len(dataset.y)} training samples ({epochs} epoch{'s' if epochs != 1 else ''}): "
+        f"refit of {target.run_name} on all {len(dataset.y)} training samples ({_epochs(target.epochs)}): "
         + ", ".join(f"{key} {value:.4f}" for key, value in scores.items())
     )
-    return {**scores, "refit_epochs": float(epochs), Tag.REFIT: "ok", Tag.REFIT_OF: best.run_id}
+    return {**scores, "refit_epochs": float(target.epochs), Tag.REFIT: "ok", Tag.REFIT_OF: target.run_id}
+
+
+def _early_refit(
+    prepared: PreparedSweep, tracker: Tracker, parent_run_id: str, *, slots: int, say: Callable[[str], None]
+) -> EarlyRefit | None:
+    """The refit started beside the last trials, for a sweep that refits (``pipeline.refit.EarlyRefit``)."""
+    if not prepared.spec.train.refit or prepared.dataset.x_test is None:
+        return None
+    from pipeline.refit import EarlyRefit, PreparedRefit
+
+    def best(configs: Mapping[str, Mapping[str, Any]]) -> RefitTarget | None:
+        return _refit_target(prepared.spec, tracker.trial_records(parent_run_id), configs)
+
+    def prepare(target: RefitTarget) -> PreparedRefit:
+        recipe = prepared.trial_settings().recipe
+        return PreparedRefit(_builder(prepared), target.config, prepared.dataset, epochs=target.epochs, recipe=recipe)
+
+    return EarlyRefit(
+        slots=slots,
+        n_trials=prepared.space.trial_count(prepared.num_samples),
+        best=best,
+        prepare=prepare,
+        on_start=lambda target, running: say(_refitting(target, prepared.dataset) + _beside(running)),
+    )
+
+
+def _refit_target(
+    spec: SweepSpec, records: Sequence[TrialRecord], configs: Mapping[str, Mapping[str, Any]]
+) -> RefitTarget | None:
+    """The refit of the best trial of ``records`` (with its config from ``configs``), at the epoch
+    it was scored at (train.select), else all it trained; None without a trial with a score."""
+    from pipeline.records.report import ranked
+    from pipeline.refit import RefitTarget
+
+    ranking = ranked(records, spec.objective)
+    if not ranking or ranking[0].trial_id not in configs:
+        return None
+    best = ranking[0]
+    epochs = int(best.metrics.get(BEST_EPOCH, best.params.get("epochs", spec.train.epochs)))
+    return RefitTarget(best.trial_id, best.run_id, best.run_name, configs[best.trial_id], epochs)
+
+
+def _builder(prepared: PreparedSweep) -> Any:
+    from pipeline.inputs.hypermodel import load_builder
+
+    return load_builder(prepared.experiment_path, prepared.spec.experiment_attr)
+
+
+def _refitting(target: RefitTarget, dataset: Dataset) -> str:
+    return f"refitting {target.run_name} on all {len(dataset.y)} training samples ({_epochs(target.epochs)})"
+
+
+def _beside(running: int) -> str:
+    return f", beside the {running} trial{'s' if running != 1 else ''} still running" if running else ""
+
+
+def _epochs(count: int) -> str:
+    return f"{count} epoch{'s' if count != 1 else ''}"
 
 
 def _selection(spec: SweepSpec) -> EpochSelection:

@@ -243,6 +243,31 @@ def test_refit_scores_the_best_config_on_the_held_out_test_split(recorded_sweep)
     assert 0 < parent.metrics["test_loss"] < 10
 
 
+def test_the_refit_in_a_thread_beside_the_trials_is_the_refit_after_them_to_the_bit(recorded_sweep, tmp_path):
+    """The sweep's refit trains in a thread of the driver, started at the sweep's last step at the
+    latest (``pipeline.refit.EarlyRefit``); the same refit run here, in the driver's main thread
+    after the sweep, as it ran before, scores the same numbers exactly."""
+    from pipeline.checks import prepare
+    from pipeline.inputs.hypermodel import load_builder
+    from pipeline.inputs.spec import load_spec
+    from pipeline.refit import refit
+    from pipeline.rerun import load_recorded_trial
+
+    tracker, parent, _ = recorded_sweep.records()
+    prepared = prepare(load_spec(recorded_sweep.directory / "spec.yaml"), tracking_uri=recorded_sweep.uri)
+    best = load_recorded_trial(tracker, parent.tags[Tag.REFIT_OF])
+    after = refit(
+        load_builder(prepared.experiment_path, prepared.spec.experiment_attr),
+        best.config,
+        prepared.dataset,
+        epochs=int(parent.metrics["refit_epochs"]),
+        recipe=prepared.trial_settings().recipe,
+        directory=tmp_path,
+    )
+    assert after.test_loss == parent.metrics["test_loss"]
+    assert after.test_accuracy == parent.metrics["test_accuracy"]
+
+
 def test_report_prints_the_tables_and_refreshes_the_plots(recorded_sweep):
     tracker, parent, _ = recorded_sweep.records()
     before = set(tracker.artifact_paths(parent.run_id, "plots"))

@@ -121,8 +121,9 @@ EPOCH_GAP_S = "epoch_gap_s"
 TRIAL_PARTS = (SETUP_S, COMPILE_S, TRAIN_S, EVAL_S, GAP_S)
 # Where a sweep's wall clock went, recorded on its parent run when it ends (``sweep_account``): from
 # the command's start (``sweep_wall_s``) until the first trial's first training step, while at least
-# one trial trains, while none does between trials, the refit, and the end (recording, the
-# tables); ``sweep_fixed_s`` is the cost outside training and the refit: start, idle and end.
+# one trial trains, while none does between trials, the refit (what it adds after the last trial),
+# and the end (recording, the tables); ``sweep_fixed_s`` is the cost outside training and the
+# refit: start, idle and end.
 SWEEP_WALL_S = "sweep_wall_s"
 SWEEP_STARTUP_S = "sweep_startup_s"
 SWEEP_IDLE_S = "sweep_idle_s"
