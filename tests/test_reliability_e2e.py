@@ -88,7 +88,9 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(
     def broken(*args, **kwargs):
         raise RuntimeError(f"{what} broke")
 
-    monkeypatch.setattr(pipeline.refit if what == "refit" else pipeline.records.publish, what, broken)
+    # The refit breaks whether it trains beside the last trial or after it.
+    broken_part = {"refit": (pipeline.refit.PreparedRefit, "train"), "publish": (pipeline.records.publish, "publish")}
+    monkeypatch.setattr(*broken_part[what], broken)
     spec = write(
         tmp_path, what, search={"num_samples": 1, "space": {"kernel_size": 3}}, train={"epochs": 1, "refit": True}
     )
