@@ -6,7 +6,6 @@ Exit codes: 0 the command did its job (a sweep whose trials partly failed still 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shlex
@@ -316,8 +315,6 @@ def run(
     # a CUDA context, and all the memory the refit grew into (TensorFlow's allocator never
     # gives it back), for the whole sweep.
     hide_gpus()
-    if sweep_spec.train.refit:
-        _size_refit_threads(sweep_spec)
     from pipeline.contract.results import TrialStatus
     from pipeline.records.report import (
         Standings,
@@ -698,19 +695,6 @@ def profile_lines(profile: Any) -> list[str]:
 
 # Where --profile writes its traces (TensorFlow's profiler adds plugins/profile/<time>/ below).
 PROFILES = Path("profiles")
-
-
-def _size_refit_threads(sweep_spec: Any) -> None:
-    """The driver's TensorFlow on the thread pools its refit trains on (``refit_threads``),
-    before the checks start it. Where it already runs (a sweep run from Python, the test suite)
-    the refit trains on the pools it has, as it did before foldsweep sized them."""
-    from pipeline.engine.runtime import ThreadsError, configure_threads
-    from pipeline.refit import refit_threads
-
-    threads = refit_threads(sweep_spec)
-    if threads is not None:
-        with contextlib.suppress(ThreadsError):
-            configure_threads(threads)
 
 
 def _trace_xla_ops() -> None:

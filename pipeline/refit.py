@@ -19,11 +19,9 @@ from typing import Any
 import numpy as np
 from ray.tune import Callback
 
-from pipeline.contract.plan import ExecutionChoices, ThreadPlan, plan_threads
 from pipeline.engine.recipe import TrainingRecipe
 from pipeline.inputs.datasets import Dataset
 from pipeline.inputs.folds import Fold
-from pipeline.inputs.spec import SweepSpec
 
 REFIT_MODEL_ARTIFACT = "refit_model.keras"
 
@@ -108,18 +106,6 @@ def refit(
     """Train ``config`` on all of ``dataset.x``/``y`` for ``epochs`` and score it on the test split,
     trained with the sweep's trials' ``recipe``."""
     return PreparedRefit(build_fn, config, dataset, epochs=epochs, recipe=recipe).train(directory)
-
-
-def refit_threads(spec: SweepSpec) -> ThreadPlan | None:
-    """The thread pools the refit trains on in the driver where the trials train on CPU: one
-    fold of a trial's (``resources.cpu``), the same on every machine, and beside the last trials
-    no more than the slot they left free. TensorFlow's default (a thread per core in each pool)
-    spins its idle threads on the cores the trials compute on: beside the quickstart's last trial
-    that slowed the trial by a fifth. None for a sweep on GPUs, whose trials leave the driver's
-    cores free: the refit trains on CPU with all of them."""
-    if spec.resources.gpu:
-        return None
-    return plan_threads(ExecutionChoices(fused=spec.train.fused), cpus=spec.resources.cpu, n_folds=1)
 
 
 def refit_scores(result: RefitResult) -> dict[str, float]:

@@ -466,7 +466,6 @@ def _refit_best(
     (the refit ``early_refit`` started beside the last trials, where it refit the best)."""
     import tempfile
 
-    from pipeline.engine.runtime import threads_in_effect
     from pipeline.refit import refit, refit_scores
 
     spec, dataset = prepared.spec, prepared.dataset
@@ -501,13 +500,7 @@ def _refit_best(
         f"refit of {target.run_name} on all {len(dataset.y)} training samples ({_epochs(target.epochs)}): "
         + ", ".join(f"{key} {value:.4f}" for key, value in scores.items())
     )
-    return {
-        **scores,
-        "refit_epochs": float(target.epochs),
-        Tag.REFIT: "ok",
-        Tag.REFIT_OF: target.run_id,
-        Tag.REFIT_THREADS: threads_in_effect().describe(),
-    }
+    return {**scores, "refit_epochs": float(target.epochs), Tag.REFIT: "ok", Tag.REFIT_OF: target.run_id}
 
 
 def _early_refit(

@@ -46,7 +46,7 @@ def scratch_sweep(tmp_path_factory):
                 "experiment": str(MNIST1D_EXPERIMENT),
                 "dataset": {"name": "mnist1d", "num_samples": 300},
                 "cv": {"n_splits": 2},
-                "train": {"epochs": 2},
+                "train": {"epochs": 2, "refit": False},
                 "search": {
                     "num_samples": 2,
                     "space": {"conv_layers": 1, "filters": 16, "learning_rate": {"loguniform": [0.001, 0.01]}},
@@ -75,15 +75,6 @@ def test_the_terminal_shows_foldsweeps_lines_and_no_library_logging(scratch_swee
     assert len(finished) == 2, ran.stdout
     assert not any(character in ran.stdout for character in ("\x1b", "\r")), "no terminal control characters"
     assert "Open the MLflow UI on this sweep" in ran.stdout and "viewStateShareKey=" in ran.stdout
-
-
-def test_its_refit_trains_in_the_driver_on_one_trials_thread_pools(scratch_sweep):
-    """Not TensorFlow's default of a thread per core in each pool, whose idle threads spin on the
-    cores the last trials compute on while the refit trains beside them."""
-    scratch, ran = scratch_sweep
-    _, parent, _ = latest_sweep(f"sqlite:///{scratch / 'mlflow.db'}", "newcomer")
-    assert parent.tags[Tag.REFIT] == "ok", ran.stdout + ran.stderr
-    assert parent.tags[Tag.REFIT_THREADS] == "intra-op 1, inter-op 1"  # resources.cpu: 1
 
 
 def test_the_leaderboard_shows_run_ids_and_its_rerun_command_works_as_printed(scratch_sweep):

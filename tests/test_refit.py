@@ -1,6 +1,6 @@
 """The refit's decisions: when it starts beside the sweep's last trials (``EarlyRefit``, on
 stand-in trials and refits; the refit itself is the real one in the recorded sweep,
-``test_record_e2e``) and on which thread pools it trains."""
+``test_record_e2e``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import TINY_SPEC, merged
 
-from pipeline.inputs.spec import parse_spec
-from pipeline.refit import EarlyRefit, RefitResult, RefitStopped, RefitTarget, refit_threads
+from pipeline.refit import EarlyRefit, RefitResult, RefitStopped, RefitTarget
 
 
 def target(trial_id: str) -> RefitTarget:
@@ -140,17 +138,3 @@ def test_ray_tunes_copy_of_it_in_the_experiment_state_does_nothing(refits):
     copy = pickle.loads(pickle.dumps(early))
     end_trial(copy, trials("TERMINATED", "TERMINATED", "TERMINATED", "TERMINATED"))
     assert refits.started == []
-
-
-@pytest.mark.parametrize(
-    ("resources", "pools"),
-    [
-        ({"cpu": 1}, "intra-op 1, inter-op 1"),
-        ({"cpu": 2}, "intra-op 2, inter-op 1"),  # one fold: one loop
-        ({"cpu": 1, "gpu": 0.5}, None),  # GPU trials leave the driver's cores free
-    ],
-)
-def test_the_refit_trains_on_one_folds_pools_of_a_trial_on_cpu(resources, pools):
-    spec = parse_spec(merged(TINY_SPEC, {"resources": resources}), source_path=Path("spec.yaml"))
-    threads = refit_threads(spec)
-    assert (threads.describe() if threads else None) == pools

@@ -51,7 +51,6 @@ def test_the_tag_names_are_the_documented_ones():
         "BEST_RUN_ID": "foldsweep.best_run_id",
         "REFIT": "foldsweep.refit",
         "REFIT_OF": "foldsweep.refit_of",
-        "REFIT_THREADS": "foldsweep.refit_threads",
         "NUMERICS_OP": "foldsweep.numerics_op",
         "NUMERICS_NODE": "foldsweep.numerics_node",
         "NUMERICS_LAYER": "foldsweep.numerics_layer",

@@ -58,7 +58,6 @@ class Tag:
     BEST_RUN_ID = "foldsweep.best_run_id"
     REFIT = "foldsweep.refit"
     REFIT_OF = "foldsweep.refit_of"
-    REFIT_THREADS = "foldsweep.refit_threads"
     NUMERICS_OP = "foldsweep.numerics_op"
     NUMERICS_NODE = "foldsweep.numerics_node"
     NUMERICS_LAYER = "foldsweep.numerics_layer"
