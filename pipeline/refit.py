@@ -188,7 +188,9 @@ class EarlyRefit(Callback):
         self._best = best
         self._prepare = prepare
         self._on_start = on_start
-        self._ended = False  # a trial ended since the best was last asked for
+        # A trial ended since the best was last asked for; at first, trials of a resumed sweep
+        # may have ended before this run, and its refit can start beside the ones it reruns.
+        self._ended = True
         self._wanted: RefitTarget | None = None
         self._refitting: _Refitting | None = None
 

@@ -103,6 +103,16 @@ def test_a_trial_that_takes_the_lead_stops_the_refit_and_has_its_own(refits):
     delete()
 
 
+def test_a_resumed_sweep_starts_the_refit_beside_the_trials_it_reruns(refits):
+    """Its other trials ended before it was interrupted: no trial ends in this run before the
+    last one, and the refit need not wait for it."""
+    early = early_refit(refits, ["t0"])
+    early.on_step_end(0, trials("TERMINATED", "TERMINATED", "TERMINATED", "RUNNING"))
+    assert refits.started == [("t0", 1)]
+    refits.release.set()
+    assert early.result_for(target("t0"))[0] is not None
+
+
 def test_the_best_at_the_end_is_refit_after_the_trials_unless_its_refit_ran_and_ended_well(refits):
     early = early_refit(refits, ["t0"], slots=1, n_trials=1)
     end_trial(early, trials("TERMINATED"))
