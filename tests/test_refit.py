@@ -110,7 +110,9 @@ def test_a_resumed_sweep_starts_the_refit_beside_the_trials_it_reruns(refits):
     early.on_step_end(0, trials("TERMINATED", "TERMINATED", "TERMINATED", "RUNNING"))
     assert refits.started == [("t0", 1)]
     refits.release.set()
-    assert early.result_for(target("t0"))[0] is not None
+    result, delete = early.result_for(target("t0"))
+    assert result is not None and result.model_path.read_text() == "t0"
+    delete()
 
 
 def test_the_best_at_the_end_is_refit_after_the_trials_unless_its_refit_ran_and_ended_well(refits):
