@@ -134,17 +134,25 @@ def test_a_collector_already_off_stays_off_and_nothing_is_frozen():
 
 
 @pytest.mark.e2e
-def test_a_process_that_loads_the_engine_has_tensorflow_and_keras_frozen_and_its_collector_on():
+def test_a_process_that_loads_the_engine_has_tensorflow_and_keras_frozen_its_collector_on_and_no_matplotlib():
     """What a Ray worker does with its first trial: loading the engine loads TensorFlow and Keras
-    with the collector paused, and gives it back."""
+    with the collector paused, and gives it back; the matplotlib Keras imports for its galleries
+    is not loaded until they draw (``pipeline.base.deferred``)."""
     seen = run_python(
         """
         import gc, json, sys
         import pipeline.engine.trainable
-        print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
-                          "keras": "keras" in sys.modules}))
+        seen = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "keras": "keras" in sys.modules,
+                "matplotlib": sorted(name for name in sys.modules if name.split(".")[0] == "matplotlib")}
+        from keras.src.visualization import plot_image_gallery
+        seen["gallery_draws"] = callable(plot_image_gallery.plt.subplots)
+        seen["loaded_on_use"] = type(sys.modules["matplotlib.pyplot"]).__name__
+        print(json.dumps(seen))
         """
     )
     assert seen["enabled"] is True
     assert seen["keras"] is True
     assert seen["frozen"] > 300_000  # ~665,000 objects once Keras and TensorFlow have loaded
+    assert seen["matplotlib"] == []
+    assert seen["gallery_draws"] is True
+    assert seen["loaded_on_use"] == "module"
