@@ -888,7 +888,7 @@ def ui(
     import socket
 
     from pipeline.base.errors import TrackingError
-    from pipeline.base.private_hooks import require_hooks
+    from pipeline.base.private_hooks import MLFLOW_JOB_EXECUTION_VARIABLE, require_hooks
     from pipeline.base.processes import stop_process_tree
     from pipeline.records.report import split_params
     from pipeline.records.stores import check_tracking_uri
@@ -933,7 +933,7 @@ def ui(
         "--workers",
         "1",
     ]
-    environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    environment = {**os.environ, MLFLOW_JOB_EXECUTION_VARIABLE: "false"}
     # MLflow's UI runs a server with worker processes of its own; in a session of its own the
     # whole group can be stopped, so that stopping `foldsweep ui` leaves nothing running. Its
     # chatter goes to standard error: standard output is the address line alone.

@@ -80,6 +80,59 @@ def test_the_real_mlflow_ui_reads_the_tag_foldsweep_writes():
     assert scripts and any(MLFLOW_SHARED_VIEW_TAG in script.read_text(errors="replace") for script in scripts)
 
 
+def an_mlflow_directory(root: Path, *, variables: str) -> Path:
+    """What MLflow's hooks read of its installation, with ``variables`` as its environment_variables.py."""
+    (root / "store" / "tracking" / "dbmodels").mkdir(parents=True)
+    (root / "store" / "tracking" / "dbmodels" / "models.py").write_text(
+        '__tablename__ = "experiments"\n__tablename__ = "runs"\n'
+    )
+    (root / "server" / "js" / "build" / "static" / "js").mkdir(parents=True)
+    (root / "server" / "js" / "build" / "static" / "js" / "main.js").write_text(
+        'params.get("viewStateShareKey"); tags["mlflow.sharedViewState." + key];'
+    )
+    (root / "environment_variables.py").write_text(variables)
+    return root
+
+
+def test_an_mlflow_without_the_job_execution_switch_is_named(monkeypatch, tmp_path):
+    renamed = an_mlflow_directory(
+        tmp_path, variables='MLFLOW_ENABLE_JOB_EXECUTION = _BooleanEnvironmentVariable("x", True)\n'
+    )
+    monkeypatch.setattr(private_hooks, "_mlflow_directory", lambda: renamed)
+    problems = broken_hooks(["mlflow"])
+    assert len(problems) == 1
+    assert problems[0].endswith(
+        "so that `foldsweep ui` starts no GenAI job runner processes, but "
+        "mlflow.environment_variables.MLFLOW_SERVER_ENABLE_JOB_EXECUTION is missing"
+    )
+
+
+def test_an_mlflow_with_the_job_execution_switch_defined_passes(monkeypatch, tmp_path):
+    kept = an_mlflow_directory(
+        tmp_path, variables='MLFLOW_SERVER_ENABLE_JOB_EXECUTION = _BooleanEnvironmentVariable(\n    "x", True\n)\n'
+    )
+    monkeypatch.setattr(private_hooks, "_mlflow_directory", lambda: kept)
+    assert broken_hooks(["mlflow"]) == []
+
+
+def test_checking_mlflows_hooks_loads_no_mlflow():
+    """They run before Ray starts, where importing MLflow would delay Ray and a new store's making
+    beside it: a process of its own, as what is tested is what the process loads."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; from pipeline.base.private_hooks import broken_hooks; "
+        "problems = broken_hooks(['mlflow']); "
+        "print(json.dumps([problems, sorted(name for name in sys.modules if name.split('.')[0] == 'mlflow')]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    problems, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert problems == []
+    assert loaded == []
+
+
 def test_keras_keeping_loss_weights_elsewhere_is_named(monkeypatch):
     without_keras_hook(monkeypatch)
     try:

@@ -31,6 +31,8 @@ MLFLOW_SHARED_VIEW_TAG = "mlflow.sharedViewState."
 MLFLOW_SHARED_VIEW_PARAM = "viewStateShareKey"
 # Tables every MLflow SQLite store has: how a file is told apart from another program's database.
 MLFLOW_STORE_TABLES = frozenset({"experiments", "runs", "alembic_version"})
+# `foldsweep ui` turns MLflow's GenAI job runner off with it.
+MLFLOW_JOB_EXECUTION_VARIABLE = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 # Ray Tune's default console output (its "new" output engine) prints over foldsweep's progress lines.
 RAY_OUTPUT_ENGINE_VARIABLE = "RAY_AIR_NEW_OUTPUT"
 HOOKED_LIBRARIES = ("ray", "mlflow", "keras", "tensorflow")
@@ -199,14 +201,23 @@ def _check_internal_kv() -> str | None:
 
 
 # -- MLflow ---------------------------------------------------------------------------------------
+# MLflow's hooks read its files instead of importing them: the checks run before Ray starts, and
+# importing MLflow there (0.6-1.3 s on 2 cores) would keep it out of the making of a new store,
+# which runs beside Ray's start, and out of `foldsweep validate`, which needs nothing of it.
+
+
+def _mlflow_directory() -> Path | None:
+    """Where MLflow is installed, found without importing it."""
+    spec = importlib.util.find_spec("mlflow")
+    return Path(spec.origin).parent if spec is not None and spec.origin is not None else None
 
 
 def mlflow_ui_scripts() -> list[Path]:
     """The MLflow UI's JavaScript, as installed with MLflow's server."""
-    spec = importlib.util.find_spec("mlflow")
-    if spec is None or spec.origin is None:
+    directory = _mlflow_directory()
+    if directory is None:
         return []
-    return sorted((Path(spec.origin).parent / "server" / "js" / "build" / "static" / "js").glob("*.js"))
+    return sorted((directory / "server" / "js" / "build" / "static" / "js").glob("*.js"))
 
 
 def _check_shared_view() -> str | None:
@@ -230,13 +241,8 @@ def _names_unread(scripts: tuple[Path, ...]) -> tuple[str, ...]:
 
 
 def _check_store_tables() -> str | None:
-    # Read, not imported (nor its packages): importing MLflow's store and table declarations
-    # (0.3 s) before Ray starts would keep it out of the making of a new store, which runs beside
-    # Ray's start.
-    spec = importlib.util.find_spec("mlflow")
-    models = (
-        Path(spec.origin).parent / "store" / "tracking" / "dbmodels" / "models.py" if spec and spec.origin else None
-    )
+    directory = _mlflow_directory()
+    models = directory / "store" / "tracking" / "dbmodels" / "models.py" if directory else None
     if models is None or not models.is_file():
         return "mlflow.store.tracking.dbmodels.models is missing"
     declared = set(re.findall(r"__tablename__ = \"(\w+)\"", models.read_text(encoding="utf-8")))
@@ -246,7 +252,14 @@ def _check_store_tables() -> str | None:
 
 
 def _check_job_execution_switch() -> str | None:
-    return _missing("mlflow.environment_variables", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION")
+    directory = _mlflow_directory()
+    variables = directory / "environment_variables.py" if directory else None
+    defined = (
+        variables is not None
+        and variables.is_file()
+        and re.search(rf"^{MLFLOW_JOB_EXECUTION_VARIABLE} = ", variables.read_text(encoding="utf-8"), re.MULTILINE)
+    )
+    return None if defined else f"mlflow.environment_variables.{MLFLOW_JOB_EXECUTION_VARIABLE} is missing"
 
 
 # -- Keras ----------------------------------------------------------------------------------------
