@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
+import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -118,10 +121,6 @@ def test_an_mlflow_with_the_job_execution_switch_defined_passes(monkeypatch, tmp
 def test_checking_mlflows_hooks_loads_no_mlflow():
     """They run before Ray starts, where importing MLflow would delay Ray and a new store's making
     beside it: a process of its own, as what is tested is what the process loads."""
-    import json
-    import subprocess
-    import sys
-
     code = (
         "import json, sys; from pipeline.base.private_hooks import broken_hooks; "
         "problems = broken_hooks(['mlflow']); "

@@ -598,7 +598,7 @@ HOOKS: tuple[Hook, ...] = (
     ),
     Hook(
         "mlflow",
-        "the MLFLOW_SERVER_ENABLE_JOB_EXECUTION environment variable",
+        f"the {MLFLOW_JOB_EXECUTION_VARIABLE} environment variable",
         "`foldsweep ui` starts no GenAI job runner processes",
         (),
         _check_job_execution_switch,
