@@ -134,19 +134,31 @@ def test_a_collector_already_off_stays_off_and_nothing_is_frozen():
 
 
 @pytest.mark.e2e
-def test_a_process_that_loads_the_engine_has_tensorflow_and_keras_frozen_its_collector_on_and_no_matplotlib():
+def test_a_process_that_loads_the_engine_has_tensorflow_and_keras_frozen_its_collector_on_and_no_matplotlib_or_sklearn():
     """What a Ray worker does with its first trial: loading the engine loads TensorFlow and Keras
     with the collector paused, and gives it back; the matplotlib Keras imports for its galleries
-    is not loaded until they draw (``pipeline.base.deferred``)."""
+    is not loaded until they draw, nor scikit-learn until Keras' wrappers or KerasTuner's
+    Bayesian and scikit-learn tuners use it (``pipeline.base.deferred``)."""
     seen = run_python(
         """
         import gc, json, sys
         import pipeline.engine.trainable
+        def loaded(package):
+            return sorted(name for name in sys.modules if name.split(".")[0] == package)
         seen = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "keras": "keras" in sys.modules,
-                "matplotlib": sorted(name for name in sys.modules if name.split(".")[0] == "matplotlib")}
+                "matplotlib": loaded("matplotlib"), "sklearn": loaded("sklearn")}
         from keras.src.visualization import plot_image_gallery
         seen["gallery_draws"] = callable(plot_image_gallery.plt.subplots)
         seen["loaded_on_use"] = type(sys.modules["matplotlib.pyplot"]).__name__
+        import keras
+        from keras_tuner.src.tuners import bayesian, sklearn_tuner
+        from sklearn.base import BaseEstimator
+        from sklearn.gaussian_process.kernels import Matern
+        from sklearn.model_selection import KFold
+        seen["wrappers"] = [issubclass(keras.wrappers.SKLearnClassifier, BaseEstimator),
+                            issubclass(keras._tf_keras.keras.wrappers.SKLearnRegressor, BaseEstimator)]
+        seen["tuners"] = [bayesian.sklearn.gaussian_process.kernels.Matern is Matern,
+                          sklearn_tuner.sklearn.model_selection.KFold is KFold]
         print(json.dumps(seen))
         """
     )
@@ -156,3 +168,6 @@ def test_a_process_that_loads_the_engine_has_tensorflow_and_keras_frozen_its_col
     assert seen["matplotlib"] == []
     assert seen["gallery_draws"] is True
     assert seen["loaded_on_use"] == "module"
+    assert seen["sklearn"] == []
+    assert seen["wrappers"] == [True, True]
+    assert seen["tuners"] == [True, True]

@@ -8,6 +8,10 @@ those packages makes placeholders (``Deferred``) that Keras binds as it would th
 placeholder imports the real module when something first reads from it (Keras drawing a
 gallery). The placeholders leave ``sys.modules`` when the block ends, so a later ``import
 matplotlib`` loads the real package, as foldsweep's plots do.
+
+scikit-learn likewise: Keras' scikit-learn wrappers and KerasTuner's BayesianOptimization and
+SklearnTuner import it as they load (~1 s of a worker's start-up on that machine), and a Ray worker
+uses none of them (the folds are split in the driver).
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from typing import Any
 
 # What Keras imports only for its plots (keras.src.visualization).
 KERAS_PLOTTING = ("matplotlib",)
+# Keras' scikit-learn wrappers, which subclass scikit-learn's estimators as they load.
+KERAS_SKLEARN_WRAPPERS = ("keras.wrappers", "keras._tf_keras.keras.wrappers")
+# What KerasTuner imports only for its BayesianOptimization and SklearnTuner.
+KERAS_TUNER_SKLEARN = ("sklearn",)
 
 
 class Deferred(types.ModuleType):

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 
 from pipeline.base.collector import collector_paused
-from pipeline.base.deferred import KERAS_PLOTTING, deferred
+from pipeline.base.deferred import KERAS_PLOTTING, KERAS_SKLEARN_WRAPPERS, KERAS_TUNER_SKLEARN, deferred
 
 TENSORFLOW_START_UP = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
@@ -34,14 +34,17 @@ def quiet_environment() -> None:
 
 
 def import_tensorflow_and_keras() -> None:
-    """Import TensorFlow and Keras once, with TensorFlow's start-up lines filtered from standard
-    error, the garbage collector paused while they load (``collector_paused``), and the plotting
-    package Keras imports for its image galleries left to load when first used (``deferred``)."""
+    """Import TensorFlow, Keras and KerasTuner once, with TensorFlow's start-up lines filtered
+    from standard error, the garbage collector paused while they load (``collector_paused``), and
+    what they import for features foldsweep never calls (Keras' image galleries, the
+    scikit-learn wrappers and tuners) left to load when first used (``deferred``)."""
     if "keras" in sys.modules:
         return
     quiet_environment()
-    with collector_paused(collect=False), filtered_stderr(TENSORFLOW_START_UP), deferred(KERAS_PLOTTING):
+    unused = KERAS_PLOTTING + KERAS_SKLEARN_WRAPPERS + KERAS_TUNER_SKLEARN
+    with collector_paused(collect=False), filtered_stderr(TENSORFLOW_START_UP), deferred(unused):
         import keras  # noqa: F401  (Keras 3 loads TensorFlow, its backend, first)
+        import keras_tuner  # noqa: F401  (here, in the deferral: it imports scikit-learn as it loads)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.model_selection import GroupKFold, RepeatedKFold, RepeatedStratifiedKFold, StratifiedGroupKFold
 
 from pipeline.base.errors import DataError
 from pipeline.inputs.datasets import Dataset
@@ -121,6 +120,10 @@ def _splits(
     """Every repeat's folds in order. scikit-learn has repeated splitters for plain and stratified
     k-fold; the grouped ones repeat the same way (one random state drawn on across repeats, so
     repeat 0 is the unrepeated split and each later one a new shuffle of whole groups)."""
+    # Imported here: a Ray worker loads this module for its ``Fold``s but never splits, and
+    # scikit-learn was ~1 s of its start-up.
+    from sklearn.model_selection import GroupKFold, RepeatedKFold, RepeatedStratifiedKFold, StratifiedGroupKFold
+
     if cv.splitter == "kfold":
         return RepeatedKFold(n_splits=cv.n_splits, n_repeats=cv.n_repeats, random_state=cv.seed).split(x, y)
     if cv.splitter == "stratified":
