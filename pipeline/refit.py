@@ -22,6 +22,7 @@ from ray.tune import Callback
 from pipeline.engine.recipe import TrainingRecipe
 from pipeline.inputs.datasets import Dataset
 from pipeline.inputs.folds import Fold
+from pipeline.records.callbacks import slot_free
 
 REFIT_MODEL_ARTIFACT = "refit_model.keras"
 
@@ -208,7 +209,7 @@ class EarlyRefit(Callback):
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         if not getattr(self, "_slots", None):  # unpickled: nothing to do
             return
-        if self._ended and self._slot_free(trials):
+        if self._ended and slot_free(trials, n_trials=self._n_trials, slots=self._slots):
             self._ended = False
             self._wanted = self._best({trial.trial_id: trial.config for trial in trials})
             if self._refitting is not None and self._refitting.target != self._wanted:
@@ -220,15 +221,6 @@ class EarlyRefit(Callback):
             current.discard()
         self._on_start(self._wanted, sum(trial.status == "RUNNING" for trial in trials))
         self._refitting = _Refitting(self._wanted, self._prepare)
-
-    def _slot_free(self, trials: list) -> bool:
-        """No trial is left to start, and fewer run than the slots."""
-        statuses = [trial.status for trial in trials]
-        return (
-            len(trials) >= self._n_trials
-            and not any(status in ("PENDING", "PAUSED") for status in statuses)
-            and statuses.count("RUNNING") < self._slots
-        )
 
     def result_for(self, target: RefitTarget) -> tuple[RefitResult | None, Callable[[], None]]:
         """The refit of ``target`` if it was started early and ended well (waited for), and what

@@ -149,6 +149,7 @@ def run_sweep(
                 parent_run_id,
                 ray_path,
                 gpu=gpu,
+                slots=at_once,
                 resume=resume,
                 on_trial_done=on_trial_done,
                 progress=progress,
@@ -251,17 +252,18 @@ def _build_tuner(
     ray_path: str,
     *,
     gpu: float,
+    slots: int,
     resume: bool,
     on_trial_done: Callable[[TrialRecord], None] | None,
     progress: Any = None,
     early_refit: Any = None,
 ) -> Any:
     """The sweep's Ray Tune Tuner (restored from ``ray_path`` on a resume), recording through
-    an MLflow callback."""
+    an MLflow callback; ``slots`` trials run at once at most."""
     from ray import tune
 
     from pipeline.engine.trainable import FoldTrainable
-    from pipeline.records.callbacks import MlflowTrialCallback
+    from pipeline.records.callbacks import MlflowTrialCallback, PlottingLoadedEarly
 
     spec = prepared.spec
     recording = MlflowTrialCallback(
@@ -279,6 +281,7 @@ def _build_tuner(
         callbacks.append(progress)
     if early_refit is not None:  # after the recording: it ranks the trials recorded
         callbacks.append(early_refit)
+    callbacks.append(PlottingLoadedEarly(slots=slots, n_trials=prepared.space.trial_count(prepared.num_samples)))
     data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
     trainable = tune.with_resources(
         tune.with_parameters(FoldTrainable, data=data, folds=prepared.folds.folds, settings=prepared.trial_settings()),

@@ -1,15 +1,18 @@
 """The refit's decisions: when it starts beside the sweep's last trials (``EarlyRefit``, on
 stand-in trials and refits; the refit itself is the real one in the recorded sweep,
-``test_record_e2e``)."""
+``test_record_e2e``), and the plots' matplotlib loaded there too (``PlottingLoadedEarly``)."""
 
 from __future__ import annotations
 
+import pickle
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from pipeline.records.callbacks import PlottingLoadedEarly
 from pipeline.refit import EarlyRefit, RefitResult, RefitStopped, RefitTarget
 
 
@@ -150,3 +153,31 @@ def test_ray_tunes_copy_of_it_in_the_experiment_state_does_nothing(refits):
     copy = pickle.loads(pickle.dumps(early))
     end_trial(copy, trials("TERMINATED", "TERMINATED", "TERMINATED", "TERMINATED"))
     assert refits.started == []
+
+
+def test_the_plots_matplotlib_loads_in_the_driver_once_no_trial_is_left_to_start_and_a_slot_is_free():
+    loading = PlottingLoadedEarly(slots=2, n_trials=4)
+    for now in (
+        trials("TERMINATED", "RUNNING", "PENDING"),  # one trial not created yet
+        trials("TERMINATED", "RUNNING", "RUNNING", "PENDING"),
+        trials("TERMINATED", "TERMINATED", "RUNNING", "RUNNING"),  # both slots busy
+    ):
+        loading.on_step_end(0, now)
+        assert loading._loading is None
+    loading.on_step_end(0, trials("TERMINATED", "TERMINATED", "TERMINATED", "RUNNING"))
+    started = loading._loading
+    assert started is not None and started.name == "matplotlib-import"
+    started.join()
+    import matplotlib
+
+    assert "matplotlib.pyplot" in sys.modules
+    assert matplotlib.get_backend().lower() == "agg"  # what the plots draw with: files, no display
+    loading.on_step_end(0, trials("TERMINATED", "TERMINATED", "TERMINATED", "TERMINATED"))
+    assert loading._loading is started  # once per sweep
+
+
+def test_plotting_loaded_early_pickled_with_the_experiment_state_does_nothing():
+    """Ray Tune pickles callbacks with its experiment state; a resumed sweep makes its own."""
+    restored = pickle.loads(pickle.dumps(PlottingLoadedEarly(slots=2, n_trials=1)))
+    restored.on_step_end(0, trials("TERMINATED"))
+    assert getattr(restored, "_loading", None) is None

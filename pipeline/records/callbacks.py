@@ -1,8 +1,10 @@
-"""The Ray Tune callback that records a sweep's trials in MLflow, from the driver: a child run
-per trial, its epochs as they come, its end (status, selected epoch, history)."""
+"""The Ray Tune callbacks of the driver: the one that records a sweep's trials in MLflow (a
+child run per trial, its epochs as they come, its end: status, selected epoch, history), and the
+one that loads the plots' matplotlib beside the last trials."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 from ray.tune import Callback
 
 from pipeline.contract.results import EpochSelection, TrialStatus, ended_status, trial_label
+from pipeline.records.plots import load_matplotlib
 from pipeline.records.tracking import Tag, Tracker, TrialRecord, TrialRecorder
 
 
@@ -129,3 +132,37 @@ def _error_text(trial: Any) -> str:
     if error_file and Path(error_file).is_file():
         return Path(error_file).read_text(errors="replace").strip()
     return str(getattr(trial, "error_msg", "") or "unknown error")
+
+
+def slot_free(trials: Sequence[Any], *, n_trials: int, slots: int) -> bool:
+    """The sweep's tail: no trial is left to start (``n_trials`` make the sweep), and fewer run
+    than the ``slots``, so a core the trials no longer use is free."""
+    statuses = [trial.status for trial in trials]
+    return (
+        len(trials) >= n_trials
+        and not any(status in ("PENDING", "PAUSED") for status in statuses)
+        and statuses.count("RUNNING") < slots
+    )
+
+
+class PlottingLoadedEarly(Callback):
+    """Ray Tune callback: matplotlib, which the sweep's plots need once every trial has ended,
+    loaded in a thread of the driver as soon as a slot is free in the tail (``slot_free``), on
+    the core the last trials leave idle, instead of after them."""
+
+    def __init__(self, *, slots: int, n_trials: int):
+        self._slots = slots
+        self._n_trials = n_trials
+        self._loading: threading.Thread | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Ray pickles callbacks with the experiment state; a thread does not pickle, and a
+        # restored sweep has one of its own.
+        return {}
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        if not getattr(self, "_slots", None) or self._loading is not None:  # unpickled, or started
+            return
+        if slot_free(trials, n_trials=self._n_trials, slots=self._slots):
+            self._loading = threading.Thread(target=load_matplotlib, name="matplotlib-import", daemon=True)
+            self._loading.start()
