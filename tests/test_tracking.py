@@ -4,7 +4,11 @@ found by any id a user gives, and the tag names users' scripts read."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sqlite3
+import time
+from pathlib import Path
 
 import pytest
 from helpers import seed_store
@@ -281,3 +285,66 @@ def test_a_trials_reruns_read_back_newest_first_and_its_artifacts_by_path(tracke
     assert tracker.artifact_paths(original.run_id, "none") == []
     history = tracker.artifact_file(original.run_id, HISTORY_ARTIFACT, tmp_path)
     assert history.parent == tmp_path and history.read_text().startswith("epoch,")
+
+
+def store_contents(database: Path) -> tuple[list, dict[str, list]]:
+    """A store's schema and rows. Each statement of the schema as its set of lines: MLflow's
+    migrations write a table's constraints in an order that differs from one store to the next."""
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        schema = sorted(
+            (kind, name, sorted(line.strip().rstrip(",") for line in (sql or "").splitlines()))
+            for kind, name, sql in connection.execute("SELECT type, name, sql FROM sqlite_master")
+        )
+        rows = {
+            name: sorted(connection.execute(f'SELECT * FROM "{name}"')) for kind, name, _ in schema if kind == "table"
+        }
+    return schema, rows
+
+
+def test_a_new_store_is_a_copy_of_the_empty_one_mlflow_made_and_holds_what_mlflow_makes(tmp_path, monkeypatch):
+    """A store MLflow's migrations made and one copied from the empty store (made by MLflow in
+    foldsweep's cache on first use) differ only in their experiments' times; new stores after
+    the first run no migration, and the copy's default experiment is made as it opens."""
+    import mlflow.store.db.utils as db_utils
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    migrations: list[object] = []
+    initialize = db_utils._initialize_tables
+    monkeypatch.setattr(db_utils, "_initialize_tables", lambda engine: migrations.append(engine) or initialize(engine))
+    migrated, copied, later = (tmp_path / name for name in ("migrated.db", "copied.db", "later.db"))
+    MlflowClient(tracking_uri=f"sqlite:///{migrated}").search_experiments(max_results=1)
+    assert len(migrations) == 1
+    before = time.time() * 1000
+    for database in (migrated, copied):
+        Tracker(f"sqlite:///{database}").experiment_id("sweep")
+    assert len(migrations) == 2  # the empty store, made in the cache
+    Tracker(f"sqlite:///{later}").experiment_id("sweep")
+    assert len(migrations) == 2
+
+    (empty,) = (tmp_path / "cache" / "foldsweep" / "empty-stores").iterdir()
+    assert store_contents(empty)[1]["experiments"] == []
+    schema, rows = store_contents(migrated)
+    copied_schema, copied_rows = store_contents(copied)
+    assert copied_schema == schema
+    assert {name: table for name, table in copied_rows.items() if name != "experiments"} == {
+        name: table for name, table in rows.items() if name != "experiments"
+    }
+
+    def untimed(experiments: list[tuple]) -> list[tuple]:  # id, name, artifact location, stage, workspace
+        return [experiment[:4] + experiment[6:] for experiment in experiments]
+
+    assert untimed(copied_rows["experiments"]) == untimed(rows["experiments"])
+    assert [experiment[0] for experiment in copied_rows["experiments"]] == [0, 1]
+    default = copied_rows["experiments"][0]
+    assert default[4] >= before  # made as the copy opened, not when the empty store was
+
+
+def test_an_existing_store_is_never_replaced_by_the_empty_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    database = seed_store(tmp_path / "mlflow.db")
+    Tracker(f"sqlite:///{database}").experiment_id("kept")
+    before = database.read_bytes()
+    Tracker(f"sqlite:///{database}")
+    assert database.read_bytes() == before
+    assert not (tmp_path / "cache").exists()  # no empty store was even made

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.base.accelerator import deterministic_ops, gpu_identity
+from pipeline.base.environment import cache_directory
 
 DISABLE_VARIABLE = "FOLDSWEEP_COMPILE_CACHE"  # off / 0 / false: no persistent cache
 DIRECTORY_VARIABLE = "FOLDSWEEP_COMPILE_CACHE_DIR"
@@ -55,8 +56,7 @@ def cache_root() -> Path:
     configured = os.environ.get(DIRECTORY_VARIABLE)
     if configured:
         return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "foldsweep" / "xla"
+    return cache_directory() / "xla"
 
 
 def disabled_by_environment() -> bool:

@@ -8,6 +8,7 @@ lock's: a sweep run from a hand-changed environment says so.
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import re
 import tomllib
@@ -22,6 +23,13 @@ LOCK_HASH_TAG = "foldsweep.lock_hash"
 LOCK_MATCHES_TAG = "foldsweep.lock_matches"
 VERSION_TAG_PREFIX = "foldsweep.version."
 NO_LOCK = "none"
+
+
+def cache_directory() -> Path:
+    """foldsweep's own directory in the user's cache: ``$XDG_CACHE_HOME/foldsweep``, else
+    ``~/.cache/foldsweep`` (the XDG spec: an unset, empty or relative $XDG_CACHE_HOME is ignored)."""
+    cache_home = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(cache_home) if os.path.isabs(cache_home) else Path.home() / ".cache") / "foldsweep"
 
 
 def project_lock() -> Path | None:

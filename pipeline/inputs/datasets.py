@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.base.environment import cache_directory
 from pipeline.base.errors import DataError
 from pipeline.inputs.scoring import is_regression
 from pipeline.inputs.spec import DatasetSpec
@@ -97,11 +98,8 @@ def _data_location() -> tuple[Path, str, str]:
     if (project / "pyproject.toml").is_file() and (project / "data").is_dir():
         return project / "data", "the project's data/ folder", f", as foldsweep runs from its checkout{moves_it}"
     not_a_checkout = f", as foldsweep is not installed from a checkout{moves_it}"
-    # The XDG spec: an unset, empty or relative $XDG_CACHE_HOME is ignored.
-    cache_home = os.environ.get("XDG_CACHE_HOME", "")
-    if os.path.isabs(cache_home):
-        return Path(cache_home) / "foldsweep", "the user cache directory $XDG_CACHE_HOME/foldsweep", not_a_checkout
-    return Path.home() / ".cache" / "foldsweep", "the user cache directory ~/.cache/foldsweep", not_a_checkout
+    named = "$XDG_CACHE_HOME/foldsweep" if os.path.isabs(os.environ.get("XDG_CACHE_HOME", "")) else "~/.cache/foldsweep"
+    return cache_directory(), f"the user cache directory {named}", not_a_checkout
 
 
 def load_dataset(spec: DatasetSpec) -> Dataset:

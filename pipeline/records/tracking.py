@@ -39,7 +39,7 @@ from pipeline.contract.results import (
     trial_label,
 )
 from pipeline.inputs.spec import Objective
-from pipeline.records.stores import quiet_mlflow, ready_store, sqlite_path
+from pipeline.records.stores import quiet_mlflow, ready_store, sqlite_path, start_from_empty_store
 
 
 class Tag:
@@ -187,6 +187,7 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
+        start_from_empty_store(uri, lambda location: MlflowClient(tracking_uri=location))
         self._client = ready_store(lambda: MlflowClient(tracking_uri=uri), uri)
 
     def experiment_id(self, name: str) -> str:
