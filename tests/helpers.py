@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
+
+from pipeline.records.stores import empty_store
 
 if TYPE_CHECKING:
     from pipeline.records.tracking import SweepRecord, Tracker, TrialRecord
@@ -95,26 +97,20 @@ class Replace:
 # -- records ------------------------------------------------------------------------------------
 
 
-@functools.cache
-def _empty_store_template() -> bytes:
-    import tempfile
-
+def seed_store(database: Path) -> Path:
+    """An empty MLflow store at ``database``, as a new store starts: a copy of the one foldsweep
+    keeps in its cache (``pipeline.records.stores.empty_store``), opened once by MLflow, which
+    makes its default experiment. A store of MLflow's own migrations costs 2-3 s of a busy core
+    per sweep; the tests that seed record sweeps, not a store's birth (test_stores,
+    test_newcomer_e2e and the fresh-store race in test_reliability_e2e start from no file)."""
     # A raw client: the store's birth (MLflow's schema), not a record of foldsweep's.
     from mlflow.tracking import MlflowClient
 
-    with tempfile.TemporaryDirectory(prefix="foldsweep-store-") as directory:
-        database = Path(directory) / "mlflow.db"
-        MlflowClient(f"sqlite:///{database}").search_experiments()
-        return database.read_bytes()
-
-
-def seed_store(database: Path) -> Path:
-    """An empty MLflow store at ``database``, copied from one this test process created once.
-    A new store runs MLflow's schema migrations, 2-3 s of a busy core per sweep; the tests that
-    seed record sweeps, not a store's birth (test_stores, test_newcomer_e2e and the fresh-store
-    race in test_reliability_e2e start from no file)."""
+    empty = empty_store(lambda uri: MlflowClient(tracking_uri=uri))
+    assert empty is not None, "no empty store could be made in foldsweep's cache"
     database.parent.mkdir(parents=True, exist_ok=True)
-    database.write_bytes(_empty_store_template())
+    shutil.copyfile(empty, database)
+    MlflowClient(tracking_uri=f"sqlite:///{database}").search_experiments(max_results=1)
     return database
 
 

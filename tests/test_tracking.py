@@ -341,8 +341,8 @@ def test_a_new_store_is_a_copy_of_the_empty_one_mlflow_made_and_holds_what_mlflo
 
 
 def test_an_existing_store_is_never_replaced_by_the_empty_one(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     database = seed_store(tmp_path / "mlflow.db")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     Tracker(f"sqlite:///{database}").experiment_id("kept")
     before = database.read_bytes()
     Tracker(f"sqlite:///{database}")

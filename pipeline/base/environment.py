@@ -26,10 +26,28 @@ NO_LOCK = "none"
 
 
 def cache_directory() -> Path:
-    """foldsweep's own directory in the user's cache: ``$XDG_CACHE_HOME/foldsweep``, else
-    ``~/.cache/foldsweep`` (the XDG spec: an unset, empty or relative $XDG_CACHE_HOME is ignored)."""
+    """foldsweep's own directory in the user's cache, as ``cache_directory_name`` names it."""
+    cache_home = _xdg_cache_home()
+    return (cache_home if cache_home is not None else Path.home() / ".cache") / "foldsweep"
+
+
+def cache_directory_name() -> str:
+    """``$XDG_CACHE_HOME/foldsweep``, or ``~/.cache/foldsweep`` where that variable is not used."""
+    return "$XDG_CACHE_HOME/foldsweep" if _xdg_cache_home() is not None else "~/.cache/foldsweep"
+
+
+def _xdg_cache_home() -> Path | None:
+    # The XDG spec: an unset, empty or relative $XDG_CACHE_HOME is ignored.
     cache_home = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(cache_home) if os.path.isabs(cache_home) else Path.home() / ".cache") / "foldsweep"
+    return Path(cache_home) if os.path.isabs(cache_home) else None
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution``; None where it is not installed."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def project_lock() -> Path | None:
@@ -68,10 +86,7 @@ class Environment:
     def current(cls) -> Environment:
         versions = {"python": platform.python_version(), DISTRIBUTION: metadata.version(DISTRIBUTION)}
         for name in direct_dependencies():
-            try:
-                versions[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                versions[name] = "not installed"
+            versions[name] = installed_version(name) or "not installed"
         lock = project_lock()
         if lock is None:
             return cls(NO_LOCK, versions, ())

@@ -18,11 +18,11 @@ import platform
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from pipeline.base.collector import collector_paused
+from pipeline.base.environment import installed_version
 from pipeline.base.errors import FoldsweepError
 
 # The experiment tag prefix the MLflow UI's "share" button writes a runs view under, and the
@@ -704,10 +704,7 @@ HOOKS: tuple[Hook, ...] = (
 def _version(library: str) -> str:
     if library == "python":
         return platform.python_version()
-    try:
-        return metadata.version(library)
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
+    return installed_version(library) or "(not installed)"
 
 
 def broken_hooks(libraries: Sequence[str] = HOOKED_LIBRARIES) -> list[str]:

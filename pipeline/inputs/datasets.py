@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.base.environment import cache_directory
+from pipeline.base.environment import cache_directory, cache_directory_name
 from pipeline.base.errors import DataError
 from pipeline.inputs.scoring import is_regression
 from pipeline.inputs.spec import DatasetSpec
@@ -98,8 +98,7 @@ def _data_location() -> tuple[Path, str, str]:
     if (project / "pyproject.toml").is_file() and (project / "data").is_dir():
         return project / "data", "the project's data/ folder", f", as foldsweep runs from its checkout{moves_it}"
     not_a_checkout = f", as foldsweep is not installed from a checkout{moves_it}"
-    named = "$XDG_CACHE_HOME/foldsweep" if os.path.isabs(os.environ.get("XDG_CACHE_HOME", "")) else "~/.cache/foldsweep"
-    return cache_directory(), f"the user cache directory {named}", not_a_checkout
+    return cache_directory(), f"the user cache directory {cache_directory_name()}", not_a_checkout
 
 
 def load_dataset(spec: DatasetSpec) -> Dataset:

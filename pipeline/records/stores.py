@@ -16,18 +16,18 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sqlite3
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from pipeline.base.environment import cache_directory
+from pipeline.base.environment import cache_directory, installed_version
 from pipeline.base.errors import TrackingError
 from pipeline.base.private_hooks import MLFLOW_STORE_TABLES
 
@@ -269,10 +269,10 @@ def start_from_empty_store(uri: str, make_client: Callable[[str], Any]) -> None:
     template = empty_store(make_client)
     if template is None:
         return
-    written = database.with_name(f".{database.name}.{os.getpid()}.{time.monotonic_ns()}.new")
+    written = _scratch_beside(database)
     try:
         with open(template, "rb") as source, open(written, "xb") as copy:
-            copy.write(source.read())
+            shutil.copyfileobj(source, copy)
         os.link(written, database)
     except OSError:  # the store appeared meanwhile, or its file system links no files
         pass
@@ -286,13 +286,13 @@ def empty_store(make_client: Callable[[str], Any]) -> Path | None:
     no experiment), in foldsweep's cache directory, made there by MLflow on first use; None
     where a new store holds more than ``EMPTY_STORE_ROWS`` (a later MLflow's), or the cache
     cannot be written."""
-    versions = "-".join(_installed(library) for library in ("mlflow", "sqlalchemy", "alembic"))
+    versions = "-".join(installed_version(library) or "none" for library in ("mlflow", "sqlalchemy", "alembic"))
     template = cache_directory() / "empty-stores" / f"mlflow-{versions}.db"
     if template.is_file():
         return template
     try:
         template.parent.mkdir(parents=True, exist_ok=True)
-        made = template.with_name(f".{template.name}.{os.getpid()}.{time.monotonic_ns()}.new")
+        made = _scratch_beside(template)
         try:
             make_client(f"sqlite:///{made}").search_experiments(max_results=1)
             with contextlib.closing(sqlite3.connect(made)) as connection, connection:
@@ -314,11 +314,9 @@ def _row_counts(connection: sqlite3.Connection) -> dict[str, int]:
     return {name: count for name, count in counts.items() if count}
 
 
-def _installed(library: str) -> str:
-    try:
-        return metadata.version(library)
-    except metadata.PackageNotFoundError:
-        return "none"
+def _scratch_beside(path: Path) -> Path:
+    """A file name of this process's own beside ``path``, for what is written before it is moved there."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.new")
 
 
 def _opened(open_client: Callable[[], Client]) -> Client:
