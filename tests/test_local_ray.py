@@ -136,44 +136,58 @@ def test_a_store_that_exists_is_opened_before_ray_starts(tmp_path, monkeypatch, 
         assert seen == {"made before": True, "made while": True}
 
 
-def test_ray_stops_with_its_autoscaler_monitor_killed_first(monkeypatch):
-    """Ray stops its GCS before the monitor, whose exit handler then waits on the stopped GCS
-    until Ray kills it a second later."""
+def test_the_raylet_of_a_local_head_is_given_the_ports_it_would_wait_for_its_agents_to_write(tmp_path, monkeypatch):
+    """The minimal dashboard agent's ports (-1: no service) are in the session directory, and the
+    runtime env agent has a port, before the raylet starts."""
     from types import SimpleNamespace
 
+    from ray._private import node
+    from ray._raylet import (
+        DASHBOARD_AGENT_LISTEN_PORT_NAME,
+        METRICS_AGENT_PORT_NAME,
+        METRICS_EXPORT_PORT_NAME,
+        wait_for_persisted_port,
+    )
+
+    from pipeline.sweep import lean_local_head
+
+    node_id = "ab" * 28
+    seen = {}
+
+    def start_raylet(self, *arguments, **keywords):
+        names = (METRICS_AGENT_PORT_NAME, METRICS_EXPORT_PORT_NAME, DASHBOARD_AGENT_LISTEN_PORT_NAME)
+        seen["ports"] = [wait_for_persisted_port(str(tmp_path), node_id, name, timeout_ms=0) for name in names]
+        seen["runtime env agent"] = self._ray_params.runtime_env_agent_port
+
+    monkeypatch.setattr(node.Node, "start_raylet", start_raylet)
+    head = SimpleNamespace(
+        _session_dir=str(tmp_path),
+        _node_id=node_id,
+        _ray_params=SimpleNamespace(runtime_env_agent_port=0),
+        _get_unused_port=lambda: 43210,
+    )
+    with lean_local_head():
+        node.Node.start_raylet(head)
+    assert seen == {"ports": [-1, -1, -1], "runtime env agent": 43210}
+    assert node.Node.start_raylet is start_raylet  # Ray's own again after the start
+
+
+def test_the_local_ray_runs_only_what_a_sweep_uses(ray_cluster):
+    """No API server (it would run Ray's usage statistics alone), autoscaler monitor or log
+    monitor; its workers still get their runtime environments from the runtime env agent."""
     import ray
     from ray._private import ray_constants, worker
 
-    from pipeline.sweep import stop_ray
-
-    done: list[str] = []
-
-    def started(name):
-        return SimpleNamespace(process=SimpleNamespace(kill=lambda: done.append(f"kill {name}")))
-
-    processes = {
-        ray_constants.PROCESS_TYPE_MONITOR: [started("monitor")],
-        ray_constants.PROCESS_TYPE_GCS_SERVER: [started("gcs")],
-    }
-    monkeypatch.setattr(worker, "_global_node", SimpleNamespace(all_processes=processes))
-    monkeypatch.setattr(ray, "shutdown", lambda: done.append("shutdown"))
-    stop_ray()
-    assert done == ["kill monitor", "shutdown"]
-
-    done.clear()
-    monkeypatch.setattr(worker, "_global_node", None)  # a driver that joined a cluster
-    stop_ray()
-    assert done == ["shutdown"]
-
-
-def test_the_local_ray_runs_without_the_api_server_it_would_start_for_usage_statistics(ray_cluster):
-    import ray
-    from ray._private import ray_constants, worker
-
-    @ray.remote
+    @ray.remote(num_cpus=0, runtime_env={"env_vars": {"FOLDSWEEP_PROBE": "42"}})
     def answer():
-        return 42
+        return int(os.environ["FOLDSWEEP_PROBE"])
 
     assert ray.get(answer.remote()) == 42
-    started = worker._global_node.all_processes
-    assert ray_constants.PROCESS_TYPE_DASHBOARD not in started and ray_constants.PROCESS_TYPE_GCS_SERVER in started
+    started = set(worker._global_node.all_processes)
+    assert ray_constants.PROCESS_TYPE_GCS_SERVER in started and ray_constants.PROCESS_TYPE_RAYLET in started
+    unused = {
+        ray_constants.PROCESS_TYPE_DASHBOARD,
+        ray_constants.PROCESS_TYPE_MONITOR,
+        ray_constants.PROCESS_TYPE_LOG_MONITOR,
+    }
+    assert started & unused == set()

@@ -160,28 +160,37 @@ def _check_output_engine_switch() -> str | None:
     return None
 
 
-def _check_ray_monitor() -> str | None:
-    from ray._private import node, ray_constants, worker
-
-    if not hasattr(worker, "_global_node"):
-        return "ray._private.worker._global_node is missing"
-    if not isinstance(getattr(ray_constants, "PROCESS_TYPE_MONITOR", None), str):
-        return "ray._private.ray_constants.PROCESS_TYPE_MONITOR is missing"
-    if "self.all_processes" not in inspect.getsource(node.Node):
-        return "ray._private.node.Node no longer keeps its processes in all_processes"
-    return None
-
-
-def _check_api_server() -> str | None:
-    from ray._private import node
+def _check_lean_head() -> str | None:
+    from ray._private import node, services
 
     start = getattr(node.Node, "start_api_server", None)
     if not callable(start) or not {"include_dashboard", "raise_on_failure"} <= set(_parameters(start)):
         return "ray._private.node.Node.start_api_server(include_dashboard, raise_on_failure) is missing"
-    if "self.start_api_server(" not in inspect.getsource(node.Node.start_head_processes):
+    head_source = inspect.getsource(node.Node.start_head_processes)
+    if "self.start_api_server(" not in head_source:
         return "Node.start_head_processes no longer starts the API server through start_api_server"
-    if "self._webui_url" not in inspect.getsource(node.Node):
-        return "Node no longer keeps its web address in _webui_url"
+    if "if not self._ray_params.no_monitor:" not in head_source:
+        return "Node.start_head_processes no longer skips the monitor on RayParams.no_monitor"
+    if "if self._ray_params.include_log_monitor:" not in inspect.getsource(node.Node.start_ray_processes):
+        return "Node.start_ray_processes no longer skips the log monitor on RayParams.include_log_monitor"
+    node_source = inspect.getsource(node.Node)
+    for kept in ("self._webui_url", "self._session_dir", "self._node_id", "def _get_unused_port(self"):
+        if kept not in node_source:
+            return f"ray._private.node.Node no longer has {kept}"
+    raylet = importlib.import_module("ray._raylet")
+    for name in (
+        "persist_port",
+        "METRICS_AGENT_PORT_NAME",
+        "METRICS_EXPORT_PORT_NAME",
+        "DASHBOARD_AGENT_LISTEN_PORT_NAME",
+    ):
+        if not hasattr(raylet, name):
+            return f"ray._raylet.{name} is missing"
+    if '"--minimal"' not in inspect.getsource(services.start_raylet):
+        return "ray._private.services.start_raylet no longer starts a minimal dashboard agent"
+    agent = inspect.getsource(importlib.import_module("ray.dashboard.agent"))
+    if agent.count("-1,\n") < 2 or "self.listen_port if self.http_server and launch_http_server else -1" not in agent:
+        return "ray.dashboard.agent no longer writes -1 for the ports a minimal agent does not serve"
     return None
 
 
@@ -555,18 +564,13 @@ HOOKS: tuple[Hook, ...] = (
     ),
     Hook(
         "ray",
-        "ray._private.node.Node.start_api_server, which a head runs in start_head_processes, and its _webui_url",
-        "a sweep's local Ray starts 0.4 s sooner, without the API server that include_dashboard=False still starts "
-        "for Ray's usage statistics (pipeline.sweep.api_server_skipped)",
-        (),
-        _check_api_server,
-    ),
-    Hook(
-        "ray",
-        "ray._private.worker._global_node.all_processes[ray_constants.PROCESS_TYPE_MONITOR]",
-        "a sweep's local Ray stops in 0.3 s, not 1.3 s (pipeline.sweep.stop_ray kills its autoscaler monitor first)",
-        ("_global_node",),
-        _check_ray_monitor,
+        "ray._private.node.Node: its RayParams' no_monitor and include_log_monitor, start_api_server and "
+        "_webui_url, and start_raylet with its session directory, node id, _get_unused_port and the minimal "
+        "dashboard agent's ports (ray._raylet.persist_port)",
+        "a sweep's local Ray starts in 1 s, not 2.9, without the processes it does not use and without waiting "
+        "for its agents (pipeline.sweep.lean_local_head)",
+        ("_ray_params", "_session_dir", "_get_unused_port"),
+        _check_lean_head,
     ),
     Hook(
         "ray",
