@@ -676,7 +676,7 @@ def lean_local_head() -> Iterator[None]:
       once it runs. The runtime env agent gets a port picked as Ray picks its head's others (``ray
       start --runtime-env-agent-port`` gives it one too); the raylet tries it until it listens.
 
-    ray.init 2.9 -> 1.0 s, and the 4-config grid's fixed cost 19.3 -> 18.4 s (medians of 7
+    ray.init 2.9 -> ~1.0 s, and the 4-config grid's fixed cost 19.15 -> 18.3 s (medians of 10
     alternating runs on 2 cores).
     """
     from ray._private import node
