@@ -110,6 +110,11 @@ class PreparedSweep:
     address: str | None = None
     warnings: tuple[str, ...] = ()  # what may be a mistake but is not refused
 
+    @property
+    def trial_count(self) -> int:
+        """The trials the sweep runs (``SearchSpace.trial_count`` of its ``num_samples``)."""
+        return self.space.trial_count(self.num_samples)
+
     def trial_settings(self) -> TrialSettings:
         """What every trial of the sweep is run with (in Ray's workers, and by the refit)."""
         from pipeline.engine.runner import TrialSettings

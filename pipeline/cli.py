@@ -108,7 +108,7 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
             f"{prepared.dataset.x.shape}, {_replicas_text(prepared.spec.cv)} "
             f"(val sizes {', '.join(str(f['val_size']) for f in folds)}), "
             f"{len(prepared.space.domains)} hyperparameters, {prepared.spec.search.algorithm} search, "
-            f"{prepared.space.trial_count(prepared.num_samples)} trials",
+            f"{prepared.trial_count} trials",
         ),
         highlight=False,
     )
@@ -329,7 +329,7 @@ def run(
     prepared = prepare(sweep_spec, inputs=inputs)
     doing.done()
     sweep_spec = prepared.spec
-    planned = prepared.space.trial_count(prepared.num_samples)
+    planned = prepared.trial_count
     done_before = _trials_ended_before_resume(prepared, planned) if resume else 0
     objective = sweep_spec.objective.key
     console.print(
@@ -835,7 +835,7 @@ def _progress(prepared: Any, *, done_before: int = 0) -> Any:
 
     progress = SweepProgress(
         spec.objective,
-        trials_planned=prepared.space.trial_count(prepared.num_samples),
+        trials_planned=prepared.trial_count,
         epochs_per_trial=spec.train.epochs,
         trials_done_before=done_before,
     )

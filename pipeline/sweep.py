@@ -198,8 +198,9 @@ def _open_tracker(prepared: PreparedSweep, *, resume: bool, start_ray: bool) -> 
     """The sweep's tracker and, with ``resume``, the sweep it resumes; with ``start_ray``, Ray
     started or joined (``connect_ray``) too.
 
-    A new SQLite store's schema is MLflow's migrations, ~0.7 s of the driver's CPU, made while
-    Ray starts, which mostly waits for Ray's own processes. A store that exists is opened (and
+    A new SQLite store (a copy of the empty store in foldsweep's cache, ``start_from_empty_store``,
+    made by MLflow's migrations the first time) is made while Ray starts, which mostly waits for
+    Ray's own processes. A store that exists is opened (and
     the sweep to resume found) before Ray starts, so that a store this MLflow cannot open, or
     nothing to resume, stops the sweep before Ray does.
     """
@@ -281,7 +282,7 @@ def _build_tuner(
         callbacks.append(progress)
     if early_refit is not None:  # after the recording: it ranks the trials recorded
         callbacks.append(early_refit)
-    callbacks.append(PlottingLoadedEarly(slots=slots, n_trials=prepared.space.trial_count(prepared.num_samples)))
+    callbacks.append(PlottingLoadedEarly(slots=slots, n_trials=prepared.trial_count))
     data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
     trainable = tune.with_resources(
         tune.with_parameters(FoldTrainable, data=data, folds=prepared.folds.folds, settings=prepared.trial_settings()),
@@ -329,7 +330,7 @@ def _fit(tuner: Any, prepared: PreparedSweep, tracker: Tracker, parent_run_id: s
     # Ray Tune ends fit() early, without an exception, on Ctrl-C: fewer trials than planned have
     # ended in the record.
     ended = sum(record.state != "RUNNING" for record in tracker.trial_records(parent_run_id))
-    if ended < prepared.space.trial_count(prepared.num_samples):
+    if ended < prepared.trial_count:
         raise SweepInterrupted(parent_run_id)
     return {result.metrics.get("trial_id"): result.config for result in results}
 
@@ -523,7 +524,7 @@ def _early_refit(
 
     return EarlyRefit(
         slots=slots,
-        n_trials=prepared.space.trial_count(prepared.num_samples),
+        n_trials=prepared.trial_count,
         best=best,
         prepare=prepare,
         on_start=lambda target, running: say(_refitting(target, prepared.dataset) + _beside(running)),
