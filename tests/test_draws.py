@@ -117,6 +117,34 @@ def test_xla_compiles_the_draws_without_a_random_number_generator():
     assert np.array_equal(drawn(again), first)  # under XLA or not, the same numbers from the same seed
 
 
+def test_a_step_traced_for_batches_of_any_length_draws_what_one_traced_for_its_batch_draws():
+    """The engine traces its step with the batch unknown, as Keras' fit does: the draws' shape is
+    then known only when the step runs, and they are the numbers of a step traced for that batch
+    size, under XLA or not (the hash of element i does not depend on how the shape was known)."""
+    x = tf.constant(np.ones((37, 8, 6), np.float32))
+    for jit_compile in (False, True):
+        drawn_by = {}
+        for batch in (None, 37):
+            keras.utils.set_random_seed(5)
+            layers = [
+                keras.layers.Dropout(0.5),
+                keras.layers.Dropout(0.5, noise_shape=(None, 1, 6)),
+                keras.layers.GaussianNoise(0.5),
+            ]
+
+            @tf.function(input_signature=[tf.TensorSpec([batch, 8, 6])], jit_compile=jit_compile)
+            def step(x, layers=layers):
+                with counter_draws():
+                    return [layer(x, training=True) for layer in layers]
+
+            drawn_by[batch] = [np.asarray(outputs) for outputs in step(x)]
+        unknown, known = drawn_by[None], drawn_by[37]
+        assert np.array_equal(unknown[0], known[0]) and np.array_equal(unknown[1], known[1])
+        assert 0 < (unknown[0] == 0).mean() < 1 and (unknown[1] == unknown[1][:, :1]).all()
+        np.testing.assert_allclose(unknown[2], known[2], rtol=1e-6, atol=1e-6)
+        assert unknown[2].std() > 0.1
+
+
 def test_other_seeds_keep_keras_own_draws():
     keras.utils.set_random_seed(4)
     with counter_draws():

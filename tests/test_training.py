@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -198,6 +199,62 @@ def test_a_loss_of_the_researchers_own_is_traced_as_keras_fit_traces_it(data_and
     )
     with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
         engine.train_epoch(0)
+
+
+def test_a_step_is_traced_once_for_an_epochs_full_batches_and_its_shorter_last_one(data_and_folds):
+    """Keras' fit traces its train step with the batch dimension unknown, and so does the engine:
+    one trace serves an epoch's full batches and its last, shorter one, under XLA too (which still
+    compiles a program per batch size) and with foldsweep's dropout draws, whose shape is then
+    known only when the step runs."""
+    import keras
+
+    from pipeline.engine.fold_engine import FoldEngine
+    from pipeline.engine.recipe import TrainingParams
+    from pipeline.inputs.losses import TrainingLoss
+
+    traced_batches = []
+
+    class TracedBatch(keras.layers.Layer):
+        def call(self, inputs, training=False):
+            if training:
+                traced_batches.append(inputs.shape[0])
+            return inputs
+
+    def model():
+        return keras.Sequential(
+            [
+                TracedBatch(),
+                keras.layers.Conv1D(4, 3),
+                keras.layers.Flatten(),
+                keras.layers.Dropout(0.5),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+
+    data, folds = data_and_folds
+    fitted = model()
+    fitted.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    fitted.fit(data.x[:100], data.y[:100], batch_size=32, epochs=2, verbose=0)  # 3 batches of 32, one of 4
+    assert set(traced_batches) == {None}
+    traced_batches.clear()
+    assert len(folds[0].train) % 32
+    trained = model()
+    trained.build((None, *data.x.shape[1:]))
+    engine = FoldEngine(
+        trained,
+        keras.optimizers.Adam(),
+        resident_data(data.fingerprint, data.x, data.y),
+        folds[0],
+        plan=dataclasses.replace(SEQUENTIAL_WITHOUT_XLA, jit_compile=True, random_draws="counter"),
+        recipe=TrainingRecipe(),
+        params=TrainingParams(batch_size=32, learning_rate=1e-3, optimizer="adam"),
+        loss=TrainingLoss(keras.losses.sparse_categorical_crossentropy),
+        seed=0,
+    )
+    losses = [engine.train_epoch(epoch) for epoch in range(2)]
+    assert traced_batches == [None]
+    assert np.isfinite(losses).all()
+    assert int(engine.optimizer.iterations.numpy()) == 2 * -(-len(folds[0].train) // 32)  # the short batches too
 
 
 def test_a_trials_config_is_resolved_once_into_named_parts():

@@ -77,14 +77,14 @@ def _fractions(seeds: Any, count: int) -> Any:
     return tf.cast(words, tf.float32) * (2.0**-_FRACTION_BITS)
 
 
-def _per_stream(seeds: Any, shape: Sequence[int]) -> int:
+def _per_stream(seeds: Any, shape: Sequence[Any]) -> Any:
     streams = int(seeds.shape[0])
-    if shape[0] % streams:
+    if streams > 1 and (not isinstance(shape[0], int) or shape[0] % streams):
         raise ValueError(f"a draw of shape {list(shape)} cannot be split between {streams} folds")
     return math.prod(shape) // streams
 
 
-def counter_uniform(seeds: Any, shape: Sequence[int]) -> Any:
+def counter_uniform(seeds: Any, shape: Sequence[Any]) -> Any:
     """float32 uniforms on [0, 1) of ``shape``: one stream per row of ``seeds`` [streams, 2], whose
     share of ``shape`` is its first axis split evenly (fold-major), numbered from 0 within it."""
     import tensorflow as tf
@@ -92,7 +92,7 @@ def counter_uniform(seeds: Any, shape: Sequence[int]) -> Any:
     return tf.reshape(_fractions(seeds, _per_stream(seeds, shape)), shape)
 
 
-def counter_normal(seeds: Any, shape: Sequence[int]) -> Any:
+def counter_normal(seeds: Any, shape: Sequence[Any]) -> Any:
     """Standard normals of ``shape`` (streams as ``counter_uniform``'s) by Box-Muller: element i
     from its stream's uniforms 2i and 2i + 1, whatever the draw's length (a fold's batch padded
     when stacked draws the same numbers for its own samples)."""
@@ -104,13 +104,23 @@ def counter_normal(seeds: Any, shape: Sequence[int]) -> Any:
     return tf.reshape(radius * tf.cos((2.0 * math.pi) * pairs[..., 1]), shape)
 
 
-def _static(shape: Any) -> list[int]:
+def _sizes(shape: Any) -> list[Any]:
+    """A draw's shape as its sizes: ints where known when the step is traced, else scalar tensors
+    (the batch of a step traced for batches of any length, as Keras' fit traces its step). The
+    numbers drawn are the same either way: element i of a stream is hashed from i."""
     import tensorflow as tf
 
-    static = tf.get_static_value(tf.stack(list(shape)) if isinstance(shape, (list, tuple)) else shape)
-    if static is None:
-        raise ValueError(f"foldsweep's random draws need a shape known when the step is traced, got {shape}")
-    return [int(size) for size in static]
+    if not isinstance(shape, (list, tuple)):
+        static = tf.get_static_value(shape)
+        shape = tf.unstack(shape) if static is None else list(static)
+    return [_size(size) for size in shape]
+
+
+def _size(size: Any) -> Any:
+    import tensorflow as tf
+
+    static = tf.get_static_value(size)
+    return size if static is None else int(static)
 
 
 # The functions of ``KERAS_RANDOM_MODULE`` replaced while a step is traced (what the drawn layers
@@ -125,7 +135,7 @@ def _dropout(seeds, inputs, rate, noise_shape=None):
     if rate == 0.0:
         return inputs
     inputs = tf.convert_to_tensor(inputs)
-    sizes = _static(tf.shape(inputs))
+    sizes = _sizes([tf.shape(inputs)[axis] if size is None else size for axis, size in enumerate(inputs.shape)])
     shape = (
         sizes
         if noise_shape is None
@@ -138,15 +148,15 @@ def _dropout(seeds, inputs, rate, noise_shape=None):
     return tf.where(keep, scaled, tf.zeros([], inputs.dtype))
 
 
-def _static_or_none(noise_shape: Any) -> list[int | None]:
-    return [None if size is None else _static([size])[0] for size in noise_shape]
+def _static_or_none(noise_shape: Any) -> list[Any]:
+    return [None if size is None else _size(size) for size in noise_shape]
 
 
 def _normal(seeds, shape, mean=0.0, stddev=1.0, dtype=None):
     import tensorflow as tf
     from keras.config import floatx
 
-    return tf.cast(counter_normal(seeds, _static(shape)) * stddev + mean, dtype or floatx())
+    return tf.cast(counter_normal(seeds, _sizes(shape)) * stddev + mean, dtype or floatx())
 
 
 def _uniform(seeds, shape, minval=0.0, maxval=1.0, dtype=None):
@@ -154,7 +164,7 @@ def _uniform(seeds, shape, minval=0.0, maxval=1.0, dtype=None):
     from keras.config import floatx
 
     minval, maxval = tf.cast(minval, tf.float32), tf.cast(maxval, tf.float32)
-    return tf.cast(counter_uniform(seeds, _static(shape)) * (maxval - minval) + minval, dtype or floatx())
+    return tf.cast(counter_uniform(seeds, _sizes(shape)) * (maxval - minval) + minval, dtype or floatx())
 
 
 REPLACEMENTS = {"dropout": _dropout, "normal": _normal, "uniform": _uniform}
