@@ -139,7 +139,7 @@ def _dropout(seeds, inputs, rate, noise_shape=None):
     shape = (
         sizes
         if noise_shape is None
-        else [sizes[i] if size is None else size for i, size in enumerate(_static_or_none(noise_shape))]
+        else [sizes[i] if size is None else size for i, size in enumerate(_sizes_or_none(noise_shape))]
     )
     # As tf.nn.experimental.stateless_dropout computes it: scaled, then kept where the number
     # drawn is at least the rate.
@@ -148,7 +148,7 @@ def _dropout(seeds, inputs, rate, noise_shape=None):
     return tf.where(keep, scaled, tf.zeros([], inputs.dtype))
 
 
-def _static_or_none(noise_shape: Any) -> list[Any]:
+def _sizes_or_none(noise_shape: Any) -> list[Any]:
     return [None if size is None else _size(size) for size in noise_shape]
 
 
