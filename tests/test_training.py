@@ -49,6 +49,29 @@ def trainer(data_and_folds, seed=0, batch_size=32, jit_compile="auto"):
     )
 
 
+def first_fold_engine(data_and_folds, model, loss, *, plan=SEQUENTIAL_WITHOUT_XLA):
+    """A fold engine of ``model`` (unbuilt) on the first fold, Adam at batch 32, with ``loss``."""
+    import keras
+
+    from pipeline.engine.fold_engine import FoldEngine
+    from pipeline.engine.recipe import TrainingParams
+    from pipeline.inputs.losses import TrainingLoss
+
+    data, folds = data_and_folds
+    model.build((None, *data.x.shape[1:]))
+    return FoldEngine(
+        model,
+        keras.optimizers.Adam(),
+        resident_data(data.fingerprint, data.x, data.y),
+        folds[0],
+        plan=plan,
+        recipe=TrainingRecipe(),
+        params=TrainingParams(batch_size=32, learning_rate=1e-3, optimizer="adam"),
+        loss=TrainingLoss(loss),
+        seed=0,
+    )
+
+
 def test_models_trained_beside_other_pytest_workers_get_the_thread_pools_of_a_trial_of_their_cores():
     """conftest sizes the pools before the first test starts TensorFlow: beside other workers, a
     trial's of the worker's share of the cores (two cores, two workers: a thread per pool, as the
@@ -159,17 +182,13 @@ def test_a_loss_of_the_researchers_own_is_traced_as_keras_fit_traces_it(data_and
     import keras
     import tensorflow as tf
 
-    from pipeline.engine.fold_engine import FoldEngine
-    from pipeline.engine.recipe import TrainingParams
-    from pipeline.inputs.losses import TrainingLoss
-
     def loss(y_true, y_pred):
         per_sample = keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
         if tf.reduce_mean(per_sample) > 1e9:
             return per_sample * 0.0
         return per_sample
 
-    data, folds = data_and_folds
+    data, _ = data_and_folds
 
     def model():
         return keras.Sequential(
@@ -184,19 +203,7 @@ def test_a_loss_of_the_researchers_own_is_traced_as_keras_fit_traces_it(data_and
     fitted.compile(optimizer="adam", loss=loss)
     with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
         fitted.fit(data.x[:64], data.y[:64], batch_size=32, epochs=1, verbose=0)
-    trained = model()
-    trained.build((None, *data.x.shape[1:]))
-    engine = FoldEngine(
-        trained,
-        keras.optimizers.Adam(),
-        resident_data(data.fingerprint, data.x, data.y),
-        folds[0],
-        plan=SEQUENTIAL_WITHOUT_XLA,
-        recipe=TrainingRecipe(),
-        params=TrainingParams(batch_size=32, learning_rate=1e-3, optimizer="adam"),
-        loss=TrainingLoss(loss),
-        seed=0,
-    )
+    engine = first_fold_engine(data_and_folds, model(), loss)
     with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
         engine.train_epoch(0)
 
@@ -207,10 +214,6 @@ def test_a_step_is_traced_once_for_an_epochs_full_batches_and_its_shorter_last_o
     compiles a program per batch size) and with foldsweep's dropout draws, whose shape is then
     known only when the step runs."""
     import keras
-
-    from pipeline.engine.fold_engine import FoldEngine
-    from pipeline.engine.recipe import TrainingParams
-    from pipeline.inputs.losses import TrainingLoss
 
     traced_batches = []
 
@@ -238,19 +241,8 @@ def test_a_step_is_traced_once_for_an_epochs_full_batches_and_its_shorter_last_o
     assert set(traced_batches) == {None}
     traced_batches.clear()
     assert len(folds[0].train) % 32
-    trained = model()
-    trained.build((None, *data.x.shape[1:]))
-    engine = FoldEngine(
-        trained,
-        keras.optimizers.Adam(),
-        resident_data(data.fingerprint, data.x, data.y),
-        folds[0],
-        plan=dataclasses.replace(SEQUENTIAL_WITHOUT_XLA, jit_compile=True, random_draws="counter"),
-        recipe=TrainingRecipe(),
-        params=TrainingParams(batch_size=32, learning_rate=1e-3, optimizer="adam"),
-        loss=TrainingLoss(keras.losses.sparse_categorical_crossentropy),
-        seed=0,
-    )
+    plan = dataclasses.replace(SEQUENTIAL_WITHOUT_XLA, jit_compile=True, random_draws="counter")
+    engine = first_fold_engine(data_and_folds, model(), keras.losses.sparse_categorical_crossentropy, plan=plan)
     losses = [engine.train_epoch(epoch) for epoch in range(2)]
     assert traced_batches == [None]
     assert np.isfinite(losses).all()
