@@ -126,6 +126,82 @@ def test_side_by_side_folds_train_one_program_compiled_once():
     assert report["split2_train_loss"] == alone["split2_train_loss"]
 
 
+def _scaled_cnn(kind, scales, traced):
+    """A build whose model multiplies its inputs by ``scales`` drawn under the fold's seed, a
+    NumPy array (a constant in the traced graph) or a tensor (captured), or by 1.0 (``kind``
+    None); each draw goes to ``scales``, each graph-mode training call to ``traced``."""
+    import keras
+    import tensorflow as tf
+
+    class Scaled(keras.layers.Layer):
+        def __init__(self, scale, **kwargs):
+            super().__init__(**kwargs)
+            self.scale = scale
+
+        def call(self, inputs, training=False):
+            if training and not tf.executing_eagerly():
+                traced.append(self.name)
+            return inputs * self.scale
+
+    def build(hp):
+        scale = np.float32(1.0) if kind is None else np.random.uniform(0.5, 1.5, size=(40, 1)).astype("float32")
+        scales.append(scale)
+        return keras.Sequential(
+            [
+                Scaled(tf.constant(scale) if kind == "tensor" else scale),
+                keras.layers.Conv1D(4, 3, activation="relu"),
+                keras.layers.Flatten(),
+                keras.layers.Dropout(0.2),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+
+    return build
+
+
+def _side_by_side(build, data, folds, fold_ids=None):
+    config = {"batch_size": 16, "learning_rate": 1e-2, "optimizer": "adam"}
+    recipe = TrainingRecipe(TrainSpec(seed=0), ExecutionChoices(jit_compile="off", layout="side_by_side"))
+    resident = resident_data(data.fingerprint, data.x, data.y)
+    return build_trainer(build, config, recipe, data=resident, folds=folds, fold_ids=fold_ids)
+
+
+@pytest.fixture(scope="module")
+def three_folds():
+    data = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 150}))
+    return data, make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), data).folds
+
+
+def test_folds_side_by_side_trace_one_training_step_and_train_as_each_fold_alone(three_folds):
+    """The first fold's traced step serves the others (their variables passed in place of its
+    own): the model's training call is traced once for three folds, and each fold trains as it
+    does alone."""
+    data, folds = three_folds
+    scales, traced = [], []
+    together = _side_by_side(_scaled_cnn(None, scales, traced), data, folds)
+    report = together.run_epoch().report()
+    assert len(traced) == 1
+    alone = _side_by_side(_scaled_cnn(None, [], []), data, folds[2:], fold_ids=[2]).run_epoch().report()
+    assert report["split2_train_loss"] == alone["split2_train_loss"]
+    assert report["split2_val_loss"] == alone["split2_val_loss"]
+
+
+@pytest.mark.parametrize("kind", ["array", "tensor"])
+def test_a_fold_model_holding_numbers_of_its_own_trains_its_own_step(three_folds, kind):
+    """A build that draws numbers under the fold's seed and keeps them out of its variables (a
+    NumPy array the trace bakes in, a tensor it captures) gets each fold's own step, not the first
+    fold's: each fold trains with its own numbers, as it does alone."""
+    data, folds = three_folds
+    scales, traced = [], []
+    together = _side_by_side(_scaled_cnn(kind, scales, traced), data, folds)
+    report = together.run_epoch().report()
+    assert not np.array_equal(scales[0], scales[2])
+    alone = _side_by_side(_scaled_cnn(kind, [], []), data, folds[2:], fold_ids=[2]).run_epoch().report()
+    assert report["split2_train_loss"] == alone["split2_train_loss"]
+    assert report["split2_val_loss"] == alone["split2_val_loss"]
+    assert len(traced) == 3
+
+
 def test_cv_summary_uses_sklearn_vocabulary_and_population_std():
     summary = cv_summary([{"val_accuracy": 0.5}, {"val_accuracy": 0.7}, {"val_accuracy": 0.9}])
     assert summary["split0_val_accuracy"] == 0.5 and summary["split2_val_accuracy"] == 0.9

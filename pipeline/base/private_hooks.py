@@ -512,6 +512,15 @@ def _check_compiled_calls() -> str | None:
     return None
 
 
+def _check_shared_steps() -> str | None:
+    from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
+
+    call = getattr(ConcreteFunction, "_call_flat", None)
+    if not callable(call) or _parameters(call) != ["self", "tensor_inputs", "captured_inputs"]:
+        return "ConcreteFunction._call_flat(tensor_inputs, captured_inputs) is missing"
+    return None
+
+
 def _check_gradient_registry() -> str | None:
     from tensorflow.python.framework import ops
     from tensorflow.python.ops import custom_gradient
@@ -671,6 +680,15 @@ HOOKS: tuple[Hook, ...] = (
         "from the compile cache twice as long (pipeline.base.compile_cache.compile_call)",
         ("_set_attr",),
         _check_compiled_calls,
+    ),
+    Hook(
+        "tensorflow",
+        "ConcreteFunction._call_flat(tensor_inputs, captured_inputs), calling a traced function with other "
+        "variables in place of those it captured",
+        "each fold of a trial traces its own training step again, not the first fold's once "
+        "(pipeline.engine.fold_engine.shared_step)",
+        ("_call_flat",),
+        _check_shared_steps,
     ),
     Hook(
         "tensorflow",

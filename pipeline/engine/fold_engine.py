@@ -13,6 +13,7 @@ into one XLA program.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import math
 import time
@@ -100,6 +101,22 @@ class FoldSteps(NamedTuple):
     # whose gradient is None is left out), known once the step is traced: TensorFlow names the
     # norm's ops global_norm/L2Loss, L2Loss_1, ... in that order.
     norm_variables: list[Any]
+    # The traced step, for the trial's other folds to run (``shared_step``); None when eager.
+    traced: TracedStep | None
+
+
+class TracedStep(NamedTuple):
+    """A fold's training step traced, with what it captures of its fold: the model's and the
+    optimizer's variables, in their order, and the class weights (``fold_steps``)."""
+
+    function: Any  # a tf.function with an input signature
+    variables: list[Any]
+    class_weights: Any
+
+
+# How far a fold's own step, run op by op, may be from the template's traced graph on its
+# variables (``shared_step``): float32 kernels fused or ordered differently, not a different model.
+SHARED_STEP_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 
 def traced_once(
@@ -158,6 +175,78 @@ def compiled_launch(train_steps: Callable[..., Any], *, jit_compile: bool) -> Ca
     return call
 
 
+def shared_step(
+    template: TracedStep, own: TracedStep, own_step: Callable[..., Any], probe: np.ndarray, *, kept: Sequence[Any]
+) -> Callable[..., Any] | None:
+    """The ``template`` fold's traced step run on this fold's variables and class weights
+    (``own``), where that is this fold's own step; else None, and the fold traces its own.
+
+    A trial's fold models are one ``build(hp)`` under k seeds: their steps trace to one graph but
+    for what it captures, so each fold's launch can call the template's graph with its own
+    variables in their place, and tracing a step (forward, gradients and the optimizer's update,
+    in Python) is paid once per trial instead of once per fold. A graph holds more than its
+    captures, though: a NumPy array or an integer seed that ``build`` draws under the fold's seed
+    is a constant in it, and shared blindly would train every fold with the template's. So the
+    template's graph must capture nothing but its fold's variables, class weights and the data
+    (``kept``), and compute on this fold's batch ``probe`` what the fold's own step run op by op
+    computes (``own_step``): the same loss, gradient norm and health, and the same layer state
+    after (moving statistics, random generators), within ``SHARED_STEP_TOLERANCE``. The update is
+    not applied: the optimizer is the recipe's, made alike for every fold, and the loss is the
+    trial's; only the model is the fold's own. The fold's variables are restored after."""
+    template_variables, own_variables = template.variables, own.variables
+    if [(v.shape, v.dtype) for v in template_variables] != [(v.shape, v.dtype) for v in own_variables]:
+        return None
+    if (template.class_weights is None) != (own.class_weights is None):
+        return None
+    replacement = {id(_handle(t)): _handle(o) for t, o in zip(template_variables, own_variables)}
+    if template.class_weights is not None:
+        replacement[id(template.class_weights)] = own.class_weights
+    replacement.update({id(tensor): tensor for tensor in kept})
+    # A step that fails to trace or run here fails, or not, where the fold traces its own step,
+    # which then says why.
+    try:
+        concrete = template.function.get_concrete_function()
+        if any(id(capture) not in replacement for capture in concrete.captured_inputs):
+            return None
+        captures = [replacement[id(capture)] for capture in concrete.captured_inputs]
+
+        def step(indices, enabled):
+            return concrete._call_flat([indices, enabled], captures)
+
+        return step if _same_step(step, own_step, own_variables, probe) else None
+    except Exception:
+        return None
+
+
+def _handle(variable: Any) -> Any:
+    """The resource a traced function captures for a Keras variable."""
+    return variable.value.handle
+
+
+def _same_step(
+    step: Callable[..., Any], own_step: Callable[..., Any], variables: Sequence[Any], probe: np.ndarray
+) -> bool:
+    """Whether ``step`` and ``own_step``, on the batch ``probe`` with their update switched off,
+    return the same values and leave the same ``variables``; the variables restored after."""
+    import tensorflow as tf
+
+    arguments = (tf.constant(probe), tf.constant(False))
+    before = [variable.numpy() for variable in variables]
+
+    def outcome(run: Callable[..., Any]) -> list[np.ndarray]:
+        try:
+            returned = run(*arguments)
+            return [np.asarray(value, dtype=np.float64) for value in (*returned, *variables)]
+        finally:
+            for variable, value in zip(variables, before):
+                variable.assign(value)
+
+    shared, own = outcome(step), outcome(own_step)
+    return all(
+        a.shape == b.shape and np.allclose(a, b, equal_nan=True, **SHARED_STEP_TOLERANCE) for a, b in zip(shared, own)
+    )
+
+
 def fold_steps(
     model: keras.Model,
     optimizer: keras.optimizers.Optimizer,
@@ -171,6 +260,8 @@ def fold_steps(
     class_weights: np.ndarray | None = None,
     batch_size: int = 1,
     compiled: bool = False,
+    template: TracedStep | None = None,
+    probe: np.ndarray | None = None,
 ) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
@@ -181,7 +272,9 @@ def fold_steps(
     ``masked`` (the plan's per-epoch stop test) a step computes its update whatever its health
     and keeps it only where it applies, with no tf.cond: a step not active keeps the layer state
     too, so that steps after a failure change nothing. With ``eager`` the steps run op by op; with
-    ``compiled`` (an XLA-compiled launch, ``compiled_launch``) XLA lowers the step once."""
+    ``compiled`` (an XLA-compiled launch, ``compiled_launch``) XLA lowers the step once. With a
+    ``template`` (another fold's ``FoldSteps.traced``) the launch runs that fold's traced step on
+    this fold's variables where it is this fold's step on the batch ``probe`` (``shared_step``)."""
     import tensorflow as tf
 
     features, labels = data.x, data.y
@@ -231,7 +324,25 @@ def fold_steps(
 
     # Index batches of any length and the step's switch: the last batch of an epoch is shorter.
     signature = (tf.TensorSpec([None], data.index_dtype), tf.TensorSpec([], tf.bool))
-    step = traced_once(train_step, eager=eager, compiled=compiled, signature=signature)
+    own_step = traced_once(train_step, eager=eager, compiled=compiled, signature=signature)
+    traced = None if eager else TracedStep(own_step, [*model.variables, *optimizer.variables], weights)
+    step = own_step
+    if template is not None and traced is not None and probe is not None:
+        own = traced
+        chosen: list[Callable[..., Any]] = []
+
+        def check() -> Callable[..., Any] | None:
+            with tf.device(data.device):
+                return shared_step(template, own, train_step, probe, kept=(features, labels))
+
+        def step(indices, enabled):
+            # Chosen as the launch is first traced, so it counts in the trial's compile time; the
+            # check runs eagerly, in a thread of its own: this one is building the launch's graph,
+            # its gradient tapes paused.
+            if not chosen:
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    chosen.append(pool.submit(check).result() or own_step)
+            return chosen[0](indices, enabled)
 
     def train_steps(batches, first_step, tally):
         # One compiled launch: the steps of ``batches`` (a static number of steps, unrolled),
@@ -261,7 +372,7 @@ def fold_steps(
         # their sizes: with ignore_class that is not the mean over every position kept.
         return loss.batches_loss_sum(y, loss.per_sample(y, predictions), batch_size), correct
 
-    return FoldSteps(train_steps, evaluate_batch, norm_variables)
+    return FoldSteps(train_steps, evaluate_batch, norm_variables, traced)
 
 
 def _masked_update(
@@ -423,10 +534,12 @@ class FoldEngine:
         params: TrainingParams,
         loss: TrainingLoss,
         seed: int,
+        template: TracedStep | None = None,
     ):
         """``model`` trained by its own ``optimizer`` on ``fold`` of ``data``, executed as the
         trial's ``plan`` says, with what its ``recipe`` (the spec's ``train`` section, eager or
-        not) and ``params`` (batch size, shuffling) ask, its ``loss`` and the fold's ``seed``."""
+        not) and ``params`` (batch size, shuffling) ask, its ``loss`` and the fold's ``seed``;
+        its step another fold's traced step (``template``, ``shared_step``) where that is the same."""
         import tensorflow as tf
 
         self.model = model
@@ -457,7 +570,7 @@ class FoldEngine:
             self.metrics.build(step_labels(tf.gather(data.y, first)), model(tf.gather(data.x, first), training=False))
         eager = recipe.choices.eager
         per_epoch = plan.stop_test == "per_epoch"
-        train_steps, evaluate_batch, self.norm_variables = fold_steps(
+        train_steps, evaluate_batch, self.norm_variables, self.traced_step = fold_steps(
             model,
             optimizer,
             loss,
@@ -469,6 +582,8 @@ class FoldEngine:
             class_weights=fold_class_weights(recipe.train.class_weight, data, fold),
             batch_size=self.batch_size,
             compiled=plan.jit_compile,
+            template=template,
+            probe=self._train_indices[: self.batch_size],
         )
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).

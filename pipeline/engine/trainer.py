@@ -102,20 +102,25 @@ class FoldTrainer:
         self.epoch = 0
         # The folds' numbers in the sweep: a rerun of one fold still reports split{k} as k.
         self.fold_ids = list(fold_ids)
-        self.engines = [
-            FoldEngine(
-                model,
-                optimizer.make(),
-                data,
-                fold,
-                plan=plan,
-                recipe=recipe,
-                params=params,
-                loss=loss,
-                seed=fold_seed(recipe.train.seed, k),
+        self.engines: list[FoldEngine] = []
+        for k, fold, model in zip(self.fold_ids, folds, models):
+            # The first fold's traced step serves the others where it is theirs (stacked folds
+            # train through a step of their own).
+            first = self.engines[0].traced_step if self.engines and plan.layout != "stacked" else None
+            self.engines.append(
+                FoldEngine(
+                    model,
+                    optimizer.make(),
+                    data,
+                    fold,
+                    plan=plan,
+                    recipe=recipe,
+                    params=params,
+                    loss=loss,
+                    seed=fold_seed(recipe.train.seed, k),
+                    template=first,
+                )
             )
-            for k, fold, model in zip(self.fold_ids, folds, models)
-        ]
         # Which way each metric besides loss and accuracy improves ("" when unknown): what a fold
         # that went NaN counts as in the CV mean.
         self.directions = {scorer.name: scorer.direction or "" for scorer in self.engines[0].metrics.scorers()}
