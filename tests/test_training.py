@@ -49,8 +49,9 @@ def trainer(data_and_folds, seed=0, batch_size=32, jit_compile="auto"):
     )
 
 
-def first_fold_engine(data_and_folds, model, loss, *, plan=SEQUENTIAL_WITHOUT_XLA):
-    """A fold engine of ``model`` (unbuilt) on the first fold, Adam at batch 32, with ``loss``."""
+def fold_engine(data_and_folds, model, loss, *, plan=SEQUENTIAL_WITHOUT_XLA, fold=0, template=None):
+    """A fold engine of ``model`` (unbuilt) on ``fold``, Adam at batch 32, with ``loss``, its step
+    the ``template``'s where that is its own."""
     import keras
 
     from pipeline.engine.fold_engine import FoldEngine
@@ -63,12 +64,13 @@ def first_fold_engine(data_and_folds, model, loss, *, plan=SEQUENTIAL_WITHOUT_XL
         model,
         keras.optimizers.Adam(),
         resident_data(data.fingerprint, data.x, data.y),
-        folds[0],
+        folds[fold],
         plan=plan,
         recipe=TrainingRecipe(),
         params=TrainingParams(batch_size=32, learning_rate=1e-3, optimizer="adam"),
         loss=TrainingLoss(loss),
         seed=0,
+        template=template,
     )
 
 
@@ -159,9 +161,10 @@ def _scaled_cnn(kind, scales, traced):
     return build
 
 
-def _side_by_side(build, data, folds, fold_ids=None):
+def _side_by_side(build, data, folds, fold_ids=None, class_weight=None):
     config = {"batch_size": 16, "learning_rate": 1e-2, "optimizer": "adam"}
-    recipe = TrainingRecipe(TrainSpec(seed=0), ExecutionChoices(jit_compile="off", layout="side_by_side"))
+    train = TrainSpec(seed=0, class_weight=class_weight)
+    recipe = TrainingRecipe(train, ExecutionChoices(jit_compile="off", layout="side_by_side"))
     resident = resident_data(data.fingerprint, data.x, data.y)
     return build_trainer(build, config, recipe, data=resident, folds=folds, fold_ids=fold_ids)
 
@@ -172,25 +175,28 @@ def three_folds():
     return data, make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), data).folds
 
 
-def test_folds_side_by_side_trace_one_training_step_and_train_as_each_fold_alone(three_folds):
-    """The first fold's traced step serves the others (their variables passed in place of its
-    own): the model's training call is traced once for three folds, and each fold trains as it
-    does alone."""
+@pytest.mark.parametrize("class_weight", [None, "balanced"])
+def test_folds_side_by_side_trace_one_training_step_and_train_as_each_fold_alone(three_folds, class_weight):
+    """The first fold's traced step serves the others (their variables and class weights passed
+    in place of its own): the model's training call is traced once for three folds, and each
+    fold trains as it does alone."""
     data, folds = three_folds
-    scales, traced = [], []
-    together = _side_by_side(_scaled_cnn(None, scales, traced), data, folds)
+    traced = []
+    together = _side_by_side(_scaled_cnn(None, [], traced), data, folds, class_weight=class_weight)
     report = together.run_epoch().report()
     assert len(traced) == 1
-    alone = _side_by_side(_scaled_cnn(None, [], []), data, folds[2:], fold_ids=[2]).run_epoch().report()
-    assert report["split2_train_loss"] == alone["split2_train_loss"]
-    assert report["split2_val_loss"] == alone["split2_val_loss"]
+    alone = _side_by_side(_scaled_cnn(None, [], []), data, folds[2:], fold_ids=[2], class_weight=class_weight)
+    alone_report = alone.run_epoch().report()
+    assert report["split2_train_loss"] == alone_report["split2_train_loss"]
+    assert report["split2_val_loss"] == alone_report["split2_val_loss"]
 
 
 @pytest.mark.parametrize("kind", ["array", "tensor"])
 def test_a_fold_model_holding_numbers_of_its_own_trains_its_own_step(three_folds, kind):
     """A build that draws numbers under the fold's seed and keeps them out of its variables (a
-    NumPy array the trace bakes in, a tensor it captures) gets each fold's own step, not the first
-    fold's: each fold trains with its own numbers, as it does alone."""
+    NumPy array the trace bakes in, which the one-batch check finds; a tensor it captures, which
+    the capture check finds) gets each fold's own step, not the first fold's: each fold trains
+    with its own numbers, as it does alone."""
     data, folds = three_folds
     scales, traced = [], []
     together = _side_by_side(_scaled_cnn(kind, scales, traced), data, folds)
@@ -200,6 +206,50 @@ def test_a_fold_model_holding_numbers_of_its_own_trains_its_own_step(three_folds
     assert report["split2_train_loss"] == alone["split2_train_loss"]
     assert report["split2_val_loss"] == alone["split2_val_loss"]
     assert len(traced) == 3
+
+
+@pytest.mark.parametrize("stop_test", ["per_launch", "per_epoch"])
+def test_a_fold_whose_own_number_moves_only_its_layer_state_trains_its_own_step(data_and_folds, stop_test):
+    """A number ``build`` draws that moves only a layer's state (a running mean's momentum) shows
+    in no loss or gradient: the check compares the state a step leaves, also where the plan keeps
+    or drops each step's updates by a mask (the per-epoch stop test of a GPU), so the second fold
+    keeps its own momentum."""
+    import keras
+    import tensorflow as tf
+
+    class RunningMean(keras.layers.Layer):
+        def __init__(self, momentum, **kwargs):
+            super().__init__(**kwargs)
+            self.momentum = momentum
+
+        def build(self, input_shape):
+            self.mean = self.add_weight(shape=(), initializer="zeros", trainable=False)
+
+        def call(self, inputs, training=False):
+            if training:
+                self.mean.assign(self.mean * self.momentum + tf.reduce_mean(inputs) * (1 - self.momentum))
+            return inputs
+
+    def model(seed):
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential(
+            [
+                RunningMean(np.float32(np.random.uniform(0.1, 0.9))),
+                keras.layers.Conv1D(4, 3),
+                keras.layers.Flatten(),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+
+    plan = dataclasses.replace(SEQUENTIAL_WITHOUT_XLA, stop_test=stop_test)
+    loss = keras.losses.SparseCategoricalCrossentropy()
+    first = fold_engine(data_and_folds, model(0), loss, plan=plan)
+    first.train_epoch(0)  # its step traced where its launch is
+    second = fold_engine(data_and_folds, model(1), loss, plan=plan, fold=1, template=first.traced_step)
+    alone = fold_engine(data_and_folds, model(1), loss, plan=plan, fold=1)
+    assert second.model.layers[0].momentum != first.model.layers[0].momentum
+    assert second.train_epoch(0) == alone.train_epoch(0)
+    assert second.model.layers[0].mean.numpy() == alone.model.layers[0].mean.numpy()
 
 
 def test_cv_summary_uses_sklearn_vocabulary_and_population_std():
@@ -279,7 +329,7 @@ def test_a_loss_of_the_researchers_own_is_traced_as_keras_fit_traces_it(data_and
     fitted.compile(optimizer="adam", loss=loss)
     with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
         fitted.fit(data.x[:64], data.y[:64], batch_size=32, epochs=1, verbose=0)
-    engine = first_fold_engine(data_and_folds, model(), loss)
+    engine = fold_engine(data_and_folds, model(), loss)
     with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
         engine.train_epoch(0)
 
@@ -318,7 +368,7 @@ def test_a_step_is_traced_once_for_an_epochs_full_batches_and_its_shorter_last_o
     traced_batches.clear()
     assert len(folds[0].train) % 32
     plan = dataclasses.replace(SEQUENTIAL_WITHOUT_XLA, jit_compile=True, random_draws="counter")
-    engine = first_fold_engine(data_and_folds, model(), keras.losses.sparse_categorical_crossentropy, plan=plan)
+    engine = fold_engine(data_and_folds, model(), keras.losses.sparse_categorical_crossentropy, plan=plan)
     losses = [engine.train_epoch(epoch) for epoch in range(2)]
     assert traced_batches == [None]
     assert np.isfinite(losses).all()

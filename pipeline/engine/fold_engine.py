@@ -176,7 +176,7 @@ def compiled_launch(train_steps: Callable[..., Any], *, jit_compile: bool) -> Ca
 
 
 def shared_step(
-    template: TracedStep, own: TracedStep, own_step: Callable[..., Any], probe: np.ndarray, *, kept: Sequence[Any]
+    template: TracedStep, own: TracedStep, eager_step: Callable[..., Any], probe: np.ndarray, *, kept: Sequence[Any]
 ) -> Callable[..., Any] | None:
     """The ``template`` fold's traced step run on this fold's variables and class weights
     (``own``), where that is this fold's own step; else None, and the fold traces its own.
@@ -188,24 +188,28 @@ def shared_step(
     captures, though: a NumPy array or an integer seed that ``build`` draws under the fold's seed
     is a constant in it, and shared blindly would train every fold with the template's. So the
     template's graph must capture nothing but its fold's variables, class weights and the data
-    (``kept``), and compute on this fold's batch ``probe`` what the fold's own step run op by op
-    computes (``own_step``): the same loss, gradient norm and health, and the same layer state
-    after (moving statistics, random generators), within ``SHARED_STEP_TOLERANCE``. The update is
-    not applied: the optimizer is the recipe's, made alike for every fold, and the loss is the
-    trial's; only the model is the fold's own. The fold's variables are restored after."""
-    template_variables, own_variables = template.variables, own.variables
-    if [(v.shape, v.dtype) for v in template_variables] != [(v.shape, v.dtype) for v in own_variables]:
-        return None
-    if (template.class_weights is None) != (own.class_weights is None):
-        return None
-    replacement = {id(_handle(t)): _handle(o) for t, o in zip(template_variables, own_variables)}
-    if template.class_weights is not None:
-        replacement[id(template.class_weights)] = own.class_weights
-    replacement.update({id(tensor): tensor for tensor in kept})
+    (``kept``), and take one step on this fold's batch ``probe`` as the fold's own step run op by
+    op takes it (``eager_step``): the same loss, gradient norm and health, and every variable of
+    the model and optimizer left the same (weights updated, constraints applied, moving statistics,
+    random generators), integers exactly and floats within ``SHARED_STEP_TOLERANCE``. The fold's
+    variables are restored after. The template must have been traced already, where its launch
+    was (this runs in a thread of its own, without the tracing thread's op callbacks)."""
     # A step that fails to trace or run here fails, or not, where the fold traces its own step,
     # which then says why.
     try:
+        if template.function.experimental_get_tracing_count() != 1:
+            return None
         concrete = template.function.get_concrete_function()
+        if template.function.experimental_get_tracing_count() != 1:
+            return None
+        if [(v.shape, v.dtype) for v in template.variables] != [(v.shape, v.dtype) for v in own.variables]:
+            return None
+        if (template.class_weights is None) != (own.class_weights is None):
+            return None
+        replacement = {id(t.handle): o.handle for t, o in zip(template.variables, own.variables)}
+        if template.class_weights is not None:
+            replacement[id(template.class_weights)] = own.class_weights
+        replacement.update({id(tensor): tensor for tensor in kept})
         if any(id(capture) not in replacement for capture in concrete.captured_inputs):
             return None
         captures = [replacement[id(capture)] for capture in concrete.captured_inputs]
@@ -213,38 +217,66 @@ def shared_step(
         def step(indices, enabled):
             return concrete._call_flat([indices, enabled], captures)
 
-        return step if _same_step(step, own_step, own_variables, probe) else None
+        return step if _same_step(step, eager_step, own.variables, probe) else None
     except Exception:
         return None
 
 
-def _handle(variable: Any) -> Any:
-    """The resource a traced function captures for a Keras variable."""
-    return variable.value.handle
-
-
 def _same_step(
-    step: Callable[..., Any], own_step: Callable[..., Any], variables: Sequence[Any], probe: np.ndarray
+    step: Callable[..., Any], eager_step: Callable[..., Any], variables: Sequence[Any], probe: np.ndarray
 ) -> bool:
-    """Whether ``step`` and ``own_step``, on the batch ``probe`` with their update switched off,
-    return the same values and leave the same ``variables``; the variables restored after."""
+    """Whether ``step`` and ``eager_step`` take the same training step on the batch ``probe``:
+    the values they return and the ``variables`` they leave; the variables restored after."""
     import tensorflow as tf
 
-    arguments = (tf.constant(probe), tf.constant(False))
+    arguments = (tf.constant(probe), tf.constant(True))
     before = [variable.numpy() for variable in variables]
 
     def outcome(run: Callable[..., Any]) -> list[np.ndarray]:
         try:
             returned = run(*arguments)
-            return [np.asarray(value, dtype=np.float64) for value in (*returned, *variables)]
+            return [np.asarray(value) for value in (*returned, *variables)]
         finally:
             for variable, value in zip(variables, before):
                 variable.assign(value)
 
-    shared, own = outcome(step), outcome(own_step)
-    return all(
-        a.shape == b.shape and np.allclose(a, b, equal_nan=True, **SHARED_STEP_TOLERANCE) for a, b in zip(shared, own)
-    )
+    def same(a: np.ndarray, b: np.ndarray) -> bool:
+        if a.dtype.kind != "f" or b.dtype.kind != "f":
+            return a.dtype == b.dtype and np.array_equal(a, b)
+        return a.shape == b.shape and np.allclose(a, b, equal_nan=True, **SHARED_STEP_TOLERANCE)
+
+    shared, own = outcome(step), outcome(eager_step)
+    return all(same(a, b) for a, b in zip(shared, own))
+
+
+def shared_where_same(
+    template: TracedStep,
+    own: TracedStep,
+    eager_step: Callable[..., Any],
+    probe: np.ndarray,
+    *,
+    kept: Sequence[Any],
+    device: str,
+) -> Callable[..., Any]:
+    """The fold's step: the template's where ``shared_step`` finds it this fold's own, else the
+    fold's own traced step (``own.function``), chosen as the launch first calls it, so that the
+    check counts in the trial's compile time. The check runs eagerly in a thread of its own: this
+    one is tracing the launch, its gradient tapes paused."""
+    import tensorflow as tf
+
+    chosen: list[Callable[..., Any]] = []
+
+    def check() -> Callable[..., Any] | None:
+        with tf.device(device):
+            return shared_step(template, own, eager_step, probe, kept=kept)
+
+    def step(indices, enabled):
+        if not chosen:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                chosen.append(pool.submit(check).result() or own.function)
+        return chosen[0](indices, enabled)
+
+    return step
 
 
 def fold_steps(
@@ -274,7 +306,7 @@ def fold_steps(
     too, so that steps after a failure change nothing. With ``eager`` the steps run op by op; with
     ``compiled`` (an XLA-compiled launch, ``compiled_launch``) XLA lowers the step once. With a
     ``template`` (another fold's ``FoldSteps.traced``) the launch runs that fold's traced step on
-    this fold's variables where it is this fold's step on the batch ``probe`` (``shared_step``)."""
+    this fold's variables where it is this fold's step on the batch ``probe`` (``shared_where_same``)."""
     import tensorflow as tf
 
     features, labels = data.x, data.y
@@ -324,25 +356,10 @@ def fold_steps(
 
     # Index batches of any length and the step's switch: the last batch of an epoch is shorter.
     signature = (tf.TensorSpec([None], data.index_dtype), tf.TensorSpec([], tf.bool))
-    own_step = traced_once(train_step, eager=eager, compiled=compiled, signature=signature)
-    traced = None if eager else TracedStep(own_step, [*model.variables, *optimizer.variables], weights)
-    step = own_step
+    step = traced_once(train_step, eager=eager, compiled=compiled, signature=signature)
+    traced = None if eager else TracedStep(step, [*model.variables, *optimizer.variables], weights)
     if template is not None and traced is not None and probe is not None:
-        own = traced
-        chosen: list[Callable[..., Any]] = []
-
-        def check() -> Callable[..., Any] | None:
-            with tf.device(data.device):
-                return shared_step(template, own, train_step, probe, kept=(features, labels))
-
-        def step(indices, enabled):
-            # Chosen as the launch is first traced, so it counts in the trial's compile time; the
-            # check runs eagerly, in a thread of its own: this one is building the launch's graph,
-            # its gradient tapes paused.
-            if not chosen:
-                with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                    chosen.append(pool.submit(check).result() or own_step)
-            return chosen[0](indices, enabled)
+        step = shared_where_same(template, traced, train_step, probe, kept=(features, labels), device=data.device)
 
     def train_steps(batches, first_step, tally):
         # One compiled launch: the steps of ``batches`` (a static number of steps, unrolled),

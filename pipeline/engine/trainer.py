@@ -102,11 +102,13 @@ class FoldTrainer:
         self.epoch = 0
         # The folds' numbers in the sweep: a rerun of one fold still reports split{k} as k.
         self.fold_ids = list(fold_ids)
+        # The first fold's traced step serves the others where it is theirs; not where stacked
+        # folds train through a step of their own, nor under numeric checking, whose finding
+        # names the failing op's layer in the fold's own graph.
+        shared = plan.layout != "stacked" and not recipe.choices.check_numerics
         self.engines: list[FoldEngine] = []
         for k, fold, model in zip(self.fold_ids, folds, models):
-            # The first fold's traced step serves the others where it is theirs (stacked folds
-            # train through a step of their own).
-            first = self.engines[0].traced_step if self.engines and plan.layout != "stacked" else None
+            first = self.engines[0].traced_step if self.engines and shared else None
             self.engines.append(
                 FoldEngine(
                     model,
