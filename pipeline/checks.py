@@ -3,16 +3,17 @@
 
 Two stages, as TensorFlow loads between them. ``check_inputs``, before it (well under a second:
 a missing file, a misnamed array or a bad label is reported at once): the store, the
-experiment's file, the data, its labels and groups, the Ray address. ``prepare``, once the
-model can be built: the model against the data (its input shape, outputs against labels and
-loss, the objective among its metrics, its replicas in a trial's memory), then the folds
-(``make_checked_folds``) and the batch sizes against them.
+experiment's file, the data, its labels and groups, the Ray address; then it starts splitting
+the folds beside the command (``folds_beside``). ``prepare``, once the model can be built: the
+model against the data (its input shape, outputs against labels and loss, the objective among
+its metrics, its replicas in a trial's memory), then the folds (``make_checked_folds``) and the
+batch sizes against them.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,17 +41,20 @@ class CheckedInputs:
     dataset_path: str | None  # a data file, absolute (None for a built-in)
     num_samples: int
     address: str | None
+    folds: Callable[[], FoldPlan]  # waits for the folds split beside the command (``folds_beside``)
     warnings: tuple[str, ...] = ()  # what may be a mistake but is not refused
 
 
 def check_inputs(
     spec: SweepSpec, *, tracking_uri: str | None = None, num_samples: int | None = None, address: str | None = None
 ) -> CheckedInputs:
-    """Every check of a spec's inputs that needs no model, TensorFlow, Ray or folds.
+    """Every check of a spec's inputs that needs no model, TensorFlow, Ray or folds; the folds
+    start splitting once they pass.
 
     Raises:
         InputError: the store, experiment file, data or Ray address cannot work as asked.
     """
+    from pipeline.inputs.folds import folds_beside
     from pipeline.records.stores import check_tracking_uri
 
     uri = tracking_uri or spec.tracking.uri
@@ -74,6 +78,7 @@ def check_inputs(
         dataset_path=dataset_spec.path,
         num_samples=num_samples or spec.search.num_samples,
         address=address,
+        folds=folds_beside(spec.cv, dataset),
         warnings=tuple(warnings),
     )
 
@@ -85,10 +90,10 @@ def make_checked_folds(spec: SweepSpec, inputs: CheckedInputs) -> tuple[FoldPlan
     Raises:
         DataError: more splits than the data allows, or a fold that trains on one class.
     """
-    from pipeline.inputs.folds import class_balance_warning, make_folds
+    from pipeline.inputs.folds import class_balance_warning
 
     dataset = inputs.dataset
-    folds = make_folds(spec.cv, dataset)
+    folds = inputs.folds()
     _check_folds_have_classes(spec, dataset, folds, inputs.dataset_path or dataset.name)
     warning = class_balance_warning(folds, dataset.y)
     return folds, (warning,) if warning else ()

@@ -26,7 +26,7 @@ from pipeline.contract.plan import (
 )
 from pipeline.contract.results import DONE, EVAL_STEP, NAN_EPOCH, NAN_FOLD, NAN_STEP, EpochResult, TrialStatus
 from pipeline.inputs.datasets import load_dataset
-from pipeline.inputs.folds import FoldPlan, make_folds, manifest_identity
+from pipeline.inputs.folds import FoldPlan, folds_beside, manifest_identity
 from pipeline.inputs.spec import (
     TRAINING_DEFAULTS,
     CVSpec,
@@ -200,11 +200,13 @@ def spec_threads(spec: SweepSpec, *, n_folds: int, eager: bool = False, check_nu
     return plan_threads(choices, cpus=spec.resources.cpu, n_folds=n_folds)
 
 
-def recorded_folds(recorded: RecordedTrial) -> tuple[Any, FoldPlan]:
-    """The recorded sweep's dataset and folds, rebuilt; refused if either no longer matches.
+def recorded_folds(recorded: RecordedTrial) -> tuple[Any, Callable[[], FoldPlan]]:
+    """The recorded sweep's dataset, refused at once if it no longer matches, and what waits for
+    its folds, rebuilt beside the command (``folds_beside``) and refused if they differ.
 
     Raises:
-        DataError: the data's fingerprint or the folds' index hashes differ from the record.
+        DataError: the data's fingerprint, or (from what waits) the folds' index hashes, differ
+            from the record.
     """
     dataset = load_dataset(recorded.dataset)
     expected = recorded.manifest["dataset_fingerprint"]
@@ -213,13 +215,18 @@ def recorded_folds(recorded: RecordedTrial) -> tuple[Any, FoldPlan]:
             f"dataset: {recorded.dataset.label!r} no longer matches the data of sweep run "
             f"{recorded.parent_run_id}: fingerprint {dataset.fingerprint[:16]}... now, {expected[:16]}... recorded"
         )
-    plan = make_folds(recorded.spec.cv, dataset)
-    if manifest_identity(plan.manifest()) != manifest_identity(recorded.manifest):
-        raise DataError(
-            f"cv: the folds rebuilt from the spec differ from those recorded in sweep run "
-            f"{recorded.parent_run_id} (fold_manifest.json)"
-        )
-    return dataset, plan
+    rebuilt = folds_beside(recorded.spec.cv, dataset)
+
+    def folds() -> FoldPlan:
+        plan = rebuilt()
+        if manifest_identity(plan.manifest()) != manifest_identity(recorded.manifest):
+            raise DataError(
+                f"cv: the folds rebuilt from the spec differ from those recorded in sweep run "
+                f"{recorded.parent_run_id} (fold_manifest.json)"
+            )
+        return plan
+
+    return dataset, folds
 
 
 def checked_overrides(overrides: Mapping[str, Any], known: set[str], hyperparameters: Any) -> dict[str, Any]:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+from helpers import REPO
 
 from pipeline.base.errors import DataError
 from pipeline.inputs.datasets import Dataset
@@ -174,3 +180,43 @@ def test_group_folds_of_one_class_groups_warn_and_mixed_groups_do_not():
     assert "a total-variation distance of 0.67 (over 0.2); 3 of 3 folds are past it" in class_balance_warning(plan, y)
     mixed_groups = Dataset(name="toy", x=x, y=y, groups=np.arange(90) % 9)
     assert class_balance_warning(make_folds(CVSpec(splitter="group", n_splits=3, seed=0), mixed_groups), y) is None
+
+
+SPLIT_BESIDE = """
+import json, sys
+import numpy as np
+from pipeline.inputs.datasets import Dataset
+from pipeline.inputs.folds import folds_beside
+from pipeline.inputs.spec import CVSpec
+
+data = Dataset(name="toy", x=np.zeros((103, 8, 1), np.float32), y=(np.arange(103) % 3).astype(np.int32))
+waiting = folds_beside(CVSpec(splitter="stratified", n_splits=int(sys.argv[1]), seed=5), data)
+try:
+    answer = {"manifest": waiting().manifest()}
+except Exception as exc:
+    answer = {"error": f"{type(exc).__name__}: {exc}"}
+print(json.dumps({**answer, "scikit_learn_loaded": "sklearn" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("splits", [3, 200])
+def test_a_command_gets_from_beside_it_the_folds_or_the_refusal_it_would_make_itself(splits):
+    """A fresh command (no TensorFlow or scikit-learn loaded) splits its folds in a child process:
+    the same folds, or the same refusal, as splitting in place, and never loads scikit-learn."""
+    ran = subprocess.run(
+        [sys.executable, "-c", SPLIT_BESIDE, str(splits)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    beside = json.loads(ran.stdout)
+    assert beside["scikit_learn_loaded"] is False
+    data = Dataset(name="toy", x=np.zeros((103, 8, 1), np.float32), y=(np.arange(103) % 3).astype(np.int32))
+    spec = CVSpec(splitter="stratified", n_splits=splits, seed=5)
+    if splits < len(data.y):
+        assert beside["manifest"] == make_folds(spec, data).manifest()
+    else:
+        with pytest.raises(DataError) as refused:
+            make_folds(spec, data)
+        assert beside["error"] == f"DataError: {refused.value}"
