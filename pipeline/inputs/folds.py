@@ -7,9 +7,9 @@ scikit-learn's order for repeated splitters (``split{j}`` of ``cross_validate``)
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -123,18 +123,17 @@ def folds_beside(cv: CVSpec, dataset: Dataset) -> Callable[[], FoldPlan]:
 
     Importing scikit-learn's splitters is ~1.2 s of a command's start-up on 2 cores, while the
     next seconds load TensorFlow on one core: a child forked before that splits on the other, and
-    the command itself never loads scikit-learn. A process that has loaded TensorFlow already (a
-    notebook, the tests), where a fork beside its threads is not safe, or scikit-learn, where
-    there is nothing to gain, or that cannot fork safely (macOS), splits in place when asked.
+    the command itself never loads scikit-learn. A process that has loaded TensorFlow or Ray
+    already (a notebook, the tests), where a fork beside their threads is not safe, or
+    scikit-learn, where there is nothing to gain, or that cannot fork safely (macOS), splits in
+    place when asked.
     """
-    if sys.platform != "linux" or any(name in sys.modules for name in ("tensorflow", "sklearn.model_selection")):
+    if sys.platform != "linux" or any(name in sys.modules for name in ("tensorflow", "ray", "sklearn.model_selection")):
         return functools.cache(lambda: make_folds(cv, dataset))
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
-    for stream in (sys.stdout, sys.stderr):  # the child must not write the command's buffered output again
-        stream.flush()
     child = context.Process(target=_send_folds, args=(sender, cv, dataset), name="foldsweep-folds", daemon=True)
     child.start()
     sender.close()
@@ -156,16 +155,21 @@ def folds_beside(cv: CVSpec, dataset: Dataset) -> Callable[[], FoldPlan]:
 
 
 def _send_folds(sender: Any, cv: CVSpec, dataset: Dataset) -> None:
+    """The child's whole life: it answers, or the command splits in place, and it leaves at once,
+    without flushing the output buffers it holds copies of (the command's, when it forked) or
+    running any exit handler of the command's."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the command's to report, not this child's
-    outcome: tuple[str, FoldPlan | Exception]
     try:
-        outcome = ("folds", make_folds(cv, dataset))
-    except Exception as exc:  # a DataError, or one of scikit-learn's own
-        outcome = ("error", exc)
-    with contextlib.suppress(Exception):  # an answer that cannot be sent: the command splits in place
+        outcome: tuple[str, FoldPlan | Exception]
+        try:
+            outcome = ("folds", make_folds(cv, dataset))
+        except Exception as exc:  # a DataError, or one of scikit-learn's own
+            outcome = ("error", exc)
         sender.send(outcome)
+    finally:
+        os._exit(0)
 
 
 def _splits(
