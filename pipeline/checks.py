@@ -41,7 +41,7 @@ class CheckedInputs:
     dataset_path: str | None  # a data file, absolute (None for a built-in)
     num_samples: int
     address: str | None
-    folds: Callable[[], FoldPlan]  # waits for the folds split beside the command (``folds_beside``)
+    wait_for_folds: Callable[[], FoldPlan]  # the folds, split beside the command (``folds_beside``)
     warnings: tuple[str, ...] = ()  # what may be a mistake but is not refused
 
 
@@ -78,14 +78,15 @@ def check_inputs(
         dataset_path=dataset_spec.path,
         num_samples=num_samples or spec.search.num_samples,
         address=address,
-        folds=folds_beside(spec.cv, dataset),
+        wait_for_folds=folds_beside(spec.cv, dataset),
         warnings=tuple(warnings),
     )
 
 
 def make_checked_folds(spec: SweepSpec, inputs: CheckedInputs) -> tuple[FoldPlan, tuple[str, ...]]:
-    """The sweep's folds, each training on two classes at least, and the warnings they earn (a
-    grouped fold whose classes stray from the data's).
+    """The sweep's folds (``spec.cv``'s, which ``check_inputs`` started splitting), each training
+    on two classes at least, and the warnings they earn (a grouped fold whose classes stray from
+    the data's).
 
     Raises:
         DataError: more splits than the data allows, or a fold that trains on one class.
@@ -93,7 +94,7 @@ def make_checked_folds(spec: SweepSpec, inputs: CheckedInputs) -> tuple[FoldPlan
     from pipeline.inputs.folds import class_balance_warning
 
     dataset = inputs.dataset
-    folds = inputs.folds()
+    folds = inputs.wait_for_folds()
     _check_folds_have_classes(spec, dataset, folds, inputs.dataset_path or dataset.name)
     warning = class_balance_warning(folds, dataset.y)
     return folds, (warning,) if warning else ()

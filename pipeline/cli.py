@@ -611,7 +611,7 @@ def rerun(
     profiled_epoch = (
         check_profile_epoch(profile_epoch, planned=planned) if profiled and isinstance(planned, int) else None
     )
-    dataset, rebuilt_folds = recorded_folds(recorded)
+    dataset, wait_for_folds = recorded_folds(recorded)
     import_tensorflow_and_keras()
     from pipeline.base.private_hooks import TRAINING_LIBRARIES, require_hooks
     from pipeline.engine.runner import configure_tensorflow
@@ -637,7 +637,7 @@ def rerun(
     left_out = inactive_overrides({**recorded.config, **overrides}, overrides, space.conditions)
     overrides = {name: value for name, value in overrides.items() if name not in left_out}
     config = _without_inactive({**recorded.config, **overrides}, left_out)
-    folds = rebuilt_folds()
+    folds = wait_for_folds()
     console.print(
         f"rerun of trial {recorded.run_name} ({recorded.run_id}) of sweep run {recorded.parent_run_id}"
         + (f", with {' '.join(set_values)}" if set_values else ""),

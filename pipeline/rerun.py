@@ -215,10 +215,10 @@ def recorded_folds(recorded: RecordedTrial) -> tuple[Any, Callable[[], FoldPlan]
             f"dataset: {recorded.dataset.label!r} no longer matches the data of sweep run "
             f"{recorded.parent_run_id}: fingerprint {dataset.fingerprint[:16]}... now, {expected[:16]}... recorded"
         )
-    rebuilt = folds_beside(recorded.spec.cv, dataset)
+    split = folds_beside(recorded.spec.cv, dataset)
 
-    def folds() -> FoldPlan:
-        plan = rebuilt()
+    def wait_for_folds() -> FoldPlan:
+        plan = split()
         if manifest_identity(plan.manifest()) != manifest_identity(recorded.manifest):
             raise DataError(
                 f"cv: the folds rebuilt from the spec differ from those recorded in sweep run "
@@ -226,7 +226,7 @@ def recorded_folds(recorded: RecordedTrial) -> tuple[Any, Callable[[], FoldPlan]
             )
         return plan
 
-    return dataset, folds
+    return dataset, wait_for_folds
 
 
 def checked_overrides(overrides: Mapping[str, Any], known: set[str], hyperparameters: Any) -> dict[str, Any]:

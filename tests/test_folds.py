@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,14 +186,18 @@ def test_group_folds_of_one_class_groups_warn_and_mixed_groups_do_not():
 
 
 SPLIT_BESIDE = """
-import json, sys
+import json, os, signal, sys
 import numpy as np
 from pipeline.inputs.datasets import Dataset
 from pipeline.inputs.folds import folds_beside
 from pipeline.inputs.spec import CVSpec
 
-data = Dataset(name="toy", x=np.zeros((103, 8, 1), np.float32), y=(np.arange(103) % 3).astype(np.int32))
-waiting = folds_beside(CVSpec(splitter="stratified", n_splits=int(sys.argv[1]), seed=5), data)
+samples, splits, then = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+data = Dataset(name="toy", x=np.zeros((samples, 8, 1), np.float32), y=(np.arange(samples) % 3).astype(np.int32))
+waiting = folds_beside(CVSpec(splitter="stratified", n_splits=splits, seed=5), data)
+if then == "dies":  # killed before it reads the folds: its child must not wait for it forever
+    print(json.dumps({"child": waiting._child.pid}), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 try:
     answer = {"manifest": waiting().manifest()}
 except Exception as exc:
@@ -199,24 +206,56 @@ print(json.dumps({**answer, "scikit_learn_loaded": "sklearn" in sys.modules}))
 """
 
 
-@pytest.mark.parametrize("splits", [3, 200])
-def test_a_command_gets_from_beside_it_the_folds_or_the_refusal_it_would_make_itself(splits):
-    """A fresh command (no TensorFlow or scikit-learn loaded) splits its folds in a child process:
-    the same folds, or the same refusal, as splitting in place, and never loads scikit-learn."""
+def split_beside(samples: int, splits: int, then: str = "reads") -> dict:
     ran = subprocess.run(
-        [sys.executable, "-c", SPLIT_BESIDE, str(splits)],
+        [sys.executable, "-c", SPLIT_BESIDE, str(samples), str(splits), then],
         capture_output=True,
         text=True,
-        check=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
-    beside = json.loads(ran.stdout)
+    return json.loads(ran.stdout)
+
+
+@pytest.mark.parametrize(("samples", "splits"), [(103, 3), (103, 200), (30_000, 5)])  # (30,000, 5): 1.2 MB of folds
+def test_a_command_gets_from_beside_it_the_folds_or_the_refusal_it_would_make_itself(samples, splits):
+    """A fresh command (no TensorFlow or scikit-learn loaded) splits its folds in a child process:
+    the same folds, or the same refusal, as splitting in place, and never loads scikit-learn."""
+    beside = split_beside(samples, splits)
     assert beside["scikit_learn_loaded"] is False
-    data = Dataset(name="toy", x=np.zeros((103, 8, 1), np.float32), y=(np.arange(103) % 3).astype(np.int32))
+    data = Dataset(name="toy", x=np.zeros((samples, 8, 1), np.float32), y=(np.arange(samples) % 3).astype(np.int32))
     spec = CVSpec(splitter="stratified", n_splits=splits, seed=5)
-    if splits < len(data.y):
+    if splits < samples:
         assert beside["manifest"] == make_folds(spec, data).manifest()
     else:
         with pytest.raises(DataError) as refused:
             make_folds(spec, data)
         assert beside["error"] == f"DataError: {refused.value}"
+
+
+def test_the_child_splitting_beside_a_command_that_dies_ends_too():
+    """Its folds (1.2 MB) fill the pipe to a command killed before reading them: the send fails
+    and the child ends, instead of waiting on the pipe for good."""
+    command = subprocess.Popen(
+        [sys.executable, "-c", SPLIT_BESIDE, "30000", "5", "dies"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    with command:  # the child holds the command's output too: read its line, not to the end
+        child = json.loads(command.stdout.readline())["child"]
+        command.wait()
+        deadline = time.monotonic() + 60
+        while not gone(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ended = gone(child)
+        if not ended:
+            os.kill(child, signal.SIGKILL)
+    assert ended
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie waits only for its parent to read its status)."""
+    try:
+        return "(zombie)" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True

@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +23,9 @@ from pipeline.base.errors import DataError
 from pipeline.inputs.datasets import Dataset
 from pipeline.inputs.scoring import is_regression
 from pipeline.inputs.spec import CVSpec
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 
 @dataclass(frozen=True)
@@ -130,44 +135,76 @@ def folds_beside(cv: CVSpec, dataset: Dataset) -> Callable[[], FoldPlan]:
     """
     if sys.platform != "linux" or any(name in sys.modules for name in ("tensorflow", "ray", "sklearn.model_selection")):
         return functools.cache(lambda: make_folds(cv, dataset))
-    import multiprocessing
+    return _SplitBeside(cv, dataset)
 
-    context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_send_folds, args=(sender, cv, dataset), name="foldsweep-folds", daemon=True)
-    child.start()
-    sender.close()
 
-    @functools.cache
-    def folds() -> FoldPlan:
+class _SplitBeside:
+    """A child process splitting the folds, and the command's wait for its answer."""
+
+    def __init__(self, cv: CVSpec, dataset: Dataset):
+        import multiprocessing
+
+        self._cv, self._dataset = cv, dataset
+        _ = dataset.fingerprint  # hashed once, before the fork: the command's and the child's
+        context = multiprocessing.get_context("fork")
+        self._receiver, sender = context.Pipe(duplex=False)
+        # A Ctrl-C between the fork and the child ignoring it would end the child with a traceback.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            outcome, value = receiver.recv()
-        except (EOFError, OSError):  # the child died without an answer: split here
-            outcome, value = "folds", make_folds(cv, dataset)
+            self._child = context.Process(
+                target=_send_folds, args=(self._receiver, sender, cv, dataset), name="foldsweep-folds", daemon=True
+            )
+            self._child.start()
         finally:
-            receiver.close()
-            child.join()
-        if outcome == "error":
-            raise value
-        return value
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        sender.close()
+        self._answer: FoldPlan | DataError | None = None
 
-    return folds
+    def __call__(self) -> FoldPlan:
+        if self._answer is None:
+            self._answer = self._receive()
+        if isinstance(self._answer, DataError):
+            raise self._answer
+        return self._answer
 
-
-def _send_folds(sender: Any, cv: CVSpec, dataset: Dataset) -> None:
-    """The child's whole life: it answers, or the command splits in place, and it leaves at once,
-    without flushing the output buffers it holds copies of (the command's, when it forked) or
-    running any exit handler of the command's."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the command's to report, not this child's
-    try:
-        outcome: tuple[str, FoldPlan | Exception]
+    def _receive(self) -> FoldPlan | DataError:
         try:
-            outcome = ("folds", make_folds(cv, dataset))
-        except Exception as exc:  # a DataError, or one of scikit-learn's own
-            outcome = ("error", exc)
-        sender.send(outcome)
+            answer, warned = self._receiver.recv()
+        except Exception:  # the child died, or sent what cannot be read back
+            answer, warned = None, []
+        finally:
+            self._receiver.close()
+            self._child.kill()  # it has answered, or is no longer waited for (Ctrl-C)
+            self._child.join()
+        for message, category in warned:
+            warnings.warn(message, category, stacklevel=3)
+        if answer is not None:
+            return answer
+        try:  # here, so that anything but a refusal comes with its own traceback
+            return make_folds(self._cv, self._dataset)
+        except DataError as refused:
+            return refused
+
+
+def _send_folds(receiver: Connection, sender: Connection, cv: CVSpec, dataset: Dataset) -> None:
+    """The child's whole life: the folds, a refusal, or None (the command splits in place), and
+    the warnings the split gave, sent; then it leaves at once, flushing none of the command's
+    output buffers it holds copies of and running none of its exit handlers. It writes nothing
+    itself: a stream it shares with the command (a terminal's live line) may be locked by a
+    thread that the fork left behind."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the command's to report
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        receiver.close()  # with no reader left, a command that is gone fails the send: the child ends
+        answer: FoldPlan | DataError | None
+        with warnings.catch_warnings(record=True) as caught:
+            try:
+                answer = make_folds(cv, dataset)
+            except DataError as refused:
+                answer = refused
+            except Exception:
+                answer = None
+        sender.send((answer, [(str(warning.message), warning.category) for warning in caught]))
     finally:
         os._exit(0)
 
