@@ -211,6 +211,7 @@ def split_beside(samples: int, splits: int, then: str = "reads") -> dict:
         [sys.executable, "-c", SPLIT_BESIDE, str(samples), str(splits), then],
         capture_output=True,
         text=True,
+        check=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     return json.loads(ran.stdout)
