@@ -48,7 +48,9 @@ def corrected_ttest(differences: Sequence[float], *, val_train_ratio: float) -> 
     to zero (the same scores, e.g. the best against itself) gives p = 1, and a constant advantage
     gives p = 0.
     """
-    from scipy import stats
+    # Student's t survival function as scipy.stats.t.sf computes it (its ``_sf``), without loading
+    # scipy.stats: 0.6 s at the end of every sweep and report, where scipy.special is loaded already.
+    from scipy.special import stdtr
 
     values = np.asarray(differences, dtype=np.float64)
     replicas = len(values)
@@ -59,4 +61,4 @@ def corrected_ttest(differences: Sequence[float], *, val_train_ratio: float) -> 
         return Comparison(t=math.copysign(math.inf, mean) if mean else 0.0, pvalue=0.0 if mean > 0 else 1.0)
     variance = float(values.var(ddof=1)) * (1.0 / replicas + val_train_ratio)
     t = mean / math.sqrt(variance)
-    return Comparison(t=t, pvalue=float(stats.t.sf(t, replicas - 1)))
+    return Comparison(t=t, pvalue=float(stdtr(replicas - 1, -t)))
