@@ -49,7 +49,7 @@ def corrected_ttest(differences: Sequence[float], *, val_train_ratio: float) -> 
     gives p = 0.
     """
     # Student's t survival function as scipy.stats.t.sf computes it (its ``_sf``), without loading
-    # scipy.stats: 0.6 s at the end of every sweep and report, where scipy.special is loaded already.
+    # scipy.stats: 0.6 s at a sweep's end, where Keras has loaded scipy.special, and more in a report.
     from scipy.special import stdtr
 
     values = np.asarray(differences, dtype=np.float64)
