@@ -15,7 +15,14 @@ from pipeline.base import compile_cache
 from pipeline.contract.plan import ExecutionChoices
 from pipeline.engine.recipe import TrainingRecipe
 from pipeline.engine.resident import resident_data
-from pipeline.engine.stacked import forward_matches, forward_mismatch, model_blocker, steps_blocker
+from pipeline.engine.stacked import (
+    forward_matches,
+    forward_mismatch,
+    held_once_blocker,
+    held_once_variables,
+    model_blocker,
+    steps_blocker,
+)
 from pipeline.engine.trainer import build_trainer
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.hypermodel import load_builder
@@ -357,9 +364,32 @@ def _three_models(build):
             (9, 8, 2),
         ),
         ([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)], (5, 3)),  # Dense on each of 5 steps
+        (
+            [
+                keras.layers.DepthwiseConv2D(3, depth_multiplier=2, strides=2, padding="same", activation="relu"),
+                keras.layers.Flatten(),
+            ],
+            (9, 8, 3),
+        ),
+        ([keras.layers.DepthwiseConv1D(3, dilation_rate=2, use_bias=False), keras.layers.Flatten()], (12, 3)),
+        (
+            [keras.layers.SeparableConv2D(4, 3, depth_multiplier=2, padding="same"), keras.layers.Flatten()],
+            (8, 7, 3),
+        ),
+        ([keras.layers.SeparableConv1D(5, 3, strides=2, activation="relu"), keras.layers.Flatten()], (11, 2)),
+        ([keras.layers.Conv2DTranspose(4, 3, strides=2, padding="same"), keras.layers.Flatten()], (5, 4, 3)),
+        (
+            [
+                keras.layers.Conv2DTranspose(3, (3, 2), strides=(2, 1), output_padding=(1, 0), activation="tanh"),
+                keras.layers.Flatten(),
+            ],
+            (5, 4, 2),
+        ),
+        ([keras.layers.Conv1DTranspose(4, 3, strides=2, use_bias=False), keras.layers.Flatten()], (6, 3)),
     ],
 )
-def test_the_stacked_forward_pass_reproduces_each_fold_models_outputs(layers, shape):
+@pytest.mark.parametrize("convolutions", ["patches", "grouped"])
+def test_the_stacked_forward_pass_reproduces_each_fold_models_outputs(layers, shape, convolutions):
     def build():
         inputs = keras.Input(shape=shape)
         x = inputs
@@ -370,7 +400,84 @@ def test_the_stacked_forward_pass_reproduces_each_fold_models_outputs(layers, sh
     models = _three_models(build)
     assert model_blocker(models[0]) is None
     samples = np.random.default_rng(0).normal(size=(3 * 4, *shape)).astype(np.float32)  # 4 per fold
-    assert forward_matches(models, samples)
+    assert forward_matches(models, samples, convolutions=convolutions)
+
+
+def _backbone(*, frozen):
+    """A small Functional backbone (what keras.applications builds) with BatchNormalization."""
+    inputs = keras.Input(shape=(8, 8, 3))
+    x = keras.layers.Conv2D(4, 3, padding="same", use_bias=False, name="stem")(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    x = keras.layers.DepthwiseConv2D(3, padding="same")(x)
+    backbone = keras.Model(inputs, keras.layers.BatchNormalization()(x), name="backbone")
+    backbone.trainable = not frozen
+    return backbone
+
+
+def _transfer_models(*, frozen, same_backbone):
+    """keras.io's transfer learning shape: a Sequential of layers applied to the inputs, a nested
+    backbone called with training=False, a pooled Dense head; three fold models."""
+    keras.utils.set_random_seed(7)
+    source = _backbone(frozen=frozen).get_weights()  # what a weights file would hold
+
+    def build():
+        inputs = keras.Input(shape=(8, 8, 3))
+        x = keras.Sequential([keras.layers.Dropout(0.1), keras.layers.Rescaling(2.0)], name="augment")(inputs)
+        backbone = _backbone(frozen=frozen)  # each fold's own draw
+        if same_backbone:
+            backbone.set_weights(source)
+        x = backbone(x, training=False)
+        return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(x)))
+
+    return _three_models(build)
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_nested_models_are_walked_into_and_frozen_weights_held_once(frozen):
+    models = _transfer_models(frozen=frozen, same_backbone=True)
+    assert model_blocker(models[0], random_draws="counter") is None
+    assert held_once_blocker(models) is None
+    # Frozen: the backbone's kernels and BatchNormalization statistics are held once, in
+    # inference mode (as Keras' BatchNormalization runs when its layer is not trainable).
+    assert len(held_once_variables(models[0])) == (1 + 4 + 2 + 4 if frozen else 0)
+    samples = np.random.default_rng(0).normal(size=(3 * 4, 8, 8, 3)).astype(np.float32)
+    assert forward_mismatch(models, samples) is None
+
+
+def test_frozen_weights_that_differ_between_the_folds_are_not_held_once():
+    models = _transfer_models(frozen=True, same_backbone=False)
+    assert model_blocker(models[0], random_draws="counter") is None
+    assert held_once_blocker(models) == (
+        "frozen weights stem/kernel differ between the folds (each fold's model draws its own; "
+        "weights loaded from a file are held once)"
+    )
+
+
+class _CountingLayer(keras.layers.Layer):
+    """A layer that writes a non-trainable variable of its own in training."""
+
+    def build(self, input_shape):
+        self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False)
+
+    def call(self, x, training=False):
+        if training:
+            self.calls.assign_add(1.0)
+        return x
+
+
+def test_non_trainable_weights_that_move_in_training_are_not_held_once():
+    def build():
+        inputs = keras.Input(shape=(4,))
+        return keras.Model(inputs, keras.layers.Dense(2)(_CountingLayer(name="counting")(inputs)))
+
+    models = _three_models(build)
+    assert model_blocker(models[0]) is None and held_once_blocker(models) is None
+    samples = np.random.default_rng(0).normal(size=(3 * 4, 4)).astype(np.float32)
+    assert forward_mismatch(models, samples) == (
+        "counting/variable is not trainable and not state a stacked form updates, yet moves in training: it cannot "
+        "be held once for every fold"
+    )
+    assert [float(model.layers[1].calls) for model in models] == [0.0, 0.0, 0.0]  # as they were
 
 
 def test_a_layer_that_mixes_samples_fails_the_forward_check():
@@ -388,7 +495,7 @@ def test_a_layer_that_mixes_samples_fails_the_forward_check():
 def test_fold_models_without_a_stacked_form_train_side_by_side(dataset, folds):
     def build(hp):
         inputs = keras.Input(shape=dataset.input_shape)
-        x = keras.layers.Flatten()(keras.layers.DepthwiseConv1D(3)(keras.layers.Conv1D(4, 3)(inputs)))
+        x = keras.layers.Flatten()(keras.layers.PReLU()(keras.layers.Conv1D(4, 3)(inputs)))
         return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(x))
 
     trainer = build_trainer(
@@ -399,7 +506,7 @@ def test_fold_models_without_a_stacked_form_train_side_by_side(dataset, folds):
         folds=folds,
     )
     assert trainer.plan.layout == "side_by_side"
-    assert trainer.plan.reason.endswith("side by side (not stacked: DepthwiseConv1D layers have no stacked form)")
+    assert trainer.plan.reason.endswith("side by side (not stacked: PReLU layers have no stacked form)")
     result = trainer.run_epoch()
     assert all(math.isfinite(scores.val_loss) for scores in result.folds)
 
@@ -437,6 +544,40 @@ def test_stacked_folds_train_batch_norm_regularizers_and_random_layers_as_each_f
     generators = [v for v in stacked_trainer.models[0].non_trainable_variables if "seed" in v.path]
     steps = 2 * math.ceil(len(folds[0].train) / 8)
     assert [int(np.asarray(v)[1]) for v in generators] == [steps] * 4  # one draw per layer and step
+
+
+def depthwise_separable_nested_and_frozen(hp):
+    """The MNIST-1D CNN in the shape of MobileNet's blocks: depthwise, separable and transposed
+    convolutions inside a nested block model, and a frozen layer whose weights every fold shares."""
+    layers = keras.layers
+    block_inputs = keras.Input(shape=(40, 4))
+    x = layers.DepthwiseConv1D(3, depth_multiplier=2, padding="same", activation="relu")(block_inputs)
+    x = layers.SeparableConv1D(8, 3, strides=2, padding="same")(layers.BatchNormalization()(x))
+    block = keras.Model(block_inputs, layers.Conv1DTranspose(4, 3, strides=2, padding="same")(x), name="block")
+    inputs = keras.Input(shape=(40, 1))
+    x = block(layers.Conv1D(4, 3, padding="same")(inputs))
+    frozen = layers.Dense(6, kernel_initializer=keras.initializers.Orthogonal(seed=3), name="frozen")
+    x = frozen(layers.Flatten()(x))
+    frozen.trainable = False
+    return keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
+
+
+def test_depthwise_separable_and_transposed_convolutions_in_a_nested_model_train_stacked(dataset, folds):
+    settings = {"build": depthwise_separable_nested_and_frozen, "optimizer": "sgd", "learning_rate": 0.01}
+    stacked, stacked_trainer = train(dataset.x, dataset.y, folds, fused="on", layout="stacked", **settings)
+    alone, alone_trainer = train(dataset.x, dataset.y, folds, fused="off", **settings)
+    assert stacked_trainer.plan.layout == "stacked", stacked_trainer.plan.reason
+    for k in range(len(folds)):
+        for key in HISTORY_KEYS:
+            np.testing.assert_allclose(stacked[k][key], alone[k][key], rtol=1e-5, err_msg=f"fold {k} {key}")
+    for stacked_model, alone_model in zip(stacked_trainer.models, alone_trainer.models):
+        for a, b in zip(stacked_model.variables, alone_model.variables):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=a.path)
+    # The frozen kernel, held once, never moved: every fold still has the one it was built with.
+    built = np.asarray(depthwise_separable_nested_and_frozen(None).get_layer("frozen").kernel)
+    for model in stacked_trainer.models:
+        np.testing.assert_array_equal(model.get_layer("frozen").kernel, built)
+    assert len({round(stacked[k]["val_loss"][-1], 6) for k in range(len(folds))}) == len(folds)
 
 
 def _integer_samples(n_folds, rows, width, vocabulary):

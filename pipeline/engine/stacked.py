@@ -4,18 +4,19 @@ XLA program per step, as horizontally fused training arrays (HFTA) do.
 Why: at small batches a CPU step costs mostly a fixed price per compiled kernel, not arithmetic
 (the MNIST-1D CNN's step runs ~120 kernels; 234 us at batch 2 against 308 us at batch 8, one
 thread). Stacked, each kernel runs once for all k folds: 3 folds on one core trained 1.4x faster
-than one fold after another (#9). Side-by-side loops (``pipeline.engine.side_by_side``) do better once a trial
+than one fold after another. Side-by-side loops (``pipeline.engine.side_by_side``) do better once a trial
 has a core per fold loop, so ``pipeline.contract.plan`` stacks for trials with one compute thread, or a GPU.
 
 The researcher's ``build(hp)`` model is not rewritten: its graph is walked (``Functional``'s own
-walk) with each weighted layer swapped for its stacked form, and every other layer called as it
-is, in training mode, on the folds' samples merged into one batch, which is exact for per-sample
-layers (pooling, flatten, activations). The stacked forms: Dense, Conv1D and Conv2D (each fold's
-kernel and bias), LayerNormalization and Embedding (each fold's scale, offset or table),
-BatchNormalization (each fold's batch statistics, over its own samples only, and its own moving
-averages, with the layer's momentum and epsilon). Random layers draw foldsweep's numbers
-(``pipeline.engine.draws``) from each fold's own generator state. Each fold's loss gets its own
-weight regularization and activity regularization, as ``model.losses`` gives a fold model's.
+walk, into nested models too: a keras.applications backbone, a Sequential of augmentation
+layers) with each layer that has trainable weights swapped for its registered stacked form
+(``pipeline.engine.stacked_layers``: each fold's kernels, scales, tables, batch statistics and
+moving averages), and every other layer called as it is, in training mode, on the folds'
+samples merged into one batch, which is exact for per-sample layers (pooling, flatten,
+activations). Frozen layers are called as they are too: their weights, the same in every fold,
+are held once for all folds. Random layers draw foldsweep's numbers (``pipeline.engine.draws``)
+from each fold's own generator state. Each fold's loss gets its own weight regularization and
+activity regularization, as ``model.losses`` gives a fold model's.
 A stacked forward pass is checked against every fold model's own (outputs, moving statistics,
 generator states and loss terms) before it is used. The folds stay independent: each has its own
 slice of every variable and of the optimizer's state, its loss, gradient norm and clipping are its
@@ -48,17 +49,18 @@ from pipeline.engine.fold_engine import (
 )
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams
 from pipeline.engine.resident import ResidentData, step_labels
+from pipeline.engine.stacked_layers import (
+    Folds,
+    broadcast_over_folds,
+    layer_blocker,
+    per_fold_sample_weights,
+    split_folds,
+    stacked_entry,
+    state_variables,
+)
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.inputs.spec import CLIPPING_ARGUMENTS, NO_CLIPPING
 
-STACKED_LAYERS = (
-    keras.layers.Dense,
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    keras.layers.BatchNormalization,
-    keras.layers.LayerNormalization,
-    keras.layers.Embedding,
-)
 # Activity regularizers that add up over samples, a zero sample adding nothing, so that a fold's
 # penalty over its batch padded with zeros is its penalty over its own samples.
 ADDITIVE_REGULARIZERS = (keras.regularizers.L1, keras.regularizers.L2, keras.regularizers.L1L2)
@@ -92,7 +94,9 @@ def forward_tolerance(tf32: bool) -> tuple[float, float]:
 
 
 def model_blocker(model: keras.Model, *, random_draws: RandomDraws = "none") -> str | None:
-    """Why this model has no stacked form, or None."""
+    """Why this model has no stacked form, or None. Nested models (a keras.applications backbone,
+    a Sequential of augmentation layers) are walked into; a layer with trainable weights needs a
+    registered stacked form (``pipeline.engine.stacked_layers``), a frozen one is held once."""
     layers = list(model._flatten_layers(include_self=False, recursive=True))
     random = [layer for layer in layers if holds_seed_generator(layer)]
     if random and random_draws != "counter":
@@ -111,7 +115,9 @@ def model_blocker(model: keras.Model, *, random_draws: RandomDraws = "none") -> 
         return "the model has no layer graph (a subclassed model, or a Sequential without an Input)"
     for layer in layers:
         if isinstance(layer, keras.Model):
-            return f"nested model {layer.name!r}"
+            if _graph(layer) is None:
+                return f"nested model {layer.name!r} has no layer graph (a subclassed model)"
+            continue
         if isinstance(layer, keras.layers.Masking):
             return f"masking layer {layer.name!r}: masks are not carried through the stacked layers"
         regularizer = layer.activity_regularizer
@@ -120,63 +126,74 @@ def model_blocker(model: keras.Model, *, random_draws: RandomDraws = "none") -> 
                 f"layer {layer.name!r} has an activity_regularizer ({type(regularizer).__name__}) not known to add "
                 "up over samples"
             )
-        if not layer.weights:
-            continue
-        if not isinstance(layer, STACKED_LAYERS):
-            return f"{type(layer).__name__} layers have no stacked form"
+        if not layer.trainable_variables:
+            continue  # weightless, or frozen: called as it is
+        blocker = layer_blocker(layer)
+        if blocker:
+            return blocker
         if any(variable.constraint is not None for variable in layer.trainable_variables):
             return f"layer {layer.name!r} has a weight constraint"
         if getattr(layer, "lora_enabled", False):
             return f"layer {layer.name!r} has LoRA enabled"
-        if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D)):
-            if layer.groups != 1 or layer.data_format != "channels_last" or layer.padding not in ("same", "valid"):
-                return (
-                    f"convolution {layer.name!r} (groups {layer.groups}, {layer.data_format}, padding "
-                    f"{layer.padding!r}) has no stacked form"
-                )
-        if isinstance(layer, keras.layers.BatchNormalization) and (layer.renorm or layer.synchronized):
-            return f"batch normalization {layer.name!r} with {'renorm' if layer.renorm else 'synchronized'}=True"
-        if isinstance(layer, keras.layers.Embedding) and layer.mask_zero:
-            return f"embedding {layer.name!r} with mask_zero=True: masks are not carried through the stacked layers"
-        if isinstance(layer, keras.layers.LayerNormalization) and 0 in _sample_axes(layer.axis, len(layer.input.shape)):
-            return f"layer normalization {layer.name!r} over the batch axis"
-    if stacked_state_variables(model) is None:
-        named = [
-            layer.name
-            for layer in layers
-            if any(not _is_state(layer, variable) for variable in layer.non_trainable_variables)
-        ]
-        return (
-            f"{len(model.non_trainable_variables)} non-trainable variables (layer state"
-            f"{' of ' + ', '.join(repr(name) for name in named[:3]) if named else ''})"
-        )
+        held = [variable for variable in layer.non_trainable_variables if not _is_state(layer, variable)]
+        if held:
+            return (
+                f"layer {layer.name!r} ({type(layer).__name__}) has non-trainable weights its stacked form does "
+                f"not update ({held[0].path})"
+            )
     return None
 
 
 def _is_state(layer: Any, variable: Any) -> bool:
-    """Whether a non-trainable variable is state the stacked forms update per fold: a trainable
-    BatchNormalization's moving statistics, a drawn random layer's generator state."""
-    if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
-        return variable is layer.moving_mean or variable is layer.moving_variance
+    """Whether a non-trainable variable is state the stacked forms update per fold: a registered
+    form's state (a trainable BatchNormalization's moving statistics), a drawn random layer's
+    generator state."""
+    if any(variable is state for state in state_variables(layer)):
+        return True
     return counter_drawn(layer) and variable is layer.seed_generator.state
 
 
-def stacked_state_variables(model: keras.Model) -> list[Any] | None:
-    """The model's non-trainable variables when each is state a stacked form updates per fold
-    (in the model's order), else None."""
-    owners = {}
+def _owners(model: keras.Model) -> dict[int, Any]:
+    """Each of the model's variables (by id) and the innermost layer that holds it."""
+    owners: dict[int, Any] = {}
     for layer in model._flatten_layers(include_self=False, recursive=True):
-        for variable in layer.non_trainable_variables:
+        if isinstance(layer, keras.Model):
+            continue
+        for variable in layer.variables:
             owners.setdefault(id(variable), layer)
-    variables = list(model.non_trainable_variables)
-    if any(id(variable) not in owners or not _is_state(owners[id(variable)], variable) for variable in variables):
-        return None
-    return variables
+    return owners
 
 
-def _sample_axes(axis: Any, rank: int) -> list[int]:
-    """A layer's axis argument as axes of its [batch, ...] input of ``rank``, non-negative."""
-    return sorted(a % rank for a in (axis if isinstance(axis, (list, tuple)) else [axis]))
+def stacked_state_variables(model: keras.Model) -> list[Any]:
+    """The model's non-trainable variables that are state a stacked form updates per fold, in the
+    model's order."""
+    owners = _owners(model)
+    return [
+        variable
+        for variable in model.non_trainable_variables
+        if id(variable) in owners and _is_state(owners[id(variable)], variable)
+    ]
+
+
+def held_once_variables(model: keras.Model) -> list[Any]:
+    """The model's non-trainable variables that are not per-fold state: frozen weights (a frozen
+    backbone's, a frozen BatchNormalization's statistics) and constants (a Normalization layer's
+    mean and variance), which stacked folds read from the template model, once for every fold."""
+    state = {id(variable) for variable in stacked_state_variables(model)}
+    return [variable for variable in model.non_trainable_variables if id(variable) not in state]
+
+
+def held_once_blocker(models: Sequence[keras.Model]) -> str | None:
+    """Why the fold models' frozen weights cannot be held once for every fold: they differ between
+    the folds (each fold's model drew its own), or None."""
+    for variables in zip(*(held_once_variables(model) for model in models)):
+        first = np.asarray(variables[0])
+        if any(not np.array_equal(first, np.asarray(variable)) for variable in variables[1:]):
+            return (
+                f"frozen weights {variables[0].path} differ between the folds (each fold's model draws its own; "
+                "weights loaded from a file are held once)"
+            )
+    return None
 
 
 def steps_blocker(folds_train_sizes: Sequence[int], batch_size: int) -> str | None:
@@ -207,8 +224,10 @@ def stacking_blocker(
         return "the step runs without XLA"
     if optimizer.cls not in ELEMENTWISE_OPTIMIZERS:
         return f"the {optimizer.cls.__name__} optimizer is not known to update each weight on its own"
-    blocker = model_blocker(models[0], random_draws=random_draws) or steps_blocker(
-        [len(train) for train in train_folds], batch_size
+    blocker = (
+        model_blocker(models[0], random_draws=random_draws)
+        or held_once_blocker(models)
+        or steps_blocker([len(train) for train in train_folds], batch_size)
     )
     if blocker:
         return blocker
@@ -220,7 +239,7 @@ def stacking_blocker(
 def _graph(model: keras.Model) -> Any:
     """The Functional graph a model runs through, if it has one."""
     if isinstance(model, keras.Sequential):
-        return model._functional
+        return getattr(model, "_functional", None)
     if hasattr(model, "_run_through_graph") and hasattr(model, "_nodes_by_depth"):
         return model
     return None
@@ -231,7 +250,8 @@ class StackedForm:
     run on the folds' batches merged fold-major ([k * b, ...]) with ``values``, which maps each
     of the template's variables (by id) to its stacked form with a leading fold axis: a tensor or
     variable for trainable weights, a variable for state (moving statistics, generator states),
-    which the pass updates as each fold's own layers would."""
+    which the pass updates as each fold's own layers would. Nested models are run through their
+    own graphs the same way; layers without trainable weights are called as they are."""
 
     def __init__(
         self,
@@ -244,7 +264,7 @@ class StackedForm:
         self._template = template
         self._values = values
         self._n_folds = n_folds
-        self._convolution = _grouped_convolution if convolutions == "grouped" else _convolution
+        self._convolutions = convolutions
         generators = [
             getattr(layer, "seed_generator", None)
             for layer in template._flatten_layers(include_self=False, recursive=True)
@@ -260,24 +280,18 @@ class StackedForm:
         import tensorflow as tf
 
         penalties: list[Any] = []
+        folds = Folds(self._n_folds, lambda variable: self._values[id(variable)], sample_weights, self._convolutions)
 
-        def fold_weights(variable):
-            return self._values[id(variable)]
+        def run_graph(model, inputs):
+            outputs = _graph(model)._run_through_graph(inputs, operation_fn=stacked_form)
+            return outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs
 
         def stacked_form(layer):
-            n_folds = self._n_folds
-            if isinstance(layer, keras.layers.Dense):
-                call = lambda inputs, **_: _dense(layer, fold_weights, inputs, n_folds)  # noqa: E731
-            elif isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D)):
-                call = lambda inputs, **_: self._convolution(layer, fold_weights, inputs, n_folds)  # noqa: E731
-            elif isinstance(layer, keras.layers.BatchNormalization):
-                call = lambda inputs, **_: _batch_normalization(  # noqa: E731
-                    layer, fold_weights, inputs, sample_weights, n_folds
-                )
-            elif isinstance(layer, keras.layers.LayerNormalization):
-                call = lambda inputs, **_: _layer_normalization(layer, fold_weights, inputs, n_folds)  # noqa: E731
-            elif isinstance(layer, keras.layers.Embedding):
-                call = lambda inputs, **_: _embedding(layer, fold_weights, inputs, n_folds)  # noqa: E731
+            if isinstance(layer, keras.Model):  # a nested model: its own graph, walked the same way
+                call = lambda inputs, **_: run_graph(layer, inputs)  # noqa: E731
+            elif isinstance(layer, keras.layers.Layer) and layer.trainable_variables:
+                form = stacked_entry(layer).form
+                call = lambda inputs, **_: form(layer, folds, inputs)  # noqa: E731
             elif isinstance(layer, keras.layers.Layer):  # as Functional.call(training=True) calls it
                 call = lambda *args, **kwargs: layer(*args, **{**kwargs, "training": True})  # noqa: E731
             else:  # an operation of the graph (keras.ops on symbolic tensors)
@@ -287,194 +301,19 @@ class StackedForm:
 
             def regularized(*args, **kwargs):
                 outputs = call(*args, **kwargs)
-                penalties.append(_activity_penalty(layer.activity_regularizer, outputs, sample_weights, n_folds))
+                penalties.append(_activity_penalty(layer.activity_regularizer, outputs, sample_weights, self._n_folds))
                 return outputs
 
             return regularized
 
         random_numbers = draws.counter_draws(self._random_states) if self._random_states else contextlib.nullcontext()
         with random_numbers:
-            outputs = _graph(self._template)._run_through_graph(x, operation_fn=stacked_form)
+            outputs = run_graph(self._template, x)
         for variable in self._template.trainable_variables:
             if variable.regularizer is not None:
-                stacked = fold_weights(variable)
+                stacked = folds.weights(variable)
                 penalties.append(tf.stack([variable.regularizer(stacked[k]) for k in range(self._n_folds)]))
         return outputs, (tf.add_n(penalties) if penalties else None)
-
-
-def _per_fold(inputs, n_folds):
-    import tensorflow as tf
-
-    return tf.reshape(inputs, [n_folds, -1, *inputs.shape[1:]])
-
-
-def _merged(outputs):
-    import tensorflow as tf
-
-    return tf.reshape(outputs, [-1, *outputs.shape[2:]])
-
-
-def _per_fold_weights(sample_weights, rank):
-    """[k, b] sample weights shaped to broadcast against [k, b, ...] values of ``rank``."""
-    import tensorflow as tf
-
-    return tf.reshape(sample_weights, [*sample_weights.shape, *[1] * (rank - 2)])
-
-
-def _dense(layer, fold_weights, inputs, n_folds):
-    import tensorflow as tf
-
-    x = _per_fold(inputs, n_folds)
-    outputs = tf.einsum("kb...i,kio->kb...o", x, fold_weights(layer.kernel))
-    return _bias_and_activation(layer, fold_weights, outputs)
-
-
-def _convolution(layer, fold_weights, inputs, n_folds):
-    """A stride/dilation convolution as one product of patches with each fold's kernel."""
-    import tensorflow as tf
-
-    spatial = inputs.shape[1:-1]
-    sizes, strides, dilations = layer.kernel_size, layer.strides, layer.dilation_rate
-    padding = []
-    out_sizes = []
-    for size, kernel, stride, dilation in zip(spatial, sizes, strides, dilations):
-        reach = (kernel - 1) * dilation + 1
-        if layer.padding == "same":
-            out = -(-size // stride)
-            total = max((out - 1) * stride + reach - size, 0)
-            padding.append((total // 2, total - total // 2))  # TensorFlow's SAME: the extra at the end
-        else:
-            out = (size - reach) // stride + 1
-            padding.append((0, 0))
-        out_sizes.append(out)
-    x = tf.pad(inputs, [[0, 0], *padding, [0, 0]])
-    patches = []
-    for offsets in np.ndindex(*sizes):  # kernel taps in the kernel's own (row-major) order
-        begin = [0] + [o * d for o, d in zip(offsets, dilations)] + [0]
-        end = [0] + [b + (n - 1) * s + 1 for b, n, s in zip(begin[1:], out_sizes, strides)] + [0]
-        patches.append(
-            tf.strided_slice(
-                x,
-                begin,
-                end,
-                [1, *strides, 1],
-                begin_mask=1 | (1 << (len(begin) - 1)),
-                end_mask=1 | (1 << (len(begin) - 1)),
-            )
-        )
-    patches = _per_fold(tf.concat(patches, axis=-1), n_folds)  # [k, b, *out, taps * channels]
-    kernel = fold_weights(layer.kernel)
-    kernel = tf.reshape(kernel, [n_folds, -1, kernel.shape[-1]])  # [k, taps * channels, filters]
-    outputs = tf.einsum("kb...c,kcf->kb...f", patches, kernel)
-    return _bias_and_activation(layer, fold_weights, outputs)
-
-
-def _grouped_convolution(layer, fold_weights, inputs, n_folds):
-    """The same convolution as one grouped convolution (``feature_group_count`` k, the GPU's
-    form: one cuDNN kernel for every fold): the folds' samples side by side in the channels
-    ([b, ..., k * channels]) and their kernels side by side in the filters, fold g's channels
-    meeting fold g's kernel only."""
-    import tensorflow as tf
-
-    rank = len(layer.kernel_size)
-    x = _per_fold(inputs, n_folds)  # [k, b, *spatial, c]
-    channels = x.shape[-1]
-    x = tf.transpose(x, [1, *range(2, rank + 2), 0, rank + 2])  # [b, *spatial, k, c]
-    x = tf.reshape(x, [-1, *x.shape[1 : rank + 1], n_folds * channels])
-    kernel = fold_weights(layer.kernel)  # [k, *taps, c, f]
-    filters = kernel.shape[-1]
-    kernel = tf.transpose(kernel, [*range(1, rank + 2), 0, rank + 2])  # [*taps, c, k, f]
-    kernel = tf.reshape(kernel, [*layer.kernel_size, channels, n_folds * filters])
-    outputs = tf.nn.convolution(
-        x, kernel, strides=layer.strides, padding=layer.padding.upper(), dilations=layer.dilation_rate
-    )  # [b, *out, k * f]
-    outputs = tf.reshape(outputs, [-1, *outputs.shape[1 : rank + 1], n_folds, filters])
-    outputs = tf.transpose(outputs, [rank + 1, 0, *range(1, rank + 1), rank + 2])  # [k, b, *out, f]
-    return _bias_and_activation(layer, fold_weights, outputs)
-
-
-def _bias_and_activation(layer, fold_weights, outputs):
-    """The layer's bias (each fold's own) and activation on [k, b, ..., units] outputs."""
-    if layer.use_bias:
-        outputs += _over_folds(fold_weights(layer.bias), outputs.shape.rank)
-    return layer.activation(_merged(outputs))
-
-
-def _over_folds(values, rank):
-    """[k, *trailing] per-fold values (a mask, a scale, a bias) shaped to broadcast against a
-    rank-``rank`` tensor whose first axis is the fold axis and whose last axes are ``trailing``."""
-    import tensorflow as tf
-
-    return tf.reshape(values, [values.shape[0]] + [1] * (rank - values.shape.rank) + list(values.shape[1:]))
-
-
-def _batch_normalization(layer, fold_weights, inputs, sample_weights, n_folds):
-    """keras.layers.BatchNormalization in training, per fold: each fold's moments over its own
-    samples (weight 1; padding has 0), its moving averages updated with the layer's momentum."""
-    import tensorflow as tf
-
-    x = _per_fold(inputs, n_folds)  # [k, b, ...]
-    rank = x.shape.rank
-    axis = _sample_axes(layer.axis, rank - 1)[0] + 1
-    reduced = [a for a in range(1, rank) if a != axis]
-    weights = tf.ones([n_folds, x.shape[1]]) if sample_weights is None else sample_weights
-    weights = _per_fold_weights(weights, rank)
-    # tf.nn.moments, as Keras computes them, with each sample weighted: padding counts for nothing.
-    count = tf.reduce_sum(weights, axis=reduced, keepdims=True) * math.prod(x.shape[a] for a in reduced[1:])
-    count = tf.maximum(count, 1.0)  # a fold with no sample (not training) stays finite
-    mean = tf.reduce_sum(x * weights, axis=reduced, keepdims=True) / count
-    variance = (
-        tf.reduce_sum(tf.math.squared_difference(x, tf.stop_gradient(mean)) * weights, axis=reduced, keepdims=True)
-        / count
-    )
-    shape = [n_folds] + [x.shape[a] if a == axis else 1 for a in range(1, rank)]
-
-    def per_fold(variable):
-        return tf.reshape(fold_weights(variable), shape)
-
-    for moving, batch in ((layer.moving_mean, mean), (layer.moving_variance, variance)):
-        stacked = fold_weights(moving)
-        stacked.assign(stacked * layer.momentum + tf.reshape(batch, stacked.shape) * (1.0 - layer.momentum))
-    outputs = tf.nn.batch_normalization(
-        x,
-        mean,
-        variance,
-        offset=per_fold(layer.beta) if layer.center else None,
-        scale=per_fold(layer.gamma) if layer.scale else None,
-        variance_epsilon=layer.epsilon,
-    )
-    return _merged(outputs)
-
-
-def _layer_normalization(layer, fold_weights, inputs, n_folds):
-    """keras.layers.LayerNormalization (per sample) with each fold's scale and offset."""
-    x = _per_fold(inputs, n_folds)
-    rank = x.shape.rank
-    axes = [a + 1 for a in _sample_axes(layer.axis, rank - 1)]
-    shape = [n_folds] + [x.shape[a] if a in axes else 1 for a in range(1, rank)]
-
-    def per_fold(variable):
-        return keras.ops.reshape(fold_weights(variable), shape)
-
-    outputs = keras.ops.layer_normalization(
-        x,
-        per_fold(layer.gamma) if layer.scale else None,
-        per_fold(layer.beta) if layer.center else None,
-        axis=axes,
-        epsilon=layer.epsilon,
-        rms_scaling=layer.rms_scaling,
-    )
-    return _merged(outputs)
-
-
-def _embedding(layer, fold_weights, inputs, n_folds):
-    """keras.layers.Embedding with each fold's table (``ops.take``: negative indices from the end)."""
-    import tensorflow as tf
-
-    ids = inputs if inputs.dtype in (tf.int32, tf.int64) else tf.cast(inputs, tf.int32)
-    table = fold_weights(layer.embeddings)
-    ids = _per_fold(tf.where(ids < 0, ids + tf.cast(table.shape[1], ids.dtype), ids), n_folds)
-    return _merged(tf.gather(table, ids, batch_dims=1))
 
 
 def _activity_penalty(regularizer, outputs, sample_weights, n_folds):
@@ -482,10 +321,10 @@ def _activity_penalty(regularizer, outputs, sample_weights, n_folds):
     and divided by their number, as Keras' Layer.__call__ adds it."""
     import tensorflow as tf
 
-    x = _per_fold(outputs, n_folds)
+    x = split_folds(outputs, n_folds)
     if sample_weights is None:
         return tf.stack([regularizer(x[k]) / x.shape[1] for k in range(n_folds)])
-    kept = x * _per_fold_weights(sample_weights, x.shape.rank)
+    kept = x * per_fold_sample_weights(sample_weights, x.shape.rank)
     counts = tf.reduce_sum(sample_weights, axis=1)
     return tf.stack([tf.math.divide_no_nan(regularizer(kept[k]), counts[k]) for k in range(n_folds)])
 
@@ -506,13 +345,16 @@ def forward_mismatch(
     """What of the stacked forward pass differs from each fold model's own in training (outputs,
     updated moving statistics and generator states, loss terms), beyond the tolerance of a
     device computing in TF32 or not (``forward_tolerance``), or None. ``samples`` are the folds'
-    batches merged fold-major, different per fold so that mixing across folds shows. The fold
-    models' state is as it was afterwards."""
+    batches merged fold-major, different per fold so that mixing across folds shows. The weights
+    held once for every fold must not move in training, in either pass. The fold models' state
+    is as it was afterwards."""
     import tensorflow as tf
 
     template, n_folds = models[0], len(models)
-    states = [stacked_state_variables(model) or [] for model in models]
+    states = [stacked_state_variables(model) for model in models]
+    held = [held_once_variables(model) for model in models]
     before = [[np.asarray(variable) for variable in fold] for fold in states]
+    held_before = [[np.asarray(variable) for variable in fold] for fold in held]
     values: dict[int, Any] = {
         id(variable): tf.constant(weights)
         for variable, weights in zip(template.trainable_variables, stacked_weights(models))
@@ -526,16 +368,25 @@ def forward_mismatch(
     drawn = any(counter_drawn(layer) for layer in template._flatten_layers())
     random_numbers = draws.counter_draws if drawn else contextlib.nullcontext
     own, own_penalties = [], []
+    moved = [[np.asarray(variable) for variable in held[0]]]  # the template's, after the stacked pass
     try:
         for model, batch in zip(models, batches):
             with random_numbers():
                 own.append(np.asarray(model(batch, training=True)))
             own_penalties.append(float(sum(np.asarray(loss) for loss in model.losses)))
         after = [[np.asarray(variable) for variable in fold] for fold in states]
+        moved += [[np.asarray(variable) for variable in fold] for fold in held]
     finally:
-        for fold, values_before in zip(states, before):
+        for fold, values_before in [*zip(states, before), *zip(held, held_before)]:
             for variable, value in zip(fold, values_before):
                 variable.assign(value)
+    for fold_after, fold_before in zip(moved, [held_before[0], *held_before]):
+        for variable, value, value_before in zip(held[0], fold_after, fold_before):
+            if not np.array_equal(value, value_before):
+                return (
+                    f"{variable.path} is not trainable and not state a stacked form updates, yet moves in "
+                    "training: it cannot be held once for every fold"
+                )
 
     rtol, atol = forward_tolerance(tf32)
 
@@ -582,7 +433,7 @@ def clip_per_fold(kind: str, threshold: float | None) -> Callable[[list[Any], An
     def by_norm(gradients, _):  # keras BaseOptimizer._clip_by_norm, per fold
         clipped = []
         for gradient in gradients:
-            l2sum = _over_folds(fold_square_sums(gradient), gradient.shape.rank)
+            l2sum = broadcast_over_folds(fold_square_sums(gradient), gradient.shape.rank)
             positive = l2sum > 0
             l2norm = tf.where(positive, tf.sqrt(tf.where(positive, l2sum, tf.ones_like(l2sum))), l2sum)
             clipped.append(gradient * threshold / tf.maximum(l2norm, threshold))
@@ -590,7 +441,7 @@ def clip_per_fold(kind: str, threshold: float | None) -> Callable[[list[Any], An
 
     def by_global_norm(gradients, norm):  # keras clip_by_global_norm, per fold
         scale = threshold * tf.minimum(1.0 / norm, 1.0 / threshold) + (norm - norm)
-        return [g * _over_folds(scale, g.shape.rank) for g in gradients]
+        return [g * broadcast_over_folds(scale, g.shape.rank) for g in gradients]
 
     def by_value(gradients, _):
         return [tf.clip_by_value(g, -threshold, threshold) for g in gradients]
@@ -725,7 +576,7 @@ class _Stacked(NamedTuple):
 
     def values(self, template: keras.Model) -> dict[int, Any]:
         """``StackedForm``'s values: each template variable's stacked variable."""
-        own = [*template.trainable_variables, *(stacked_state_variables(template) or [])]
+        own = [*template.trainable_variables, *(stacked_state_variables(template))]
         return {id(variable): stacked for variable, stacked in zip(own, [*self.weights, *self.states])}
 
 
@@ -738,7 +589,7 @@ def _stacked_state(engines: Sequence[FoldEngine], recipe: OptimizerRecipe) -> _S
         keras.Variable(weights, name=variable.name)
         for weights, variable in zip(stacked_weights(models), models[0].trainable_variables)
     ]
-    per_fold_states = list(zip(*(stacked_state_variables(model) or [] for model in models)))
+    per_fold_states = list(zip(*(stacked_state_variables(model) for model in models)))
     states = [
         keras.Variable(over_folds(per_fold), dtype=per_fold[0].dtype, trainable=False, name=per_fold[0].name)
         for per_fold in per_fold_states
@@ -810,9 +661,9 @@ def _stacked_steps(
         optimizer.apply_gradients(zip(clip(gradients, norms), variables))
         # A fold not applying this step keeps its slices of the weights and optimizer state.
         for variable, before in zip(kept, previous):
-            variable.assign(tf.where(_over_folds(applied, variable.shape.rank), variable.value, before))
+            variable.assign(tf.where(broadcast_over_folds(applied, variable.shape.rank), variable.value, before))
         for state, before in zip(stacked.states, states_before):
-            state.assign(tf.where(_over_folds(active, state.shape.rank), state.value, before))
+            state.assign(tf.where(broadcast_over_folds(active, state.shape.rank), state.value, before))
         return losses, norms, healthy, counts
 
     step = traced_once(train_step, eager=False, compiled=True)
