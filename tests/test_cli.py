@@ -111,7 +111,10 @@ def test_broken_experiment_is_refused_by_run(tmp_path, write_spec, write_experim
     experiment = write_experiment(BROKEN_BUILD)
     result = invoke("run", str(write_spec({"experiment": f"{experiment}:build"})))
     assert result.exit_code == 2
-    assert "raised ValueError when built with default hyperparameters: no such layer" in result.output
+    assert (
+        f"raised ValueError when built with default hyperparameters at {experiment}:2 "
+        "(`raise ValueError('no such layer')`): no such layer"
+    ) in " ".join(result.output.split())
     assert not (tmp_path / "mlflow.db").exists()
 
 

@@ -95,7 +95,11 @@ def test_split_config_gives_training_values_and_the_build_every_value():
         ("x = 1 / 0\n", "build", "importing .* failed: ZeroDivisionError"),
         ("def make(hp):\n    pass\n", "build", "has no 'build'; callables found: make"),
         ("build = 3\n", "build", "must be a build\\(hp\\) function or a keras_tuner.HyperModel, got int"),
-        ("def build(hp):\n    raise RuntimeError('boom')\n", "build", "raised RuntimeError when built .*: boom"),
+        (
+            "def build(hp):\n    raise RuntimeError('boom')\n",
+            "build",
+            "raised RuntimeError when built .* at .*:2 \\(`raise RuntimeError\\('boom'\\)`\\): boom$",
+        ),
         ("def build(hp):\n    return 'model'\n", "build", "must return a keras.Model, got str"),
     ],
 )
@@ -103,6 +107,36 @@ def test_broken_experiments_are_refused(tmp_path: Path, write_experiment, source
     path = write_experiment(source) if source is not None else tmp_path / "absent.py"
     with pytest.raises(ExperimentError, match=message):
         load_experiment(path, attr)
+
+
+WIDE_NETS_BREAK = """
+import keras
+
+def build(hp):
+    width = hp.Int("width", 4, 64, default=8)
+    inputs = keras.Input(shape=(40, 1))
+    x = keras.layers.Conv1D(width, 3)(inputs)
+    if width > 32:
+        x = keras.layers.Reshape((7, -1))(x)
+    return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(x)))
+"""
+
+
+def test_a_build_that_fails_for_one_config_names_the_researchers_line_and_layer(write_experiment):
+    """What a trial's build raises is the researcher's error, told as theirs: their file, line and
+    code, the layer Keras names, the config, on one line (never foldsweep's internal error)."""
+    path = write_experiment(WIDE_NETS_BREAK)
+    experiment = load_experiment(path, "build")
+    assert experiment.build({"width": 16}).count_params() > 0
+    with pytest.raises(ExperimentError) as raised:
+        experiment.build({"width": 48})
+    message = str(raised.value)
+    assert message.startswith(
+        f"experiment: build(hp) raised ValueError when built with hyperparameters {{'width': 48}} at {path}:9 "
+        "(`x = keras.layers.Reshape((7, -1))(x)`): Exception encountered when calling Reshape.call(). The total "
+        "size of the tensor must be unchanged"
+    )
+    assert "\n" not in message and "Arguments received" not in message and "\x1b" not in message
 
 
 STYLES = Path(__file__).resolve().parent / "experiments" / "kerastuner_styles.py"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import re
 import sys
 import traceback
 from collections.abc import Callable, Mapping
@@ -213,7 +214,15 @@ def build_model(
     model with no declared input is built on samples of ``input_shape``."""
     hp = keras_tuner.HyperParameters()
     hp.values = dict(values)
-    model = build_fn(hp)
+    try:
+        model = build_fn(hp)
+    except ExperimentError:
+        raise
+    except Exception as exc:
+        raise ExperimentError(
+            f"experiment: build(hp) raised {type(exc).__name__} when built with hyperparameters {dict(hp.values)}"
+            f"{_where_raised(exc)}: {_message(exc)}"
+        ) from None
     _refuse_reduced_precision(model, "build(hp)")
     if input_shape is not None and not _declared_inputs(model):
         _build_on(model, input_shape)
@@ -706,8 +715,8 @@ def _checked_build(
         model = build_fn(hp)
     except Exception as exc:
         raise ExperimentError(
-            f"experiment: {reference} raised {type(exc).__name__} when built with {with_what}: "
-            f"{exc}\n{_last_frame(exc)}"
+            f"experiment: {reference} raised {type(exc).__name__} when built with {with_what}{_where_raised(exc)}: "
+            f"{_message(exc)}"
         ) from None
     if not isinstance(model, keras.Model):
         raise ExperimentError(f"experiment: {reference} must return a keras.Model, got {type(model).__name__}")
@@ -743,7 +752,7 @@ def load_hypermodel(path: Path, attr: str, *, reference: str | None = None) -> A
         module_spec.loader.exec_module(module)
     except Exception as exc:
         raise ExperimentError(
-            f"experiment: importing {str(path)!r} failed: {type(exc).__name__}: {exc}\n{_last_frame(exc)}"
+            f"experiment: importing {str(path)!r} failed: {type(exc).__name__}{_where_raised(exc)}: {_message(exc)}"
         ) from None
     finally:
         sys.path.pop(0)
@@ -766,14 +775,6 @@ def load_hypermodel(path: Path, attr: str, *, reference: str | None = None) -> A
             f"got {type(target).__name__}"
         )
     return _BuildFunction(target)
-
-
-def _last_frame(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    frame = frames[-1]
-    return f"  at {frame.filename}:{frame.lineno}: {frame.line}"
 
 
 def schedule_text(schedule: Any) -> str:
@@ -805,6 +806,34 @@ def schedule_text(schedule: Any) -> str:
 
 def _short_number(value: Any) -> str:
     return f"{value:.7g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else str(value)
+
+
+def _where_raised(exc: BaseException) -> str:
+    """' at FILE:LINE (`code`)': the innermost frame of the traceback in the researcher's own
+    code (not Keras', TensorFlow's, KerasTuner's or foldsweep's), or '' when none is."""
+    package = str(Path(__file__).resolve().parents[1])
+    own = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not any(part in frame.filename for part in ("site-packages", "dist-packages", package))
+        and not frame.filename.startswith("<")
+    ]
+    if not own:
+        return ""
+    frame = own[-1]
+    return f" at {frame.filename}:{frame.lineno} (`{(frame.line or '').strip()}`)"
+
+
+def _message(exc: BaseException) -> str:
+    """An exception's message on one line: Keras' layer errors name the layer's call first and
+    the cause next; the arguments it received after them are left out."""
+    lines = []
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).splitlines():
+        if line.startswith("Arguments received by"):
+            break
+        if line.strip():
+            lines.append(line.strip())
+    return " ".join(lines)
 
 
 def _first_line(exc: Exception) -> str:
