@@ -150,3 +150,41 @@ def test_other_seeds_keep_keras_own_draws():
     with counter_draws():
         explicit = keras.random.uniform((4,), seed=7)
     assert np.array_equal(explicit, keras.random.uniform((4,), seed=7))
+
+
+def test_the_augmentation_layers_draw_per_image_from_keras_distributions_and_nothing_at_validation():
+    """RandomFlip, RandomBrightness and RandomContrast draw one number per image, RandomCrop one
+    window per batch, as Keras' own do; the numbers are foldsweep's, their distributions Keras'."""
+    keras.utils.set_random_seed(6)
+    rng = np.random.default_rng(0)
+    images = rng.uniform(100.0, 150.0, size=(512, 4, 4, 3)).astype(np.float32)
+    flip = keras.layers.RandomFlip("horizontal")
+    start = np.asarray(flip.generator.state).copy()
+    for out in (drawn(flip, images), np.asarray(flip(images, training=True))):  # ours, then Keras'
+        flipped = np.all(out == images[:, :, ::-1], axis=(1, 2, 3))
+        assert np.all(flipped | np.all(out == images, axis=(1, 2, 3)))  # each image whole, flipped or not
+        assert abs(flipped.mean() - 0.5) < 0.07  # 512 fair coins: standard deviation 0.022
+    assert np.asarray(flip.generator.state)[1] > start[1]
+    assert np.array_equal(drawn(flip, images, training=False), images)
+
+    def per_image_statistics(layer, measure):
+        ours, keras_own = drawn(layer, images), np.asarray(layer(images, training=True))
+        assert np.array_equal(drawn(layer, images, training=False), images)
+        return measure(ours), measure(keras_own)
+
+    # A brightness shift per image, uniform on +-0.2 of the value range (255): sd 0.2 * 255 / sqrt(3).
+    bright = keras.layers.RandomBrightness(0.2)
+    for delta in per_image_statistics(bright, lambda out: (out - images).mean(axis=(1, 2, 3))):
+        assert abs(delta.mean()) < 4.0 and abs(delta.std() - 0.2 * 255 / np.sqrt(3)) < 3.0
+    # A contrast factor per image (each channel's mean kept): RandomContrast(0.4) draws it uniform
+    # on [1, 1.4] in this Keras (its factor's bounds are (0, 0.4)): mean 1.2, sd 0.4 / sqrt(12).
+    contrast = keras.layers.RandomContrast(0.4)
+    for factor in per_image_statistics(contrast, lambda out: out.std(axis=(1, 2)) / images.std(axis=(1, 2))):
+        assert abs(factor.mean() - 1.2) < 0.02 and abs(factor.std() - 0.4 / np.sqrt(12)) < 0.02
+    crop = keras.layers.RandomCrop(2, 3)
+    windows = {(i, j): images[:, i : i + 2, j : j + 3] for i in range(3) for j in range(2)}
+    offsets = set()
+    for _ in range(30):
+        out = drawn(crop, images)
+        offsets |= {offset for offset, window in windows.items() if np.array_equal(out, window)}
+    assert len(offsets) >= 4  # one window for the whole batch, a different one from step to step

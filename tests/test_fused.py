@@ -580,6 +580,49 @@ def test_depthwise_separable_and_transposed_convolutions_in_a_nested_model_train
     assert len({round(stacked[k]["val_loss"][-1], 6) for k in range(len(folds))}) == len(folds)
 
 
+def augmented_image_cnn(hp):
+    """keras.io's image classifier: a Sequential of augmentation layers applied to the inputs (here
+    MNIST-1D's signals as 8 x 5 images), then Conv2D and BatchNormalization."""
+    layers = keras.layers
+    augmentation = keras.Sequential(
+        [
+            layers.RandomFlip("horizontal"),
+            layers.RandomContrast(0.3, value_range=(-5, 5)),
+            layers.RandomBrightness(0.1, value_range=(-5, 5)),
+        ],
+        name="augmentation",
+    )
+    inputs = keras.Input(shape=(40, 1))
+    x = augmentation(layers.Reshape((8, 5, 1))(inputs))
+    x = layers.ReLU()(layers.BatchNormalization()(layers.Conv2D(4, 3, padding="same", use_bias=False)(x)))
+    return keras.Model(inputs, layers.Dense(10, activation="softmax")(layers.Flatten()(x)))
+
+
+def test_stacked_folds_draw_each_folds_own_augmentation_as_it_draws_alone(dataset, folds):
+    settings = {"build": augmented_image_cnn, "optimizer": "sgd", "learning_rate": 0.01}
+    stacked, stacked_trainer = train(dataset.x, dataset.y, folds, fused="on", layout="stacked", **settings)
+    alone, alone_trainer = train(dataset.x, dataset.y, folds, fused="off", **settings)
+    assert stacked_trainer.plan.layout == "stacked" and stacked_trainer.plan.random_draws == "counter"
+    assert alone_trainer.plan.random_draws == "counter" and alone_trainer.plan.jit_compile
+    for k in range(len(folds)):
+        for key in HISTORY_KEYS:
+            np.testing.assert_allclose(stacked[k][key], alone[k][key], rtol=1e-5, err_msg=f"fold {k} {key}")
+    generators = [v for v in stacked_trainer.models[0].non_trainable_variables if "seed" in v.path]
+    steps = 2 * math.ceil(len(folds[0].train) / 8)
+    assert [int(np.asarray(v)[1]) for v in generators] == [steps] * 3  # one draw per layer and step
+
+
+def test_a_crop_drawn_once_per_batch_is_not_stacked():
+    def build():
+        inputs = keras.Input(shape=(6, 6, 1))
+        x = keras.layers.RandomCrop(4, 4, name="crop")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(x)))
+
+    assert model_blocker(_three_models(build)[0], random_draws="counter") == (
+        "layer 'crop' (RandomCrop) draws one crop for the whole batch, which has no per-fold form"
+    )
+
+
 def _integer_samples(n_folds, rows, width, vocabulary):
     return np.random.default_rng(0).integers(0, vocabulary, size=(n_folds * rows, width)).astype(np.float32)
 

@@ -350,6 +350,13 @@ def holds_seed_generator(layer: object) -> bool:
     return any(isinstance(value, SeedGenerator) for value in vars(layer).values())
 
 
+def seed_generator_of(layer: object) -> Any:
+    """The SeedGenerator a Keras random layer draws from (``holds_seed_generator``), or None."""
+    from keras.random import SeedGenerator
+
+    return next((value for value in vars(layer).values() if isinstance(value, SeedGenerator)), None)
+
+
 def _check_seed_generators() -> str | None:
     import keras
 
@@ -378,7 +385,22 @@ COUNTER_DRAWN_LAYERS = (
     "GaussianNoise",
     "GaussianDropout",
     "AlphaDropout",
+    "RandomFlip",
+    "RandomContrast",
+    "RandomBrightness",
+    "RandomCrop",
 )
+# How the hook's check makes each of them and the rank of the input it calls it on.
+_COUNTER_DRAWN_CHECKED_AS = {
+    "GaussianNoise": ((0.1,), 3),
+    "SpatialDropout1D": ((0.5,), 3),
+    "SpatialDropout2D": ((0.5,), 4),
+    "SpatialDropout3D": ((0.5,), 5),
+    "RandomFlip": ((), 4),
+    "RandomContrast": ((0.5,), 4),
+    "RandomBrightness": ((0.5,), 4),
+    "RandomCrop": ((2, 2), 4),
+}
 
 
 def counter_drawn(layer: object) -> bool:
@@ -411,9 +433,8 @@ def _check_counter_draws() -> str | None:
         for name in KERAS_RANDOM_DRAWS:
             setattr(module, name, recording(name))
         for layer_name in COUNTER_DRAWN_LAYERS:
-            cls = getattr(keras.layers, layer_name)
-            layer = cls(0.1) if layer_name == "GaussianNoise" else cls(0.5)
-            rank = {"1D": 3, "2D": 4, "3D": 5}.get(layer_name[-2:], 3)
+            arguments, rank = _COUNTER_DRAWN_CHECKED_AS.get(layer_name, ((0.5,), 3))
+            layer = getattr(keras.layers, layer_name)(*arguments)
             drawn.clear()
             layer(np.ones((2,) + (3,) * (rank - 1), np.float32), training=True)
             generators = {id(value) for value in vars(layer).values() if isinstance(value, keras.random.SeedGenerator)}

@@ -1,7 +1,8 @@
 """foldsweep's own random numbers for Keras' random layers, drawn inside its compiled step at the
 cost of a few integer ops per number.
 
-Keras' Dropout, SpatialDropout1D/2D/3D, GaussianNoise, GaussianDropout and AlphaDropout draw
+Keras' Dropout, SpatialDropout1D/2D/3D, GaussianNoise, GaussianDropout, AlphaDropout and the
+image augmentation layers RandomFlip, RandomContrast, RandomBrightness and RandomCrop draw
 through ``keras.random`` from the ``SeedGenerator`` each layer holds: a (seed, counter) pair that
 advances by one at every draw. TensorFlow turns that pair into numbers with Philox or ThreeFry,
 whose XLA form is slow on CPU: a dropout mask of 23K numbers cost ~250 us without XLA, ~0.85 ms
@@ -12,7 +13,8 @@ counter, element index): 32-bit integer ops that XLA fuses into the op that uses
 a mask costs little more than the multiply it feeds.
 
 Everything else stays Keras': the layer's own ``call`` decides whether and what to draw (its rate,
-``noise_shape``, scaling by 1 / (1 - rate), nothing at validation), and each draw advances the
+``noise_shape``, scaling by 1 / (1 - rate), an augmentation's factor and its transform of the
+image, nothing at validation), and each draw advances the
 layer's ``SeedGenerator`` as Keras' does (``SeedGenerator.next``), so every fold draws from its own
 generator (seeded when the fold model is built under the fold's seed), a checkpoint carries the
 stream's position, and a rerun draws the same numbers. The numbers are not Keras' (another

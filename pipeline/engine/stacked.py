@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import keras
 import numpy as np
 
-from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
+from pipeline.base.private_hooks import counter_drawn, holds_seed_generator, seed_generator_of
 from pipeline.contract.plan import RandomDraws, StackedConvolutions, StopTest
 from pipeline.engine import draws
 from pipeline.engine.fold_engine import (
@@ -109,6 +109,8 @@ def model_blocker(model: keras.Model, *, random_draws: RandomDraws = "none") -> 
     for layer in random:
         if (getattr(layer, "noise_shape", None) or [None])[0] is not None:
             return f"layer {layer.name!r} has a noise_shape that fixes the batch axis"
+        if isinstance(layer, keras.layers.RandomCrop):
+            return f"layer {layer.name!r} (RandomCrop) draws one crop for the whole batch, which has no per-fold form"
     if model.dtype_policy.name != "float32" or any(layer.dtype_policy.name != "float32" for layer in layers):
         return "the model computes in another dtype than float32 (a mixed precision policy)"
     if _graph(model) is None:
@@ -150,7 +152,7 @@ def _is_state(layer: Any, variable: Any) -> bool:
     generator state."""
     if any(variable is state for state in state_variables(layer)):
         return True
-    return counter_drawn(layer) and variable is layer.seed_generator.state
+    return counter_drawn(layer) and variable is seed_generator_of(layer).state
 
 
 def _owners(model: keras.Model) -> dict[int, Any]:
@@ -266,7 +268,7 @@ class StackedForm:
         self._n_folds = n_folds
         self._convolutions = convolutions
         generators = [
-            getattr(layer, "seed_generator", None)
+            seed_generator_of(layer)
             for layer in template._flatten_layers(include_self=False, recursive=True)
             if counter_drawn(layer)
         ]
