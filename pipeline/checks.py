@@ -121,6 +121,25 @@ class PreparedSweep:
         """The trials the sweep runs (``SearchSpace.trial_count`` of its ``num_samples``)."""
         return self.space.trial_count(self.num_samples)
 
+    def stacking_note(self) -> str:
+        """Whether the default model has a stacked form (its folds trainable as one program, where
+        the plan stacks them: one compute thread or a GPU, small batches), what of it is held once
+        for every fold, or why it has none."""
+        import keras
+
+        from pipeline.engine.stacked import held_once_variables, model_blocker
+
+        model = self.experiment.build({}, self.dataset.input_shape)
+        try:
+            blocker = model_blocker(model, random_draws="counter")
+            held, trained = held_once_variables(model), model.trainable_variables
+        finally:
+            keras.backend.clear_session(free_memory=False)
+        if blocker:
+            return f"stacked form: none ({blocker}); its folds are never stacked"
+        frozen = f", {len(held)} frozen held once for every fold" if held else ""
+        return f"stacked form: yes ({len(trained)} weights trained per fold{frozen})"
+
     def trial_settings(self) -> TrialSettings:
         """What every trial of the sweep is run with (in Ray's workers, and by the refit)."""
         from pipeline.engine.runner import TrialSettings

@@ -114,6 +114,7 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     )
     for line in compile_notes(prepared.spec, prepared.experiment):
         console.print(line, highlight=False)
+    console.print(prepared.stacking_note(), highlight=False)
     _print_warnings(prepared)
 
 

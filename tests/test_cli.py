@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-from helpers import free_port
+from helpers import Replace, free_port
 from typer.testing import CliRunner
 
 from pipeline.cli import _wait_until_answering, app, ui_command
@@ -27,6 +28,56 @@ def test_validate_accepts_a_good_spec(write_spec):
     assert result.exit_code == 0, result.output
     assert "ok" in result.output and "2 folds" in result.output
     assert "val sizes 160, 160" in result.output
+
+
+def test_validate_says_the_model_has_a_stacked_form(write_spec):
+    result = invoke("validate", str(write_spec()))
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^stacked form: yes \(\d+ weights trained per fold\)$", result.output, re.MULTILINE)
+
+
+BACKBONES = """
+import keras
+
+def resnet50(hp):
+    return keras.applications.ResNet50(input_shape=(32, 32, 3), weights=None, classes=3)
+
+def efficientnet_b0(hp):
+    return keras.applications.EfficientNetB0(input_shape=(32, 32, 3), weights=None, classes=3)
+
+def frozen_mobilenet(hp):  # keras.io's transfer learning: a frozen base and a new head
+    base = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, include_top=False, weights=None)
+    base.trainable = False
+    inputs = keras.Input(shape=(32, 32, 3))
+    x = keras.layers.GlobalAveragePooling2D()(base(inputs, training=False))
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(x))
+"""
+
+
+@pytest.mark.parametrize(
+    ("builder", "stacked"),
+    [
+        ("resnet50", r"yes \(\d+ weights trained per fold\)"),
+        ("efficientnet_b0", r"yes \(\d+ weights trained per fold, 3 frozen held once for every fold\)"),
+        ("frozen_mobilenet", r"yes \(2 weights trained per fold, \d+ frozen held once for every fold\)"),
+    ],
+)
+def test_validate_accepts_keras_applications_and_names_their_stacked_form(
+    tmp_path, write_spec, write_experiment, builder, stacked
+):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "images.npz", x=rng.uniform(size=(60, 32, 32, 3)).astype(np.float32), y=np.arange(60) % 3)
+    experiment = write_experiment(BACKBONES, name="backbones.py")
+    spec = write_spec(
+        {
+            "experiment": f"{experiment}:{builder}",
+            "dataset": str(tmp_path / "images.npz"),
+            "search": {"space": Replace({"batch_size": 8})},
+        }
+    )
+    result = invoke("validate", str(spec))
+    assert result.exit_code == 0, result.output
+    assert re.search(rf"^stacked form: {stacked}$", result.output, re.MULTILINE), result.output
 
 
 @pytest.mark.parametrize(
