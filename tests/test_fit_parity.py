@@ -48,6 +48,8 @@ EPOCHS = 5
 BATCH = 32
 
 EXPERIMENT = '''
+from pathlib import Path
+
 import keras
 from keras import layers
 
@@ -162,6 +164,26 @@ def per_position(hp):  # a label per position of the window, padded positions -1
     return model
 
 
+def backbone():
+    inputs = keras.Input(shape=(16, 1))
+    x = layers.BatchNormalization(name="backbone_bn")(layers.Conv1D(8, 3, name="backbone_conv")(inputs))
+    return keras.Model(inputs, layers.Activation("relu")(x), name="backbone")
+
+
+def transfer(hp, trainable=False):  # keras.io's transfer learning guide: a frozen base, called in inference
+    base = backbone()
+    base.load_weights(str(Path(__file__).parent / "backbone.weights.h5"))
+    base.trainable = trainable
+    inputs = keras.Input(shape=(16, 1))
+    x = layers.Flatten()(base(inputs, training=False))
+    return compiled(keras.Model(inputs, layers.Dense(1, activation="sigmoid")(x)), keras.optimizers.Adam(0.01),
+                    "binary_crossentropy")
+
+
+def transfer_dropped(hp):  # the base trains, its BatchNormalization on the batches' statistics
+    return transfer(hp, trainable=True)
+
+
 # Without their feature these are the plain sigmoid model: one name, so that its fit is made once.
 schedule_dropped = regularizer_dropped = add_loss_dropped = batch_norm_dropped = dropout_dropped = sigmoid
 '''
@@ -186,7 +208,25 @@ def workspace(tmp_path_factory):
     labels[np.arange(16)[None, :] >= lengths[:, None]] = -1
     np.savez(directory / "positions.npz", x=x, y=labels)
     (directory / "parity.py").write_text(EXPERIMENT)
+    _write_backbone_weights(directory / "backbone.weights.h5")
     return directory
+
+
+def _write_backbone_weights(path: Path) -> None:
+    """The frozen base's weights file: a random convolution and moving statistics far from any
+    batch's (mean 1, variance 9), so that a BatchNormalization run on the batches' statistics
+    instead of these trains another head."""
+    import keras
+
+    from pipeline.inputs.hypermodel import load_builder
+
+    keras.utils.set_random_seed(5)
+    base = load_builder(path.parent / "parity.py", "backbone")()
+    bn = base.get_layer("backbone_bn")
+    bn.moving_mean.assign(np.ones(8, np.float32))
+    bn.moving_variance.assign(np.full(8, 9.0, np.float32))
+    base.save_weights(str(path))
+    keras.backend.clear_session()
 
 
 def spec_for(
@@ -538,3 +578,28 @@ def test_labels_per_position_with_ignored_padding_score_as_keras_fit_and_evaluat
             )
         # A mean over every position (the padded ones adding 0) would be (1 - padded) of it.
         assert abs(ours[(k, "loss")] * (1 - padded) - scores["loss"]) >= 0.15 * scores["loss"]
+
+
+def test_a_frozen_base_trains_as_keras_fit_trains_it_stacked_and_not(workspace, threads_kept):
+    """keras.io's transfer learning: a base loaded from a weights file and frozen, its
+    BatchNormalization in inference mode. Its weights are held once for every fold when stacked,
+    and never move; the head lands where Keras' fit lands, side by side and stacked."""
+    spec = spec_for(workspace, "transfer", jit_compile="auto")
+    keras_with = keras_fit(spec, "transfer")
+    keras_without = keras_fit(spec, "transfer_dropped")
+    assert abs(foldsweep_cv_mean(spec) - keras_with.val_accuracy) <= TOLERANCE, (keras_with, keras_without)
+    ours, trainer = foldsweep_stacked(spec, "transfer")
+    assert trainer.plan.layout == "stacked", trainer.plan.reason
+    assert abs(ours.val_accuracy - keras_with.val_accuracy) <= TOLERANCE, (ours, keras_with, keras_without)
+    assert abs(ours.train_loss - keras_with.train_loss) <= 0.01 * keras_with.train_loss, (ours, keras_with)
+    # With the base trained (the feature dropped), fit trains another model.
+    assert abs(keras_without.train_loss - keras_with.train_loss) >= 0.1 * keras_with.train_loss
+    from pipeline.inputs.hypermodel import load_builder
+
+    loaded = load_builder(workspace / "parity.py", "backbone")()
+    loaded.load_weights(str(workspace / "backbone.weights.h5"))
+    for model in trainer.models:
+        base = model.get_layer("backbone")
+        assert not base.trainable_variables
+        for variable, stored in zip(base.variables, loaded.variables):
+            np.testing.assert_array_equal(variable, stored, err_msg=variable.path)
