@@ -807,6 +807,11 @@ def _sweep_params(prepared: PreparedSweep) -> dict[str, Any]:
         "dataset": spec.dataset.label,
         **({"dataset_path": prepared.dataset_path} if prepared.dataset_path else {}),
         "dataset_fingerprint": prepared.dataset.fingerprint,
+        **(
+            {"dataset_classes": ",".join(prepared.dataset.class_names)}
+            if prepared.dataset.class_names is not None
+            else {}
+        ),
         "n_train_samples": len(prepared.dataset.y),
         **{f"cv.{key}": value for key, value in asdict(spec.cv).items()},
         "search.algorithm": spec.search.algorithm,

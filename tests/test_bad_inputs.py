@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+import PIL.Image
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -108,6 +109,7 @@ FILES = {
     "typo.yaml": spec_text(trian={"epochs": 1}),
     "no_experiment.yaml": spec_text(experiment="experiments/nope.py"),
     "no_data.yaml": spec_text(dataset="data/nope.npz"),
+    "corrupt_images.yaml": spec_text(dataset={"images": "photos"}),
     "one_split.yaml": spec_text(cv={"n_splits": 1}),
     "latin1.yaml": "name: caf\xe9\n",
     "broken.yaml": "name: x\ncv: {n_splits: 3\n",
@@ -194,6 +196,11 @@ CASES = [
         "a data file found nowhere",
         ["validate", "no_data.yaml"],
         ["dataset: file not found: 'data/nope.npz'; looked in"],
+    ),
+    (
+        "an image folder with a corrupt image",
+        ["run", "corrupt_images.yaml"],
+        ["dataset.images: cannot decode image", "photos/class_1/broken.png'", "remove or replace the file"],
     ),
     ("one split", ["run", "one_split.yaml"], ["cv.n_splits must be an integer >= 2, got 1"]),
     ("a spec that is not UTF-8", ["validate", "latin1.yaml"], ["a spec must be UTF-8 text"]),
@@ -435,6 +442,11 @@ def workspace(tmp_path, recorded_store, monkeypatch, threads_kept) -> Path:
     with sqlite3.connect(tmp_path / "other.db") as connection:
         connection.execute("CREATE TABLE t (x)")
     (tmp_path / "adir").mkdir()
+    for label in (0, 1):  # an image folder in Keras' layout, with one file that is no image
+        (tmp_path / "photos" / f"class_{label}").mkdir(parents=True)
+        for i in range(4):
+            PIL.Image.new("RGB", (8, 8), (60 * label, i, 0)).save(tmp_path / "photos" / f"class_{label}" / f"{i}.png")
+    (tmp_path / "photos" / "class_1" / "broken.png").write_bytes(b"\x89PNG, cut short")
     (tmp_path / "recorded.db").write_bytes(recorded_store[0])
     monkeypatch.chdir(tmp_path)
     return tmp_path

@@ -307,3 +307,88 @@ def test_a_file_without_samples_is_refused(tmp_path, arrays, message):
     with pytest.raises(DataError) as caught:
         load_dataset(DatasetSpec(path=str(path)))
     assert str(caught.value) == f"dataset: {path} {message}"
+
+
+def test_shapes_are_ten_classes_of_rgb_images_with_a_held_out_test_split():
+    data = load_dataset(DatasetSpec(name="shapes", options={"num_samples": 500}))
+    assert data.x.shape == (400, 32, 32, 3) and data.x_test.shape == (100, 32, 32, 3)
+    assert data.x.dtype == np.float32 and 0.0 <= data.x.min() and data.x.max() <= 255.0
+    assert set(np.unique(data.y)) == set(range(10)) and data.n_classes == 10
+    # Shape, not colour: a class's mean image is no brighter than another's beyond noise.
+    means = [data.x[data.y == label].mean() for label in range(10)]
+    assert max(means) - min(means) < 40.0
+    again = load_dataset(DatasetSpec(name="shapes", options={"num_samples": 500}))
+    assert again.fingerprint == data.fingerprint
+
+
+def write_image_folder(root: Path, images: np.ndarray, labels: np.ndarray, names=None) -> Path:
+    """Keras' image_dataset_from_directory layout: root/<class>/<n>.png."""
+    from PIL import Image
+
+    for i, (image, label) in enumerate(zip(images, labels)):
+        folder = root / (names[label] if names else f"class_{label}")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.asarray(image).round().astype(np.uint8).squeeze()).save(folder / f"{i:04d}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    return load_dataset(DatasetSpec(name="shapes", options={"num_samples": 300}))
+
+
+def test_an_image_folder_loads_as_keras_lays_it_out_and_is_decoded_once(tmp_path, monkeypatch, shapes):
+    names = ["zebra", "apple", "mango", "kiwi", "fig", "date", "lime", "pear", "plum", "yuzu"]
+    write_image_folder(tmp_path / "photos" / "train", shapes.x[:120], shapes.y[:120], names)
+    write_image_folder(tmp_path / "photos" / "test", shapes.x_test[:30], shapes.y_test[:30], names)
+    spec = DatasetSpec(path=str(tmp_path / "photos"), images=True, options={"color_mode": "rgb"})
+    data = load_dataset(spec)
+    assert data.class_names == tuple(sorted(names))  # Keras' order: the folders' names sorted
+    assert data.x.shape == (120, 32, 32, 3) and data.x_test.shape == (30, 32, 32, 3) and data.x.dtype == np.float32
+    # Every image decoded to its pixels, labelled by its folder's place in that order.
+    order = sorted(range(120), key=lambda i: (sorted(names).index(names[shapes.y[i]]), i))
+    np.testing.assert_array_equal(data.x, shapes.x[order].round())
+    np.testing.assert_array_equal(data.y, [sorted(names).index(names[shapes.y[i]]) for i in order])
+    grey = load_dataset(DatasetSpec(path=spec.path, images=True, options={"color_mode": "grayscale"}))
+    assert grey.x.shape == (120, 32, 32, 1)
+
+    import PIL.Image
+
+    def must_not_decode(*args, **kwargs):
+        raise AssertionError("an image was decoded again")
+
+    monkeypatch.setattr(PIL.Image, "open", must_not_decode)
+    cached = load_dataset(spec)
+    assert isinstance(cached.x, np.memmap) and cached.fingerprint == data.fingerprint
+
+
+@pytest.mark.parametrize(
+    ("mistake", "message"),
+    [
+        ("corrupt", "dataset.images: cannot decode image '{root}/class_3/broken.png': UnidentifiedImageError"),
+        ("odd size", "dataset.images: image '{root}/class_3/small.png' is 20x24 (height x width), not 32x32"),
+        ("empty class", "dataset.images: class folder '{root}/class_9' has no image files"),
+        ("no classes", "dataset.images: '{root}/class_0' has no class subfolders"),
+        ("no folder", "dataset.images: folder not found: '{root}/absent'"),
+    ],
+)
+def test_image_folder_mistakes_are_refused_by_name(tmp_path, shapes, mistake, message):
+    from PIL import Image
+
+    root = write_image_folder(tmp_path / "images", shapes.x[:40], shapes.y[:40])
+    if mistake == "corrupt":
+        (root / "class_3" / "broken.png").write_bytes(b"\x89PNG half a file")
+    elif mistake == "odd size":
+        Image.new("RGB", (24, 20)).save(root / "class_3" / "small.png")
+    elif mistake == "empty class":
+        (root / "class_9").mkdir(exist_ok=True)
+        for file in (root / "class_9").iterdir():
+            file.unlink()
+    elif mistake == "no classes":
+        root = root / "class_0"
+    elif mistake == "no folder":
+        root = tmp_path / "images" / "absent"
+    with pytest.raises(DataError) as caught:
+        load_dataset(DatasetSpec(path=str(root), images=True, options={}))
+    assert str(caught.value).startswith(message.format(root=tmp_path / "images"))
+    assert not list(datasets.data_dir().glob(".images-*"))  # nothing half written

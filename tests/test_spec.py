@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from helpers import DELETE
+from helpers import DELETE, Replace
 
 from pipeline.base.errors import SpecError
 from pipeline.inputs import spec as spec_module
@@ -34,7 +34,17 @@ BAD_SPECS = [
     ({"experiment": 5}, "experiment must be a string, got 5"),
     ({"dataset": DELETE}, "dataset is required"),
     ({"dataset": ""}, "dataset must not be empty"),
-    ({"dataset": {"name": "mnist1d", "path": "x.npz"}}, "exactly one of dataset.name and dataset.path"),
+    ({"dataset": {"name": "mnist1d", "path": "x.npz"}}, "exactly one of dataset.name, dataset.path and dataset.images"),
+    (
+        {"dataset": Replace({"images": "photos", "name": "mnist1d"})},
+        "dataset.name exactly one of dataset.name, dataset.path and dataset.images must be given, got 'mnist1d'",
+    ),
+    (
+        {"dataset": Replace({"images": "photos", "image_size": [32, 32, 3]})},
+        "dataset.image_size must be [height, width], two integers >= 1, got [32, 32, 3]",
+    ),
+    ({"dataset": Replace({"images": "photos", "color_mode": "rgb8"})}, "dataset.color_mode must be one of"),
+    ({"dataset": Replace({"images": "photos", "resize": True})}, "unknown key 'dataset.resize'"),
     ({"dataset": {"name": "mnist1d", "num_samples": [1]}}, "dataset.num_samples must be a number, string or boolean"),
     ({"trian": {"epochs": 1}}, "unknown key 'trian' (did you mean 'train'?)"),
     ({"cv": {"n_split": 3}}, "unknown key 'cv.n_split' (did you mean 'n_splits'?)"),
@@ -283,6 +293,12 @@ def test_a_metric_of_unknown_direction_ranks_by_the_mode_given_and_early_stoppin
     spec = load_spec(write_spec({"train": {"metric": "mcc", "mode": "max", "early_stopping": {"patience": 2}}}))
     assert spec.objective.key == "mean_val_mcc" and spec.objective.mode == "max"
     assert spec.train.early_stopping.objective == spec.objective
+
+
+def test_an_image_folder_is_a_path_read_as_images(write_spec):
+    spec = load_spec(write_spec({"dataset": Replace({"images": "photos", "image_size": [64, 48]})}))
+    assert spec.dataset.images and spec.dataset.path == "photos"
+    assert spec.dataset.options == {"color_mode": "rgb", "image_size": [64, 48]}
 
 
 def test_string_dataset_is_a_name_or_a_file(write_spec):

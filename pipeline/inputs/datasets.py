@@ -37,6 +37,15 @@ class Dataset:
     x_test: np.ndarray | None = None
     y_test: np.ndarray | None = None
     groups: np.ndarray | None = None
+    class_names: tuple[str, ...] | None = None  # an image folder's classes, label by label
+
+    @classmethod
+    def of_arrays(cls, name: str, arrays: Mapping[str, np.ndarray]) -> Dataset:
+        """A dataset of the arrays found by role (x, y, x_test, y_test, groups)."""
+        found = {role: arrays.get(role) for role in ARRAY_ROLES}
+        x, y = found["x"], found["y"]
+        assert x is not None and y is not None  # the loaders refuse data without them first
+        return cls(name, x, y, x_test=found["x_test"], y_test=found["y_test"], groups=found["groups"])
 
     @property
     def n_classes(self) -> int:
@@ -117,7 +126,20 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
             )
         return builtin.load(spec.options)
     assert spec.path is not None  # a dataset is a name or a path: the spec's rule
+    if spec.images:
+        return _load_image_folder(Path(spec.path), spec.options)
     return _load_file(Path(spec.path), spec.options)
+
+
+def _load_image_folder(folder: Path, options: Mapping[str, Any]) -> Dataset:
+    """A folder of class subfolders of image files (``pipeline.inputs.images``), decoded once and
+    cached under the data directory."""
+    from pipeline.inputs.images import read_image_folder
+
+    arrays = read_image_folder(folder, options, cache_root=data_dir())
+    dataset = Dataset(name=folder.name, **arrays)
+    check_arrays(dataset, source=str(folder))
+    return dataset
 
 
 @dataclass(frozen=True)
@@ -143,7 +165,7 @@ class Builtin:
         if arrays is None:
             arrays = self.generate(resolved)
             _write_cache(cache, arrays)
-        dataset = Dataset(name=self.name, **arrays)
+        dataset = Dataset.of_arrays(self.name, arrays)
         check_arrays(dataset, source=f"built-in {self.name!r}")
         return dataset
 
@@ -244,6 +266,12 @@ def _generate_digits(options: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return {"x": x, "y": y, "x_test": x_test, "y_test": y_test}
 
 
+def _shapes_builtin() -> Builtin:
+    from pipeline.inputs import shapes
+
+    return Builtin(name="shapes", defaults=shapes.DEFAULTS, generate=shapes.generate, validate=shapes.validate)
+
+
 def _protein_builtin() -> Builtin:
     from pipeline.inputs import protein
 
@@ -266,11 +294,14 @@ BUILTINS: dict[str, Builtin] = {
         validate=_validate_digits,
     ),
     "protein_windows": _protein_builtin(),
+    "shapes": _shapes_builtin(),
 }
 
 BUILTIN_DESCRIPTIONS: Mapping[str, str] = {
     "mnist1d": "MNIST-1D signals (40 steps, 10 classes), regenerated with the mnist1d package",
     "digits": "scikit-learn's bundled 8x8 handwritten digits (10 classes), for 2D CNNs",
+    "shapes": "32x32 RGB images of 10 shapes (disk, ring, square...) at random places, sizes and colours, "
+    "for image CNNs",
     "protein_windows": "sliding windows over synthetic proteins (one-hot residues, helix/strand/coil), "
     "groups = protein id; segments drawn with Chou-Fasman propensities",
 }
@@ -306,7 +337,7 @@ def _load_file(path: Path, options: Mapping[str, Any]) -> Dataset:
     missing = [role for role in ARRAY_ROLES if role not in arrays and (role in ("x", "y") or role in options)]
     if missing:
         raise DataError(_missing_arrays_message(path, names, missing, stored, options))
-    dataset = Dataset(name=path.stem, **arrays)
+    dataset = Dataset.of_arrays(path.stem, arrays)
     check_arrays(dataset, source=str(path))
     if dataset.x.ndim == 2:
         dataset = _with_channel_axis(dataset)

@@ -80,13 +80,22 @@ class ParamSpec:
         return ()
 
 
+# How the images of an image folder are read (``dataset: {images: DIR, color_mode: ...}``): the
+# modes of Keras' image_dataset_from_directory, which gives 3, 1 and 4 channels.
+COLOR_MODES = ("rgb", "grayscale", "rgba")
+DEFAULT_COLOR_MODE = "rgb"  # Keras' default too
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
-    """A built-in dataset (``name`` with generator ``options``) or a file (``path``)."""
+    """A built-in dataset (``name`` with generator ``options``), a file (``path``), or a folder of
+    class subfolders of image files (``path`` with ``images`` true, options ``image_size`` and
+    ``color_mode``)."""
 
     name: str | None = None
     path: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    images: bool = False
 
     @property
     def label(self) -> str:
@@ -303,7 +312,8 @@ class SweepSpec:
         """The dataset entry with a file path made absolute (built-ins as they are)."""
         if self.dataset.path is None:
             return self.dataset
-        return replace(self.dataset, path=str(self.resolve_path(self.dataset.path, key="dataset")))
+        key = "dataset.images" if self.dataset.images else "dataset"
+        return replace(self.dataset, path=str(self.resolve_path(self.dataset.path, key=key)))
 
     @property
     def longest_epochs(self) -> int:
@@ -467,15 +477,45 @@ def _parse_dataset(root: _Section) -> DatasetSpec:
         looks_like_file = "/" in raw or "." in Path(raw).name
         return DatasetSpec(path=raw) if looks_like_file else DatasetSpec(name=raw)
     section = root.section("dataset")
+    if section.peek("images") is not None:
+        return _parse_image_folder(section)
     name = section.string("name")
     file = section.string("path")
     if (name is None) == (file is None):
-        section.fail("name", "exactly one of dataset.name and dataset.path must be given", {"name": name, "path": file})
+        section.fail(
+            "name",
+            "exactly one of dataset.name, dataset.path and dataset.images must be given",
+            {"name": name, "path": file},
+        )
     options = {key: section.take(key) for key in list(section.remaining())}
     for key, value in options.items():
         if not isinstance(value, (int, float, str, bool)):
             section.fail(key, "must be a number, string or boolean", value)
     return DatasetSpec(name=name, path=file, options=options)
+
+
+def _parse_image_folder(section: _Section) -> DatasetSpec:
+    """``dataset: {images: DIR, image_size: [H, W], color_mode: rgb}``: DIR holds a subfolder of
+    image files per class (or train/ and test/ folders that each do), as Keras'
+    image_dataset_from_directory reads them."""
+    folder = section.string("images", required=True)
+    for other in ("name", "path"):
+        if section.peek(other) is not None:
+            section.fail(
+                other, "exactly one of dataset.name, dataset.path and dataset.images must be given", section.peek(other)
+            )
+    options: dict[str, Any] = {"color_mode": section.one_of("color_mode", COLOR_MODES, default=DEFAULT_COLOR_MODE)}
+    size = section.take("image_size") if section.peek("image_size") is not None else None
+    if size is not None:
+        if (
+            not isinstance(size, list)
+            or len(size) != 2
+            or not all(isinstance(side, int) and not isinstance(side, bool) and side >= 1 for side in size)
+        ):
+            section.fail("image_size", "must be [height, width], two integers >= 1", size)
+        options["image_size"] = list(size)
+    section.finish()
+    return DatasetSpec(path=folder, options=options, images=True)
 
 
 def _parse_cv(section: _Section) -> CVSpec:
