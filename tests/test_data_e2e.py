@@ -70,3 +70,43 @@ def test_digits_sweep_runs_a_2d_cnn(ray_cluster, tmp_path, monkeypatch):
     assert len(trials) == 2 and all(run.state == "FINISHED" for run in trials)
     assert max(run.metrics["mean_val_accuracy"] for run in trials) > 0.5  # well above chance (0.1)
     assert 0 < parent.metrics["test_accuracy"] <= 1
+
+
+def test_the_images_sweep_trains_its_augmented_cnn_on_an_image_folder(ray_cluster, tmp_path, monkeypatch):
+    """sweeps/images.yaml on a folder of class subfolders of PNGs (Keras' layout, made from the
+    built-in shapes): the class names are recorded with the sweep, the augmentation layers draw
+    foldsweep's numbers (XLA kept), and the CNN learns."""
+    import numpy as np
+    from PIL import Image
+
+    from pipeline.inputs.datasets import load_dataset
+    from pipeline.inputs.spec import DatasetSpec
+
+    shapes = load_dataset(DatasetSpec(name="shapes", options={"num_samples": 1500}))
+    names = ["disk", "ring", "square", "outline", "triangle", "plus", "cross", "hstripes", "vstripes", "checker"]
+    for split, images, labels in (("train", shapes.x, shapes.y), ("test", shapes.x_test, shapes.y_test)):
+        for i, (image, label) in enumerate(zip(images, labels)):
+            folder = tmp_path / "photos" / split / names[label]
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.asarray(image).round().astype(np.uint8)).save(folder / f"{i}.png")
+    monkeypatch.chdir(tmp_path)
+    spec = ci_sized(
+        "images.yaml",
+        tmp_path,
+        {
+            "dataset": {"images": str(tmp_path / "photos")},
+            "cv": {"n_splits": 2},
+            "search": {"space": {"width": 16, "conv_blocks": 2, "dropout": 0.2, "learning_rate": 0.003}},
+            "train": {"epochs": 6, "refit": False},
+            "resources": {"max_concurrent": 1},
+        },
+    )
+
+    result = CliRunner().invoke(app, ["run", str(spec), "--num-samples", "1"])
+
+    assert result.exit_code == 0, result.output
+    trials, parent = recorded(tmp_path, "images")
+    assert len(trials) == 1 and trials[0].state == "FINISHED"
+    assert parent.params["dataset_classes"] == ",".join(sorted(names))
+    assert trials[0].tags["foldsweep.random_draws"] == "counter"
+    assert trials[0].metrics["mean_val_accuracy"] > 0.25, trials[0].metrics  # well above chance (0.1)
