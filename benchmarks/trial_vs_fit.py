@@ -1,0 +1,196 @@
+"""One trial end to end on images: `foldsweep trial` against the naive loop a researcher writes
+(for each fold: build, compile, `fit`, `evaluate`), each its own process timed from start to
+exit, on the same images, folds, batch size, epochs and learning rate.
+
+The images are the built-in `shapes` (32x32x3, 10 classes), 3,594 of them in CV, split 3-fold
+stratified (seed 0); both sides use 2 CPU threads. The models, built in `build(hp)` as keras.io
+writes them:
+
+- `image_cnn`: 4 x (Conv2D + MaxPooling2D), GlobalAveragePooling2D, a softmax head;
+- `image_cnn_aug`: the same with BatchNormalization, RandomFlip + RandomContrast in the model
+  (layers foldsweep draws for) and Dropout;
+- `mobilenet_v2`: `keras.applications.MobileNetV2(alpha=0.35, weights=None, classes=10)`;
+- `transfer`: RandomFlip, a nested MobileNetV2 base (`include_top=False`), global pooling,
+  Dropout and a Dense head.
+
+A row per model: both walls, their ratio (naive / foldsweep: above 1, foldsweep is faster), the
+trial's compile seconds and its plan line.
+
+    .venv/bin/python -m benchmarks.trial_vs_fit --model image_cnn --model mobilenet_v2 \\
+        [--epochs 3] [--batch-size 32] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = ("image_cnn", "image_cnn_aug", "mobilenet_v2", "transfer")
+# 3,594 CV images after the built-in's 20 % test split.
+DATASET = {"name": "shapes", "num_samples": 4493}
+LEARNING_RATE = 1e-3
+THREADS = 2
+
+EXPERIMENT = """
+import keras
+from keras import layers
+
+
+def image_cnn(hp, batch_norm=False, augment=False):
+    inputs = keras.Input(shape=(32, 32, 3))
+    x = inputs
+    if augment:
+        x = layers.RandomContrast(0.2)(layers.RandomFlip("horizontal")(x))
+    x = layers.Rescaling(1.0 / 255)(x)
+    for filters in (32, 64, 64, 128):
+        x = layers.Conv2D(filters, 3, padding="same", use_bias=not batch_norm)(x)
+        if batch_norm:
+            x = layers.BatchNormalization()(x)
+        x = layers.Activation("relu")(x)
+        x = layers.MaxPooling2D(2)(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    if augment:
+        x = layers.Dropout(0.3)(x)
+    return keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
+
+
+def image_cnn_aug(hp):
+    return image_cnn(hp, batch_norm=True, augment=True)
+
+
+def mobilenet_v2(hp):
+    return keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)
+
+
+def transfer(hp):
+    inputs = keras.Input(shape=(32, 32, 3))
+    x = layers.RandomFlip("horizontal")(inputs)
+    base = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, include_top=False, weights=None)
+    x = layers.GlobalAveragePooling2D()(base(x))
+    x = layers.Dropout(0.2)(x)
+    return keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
+"""
+
+
+def naive(model: str, *, epochs: int, batch_size: int) -> None:
+    """The researcher's loop, in this process: per fold a fresh model, compile, fit, evaluate."""
+    import keras
+    import tensorflow as tf
+
+    from pipeline.inputs.datasets import load_dataset
+    from pipeline.inputs.folds import make_folds
+    from pipeline.inputs.hypermodel import load_builder
+    from pipeline.inputs.spec import CVSpec, DatasetSpec
+
+    tf.config.threading.set_intra_op_parallelism_threads(THREADS)
+    tf.config.threading.set_inter_op_parallelism_threads(THREADS)
+    data = load_dataset(DatasetSpec(name=DATASET["name"], options={"num_samples": DATASET["num_samples"]}))
+    folds = make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), data).folds
+    build = load_builder(Path(os.environ["TRIAL_VS_FIT_EXPERIMENT"]), model)
+    x, y = tf.constant(data.x), tf.constant(data.y)
+    scores = []
+    for k, fold in enumerate(folds):
+        keras.utils.set_random_seed(k)
+        net = build(None)
+        net.compile(
+            optimizer=keras.optimizers.Adam(LEARNING_RATE), loss="sparse_categorical_crossentropy", metrics=["accuracy"]
+        )
+        train, val = tf.constant(fold.train), tf.constant(fold.val)
+        net.fit(tf.gather(x, train), tf.gather(y, train), batch_size=batch_size, epochs=epochs, verbose=0)
+        scores.append(net.evaluate(tf.gather(x, val), tf.gather(y, val), verbose=0, return_dict=True)["accuracy"])
+        keras.backend.clear_session()
+    print(json.dumps({"mean_val_accuracy": sum(scores) / len(scores)}))
+
+
+def spec(directory: Path, model: str, *, batch_size: int) -> Path:
+    import yaml
+
+    path = directory / f"{model}.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": f"trial-vs-fit-{model}",
+                "experiment": f"{directory / 'models.py'}:{model}",
+                "dataset": DATASET,
+                "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
+                "search": {"space": {"batch_size": batch_size, "learning_rate": LEARNING_RATE}},
+                "train": {"epochs": 100, "seed": 0, "refit": False},
+                "resources": {"cpu": THREADS},
+                "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
+            }
+        )
+    )
+    return path
+
+
+def timed(command: list[str], **kwargs) -> tuple[float, str]:
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=True, **kwargs)
+    return time.perf_counter() - started, done.stdout
+
+
+def row(model: str, directory: Path, *, epochs: int, batch_size: int) -> dict:
+    foldsweep = str(Path(sys.executable).parent / "foldsweep")
+    ours, printed = timed(
+        [foldsweep, "trial", str(spec(directory, model, batch_size=batch_size)), "--epochs", str(epochs)]
+    )
+    environment = {**os.environ, "TRIAL_VS_FIT_EXPERIMENT": str(directory / "models.py")}
+    arguments = ["--naive", model, "--epochs", str(epochs), "--batch-size", str(batch_size)]
+    theirs, naive_printed = timed(
+        [sys.executable, "-m", "benchmarks.trial_vs_fit", *arguments], env=environment, cwd=REPO
+    )
+    compile_s = re.search(r"compile_s ([\d.]+)", printed)
+    plan = re.search(r"^fused: (.*?);", printed, re.MULTILINE) or re.search(r"^unfused: (.*?);", printed, re.MULTILINE)
+    accuracy = re.findall(r"mean_val_accuracy (\S+)$", printed, re.MULTILINE)
+    return {
+        "model": model,
+        "foldsweep_s": round(ours, 1),
+        "naive_s": round(theirs, 1),
+        "faster_by": round(theirs / ours, 2),
+        "compile_s": float(compile_s.group(1)) if compile_s else None,
+        "plan": plan.group(1) if plan else printed.splitlines()[1],
+        "foldsweep_cv": float(accuracy[-1]) if accuracy else None,
+        "naive_cv": round(json.loads(naive_printed.strip().splitlines()[-1])["mean_val_accuracy"], 4),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", action="append", choices=MODELS)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--naive", choices=MODELS, help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.naive:
+        naive(args.naive, epochs=args.epochs, batch_size=args.batch_size)
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(scratch)
+        (directory / "models.py").write_text(EXPERIMENT)
+        for model in args.model or MODELS:
+            rows.append(row(model, directory, epochs=args.epochs, batch_size=args.batch_size))
+            print(json.dumps(rows[-1]), flush=True)
+    print(f"{'model':14} {'foldsweep s':>11} {'naive s':>8} {'faster by':>9} {'compile s':>9}  plan")
+    for r in rows:
+        print(
+            f"{r['model']:14} {r['foldsweep_s']:>11} {r['naive_s']:>8} {r['faster_by']:>8}x {r['compile_s']!s:>9}  {r['plan']}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
