@@ -386,6 +386,8 @@ def _three_models(build):
             (5, 4, 2),
         ),
         ([keras.layers.Conv1DTranspose(4, 3, strides=2, use_bias=False), keras.layers.Flatten()], (6, 3)),
+        # No trainable weight, yet each fold's own moving statistics.
+        ([keras.layers.BatchNormalization(center=False, scale=False), keras.layers.Dense(2)], (5, 3)),
     ],
 )
 @pytest.mark.parametrize("convolutions", ["patches", "grouped"])

@@ -128,7 +128,7 @@ def model_blocker(model: keras.Model, *, random_draws: RandomDraws = "none") -> 
                 f"layer {layer.name!r} has an activity_regularizer ({type(regularizer).__name__}) not known to add "
                 "up over samples"
             )
-        if not layer.trainable_variables:
+        if not layer.trainable_variables and not state_variables(layer):
             continue  # weightless, or frozen: called as it is
         blocker = layer_blocker(layer)
         if blocker:
@@ -291,7 +291,7 @@ class StackedForm:
         def stacked_form(layer):
             if isinstance(layer, keras.Model):  # a nested model: its own graph, walked the same way
                 call = lambda inputs, **_: run_graph(layer, inputs)  # noqa: E731
-            elif isinstance(layer, keras.layers.Layer) and layer.trainable_variables:
+            elif isinstance(layer, keras.layers.Layer) and (layer.trainable_variables or state_variables(layer)):
                 form = stacked_entry(layer).form
                 call = lambda inputs, **_: form(layer, folds, inputs)  # noqa: E731
             elif isinstance(layer, keras.layers.Layer):  # as Functional.call(training=True) calls it
