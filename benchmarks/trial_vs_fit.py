@@ -2,8 +2,9 @@
 (for each fold: build, compile, `fit`, `evaluate`), each its own process timed from start to
 exit, on the same images, folds, batch size, epochs and learning rate.
 
-The images are the built-in `shapes` (32x32x3, 10 classes), 3,594 of them in CV, split 3-fold
-stratified (seed 0); both sides use 2 CPU threads. The models, built in `build(hp)` as keras.io
+The images are the built-in `shapes` (32x32x3, 10 classes), 3,594 of them in CV, written to a
+`.npz` (or `--data PATH`, one written before: a tree without the built-in can be timed on the same
+images), split 3-fold stratified (seed 0); both sides use 2 CPU threads. The models, built in `build(hp)` as keras.io
 writes them:
 
 - `image_cnn`: 4 x (Conv2D + MaxPooling2D), GlobalAveragePooling2D, a softmax head;
@@ -17,7 +18,7 @@ A row per model: both walls, their ratio (naive / foldsweep: above 1, foldsweep 
 trial's compile seconds and its plan line.
 
     .venv/bin/python -m benchmarks.trial_vs_fit --model image_cnn --model mobilenet_v2 \\
-        [--epochs 3] [--batch-size 32] [--json PATH]
+        [--epochs 3] [--batch-size 32] [--data PATH] [--json PATH]
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("image_cnn", "image_cnn_aug", "mobilenet_v2", "transfer")
 # 3,594 CV images after the built-in's 20 % test split.
-DATASET = {"name": "shapes", "num_samples": 4493}
+SHAPES = {"num_samples": 4493}
 LEARNING_RATE = 1e-3
 THREADS = 2
 
@@ -82,7 +83,19 @@ def transfer(hp):
 """
 
 
-def naive(model: str, *, epochs: int, batch_size: int) -> None:
+def write_images(path: Path) -> Path:
+    """The built-in shapes' CV images as a .npz of x and y."""
+    import numpy as np
+
+    from pipeline.inputs.datasets import load_dataset
+    from pipeline.inputs.spec import DatasetSpec
+
+    data = load_dataset(DatasetSpec(name="shapes", options=SHAPES))
+    np.savez(path, x=data.x, y=data.y)
+    return path
+
+
+def naive(model: str, data_path: Path, *, epochs: int, batch_size: int) -> None:
     """The researcher's loop, in this process: per fold a fresh model, compile, fit, evaluate."""
     import keras
     import tensorflow as tf
@@ -94,7 +107,7 @@ def naive(model: str, *, epochs: int, batch_size: int) -> None:
 
     tf.config.threading.set_intra_op_parallelism_threads(THREADS)
     tf.config.threading.set_inter_op_parallelism_threads(THREADS)
-    data = load_dataset(DatasetSpec(name=DATASET["name"], options={"num_samples": DATASET["num_samples"]}))
+    data = load_dataset(DatasetSpec(path=str(data_path)))
     folds = make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), data).folds
     build = load_builder(Path(os.environ["TRIAL_VS_FIT_EXPERIMENT"]), model)
     x, y = tf.constant(data.x), tf.constant(data.y)
@@ -112,7 +125,7 @@ def naive(model: str, *, epochs: int, batch_size: int) -> None:
     print(json.dumps({"mean_val_accuracy": sum(scores) / len(scores)}))
 
 
-def spec(directory: Path, model: str, *, batch_size: int) -> Path:
+def spec(directory: Path, model: str, data_path: Path, *, batch_size: int) -> Path:
     import yaml
 
     path = directory / f"{model}.yaml"
@@ -121,7 +134,7 @@ def spec(directory: Path, model: str, *, batch_size: int) -> Path:
             {
                 "name": f"trial-vs-fit-{model}",
                 "experiment": f"{directory / 'models.py'}:{model}",
-                "dataset": DATASET,
+                "dataset": str(data_path),
                 "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
                 "search": {"space": {"batch_size": batch_size, "learning_rate": LEARNING_RATE}},
                 "train": {"epochs": 100, "seed": 0, "refit": False},
@@ -170,17 +183,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--naive", choices=MODELS, help=argparse.SUPPRESS)
+    parser.add_argument("--data", type=Path, help="a .npz of x and y to time on (default: the shapes written anew)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.naive:
-        naive(args.naive, epochs=args.epochs, batch_size=args.batch_size)
+        naive(args.naive, args.data, epochs=args.epochs, batch_size=args.batch_size)
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
         (directory / "models.py").write_text(EXPERIMENT)
+        data_path = args.data.resolve() if args.data else write_images(directory / "shapes.npz")
         for model in args.model or MODELS:
-            rows.append(row(model, directory, epochs=args.epochs, batch_size=args.batch_size))
+            rows.append(row(model, directory, data_path, epochs=args.epochs, batch_size=args.batch_size))
             print(json.dumps(rows[-1]), flush=True)
     print(f"{'model':14} {'foldsweep s':>11} {'naive s':>8} {'faster by':>9} {'compile s':>9}  plan")
     for r in rows:

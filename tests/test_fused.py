@@ -528,16 +528,25 @@ def every_stacked_form(hp):
     return keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
 
 
-def test_stacked_folds_train_batch_norm_regularizers_and_random_layers_as_each_fold_alone(dataset, folds):
-    # SGD, whose updates carry float rounding as it is (Adam's normalised steps magnify it).
-    settings = {"build": every_stacked_form, "optimizer": "sgd", "learning_rate": 0.01}
+def trained_stacked_and_alone(dataset, folds, build):
+    """The fold models of ``build`` trained stacked and each alone (SGD, whose updates carry float
+    rounding as it is: Adam's normalised steps magnify it), their histories checked equal; both
+    trainers."""
+    settings = {"build": build, "optimizer": "sgd", "learning_rate": 0.01}
     stacked, stacked_trainer = train(dataset.x, dataset.y, folds, fused="on", layout="stacked", **settings)
     alone, alone_trainer = train(dataset.x, dataset.y, folds, fused="off", **settings)
-    assert stacked_trainer.plan.layout == "stacked" and stacked_trainer.plan.random_draws == "counter"
-    assert alone_trainer.plan.random_draws == "counter" and alone_trainer.plan.jit_compile
+    assert stacked_trainer.plan.layout == "stacked", stacked_trainer.plan.reason
     for k in range(len(folds)):
         for key in HISTORY_KEYS:
             np.testing.assert_allclose(stacked[k][key], alone[k][key], rtol=1e-5, err_msg=f"fold {k} {key}")
+    assert len({round(stacked[k]["val_loss"][-1], 6) for k in range(len(folds))}) == len(folds)
+    return stacked_trainer, alone_trainer
+
+
+def test_stacked_folds_train_batch_norm_regularizers_and_random_layers_as_each_fold_alone(dataset, folds):
+    stacked_trainer, alone_trainer = trained_stacked_and_alone(dataset, folds, every_stacked_form)
+    assert stacked_trainer.plan.random_draws == "counter"
+    assert alone_trainer.plan.random_draws == "counter" and alone_trainer.plan.jit_compile
     # Every variable, moving statistics and generator states included, as the fold trained alone.
     for stacked_model, alone_model in zip(stacked_trainer.models, alone_trainer.models):
         assert len(stacked_model.non_trainable_variables) == 2 + 4  # moving mean and variance, 4 generators
@@ -565,13 +574,7 @@ def depthwise_separable_nested_and_frozen(hp):
 
 
 def test_depthwise_separable_and_transposed_convolutions_in_a_nested_model_train_stacked(dataset, folds):
-    settings = {"build": depthwise_separable_nested_and_frozen, "optimizer": "sgd", "learning_rate": 0.01}
-    stacked, stacked_trainer = train(dataset.x, dataset.y, folds, fused="on", layout="stacked", **settings)
-    alone, alone_trainer = train(dataset.x, dataset.y, folds, fused="off", **settings)
-    assert stacked_trainer.plan.layout == "stacked", stacked_trainer.plan.reason
-    for k in range(len(folds)):
-        for key in HISTORY_KEYS:
-            np.testing.assert_allclose(stacked[k][key], alone[k][key], rtol=1e-5, err_msg=f"fold {k} {key}")
+    stacked_trainer, alone_trainer = trained_stacked_and_alone(dataset, folds, depthwise_separable_nested_and_frozen)
     for stacked_model, alone_model in zip(stacked_trainer.models, alone_trainer.models):
         for a, b in zip(stacked_model.variables, alone_model.variables):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=a.path)
@@ -579,7 +582,6 @@ def test_depthwise_separable_and_transposed_convolutions_in_a_nested_model_train
     built = np.asarray(depthwise_separable_nested_and_frozen(None).get_layer("frozen").kernel)
     for model in stacked_trainer.models:
         np.testing.assert_array_equal(model.get_layer("frozen").kernel, built)
-    assert len({round(stacked[k]["val_loss"][-1], 6) for k in range(len(folds))}) == len(folds)
 
 
 def augmented_image_cnn(hp):
@@ -601,14 +603,9 @@ def augmented_image_cnn(hp):
 
 
 def test_stacked_folds_draw_each_folds_own_augmentation_as_it_draws_alone(dataset, folds):
-    settings = {"build": augmented_image_cnn, "optimizer": "sgd", "learning_rate": 0.01}
-    stacked, stacked_trainer = train(dataset.x, dataset.y, folds, fused="on", layout="stacked", **settings)
-    alone, alone_trainer = train(dataset.x, dataset.y, folds, fused="off", **settings)
-    assert stacked_trainer.plan.layout == "stacked" and stacked_trainer.plan.random_draws == "counter"
+    stacked_trainer, alone_trainer = trained_stacked_and_alone(dataset, folds, augmented_image_cnn)
+    assert stacked_trainer.plan.random_draws == "counter"
     assert alone_trainer.plan.random_draws == "counter" and alone_trainer.plan.jit_compile
-    for k in range(len(folds)):
-        for key in HISTORY_KEYS:
-            np.testing.assert_allclose(stacked[k][key], alone[k][key], rtol=1e-5, err_msg=f"fold {k} {key}")
     generators = [v for v in stacked_trainer.models[0].non_trainable_variables if "seed" in v.path]
     steps = 2 * math.ceil(len(folds[0].train) / 8)
     assert [int(np.asarray(v)[1]) for v in generators] == [steps] * 3  # one draw per layer and step
