@@ -152,13 +152,12 @@ def timed(command: list[str], **kwargs) -> tuple[float, str]:
     return time.perf_counter() - started, done.stdout
 
 
-def row(model: str, directory: Path, *, epochs: int, batch_size: int) -> dict:
+def row(model: str, directory: Path, data_path: Path, *, epochs: int, batch_size: int) -> dict:
     foldsweep = str(Path(sys.executable).parent / "foldsweep")
-    ours, printed = timed(
-        [foldsweep, "trial", str(spec(directory, model, batch_size=batch_size)), "--epochs", str(epochs)]
-    )
+    trial_spec = spec(directory, model, data_path, batch_size=batch_size)
+    ours, printed = timed([foldsweep, "trial", str(trial_spec), "--epochs", str(epochs)])
     environment = {**os.environ, "TRIAL_VS_FIT_EXPERIMENT": str(directory / "models.py")}
-    arguments = ["--naive", model, "--epochs", str(epochs), "--batch-size", str(batch_size)]
+    arguments = ["--naive", model, "--data", str(data_path), "--epochs", str(epochs), "--batch-size", str(batch_size)]
     theirs, naive_printed = timed(
         [sys.executable, "-m", "benchmarks.trial_vs_fit", *arguments], env=environment, cwd=REPO
     )
