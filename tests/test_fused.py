@@ -528,11 +528,11 @@ def every_stacked_form(hp):
     return keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
 
 
-def trained_stacked_and_alone(dataset, folds, build):
+def trained_stacked_and_alone(dataset, folds, build, jit_compile="auto"):
     """The fold models of ``build`` trained stacked and each alone (SGD, whose updates carry float
     rounding as it is: Adam's normalised steps magnify it), their histories checked equal; both
     trainers."""
-    settings = {"build": build, "optimizer": "sgd", "learning_rate": 0.01}
+    settings = {"build": build, "optimizer": "sgd", "learning_rate": 0.01, "jit_compile": jit_compile}
     stacked, stacked_trainer = train(dataset.x, dataset.y, folds, fused="on", layout="stacked", **settings)
     alone, alone_trainer = train(dataset.x, dataset.y, folds, fused="off", **settings)
     assert stacked_trainer.plan.layout == "stacked", stacked_trainer.plan.reason
@@ -603,7 +603,8 @@ def augmented_image_cnn(hp):
 
 
 def test_stacked_folds_draw_each_folds_own_augmentation_as_it_draws_alone(dataset, folds):
-    stacked_trainer, alone_trainer = trained_stacked_and_alone(dataset, folds, augmented_image_cnn)
+    # With XLA, as on a GPU (on CPU an augmented model runs without it: ``pipeline.contract.plan``).
+    stacked_trainer, alone_trainer = trained_stacked_and_alone(dataset, folds, augmented_image_cnn, jit_compile="on")
     assert stacked_trainer.plan.random_draws == "counter"
     assert alone_trainer.plan.random_draws == "counter" and alone_trainer.plan.jit_compile
     generators = [v for v in stacked_trainer.models[0].non_trainable_variables if "seed" in v.path]

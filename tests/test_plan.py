@@ -234,6 +234,16 @@ def test_random_layers_draw_foldsweeps_numbers_where_it_can_draw_every_one_and_c
     assert plan_differences(TrialPlan.from_dict({**plan().as_dict(), "random_draws": "keras"}), plan()) == []
 
 
+def test_augmented_image_models_draw_foldsweeps_numbers_and_keep_off_xla_on_cpu():
+    import keras
+
+    augmented = [Model(keras.layers.RandomFlip(), keras.layers.RandomContrast(0.2)) for _ in SIZES]
+    on_cpu = plan(models=augmented)
+    assert on_cpu.random_draws == "counter" and not on_cpu.jit_compile
+    assert plan(models=augmented, device=GPU).jit_compile
+    assert plan(ExecutionChoices(jit_compile="on"), models=augmented).jit_compile
+
+
 def test_steps_per_launch_unrolls_only_where_it_pays():
     # planned steps per fold = epochs * smallest fold // batch size
     enough = UNROLL_MIN_PLANNED_STEPS * 8 // 300 + 1

@@ -375,6 +375,8 @@ KERAS_RANDOM_DRAWS = {
     "normal": ("shape", "mean", "stddev", "dtype", "seed"),
     "uniform": ("shape", "minval", "maxval", "dtype", "seed"),
 }
+# Keras' image augmentation layers among them.
+AUGMENTATION_LAYERS = ("RandomFlip", "RandomContrast", "RandomBrightness", "RandomCrop")
 # The keras.layers whose every random number comes from those functions with the layer's own
 # SeedGenerator, so that foldsweep can draw them (exactly these classes: a subclass may draw otherwise).
 COUNTER_DRAWN_LAYERS = (
@@ -385,10 +387,7 @@ COUNTER_DRAWN_LAYERS = (
     "GaussianNoise",
     "GaussianDropout",
     "AlphaDropout",
-    "RandomFlip",
-    "RandomContrast",
-    "RandomBrightness",
-    "RandomCrop",
+    *AUGMENTATION_LAYERS,
 )
 # How the hook's check makes each of them and the rank of the input it calls it on.
 _COUNTER_DRAWN_CHECKED_AS = {
@@ -401,6 +400,13 @@ _COUNTER_DRAWN_CHECKED_AS = {
     "RandomBrightness": ((0.5,), 4),
     "RandomCrop": ((2, 2), 4),
 }
+
+
+def augments_images(layer: object) -> bool:
+    """Whether a layer is one of Keras' image augmentation layers foldsweep draws for."""
+    import keras
+
+    return any(type(layer) is getattr(keras.layers, name) for name in AUGMENTATION_LAYERS)
 
 
 def counter_drawn(layer: object) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from pipeline.base.accelerator import GpuIdentity
-from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
+from pipeline.base.private_hooks import augments_images, counter_drawn, holds_seed_generator
 from pipeline.inputs.spec import AutoSwitch
 
 # The folds' layouts: one after another, or fused (all in one execution): side by side, each in
@@ -47,6 +47,11 @@ StopTest = Literal["per_launch", "per_epoch"]
 # kernels as one grouped convolution (feature_group_count = k, the GPU's form).
 StackedConvolutions = Literal["patches", "grouped"]
 
+# An image model with augmentation layers runs without XLA on CPU as it did while they drew from
+# Keras' generator, though foldsweep now draws for them: a Conv2D + BatchNorm net with RandomFlip
+# and RandomContrast, 3 folds side by side at batch 32 with 2 threads, 3 epochs, took 60-79 s a
+# trial with XLA against 53-55 s without (`python -m benchmarks.trial_vs_fit --model
+# image_cnn_aug`, 3 runs against 2). On a GPU it compiles as every step does.
 # On CPU, XLA wins big while per-step overhead dominates (bs 8: 3-4x over the same loop
 # without it) and stops paying around bs 256-512, where it was measured equal or up to 25%
 # slower depending on the model (`python -m benchmarks.cv_throughput --variants
@@ -239,8 +244,9 @@ def plan_trial(
         deterministic_ops: whether TensorFlow runs its ops deterministically here, recorded.
     """
     random_draws = _random_draws(choices.random_draws, models[0])
+    augmented = any(augments_images(layer) for layer in models[0]._flatten_layers())
     jit_compile = _use_xla(
-        choices.jit_compile, batch_size=batch_size, device=device, stochastic=random_draws == "keras"
+        choices.jit_compile, batch_size=batch_size, device=device, stochastic=random_draws == "keras" or augmented
     )
     planned_steps = planned_epochs * min(train_sizes) // batch_size
     steps = _steps_per_launch(
