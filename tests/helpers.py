@@ -301,3 +301,15 @@ def serving(command: list[str], *, url: str, what: str, **popen: Any) -> Iterato
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def write_image_folder(root: Path, images: Any, labels: Any, names: Any = None) -> Path:
+    """Keras' image_dataset_from_directory layout: root/<class>/<n>.png."""
+    import numpy as np
+    from PIL import Image
+
+    for i, (image, label) in enumerate(zip(images, labels)):
+        folder = root / (names[label] if names else f"class_{label}")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.asarray(image).round().astype(np.uint8).squeeze()).save(folder / f"{i:04d}.png")
+    return root

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, merged, recorded_sweeps
+from helpers import REPO, merged, recorded_sweeps, write_image_folder
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -76,19 +76,13 @@ def test_the_images_sweep_trains_its_augmented_cnn_on_an_image_folder(ray_cluste
     """sweeps/images.yaml on a folder of class subfolders of PNGs (Keras' layout, made from the
     built-in shapes): the class names are recorded with the sweep, the augmentation layers draw
     foldsweep's numbers (XLA kept), and the CNN learns."""
-    import numpy as np
-    from PIL import Image
-
     from pipeline.inputs.datasets import load_dataset
     from pipeline.inputs.spec import DatasetSpec
 
     shapes = load_dataset(DatasetSpec(name="shapes", options={"num_samples": 1500}))
     names = ["disk", "ring", "square", "outline", "triangle", "plus", "cross", "hstripes", "vstripes", "checker"]
-    for split, images, labels in (("train", shapes.x, shapes.y), ("test", shapes.x_test, shapes.y_test)):
-        for i, (image, label) in enumerate(zip(images, labels)):
-            folder = tmp_path / "photos" / split / names[label]
-            folder.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(np.asarray(image).round().astype(np.uint8)).save(folder / f"{i}.png")
+    write_image_folder(tmp_path / "photos" / "train", shapes.x, shapes.y, names)
+    write_image_folder(tmp_path / "photos" / "test", shapes.x_test, shapes.y_test, names)
     monkeypatch.chdir(tmp_path)
     spec = ci_sized(
         "images.yaml",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import write_image_folder
 
 from pipeline.base.errors import DataError
 from pipeline.inputs import datasets
@@ -319,17 +320,6 @@ def test_shapes_are_ten_classes_of_rgb_images_with_a_held_out_test_split():
     assert max(means) - min(means) < 40.0
     again = load_dataset(DatasetSpec(name="shapes", options={"num_samples": 500}))
     assert again.fingerprint == data.fingerprint
-
-
-def write_image_folder(root: Path, images: np.ndarray, labels: np.ndarray, names=None) -> Path:
-    """Keras' image_dataset_from_directory layout: root/<class>/<n>.png."""
-    from PIL import Image
-
-    for i, (image, label) in enumerate(zip(images, labels)):
-        folder = root / (names[label] if names else f"class_{label}")
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(np.asarray(image).round().astype(np.uint8).squeeze()).save(folder / f"{i:04d}.png")
-    return root
 
 
 @pytest.fixture(scope="module")

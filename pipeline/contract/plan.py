@@ -47,11 +47,10 @@ StopTest = Literal["per_launch", "per_epoch"]
 # kernels as one grouped convolution (feature_group_count = k, the GPU's form).
 StackedConvolutions = Literal["patches", "grouped"]
 
-# An image model with augmentation layers runs without XLA on CPU as it did while they drew from
-# Keras' generator, though foldsweep now draws for them: a Conv2D + BatchNorm net with RandomFlip
-# and RandomContrast, 3 folds side by side at batch 32 with 2 threads, 3 epochs, took 60-79 s a
-# trial with XLA against 53-55 s without (`python -m benchmarks.trial_vs_fit --model
-# image_cnn_aug`, 3 runs against 2). On a GPU it compiles as every step does.
+# An image model with augmentation layers runs without XLA on CPU even where foldsweep draws its
+# numbers: its end-to-end trial (3 folds side by side, batch 32, compiling included) measured
+# slower with XLA than without; re-measure with `python -m benchmarks.trial_vs_fit --model
+# image_cnn_aug` against a tree with `train.jit_compile: true`. On a GPU it compiles as every step does.
 # On CPU, XLA wins big while per-step overhead dominates (bs 8: 3-4x over the same loop
 # without it) and stops paying around bs 256-512, where it was measured equal or up to 25%
 # slower depending on the model (`python -m benchmarks.cv_throughput --variants
