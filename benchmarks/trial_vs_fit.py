@@ -18,7 +18,10 @@ A row per model: both walls, their ratio (naive / foldsweep: above 1, foldsweep 
 trial's compile seconds and its plan line.
 
     .venv/bin/python -m benchmarks.trial_vs_fit --model image_cnn --model mobilenet_v2 \\
-        [--epochs 3] [--batch-size 32] [--data PATH] [--json PATH]
+        [--epochs 3] [--batch-size 32] [--data PATH] [--json PATH] [--train jit_compile=true]
+
+`--train KEY=VALUE` sets a `train` key of the trial's spec (repeatable), e.g. to time the step
+with XLA where the plan runs it without.
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def naive(model: str, data_path: Path, *, epochs: int, batch_size: int) -> None:
     print(json.dumps({"mean_val_accuracy": sum(scores) / len(scores)}))
 
 
-def spec(directory: Path, model: str, data_path: Path, *, batch_size: int) -> Path:
+def spec(directory: Path, model: str, data_path: Path, *, batch_size: int, train: dict | None = None) -> Path:
     import yaml
 
     path = directory / f"{model}.yaml"
@@ -137,7 +140,7 @@ def spec(directory: Path, model: str, data_path: Path, *, batch_size: int) -> Pa
                 "dataset": str(data_path),
                 "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
                 "search": {"space": {"batch_size": batch_size, "learning_rate": LEARNING_RATE}},
-                "train": {"epochs": 100, "seed": 0, "refit": False},
+                "train": {"epochs": 100, "seed": 0, "refit": False, **(train or {})},
                 "resources": {"cpu": THREADS},
                 "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
             }
@@ -152,9 +155,11 @@ def timed(command: list[str], **kwargs) -> tuple[float, str]:
     return time.perf_counter() - started, done.stdout
 
 
-def row(model: str, directory: Path, data_path: Path, *, epochs: int, batch_size: int) -> dict:
+def row(
+    model: str, directory: Path, data_path: Path, *, epochs: int, batch_size: int, train: dict | None = None
+) -> dict:
     foldsweep = str(Path(sys.executable).parent / "foldsweep")
-    trial_spec = spec(directory, model, data_path, batch_size=batch_size)
+    trial_spec = spec(directory, model, data_path, batch_size=batch_size, train=train)
     ours, printed = timed([foldsweep, "trial", str(trial_spec), "--epochs", str(epochs)])
     environment = {**os.environ, "TRIAL_VS_FIT_EXPERIMENT": str(directory / "models.py")}
     arguments = ["--naive", model, "--data", str(data_path), "--epochs", str(epochs), "--batch-size", str(batch_size)]
@@ -184,7 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help="a .npz of x and y to time on (default: the shapes written anew)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--train",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a train setting of the trial's spec (YAML value)",
+    )
     args = parser.parse_args(argv)
+    import yaml
+
     if args.naive:
         naive(args.naive, args.data, epochs=args.epochs, batch_size=args.batch_size)
         return 0
@@ -193,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         directory = Path(scratch)
         (directory / "models.py").write_text(EXPERIMENT)
         data_path = args.data.resolve() if args.data else write_images(directory / "shapes.npz")
+        train = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.train)}
         for model in args.model or MODELS:
-            rows.append(row(model, directory, data_path, epochs=args.epochs, batch_size=args.batch_size))
+            rows.append(row(model, directory, data_path, epochs=args.epochs, batch_size=args.batch_size, train=train))
             print(json.dumps(rows[-1]), flush=True)
     print(f"{'model':14} {'foldsweep s':>11} {'naive s':>8} {'faster by':>9} {'compile s':>9}  plan")
     for r in rows:

@@ -51,13 +51,16 @@ def train(
     steps_per_launch=1,
     layout="side_by_side",
     build=None,
+    inline_step=False,
     **params,
 ):
     """Per-fold history {fold: {key: [value per epoch]}} and the trainer."""
     between_trials()
     settings = {"batch_size": 8, "learning_rate": 1e-3, "optimizer": "adam", **params}
     fingerprint = fingerprint or f"test-fused-{len(y)}"
-    choices = ExecutionChoices(jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, layout=layout)
+    choices = ExecutionChoices(
+        jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, layout=layout, inline_step=inline_step
+    )
     trainer = build_trainer(
         build or load_builder(MNIST1D_EXPERIMENT, "build"),
         {**MODEL, "dropout": dropout, **settings},
@@ -193,6 +196,28 @@ def test_a_launch_lowers_its_step_once_and_trains_as_when_xla_got_every_step_inl
         monkeypatch.setattr(module, "compiled_launch", compiled_whole)
     inlined, _ = train(dataset.x, dataset.y, folds, jit_compile="on", steps_per_launch=3, **settings)
     assert lowered_once == inlined
+
+
+def test_an_uncompiled_step_is_one_function_the_epoch_calls_unless_inlined_as_recorded_trials_had_it(dataset, folds):
+    """Without XLA the step is a function of its own (``_noinline``) that every call of the epoch
+    (its launch loops, its last batch) calls, so TensorFlow's graph optimizer works through it
+    once; ``inline_step`` inlines it at each call, as trials recorded before ran it."""
+
+    def step_functions(trainer) -> tuple[int, int]:
+        engine = trainer.engines[0]
+        graph = engine._train_epoch.get_concrete_function(*engine.epoch_batch_tensors(1)).graph
+        library = graph.as_graph_def().library.function
+        kept = sum(function.attr["_noinline"].b for function in library)
+        return kept, len(library)
+
+    called, trainer = train(dataset.x, dataset.y, folds, fused="off", jit_compile="off")
+    assert not trainer.plan.jit_compile and not trainer.plan.step_inlined
+    assert step_functions(trainer)[0] == 1
+    inlined, trainer = train(dataset.x, dataset.y, folds, fused="off", jit_compile="off", inline_step=True)
+    assert trainer.plan.step_inlined and step_functions(trainer)[0] == 0
+    for k in called:
+        for key in HISTORY_KEYS:
+            np.testing.assert_allclose(called[k][key], inlined[k][key], rtol=1e-4)
 
 
 def compiled_build(hp):

@@ -234,14 +234,39 @@ def test_random_layers_draw_foldsweeps_numbers_where_it_can_draw_every_one_and_c
     assert plan_differences(TrialPlan.from_dict({**plan().as_dict(), "random_draws": "keras"}), plan()) == []
 
 
-def test_augmented_image_models_draw_foldsweeps_numbers_and_keep_off_xla_on_cpu():
+def test_models_that_convolve_images_keep_off_xla_on_cpu_and_call_their_step_once_optimized():
     import keras
 
-    augmented = [Model(keras.layers.RandomFlip(), keras.layers.RandomContrast(0.2)) for _ in SIZES]
-    on_cpu = plan(models=augmented)
-    assert on_cpu.random_draws == "counter" and not on_cpu.jit_compile
-    assert plan(models=augmented, device=GPU).jit_compile
-    assert plan(ExecutionChoices(jit_compile="on"), models=augmented).jit_compile
+    class OwnConvolution(keras.layers.Conv2D):
+        pass
+
+    def models(*layers):
+        return [Model(*layers) for _ in SIZES]
+
+    for layer in (keras.layers.Conv2D(4, 3), keras.layers.DepthwiseConv2D(3), OwnConvolution(4, 3)):
+        on_cpu = plan(models=models(layer), batch_size=8)
+        assert not on_cpu.jit_compile and not on_cpu.step_inlined
+        assert plan(models=models(layer), device=GPU).jit_compile
+        assert plan(ExecutionChoices(jit_compile="on"), models=models(layer)).jit_compile
+    nested = Model(keras.Sequential([keras.Input((8, 8, 3)), keras.layers.SeparableConv2D(4, 3)]))
+    nested._flatten_layers = lambda: nested.layers[0]._flatten_layers()
+    assert not plan(models=[nested] * 3).jit_compile
+    assert plan(models=models(keras.layers.Conv1D(4, 3))).jit_compile
+    # Augmentation draws foldsweep's numbers (and compiles) where nothing convolves images.
+    augmented = plan(models=models(keras.layers.RandomFlip(), keras.layers.RandomContrast(0.2)))
+    assert augmented.random_draws == "counter" and augmented.jit_compile
+
+    # train.inline_step: the step inlined at each call, as plans recorded before had it.
+    image = models(keras.layers.Conv2D(4, 3))
+    inlined = plan(ExecutionChoices(inline_step=True), models=image)
+    assert inlined.step_inlined and not plan(ExecutionChoices(inline_step=True), models=models()).step_inlined
+    recorded = plan(models=image).as_dict()
+    del recorded["step_inlined"]
+    old = TrialPlan.from_dict(recorded)
+    assert old.step_inlined
+    assert plan(replay_choices(old), models=image).step_inlined
+    assert plan_differences(old, plan(models=image)) == ["step inlined on -> off"]
+    assert plan_differences(old, plan(replay_choices(old), models=image)) == []
 
 
 def test_steps_per_launch_unrolls_only_where_it_pays():

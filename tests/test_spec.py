@@ -317,6 +317,16 @@ def test_jit_compile_and_fusion_can_be_forced(write_spec, value, expected):
     assert load_spec(write_spec({"train": {"fused": value}})).train.fused == expected
 
 
+def test_inline_step_is_off_unless_asked_and_reaches_the_plans_choices(write_spec):
+    from pipeline.engine.recipe import TrainingRecipe
+
+    assert load_spec(write_spec({})).train.inline_step is False
+    spec = load_spec(write_spec({"train": {"inline_step": True}}))
+    assert TrainingRecipe.from_spec(spec).choices.inline_step is True
+    with pytest.raises(SpecError, match="train.inline_step must be true or false, got 'yes please'"):
+        load_spec(write_spec({"train": {"inline_step": "yes please"}}))
+
+
 @pytest.mark.parametrize(("value", "expected"), [(None, "auto"), ("auto", "auto"), (8, 8)])
 def test_steps_per_launch_is_auto_or_a_number(write_spec, value, expected):
     train = {} if value is None else {"steps_per_launch": value}

@@ -402,13 +402,6 @@ _COUNTER_DRAWN_CHECKED_AS = {
 }
 
 
-def augments_images(layer: object) -> bool:
-    """Whether a layer is one of Keras' image augmentation layers foldsweep draws for."""
-    import keras
-
-    return any(type(layer) is getattr(keras.layers, name) for name in AUGMENTATION_LAYERS)
-
-
 def counter_drawn(layer: object) -> bool:
     """Whether foldsweep can draw a Keras layer's random numbers (``COUNTER_DRAWN_LAYERS``)."""
     import keras

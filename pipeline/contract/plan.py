@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from pipeline.base.accelerator import GpuIdentity
-from pipeline.base.private_hooks import augments_images, counter_drawn, holds_seed_generator
+from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
 from pipeline.inputs.spec import AutoSwitch
 
 # The folds' layouts: one after another, or fused (all in one execution): side by side, each in
@@ -47,10 +47,13 @@ StopTest = Literal["per_launch", "per_epoch"]
 # kernels as one grouped convolution (feature_group_count = k, the GPU's form).
 StackedConvolutions = Literal["patches", "grouped"]
 
-# An image model with augmentation layers runs without XLA on CPU even where foldsweep draws its
-# numbers: its end-to-end trial (3 folds side by side, batch 32, compiling included) measured
-# slower with XLA than without; re-measure with `python -m benchmarks.trial_vs_fit --model
-# image_cnn_aug` against a tree with `train.jit_compile: true`. On a GPU it compiles as every step does.
+# A model with 2-D convolutions (these Keras classes and their subclasses) runs without XLA on
+# CPU, at every batch size: XLA:CPU convolves images with its own kernels, where TensorFlow's
+# graph calls oneDNN's, so its step is slower once compiled and its compile grows with the model
+# (a keras.applications backbone compiles for minutes). Re-measure with `python -m
+# benchmarks.trial_vs_fit --train jit_compile=true` against the same without it, and with
+# `--batch-size 8`. On a GPU it compiles as every step does.
+IMAGE_CONVOLUTIONS = ("Conv2D", "DepthwiseConv2D", "SeparableConv2D", "Conv2DTranspose")
 # On CPU, XLA wins big while per-step overhead dominates (bs 8: 3-4x over the same loop
 # without it) and stops paying around bs 256-512, where it was measured equal or up to 25%
 # slower depending on the model (`python -m benchmarks.cv_throughput --variants
@@ -129,6 +132,7 @@ class ExecutionChoices:
     jit_compile: AutoSwitch = "auto"
     fused: AutoSwitch = "auto"
     steps_per_launch: int | Literal["auto"] = "auto"
+    inline_step: bool = False
     layout: ForcedLayout = "auto"
     eager: bool = False
     check_numerics: bool = False
@@ -165,6 +169,10 @@ class TrialPlan:
     device: str
     # Plans recorded before foldsweep drew random numbers itself had random layers draw Keras'.
     random_draws: RandomDraws = "keras"
+    # Whether an uncompiled training step is inlined at each of the epoch's calls, rather than
+    # called as a function TensorFlow's graph optimizer works through once (the float rounding of
+    # its kernels differs); plans recorded before were inlined. An XLA-compiled step is lowered once.
+    step_inlined: bool = True
     # Plans recorded before the GPU rules tested for a failed fold before every launch, convolved
     # stacked folds as patch products and did not record TF32.
     stop_test: StopTest = "per_launch"
@@ -243,9 +251,12 @@ def plan_trial(
         deterministic_ops: whether TensorFlow runs its ops deterministically here, recorded.
     """
     random_draws = _random_draws(choices.random_draws, models[0])
-    augmented = any(augments_images(layer) for layer in models[0]._flatten_layers())
     jit_compile = _use_xla(
-        choices.jit_compile, batch_size=batch_size, device=device, stochastic=random_draws == "keras" or augmented
+        choices.jit_compile,
+        batch_size=batch_size,
+        device=device,
+        stochastic=random_draws == "keras",
+        convolves_images=convolves_images(models[0]),
     )
     planned_steps = planned_epochs * min(train_sizes) // batch_size
     steps = _steps_per_launch(
@@ -287,6 +298,7 @@ def plan_trial(
         threads=threads,
         device=device,
         random_draws=random_draws,
+        step_inlined=choices.inline_step and not jit_compile,
         stop_test=_stop_test(choices, device=device),
         stacked_convolutions=convolutions,
         tf32=tf32 and on_gpu,
@@ -303,6 +315,7 @@ def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: 
         jit_compile="off" if eager or check_numerics else ("on" if recorded.jit_compile else "off"),
         fused="on" if recorded.fused else "off",
         steps_per_launch=recorded.steps_per_launch,
+        inline_step=recorded.step_inlined,
         layout="auto" if recorded.layout == "sequential" else recorded.layout,
         eager=eager,
         check_numerics=check_numerics,
@@ -320,6 +333,8 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
     differences = []
     if now.jit_compile != recorded.jit_compile:
         differences.append(f"jit_compile {recorded.jit_compile} -> {now.jit_compile}")
+    if not now.jit_compile and not recorded.jit_compile and now.step_inlined != recorded.step_inlined:
+        differences.append(f"step inlined {_on_off(recorded.step_inlined)} -> {_on_off(now.step_inlined)}")
     if now.steps_per_launch != recorded.steps_per_launch:
         differences.append(f"steps per launch {recorded.steps_per_launch} -> {now.steps_per_launch}")
     if now.layout != recorded.layout and "stacked" in (now.layout, recorded.layout):
@@ -370,14 +385,23 @@ def _random_draws(choice: ForcedDraws, model: Any) -> RandomDraws:
     return "counter"
 
 
-def _use_xla(choice: AutoSwitch, *, batch_size: int, device: str, stochastic: bool) -> bool:
-    """Forced by the spec, else by device, batch size and whether the model draws Keras' random
-    numbers in training."""
+def _use_xla(choice: AutoSwitch, *, batch_size: int, device: str, stochastic: bool, convolves_images: bool) -> bool:
+    """Forced by the spec, else by device, batch size, whether the model draws Keras' random
+    numbers in training and whether it convolves images."""
     if choice != "auto":
         return choice == "on"
     if "GPU" in device:
         return True
-    return batch_size <= XLA_MAX_BATCH_ON_CPU and not stochastic
+    return batch_size <= XLA_MAX_BATCH_ON_CPU and not stochastic and not convolves_images
+
+
+def convolves_images(model: Any) -> bool:
+    """Whether a model (nested models included) has a layer of the ``IMAGE_CONVOLUTIONS`` classes."""
+    return any(
+        cls.__name__ in IMAGE_CONVOLUTIONS and cls.__module__.startswith("keras.")
+        for layer in model._flatten_layers()
+        for cls in type(layer).__mro__
+    )
 
 
 def _steps_per_launch(

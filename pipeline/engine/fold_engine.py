@@ -120,7 +120,12 @@ SHARED_STEP_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 
 def traced_once(
-    step: Callable[..., Any], *, eager: bool, compiled: bool = False, signature: Sequence[Any] | None = None
+    step: Callable[..., Any],
+    *,
+    eager: bool,
+    compiled: bool = False,
+    inlined: bool = False,
+    signature: Sequence[Any] | None = None,
 ) -> Callable[..., Any]:
     """A training step that a launch of several unrolled steps traces once, not once per step.
 
@@ -141,7 +146,12 @@ def traced_once(
     step traced per batch size, to the last bit (every score the quickstart sweep records); a
     side-by-side quickstart trial at batch 64 with every program cached compiled in 4.0 s against
     6.3 s (one pair of runs), and the quickstart's trials in 114-126 s in all against 124-127 s
-    (5 and 3 sweeps on an empty cache)."""
+    (5 and 3 sweeps on an empty cache).
+
+    Uncompiled, the step is a function the epoch calls too, unless ``inlined`` (the plan's
+    ``step_inlined``): TensorFlow's graph optimizer then works through it once, where inlined at
+    each of the epoch's calls (its launches and its last batch) it optimized every copy, 2-3x the
+    first epoch's compile of a deep model."""
     import tensorflow as tf
 
     if eager:
@@ -150,7 +160,7 @@ def traced_once(
         step,
         autograph=False,
         input_signature=signature,
-        experimental_attributes={"_noinline": True} if compiled else None,
+        experimental_attributes=None if inlined and not compiled else {"_noinline": True},
     )
 
 
@@ -292,6 +302,7 @@ def fold_steps(
     class_weights: np.ndarray | None = None,
     batch_size: int = 1,
     compiled: bool = False,
+    inlined: bool = False,
     template: TracedStep | None = None,
     probe: np.ndarray | None = None,
 ) -> FoldSteps:
@@ -304,7 +315,8 @@ def fold_steps(
     ``masked`` (the plan's per-epoch stop test) a step computes its update whatever its health
     and keeps it only where it applies, with no tf.cond: a step not active keeps the layer state
     too, so that steps after a failure change nothing. With ``eager`` the steps run op by op; with
-    ``compiled`` (an XLA-compiled launch, ``compiled_launch``) XLA lowers the step once. With a
+    ``compiled`` (an XLA-compiled launch, ``compiled_launch``) XLA lowers the step once; uncompiled,
+    the step is called as a function of its own unless ``inlined`` (``traced_once``). With a
     ``template`` (another fold's ``FoldSteps.traced``) the launch runs that fold's traced step on
     this fold's variables where it is this fold's step on the batch ``probe`` (``shared_where_same``)."""
     import tensorflow as tf
@@ -356,7 +368,7 @@ def fold_steps(
 
     # Index batches of any length and the step's switch: the last batch of an epoch is shorter.
     signature = (tf.TensorSpec([None], data.index_dtype), tf.TensorSpec([], tf.bool))
-    step = traced_once(train_step, eager=eager, compiled=compiled, signature=signature)
+    step = traced_once(train_step, eager=eager, compiled=compiled, inlined=inlined, signature=signature)
     traced = None if eager else TracedStep(step, [*model.variables, *optimizer.variables], weights)
     if template is not None and traced is not None and probe is not None:
         step = shared_where_same(template, traced, train_step, probe, kept=(features, labels), device=data.device)
@@ -599,6 +611,7 @@ class FoldEngine:
             class_weights=fold_class_weights(recipe.train.class_weight, data, fold),
             batch_size=self.batch_size,
             compiled=plan.jit_compile,
+            inlined=plan.step_inlined,
             template=template,
             probe=self._train_indices[: self.batch_size],
         )

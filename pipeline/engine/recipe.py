@@ -142,6 +142,7 @@ class TrainingRecipe:
             jit_compile=jit_compile,
             fused=train.fused,
             steps_per_launch=train.steps_per_launch,
+            inline_step=train.inline_step,
             eager=eager,
             check_numerics=check_numerics,
         )

@@ -222,6 +222,9 @@ class TrainSpec:
     jit_compile: AutoSwitch = "auto"
     fused: AutoSwitch = "auto"
     steps_per_launch: int | Literal["auto"] = "auto"
+    # An uncompiled training step inlined at each call of the epoch, as trials recorded before it
+    # was called as a function of its own: slower to optimize, their float rounding.
+    inline_step: bool = False
     refit: bool = True
     select: EpochSelection = "best_epoch"
     early_stopping: EarlyStoppingSpec | None = None  # off unless the spec (or a HyperModel.fit) asks
@@ -696,6 +699,7 @@ def _parse_train(section: _Section) -> TrainSpec:
     jit_compile = _auto_or_boolean(section, "jit_compile", default=default.jit_compile)
     fused = _auto_or_boolean(section, "fused", default=default.fused)
     steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch", default=default.steps_per_launch)
+    inline_step = section.boolean("inline_step", default=default.inline_step)
     refit = section.boolean("refit", default=default.refit)
     select = section.one_of("select", EPOCH_SELECTIONS, default=default.select)
     compile_cache = section.boolean("compile_cache", default=default.compile_cache)
@@ -718,6 +722,7 @@ def _parse_train(section: _Section) -> TrainSpec:
         jit_compile=jit_compile,
         fused=fused,
         steps_per_launch=steps_per_launch,
+        inline_step=inline_step,
         refit=refit,
         select=select,
         early_stopping=early_stopping,
