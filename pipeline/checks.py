@@ -312,7 +312,18 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
             f"dataset: samples of {source!r} have shape {dataset.input_shape}, but the model of "
             f"{spec.experiment} expects inputs of shape {tuple(expected)}"
         )
-    head = experiment.head(dataset.x[:HEAD_CHECK_SAMPLES], train=spec.train, labels=dataset.y[:HEAD_CHECK_SAMPLES])
+    head = experiment.head(
+        dataset.x[:HEAD_CHECK_SAMPLES],
+        train=spec.train,
+        labels=dataset.y[:HEAD_CHECK_SAMPLES],
+        one_hot=dataset.one_hot,
+    )
+    if dataset.one_hot and head.units != dataset.one_hot_classes and not head.loss.binary:
+        raise DataError(
+            f"dataset: y of {source!r} holds one-hot rows of {dataset.one_hot_classes} classes, but the model of "
+            f"{spec.experiment} has {head.units} outputs: fit cannot compare the two, end the model in "
+            f"Dense({dataset.one_hot_classes}, ...)"
+        )
     for name, labels in (("y", dataset.y), ("y_test", dataset.y_test)):
         if labels is None:
             continue

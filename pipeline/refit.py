@@ -74,7 +74,7 @@ class PreparedRefit:
             build_fn,
             config,
             recipe,
-            data=resident_data(f"{dataset.fingerprint}+test", x, y),
+            data=resident_data(f"{dataset.fingerprint}+test", x, y, one_hot=dataset.one_hot),
             folds=[fold],
             planned_epochs=epochs,
         )

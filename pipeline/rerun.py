@@ -411,7 +411,9 @@ def run_in_process(
             settings,
             recipe=replace(settings.recipe, choices=replay_choices(replay, eager=eager, check_numerics=check_numerics)),
         )
-    worker = set_up_worker(settings, x=request.dataset.x, y=request.dataset.y, threads=request.threads)
+    worker = set_up_worker(
+        settings, x=request.dataset.x, y=request.dataset.y, one_hot=request.dataset.one_hot, threads=request.threads
+    )
     import tensorflow as tf
 
     runner = TrialRunner(

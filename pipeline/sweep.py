@@ -283,7 +283,7 @@ def _build_tuner(
     if early_refit is not None:  # after the recording: it ranks the trials recorded
         callbacks.append(early_refit)
     callbacks.append(PlottingLoadedEarly(slots=slots, n_trials=prepared.trial_count))
-    data = {"x": prepared.dataset.x, "y": prepared.dataset.y}
+    data = {"x": prepared.dataset.x, "y": prepared.dataset.y, "one_hot": prepared.dataset.one_hot}
     trainable = tune.with_resources(
         tune.with_parameters(FoldTrainable, data=data, folds=prepared.folds.folds, settings=prepared.trial_settings()),
         {"cpu": spec.resources.cpu, "gpu": gpu},

@@ -157,6 +157,10 @@ FILES = {
         experiment="reg.py", dataset="regress.npz", cv={"n_splits": 2, "splitter": "kfold"}, train={"epochs": 1}
     ),
     "override.yaml": spec_text(experiment="override.py"),
+    "onehot_sparse.yaml": spec_text(
+        dataset="onehot.npz", train={"epochs": 1, "loss": "sparse_categorical_crossentropy"}
+    ),
+    "onehot_width.yaml": spec_text(dataset="onehot3.npz", train={"epochs": 1}),
     "notdb.db": "not a database\n",
 }
 DATA = {
@@ -172,6 +176,8 @@ DATA = {
     "one_class.npz": arrays(y=np.zeros(60, np.int32)),
     "regress.npz": arrays(y=np.linspace(-1.0, 2.0, 60).astype(np.float32)),
     "positions.npz": arrays(y=(np.arange(60 * 8).reshape(60, 8) % 2).astype(np.int32)),
+    "onehot.npz": arrays(y=np.eye(2, dtype=np.float32)[np.arange(60) % 2]),
+    "onehot3.npz": arrays(y=np.eye(3, dtype=np.float32)[np.arange(60) % 3]),
     "y_test.npz": arrays(x_test=np.zeros((4, 8, 1), np.float32), y_test=np.array([0, 1, 2, 1], np.int32)),
 }
 
@@ -365,6 +371,19 @@ CASES = [
         [
             "the targets are floats (regression) and neither the model's compile nor the spec names a loss: set train.loss"
         ],
+    ),
+    (
+        "one-hot labels with a sparse loss",
+        ["validate", "onehot_sparse.yaml"],
+        [
+            "the labels are one-hot rows, and the loss sparse_categorical_crossentropy takes class indices",
+            "y.argmax(axis=1)",
+        ],
+    ),
+    (
+        "one-hot labels of more classes than outputs",
+        ["run", "onehot_width.yaml"],
+        ["holds one-hot rows of 3 classes, but the model of", "has 2 outputs"],
     ),
     (
         "float targets with a classification loss",

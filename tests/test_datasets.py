@@ -212,6 +212,22 @@ def labels_file(tmp_path: Path, y, y_test=None) -> Path:
     return save(tmp_path, **arrays)
 
 
+def test_one_hot_rows_load_as_class_indices_marked_one_hot_and_other_rows_as_they_are(tmp_path):
+    rows = np.eye(3, dtype=np.float32)[[0, 2, 1, 2]]
+    dataset = load_dataset(DatasetSpec(path=str(labels_file(tmp_path, rows, rows[:2]))))
+    assert dataset.y.tolist() == [0, 2, 1, 2] and dataset.y_test.tolist() == [0, 2]
+    assert dataset.y.dtype == np.int32 and dataset.one_hot_classes == 3 and dataset.n_classes == 3
+    (tmp_path / "other").mkdir()
+    indices = load_dataset(DatasetSpec(path=str(labels_file(tmp_path / "other", [0, 2, 1, 2], [0, 2]))))
+    assert not indices.one_hot and indices.fingerprint != dataset.fingerprint
+    # Not one-hot: integer rows with two 1s (labels per position), probabilities (regression targets).
+    for y in (np.array([[1, 1], [0, 1]], np.int32), np.full((2, 2), 0.5, np.float32)):
+        kept = load_dataset(DatasetSpec(path=str(labels_file(tmp_path / "other", y))))
+        assert not kept.one_hot and np.array_equal(kept.y, y)
+    wider = datasets.as_class_indices(Dataset("d", np.ones((2, 3)), rows[:2], np.ones((2, 3)), np.eye(4)[:2]))
+    assert not wider.one_hot
+
+
 def test_float_targets_that_are_not_whole_numbers_are_regression_targets(tmp_path):
     from pipeline.inputs.scoring import is_regression
 
@@ -264,10 +280,10 @@ def test_float_targets_that_are_not_whole_numbers_are_regression_targets(tmp_pat
             "y.ravel()",
         ),
         (
-            [[1.0, 0.0], [0.0, 1.0]],
+            [[1.0, 0.0], [1.0, 1.0]],
             None,
-            "array y must be 1-D integer class labels, got dtype float64 shape (2, 2): if these are one-hot rows, "
-            "store the class numbers: y.argmax(axis=1)",
+            "array y must be 1-D integer class labels, got dtype float64 shape (2, 2): one-hot rows (each one 1, "
+            "0 elsewhere) load as they are; these are not, so store one class number per sample",
         ),
     ],
 )

@@ -142,6 +142,11 @@ def metrics(hp):
                     metrics=("accuracy", keras.metrics.AUC(name="auc"), keras.metrics.TruePositives(name="tp"), MCC()))
 
 
+def one_hot(hp):  # one-hot rows (keras.utils.to_categorical's), categorical_crossentropy, AUC over the rows
+    return compiled(body(2, "softmax"), keras.optimizers.Adam(0.01), "categorical_crossentropy",
+                    metrics=("accuracy", keras.metrics.AUC(name="auc")))
+
+
 def regression(hp):  # a float target per sample, regressed with MSE, scored by MAE and RMSE too
     return compiled(body(1, None), keras.optimizers.Adam(0.01), "mse",
                     metrics=("mae", keras.metrics.RootMeanSquaredError()))
@@ -202,6 +207,7 @@ def workspace(tmp_path_factory):
     # A continuous target: the bump's height, with noise; an int cast would keep mostly 0 and -1.
     target = (x[:, 4:8, 0].mean(axis=1) + 0.1 * np.random.default_rng(1).normal(size=len(x))).astype(np.float32)
     np.savez(directory / "regress.npz", x=x, y=target)
+    np.savez(directory / "onehot.npz", x=x, y=np.eye(2, dtype=np.float32)[y])
     # A label per position (the signal's sign there), windows of 8 to 16 positions padded with -1.
     labels = (x[:, :, 0] > 0).astype(np.int32)
     lengths = np.random.default_rng(2).integers(8, 17, len(x))
@@ -523,6 +529,23 @@ def test_every_compiled_metric_is_each_folds_own_over_the_whole_fold_as_keras_ev
             ]
         )
         assert abs(batch_means - theirs["tp"]) >= 0.5 * theirs["tp"], (batch_means, theirs["tp"])
+
+
+def test_one_hot_labels_train_a_compiled_categorical_crossentropy_and_score_as_keras_fit(workspace, threads_kept):
+    """Labels stored as one-hot rows, a compiled categorical_crossentropy and AUC: each fold's loss,
+    accuracy and AUC as Keras' fit and evaluate give them on the rows. Keras' AUC takes the rows:
+    given the class indices foldsweep holds instead, it cannot score (the trial fails)."""
+
+    spec = spec_for(workspace, "one_hot", dataset="onehot.npz")
+    ours = trial_fold_scores(spec)
+
+    def rows(y):
+        return np.eye(2, dtype=np.float32)[y]
+
+    for k, model, (x_val, y_val), _ in keras_fold_fits(spec, "one_hot", cast=rows):
+        theirs = model.evaluate(x_val, rows(y_val), batch_size=BATCH, verbose=0, return_dict=True)
+        for name in ("loss", "accuracy", "auc"):
+            assert abs(ours[(k, name)] - theirs[name]) <= TOLERANCE, (k, name, ours, theirs)
 
 
 CLASS_WEIGHT = {0: 1.0, 1: 5.0}

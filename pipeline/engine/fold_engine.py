@@ -395,7 +395,7 @@ def fold_steps(
         y = step_labels(tf.gather(labels, indices))
         predictions = model(tf.gather(features, indices), training=False)
         if metrics is not None:
-            metrics.update(y, predictions)
+            metrics.update(loss.metric_targets(y, predictions), predictions)
         correct = tf.reduce_sum(loss.correct(y, predictions)) if loss.own_accuracy else tf.constant(0.0)
         # Keras' evaluate adds up its batches' losses (of the trial's batch size) weighted by
         # their sizes: with ignore_class that is not the mean over every position kept.
@@ -596,7 +596,8 @@ class FoldEngine:
         self._eval_chunk = self.batch_size * max(1, EVAL_BATCH_SIZE // self.batch_size)
         with tf.device(self.device):
             first = self._val_indices[:1]
-            self.metrics.build(step_labels(tf.gather(data.y, first)), model(tf.gather(data.x, first), training=False))
+            predictions = model(tf.gather(data.x, first), training=False)
+            self.metrics.build(loss.metric_targets(step_labels(tf.gather(data.y, first)), predictions), predictions)
         eager = recipe.choices.eager
         per_epoch = plan.stop_test == "per_epoch"
         train_steps, evaluate_batch, self.norm_variables, self.traced_step = fold_steps(

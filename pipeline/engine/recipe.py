@@ -172,6 +172,19 @@ class TrainingRecipe:
         return optimizer_recipe(model, params, spec_names=self.spec_names)
 
     def loss(
-        self, model: keras.Model, *, units: int, regression: bool = False, per_position: bool = False
+        self,
+        model: keras.Model,
+        *,
+        units: int,
+        regression: bool = False,
+        per_position: bool = False,
+        one_hot_labels: bool = False,
     ) -> TrainingLoss:
-        return training_loss(model, train=self.train, units=units, regression=regression, per_position=per_position)
+        return training_loss(
+            model,
+            train=self.train,
+            units=units,
+            regression=regression,
+            per_position=per_position,
+            one_hot_labels=one_hot_labels,
+        )

@@ -22,6 +22,7 @@ class ResidentData:
     device: str
     x: object  # tf.Tensor (samples, ...) float32
     y: object  # tf.Tensor (samples, ...): class labels of integer_dtype(device), or float32 regression targets
+    one_hot: bool = False  # the labels were stored as one-hot rows (``Dataset.one_hot``)
 
     @property
     def index_dtype(self) -> type:
@@ -57,8 +58,9 @@ def training_device() -> str:
     return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
 
 
-def resident_data(fingerprint: str, x: np.ndarray, y: np.ndarray) -> ResidentData:
-    """The dataset on this process's training device, copied there on first use only."""
+def resident_data(fingerprint: str, x: np.ndarray, y: np.ndarray, *, one_hot: bool = False) -> ResidentData:
+    """The dataset on this process's training device, copied there on first use only (``one_hot``:
+    the labels ``y`` holds as class indices were one-hot rows)."""
     global _transfers
     cached = _resident.get(fingerprint)
     if cached is not None:
@@ -74,5 +76,5 @@ def resident_data(fingerprint: str, x: np.ndarray, y: np.ndarray) -> ResidentDat
     _transfers += 1
     # One dataset per sweep is the norm; keeping older ones would only hold device memory.
     _resident.clear()
-    _resident[fingerprint] = ResidentData(fingerprint, device, features, labels)
+    _resident[fingerprint] = ResidentData(fingerprint, device, features, labels, one_hot=one_hot)
     return _resident[fingerprint]

@@ -129,6 +129,7 @@ def set_up_worker(
     *,
     x: Any,
     y: Any,
+    one_hot: bool = False,
     threads: ThreadPlan,
     on_phase: Callable[[Phase], None] = lambda phase: None,
 ) -> Worker:
@@ -142,7 +143,7 @@ def set_up_worker(
     on_phase(Phase.DATA)
 
     return Worker(
-        data=resident_data(settings.dataset_fingerprint, x, y),
+        data=resident_data(settings.dataset_fingerprint, x, y, one_hot=one_hot),
         build_fn=load_builder(Path(settings.experiment_path), settings.experiment_attr),
         device_notice=notice,
     )

@@ -43,7 +43,14 @@ class FoldTrainable(tune.Trainable):
         # foldsweep (and TensorFlow with it) to unpickle this trainable.
         started = min(LOADED_AT, time.perf_counter())
         threads = plan_threads(settings.recipe.choices, cpus=settings.cpus, n_folds=len(folds))
-        self._worker = set_up_worker(settings, x=data["x"], y=data["y"], threads=threads, on_phase=self._announce)
+        self._worker = set_up_worker(
+            settings,
+            x=data["x"],
+            y=data["y"],
+            one_hot=data.get("one_hot", False),
+            threads=threads,
+            on_phase=self._announce,
+        )
         self._lifespan = Lifespan(settings.max_trials_per_worker, max_rss_mb=settings.worker_memory_mb())
         self._folds = folds
         self._settings = settings

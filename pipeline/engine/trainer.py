@@ -299,6 +299,7 @@ def build_trainer(
         units=output_units(models[0], input_shape),
         regression=data.y.dtype.is_floating,
         per_position=per_position,
+        one_hot_labels=data.one_hot,
     )
 
     tf32 = tf32_in_effect(data.device)

@@ -13,7 +13,7 @@ import os
 import tempfile
 import zipfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,14 @@ class Dataset:
     y_test: np.ndarray | None = None
     groups: np.ndarray | None = None
     class_names: tuple[str, ...] | None = None  # an image folder's classes, label by label
+    # The width of the one-hot rows the labels were stored as (``as_class_indices``), held here as
+    # their class indices: the loss and the metrics get one-hot rows back, as fit gives them the
+    # rows; 0 for labels stored as indices.
+    one_hot_classes: int = 0
+
+    @property
+    def one_hot(self) -> bool:
+        return self.one_hot_classes > 0
 
     @classmethod
     def of_arrays(cls, name: str, arrays: Mapping[str, np.ndarray]) -> Dataset:
@@ -58,8 +66,10 @@ class Dataset:
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        """Hashes every array: computed once per dataset (the arrays are never changed)."""
-        return fingerprint_arrays(self.arrays())
+        """Hashes every array (and whether the labels were one-hot): computed once per dataset (the
+        arrays are never changed)."""
+        marks = {"one_hot_classes": np.array([self.one_hot_classes])} if self.one_hot else {}
+        return fingerprint_arrays({**self.arrays(), **marks})
 
     def arrays(self) -> dict[str, np.ndarray]:
         named = {"x": self.x, "y": self.y, "x_test": self.x_test, "y_test": self.y_test, "groups": self.groups}
@@ -129,6 +139,29 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
     if spec.images:
         return _load_image_folder(Path(spec.path), spec.options)
     return _load_file(Path(spec.path), spec.options)
+
+
+def is_one_hot(y: np.ndarray) -> bool:
+    """Whether labels are one-hot rows: (samples, classes >= 2), each row one 1 and 0 elsewhere."""
+    if y.ndim != 2 or y.shape[1] < 2 or not len(y) or y.dtype.kind not in "fiub":
+        return False
+    return bool(np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all())
+
+
+def as_class_indices(dataset: Dataset) -> Dataset:
+    """A dataset whose labels are one-hot rows (what ``keras.utils.to_categorical`` and
+    ``image_dataset_from_directory(label_mode="categorical")`` give) with them held as class
+    indices and marked ``one_hot``, so that folds stratify by class and a compiled
+    categorical_crossentropy trains on the rows it was given; else the dataset itself."""
+    splits = [y for y in (dataset.y, dataset.y_test) if y is not None]
+    if not all(is_one_hot(y) and y.shape[1] == dataset.y.shape[1] for y in splits):
+        return dataset
+
+    def indices(y: np.ndarray) -> np.ndarray:
+        return y.argmax(axis=1).astype(np.int32)
+
+    y_test = None if dataset.y_test is None else indices(dataset.y_test)
+    return replace(dataset, y=indices(dataset.y), y_test=y_test, one_hot_classes=dataset.y.shape[1])
 
 
 def _load_image_folder(folder: Path, options: Mapping[str, Any]) -> Dataset:
@@ -337,7 +370,7 @@ def _load_file(path: Path, options: Mapping[str, Any]) -> Dataset:
     missing = [role for role in ARRAY_ROLES if role not in arrays and (role in ("x", "y") or role in options)]
     if missing:
         raise DataError(_missing_arrays_message(path, names, missing, stored, options))
-    dataset = Dataset.of_arrays(path.stem, arrays)
+    dataset = as_class_indices(Dataset.of_arrays(path.stem, arrays))
     check_arrays(dataset, source=str(path))
     if dataset.x.ndim == 2:
         dataset = _with_channel_axis(dataset)
@@ -455,7 +488,7 @@ def _array_problem(exc: ValueError) -> str:
 
 def _with_channel_axis(dataset: Dataset) -> Dataset:
     test = dataset.x_test[..., None] if dataset.x_test is not None else None
-    return Dataset(dataset.name, dataset.x[..., None], dataset.y, test, dataset.y_test, dataset.groups)
+    return replace(dataset, x=dataset.x[..., None], x_test=test)
 
 
 def check_arrays(dataset: Dataset, *, source: str) -> None:
@@ -522,7 +555,10 @@ def _check_label_type(y: np.ndarray, name: str, source: str) -> None:
     if y.ndim >= 2 and y.dtype.kind in "iu":
         return  # labels per position, checked against the model's output at validate
     if y.ndim == 2:
-        raise DataError(f"{rule}: if these are one-hot rows, store the class numbers: {name}.argmax(axis=1)")
+        raise DataError(
+            f"{rule}: one-hot rows (each one 1, 0 elsewhere) load as they are; these are not, so store one class "
+            f"number per sample"
+        )
     if y.ndim != 1 or y.dtype.kind not in "iuf":
         raise DataError(rule)
     if y.dtype.kind != "f":

@@ -79,9 +79,12 @@ class Experiment:
         """
         return self.head(np.zeros((1, *input_shape), np.float32), train=TrainSpec(from_logits=True)).units
 
-    def head(self, samples: np.ndarray, *, train: TrainSpec, labels: np.ndarray | None = None) -> ModelHead:
+    def head(
+        self, samples: np.ndarray, *, train: TrainSpec, labels: np.ndarray | None = None, one_hot: bool = False
+    ) -> ModelHead:
         """The default model built on the shape of ``samples`` (real ones, a small batch), its
-        outputs on them and the loss it trains with (``train.from_logits`` for foldsweep's own).
+        outputs on them and the loss it trains with (``train.from_logits`` for foldsweep's own;
+        ``one_hot`` whether ``labels`` were one-hot rows, ``Dataset.one_hot``).
 
         Raises:
             ExperimentError: the model cannot be built on (or run on) such samples, its loss
@@ -116,7 +119,14 @@ class Experiment:
         regression = labels is not None and is_regression(labels)
         per_position = labels is not None and is_per_position(labels)
         try:
-            loss = training_loss(model, train=train, units=units, regression=regression, per_position=per_position)
+            loss = training_loss(
+                model,
+                train=train,
+                units=units,
+                regression=regression,
+                per_position=per_position,
+                one_hot_labels=one_hot,
+            )
         except ExperimentError as exc:
             raise ExperimentError(f"experiment: {self.reference}: {exc}") from None
         untraceable = graph_problem(loss, outputs)
@@ -147,7 +157,7 @@ class Experiment:
             parameters=parameters,
             loss=loss,
             output_shape=tuple(outputs.shape[1:]),
-            scorers=self._scorers(model, outputs, train, labels, own_accuracy=loss.own_accuracy),
+            scorers=self._scorers(model, outputs, train, labels, loss=loss),
         )
 
     def _scorers(
@@ -157,16 +167,16 @@ class Experiment:
         train: TrainSpec,
         labels: np.ndarray | None,
         *,
-        own_accuracy: bool = True,
+        loss: Any,
     ) -> tuple[Any, ...]:
         """The metrics the model compiles and ``train.metrics`` names, as Keras builds them on
         labels and outputs of the model's shapes."""
         from pipeline.inputs.scoring import ValidationMetrics
 
         try:
-            metrics = ValidationMetrics(model, train.metrics, own_accuracy=own_accuracy)
+            metrics = ValidationMetrics(model, train.metrics, own_accuracy=loss.own_accuracy)
             targets = labels[: len(outputs)] if labels is not None else np.zeros(outputs.shape[:-1], np.int32)
-            metrics.build(targets, outputs)
+            metrics.build(np.asarray(loss.metric_targets(targets, outputs)), outputs)
             return metrics.scorers()
         except Exception as exc:
             named = f" and train.metrics {list(train.metrics)}" if train.metrics else ""

@@ -75,6 +75,8 @@ class TrainingLoss:
     # what the model compiles, and a label equal to ``ignore_class`` counts in no loss.
     per_position: bool = False
     ignore_class: int | None = None
+    # The data's labels were one-hot rows (``Dataset.one_hot``): the metrics get rows, as fit gives them.
+    labels_one_hot: bool = False
 
     @property
     def own_accuracy(self) -> bool:
@@ -122,6 +124,15 @@ class TrainingLoss:
             return tf.one_hot(labels, tf.shape(predictions)[-1], dtype=predictions.dtype)
         return labels
 
+    def metric_targets(self, labels: Any, predictions: Any) -> Any:
+        """What the model's metrics are given for integer ``labels``: one-hot rows where the data's
+        labels were, else the labels."""
+        import tensorflow as tf
+
+        if self.labels_one_hot:
+            return tf.one_hot(labels, tf.shape(predictions)[-1], dtype=predictions.dtype)
+        return labels
+
     def per_sample(self, labels: Any, predictions: Any) -> Any:
         return self.fn(self.targets(labels, predictions), predictions)
 
@@ -146,11 +157,18 @@ class TrainingLoss:
 
 
 def training_loss(
-    model: keras.Model, *, train: TrainSpec, units: int, regression: bool = False, per_position: bool = False
+    model: keras.Model,
+    *,
+    train: TrainSpec,
+    units: int,
+    regression: bool = False,
+    per_position: bool = False,
+    one_hot_labels: bool = False,
 ) -> TrainingLoss:
     """The loss a compiled model asks for, else the one ``train.loss`` names, else foldsweep's
     (``train.from_logits`` applies to foldsweep's own); ``units`` is the model's number of
-    outputs, ``regression`` whether the targets are floats.
+    outputs, ``regression`` whether the targets are floats, ``one_hot_labels`` whether the data's
+    labels were one-hot rows (held as class indices: ``pipeline.inputs.datasets.as_class_indices``).
 
     Raises:
         ExperimentError: the compiled loss cannot train a classifier of ``units`` outputs on
@@ -174,7 +192,26 @@ def training_loss(
     if regression:
         return _regression_loss(compiled)
     loss = _classification_loss(model, compiled, train, units, binary)
+    if one_hot_labels:
+        _refuse_one_hot_misread(loss, compiled, units)
+        loss = replace(loss, labels_one_hot=True)
     return replace(loss, per_position=True, ignore_class=_ignore_class(compiled)) if per_position else loss
+
+
+def _refuse_one_hot_misread(loss: TrainingLoss, compiled: Any, units: int) -> None:
+    """One-hot rows train a loss that takes rows (or foldsweep's own, the same cross-entropy on
+    their classes); fit refuses them against one output unit or a sparse loss, and so does foldsweep."""
+    if loss.binary:
+        raise ExperimentError(
+            "the labels are one-hot rows, and the model ends in one output unit (a binary classifier), which fit "
+            "cannot train on rows: store the class of each row (y.argmax(axis=1)), or end the model in "
+            "Dense(2, activation='softmax') with categorical_crossentropy"
+        )
+    if compiled is not None and not loss.one_hot:
+        raise ExperimentError(
+            f"the labels are one-hot rows, and the loss {loss.name} takes class indices: train categorical_crossentropy "
+            "on one-hot rows, or store the class of each row (y.argmax(axis=1))"
+        )
 
 
 def _ignore_class(compiled: Any) -> int | None:
