@@ -7,7 +7,9 @@ Same data, same folds, same model and epochs. `--model` picks the models (each o
 it is written for): `plain`, the 3-conv CNN without Dropout, BatchNormalization or regularizer
 (`--dropout` adds a Dropout layer); the shipped hypermodels at their defaults, `mnist1d_cnn`
 (Dropout 0.1) and `protein_cnn` (Dropout 0.2), and `protein_cnn_bn` (`batch_norm: true`); `fcn`,
-keras.io's fully convolutional network (three Conv1D + BatchNormalization blocks).
+keras.io's fully convolutional network (three Conv1D + BatchNormalization blocks); the image
+models of `benchmarks/image_models.py` (`image_cnn`, `image_cnn_aug`, `mobilenet_v2`,
+`transfer`) on the built-in `shapes` (`--datasets shapes`).
 `--baseline REV` measures every engine variant a second time with foldsweep's engine as it was
 at the git revision REV, right after this checkout's (rows `variant@REV`): before and after side
 by side. samples/s counts the CV training
@@ -57,6 +59,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 
+from benchmarks import image_models  # noqa: E402
 from benchmarks.common import cnn_builder, fcn_builder, mnist1d, naive_fold_fit, peak_rss_mb, protein_windows  # noqa: E402
 from benchmarks.flops import matmul_peak_flops, training_flops_per_sample  # noqa: E402
 from pipeline.contract.plan import ExecutionChoices, ThreadPlan, plan_threads  # noqa: E402
@@ -64,21 +67,23 @@ from pipeline.engine.recipe import TrainingRecipe  # noqa: E402
 from pipeline.engine.resident import resident_data  # noqa: E402
 from pipeline.engine.runtime import configure_threads  # noqa: E402
 from pipeline.engine.trainer import build_trainer, threads_in_effect  # noqa: E402
-from pipeline.inputs.datasets import data_dir  # noqa: E402
+from pipeline.inputs.datasets import data_dir, load_dataset  # noqa: E402
 from pipeline.inputs.folds import make_folds  # noqa: E402
 from pipeline.inputs.hypermodel import build_model, load_builder  # noqa: E402
-from pipeline.inputs.spec import CVSpec, read_yaml  # noqa: E402
+from pipeline.inputs.spec import CVSpec, DatasetSpec, read_yaml  # noqa: E402
 
 N_SPLITS = 3
-DATASETS = ("mnist1d", "protein")
+SEQUENCES = ("mnist1d", "protein")
+DATASETS = (*SEQUENCES, "shapes")
 REPO = Path(__file__).resolve().parents[1]
 # --model name -> the datasets it is written for.
 MODELS = {
-    "plain": DATASETS,
+    "plain": SEQUENCES,
     "mnist1d_cnn": ("mnist1d",),
     "protein_cnn": ("protein",),
     "protein_cnn_bn": ("protein",),
-    "fcn": DATASETS,
+    "fcn": SEQUENCES,
+    **{name: ("shapes",) for name in image_models.NAMES},
 }
 
 
@@ -91,6 +96,8 @@ def model_under_test(
         return cnn_builder(dataset.input_shape, dataset.n_classes, dropout=0.2 if dropout else 0.0), {}
     if name == "fcn":
         return fcn_builder(dataset.input_shape, dataset.n_classes), {}
+    if name in image_models.NAMES:
+        return load_builder(Path(image_models.__file__), name), {}
     experiment = name.removesuffix("_bn")
     return load_builder(REPO / "experiments" / f"{experiment}.py", "build"), (
         {"batch_norm": True} if name.endswith("_bn") else {}
@@ -180,6 +187,9 @@ def _cpu_seconds() -> float:
 
 
 def load_workload(name: str, quick: bool):
+    if name == "shapes":
+        dataset = load_dataset(DatasetSpec(name="shapes", options=image_models.SHAPES_OPTIONS))
+        return dataset.__class__(name="shapes", x=dataset.x[:1200], y=dataset.y[:1200]) if quick else dataset
     if name == "mnist1d":
         dataset = mnist1d()
         return dataset.__class__(name="mnist1d", x=dataset.x[:2400], y=dataset.y[:2400]) if quick else dataset
@@ -324,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller data and fewer epochs")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this path")
     parser.add_argument("--batch-sizes", default="8,64,256")
-    parser.add_argument("--datasets", default="mnist1d,protein", help="comma list of mnist1d, protein")
+    parser.add_argument(
+        "--datasets", default="mnist1d,protein", help="comma list of mnist1d, protein, shapes (the image models')"
+    )
     parser.add_argument(
         "--model",
         default="plain",

@@ -22,6 +22,10 @@ import keras
 TRAINING_PASSES = 3
 PEAK_MATMUL_SIZE = 1024
 PEAK_CHAIN = 8  # matmuls per launch, so that launching costs nothing beside them
+CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
+TRANSPOSED = (keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose)
+DEPTHWISE = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
+SEPARABLE = (keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
 
 
 def forward_macs(model: keras.Model) -> int:
@@ -31,7 +35,17 @@ def forward_macs(model: keras.Model) -> int:
         if isinstance(layer, keras.layers.Dense):
             positions = math.prod(layer.input.shape[1:-1])
             macs += positions * layer.input.shape[-1] * layer.units
-        elif isinstance(layer, keras.layers.Conv1D | keras.layers.Conv2D | keras.layers.Conv3D):
+        elif isinstance(layer, TRANSPOSED):  # each input position spreads over a kernel's outputs
+            positions = math.prod(layer.input.shape[1:-1])
+            macs += positions * layer.input.shape[-1] * layer.filters * math.prod(layer.kernel_size)
+        elif isinstance(layer, DEPTHWISE):
+            positions = math.prod(layer.output.shape[1:-1])
+            macs += positions * layer.input.shape[-1] * layer.depth_multiplier * math.prod(layer.kernel_size)
+        elif isinstance(layer, SEPARABLE):  # a depthwise convolution, then a pointwise one
+            positions = math.prod(layer.output.shape[1:-1])
+            depthwise = layer.input.shape[-1] * layer.depth_multiplier
+            macs += positions * depthwise * (math.prod(layer.kernel_size) + layer.filters)
+        elif isinstance(layer, CONVOLUTIONS):
             positions = math.prod(layer.output.shape[1:-1])
             in_channels = layer.input.shape[-1] // layer.groups
             macs += positions * layer.filters * math.prod(layer.kernel_size) * in_channels

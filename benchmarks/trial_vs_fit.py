@@ -4,15 +4,8 @@ exit, on the same images, folds, batch size, epochs and learning rate.
 
 The images are the built-in `shapes` (32x32x3, 10 classes), 3,594 of them in CV, written to a
 `.npz` (or `--data PATH`, one written before: a tree without the built-in can be timed on the same
-images), split 3-fold stratified (seed 0); both sides use 2 CPU threads. The models, built in `build(hp)` as keras.io
-writes them:
-
-- `image_cnn`: 4 x (Conv2D + MaxPooling2D), GlobalAveragePooling2D, a softmax head;
-- `image_cnn_aug`: the same with BatchNormalization, RandomFlip + RandomContrast in the model
-  (layers foldsweep draws for) and Dropout;
-- `mobilenet_v2`: `keras.applications.MobileNetV2(alpha=0.35, weights=None, classes=10)`;
-- `transfer`: RandomFlip, a nested MobileNetV2 base (`include_top=False`), global pooling,
-  Dropout and a Dense head.
+images), split 3-fold stratified (seed 0); both sides use 2 CPU threads. The models are
+`benchmarks/image_models.py`'s.
 
 A row per model: both walls, their ratio (naive / foldsweep: above 1, foldsweep is faster), the
 trial's compile seconds and its plan line.
@@ -38,52 +31,13 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from benchmarks import image_models  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
-MODELS = ("image_cnn", "image_cnn_aug", "mobilenet_v2", "transfer")
-# 3,594 CV images after the built-in's 20 % test split.
-SHAPES = {"num_samples": 4493}
+MODELS = image_models.NAMES
+IMAGE_MODELS = Path(image_models.__file__)
 LEARNING_RATE = 1e-3
 THREADS = 2
-
-EXPERIMENT = """
-import keras
-from keras import layers
-
-
-def image_cnn(hp, batch_norm=False, augment=False):
-    inputs = keras.Input(shape=(32, 32, 3))
-    x = inputs
-    if augment:
-        x = layers.RandomContrast(0.2)(layers.RandomFlip("horizontal")(x))
-    x = layers.Rescaling(1.0 / 255)(x)
-    for filters in (32, 64, 64, 128):
-        x = layers.Conv2D(filters, 3, padding="same", use_bias=not batch_norm)(x)
-        if batch_norm:
-            x = layers.BatchNormalization()(x)
-        x = layers.Activation("relu")(x)
-        x = layers.MaxPooling2D(2)(x)
-    x = layers.GlobalAveragePooling2D()(x)
-    if augment:
-        x = layers.Dropout(0.3)(x)
-    return keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
-
-
-def image_cnn_aug(hp):
-    return image_cnn(hp, batch_norm=True, augment=True)
-
-
-def mobilenet_v2(hp):
-    return keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)
-
-
-def transfer(hp):
-    inputs = keras.Input(shape=(32, 32, 3))
-    x = layers.RandomFlip("horizontal")(inputs)
-    base = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, include_top=False, weights=None)
-    x = layers.GlobalAveragePooling2D()(base(x))
-    x = layers.Dropout(0.2)(x)
-    return keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
-"""
 
 
 def write_images(path: Path) -> Path:
@@ -93,7 +47,7 @@ def write_images(path: Path) -> Path:
     from pipeline.inputs.datasets import load_dataset
     from pipeline.inputs.spec import DatasetSpec
 
-    data = load_dataset(DatasetSpec(name="shapes", options=SHAPES))
+    data = load_dataset(DatasetSpec(name="shapes", options=image_models.SHAPES_OPTIONS))
     np.savez(path, x=data.x, y=data.y)
     return path
 
@@ -112,7 +66,7 @@ def naive(model: str, data_path: Path, *, epochs: int, batch_size: int) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(THREADS)
     data = load_dataset(DatasetSpec(path=str(data_path)))
     folds = make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), data).folds
-    build = load_builder(Path(os.environ["TRIAL_VS_FIT_EXPERIMENT"]), model)
+    build = load_builder(IMAGE_MODELS, model)
     x, y = tf.constant(data.x), tf.constant(data.y)
     scores = []
     for k, fold in enumerate(folds):
@@ -136,7 +90,7 @@ def spec(directory: Path, model: str, data_path: Path, *, batch_size: int, train
         yaml.safe_dump(
             {
                 "name": f"trial-vs-fit-{model}",
-                "experiment": f"{directory / 'models.py'}:{model}",
+                "experiment": f"{IMAGE_MODELS}:{model}",
                 "dataset": str(data_path),
                 "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
                 "search": {"space": {"batch_size": batch_size, "learning_rate": LEARNING_RATE}},
@@ -161,11 +115,8 @@ def row(
     foldsweep = str(Path(sys.executable).parent / "foldsweep")
     trial_spec = spec(directory, model, data_path, batch_size=batch_size, train=train)
     ours, printed = timed([foldsweep, "trial", str(trial_spec), "--epochs", str(epochs)])
-    environment = {**os.environ, "TRIAL_VS_FIT_EXPERIMENT": str(directory / "models.py")}
     arguments = ["--naive", model, "--data", str(data_path), "--epochs", str(epochs), "--batch-size", str(batch_size)]
-    theirs, naive_printed = timed(
-        [sys.executable, "-m", "benchmarks.trial_vs_fit", *arguments], env=environment, cwd=REPO
-    )
+    theirs, naive_printed = timed([sys.executable, "-m", "benchmarks.trial_vs_fit", *arguments], cwd=REPO)
     compile_s = re.search(r"compile_s ([\d.]+)", printed)
     plan = re.search(r"^fused: (.*?);", printed, re.MULTILINE) or re.search(r"^unfused: (.*?);", printed, re.MULTILINE)
     accuracy = re.findall(r"mean_val_accuracy (\S+)$", printed, re.MULTILINE)
@@ -205,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
-        (directory / "models.py").write_text(EXPERIMENT)
         data_path = args.data.resolve() if args.data else write_images(directory / "shapes.npz")
         train = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.train)}
         for model in args.model or MODELS:

@@ -119,6 +119,17 @@ def dropout(hp):
     return compiled(body(1, "sigmoid", dropout=0.5), keras.optimizers.Adam(0.01), "binary_crossentropy")
 
 
+def augmented(hp, augment=True):  # keras.io's augmentation in the model: each signal a 4x4 image, flipped
+    # upside down (its bump moves from row 1 to row 2) and contrasted; then BatchNormalization
+    images = [layers.RandomFlip("vertical"), layers.RandomContrast(0.5)] if augment else []
+    stack = [layers.Reshape((4, 4, 1)), *images, layers.Reshape((16, 1)), *body(1, "sigmoid", batch_norm=True).layers]
+    return compiled(keras.Sequential(stack), keras.optimizers.Adam(0.01), "binary_crossentropy")
+
+
+def augmented_dropped(hp):
+    return augmented(hp, augment=False)
+
+
 class MCC(keras.metrics.Metric):
     """Matthews' correlation from the fold's confusion counts: a researcher's own stateful metric."""
 
@@ -410,6 +421,38 @@ def test_dropout_stacked_trains_as_keras_fit_does_by_its_statistics(workspace):
     # what another stream changes in training.
     assert abs(ours.val_accuracy - keras_with.val_accuracy) <= 3 * TOLERANCE, (ours, keras_with)
     assert_stacked_forward_is_each_folds_own(trainer, spec)
+
+
+def test_augmentation_with_batch_norm_stacked_trains_as_keras_fit_does_by_its_statistics(workspace):
+    """RandomFlip and RandomContrast draw foldsweep's numbers (another stream than Keras'), so they
+    are compared as Dropout is, by what they do to training: the training loss, which augmentation
+    raises; validation sees the images as they are, in both."""
+    import keras
+    from keras import layers
+
+    from pipeline.checks import prepare
+    from pipeline.inputs.spec import load_spec
+
+    spec = spec_for(workspace, "augmented", jit_compile="auto")
+    ours, trainer = foldsweep_stacked(spec, "augmented")
+    keras_with, keras_without = keras_fit(spec, "augmented"), keras_fit(spec, "augmented_dropped")
+    assert trainer.plan.layout == "stacked" and trainer.plan.random_draws == "counter", trainer.plan
+    assert abs(ours.train_loss - keras_with.train_loss) <= DROPOUT_TOLERANCE, (ours, keras_with, keras_without)
+    assert keras_with.train_loss - keras_without.train_loss >= DROPOUT_FAR, (ours, keras_with, keras_without)
+    assert abs(ours.val_accuracy - keras_with.val_accuracy) <= 3 * TOLERANCE, (ours, keras_with)
+    assert_stacked_forward_is_each_folds_own(trainer, spec)
+    # Each fold's validation loss is Keras' evaluate of its trained model, the images as they are;
+    # with the augmentation applied at validation it would land apart.
+    prepared = prepare(load_spec(spec))
+    for k, fold in enumerate(prepared.folds.folds):
+        model, x_val, y_val = trainer.models[k], prepared.dataset.x[fold.val], prepared.dataset.y[fold.val]
+        evaluated = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)["loss"]
+        augmented = x_val
+        for layer in model.layers:
+            augmented = layer(augmented, training=isinstance(layer, layers.RandomFlip | layers.RandomContrast))
+        augmented_loss = float(np.mean(keras.losses.binary_crossentropy(y_val[:, None], augmented)))
+        assert trainer.engines[k].evaluate(EPOCHS)[0] == pytest.approx(evaluated, rel=1e-4), k
+        assert abs(augmented_loss - evaluated) >= 0.1 * evaluated, (k, augmented_loss, evaluated)
 
 
 COMPILED_METRICS = ("auc", "tp", "mcc")

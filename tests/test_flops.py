@@ -8,6 +8,22 @@ from benchmarks.flops import forward_macs, profiled_forward_flops, training_flop
 from pipeline.inputs.hypermodel import build_model, load_builder
 
 
+def image_convolutions(hp):
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Conv2D(8, 3, padding="same", use_bias=False),
+            keras.layers.DepthwiseConv2D(3, depth_multiplier=2, use_bias=False),
+            keras.layers.SeparableConv2D(12, 3, strides=2, use_bias=False),
+            keras.layers.Conv2DTranspose(4, 3, strides=2, use_bias=False),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(5, use_bias=False),
+        ]
+    )
+
+
 @pytest.mark.parametrize(
     "name, build, values",
     [
@@ -18,6 +34,7 @@ from pipeline.inputs.hypermodel import build_model, load_builder
             {"filters": 32, "conv_layers": 3, "kernel_size": 7},
         ),
         ("plain CNN on MNIST-1D", cnn_builder((40, 1), 10), {}),
+        ("depthwise, separable and transposed 2-D convolutions", image_convolutions, {}),
     ],
 )
 def test_the_layers_count_agrees_with_tensorflows_profiler(name, build, values):

@@ -16,15 +16,20 @@ pytestmark = pytest.mark.e2e
 
 EPOCHS = 5  # one more than the partial rerun's --epochs 4
 MNIST1D_CNN = {"conv_layers": 1, "filters": 16, "kernel_size": 3}
-# A CNN with BatchNormalization and Dropout on MNIST-1D's signals, as researchers write them.
-BN_DROPOUT_EXPERIMENT = """
+# A CNN with augmentation, BatchNormalization and Dropout on MNIST-1D's signals, as researchers
+# write them: each signal seen as a 5x8 image, flipped and contrasted as keras.io augments images.
+AUGMENTED_EXPERIMENT = """
 import keras
 from keras import layers
 
 
 def build(hp):
     inputs = keras.Input(shape=(40, 1))
-    x = layers.Conv1D(hp.Int("filters", 8, 16, step=8, default=8), 3, padding="same", use_bias=False)(inputs)
+    image = layers.Reshape((5, 8, 1))(inputs)
+    image = layers.RandomContrast(0.2)(layers.RandomFlip("horizontal")(image))
+    x = layers.Conv1D(hp.Int("filters", 8, 16, step=8, default=8), 3, padding="same", use_bias=False)(
+        layers.Reshape((40, 1))(image)
+    )
     x = layers.Activation("relu")(layers.BatchNormalization()(x))
     x = layers.Dropout(hp.Float("dropout", 0.0, 0.5, default=0.2))(layers.Flatten()(x))
     return keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
@@ -36,7 +41,7 @@ SWEEPS = {
     "stacked": ({**MNIST1D_CNN, "dropout": 0.0, "batch_size": 8}, 1, None),
     "side_by_side": ({**MNIST1D_CNN, "dropout": 0.0, "batch_size": 8}, 2, None),
     "nan": ({**MNIST1D_CNN, "dropout": 0.0, "batch_size": 8, "optimizer": "sgd", "learning_rate": 50.0}, 1, None),
-    "stacked_bn_dropout": ({"filters": 8, "dropout": 0.2, "batch_size": 8}, 1, "bn_dropout.py:build"),
+    "stacked_augmented": ({"filters": 8, "dropout": 0.2, "batch_size": 8}, 1, "augmented.py:build"),
 }
 EXECUTION_TAGS = (
     Tag.of("tf_threads"),
@@ -57,7 +62,7 @@ def sweeps(ray_cluster, tmp_path_factory):
     must reproduce."""
     directory = tmp_path_factory.mktemp("fidelity")
     store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
-    (directory / "bn_dropout.py").write_text(BN_DROPOUT_EXPERIMENT)
+    (directory / "augmented.py").write_text(AUGMENTED_EXPERIMENT)
     for name, (space, cpus, experiment) in SWEEPS.items():
         spec = merged(
             TINY_SPEC,
@@ -96,7 +101,7 @@ def assert_same_trajectory(store, original, again, folds, epochs=EPOCHS, *, exac
         ("dropout", "side by side (batch 32: stacking pays up to batch 16)"),
         ("stacked", "stacked into one XLA program per step"),
         ("side_by_side", "side by side (2 compute threads)"),
-        ("stacked_bn_dropout", "stacked into one XLA program per step"),
+        ("stacked_augmented", "stacked into one XLA program per step"),
     ],
 )
 def test_a_rerun_reproduces_every_epoch_of_its_trial(sweeps, layout, reason):
@@ -110,10 +115,10 @@ def test_a_rerun_reproduces_every_epoch_of_its_trial(sweeps, layout, reason):
     assert result.exit_code == 0, result.output
     assert "differs from the trial" not in result.output
     again = the_rerun(tracker, original)
-    # Stacked BatchNormalization and Dropout (foldsweep's own draws, from each fold's generator):
-    # every recorded fold loss and accuracy, bit for bit.
-    assert_same_trajectory(store, original, again, folds=range(3), exactly=layout == "stacked_bn_dropout")
-    if layout in ("dropout", "stacked_bn_dropout"):
+    # Stacked augmentation, BatchNormalization and Dropout (foldsweep's own draws, from each fold's
+    # generators): every recorded fold loss and accuracy, bit for bit.
+    assert_same_trajectory(store, original, again, folds=range(3), exactly=layout == "stacked_augmented")
+    if layout in ("dropout", "stacked_augmented"):
         assert original.tags[Tag.of("random_draws")] == "counter"
     for tag in EXECUTION_TAGS:
         assert again.tags[tag] == original.tags[tag], tag
