@@ -410,37 +410,36 @@ def test_batch_normalization_stacked_trains_as_keras_fit_does(workspace):
     assert_stacked_forward_is_each_folds_own(trainer, spec)
 
 
-def test_dropout_stacked_trains_as_keras_fit_does_by_its_statistics(workspace):
-    spec = spec_for(workspace, "dropout", jit_compile="auto")
-    ours, trainer = foldsweep_stacked(spec, "dropout")
-    keras_with, keras_without = keras_fit(spec, "dropout"), keras_fit(spec, "dropout_dropped")
+def trained_stacked_by_statistics(workspace, builder: str) -> tuple[Path, Any]:
+    """The builder's random layers draw foldsweep's numbers (another stream than Keras'), so a
+    stacked trial is compared with Keras' fit by what they do to training: the training loss,
+    which they raise (``{builder}_dropped`` without them lands lower); validation runs without
+    them in both, so the CV means agree give or take what another stream changes in training.
+    The spec and the trainer."""
+    spec = spec_for(workspace, builder, jit_compile="auto")
+    ours, trainer = foldsweep_stacked(spec, builder)
+    keras_with, keras_without = keras_fit(spec, builder), keras_fit(spec, f"{builder}_dropped")
     assert trainer.plan.layout == "stacked" and trainer.plan.random_draws == "counter", trainer.plan
     assert abs(ours.train_loss - keras_with.train_loss) <= DROPOUT_TOLERANCE, (ours, keras_with, keras_without)
     assert keras_with.train_loss - keras_without.train_loss >= DROPOUT_FAR, (ours, keras_with, keras_without)
-    # Validation runs without Dropout, in both: the CV means agree as for any feature, give or take
-    # what another stream changes in training.
     assert abs(ours.val_accuracy - keras_with.val_accuracy) <= 3 * TOLERANCE, (ours, keras_with)
     assert_stacked_forward_is_each_folds_own(trainer, spec)
+    return spec, trainer
+
+
+def test_dropout_stacked_trains_as_keras_fit_does_by_its_statistics(workspace):
+    trained_stacked_by_statistics(workspace, "dropout")
 
 
 def test_augmentation_with_batch_norm_stacked_trains_as_keras_fit_does_by_its_statistics(workspace):
-    """RandomFlip and RandomContrast draw foldsweep's numbers (another stream than Keras'), so they
-    are compared as Dropout is, by what they do to training: the training loss, which augmentation
-    raises; validation sees the images as they are, in both."""
+    """RandomFlip and RandomContrast, as Dropout (``trained_stacked_by_statistics``)."""
     import keras
     from keras import layers
 
     from pipeline.checks import prepare
     from pipeline.inputs.spec import load_spec
 
-    spec = spec_for(workspace, "augmented", jit_compile="auto")
-    ours, trainer = foldsweep_stacked(spec, "augmented")
-    keras_with, keras_without = keras_fit(spec, "augmented"), keras_fit(spec, "augmented_dropped")
-    assert trainer.plan.layout == "stacked" and trainer.plan.random_draws == "counter", trainer.plan
-    assert abs(ours.train_loss - keras_with.train_loss) <= DROPOUT_TOLERANCE, (ours, keras_with, keras_without)
-    assert keras_with.train_loss - keras_without.train_loss >= DROPOUT_FAR, (ours, keras_with, keras_without)
-    assert abs(ours.val_accuracy - keras_with.val_accuracy) <= 3 * TOLERANCE, (ours, keras_with)
-    assert_stacked_forward_is_each_folds_own(trainer, spec)
+    spec, trainer = trained_stacked_by_statistics(workspace, "augmented")
     # Each fold's validation loss is Keras' evaluate of its trained model, the images as they are;
     # with the augmentation applied at validation it would land apart.
     prepared = prepare(load_spec(spec))

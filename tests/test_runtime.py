@@ -87,7 +87,7 @@ def test_a_worker_without_gpus_hides_them_before_tensorflow_starts(two_gpus, mon
     from pipeline.engine.runner import set_up_worker
 
     monkeypatch.setattr(pipeline.base.compile_cache, "deactivate", lambda: None)
-    monkeypatch.setattr(pipeline.engine.resident, "resident_data", lambda *args: two_gpus.append(("data",)))
+    monkeypatch.setattr(pipeline.engine.resident, "resident_data", lambda *args, **kwargs: two_gpus.append(("data",)))
     monkeypatch.setattr(pipeline.inputs.hypermodel, "load_builder", lambda *args: None)
     settings = SimpleNamespace(
         gpus=0.0,
