@@ -114,6 +114,12 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     )
     for line in compile_notes(prepared.spec, prepared.experiment):
         console.print(line, highlight=False)
+    if prepared.dataset.one_hot:
+        console.print(
+            f"labels: one-hot rows of {prepared.dataset.one_hot_classes} classes, split by class; the loss and "
+            "metrics get the rows, as fit gives them",
+            highlight=False,
+        )
     console.print(prepared.stacking_note(), highlight=False)
     _print_warnings(prepared)
 

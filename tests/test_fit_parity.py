@@ -579,6 +579,8 @@ def test_one_hot_labels_train_a_compiled_categorical_crossentropy_and_score_as_k
     given the class indices foldsweep holds instead, it cannot score (the trial fails)."""
 
     spec = spec_for(workspace, "one_hot", dataset="onehot.npz")
+    validated = CliRunner().invoke(app, ["validate", str(spec)])
+    assert validated.exit_code == 0 and "labels: one-hot rows of 2 classes, split by class" in validated.output
     ours = trial_fold_scores(spec)
 
     def rows(y):
