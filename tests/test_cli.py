@@ -54,6 +54,7 @@ def frozen_mobilenet(hp):  # keras.io's transfer learning: a frozen base and a n
 """
 
 
+@pytest.mark.training  # builds and runs keras.applications backbones: seconds each
 @pytest.mark.parametrize(
     ("builder", "stacked"),
     [
