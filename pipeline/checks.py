@@ -318,7 +318,7 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
         labels=dataset.y[:HEAD_CHECK_SAMPLES],
         one_hot=dataset.one_hot,
     )
-    if dataset.one_hot and head.units != dataset.one_hot_classes and not head.loss.binary:
+    if dataset.one_hot and head.units != dataset.one_hot_classes:  # (one unit is refused by its loss)
         raise DataError(
             f"dataset: y of {source!r} holds one-hot rows of {dataset.one_hot_classes} classes, but the model of "
             f"{spec.experiment} has {head.units} outputs: fit cannot compare the two, end the model in "

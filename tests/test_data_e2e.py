@@ -75,7 +75,8 @@ def test_digits_sweep_runs_a_2d_cnn(ray_cluster, tmp_path, monkeypatch):
 def test_the_images_sweep_trains_its_augmented_cnn_on_an_image_folder(ray_cluster, tmp_path, monkeypatch):
     """sweeps/images.yaml on a folder of class subfolders of PNGs (Keras' layout, made from the
     built-in shapes): the class names are recorded with the sweep, the augmentation layers draw
-    foldsweep's numbers (XLA kept), and the CNN learns."""
+    foldsweep's numbers, the step runs without XLA on CPU (the model convolves images), and the
+    CNN learns."""
     from pipeline.inputs.datasets import load_dataset
     from pipeline.inputs.spec import DatasetSpec
 
@@ -103,4 +104,5 @@ def test_the_images_sweep_trains_its_augmented_cnn_on_an_image_folder(ray_cluste
     assert len(trials) == 1 and trials[0].state == "FINISHED"
     assert parent.params["dataset_classes"] == ",".join(sorted(names))
     assert trials[0].tags["foldsweep.random_draws"] == "counter"
+    assert trials[0].tags["foldsweep.jit_compile"] == "False"
     assert trials[0].metrics["mean_val_accuracy"] > 0.25, trials[0].metrics  # well above chance (0.1)

@@ -121,17 +121,13 @@ class TrainingLoss:
         if self.binary:
             return tf.cast(labels, predictions.dtype)[..., tf.newaxis]
         if self.one_hot:
-            return tf.one_hot(labels, tf.shape(predictions)[-1], dtype=predictions.dtype)
+            return _rows(labels, predictions)
         return labels
 
     def metric_targets(self, labels: Any, predictions: Any) -> Any:
         """What the model's metrics are given for integer ``labels``: one-hot rows where the data's
         labels were, else the labels."""
-        import tensorflow as tf
-
-        if self.labels_one_hot:
-            return tf.one_hot(labels, tf.shape(predictions)[-1], dtype=predictions.dtype)
-        return labels
+        return _rows(labels, predictions) if self.labels_one_hot else labels
 
     def per_sample(self, labels: Any, predictions: Any) -> Any:
         return self.fn(self.targets(labels, predictions), predictions)
@@ -154,6 +150,13 @@ class TrainingLoss:
     def describe(self) -> str:
         logits = "" if self.from_logits is None else f" (from_logits={self.from_logits})"
         return f"{self.name}{logits}"
+
+
+def _rows(labels: Any, predictions: Any) -> Any:
+    """Integer labels as one-hot rows over the predictions' classes, in their dtype."""
+    import tensorflow as tf
+
+    return tf.one_hot(labels, tf.shape(predictions)[-1], dtype=predictions.dtype)
 
 
 def training_loss(
@@ -193,12 +196,12 @@ def training_loss(
         return _regression_loss(compiled)
     loss = _classification_loss(model, compiled, train, units, binary)
     if one_hot_labels:
-        _refuse_one_hot_misread(loss, compiled, units)
+        _refuse_one_hot_misread(loss, compiled)
         loss = replace(loss, labels_one_hot=True)
     return replace(loss, per_position=True, ignore_class=_ignore_class(compiled)) if per_position else loss
 
 
-def _refuse_one_hot_misread(loss: TrainingLoss, compiled: Any, units: int) -> None:
+def _refuse_one_hot_misread(loss: TrainingLoss, compiled: Any) -> None:
     """One-hot rows train a loss that takes rows (or foldsweep's own, the same cross-entropy on
     their classes); fit refuses them against one output unit or a sparse loss, and so does foldsweep."""
     if loss.binary:
