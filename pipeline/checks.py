@@ -357,6 +357,26 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
         )
     _check_objective_computed(spec, head.scorers, classifier=not head.loss.regression)
     _check_replicas_fit(spec, head.parameters)
+    if spec.train.jit_compile == "on":
+        _check_xla_compiles(spec, experiment, dataset)
+
+
+def _check_xla_compiles(spec: SweepSpec, experiment: Any, dataset: Dataset) -> None:
+    """XLA, forced by the spec, can compile the default model's step (``xla_blocker``)."""
+    import keras
+
+    from pipeline.engine.xla_support import xla_blocker
+
+    model = experiment.build({}, dataset.input_shape)
+    try:
+        blocker = xla_blocker(model, dataset.input_shape)
+    finally:
+        keras.backend.clear_session(free_memory=False)
+    if blocker is not None:
+        raise SpecError(
+            f"{spec.source_path}: train.jit_compile is true, but in the model of {spec.experiment} {blocker}: "
+            "set it to auto (foldsweep then trains this model without XLA) or false"
+        )
 
 
 def _check_positions_fit_outputs(spec: SweepSpec, head: Any, labels: np.ndarray, name: str, source: str) -> None:

@@ -65,6 +65,15 @@ def build(hp):
     model.compile(loss="sparse_categorical_crossentropy", metrics=[PerClass()])
     return model
 """
+ROTATING_MODEL = """
+import keras
+
+
+def build(hp):
+    return keras.Sequential(
+        [keras.layers.RandomRotation(0.1), keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")]
+    )
+"""
 REGRESSION_MODEL = """
 import keras
 
@@ -161,10 +170,15 @@ FILES = {
         dataset="onehot.npz", train={"epochs": 1, "loss": "sparse_categorical_crossentropy"}
     ),
     "onehot_width.yaml": spec_text(dataset="onehot3.npz", train={"epochs": 1}),
+    "rotating.py": ROTATING_MODEL,
+    "forced_xla.yaml": spec_text(
+        experiment="rotating.py", dataset="squares.npz", train={"epochs": 1, "jit_compile": True}
+    ),
     "notdb.db": "not a database\n",
 }
 DATA = {
     "good.npz": arrays(),
+    "squares.npz": arrays(x=np.random.default_rng(0).normal(size=(60, 8, 8, 1)).astype(np.float32)),
     "empty.npz": {"x": np.zeros((0, 8, 1), np.float32), "y": np.zeros((0,), np.int32)},
     "floaty.npz": arrays(y=(np.arange(60) % 2).astype(np.float64)),
     "from1.npz": arrays(y=(np.arange(60) % 2 + 1).astype(np.int32)),
@@ -384,6 +398,15 @@ CASES = [
         "one-hot labels of more classes than outputs",
         ["run", "onehot_width.yaml"],
         ["holds one-hot rows of 3 classes, but the model of", "has 2 outputs"],
+    ),
+    (
+        "XLA forced on a model with an op XLA cannot compile",
+        ["validate", "forced_xla.yaml"],
+        [
+            "train.jit_compile is true, but in the model of rotating.py layer 'random_rotation' (RandomRotation) "
+            "runs ImageProjectiveTransformV3, an op XLA has no kernel for",
+            "set it to auto",
+        ],
     ),
     (
         "float targets with a classification loss",

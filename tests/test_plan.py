@@ -67,9 +67,15 @@ def plan(
     epochs=2,
     sizes=SIZES,
     blocker=None,
+    xla_blocker=None,
     tf32=False,
 ) -> TrialPlan:
     asked = []
+    traced = []
+
+    def without_xla():
+        traced.append(True)
+        return xla_blocker
 
     def stacking_blocker(jit_compile, random_draws, convolutions):
         asked.append(jit_compile)
@@ -86,10 +92,13 @@ def plan(
         train_sizes=sizes,
         planned_epochs=epochs,
         stacking_blocker=stacking_blocker,
+        xla_blocker=without_xla,
         tf32=tf32,
     )
     # The blocker runs the models (a forward check): asked only when stacking is wanted.
     assert len(asked) == (1 if result.layout == "stacked" or "not stacked" in result.reason else 0)
+    # The XLA blocker traces a model: asked only when XLA is wanted.
+    assert len(traced) == (1 if result.jit_compile or "; without XLA: " in result.reason else 0)
     return result
 
 
@@ -205,6 +214,21 @@ def test_xla_follows_device_batch_size_and_random_layers_and_can_be_forced():
     assert not plan(ExecutionChoices(jit_compile="off")).jit_compile
     assert plan(ExecutionChoices(jit_compile="on"), batch_size=1024, models=noisy).jit_compile
     assert not plan(models=[Model(Layer(), RandomLayer("generator")) for _ in SIZES]).jit_compile
+
+
+def test_a_model_with_an_op_xla_cannot_compile_runs_without_xla_on_every_device_or_is_refused_when_forced():
+    from pipeline.base.errors import ExperimentError
+
+    op = "layer 'random_rotation' (RandomRotation) runs ImageProjectiveTransformV3, an op XLA has no kernel for"
+    for device, threads in ((GPU, TWO_THREADS), (CPU, ONE_THREAD)):
+        decided = plan(device=device, threads=threads, xla_blocker=op)
+        assert not decided.jit_compile and decided.layout != "stacked"
+        assert decided.reason.endswith(f"; without XLA: {op}")
+    assert plan(device=GPU, xla_blocker=None).jit_compile
+    # Not asked where XLA is not wanted (it traces the model).
+    assert not plan(ExecutionChoices(jit_compile="off"), xla_blocker=op).jit_compile
+    with pytest.raises(ExperimentError, match=r"train.jit_compile is true, but .* ImageProjectiveTransformV3"):
+        plan(ExecutionChoices(jit_compile="on"), device=GPU, xla_blocker=op)
 
 
 def test_random_layers_draw_foldsweeps_numbers_where_it_can_draw_every_one_and_compile_as_any_layer():

@@ -553,6 +553,26 @@ def _check_gradient_registry() -> str | None:
     return None
 
 
+@functools.cache
+def has_xla_kernel(op: str) -> bool:
+    """Whether XLA can compile TensorFlow's op ``op`` (on some device): TensorFlow's kernel
+    registry lists a kernel of it for an XLA JIT device (registered with the first eager tensor)."""
+    import tensorflow as tf
+    from tensorflow.python.framework import kernels
+
+    tf.constant(0.0)
+    return any(kernel.device_type.startswith("XLA_") for kernel in kernels.get_registered_kernels_for_op(op).kernel)
+
+
+def _check_xla_kernels() -> str | None:
+    if not has_xla_kernel("Conv2D") or has_xla_kernel("ImageProjectiveTransformV3"):
+        return (
+            "tensorflow.python.framework.kernels.get_registered_kernels_for_op no longer tells ops XLA compiles "
+            "(Conv2D) from those it does not (ImageProjectiveTransformV3)"
+        )
+    return None
+
+
 HOOKS: tuple[Hook, ...] = (
     Hook(
         "ray",
@@ -731,6 +751,14 @@ HOOKS: tuple[Hook, ...] = (
         "a process whose TensorFlow already read its XLA flags would count compile-cache hits it never had",
         ("_initialized", "_physical_devices"),
         _check_context_state,
+    ),
+    Hook(
+        "tensorflow",
+        "tensorflow.python.framework.kernels.get_registered_kernels_for_op, whose device types include XLA's",
+        "a model with an op XLA cannot compile (RandomRotation's image transform) gets an XLA step on a GPU, "
+        "which fails when first called (pipeline.engine.xla_support)",
+        (),
+        _check_xla_kernels,
     ),
     Hook(
         "python",

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from pipeline.base.accelerator import GpuIdentity
+from pipeline.base.errors import ExperimentError
 from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
 from pipeline.inputs.spec import AutoSwitch
 
@@ -233,6 +234,7 @@ def plan_trial(
     train_sizes: Sequence[int],
     planned_epochs: int,
     stacking_blocker: Callable[[bool, RandomDraws, StackedConvolutions], str | None],
+    xla_blocker: Callable[[], str | None] = lambda: None,
     tf32: bool = False,
     gpu: GpuIdentity | None = None,
     deterministic_ops: bool = False,
@@ -246,6 +248,8 @@ def plan_trial(
         stacking_blocker: why these models cannot train stacked with or without XLA, with the
             random draws and the stacked convolutions given as its arguments, or None; asked only
             when stacking is wanted (it runs the models).
+        xla_blocker: why XLA cannot compile these models' step (an op it has no kernel for), or
+            None; asked only when XLA is wanted (it traces a model).
         tf32: whether TensorFlow may compute in TF32 on ``device`` (a GPU's, as its process has it).
         gpu: the GPU of ``device`` identified (``pipeline.base.accelerator``), recorded.
         deterministic_ops: whether TensorFlow runs its ops deterministically here, recorded.
@@ -258,6 +262,14 @@ def plan_trial(
         stochastic=random_draws == "keras",
         convolves_images=convolves_images(models[0]),
     )
+    without_xla = xla_blocker() if jit_compile else None
+    if without_xla is not None:
+        if choices.jit_compile == "on":
+            raise ExperimentError(
+                f"train.jit_compile is true, but in this trial's model {without_xla}: set train.jit_compile to "
+                "auto (foldsweep then trains this model without XLA) or false"
+            )
+        jit_compile = False
     planned_steps = planned_epochs * min(train_sizes) // batch_size
     steps = _steps_per_launch(
         choices.steps_per_launch,
@@ -290,6 +302,8 @@ def plan_trial(
             layout = "side_by_side"
             why = _side_by_side_why(threads.compute_threads, batch_size, blocker, n_folds=len(models))
             reason = f"{fused}, side by side ({why})"
+    if without_xla is not None:
+        reason = f"{reason}; without XLA: {without_xla}"
     return TrialPlan(
         jit_compile=jit_compile,
         steps_per_launch=steps,

@@ -42,6 +42,7 @@ from pipeline.engine.resident import ResidentData
 from pipeline.engine.runtime import tf32_in_effect, threads_in_effect
 from pipeline.engine.sequential import SequentialFolds
 from pipeline.engine.side_by_side import SideBySideFolds
+from pipeline.engine.xla_support import xla_blocker
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.hypermodel import build_model, output_units
 from pipeline.inputs.losses import TrainingLoss
@@ -332,6 +333,7 @@ def build_trainer(
         train_sizes=[len(fold.train) for fold in folds],
         planned_epochs=planned_epochs or trial.epochs,
         stacking_blocker=stacking_blocker,
+        xla_blocker=lambda: xla_blocker(models[0], input_shape),
         tf32=tf32,
         gpu=_gpu_identity(data.device),
         deterministic_ops=deterministic_ops(),

@@ -1,0 +1,62 @@
+"""Whether XLA can compile a model's training step (pipeline.engine.xla_support): Keras' layers
+whose ops XLA has no kernel for, and a researcher's own, found by tracing the forward pass and
+named; models XLA compiles pass, and indeed compile."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipeline.engine.xla_support import xla_blocker
+
+pytestmark = pytest.mark.training  # traces models
+
+SHAPE = (8, 8, 3)
+
+
+class OwnClip(keras.layers.Layer):
+    """A researcher's layer that computes in NumPy: a PyFunc op, which XLA cannot compile."""
+
+    def call(self, x):
+        return tf.ensure_shape(tf.numpy_function(lambda v: np.clip(v, -1, 1), [x], tf.float32), x.shape)
+
+
+def built(*layers):
+    model = keras.Sequential([*layers, keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2)])
+    model.build((None, *SHAPE))
+    return model
+
+
+@pytest.mark.parametrize(
+    "make_layer, named",
+    [
+        (
+            lambda: keras.layers.RandomRotation(0.1, name="tilt"),
+            "layer 'tilt' (RandomRotation) runs ImageProjectiveTransformV3",
+        ),
+        (
+            lambda: keras.Sequential([keras.layers.RandomFlip(), keras.layers.RandomZoom(0.1, name="zoom")]),
+            "layer 'zoom' (RandomZoom) runs ImageProjectiveTransformV3",
+        ),
+        (lambda: OwnClip(name="clip"), "layer 'clip' (OwnClip) runs PyFunc"),
+    ],
+    ids=["RandomRotation", "nested RandomZoom", "own layer"],
+)
+def test_a_layer_whose_op_xla_cannot_compile_is_named_with_its_op(make_layer, named):
+    assert xla_blocker(built(make_layer()), SHAPE) == f"{named}, an op XLA has no kernel for"
+
+
+def test_models_xla_compiles_pass_and_compile():
+    augmented = built(
+        keras.layers.RandomFlip(),
+        keras.layers.RandomContrast(0.2),
+        keras.layers.Conv2D(4, 3),
+        keras.layers.BatchNormalization(),
+        keras.layers.Dropout(0.2),
+    )
+    assert xla_blocker(augmented, SHAPE) is None
+    step = tf.function(lambda x: augmented(x, training=True), jit_compile=True)
+    assert step(np.ones((2, *SHAPE), np.float32)).shape == (2, 2)
+    assert xla_blocker(built(keras.layers.Conv2D(4, 3)), SHAPE) is None
