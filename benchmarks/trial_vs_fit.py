@@ -11,10 +11,13 @@ A row per model: both walls, their ratio (naive / foldsweep: above 1, foldsweep 
 trial's compile seconds and its plan line.
 
     .venv/bin/python -m benchmarks.trial_vs_fit --model image_cnn --model mobilenet_v2 \\
-        [--epochs 3] [--batch-size 32] [--data PATH] [--json PATH] [--train jit_compile=true]
+        [--epochs 3] [--batch-size 32] [--data PATH] [--json PATH] [--train jit_compile=true] \\
+        [--baseline REV]
 
 `--train KEY=VALUE` sets a `train` key of the trial's spec (repeatable), e.g. to time the step
-with XLA where the plan runs it without.
+with XLA where the plan runs it without. `--baseline REV` also times the same trial with the
+foldsweep of git revision REV (its package exported to a scratch folder, run with this
+environment), in the same run: before and after a change, side by side.
 """
 
 from __future__ import annotations
@@ -109,27 +112,70 @@ def timed(command: list[str], **kwargs) -> tuple[float, str]:
     return time.perf_counter() - started, done.stdout
 
 
-def row(
-    model: str, directory: Path, data_path: Path, *, epochs: int, batch_size: int, train: dict | None = None
-) -> dict:
-    foldsweep = str(Path(sys.executable).parent / "foldsweep")
-    trial_spec = spec(directory, model, data_path, batch_size=batch_size, train=train)
-    ours, printed = timed([foldsweep, "trial", str(trial_spec), "--epochs", str(epochs)])
-    arguments = ["--naive", model, "--data", str(data_path), "--epochs", str(epochs), "--batch-size", str(batch_size)]
-    theirs, naive_printed = timed([sys.executable, "-m", "benchmarks.trial_vs_fit", *arguments], cwd=REPO)
+def export(revision: str, directory: Path) -> Path:
+    """foldsweep's package at a git revision, exported to ``directory`` (its own imports first)."""
+    directory.mkdir()
+    archive = subprocess.run(["git", "archive", revision, "pipeline"], cwd=REPO, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(directory)], input=archive.stdout, check=True)
+    return directory
+
+
+def trial(trial_spec: Path, *, epochs: int, package: Path | None = None) -> tuple[float, str]:
+    """``foldsweep trial`` timed from process start to exit: this tree's, or the package exported
+    to ``package``."""
+    arguments = ["trial", str(trial_spec), "--epochs", str(epochs)]
+    if package is None:
+        return timed([str(Path(sys.executable).parent / "foldsweep"), *arguments])
+    environment = {**os.environ, "PYTHONPATH": str(package)}
+    return timed([sys.executable, "-m", "pipeline.cli", *arguments], cwd=package, env=environment)
+
+
+def summary(seconds: float, printed: str) -> dict:
     compile_s = re.search(r"compile_s ([\d.]+)", printed)
     plan = re.search(r"^fused: (.*?);", printed, re.MULTILINE) or re.search(r"^unfused: (.*?);", printed, re.MULTILINE)
     accuracy = re.findall(r"mean_val_accuracy (\S+)$", printed, re.MULTILINE)
     return {
-        "model": model,
-        "foldsweep_s": round(ours, 1),
-        "naive_s": round(theirs, 1),
-        "faster_by": round(theirs / ours, 2),
+        "s": round(seconds, 1),
         "compile_s": float(compile_s.group(1)) if compile_s else None,
         "plan": plan.group(1) if plan else printed.splitlines()[1],
-        "foldsweep_cv": float(accuracy[-1]) if accuracy else None,
+        "cv": float(accuracy[-1]) if accuracy else None,
+    }
+
+
+def row(
+    model: str,
+    directory: Path,
+    data_path: Path,
+    *,
+    epochs: int,
+    batch_size: int,
+    train: dict | None = None,
+    baseline: Path | None = None,
+) -> dict:
+    trial_spec = spec(directory, model, data_path, batch_size=batch_size, train=train)
+    ours = summary(*trial(trial_spec, epochs=epochs))
+    arguments = ["--naive", model, "--data", str(data_path), "--epochs", str(epochs), "--batch-size", str(batch_size)]
+    theirs, naive_printed = timed([sys.executable, "-m", "benchmarks.trial_vs_fit", *arguments], cwd=REPO)
+    result = {
+        "model": model,
+        "foldsweep_s": ours["s"],
+        "naive_s": round(theirs, 1),
+        "faster_by": round(theirs / ours["s"], 2),
+        "compile_s": ours["compile_s"],
+        "plan": ours["plan"],
+        "foldsweep_cv": ours["cv"],
         "naive_cv": round(json.loads(naive_printed.strip().splitlines()[-1])["mean_val_accuracy"], 4),
     }
+    if baseline is not None:
+        before = summary(*trial(trial_spec, epochs=epochs, package=baseline))
+        result.update(
+            baseline_s=before["s"],
+            baseline_faster_by=round(theirs / before["s"], 2),
+            baseline_compile_s=before["compile_s"],
+            baseline_plan=before["plan"],
+            baseline_cv=before["cv"],
+        )
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help="a .npz of x and y to time on (default: the shapes written anew)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--baseline", metavar="REV", help="also time the trial with foldsweep at this git revision")
     parser.add_argument(
         "--train",
         action="append",
@@ -158,14 +205,30 @@ def main(argv: list[str] | None = None) -> int:
         directory = Path(scratch)
         data_path = args.data.resolve() if args.data else write_images(directory / "shapes.npz")
         train = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.train)}
+        baseline = export(args.baseline, directory / "baseline") if args.baseline else None
         for model in args.model or MODELS:
-            rows.append(row(model, directory, data_path, epochs=args.epochs, batch_size=args.batch_size, train=train))
+            rows.append(
+                row(
+                    model,
+                    directory,
+                    data_path,
+                    epochs=args.epochs,
+                    batch_size=args.batch_size,
+                    train=train,
+                    baseline=baseline,
+                )
+            )
             print(json.dumps(rows[-1]), flush=True)
     print(f"{'model':14} {'foldsweep s':>11} {'naive s':>8} {'faster by':>9} {'compile s':>9}  plan")
     for r in rows:
         print(
             f"{r['model']:14} {r['foldsweep_s']:>11} {r['naive_s']:>8} {r['faster_by']:>8}x {r['compile_s']!s:>9}  {r['plan']}"
         )
+        if "baseline_s" in r:
+            print(
+                f"{'  ' + args.baseline[:12]:14} {r['baseline_s']:>11} {'':>8} {r['baseline_faster_by']:>8}x "
+                f"{r['baseline_compile_s']!s:>9}  {r['baseline_plan']}"
+            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
