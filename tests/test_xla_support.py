@@ -60,3 +60,20 @@ def test_models_xla_compiles_pass_and_compile():
     step = tf.function(lambda x: augmented(x, training=True), jit_compile=True)
     assert step(np.ones((2, *SHAPE), np.float32)).shape == (2, 2)
     assert xla_blocker(built(keras.layers.Conv2D(4, 3)), SHAPE) is None
+
+
+def test_a_subclassed_model_is_traced_whole_and_its_layer_named():
+    class Tilted(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.tilt = keras.layers.RandomRotation(0.1, name="tilt")
+            self.head = keras.layers.Dense(2)
+
+        def call(self, x, training=False):
+            return self.head(keras.ops.mean(self.tilt(x, training=training), axis=(1, 2)))
+
+    model = Tilted()
+    model(np.ones((1, *SHAPE), np.float32))
+    assert xla_blocker(model, SHAPE) == (
+        "layer 'tilt' (RandomRotation) runs ImageProjectiveTransformV3, an op XLA has no kernel for"
+    )

@@ -28,20 +28,41 @@ _PREPROCESSING_MODULE = "keras.src.layers.preprocessing."
 
 def xla_blocker(model: Any, input_shape: Sequence[int]) -> str | None:
     """Why XLA cannot compile ``model``'s training step on samples of ``input_shape``, naming the
-    layer and the op, or None. Only a model with a preprocessing layer or a layer that is not
-    Keras' own is traced (a keras.applications backbone alone is not)."""
-    layers = list(model._flatten_layers(include_self=False, recursive=True))
-    if not any(_may_run_other_ops(layer) for layer in layers):
-        return None
+    layer and the op, or None. Only a preprocessing layer or a layer that is not Keras' own is
+    traced, alone on its inputs where the model's layer graph gives them (a Functional or
+    Sequential model, nested ones too); a subclassed model's whole forward pass is traced; a
+    model with neither (a keras.applications backbone) is not traced at all."""
     import tensorflow as tf
 
-    traced = tf.function(lambda x: model(x, training=True)).get_concrete_function(
-        tf.TensorSpec((None, *input_shape), tf.float32)
-    )
-    for op, name in _ops(traced.graph.as_graph_def()):
-        if op not in _NOT_COMPUTED and not has_xla_kernel(op):
-            return f"{_layer_of(name, layers)} runs {op}, an op XLA has no kernel for"
+    layers = list(model._flatten_layers(include_self=False, recursive=True))
+    suspects = [layer for layer in layers if _may_run_other_ops(layer)]
+    subclassed = _may_run_other_ops(model)
+    if not suspects and not subclassed:
+        return None
+    inputs = [_input_specs(layer) for layer in suspects]
+    if subclassed or any(specs is None for specs in inputs):
+        traced = [(model, [tf.TensorSpec((None, *input_shape), tf.float32)])]
+    else:
+        traced = list(zip(suspects, inputs))
+    for called, specs in traced:
+        function = tf.function(lambda *x, called=called: called(x[0] if len(x) == 1 else list(x), training=True))
+        for op, name in _ops(function.get_concrete_function(*specs).graph.as_graph_def()):
+            if op not in _NOT_COMPUTED and not has_xla_kernel(op):
+                culprit = _layer_of(name, layers) if called is model else _named(called)
+                return f"{culprit} runs {op}, an op XLA has no kernel for"
     return None
+
+
+def _input_specs(layer: Any) -> list[Any] | None:
+    """The shapes and dtypes of what a layer is called on in its model's layer graph, or None (a
+    subclassed model's layer, or one called at several places)."""
+    import tensorflow as tf
+
+    try:
+        tensors = tf.nest.flatten(layer.input)
+    except (AttributeError, ValueError):
+        return None
+    return [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tensors] or None
 
 
 def _may_run_other_ops(layer: Any) -> bool:
@@ -65,5 +86,9 @@ def _layer_of(node_name: str, layers: Sequence[Any]) -> str:
     for scope in reversed(node_name.split("/")[:-1]):
         layer = by_name.get(scope) or by_name.get(re.sub(r"_\d+$", "", scope))
         if layer is not None:
-            return f"layer {layer.name!r} ({type(layer).__name__})"
+            return _named(layer)
     return "the model"
+
+
+def _named(layer: Any) -> str:
+    return f"layer {layer.name!r} ({type(layer).__name__})"
