@@ -192,11 +192,17 @@ def test_folds_side_by_side_trace_one_training_step_and_train_as_each_fold_alone
 
 
 @pytest.mark.parametrize("kind", ["array", "tensor"])
-def test_a_fold_model_holding_numbers_of_its_own_trains_its_own_step(three_folds, kind):
+def test_a_fold_model_holding_numbers_of_its_own_trains_its_own_step(three_folds, kind, monkeypatch):
     """A build that draws numbers under the fold's seed and keeps them out of its variables (a
     NumPy array the trace bakes in, which the one-batch check finds; a tensor it captures, which
     the capture check finds) gets each fold's own step, not the first fold's: each fold trains
-    with its own numbers, as it does alone."""
+    with its own numbers, as it does alone. Once the second fold refused the first's step, the
+    third takes its own without checking."""
+    from pipeline.engine import fold_engine
+
+    checked = []
+    original = fold_engine.shared_step
+    monkeypatch.setattr(fold_engine, "shared_step", lambda *a, **k: checked.append(1) or original(*a, **k))
     data, folds = three_folds
     scales, traced = [], []
     together = _side_by_side(_scaled_cnn(kind, scales, traced), data, folds)
@@ -205,7 +211,7 @@ def test_a_fold_model_holding_numbers_of_its_own_trains_its_own_step(three_folds
     alone = _side_by_side(_scaled_cnn(kind, [], []), data, folds[2:], fold_ids=[2]).run_epoch().report()
     assert report["split2_train_loss"] == alone["split2_train_loss"]
     assert report["split2_val_loss"] == alone["split2_val_loss"]
-    assert len(traced) == 3
+    assert len(traced) == 3 and len(checked) == 1
 
 
 @pytest.mark.parametrize("stop_test", ["per_launch", "per_epoch"])

@@ -113,6 +113,10 @@ class TracedStep(NamedTuple):
     variables: list[Any]
     class_weights: Any
     trained: frozenset[int] = frozenset()  # the ids of those variables the optimizer trains
+    # Whether a fold found this (a template's) step not its own: the model's graph and its op-by-op
+    # kernels round apart, as they will for the trial's other folds, which then trace their own
+    # without the check's cost (a MobileNet's: seconds of each fold's compile).
+    refused: list[bool] | None = None
 
 
 # How far a fold's own step, run op by op, may be from the template's traced graph on its
@@ -317,14 +321,20 @@ def shared_where_same(
     """The fold's step: the template's where ``shared_step`` finds it this fold's own, else the
     fold's own traced step (``own.function``), chosen as the launch first calls it, so that the
     check counts in the trial's compile time. The check runs eagerly in a thread of its own: this
-    one is tracing the launch, its gradient tapes paused."""
+    one is tracing the launch, its gradient tapes paused. Once a fold found the template's step
+    not its own, the later folds take their own unchecked (``TracedStep.refused``)."""
     import tensorflow as tf
 
     chosen: list[Callable[..., Any]] = []
 
     def check() -> Callable[..., Any] | None:
+        if template.refused:
+            return None
         with tf.device(device):
-            return shared_step(template, own, eager_step, probe, kept=kept)
+            shared = shared_step(template, own, eager_step, probe, kept=kept)
+        if shared is None and template.refused is not None:
+            template.refused.append(True)
+        return shared
 
     def step(indices, enabled):
         if not chosen:
@@ -423,6 +433,7 @@ def fold_steps(
             [*model.variables, *optimizer.variables],
             weights,
             trained=frozenset(id(variable) for variable in model.trainable_variables),
+            refused=[],
         )
     )
     if template is not None and traced is not None and probe is not None:
