@@ -4,6 +4,8 @@ named; models XLA compiles pass, and indeed compile."""
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -48,6 +50,15 @@ def test_a_layer_whose_op_xla_cannot_compile_is_named_with_its_op(make_layer, na
     assert xla_blocker(built(make_layer()), SHAPE) == f"{named}, an op XLA has no kernel for"
 
 
+def test_a_layer_whose_ops_all_have_kernels_but_do_not_lower_is_named_with_what_xla_says():
+    message = xla_blocker(built(keras.layers.RandomElasticTransform(name="warp")), SHAPE)
+    assert re.fullmatch(
+        r"layer 'warp' \(RandomElasticTransform\) does not compile under XLA: Input 1 to node `\S*range` with op "
+        r"Range must be a compile-time constant\.?",
+        message,
+    ), message
+
+
 def test_models_xla_compiles_pass_and_compile():
     augmented = built(
         keras.layers.RandomFlip(),
@@ -77,3 +88,13 @@ def test_a_subclassed_model_is_traced_whole_and_its_layer_named():
     assert xla_blocker(model, SHAPE) == (
         "layer 'tilt' (RandomRotation) runs ImageProjectiveTransformV3, an op XLA has no kernel for"
     )
+
+
+def test_a_layer_of_two_inputs_is_traced_within_the_whole_model():
+    class Blend(keras.layers.Layer):
+        def call(self, a, b):
+            return 0.5 * (a + b)
+
+    inputs = keras.Input(SHAPE)
+    outputs = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(Blend()(inputs, inputs)))
+    assert xla_blocker(keras.Model(inputs, outputs), SHAPE) is None

@@ -1,5 +1,5 @@
 """Whether XLA can compile a model's training step: every op its forward pass runs in training
-has an XLA kernel.
+has an XLA kernel, and XLA lowers each layer that may run other ops than a network's math.
 
 Some of Keras' own layers run ops XLA has none for: RandomTranslation, RandomRotation, RandomZoom,
 RandomShear and RandomPerspective transform images with ImageProjectiveTransformV3; MixUp,
@@ -7,13 +7,15 @@ CutMix and AugMix draw from a gamma distribution (StatelessRandomGammaV3); a res
 may call anything. A step XLA is asked to compile with such an op fails when it is first called,
 on a GPU (where foldsweep compiles with XLA) as on a CPU with ``train.jit_compile: true``. Rather
 than keep a list of such layers, the forward pass is traced (not run) and its ops are looked up in
-TensorFlow's kernel registry, which lists the XLA devices an op compiles for.
+TensorFlow's kernel registry, which lists the XLA devices an op compiles for; and since an op XLA
+has a kernel for may still need what XLA cannot give it (RandomElasticTransform's Range needs a
+length known when it compiles), each such layer is also lowered by XLA alone, not run.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from pipeline.base.private_hooks import has_xla_kernel
@@ -24,32 +26,86 @@ _NOT_COMPUTED = frozenset({"Placeholder"})
 # Keras' layers that are known to run only ops with XLA kernels need no trace: of Keras' own, only
 # the preprocessing layers run ops outside the math of a network.
 _PREPROCESSING_MODULE = "keras.src.layers.preprocessing."
+# The batch a layer is lowered on (XLA lowers static shapes only).
+_LOWERED_BATCH = 2
+_NO_KERNEL = "an op XLA has no kernel for"
 
 
 def xla_blocker(model: Any, input_shape: Sequence[int]) -> str | None:
     """Why XLA cannot compile ``model``'s training step on samples of ``input_shape``, naming the
     layer and the op, or None. Only a preprocessing layer or a layer that is not Keras' own is
     traced, alone on its inputs where the model's layer graph gives them (a Functional or
-    Sequential model, nested ones too); a subclassed model's whole forward pass is traced; a
-    model with neither (a keras.applications backbone) is not traced at all."""
+    Sequential model, nested ones too); a subclassed model's whole forward pass is traced, as is
+    a model with a layer that cannot be called alone so; a model with neither kind of layer (a
+    keras.applications backbone) is not traced at all."""
     import tensorflow as tf
 
     layers = list(model._flatten_layers(include_self=False, recursive=True))
     suspects = [layer for layer in layers if _may_run_other_ops(layer)]
-    subclassed = _may_run_other_ops(model)
-    if not suspects and not subclassed:
+    if not suspects and not _may_run_other_ops(model):
         return None
     inputs = [_input_specs(layer) for layer in suspects]
-    if subclassed or any(specs is None for specs in inputs):
-        traced = [(model, [tf.TensorSpec((None, *input_shape), tf.float32)])]
-    else:
-        traced = list(zip(suspects, inputs))
-    for called, specs in traced:
-        function = tf.function(lambda *x, called=called: called(x[0] if len(x) == 1 else list(x), training=True))
-        for op, name in _ops(function.get_concrete_function(*specs).graph.as_graph_def()):
-            if op not in _NOT_COMPUTED and not has_xla_kernel(op):
-                culprit = _layer_of(name, layers) if called is model else _named(called)
-                return f"{culprit} runs {op}, an op XLA has no kernel for"
+    if not _may_run_other_ops(model) and all(specs is not None for specs in inputs):
+        try:
+            return _first_blocker(zip(suspects, inputs))
+        except _NotCallableAlone:
+            pass
+    graph = _traced(model).get_concrete_function(tf.TensorSpec((None, *input_shape), tf.float32)).graph
+    found = _unkerneled(graph)
+    return None if found is None else f"{_layer_of(found[1], layers)} runs {found[0]}, {_NO_KERNEL}"
+
+
+class _NotCallableAlone(Exception):
+    """A layer could not be traced alone on its inputs (it takes them otherwise than as one
+    tensor or a list)."""
+
+
+def _first_blocker(layers_and_inputs: Iterable[tuple[Any, list[Any]]]) -> str | None:
+    for layer, specs in layers_and_inputs:
+        try:
+            graph = _traced(layer).get_concrete_function(*specs).graph
+        except Exception as exc:
+            raise _NotCallableAlone from exc
+        found = _unkerneled(graph)
+        if found is not None:
+            return f"{_named(layer)} runs {found[0]}, {_NO_KERNEL}"
+        refusal = _lowering_refusal(layer, specs)
+        if refusal is not None:
+            return f"{_named(layer)} does not compile under XLA: {refusal}"
+    return None
+
+
+def _traced(called: Any, *, jit_compile: bool | None = None) -> Any:
+    """``called`` in training, as a function of its inputs (one tensor, or several as a list)."""
+    import tensorflow as tf
+
+    return tf.function(
+        lambda *x: called(x[0] if len(x) == 1 else list(x), training=True), jit_compile=jit_compile, autograph=False
+    )
+
+
+def _unkerneled(graph: Any) -> tuple[str, str] | None:
+    """(op type, node name) of the first op of a traced graph XLA has no kernel for."""
+    return next(
+        ((op, name) for op, name in _ops(graph.as_graph_def()) if op not in _NOT_COMPUTED and not has_xla_kernel(op)),
+        None,
+    )
+
+
+def _lowering_refusal(layer: Any, specs: Sequence[Any]) -> str | None:
+    """What XLA says when it lowers a layer alone on a batch of 2 (an op whose every kernel it has
+    can still need what XLA cannot give it, as RandomElasticTransform's Range needs a constant
+    length), or None; not asked of a layer whose inputs have other unknown sizes."""
+    import tensorflow as tf
+
+    if any(None in spec.shape[1:] for spec in specs):
+        return None
+    fixed = [tf.TensorSpec((_LOWERED_BATCH, *spec.shape[1:]), spec.dtype) for spec in specs]
+    try:
+        _traced(layer, jit_compile=True).experimental_get_compiler_ir(*fixed)(stage="hlo")
+    except Exception as exc:  # tf2xla's refusal, as a ValueError or InvalidArgumentError
+        text = str(exc).removeprefix("Failed getting HLO text: ").strip("'\" ")
+        return text.splitlines()[0] if text else type(exc).__name__
     return None
 
 
