@@ -365,6 +365,7 @@ def _check_xla_compiles(spec: SweepSpec, experiment: Any, dataset: Dataset) -> N
     """XLA, forced by the spec, can compile the default model's step (``xla_blocker``)."""
     import keras
 
+    from pipeline.contract.plan import forced_xla_refusal
     from pipeline.engine.xla_support import xla_blocker
 
     model = experiment.build({}, dataset.input_shape)
@@ -373,10 +374,7 @@ def _check_xla_compiles(spec: SweepSpec, experiment: Any, dataset: Dataset) -> N
     finally:
         keras.backend.clear_session(free_memory=False)
     if blocker is not None:
-        raise SpecError(
-            f"{spec.source_path}: train.jit_compile is true, but in the model of {spec.experiment} {blocker}: "
-            "set it to auto (foldsweep then trains this model without XLA) or false"
-        )
+        raise SpecError(f"{spec.source_path}: {forced_xla_refusal(f'the model of {spec.experiment}', blocker)}")
 
 
 def _check_positions_fit_outputs(spec: SweepSpec, head: Any, labels: np.ndarray, name: str, source: str) -> None:

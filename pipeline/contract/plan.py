@@ -265,10 +265,7 @@ def plan_trial(
     without_xla = xla_blocker() if jit_compile else None
     if without_xla is not None:
         if choices.jit_compile == "on":
-            raise ExperimentError(
-                f"train.jit_compile is true, but in this trial's model {without_xla}: set train.jit_compile to "
-                "auto (foldsweep then trains this model without XLA) or false"
-            )
+            raise ExperimentError(forced_xla_refusal("this trial's model", without_xla))
         jit_compile = False
     planned_steps = planned_epochs * min(train_sizes) // batch_size
     steps = _steps_per_launch(
@@ -318,6 +315,14 @@ def plan_trial(
         tf32=tf32 and on_gpu,
         gpu=gpu if on_gpu else None,
         deterministic_ops=deterministic_ops,
+    )
+
+
+def forced_xla_refusal(model: str, blocker: str) -> str:
+    """What refuses ``train.jit_compile: true`` for ``model`` (named), which XLA cannot compile."""
+    return (
+        f"train.jit_compile is true, but in {model} {blocker}: set it to auto (foldsweep then trains this model "
+        "without XLA) or false"
     )
 
 
