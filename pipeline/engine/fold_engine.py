@@ -27,7 +27,7 @@ import numpy as np
 from pipeline.base import compile_cache
 from pipeline.contract.plan import TrialPlan
 from pipeline.contract.results import EVAL_STEP, NanEvent
-from pipeline.engine import draws
+from pipeline.engine import draws, graph_identity
 from pipeline.engine.recipe import TrainingParams, TrainingRecipe
 from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.inputs.folds import Fold
@@ -106,31 +106,11 @@ class FoldSteps(NamedTuple):
 
 
 class TracedStep(NamedTuple):
-    """A fold's training step traced, with what it captures of its fold: the model's and the
-    optimizer's variables, in their order, and the class weights (``fold_steps``)."""
+    """A fold's training step traced, with the variables it captures of its fold: the model's, the
+    optimizer's and the class weights, in their order (``fold_steps``)."""
 
     function: Any  # a tf.function with an input signature
     variables: list[Any]
-    class_weights: Any
-    trained: frozenset[int] = frozenset()  # the ids of those variables the optimizer trains
-    # Whether a fold found this (a template's) step not its own: the model's graph and its op-by-op
-    # kernels round apart, as they will for the trial's other folds, which then trace their own
-    # without the check's cost (a MobileNet's: seconds of each fold's compile).
-    refused: list[bool] | None = None
-
-
-# How far a fold's own step, run op by op, may be from the template's traced graph on its
-# variables (``shared_step``): float32 kernels fused or ordered differently, not a different model.
-SHARED_STEP_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-# Adam's first steps (RMSprop's, Adagrad's) divide each gradient by its own magnitude: where a
-# gradient is near the optimizer's epsilon, two roundings of it a few ulps apart move that weight
-# by a visible fraction of the learning rate (one element of 18,432 in a Conv2D kernel of an image
-# net with BatchNormalization, 2.4e-6 apart after a step of 1e-3, its loss and gradient norm equal
-# to the last digit). So a trained weight may differ past the tolerance on this fraction of its
-# elements (none of a weight of fewer than 1/fraction elements), by no more than the step moved
-# that weight anywhere; the loss, the gradient norm and every other variable may not. A number
-# the trace baked in for one fold moves the loss, the norm or most of a weight.
-SHARED_STEP_STRAY_FRACTION = 1e-3
 
 
 def traced_once(
@@ -199,27 +179,22 @@ def compiled_launch(train_steps: Callable[..., Any], *, jit_compile: bool) -> Ca
     return call
 
 
-def shared_step(
-    template: TracedStep, own: TracedStep, eager_step: Callable[..., Any], probe: np.ndarray, *, kept: Sequence[Any]
-) -> Callable[..., Any] | None:
-    """The ``template`` fold's traced step run on this fold's variables and class weights
-    (``own``), where that is this fold's own step; else None, and the fold traces its own.
+def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -> Callable[..., Any] | None:
+    """The ``template`` fold's traced step run on this fold's variables (``own``), where that is
+    this fold's own step; else None, and the fold runs its own.
 
     A trial's fold models are one ``build(hp)`` under k seeds: their steps trace to one graph but
-    for what it captures, so each fold's launch can call the template's graph with its own
-    variables in their place, and tracing a step (forward, gradients and the optimizer's update,
-    in Python) is paid once per trial instead of once per fold. A graph holds more than its
-    captures, though: a NumPy array or an integer seed that ``build`` draws under the fold's seed
-    is a constant in it, and shared blindly would train every fold with the template's. So the
-    template's graph must capture nothing but its fold's variables, class weights and the data
-    (``kept``), and take one step on this fold's batch ``probe`` as the fold's own step run op by
-    op takes it (``eager_step``): the same loss, gradient norm and health, and every variable of
-    the model and optimizer left the same (weights updated, constraints applied, moving statistics,
-    random generators), integers exactly and floats within ``SHARED_STEP_TOLERANCE``. The fold's
-    variables are restored after. The template must have been traced already, where its launch
-    was (this runs in a thread of its own, without the tracing thread's op callbacks)."""
-    # A step that fails to trace or run here fails, or not, where the fold traces its own step,
-    # which then says why.
+    for names and captures, so each fold's launch can call the template's graph with its own
+    variables in their place, and TensorFlow optimizes and instantiates one graph per trial instead
+    of one per fold (a MobileNet's: tens of seconds each). The fold's own step is traced all the
+    same, to be compared: its graph must be the template's program (``graph_identity``), and what it
+    captures the template's captures with this fold's variables and the data (``kept``) in their
+    place. A NumPy array or an integer seed that ``build`` draws under the
+    fold's seed and keeps outside its variables is a constant or an attribute of the graph, so a
+    fold holding one runs its own step. The template must have been traced already, where its
+    launch was (this runs in a thread of its own, outside the graph the tracing thread builds)."""
+    # A step that fails to trace here fails, or not, where the fold calls its own step, which
+    # then says why.
     try:
         if template.function.experimental_get_tracing_count() != 1:
             return None
@@ -228,113 +203,37 @@ def shared_step(
             return None
         if [(v.shape, v.dtype) for v in template.variables] != [(v.shape, v.dtype) for v in own.variables]:
             return None
-        if (template.class_weights is None) != (own.class_weights is None):
-            return None
         replacement = {id(t.handle): o.handle for t, o in zip(template.variables, own.variables)}
-        if template.class_weights is not None:
-            replacement[id(template.class_weights)] = own.class_weights
         replacement.update({id(tensor): tensor for tensor in kept})
         if any(id(capture) not in replacement for capture in concrete.captured_inputs):
             return None
         captures = [replacement[id(capture)] for capture in concrete.captured_inputs]
-
-        def step(indices, enabled):
-            return concrete._call_flat([indices, enabled], captures)
-
-        trained = [id(variable) in own.trained for variable in own.variables]
-        return step if _same_step(step, eager_step, own.variables, probe, trained=trained) else None
+        own_concrete = own.function.get_concrete_function()
+        if [id(capture) for capture in own_concrete.captured_inputs] != [id(capture) for capture in captures]:
+            return None
+        if not graph_identity.same_program(concrete, own_concrete):
+            return None
     except Exception:
         return None
 
+    def step(indices, enabled):
+        return concrete._call_flat([indices, enabled], captures)
 
-def _same_step(
-    step: Callable[..., Any],
-    eager_step: Callable[..., Any],
-    variables: Sequence[Any],
-    probe: np.ndarray,
-    *,
-    trained: Sequence[bool],
-) -> bool:
-    """Whether ``step`` and ``eager_step`` take the same training step on the batch ``probe``
-    (``same_outcome``): the values they return and the ``variables`` they leave, of which those
-    ``trained`` by the optimizer; the variables restored after."""
-    import tensorflow as tf
-
-    arguments = (tf.constant(probe), tf.constant(True))
-    before = [variable.numpy() for variable in variables]
-
-    def outcome(run: Callable[..., Any]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        try:
-            returned = run(*arguments)
-            return [np.asarray(value) for value in returned], [variable.numpy() for variable in variables]
-        finally:
-            for variable, value in zip(variables, before):
-                variable.assign(value)
-
-    (shared_returned, shared_left), (own_returned, own_left) = outcome(step), outcome(eager_step)
-    return same_outcome(shared_returned, own_returned) and same_outcome(
-        shared_left, own_left, before=before, trained=trained
-    )
+    return step
 
 
-def same_outcome(
-    shared: Sequence[np.ndarray],
-    own: Sequence[np.ndarray],
-    *,
-    before: Sequence[np.ndarray] | None = None,
-    trained: Sequence[bool] | None = None,
-) -> bool:
-    """Whether the arrays a shared step gave are those the fold's own step gave: integers
-    exactly, floats within ``SHARED_STEP_TOLERANCE``, but for a weight ``trained`` by the
-    optimizer (its value ``before`` the step given) a ``SHARED_STEP_STRAY_FRACTION`` of its
-    elements within the step's largest move of it."""
-    for k, (a, b) in enumerate(zip(shared, own, strict=True)):
-        if a.dtype.kind != "f" or b.dtype.kind != "f":
-            if a.dtype != b.dtype or not np.array_equal(a, b):
-                return False
-            continue
-        if a.shape != b.shape:
-            return False
-        off = ~np.isclose(a, b, equal_nan=True, **SHARED_STEP_TOLERANCE)
-        if not off.any():
-            continue
-        if before is None or trained is None or not trained[k]:
-            return False
-        strays = int(off.sum())
-        if strays > int(off.size * SHARED_STEP_STRAY_FRACTION):
-            return False
-        moved = np.abs(b - before[k])
-        if not np.all(np.isfinite(a[off])) or np.abs(a - b)[off].max() > moved.max():
-            return False
-    return True
-
-
-def shared_where_same(
-    template: TracedStep,
-    own: TracedStep,
-    eager_step: Callable[..., Any],
-    probe: np.ndarray,
-    *,
-    kept: Sequence[Any],
-    device: str,
-) -> Callable[..., Any]:
+def shared_where_same(template: TracedStep, own: TracedStep, *, kept: Sequence[Any], device: str) -> Callable[..., Any]:
     """The fold's step: the template's where ``shared_step`` finds it this fold's own, else the
     fold's own traced step (``own.function``), chosen as the launch first calls it, so that the
-    check counts in the trial's compile time. The check runs eagerly in a thread of its own: this
-    one is tracing the launch, its gradient tapes paused. Once a fold found the template's step
-    not its own, the later folds take their own unchecked (``TracedStep.refused``)."""
+    comparison counts in the trial's compile time. The fold's step is traced for it in a thread of
+    its own: this one is tracing the launch."""
     import tensorflow as tf
 
     chosen: list[Callable[..., Any]] = []
 
     def check() -> Callable[..., Any] | None:
-        if template.refused:
-            return None
         with tf.device(device):
-            shared = shared_step(template, own, eager_step, probe, kept=kept)
-        if shared is None and template.refused is not None:
-            template.refused.append(True)
-        return shared
+            return shared_step(template, own, kept=kept)
 
     def step(indices, enabled):
         if not chosen:
@@ -360,7 +259,6 @@ def fold_steps(
     compiled: bool = False,
     inlined: bool = False,
     template: TracedStep | None = None,
-    probe: np.ndarray | None = None,
 ) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
@@ -374,14 +272,16 @@ def fold_steps(
     ``compiled`` (an XLA-compiled launch, ``compiled_launch``) XLA lowers the step once; uncompiled,
     the step is called as a function of its own unless ``inlined`` (``traced_once``). With a
     ``template`` (another fold's ``FoldSteps.traced``) the launch runs that fold's traced step on
-    this fold's variables where it is this fold's step on the batch ``probe`` (``shared_where_same``)."""
+    this fold's variables where it is this fold's step (``shared_where_same``)."""
     import tensorflow as tf
 
     features, labels = data.x, data.y
     norm_variables: list[Any] = []
     # fit(class_weight=...): each sample's loss weighted by its class's weight, the batch's loss
-    # their mean (Keras' sum_over_batch_size divides by the batch, not by the weights' sum).
-    weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
+    # their mean (Keras' sum_over_batch_size divides by the batch, not by the weights' sum). A
+    # variable, which a traced step captures as it captures the model's, where a small tensor
+    # would be a constant of the graph, each fold's another (``shared_step``).
+    weights = None if class_weights is None else tf.Variable(class_weights, trainable=False, dtype=tf.float32)
     random_numbers = draws.counter_draws if counter_draws else contextlib.nullcontext
 
     def train_step(indices, enabled):
@@ -428,16 +328,10 @@ def fold_steps(
     traced = (
         None
         if eager
-        else TracedStep(
-            step,
-            [*model.variables, *optimizer.variables],
-            weights,
-            trained=frozenset(id(variable) for variable in model.trainable_variables),
-            refused=[],
-        )
+        else TracedStep(step, [*model.variables, *optimizer.variables, *([] if weights is None else [weights])])
     )
-    if template is not None and traced is not None and probe is not None:
-        step = shared_where_same(template, traced, train_step, probe, kept=(features, labels), device=data.device)
+    if template is not None and traced is not None:
+        step = shared_where_same(template, traced, kept=(features, labels), device=data.device)
 
     def train_steps(batches, first_step, tally):
         # One compiled launch: the steps of ``batches`` (a static number of steps, unrolled),
@@ -680,7 +574,6 @@ class FoldEngine:
             compiled=plan.jit_compile,
             inlined=plan.step_inlined,
             template=template,
-            probe=self._train_indices[: self.batch_size],
         )
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
