@@ -365,12 +365,13 @@ def _check_xla_compiles(spec: SweepSpec, experiment: Any, dataset: Dataset) -> N
     """XLA, forced by the spec, can compile the default model's step (``xla_blocker``)."""
     import keras
 
-    from pipeline.contract.plan import forced_xla_refusal
+    from pipeline.contract.plan import forced_xla_refusal, model_random_draws
     from pipeline.engine.xla_support import xla_blocker
 
     model = experiment.build({}, dataset.input_shape)
     try:
-        blocker = xla_blocker(model, dataset.input_shape)
+        counter = model_random_draws("auto", model) == "counter"
+        blocker = xla_blocker(model, dataset.input_shape, counter_draws=counter)
     finally:
         keras.backend.clear_session(free_memory=False)
     if blocker is not None:

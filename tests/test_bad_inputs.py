@@ -65,13 +65,13 @@ def build(hp):
     model.compile(loss="sparse_categorical_crossentropy", metrics=[PerClass()])
     return model
 """
-ROTATING_MODEL = """
+SHEARING_MODEL = """
 import keras
 
 
 def build(hp):
     return keras.Sequential(
-        [keras.layers.RandomRotation(0.1), keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")]
+        [keras.layers.RandomShear(0.1), keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")]
     )
 """
 REGRESSION_MODEL = """
@@ -170,9 +170,9 @@ FILES = {
         dataset="onehot.npz", train={"epochs": 1, "loss": "sparse_categorical_crossentropy"}
     ),
     "onehot_width.yaml": spec_text(dataset="onehot3.npz", train={"epochs": 1}),
-    "rotating.py": ROTATING_MODEL,
+    "shearing.py": SHEARING_MODEL,
     "forced_xla.yaml": spec_text(
-        experiment="rotating.py", dataset="squares.npz", train={"epochs": 1, "jit_compile": True}
+        experiment="shearing.py", dataset="squares.npz", train={"epochs": 1, "jit_compile": True}
     ),
     "notdb.db": "not a database\n",
 }
@@ -403,7 +403,7 @@ CASES = [
         "XLA forced on a model with an op XLA cannot compile",
         ["validate", "forced_xla.yaml"],
         [
-            "train.jit_compile is true, but in the model of rotating.py layer 'random_rotation' (RandomRotation) "
+            "train.jit_compile is true, but in the model of shearing.py layer 'random_shear' (RandomShear) "
             "runs ImageProjectiveTransformV3, an op XLA has no kernel for",
             "set it to auto",
         ],

@@ -188,3 +188,33 @@ def test_the_augmentation_layers_draw_per_image_from_keras_distributions_and_not
         out = drawn(crop, images)
         offsets |= {offset for offset, window in windows.items() if np.array_equal(out, window)}
     assert len(offsets) >= 4  # one window for the whole batch, a different one from step to step
+
+
+@pytest.mark.parametrize(
+    "make_layer",
+    [
+        lambda: keras.layers.RandomRotation(0.15),
+        lambda: keras.layers.RandomTranslation(0.2, (-0.1, 0.3), fill_mode="constant"),
+        lambda: keras.layers.RandomZoom((-0.3, 0.2), fill_mode="nearest"),
+    ],
+    ids=["RandomRotation", "RandomTranslation", "RandomZoom"],
+)
+def test_the_affine_augmentations_move_images_as_far_as_keras_own_and_not_at_validation(make_layer):
+    """A rotation, shift or zoom per image, from Keras' distributions: how far each image moves
+    (its mean change, on smooth images) is distributed as under Keras' own draws and transform."""
+    keras.utils.set_random_seed(7)
+    rows, columns = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    phases = np.random.default_rng(0).uniform(0, 2 * np.pi, size=(1024, 1, 1))
+    images = np.sin(0.4 * rows + 0.3 * columns + phases)[..., np.newaxis].astype(np.float32)
+    layer = make_layer()
+    ours, keras_own = drawn(layer, images), np.asarray(layer(images, training=True))
+    assert np.array_equal(drawn(layer, images, training=False), images)
+    moved = [np.abs(out - images).mean(axis=(1, 2, 3)) for out in (ours, keras_own)]
+    assert (moved[0] > 1e-3).mean() > 0.9  # each image its own transform
+    spread = moved[1].std() / np.sqrt(len(images))
+    assert abs(moved[0].mean() - moved[1].mean()) < 5 * spread
+    assert abs(moved[0].std() / moved[1].std() - 1) < 0.1
+    for quantile in (0.1, 0.5, 0.9):
+        assert (
+            abs(np.quantile(moved[0], quantile) - np.quantile(moved[1], quantile)) < 0.1 * moved[1].std() + 5 * spread
+        )

@@ -617,6 +617,7 @@ def augmented_image_cnn(hp):
             layers.RandomFlip("horizontal"),
             layers.RandomContrast(0.3, value_range=(-5, 5)),
             layers.RandomBrightness(0.1, value_range=(-5, 5)),
+            layers.RandomRotation(0.1),
         ],
         name="augmentation",
     )
@@ -633,7 +634,7 @@ def test_stacked_folds_draw_each_folds_own_augmentation_as_it_draws_alone(datase
     assert alone_trainer.plan.random_draws == "counter" and alone_trainer.plan.jit_compile
     generators = [v for v in stacked_trainer.models[0].non_trainable_variables if "seed" in v.path]
     steps = 2 * math.ceil(len(folds[0].train) / 8)
-    assert [int(np.asarray(v)[1]) for v in generators] == [steps] * 3  # one draw per layer and step
+    assert [int(np.asarray(v)[1]) for v in generators] == [steps] * 4  # one draw per layer and step
 
 
 def test_a_crop_drawn_once_per_batch_is_not_stacked():

@@ -73,8 +73,8 @@ def plan(
     asked = []
     traced = []
 
-    def without_xla():
-        traced.append(True)
+    def without_xla(random_draws):
+        traced.append(random_draws)
         return xla_blocker
 
     def stacking_blocker(jit_compile, random_draws, convolutions):

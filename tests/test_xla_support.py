@@ -50,6 +50,26 @@ def test_a_layer_whose_op_xla_cannot_compile_is_named_with_its_op(make_layer, na
     assert xla_blocker(built(make_layer()), SHAPE) == f"{named}, an op XLA has no kernel for"
 
 
+def test_the_affine_augmentations_compile_where_foldsweep_draws_their_numbers():
+    """RandomRotation, RandomTranslation and RandomZoom transform images with an op XLA has no
+    kernel for, which foldsweep replaces while it draws (``pipeline.engine.image_transforms``)."""
+    from pipeline.engine.draws import counter_draws
+
+    augmented = built(
+        keras.layers.RandomRotation(0.1),
+        keras.Sequential([keras.layers.RandomTranslation(0.1, 0.1), keras.layers.RandomZoom(0.1)]),
+    )
+    assert xla_blocker(augmented, SHAPE, counter_draws=True) is None
+    assert "(RandomRotation) runs ImageProjectiveTransformV3" in xla_blocker(augmented, SHAPE)
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        with counter_draws(under_xla=True):
+            return augmented(x, training=True)
+
+    assert step(np.ones((2, *SHAPE), np.float32)).shape == (2, 2)
+
+
 def test_a_layer_whose_ops_all_have_kernels_but_do_not_lower_is_named_with_what_xla_says():
     message = xla_blocker(built(keras.layers.RandomElasticTransform(name="warp")), SHAPE)
     assert re.fullmatch(

@@ -375,8 +375,15 @@ KERAS_RANDOM_DRAWS = {
     "normal": ("shape", "mean", "stddev", "dtype", "seed"),
     "uniform": ("shape", "minval", "maxval", "dtype", "seed"),
 }
+# Keras' TensorFlow backend module whose affine image transform (ImageProjectiveTransformV3, which
+# XLA cannot compile) foldsweep replaces while it draws (pipeline.engine.image_transforms), with the
+# parameters the replacement takes, and the layers that transform images through it.
+KERAS_IMAGE_MODULE = "keras.src.backend.tensorflow.image"
+AFFINE_TRANSFORM = "affine_transform"
+KERAS_AFFINE_TRANSFORM = ("images", "transform", "interpolation", "fill_mode", "fill_value", "data_format")
+AFFINE_LAYERS = ("RandomRotation", "RandomTranslation", "RandomZoom")
 # Keras' image augmentation layers among them.
-AUGMENTATION_LAYERS = ("RandomFlip", "RandomContrast", "RandomBrightness", "RandomCrop")
+AUGMENTATION_LAYERS = ("RandomFlip", "RandomContrast", "RandomBrightness", "RandomCrop", *AFFINE_LAYERS)
 # The keras.layers whose every random number comes from those functions with the layer's own
 # SeedGenerator, so that foldsweep can draw them (exactly these classes: a subclass may draw otherwise).
 COUNTER_DRAWN_LAYERS = (
@@ -399,6 +406,9 @@ _COUNTER_DRAWN_CHECKED_AS = {
     "RandomContrast": ((0.5,), 4),
     "RandomBrightness": ((0.5,), 4),
     "RandomCrop": ((2, 2), 4),
+    "RandomRotation": ((0.2,), 4),
+    "RandomTranslation": ((0.2, 0.2), 4),
+    "RandomZoom": ((0.2,), 4),
 }
 
 
@@ -445,6 +455,33 @@ def _check_counter_draws() -> str | None:
     finally:
         for name, function in originals.items():
             setattr(module, name, function)
+    return None
+
+
+def _check_affine_transform() -> str | None:
+    import keras
+    import numpy as np
+
+    module = importlib.import_module(KERAS_IMAGE_MODULE)
+    original = getattr(module, AFFINE_TRANSFORM, None)
+    if original is None or tuple(_parameters(original)) != KERAS_AFFINE_TRANSFORM:
+        return f"{KERAS_IMAGE_MODULE}.affine_transform no longer takes ({', '.join(KERAS_AFFINE_TRANSFORM)})"
+    called: list[str] = []
+
+    def recording(*args: object, **kwargs: object) -> object:
+        called.append("affine_transform")
+        return original(*args, **kwargs)
+
+    try:
+        setattr(module, AFFINE_TRANSFORM, recording)
+        for layer_name in AFFINE_LAYERS:
+            arguments, rank = _COUNTER_DRAWN_CHECKED_AS[layer_name]
+            called.clear()
+            getattr(keras.layers, layer_name)(*arguments)(np.ones((2,) + (3,) * (rank - 1), np.float32), training=True)
+            if not called:
+                return f"keras.layers.{layer_name} no longer transforms images through {KERAS_IMAGE_MODULE}.affine_transform"
+    finally:
+        setattr(module, AFFINE_TRANSFORM, original)
     return None
 
 
@@ -701,6 +738,15 @@ HOOKS: tuple[Hook, ...] = (
         "and scaling (pipeline.engine.draws)",
         (),
         _check_counter_draws,
+    ),
+    Hook(
+        "keras",
+        f"{KERAS_IMAGE_MODULE}.affine_transform({', '.join(KERAS_AFFINE_TRANSFORM)}), looked up at each call by "
+        f"keras.layers.{', '.join(AFFINE_LAYERS)}",
+        "foldsweep transforms those layers' images with ops XLA compiles while it draws their numbers "
+        "(pipeline.engine.image_transforms), so that their model's step can be compiled and stacked",
+        (),
+        _check_affine_transform,
     ),
     Hook(
         "tensorflow",

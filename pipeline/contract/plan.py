@@ -234,7 +234,7 @@ def plan_trial(
     train_sizes: Sequence[int],
     planned_epochs: int,
     stacking_blocker: Callable[[bool, RandomDraws, StackedConvolutions], str | None],
-    xla_blocker: Callable[[], str | None] = lambda: None,
+    xla_blocker: Callable[[RandomDraws], str | None] = lambda random_draws: None,
     tf32: bool = False,
     gpu: GpuIdentity | None = None,
     deterministic_ops: bool = False,
@@ -249,12 +249,13 @@ def plan_trial(
             random draws and the stacked convolutions given as its arguments, or None; asked only
             when stacking is wanted (it runs the models).
         xla_blocker: why XLA cannot compile these models' step (an op it has no kernel for), or
-            None; asked only when XLA is wanted (it traces a model).
+            None, with the random draws given (foldsweep's replace ops XLA has no kernel for);
+            asked only when XLA is wanted (it traces a model).
         tf32: whether TensorFlow may compute in TF32 on ``device`` (a GPU's, as its process has it).
         gpu: the GPU of ``device`` identified (``pipeline.base.accelerator``), recorded.
         deterministic_ops: whether TensorFlow runs its ops deterministically here, recorded.
     """
-    random_draws = _random_draws(choices.random_draws, models[0])
+    random_draws = model_random_draws(choices.random_draws, models[0])
     jit_compile = _use_xla(
         choices.jit_compile,
         batch_size=batch_size,
@@ -262,7 +263,7 @@ def plan_trial(
         stochastic=random_draws == "keras",
         convolves_images=convolves_images(models[0]),
     )
-    without_xla = xla_blocker() if jit_compile else None
+    without_xla = xla_blocker(random_draws) if jit_compile else None
     if without_xla is not None:
         if choices.jit_compile == "on":
             raise ExperimentError(forced_xla_refusal("this trial's model", without_xla))
@@ -393,7 +394,7 @@ def _stop_test(choices: ExecutionChoices, *, device: str) -> StopTest:
     return "per_launch"
 
 
-def _random_draws(choice: ForcedDraws, model: Any) -> RandomDraws:
+def model_random_draws(choice: ForcedDraws, model: Any) -> RandomDraws:
     """foldsweep's own draws wherever it can draw for every random layer of the model (or where
     a recorded plan had them), unless Keras' generator is asked for (a plan recorded before)."""
     random_layers = [layer for layer in model._flatten_layers() if holds_seed_generator(layer)]

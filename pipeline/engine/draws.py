@@ -2,15 +2,19 @@
 cost of a few integer ops per number.
 
 Keras' Dropout, SpatialDropout1D/2D/3D, GaussianNoise, GaussianDropout, AlphaDropout and the
-image augmentation layers RandomFlip, RandomContrast, RandomBrightness and RandomCrop draw
-through ``keras.random`` from the ``SeedGenerator`` each layer holds: a (seed, counter) pair that
+image augmentation layers RandomFlip, RandomContrast, RandomBrightness, RandomCrop,
+RandomRotation, RandomTranslation and RandomZoom draw through ``keras.random`` from the
+``SeedGenerator`` each layer holds: a (seed, counter) pair that
 advances by one at every draw. TensorFlow turns that pair into numbers with Philox or ThreeFry,
 whose XLA form is slow on CPU: a dropout mask of 23K numbers cost ~250 us without XLA, ~0.85 ms
 with Philox and ~20 ms with TensorFlow's default algorithm under XLA, against ~15 us for the hash
 below under XLA (one thread, best of 5 loops of 200 masks, on a busy 2-core machine). While
 foldsweep traces its training step, ``counter_draws`` routes those draws to a hash of (seed,
 counter, element index): 32-bit integer ops that XLA fuses into the op that uses the numbers, so
-a mask costs little more than the multiply it feeds.
+a mask costs little more than the multiply it feeds. Where the step is compiled by XLA, the same
+block has Keras' affine image transform (RandomRotation's, RandomTranslation's, RandomZoom's)
+computed by ``pipeline.engine.image_transforms``, which XLA compiles and TensorFlow's op it
+replaces does not (without XLA that op is faster, and computes the same pixels).
 
 Everything else stays Keras': the layer's own ``call`` decides whether and what to draw (its rate,
 ``noise_shape``, scaling by 1 / (1 - rate), an augmentation's factor and its transform of the
@@ -38,7 +42,8 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from pipeline.base.private_hooks import KERAS_RANDOM_MODULE
+from pipeline.base.private_hooks import AFFINE_TRANSFORM, KERAS_IMAGE_MODULE, KERAS_RANDOM_MODULE
+from pipeline.engine import image_transforms
 
 # Chris Wellons' lowbias32 integer hash (a bijection of 32-bit words: two multiply-xorshift
 # rounds), applied twice, keyed by the seed, then by the counter.
@@ -191,7 +196,7 @@ class _Routing:
         return pairs
 
 
-_keras_draws: dict[str, Any] = {}
+_keras_draws: dict[str, Any] = {}  # Keras' own functions the block replaces, by name
 _routing: _Routing | None = None
 
 
@@ -214,19 +219,24 @@ def _drawn(name: str, keras_draw: Any) -> Any:
 
 
 @contextlib.contextmanager
-def counter_draws(stacked_states: Mapping[int, Any] | None = None) -> Iterator[None]:
+def counter_draws(stacked_states: Mapping[int, Any] | None = None, *, under_xla: bool = False) -> Iterator[None]:
     """Inside the block (a step being traced, or run eagerly), the drawn layers' numbers are
     foldsweep's (the module's docstring); ``stacked_states`` maps each SeedGenerator of the
-    template model (by id) to the stacked folds' [folds, 2] state variable."""
+    template model (by id) to the stacked folds' [folds, 2] state variable. ``under_xla``: the
+    block is traced for XLA, and images are transformed by ``image_transforms``."""
     global _routing
     module = importlib.import_module(KERAS_RANDOM_MODULE)
+    image = importlib.import_module(KERAS_IMAGE_MODULE)
     if not _keras_draws:
         _keras_draws.update({name: getattr(module, name) for name in REPLACEMENTS})
+        _keras_draws[AFFINE_TRANSFORM] = getattr(image, AFFINE_TRANSFORM)
     outer = _routing
     _routing = _Routing(stacked_states)
     if outer is None:
         for name in REPLACEMENTS:
             setattr(module, name, _drawn(name, _keras_draws[name]))
+        if under_xla:
+            setattr(image, AFFINE_TRANSFORM, image_transforms.affine_transform)
     try:
         yield
     finally:
@@ -234,3 +244,4 @@ def counter_draws(stacked_states: Mapping[int, Any] | None = None) -> Iterator[N
         if outer is None:
             for name in REPLACEMENTS:
                 setattr(module, name, _keras_draws[name])
+            setattr(image, AFFINE_TRANSFORM, _keras_draws[AFFINE_TRANSFORM])

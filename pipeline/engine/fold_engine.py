@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -282,7 +283,9 @@ def fold_steps(
     # variable, which a traced step captures as it captures the model's, where a small tensor
     # would be a constant of the graph, each fold's another (``shared_step``).
     weights = None if class_weights is None else tf.Variable(class_weights, trainable=False, dtype=tf.float32)
-    random_numbers = draws.counter_draws if counter_draws else contextlib.nullcontext
+    random_numbers = (
+        functools.partial(draws.counter_draws, under_xla=compiled) if counter_draws else contextlib.nullcontext
+    )
 
     def train_step(indices, enabled):
         x = tf.gather(features, indices)

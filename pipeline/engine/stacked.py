@@ -27,6 +27,7 @@ masked, not skipped).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -308,7 +309,11 @@ class StackedForm:
 
             return regularized
 
-        random_numbers = draws.counter_draws(self._random_states) if self._random_states else contextlib.nullcontext()
+        random_numbers = (
+            draws.counter_draws(self._random_states, under_xla=True)
+            if self._random_states
+            else contextlib.nullcontext()
+        )
         with random_numbers:
             outputs = run_graph(self._template, x)
         for variable in self._template.trainable_variables:
@@ -368,7 +373,7 @@ def forward_mismatch(
         samples, tf.ones([n_folds, len(batches[0])])
     )
     drawn = any(counter_drawn(layer) for layer in template._flatten_layers())
-    random_numbers = draws.counter_draws if drawn else contextlib.nullcontext
+    random_numbers = functools.partial(draws.counter_draws, under_xla=True) if drawn else contextlib.nullcontext
     own, own_penalties = [], []
     moved = [[np.asarray(variable) for variable in held[0]]]  # the template's, after the stacked pass
     try:

@@ -333,7 +333,7 @@ def build_trainer(
         train_sizes=[len(fold.train) for fold in folds],
         planned_epochs=planned_epochs or trial.epochs,
         stacking_blocker=stacking_blocker,
-        xla_blocker=lambda: xla_blocker(models[0], input_shape),
+        xla_blocker=lambda random_draws: xla_blocker(models[0], input_shape, counter_draws=random_draws == "counter"),
         tf32=tf32,
         gpu=_gpu_identity(data.device),
         deterministic_ops=deterministic_ops(),

@@ -2,7 +2,8 @@
 has an XLA kernel, and XLA lowers each layer that may run other ops than a network's math.
 
 Some of Keras' own layers run ops XLA has none for: RandomTranslation, RandomRotation, RandomZoom,
-RandomShear and RandomPerspective transform images with ImageProjectiveTransformV3; MixUp,
+RandomShear and RandomPerspective transform images with ImageProjectiveTransformV3 (the first three
+with ops XLA compiles where foldsweep draws their numbers); MixUp,
 CutMix and AugMix draw from a gamma distribution (StatelessRandomGammaV3); a researcher's layer
 may call anything. A step XLA is asked to compile with such an op fails when it is first called,
 on a GPU (where foldsweep compiles with XLA) as on a CPU with ``train.jit_compile: true``. Rather
@@ -14,11 +15,13 @@ length known when it compiles), each such layer is also lowered by XLA alone, no
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from pipeline.base.private_hooks import has_xla_kernel
+from pipeline.engine import draws
 
 # The ops of a traced function that are not computations: its inputs (arguments and captured
 # variables), which XLA takes as parameters.
@@ -31,13 +34,19 @@ _LOWERED_BATCH = 2
 _NO_KERNEL = "an op XLA has no kernel for"
 
 
-def xla_blocker(model: Any, input_shape: Sequence[int]) -> str | None:
+def xla_blocker(model: Any, input_shape: Sequence[int], *, counter_draws: bool = False) -> str | None:
     """Why XLA cannot compile ``model``'s training step on samples of ``input_shape``, naming the
-    layer and the op, or None. Only a preprocessing layer or a layer that is not Keras' own is
-    traced, alone on its inputs where the model's layer graph gives them (a Functional or
-    Sequential model, nested ones too); a subclassed model's whole forward pass is traced, as is
-    a model with a layer that cannot be called alone so; a model with neither kind of layer (a
-    keras.applications backbone) is not traced at all."""
+    layer and the op, or None; with ``counter_draws`` as the step draws foldsweep's numbers
+    (``pipeline.engine.draws``, whose affine image transform XLA compiles). Only a preprocessing
+    layer or a layer that is not Keras' own is traced, alone on its inputs where the model's layer
+    graph gives them (a Functional or Sequential model, nested ones too); a subclassed model's whole
+    forward pass is traced, as is a model with a layer that cannot be called alone so; a model with
+    neither kind of layer (a keras.applications backbone) is not traced at all."""
+    with draws.counter_draws(under_xla=True) if counter_draws else contextlib.nullcontext():
+        return _blocker(model, input_shape)
+
+
+def _blocker(model: Any, input_shape: Sequence[int]) -> str | None:
     import tensorflow as tf
 
     layers = list(model._flatten_layers(include_self=False, recursive=True))
