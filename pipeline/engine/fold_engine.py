@@ -190,10 +190,10 @@ def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -
     of one per fold (a MobileNet's: tens of seconds each). The fold's own step is traced all the
     same, to be compared: its graph must be the template's program (``graph_identity``), and what it
     captures the template's captures with this fold's variables and the data (``kept``) in their
-    place. A NumPy array or an integer seed that ``build`` draws under the
-    fold's seed and keeps outside its variables is a constant or an attribute of the graph, so a
-    fold holding one runs its own step. The template must have been traced already, where its
-    launch was (this runs in a thread of its own, outside the graph the tracing thread builds)."""
+    place. A NumPy array or an integer seed that ``build`` draws under the fold's seed and keeps
+    outside its variables is a constant or an attribute of the graph, so a fold holding one runs
+    its own step. The template must have been traced already, where its launch was (this runs in
+    a thread of its own, outside the graph the tracing thread builds)."""
     # A step that fails to trace here fails, or not, where the fold calls its own step, which
     # then says why.
     try:
