@@ -99,6 +99,7 @@ def plan(
     assert len(asked) == (1 if result.layout == "stacked" or "not stacked" in result.reason else 0)
     # The XLA blocker traces a model: asked only when XLA is wanted.
     assert len(traced) == (1 if result.jit_compile or "; without XLA: " in result.reason else 0)
+    assert all(random_draws == result.random_draws for random_draws in traced)  # it traces with the plan's draws
     return result
 
 

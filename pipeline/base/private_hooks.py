@@ -380,7 +380,7 @@ KERAS_RANDOM_DRAWS = {
 # parameters the replacement takes, and the layers that transform images through it.
 KERAS_IMAGE_MODULE = "keras.src.backend.tensorflow.image"
 AFFINE_TRANSFORM = "affine_transform"
-KERAS_AFFINE_TRANSFORM = ("images", "transform", "interpolation", "fill_mode", "fill_value", "data_format")
+AFFINE_TRANSFORM_PARAMETERS = ("images", "transform", "interpolation", "fill_mode", "fill_value", "data_format")
 AFFINE_LAYERS = ("RandomRotation", "RandomTranslation", "RandomZoom")
 # Keras' image augmentation layers among them.
 AUGMENTATION_LAYERS = ("RandomFlip", "RandomContrast", "RandomBrightness", "RandomCrop", *AFFINE_LAYERS)
@@ -464,12 +464,12 @@ def _check_affine_transform() -> str | None:
 
     module = importlib.import_module(KERAS_IMAGE_MODULE)
     original = getattr(module, AFFINE_TRANSFORM, None)
-    if original is None or tuple(_parameters(original)) != KERAS_AFFINE_TRANSFORM:
-        return f"{KERAS_IMAGE_MODULE}.affine_transform no longer takes ({', '.join(KERAS_AFFINE_TRANSFORM)})"
-    called: list[str] = []
+    if original is None or tuple(_parameters(original)) != AFFINE_TRANSFORM_PARAMETERS:
+        return f"{KERAS_IMAGE_MODULE}.{AFFINE_TRANSFORM} no longer takes ({', '.join(AFFINE_TRANSFORM_PARAMETERS)})"
+    called: list[bool] = []
 
     def recording(*args: object, **kwargs: object) -> object:
-        called.append("affine_transform")
+        called.append(True)
         return original(*args, **kwargs)
 
     try:
@@ -479,7 +479,7 @@ def _check_affine_transform() -> str | None:
             called.clear()
             getattr(keras.layers, layer_name)(*arguments)(np.ones((2,) + (3,) * (rank - 1), np.float32), training=True)
             if not called:
-                return f"keras.layers.{layer_name} no longer transforms images through {KERAS_IMAGE_MODULE}.affine_transform"
+                return f"keras.layers.{layer_name} no longer transforms images through {KERAS_IMAGE_MODULE}.{AFFINE_TRANSFORM}"
     finally:
         setattr(module, AFFINE_TRANSFORM, original)
     return None
@@ -741,7 +741,7 @@ HOOKS: tuple[Hook, ...] = (
     ),
     Hook(
         "keras",
-        f"{KERAS_IMAGE_MODULE}.affine_transform({', '.join(KERAS_AFFINE_TRANSFORM)}), looked up at each call by "
+        f"{KERAS_IMAGE_MODULE}.{AFFINE_TRANSFORM}({', '.join(AFFINE_TRANSFORM_PARAMETERS)}), looked up at each call by "
         f"keras.layers.{', '.join(AFFINE_LAYERS)}",
         "foldsweep transforms those layers' images with ops XLA compiles while it draws their numbers "
         "(pipeline.engine.image_transforms), so that their model's step can be compiled and stacked",
