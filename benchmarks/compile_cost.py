@@ -1,0 +1,120 @@
+"""What a trial's compile costs against what its steps save, by the model's size: the calibration of
+the plan's compile estimate (``pipeline.contract.plan``).
+
+A residual 1D CNN of B blocks (Conv1D, BatchNormalization, ReLU, Add; MNIST-1D, 3-fold
+stratified, batch 8) runs as `foldsweep trial` for 2 epochs in each variant: XLA off,
+XLA on (one step per launch), XLA with 8 steps per launch, and stacked; each in its own process
+with the persistent compile cache off. A row per model and variant: the model's computing
+layers (the plan's size measure), the trial's compile seconds, its training seconds per epoch
+(the second epoch's, compiled) and the plan's own estimate.
+
+    .venv/bin/python -m benchmarks.compile_cost [--blocks 1,4,16] \\
+        [--variants noxla,xla,xla-x8,stacked] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+# A variant's train settings and CPUs: side by side on 2 CPUs, stacked on one (the plan stacks
+# folds at batch 8 where they would take turns on one compute thread).
+VARIANTS = {
+    "noxla": ({"jit_compile": False}, 2),
+    "xla": ({"jit_compile": True, "steps_per_launch": 1}, 2),
+    "xla-x8": ({"jit_compile": True, "steps_per_launch": 8}, 2),
+    "stacked": ({"jit_compile": True, "steps_per_launch": 1}, 1),
+}
+EPOCHS = 2
+MODEL = """
+import keras
+from keras import layers
+
+
+def build(hp):
+    blocks = hp.Int("blocks", 1, 256, default=4)
+    inputs = keras.Input(shape=(40, 1))
+    x = layers.Conv1D(32, 5, padding="same", activation="relu")(inputs)
+    for _ in range(blocks):
+        y = layers.Conv1D(32, 3, padding="same")(x)
+        y = layers.BatchNormalization()(y)
+        y = layers.ReLU()(y)
+        x = layers.Add()([x, y])
+    x = layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
+"""
+
+
+def run(directory: Path, blocks: int, variant: str) -> dict:
+    spec = directory / f"b{blocks}-{variant}.yaml"
+    train, cpus = VARIANTS[variant]
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "compile-cost",
+                "experiment": str(directory / "residual1d.py") + ":build",
+                "dataset": "mnist1d",
+                "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
+                "search": {"space": {"batch_size": 8, "learning_rate": 1e-3, "blocks": blocks}},
+                "train": {"epochs": EPOCHS, "seed": 0, "refit": False, **train},
+                "resources": {"cpu": cpus},
+                "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
+            }
+        )
+    )
+    environment = {**os.environ, "FOLDSWEEP_COMPILE_CACHE": "off", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    printed = subprocess.run(
+        [str(Path(sys.executable).parent / "foldsweep"), "trial", str(spec)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=environment,
+        cwd=directory,
+    ).stdout
+    compile_s = float(re.search(r"compile_s ([\d.]+)", printed).group(1))
+    train_s = float(re.search(r"train_s ([\d.]+)", printed).group(1))
+    estimate = re.search(r"compile ~([\d.]+) s", printed)
+    return {
+        "blocks": blocks,
+        "layers": 3 + 4 * blocks,
+        "variant": variant,
+        "compile_s": compile_s,
+        "epoch_s": round(train_s / EPOCHS, 2),
+        "estimate_s": float(estimate.group(1)) if estimate else None,
+        "plan": printed.splitlines()[1],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", default="1,4,16")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(scratch)
+        (directory / "residual1d.py").write_text(MODEL)
+        for blocks in (int(b) for b in args.blocks.split(",")):
+            for variant in args.variants.split(","):
+                rows.append(run(directory, blocks, variant))
+                print(json.dumps(rows[-1]), flush=True)
+    print(f"{'layers':>6} {'variant':8} {'compile s':>9} {'estimate s':>10} {'epoch s':>8}")
+    for r in rows:
+        print(f"{r['layers']:>6} {r['variant']:8} {r['compile_s']:>9} {r['estimate_s']!s:>10} {r['epoch_s']:>8}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
