@@ -743,8 +743,11 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
 
     def on_plan(plan: Any, differences: list[str]) -> None:
         draws = f"; random draws: {plan.random_draws}" if plan.random_draws != "none" else ""
+        estimate = (
+            f"; compile ~{plan.compile_estimate_s:.0f} s estimated" if plan.compile_estimate_s is not None else ""
+        )
         console.print(
-            f"{plan.reason}; steps per launch: {plan.steps_per_launch}; threads: {plan.threads.describe()}{draws}",
+            f"{plan.reason}; steps per launch: {plan.steps_per_launch}; threads: {plan.threads.describe()}{draws}{estimate}",
             highlight=False,
             soft_wrap=True,
         )

@@ -208,9 +208,20 @@ def test_switched_off_by_the_environment(monkeypatch):
     assert not compile_cache.disabled_by_environment()
 
 
-TRIAL = (
-    "trial",
-    "sweeps/quickstart.yaml",
+def xla_quickstart(directory: Path) -> str:
+    """The quickstart's spec with XLA forced: a trial this short would otherwise run without it
+    (its compile weighed against its few steps), and the cache holds XLA's programs."""
+    import yaml
+
+    spec = yaml.safe_load((REPO / "sweeps" / "quickstart.yaml").read_text())
+    spec["experiment"] = f"{REPO / 'experiments' / 'mnist1d_cnn.py'}:build"
+    spec["train"]["jit_compile"] = True
+    path = directory / "quickstart.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+TRIAL_OPTIONS = (
     "--epochs",
     "2",
     "--fold",
@@ -234,7 +245,8 @@ def _losses(output: str) -> list[str]:
 def test_a_second_identical_trial_loads_its_programs_and_trains_bit_identically(tmp_path, monkeypatch):
     """Three `foldsweep trial` processes (30 s): the cache is per process, so a process is what it tests."""
     monkeypatch.setenv(compile_cache.DIRECTORY_VARIABLE, str(tmp_path / "xla"))
-    first = foldsweep(*TRIAL, cwd=REPO)
+    trial = ("trial", xla_quickstart(tmp_path), *TRIAL_OPTIONS)
+    first = foldsweep(*trial, cwd=REPO)
     assert first.exit_code == 0, first.output
     stores = list((tmp_path / "xla").glob("tf*"))
     assert len(stores) == 1
@@ -245,7 +257,7 @@ def test_a_second_identical_trial_loads_its_programs_and_trains_bit_identically(
     damaged = sorted(entries)[0]
     (store / damaged).write_bytes((store / damaged).read_bytes()[:-100])
 
-    second = foldsweep(*TRIAL, cwd=REPO)
+    second = foldsweep(*trial, cwd=REPO)
 
     assert second.exit_code == 0, second.output
     assert _losses(second.output) == _losses(first.output) and _losses(first.output)
@@ -256,7 +268,7 @@ def test_a_second_identical_trial_loads_its_programs_and_trains_bit_identically(
     assert not list((store / ".processes").iterdir())
 
     monkeypatch.setenv(compile_cache.DISABLE_VARIABLE, "off")
-    without = foldsweep(*TRIAL, cwd=REPO)
+    without = foldsweep(*trial, cwd=REPO)
     assert without.exit_code == 0, without.output
     assert _losses(without.output) == _losses(first.output)
 

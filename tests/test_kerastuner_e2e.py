@@ -18,13 +18,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("empty_store")]
 STYLES = REPO / "tests" / "experiments" / "kerastuner_styles.py"
 
 
-def sweep(tmp_path, name: str, attr: str, space: dict, num_samples: int = 1):
+def sweep(tmp_path, name: str, attr: str, space: dict, num_samples: int = 1, jit_compile: bool | str = "auto"):
     import yaml
 
     spec = merged(
         TINY_SPEC,
         {
             "name": name,
+            "train": {"jit_compile": jit_compile},
             "experiment": f"{STYLES}:{attr}",
             "search": {"num_samples": num_samples, "space": Replace(space)},
             "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
@@ -81,7 +82,7 @@ def test_a_spec_learning_rate_replaces_the_hypermodels_and_validate_says_so(ray_
 
 
 def test_a_subclassed_model(ray_cluster, tmp_path):
-    _, trials, _ = sweep(tmp_path, "subclassed", "subclassed", {"units": 32, "batch_size": 8})
+    _, trials, _ = sweep(tmp_path, "subclassed", "subclassed", {"units": 32, "batch_size": 8}, jit_compile=True)
     assert trials[0].tags[Tag.of("compile_source")] == "default"
     # Its folds train side by side: a subclassed model has no layer graph to stack.
     assert "side by side (not stacked: the model has no layer graph" in trials[0].tags[Tag.of("fused_reason")]

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
+from pipeline.contract.compile_cost import COMPILE_S, CompileCosts, computing_layers
 from pipeline.contract.plan import (
     GPU_UNROLL_MAX_BATCH,
     GPU_UNROLL_MIN_PLANNED_STEPS,
     STACK_MAX_BATCH,
     UNROLL_MAX_BATCH,
-    UNROLL_MIN_PLANNED_STEPS,
     UNROLLED_STEPS,
     XLA_MAX_BATCH_ON_CPU,
     ExecutionChoices,
@@ -27,10 +27,11 @@ from pipeline.contract.plan import (
 
 
 class Layer:
-    pass
+    def _flatten_layers(self, include_self=True, recursive=True):
+        return [self] if include_self else []
 
 
-class RandomLayer:
+class RandomLayer(Layer):
     """What Keras' random layers hold: a SeedGenerator, Dropout's as ``seed_generator``, RandomFlip's as
     ``generator``."""
 
@@ -47,8 +48,18 @@ class Model:
         self.layers = layers or (Layer(),)
         self.variables = variables if variables is not None else [object()]
 
-    def _flatten_layers(self):
-        return iter(self.layers)
+    def _flatten_layers(self, include_self=True, recursive=True):
+        return [self, *self.layers] if include_self else list(self.layers)
+
+
+@pytest.fixture(autouse=True)
+def xla_compiles_as_cheaply_as_the_graph(request, monkeypatch):
+    """The rules other than the compile weighing are tested with XLA's compile costing what the
+    graph's does, so that XLA pays from the first step; the weighing's tests (``test_compile_*``)
+    keep the calibrated costs."""
+    if not request.function.__name__.startswith("test_compile_"):
+        monkeypatch.setitem(COMPILE_S, "xla", COMPILE_S["graph"])
+        monkeypatch.setitem(COMPILE_S, "stacked", COMPILE_S["graph"])
 
 
 CPU, GPU = "/CPU:0", "/GPU:0"
@@ -274,7 +285,7 @@ def test_models_that_convolve_images_keep_off_xla_on_cpu_and_call_their_step_onc
         assert plan(models=models(layer), device=GPU).jit_compile
         assert plan(ExecutionChoices(jit_compile="on"), models=models(layer)).jit_compile
     nested = Model(keras.Sequential([keras.Input((8, 8, 3)), keras.layers.SeparableConv2D(4, 3)]))
-    nested._flatten_layers = lambda: nested.layers[0]._flatten_layers()
+    nested._flatten_layers = lambda **kwargs: nested.layers[0]._flatten_layers(**kwargs)
     assert not plan(models=[nested] * 3).jit_compile
     assert plan(models=models(keras.layers.Conv1D(4, 3))).jit_compile
     # Augmentation draws foldsweep's numbers (and compiles) where nothing convolves images.
@@ -294,17 +305,92 @@ def test_models_that_convolve_images_keep_off_xla_on_cpu_and_call_their_step_onc
     assert plan_differences(old, plan(replay_choices(old), models=image)) == []
 
 
-def test_steps_per_launch_unrolls_only_where_it_pays():
+def fewest_planned_steps(form, over, *, layers, parallel, n_folds=3):
+    """The fewest planned steps per fold from which ``form`` pays over ``over``."""
+    costs = CompileCosts(layers)
+    low, high = 1, 10**8
+    while low < high:
+        middle = (low + high) // 2
+        if costs.pays(form, over, fold_steps=n_folds * middle, parallel=parallel):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def test_steps_per_launch_unrolls_only_where_the_planned_steps_win_its_compile_back():
+    # The fake model has one computing layer; stacked folds (one compute thread) run on one core.
+    enough = fewest_planned_steps("unrolled", "xla", layers=1, parallel=1)
     # planned steps per fold = epochs * smallest fold // batch size
-    enough = UNROLL_MIN_PLANNED_STEPS * 8 // 300 + 1
-    assert plan(epochs=enough).steps_per_launch == UNROLLED_STEPS
-    assert plan(epochs=enough - 2).steps_per_launch == 1
-    many = [UNROLL_MIN_PLANNED_STEPS * UNROLL_MAX_BATCH] * 3
+    assert plan(sizes=[enough * 8] * 3, epochs=1).steps_per_launch == UNROLLED_STEPS
+    assert plan(sizes=[(enough - 1) * 8] * 3, epochs=1).steps_per_launch == 1
+    many = [enough * UNROLL_MAX_BATCH] * 3
     assert plan(batch_size=UNROLL_MAX_BATCH, sizes=many, epochs=1).steps_per_launch == UNROLLED_STEPS
     assert plan(batch_size=UNROLL_MAX_BATCH + 1, sizes=many, epochs=1).steps_per_launch == 1
     assert plan(ExecutionChoices(steps_per_launch=3), batch_size=128).steps_per_launch == 3
     assert plan(ExecutionChoices(steps_per_launch=3, jit_compile="off")).steps_per_launch == 1  # nothing to unroll
     assert plan(ExecutionChoices(steps_per_launch=3, eager=True)).steps_per_launch == 1
+
+
+def test_compile_costs_grow_with_the_model_and_its_form():
+    small, deep = CompileCosts(5), CompileCosts(150)
+    for costs in (small, deep):
+        assert costs.compile_s("stacked") < costs.compile_s("xla") < costs.compile_s("unrolled")
+        assert costs.saved_s("graph", fold_steps=100) == 0 < costs.saved_s("xla", fold_steps=100)
+        assert costs.saved_s("xla", fold_steps=100) < costs.saved_s("unrolled", fold_steps=100)
+    assert deep.compile_s("xla") > small.compile_s("xla") and deep.compile_s("graph") > small.compile_s("graph")
+    # Per layer, XLA saves as much as it costs to compile: what decides is its fixed compile cost,
+    # so a small model needs more steps to win it back; two cores shorten what they save by half.
+    assert fewest_planned_steps("xla", "graph", layers=150, parallel=2) < fewest_planned_steps(
+        "xla", "graph", layers=5, parallel=2
+    )
+    on_two = fewest_planned_steps("xla", "graph", layers=19, parallel=2)
+    assert abs(on_two - 2 * fewest_planned_steps("xla", "graph", layers=19, parallel=1)) <= 1
+
+
+def test_compile_weighing_keeps_a_short_trial_off_xla_and_records_the_estimate():
+    layers = 20
+    deep = [Model(*[Layer() for _ in range(layers)]) for _ in SIZES]
+    assert computing_layers(deep[0]) == layers
+    enough = fewest_planned_steps("xla", "graph", layers=layers, parallel=2)
+    short = plan(models=deep, threads=TWO_THREADS, batch_size=32, sizes=[(enough - 1) * 32] * 3, epochs=1)
+    long = plan(models=deep, threads=TWO_THREADS, batch_size=32, sizes=[enough * 32] * 3, epochs=1)
+    assert not short.jit_compile and long.jit_compile and long.steps_per_launch == 1
+    costs = CompileCosts(layers)
+    assert short.reason.endswith(
+        f"; without XLA: its compile (~{costs.compile_s('xla'):.0f} s estimated for {layers} layers, "
+        f"~{costs.compile_s('graph'):.0f} s without) would cost more than XLA saves in {enough - 1} steps per fold"
+    )
+    assert short.compile_estimate_s == round(costs.compile_s("graph"), 1)
+    assert long.compile_estimate_s == round(costs.compile_s("xla"), 1)
+    # Stacked folds compile one program for all: cheaper than the graph's for this model.
+    stacked = plan(models=deep, sizes=[64] * 3, epochs=1)
+    assert stacked.layout == "stacked" and stacked.compile_estimate_s == round(costs.compile_s("stacked"), 1)
+    # Where the stacked form is refused, XLA is weighed again as the side-by-side step it becomes.
+    refused = plan(models=deep, sizes=[64] * 3, epochs=1, blocker="BatchNormalization layers have no stacked form")
+    assert refused.layout == "side_by_side" and not refused.jit_compile
+    assert "; without XLA: its compile" in refused.reason
+    # Forced XLA, and the GPU, are not weighed.
+    assert plan(ExecutionChoices(jit_compile="on"), models=deep, threads=TWO_THREADS, batch_size=32).jit_compile
+    assert plan(models=deep, device=GPU, threads=TWO_THREADS, batch_size=32).jit_compile
+    # The estimate is recorded, and a plan recorded before it reads None and replays the same.
+    assert TrialPlan.from_dict(json.loads(json.dumps(short.as_dict()))) == short
+    recorded = long.as_dict()
+    del recorded["compile_estimate_s"]
+    old = TrialPlan.from_dict(recorded)
+    assert old.compile_estimate_s is None
+    replayed = plan(replay_choices(old), models=deep, threads=TWO_THREADS, batch_size=32, epochs=1)
+    assert replayed.jit_compile and plan_differences(old, replayed) == []
+
+
+def test_compile_estimate_counts_a_keras_models_computing_layers_nested_models_walked_into():
+    import keras
+
+    backbone = keras.Sequential([keras.layers.Conv1D(4, 3), keras.layers.ReLU()], name="backbone")
+    inputs = keras.Input((16, 1))
+    outputs = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(backbone(inputs)))
+    assert computing_layers(keras.Model(inputs, outputs)) == 4  # Conv1D, ReLU, pooling, Dense
+    assert computing_layers(keras.Sequential([keras.layers.Dense(3)])) == 1
 
 
 def test_threads_give_each_fused_fold_loop_an_executor_thread_within_the_trials_cpus():
@@ -366,6 +452,7 @@ def test_the_gpu_rules_stack_at_every_batch_size_with_grouped_convolutions_and_u
     enough = GPU_UNROLL_MIN_PLANNED_STEPS * 8 // 300 + 1
     assert plan(device=GPU, epochs=enough).steps_per_launch == UNROLLED_STEPS
     assert plan(device=GPU, epochs=enough - 2).steps_per_launch == 1 and plan(epochs=enough).steps_per_launch == 1
+    assert enough * 300 // 8 < fewest_planned_steps("unrolled", "xla", layers=1, parallel=1)  # the CPU's
     many = [GPU_UNROLL_MIN_PLANNED_STEPS * GPU_UNROLL_MAX_BATCH] * 3
     assert plan(device=GPU, batch_size=GPU_UNROLL_MAX_BATCH, sizes=many, epochs=1).steps_per_launch == UNROLLED_STEPS
     assert plan(device=GPU, batch_size=GPU_UNROLL_MAX_BATCH * 2, sizes=many, epochs=1).steps_per_launch == 1

@@ -58,7 +58,7 @@ def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_ap
     # many steps per launch as the trial did.
     steps = original.tags[Tag.of("steps_per_launch")]
     assert re.search(
-        rf"fused: 2 folds in one execution[^;\n]*(stacked|side by side)[^;\n]*; steps per launch: {steps}\b",
+        rf"fused: 2 folds in one execution[^;\n]*(stacked|side by side)[^\n]*; steps per launch: {steps}\b",
         result.output,
     ), result.output
     reruns = tracker.reruns(original.run_id)

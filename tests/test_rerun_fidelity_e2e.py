@@ -70,7 +70,9 @@ def sweeps(ray_cluster, tmp_path_factory):
                 "name": name,
                 "cv": {"n_splits": 3},
                 "search": {"num_samples": 1, "space": Replace(space)},
-                "train": {"epochs": EPOCHS},
+                # XLA forced: each layout's XLA program is what the rerun must reproduce (a trial
+                # this short would otherwise run without it, the compile weighed).
+                "train": {"epochs": EPOCHS, "jit_compile": True},
                 "resources": {"cpu": cpus, "max_concurrent": 1},
                 "tracking": {"uri": store},
                 **({"experiment": experiment} if experiment else {}),

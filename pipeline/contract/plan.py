@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pipeline.base.accelerator import GpuIdentity
 from pipeline.base.errors import ExperimentError
 from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
+from pipeline.contract.compile_cost import CompileCosts, StepForm, computing_layers
 from pipeline.inputs.spec import AutoSwitch
 
 # The folds' layouts: one after another, or fused (all in one execution): side by side, each in
@@ -75,21 +76,18 @@ XLA_MAX_BATCH_ON_CPU = 256
 # batches: 3 folds, 2-core CPU, fused, batch 8: 36k -> 83k samples/s (protein windows), 34k ->
 # 52k (MNIST-1D); batch 64: 134k -> 148k; but at batch 256 it was up to 21% slower unfused
 # (`python -m benchmarks.cv_throughput --variants engine,fused,engine-x8,fused-x8`). Each
-# unrolled step is compiled too, though a launch traces its step once: `foldsweep trial` of
-# protein_cnn at batch 8 (3 folds of ~50k windows, 5 epochs, 2 CPUs: 31k steps per fold) compiled
-# 8.5 s unrolled against 4.3 s, and trained 29.1 s against 42.4 s, so ~0.4 ms saved per fold step
-# pays the 4 s back from ~10k steps per fold. Auto mode unrolls only up to batch 64 and where a
-# fold has that many steps planned.
+# unrolled step is compiled too, so on CPU auto mode unrolls up to batch 64 and where the trial's
+# planned steps win its compile back (``pipeline.contract.compile_cost``).
 UNROLLED_STEPS = 8
 UNROLL_MAX_BATCH = 64
-UNROLL_MIN_PLANNED_STEPS = 10_000
 # On a GPU, a launch costs the host its dispatch (the executor's loop iteration and XLA's launch:
 # tens of microseconds) whatever the batch, and with the per-epoch stop test the host enqueues
 # launches ahead of the device, so that this cost hides behind the device's work while a step
 # takes longer than it, and shows while a step is shorter: at small batches (a small CNN's step
 # at batch 8-128 is a few tens of microseconds of GPU time). So the GPU unrolls up to batch 128
-# and from half the CPU's planned steps (its compile of an unrolled program costs about
-# what the CPU's does; its steps are cheaper to win it back). Chosen from that reasoning, not
+# and from 5,000 planned steps per fold, about half what a small CNN's unrolled compile takes to
+# win back on CPU (its compile costs about what the CPU's does; its steps are cheaper to win it
+# back), and XLA compiles its every step, whatever the compile estimate. Chosen from that reasoning, not
 # measured here (no GPU): `python -m benchmarks.gpu_check` measures 1, 8 and 32 steps per launch
 # per batch size, to set these on the first GPU machine.
 GPU_UNROLL_MAX_BATCH = 128
@@ -186,6 +184,9 @@ class TrialPlan:
     # could not be identified), and whether TensorFlow's ops ran deterministically.
     gpu: GpuIdentity | None = None
     deterministic_ops: bool = False
+    # The training and validation steps' compile seconds, estimated from the model's size
+    # (``pipeline.contract.compile_cost``) before anything was traced; None in plans recorded before.
+    compile_estimate_s: float | None = None
 
     @property
     def fused(self) -> bool:
@@ -256,6 +257,7 @@ def plan_trial(
         deterministic_ops: whether TensorFlow runs its ops deterministically here, recorded.
     """
     random_draws = model_random_draws(choices.random_draws, models[0])
+    on_gpu = _device_kind(device) == "GPU"
     jit_compile = _use_xla(
         choices.jit_compile,
         batch_size=batch_size,
@@ -269,16 +271,41 @@ def plan_trial(
             raise ExperimentError(forced_xla_refusal("this trial's model", without_xla))
         jit_compile = False
     planned_steps = planned_epochs * min(train_sizes) // batch_size
-    steps = _steps_per_launch(
-        choices.steps_per_launch,
-        jit_compile=jit_compile and not choices.eager,
-        batch_size=batch_size,
-        planned_steps=planned_steps,
-        device=device,
+    costs = CompileCosts(computing_layers(models[0]))
+    # XLA is weighed where nothing asks for it: not forced, nor a stacked layout or unrolled
+    # launches forced (only XLA executes them), nor on a GPU (whose compiles are not calibrated).
+    weighed = (
+        jit_compile
+        and choices.jit_compile == "auto"
+        and choices.layout == "auto"
+        and choices.steps_per_launch in ("auto", 1)
+        and not on_gpu
+        and not choices.eager
     )
-    on_gpu = _device_kind(device) == "GPU"
-    convolutions: StackedConvolutions = STACKED_CONVOLUTIONS_ON_GPU if on_gpu else "patches"
+
+    def too_short_for(form: StepForm, parallel: int) -> str | None:
+        """Why XLA's compile in ``form`` would cost more than it saves in this trial, or None."""
+        if costs.pays(form, over="graph", fold_steps=planned_steps * len(models), parallel=parallel):
+            return None
+        return (
+            f"its compile (~{costs.compile_s(form):.0f} s estimated for {costs.layers} layers, "
+            f"~{costs.compile_s('graph'):.0f} s without) would cost more than XLA saves in "
+            f"{planned_steps} steps per fold"
+        )
+
     unfused = _unfused_reason(choices, n_folds=len(models), shared_variables=shared_variable_count(models))
+    side_by_side = 1 if unfused is not None else min(threads.compute_threads, len(models))
+    stack = unfused is None and _wants_stacking(
+        choices.layout,
+        compute_threads=threads.compute_threads,
+        device=device,
+        batch_size=batch_size,
+        n_folds=len(models),
+    )
+    if weighed:
+        without_xla = too_short_for("stacked" if stack else "xla", 1 if stack else side_by_side)
+        jit_compile = without_xla is None
+    convolutions: StackedConvolutions = STACKED_CONVOLUTIONS_ON_GPU if on_gpu else "patches"
     layout: Layout
     if unfused is not None:
         layout, reason = "sequential", unfused
@@ -286,20 +313,32 @@ def plan_trial(
         fused = f"fused: {len(models)} folds in one execution" + (
             " (train.fused is true)" if choices.fused == "on" else ""
         )
-        stack = _wants_stacking(
-            choices.layout,
-            compute_threads=threads.compute_threads,
-            device=device,
-            batch_size=batch_size,
-            n_folds=len(models),
-        )
         blocker = stacking_blocker(jit_compile, random_draws, convolutions) if stack else None
         if stack and blocker is None:
             layout, reason = "stacked", f"{fused}, stacked into one XLA program per step"
         else:
             layout = "side_by_side"
+            if weighed and jit_compile and stack:  # weighed stacked, which the blocker refused
+                without_xla = too_short_for("xla", side_by_side)
+                jit_compile = without_xla is None
             why = _side_by_side_why(threads.compute_threads, batch_size, blocker, n_folds=len(models))
             reason = f"{fused}, side by side ({why})"
+    steps = _steps_per_launch(
+        choices.steps_per_launch,
+        jit_compile=jit_compile and not choices.eager,
+        batch_size=batch_size,
+        device=device,
+        unrolling_pays=(
+            planned_steps >= GPU_UNROLL_MIN_PLANNED_STEPS
+            if on_gpu
+            else costs.pays(
+                "unrolled",
+                over="xla",
+                fold_steps=planned_steps * len(models),
+                parallel=1 if layout == "stacked" else side_by_side,
+            )
+        ),
+    )
     if without_xla is not None:
         reason = f"{reason}; without XLA: {without_xla}"
     return TrialPlan(
@@ -316,7 +355,16 @@ def plan_trial(
         tf32=tf32 and on_gpu,
         gpu=gpu if on_gpu else None,
         deterministic_ops=deterministic_ops,
+        compile_estimate_s=round(costs.compile_s(_step_form(jit_compile and not choices.eager, steps, layout)), 1),
     )
+
+
+def _step_form(jit_compile: bool, steps_per_launch: int, layout: Layout) -> StepForm:
+    if not jit_compile:
+        return "graph"
+    if layout == "stacked":
+        return "stacked"
+    return "unrolled" if steps_per_launch > 1 else "xla"
 
 
 def forced_xla_refusal(model: str, blocker: str) -> str:
@@ -425,18 +473,16 @@ def convolves_images(model: Any) -> bool:
 
 
 def _steps_per_launch(
-    choice: int | Literal["auto"], *, jit_compile: bool, batch_size: int, planned_steps: int, device: str = "/CPU:0"
+    choice: int | Literal["auto"], *, jit_compile: bool, batch_size: int, device: str, unrolling_pays: bool
 ) -> int:
-    """The spec's number, else unrolled where it pays (the device's thresholds); one without
-    XLA (nothing to unroll)."""
+    """The spec's number, else unrolled up to the device's batch size where the planned steps win
+    the unrolled compile back; one without XLA (nothing to unroll)."""
     if not jit_compile:
         return 1
     if choice != "auto":
         return int(choice)
-    gpu = _device_kind(device) == "GPU"
-    max_batch = GPU_UNROLL_MAX_BATCH if gpu else UNROLL_MAX_BATCH
-    min_steps = GPU_UNROLL_MIN_PLANNED_STEPS if gpu else UNROLL_MIN_PLANNED_STEPS
-    if batch_size > max_batch or planned_steps < min_steps:
+    max_batch = GPU_UNROLL_MAX_BATCH if _device_kind(device) == "GPU" else UNROLL_MAX_BATCH
+    if batch_size > max_batch or not unrolling_pays:
         return 1
     return UNROLLED_STEPS
 

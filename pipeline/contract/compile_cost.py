@@ -1,0 +1,81 @@
+"""What compiling a trial's training step costs and what each compiled form saves per step,
+estimated before anything is traced, so that the plan (``pipeline.contract.plan``) can weigh one
+against the other: a trial whose steps cannot win back XLA's compile, or an unrolled launch's,
+gets the cheaper form, and the plan records what it estimated.
+
+The size measure is the model's computing layers (leaf layers, nested models walked into): each
+brings its forward, gradient and update ops, and tracing, TensorFlow's graph optimization and
+XLA's compile all grow with the step's ops. What XLA saves is per layer too (the executor's cost
+per op it fuses away); what unrolling saves is per launch and per layer (the launch's dispatch,
+and fusion across the unrolled steps).
+
+Every constant below is one linear fit (seconds = base + per layer x layers) over a residual 1D
+CNN of 7, 19 and 67 layers (Conv1D, BatchNormalization, ReLU, Add; MNIST-1D, batch 8, 3 folds
+side by side on 2 CPUs, the persistent compile cache off), re-measured with `python -m
+benchmarks.compile_cost`: its compile seconds per form and its epoch seconds, from which the
+savings per fold step (CPU time: the 3 folds shared 2 cores). Calibrated on CPU; a GPU's compiles
+are estimated with the CPU's numbers, and its plan does not weigh them (``pipeline.contract.plan``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# The step's compiled forms: TensorFlow's graph (no XLA), one XLA program per step, one XLA
+# program of several unrolled steps per launch, the folds stacked into one XLA program.
+StepForm = Literal["graph", "xla", "unrolled", "stacked"]
+
+# Compile seconds of a trial's training and validation steps: (base, per computing layer).
+# Measured (compile_s, cache off) at 7 / 19 / 67 layers: graph 4.2 / 10.9 / 33.7, XLA 12.4 / 23.1 /
+# 53.3, 8 unrolled steps 32.0 / 55.4 / 127.7, stacked (one CPU) 5.0 / 9.2 / 27.7.
+COMPILE_S: dict[StepForm, tuple[float, float]] = {
+    "graph": (1.2, 0.49),
+    "xla": (8.9, 0.67),
+    "unrolled": (23.0, 1.57),
+    "stacked": (2.3, 0.38),
+}
+# CPU seconds per fold step per computing layer that XLA saves against the graph (the executor's
+# per-op cost): 0.68 / 2.63 / 8.65 s per epoch of 333 steps at 7 / 19 / 67 layers, 3 folds on 2
+# cores.
+XLA_SAVES_PER_LAYER_S = 0.26e-3
+# CPU seconds per fold step that 8 unrolled steps per launch save against one: (base, per layer);
+# 0.31 / 0.57 / 2.06 s per epoch at 7 / 19 / 67 layers.
+UNROLLED_SAVES_S = (0.12e-3, 0.059e-3)
+
+
+def computing_layers(model: Any) -> int:
+    """The model's leaf layers other than its inputs (nested models walked into)."""
+    return sum(
+        1
+        for layer in model._flatten_layers(include_self=False)
+        if type(layer).__name__ != "InputLayer" and not layer._flatten_layers(include_self=False, recursive=False)
+    )
+
+
+@dataclass(frozen=True)
+class CompileCosts:
+    """A model's estimated compile seconds per step form, and what XLA and unrolling save."""
+
+    layers: int
+
+    def compile_s(self, form: StepForm) -> float:
+        base, per_layer = COMPILE_S[form]
+        return base + per_layer * self.layers
+
+    def saved_s(self, form: StepForm, *, fold_steps: int) -> float:
+        """CPU seconds ``form`` saves against the graph over ``fold_steps`` steps (all folds')."""
+        if form == "graph":
+            return 0.0
+        saved = XLA_SAVES_PER_LAYER_S * self.layers
+        if form == "unrolled":
+            base, per_layer = UNROLLED_SAVES_S
+            saved += base + per_layer * self.layers
+        return saved * fold_steps
+
+    def pays(self, form: StepForm, over: StepForm, *, fold_steps: int, parallel: int) -> bool:
+        """Whether ``form`` compiles and runs ``fold_steps`` steps (on ``parallel`` cores) in less
+        wall time than ``over`` is estimated to."""
+        extra = self.compile_s(form) - self.compile_s(over)
+        saved = self.saved_s(form, fold_steps=fold_steps) - self.saved_s(over, fold_steps=fold_steps)
+        return saved / max(1, parallel) >= extra
