@@ -2,7 +2,7 @@
 reason, whose random numbers the model's random layers draw, TensorFlow's thread pools, the
 device, and on a GPU its own rules (when the host tests for a failed fold, how stacked folds
 convolve, TF32, the GPU and determinism setting recorded). Every threshold of those decisions is
-here.
+here, but for the compile estimates XLA and unrolling are weighed by (``pipeline.contract.compile_cost``).
 
 Two moments: ``plan_threads`` before TensorFlow starts (thread pools cannot change afterwards),
 ``plan_trial`` once the fold models exist (XLA, unrolling and layout depend on the model). The
