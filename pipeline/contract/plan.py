@@ -294,7 +294,8 @@ def plan_trial(
         )
 
     unfused = _unfused_reason(choices, n_folds=len(models), shared_variables=shared_variable_count(models))
-    side_by_side = 1 if unfused is not None else min(threads.compute_threads, len(models))
+    # The cores unstacked folds share: one after another, one; side by side, a loop per thread.
+    loop_cores = 1 if unfused is not None else min(threads.compute_threads, len(models))
     stack = unfused is None and _wants_stacking(
         choices.layout,
         compute_threads=threads.compute_threads,
@@ -303,7 +304,7 @@ def plan_trial(
         n_folds=len(models),
     )
     if weighed:
-        without_xla = too_short_for("stacked" if stack else "xla", 1 if stack else side_by_side)
+        without_xla = too_short_for("stacked" if stack else "xla", 1 if stack else loop_cores)
         jit_compile = without_xla is None
     convolutions: StackedConvolutions = STACKED_CONVOLUTIONS_ON_GPU if on_gpu else "patches"
     layout: Layout
@@ -319,7 +320,7 @@ def plan_trial(
         else:
             layout = "side_by_side"
             if weighed and jit_compile and stack:  # weighed stacked, which the blocker refused
-                without_xla = too_short_for("xla", side_by_side)
+                without_xla = too_short_for("xla", loop_cores)
                 jit_compile = without_xla is None
             why = _side_by_side_why(threads.compute_threads, batch_size, blocker, n_folds=len(models))
             reason = f"{fused}, side by side ({why})"
@@ -335,7 +336,7 @@ def plan_trial(
                 "unrolled",
                 over="xla",
                 fold_steps=planned_steps * len(models),
-                parallel=1 if layout == "stacked" else side_by_side,
+                parallel=1 if layout == "stacked" else loop_cores,
             )
         ),
     )

@@ -405,10 +405,11 @@ class TrialInfo:
             "fused_reason": plan.reason,
             "steps_per_launch": plan.steps_per_launch,
             "random_draws": plan.random_draws,
-            "compile_estimate_s": plan.compile_estimate_s,
             "compile_source": self.compile_source,
             "loss": self.loss,
             **self.versions,
+            # Plans recorded before the estimate have none to tag.
+            **({"compile_estimate_s": plan.compile_estimate_s} if plan.compile_estimate_s is not None else {}),
         }
 
     @classmethod
