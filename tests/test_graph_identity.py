@@ -42,3 +42,20 @@ def test_one_step_traced_twice_on_other_variables_and_names_is_one_program():
 )
 def test_a_number_of_its_own_makes_another_program(other):
     assert not same_program(_traced(), _traced(**other))
+
+
+def test_a_gradient_computed_in_python_is_found_in_the_graph_or_a_function_it_calls():
+    """An op whose gradient a Python function computes is what a forward graph does not show."""
+    import tensorflow as tf
+
+    from pipeline.engine.graph_identity import python_gradients
+
+    @tf.custom_gradient
+    def doubled_gradient(x):
+        return tf.identity(x), lambda upstream: upstream * 2.0
+
+    inner = tf.function(lambda x: doubled_gradient(x) * 3.0)
+    spec = [tf.TensorSpec([None], tf.float32)]
+    assert python_gradients(tf.function(lambda x: doubled_gradient(x), input_signature=spec).get_concrete_function())
+    assert python_gradients(tf.function(lambda x: inner(x) + 1.0, input_signature=spec).get_concrete_function())
+    assert not python_gradients(_traced())

@@ -189,6 +189,9 @@ def test_folds_side_by_side_run_one_training_step_and_train_as_each_fold_alone(t
     together = _side_by_side(_scaled_cnn(None, [], []), data, folds, class_weight=class_weight)
     report = together.run_epoch().report()
     assert len(shared) == 2 and all(step is not None for step in shared)
+    # The others' steps are never traced: their forward passes are, to be compared.
+    assert [engine.traced_step.function.experimental_get_tracing_count() for engine in together.engines] == [1, 0, 0]
+    assert [engine.traced_step.forward.experimental_get_tracing_count() for engine in together.engines] == [1, 1, 1]
     alone = _side_by_side(_scaled_cnn(None, [], []), data, folds[2:], fold_ids=[2], class_weight=class_weight)
     alone_report = alone.run_epoch().report()
     assert report["split2_train_loss"] == alone_report["split2_train_loss"]
@@ -213,7 +216,75 @@ def test_a_fold_model_holding_numbers_of_its_own_trains_its_own_step(three_folds
     alone = _side_by_side(_scaled_cnn(kind, [], []), data, folds[2:], fold_ids=[2]).run_epoch().report()
     assert report["split2_train_loss"] == alone["split2_train_loss"]
     assert report["split2_val_loss"] == alone["split2_val_loss"]
-    assert len(traced) == 3 and shared == [None, None]
+    assert shared == [None, None]
+    assert [engine.traced_step.function.experimental_get_tracing_count() for engine in together.engines] == [1, 1, 1]
+    assert len(traced) == (3 if kind == "tensor" else 6)  # the forward passes compared, for the array
+
+
+def _unseen_by_the_forward_pass(kind):
+    """A build whose fold models differ where their forward passes do not show it: a gradient
+    scaled, position by position, by numbers a ``tf.custom_gradient`` keeps in its Python function
+    (``gradient``), or which of two layers of one shape is frozen, chosen by a number drawn
+    (``frozen``: the same variables of the same shapes, in the model and in the optimizer); each
+    under the fold's seed. The index of each fold's frozen layer goes to the build's ``frozen``."""
+    import keras
+    import tensorflow as tf
+
+    class ScaledGradient(keras.layers.Layer):
+        def __init__(self, factors, **kwargs):
+            super().__init__(**kwargs)
+            self.factors = factors
+
+        def call(self, inputs):
+            @tf.custom_gradient
+            def scaled(x):
+                return tf.identity(x), lambda upstream: upstream * self.factors
+
+            return scaled(inputs)
+
+    frozen = []
+
+    def build(hp):
+        factors = np.random.uniform(0.1, 2.0, size=(38, 4)).astype("float32")
+        model = keras.Sequential(
+            [
+                keras.Input((40, 1)),
+                keras.layers.Conv1D(4, 3, activation="relu"),
+                *([ScaledGradient(factors)] if kind == "gradient" else []),
+                keras.layers.Flatten(),
+                keras.layers.Dense(10, activation="relu"),
+                keras.layers.Dense(10, activation="relu"),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+        if kind == "frozen":
+            frozen.append(-1 if factors[0, 0] > 1.15 else -2)  # seed 0: fold 0 freezes one, folds 1 and 2 the other
+            model.layers[frozen[-1]].trainable = False
+        return model
+
+    build.frozen = frozen
+    return build
+
+
+@pytest.mark.parametrize("kind", ["gradient", "frozen"])
+def test_a_fold_model_differing_beyond_its_forward_pass_trains_its_own_step(three_folds, kind, monkeypatch):
+    """The folds are compared by their forward passes; what the forward graph does not show, a
+    Python gradient's numbers or which layers train, keeps each fold on its own step, trained as
+    it trains alone."""
+    from pipeline.engine import fold_engine
+
+    shared = []
+    original = fold_engine.shared_step
+    monkeypatch.setattr(fold_engine, "shared_step", lambda *a, **k: shared.append(original(*a, **k)) or shared[-1])
+    data, folds = three_folds
+    build = _unseen_by_the_forward_pass(kind)
+    report = _side_by_side(build, data, folds).run_epoch().report()
+    if kind == "frozen":
+        assert build.frozen[0] != build.frozen[2]
+    alone = _side_by_side(_unseen_by_the_forward_pass(kind), data, folds[2:], fold_ids=[2]).run_epoch().report()
+    assert report["split2_train_loss"] == alone["split2_train_loss"]
+    assert report["split2_val_loss"] == alone["split2_val_loss"]
+    assert shared[1] is None
 
 
 @pytest.mark.parametrize("stop_test", ["per_launch", "per_epoch"])

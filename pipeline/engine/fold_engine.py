@@ -108,10 +108,15 @@ class FoldSteps(NamedTuple):
 
 class TracedStep(NamedTuple):
     """A fold's training step traced, with the variables it captures of its fold: the model's, the
-    optimizer's and the class weights, in their order (``fold_steps``)."""
+    optimizer's and the class weights, in their order (``fold_steps``); the model's training
+    forward pass (``forward``), which ``shared_step`` traces in place of the whole step to compare
+    a fold's with another's; and what else the step's program follows from (``follows``): which of
+    the variables train, which are the layers' state, the optimizer's class and configuration."""
 
     function: Any  # a tf.function with an input signature
     variables: list[Any]
+    forward: Any  # a tf.function of the step's batch indices
+    follows: tuple[Any, ...]
 
 
 def traced_once(
@@ -186,14 +191,19 @@ def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -
 
     A trial's fold models are one ``build(hp)`` under k seeds: their steps trace to one graph but
     for names and captures, so each fold's launch can call the template's graph with its own
-    variables in their place, and TensorFlow optimizes and instantiates one graph per trial instead
-    of one per fold (a MobileNet's: tens of seconds each). The fold's own step is traced all the
-    same, to be compared: its graph must be the template's program (``graph_identity``), and what it
-    captures the template's captures with this fold's variables and the data (``kept``) in their
-    place. A NumPy array or an integer seed that ``build`` draws under the fold's seed and keeps
-    outside its variables is a constant or an attribute of the graph, so a fold holding one runs
-    its own step. The template must have been traced already, where its launch was (this runs in
-    a thread of its own, outside the graph the tracing thread builds)."""
+    variables in their place, and TensorFlow traces, optimizes and instantiates one graph per trial
+    instead of one per fold (a MobileNet's: tens of seconds each). What the template captures must
+    be its variables and the data (``kept``), each with this fold's in its place. The fold's
+    forward pass is traced to be compared, a fifth of tracing its whole step: its graph must be
+    the template's program (``graph_identity``) over the same captures. The rest of the step
+    follows from the forward graph (TensorFlow derives each op's gradient from the op), from the
+    optimizer (made from one recipe for every fold) and from which variables train, compared as
+    ``follows``; where the template's forward pass holds an op whose gradient a Python function
+    computes (``tf.custom_gradient``), which its graph does not show, the fold's whole step is
+    traced and compared instead. A NumPy array or an integer seed that ``build`` draws under the
+    fold's seed and keeps outside its variables is a constant or an attribute of the graph, so a
+    fold holding one runs its own step. The template must have been traced already, where its
+    launch was (this runs in a thread of its own, outside the graph the tracing thread builds)."""
     # A step that fails to trace here fails, or not, where the fold calls its own step, which
     # then says why.
     try:
@@ -204,15 +214,25 @@ def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -
             return None
         if [(v.shape, v.dtype) for v in template.variables] != [(v.shape, v.dtype) for v in own.variables]:
             return None
+        if template.follows != own.follows:
+            return None
         replacement = {id(t.handle): o.handle for t, o in zip(template.variables, own.variables)}
         replacement.update({id(tensor): tensor for tensor in kept})
         if any(id(capture) not in replacement for capture in concrete.captured_inputs):
             return None
         captures = [replacement[id(capture)] for capture in concrete.captured_inputs]
-        own_concrete = own.function.get_concrete_function()
-        if [id(capture) for capture in own_concrete.captured_inputs] != [id(capture) for capture in captures]:
+        compared = template.forward.get_concrete_function()
+        if graph_identity.python_gradients(compared):
+            compared, own_compared = concrete, own.function.get_concrete_function()
+            own_captures = captures
+        else:
+            if any(id(capture) not in replacement for capture in compared.captured_inputs):
+                return None
+            own_compared = own.forward.get_concrete_function()
+            own_captures = [replacement[id(capture)] for capture in compared.captured_inputs]
+        if [id(capture) for capture in own_compared.captured_inputs] != [id(capture) for capture in own_captures]:
             return None
-        if not graph_identity.same_program(concrete, own_concrete):
+        if not graph_identity.same_program(compared, own_compared):
             return None
     except Exception:
         return None
@@ -327,12 +347,28 @@ def fold_steps(
 
     # Index batches of any length and the step's switch: the last batch of an epoch is shorter.
     signature = (tf.TensorSpec([None], data.index_dtype), tf.TensorSpec([], tf.bool))
+
+    def forward(indices):
+        # The model's part of ``train_step``, as it calls it (``shared_step`` compares folds by it).
+        with random_numbers():
+            predictions = model(tf.gather(features, indices), training=True)
+        return predictions, (tf.add_n(model.losses) if model.losses else tf.constant(0.0))
+
     step = traced_once(train_step, eager=eager, compiled=compiled, inlined=inlined, signature=signature)
-    traced = (
-        None
-        if eager
-        else TracedStep(step, [*model.variables, *optimizer.variables, *([] if weights is None else [weights])])
-    )
+    traced = None
+    if not eager:
+        variables = [*model.variables, *optimizer.variables, *([] if weights is None else [weights])]
+        position = {id(variable): i for i, variable in enumerate(variables)}
+        follows = (
+            [position.get(id(variable)) for variable in model.trainable_variables],
+            [position.get(id(variable)) for variable in model.non_trainable_variables],
+            type(optimizer),
+            _settings(optimizer),
+            masked,
+        )
+        traced = TracedStep(
+            step, variables, tf.function(forward, autograph=False, input_signature=signature[:1]), follows
+        )
     if template is not None and traced is not None:
         step = shared_where_same(template, traced, kept=(features, labels), device=data.device)
 
@@ -365,6 +401,15 @@ def fold_steps(
         return loss.batches_loss_sum(y, loss.per_sample(y, predictions), batch_size), correct
 
     return FoldSteps(train_steps, evaluate_batch, norm_variables, traced)
+
+
+def _settings(optimizer: keras.optimizers.Optimizer) -> Any:
+    """The optimizer's configuration, or the optimizer itself where it has none to give (a
+    schedule that cannot say its own): another fold's optimizer is then never taken for it."""
+    try:
+        return optimizer.get_config()
+    except Exception:
+        return optimizer
 
 
 def _masked_update(

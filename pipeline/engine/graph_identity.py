@@ -31,6 +31,15 @@ def same_program(first: Any, second: Any) -> bool:
     return canonical_form(first) == canonical_form(second)
 
 
+def python_gradients(concrete: Any) -> bool:
+    """Whether a traced function holds an op whose gradient a Python function computes
+    (``tf.custom_gradient``, a gradient override): its forward graph does not say what its
+    gradient computes, where every other op's gradient follows from the op."""
+    graph_def = concrete.graph.as_graph_def()
+    bodies = [graph_def.node, *(function.node_def for function in graph_def.library.function)]
+    return any(GRADIENT_OP_TYPE in node.attr for body in bodies for node in body)
+
+
 def canonical_form(concrete: Any) -> Canonical:
     """A traced function's graph with every name replaced by the position of what it names: its
     nodes in order (op, inputs by position, attributes, device), the functions they call in the
