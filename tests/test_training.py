@@ -224,8 +224,9 @@ def test_a_fold_model_holding_numbers_of_its_own_trains_its_own_step(three_folds
 def _unseen_by_the_forward_pass(kind):
     """A build whose fold models differ where their forward passes do not show it: a gradient
     scaled, position by position, by numbers a ``tf.custom_gradient`` keeps in its Python function
-    (``gradient``), or which of two layers of one shape is frozen, chosen by a number drawn
-    (``frozen``: the same variables of the same shapes, in the model and in the optimizer); each
+    (``gradient``), which of two layers of one shape is frozen, chosen by a number drawn
+    (``frozen``: the same variables of the same shapes, in the model and in the optimizer), or a
+    kernel's max-norm constraint drawn (``constraint``, applied in the optimizer's update); each
     under the fold's seed. The index of each fold's frozen layer goes to the build's ``frozen``."""
     import keras
     import tensorflow as tf
@@ -253,7 +254,11 @@ def _unseen_by_the_forward_pass(kind):
                 *([ScaledGradient(factors)] if kind == "gradient" else []),
                 keras.layers.Flatten(),
                 keras.layers.Dense(10, activation="relu"),
-                keras.layers.Dense(10, activation="relu"),
+                keras.layers.Dense(
+                    10,
+                    activation="relu",
+                    kernel_constraint=keras.constraints.MaxNorm(factors[0, 0] / 4) if kind == "constraint" else None,
+                ),
                 keras.layers.Dense(10, activation="softmax"),
             ]
         )
@@ -266,11 +271,11 @@ def _unseen_by_the_forward_pass(kind):
     return build
 
 
-@pytest.mark.parametrize("kind", ["gradient", "frozen"])
+@pytest.mark.parametrize("kind", ["gradient", "frozen", "constraint"])
 def test_a_fold_model_differing_beyond_its_forward_pass_trains_its_own_step(three_folds, kind, monkeypatch):
     """The folds are compared by their forward passes; what the forward graph does not show, a
-    Python gradient's numbers or which layers train, keeps each fold on its own step, trained as
-    it trains alone."""
+    Python gradient's numbers, which layers train or a weight constraint, keeps each fold on its
+    own step, trained as it trains alone."""
     from pipeline.engine import fold_engine
 
     shared = []

@@ -100,7 +100,8 @@ class FoldSteps(NamedTuple):
     evaluate_batch: Callable[..., Any]
     # The variables whose gradients the step's global norm adds up, in its order (a variable
     # whose gradient is None is left out), known once the step is traced: TensorFlow names the
-    # norm's ops global_norm/L2Loss, L2Loss_1, ... in that order.
+    # norm's ops global_norm/L2Loss, L2Loss_1, ... in that order. Empty for a fold that runs
+    # another's step, which numeric checking (what reads them) never lets it.
     norm_variables: list[Any]
     # The traced step, for the trial's other folds to run (``shared_step``); None when eager.
     traced: TracedStep | None
@@ -110,12 +111,14 @@ class TracedStep(NamedTuple):
     """A fold's training step traced, with the variables it captures of its fold: the model's, the
     optimizer's and the class weights, in their order (``fold_steps``); the model's training
     forward pass (``forward``), which ``shared_step`` traces in place of the whole step to compare
-    a fold's with another's; and what else the step's program follows from (``follows``): which of
-    the variables train, which are the layers' state, the optimizer's class and configuration."""
+    a fold's with another's, None where the optimizer's update does to a variable what no forward
+    pass shows (a constraint, a gradient that overwrites its variable); and what else the step's
+    program follows from (``follows``): which of the variables train, which are the layers' state,
+    the optimizer's class and configuration, whether the steps are masked."""
 
     function: Any  # a tf.function with an input signature
     variables: list[Any]
-    forward: Any  # a tf.function of the step's batch indices
+    forward: Any | None  # a tf.function of the step's batch indices
     follows: tuple[Any, ...]
 
 
@@ -194,16 +197,19 @@ def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -
     variables in their place, and TensorFlow traces, optimizes and instantiates one graph per trial
     instead of one per fold (a MobileNet's: tens of seconds each). What the template captures must
     be its variables and the data (``kept``), each with this fold's in its place. The fold's
-    forward pass is traced to be compared, a fifth of tracing its whole step: its graph must be
-    the template's program (``graph_identity``) over the same captures. The rest of the step
-    follows from the forward graph (TensorFlow derives each op's gradient from the op), from the
-    optimizer (made from one recipe for every fold) and from which variables train, compared as
-    ``follows``; where the template's forward pass holds an op whose gradient a Python function
-    computes (``tf.custom_gradient``), which its graph does not show, the fold's whole step is
-    traced and compared instead. A NumPy array or an integer seed that ``build`` draws under the
-    fold's seed and keeps outside its variables is a constant or an attribute of the graph, so a
-    fold holding one runs its own step. The template must have been traced already, where its
-    launch was (this runs in a thread of its own, outside the graph the tracing thread builds)."""
+    forward pass is traced to be compared (for a MobileNetV2, a fifth of tracing its whole step):
+    its graph must be the template's program (``graph_identity``) over the same captures. The rest
+    of the step follows from the forward graph (TensorFlow derives each op's gradient from the
+    op), from the loss (one object for every fold), from the optimizer (made from one recipe for
+    every fold) and from which variables train, compared as ``follows``. The fold's whole step is
+    traced and compared instead where that is not so: where the forward pass holds an op whose
+    gradient a Python function computes (``tf.custom_gradient``: the graph shows the op, not
+    what its gradient computes), or where the update does to a variable what no forward pass
+    shows (``TracedStep.forward`` None: a weight constraint). A NumPy array or an integer seed
+    that ``build`` draws under the fold's seed and keeps outside its variables is a constant or an
+    attribute of the graph the comparison reads, so a fold holding one runs its own step. The
+    template must have been traced already, where its launch was (this runs in a thread of its
+    own, outside the graph the tracing thread builds)."""
     # A step that fails to trace here fails, or not, where the fold calls its own step, which
     # then says why.
     try:
@@ -221,8 +227,8 @@ def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -
         if any(id(capture) not in replacement for capture in concrete.captured_inputs):
             return None
         captures = [replacement[id(capture)] for capture in concrete.captured_inputs]
-        compared = template.forward.get_concrete_function()
-        if graph_identity.python_gradients(compared):
+        compared = None if template.forward is None else template.forward.get_concrete_function()
+        if compared is None or own.forward is None or graph_identity.python_gradients(compared):
             compared, own_compared = concrete, own.function.get_concrete_function()
             own_captures = captures
         else:
@@ -366,9 +372,13 @@ def fold_steps(
             _settings(optimizer),
             masked,
         )
-        traced = TracedStep(
-            step, variables, tf.function(forward, autograph=False, input_signature=signature[:1]), follows
+        # A constraint (or a gradient that overwrites its variable) is applied in the update.
+        update_unseen = any(
+            getattr(variable, "constraint", None) is not None or getattr(variable, "overwrite_with_gradient", False)
+            for variable in model.trainable_variables
         )
+        traced_forward = None if update_unseen else tf.function(forward, autograph=False, input_signature=signature[:1])
+        traced = TracedStep(step, variables, traced_forward, follows)
     if template is not None and traced is not None:
         step = shared_where_same(template, traced, kept=(features, labels), device=data.device)
 

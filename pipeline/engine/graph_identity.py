@@ -19,7 +19,8 @@ from pipeline.base.compile_cache import GRADIENT_OP_TYPE
 
 # Attributes that name rather than compute: the colocation of a node with another (by its name),
 # and the registry name of a custom gradient (new in every trace), which only differentiating the
-# function would look up; a training step is called, never differentiated.
+# function looks up. A training step is called, never differentiated; a forward pass that is
+# differentiated is compared only where it holds no custom gradient (``python_gradients``).
 NAMING_ATTRIBUTES = frozenset({"_class", GRADIENT_OP_TYPE})
 
 Canonical = tuple[Any, ...]
