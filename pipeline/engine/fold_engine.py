@@ -224,18 +224,23 @@ def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -
             return None
         replacement = {id(t.handle): o.handle for t, o in zip(template.variables, own.variables)}
         replacement.update({id(tensor): tensor for tensor in kept})
-        if any(id(capture) not in replacement for capture in concrete.captured_inputs):
+
+        def in_place(function: Any) -> list[Any] | None:
+            # What the template's traced ``function`` captures, each with this fold's in its place.
+            captured = function.captured_inputs
+            return None if any(id(c) not in replacement for c in captured) else [replacement[id(c)] for c in captured]
+
+        captures = in_place(concrete)
+        if captures is None:
             return None
-        captures = [replacement[id(capture)] for capture in concrete.captured_inputs]
         compared = None if template.forward is None else template.forward.get_concrete_function()
         if compared is None or own.forward is None or graph_identity.python_gradients(compared):
             compared, own_compared = concrete, own.function.get_concrete_function()
-            own_captures = captures
         else:
-            if any(id(capture) not in replacement for capture in compared.captured_inputs):
-                return None
             own_compared = own.forward.get_concrete_function()
-            own_captures = [replacement[id(capture)] for capture in compared.captured_inputs]
+        own_captures = in_place(compared)
+        if own_captures is None:
+            return None
         if [id(capture) for capture in own_compared.captured_inputs] != [id(capture) for capture in own_captures]:
             return None
         if not graph_identity.same_program(compared, own_compared):
