@@ -194,6 +194,15 @@ def _print_standings_notes(standings: Any, tracking_uri: str) -> None:
         console.print(Text.assemble("rerun the best trial: ", (command, "bold")), highlight=False, soft_wrap=True)
 
 
+def _print_compile_share(records: Any) -> None:
+    """After a sweep's account: the share of its trials' wall clock that went to compiling."""
+    from pipeline.records.report import compile_share_text
+
+    line = compile_share_text(records)
+    if line:
+        console.print(line, highlight=False, soft_wrap=True)
+
+
 def _replicas_text(cv: Any) -> str:
     if cv.n_repeats == 1:
         return f"{cv.n_splits} folds"
@@ -412,6 +421,7 @@ def run(
         console.print(
             f"where the sweep's time went: {sweep_account_text(outcome.account)}", highlight=False, soft_wrap=True
         )
+    _print_compile_share(outcome.records)
     _print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
     if failed:
         for what in failed:
@@ -465,6 +475,7 @@ def report(
         console.print(
             f"where the sweep's time went: {sweep_account_text(sweep_account)}", highlight=False, soft_wrap=True
         )
+    _print_compile_share(records)
     test_scores = {key: value for key, value in parent.metrics.items() if key.startswith("test_")}
     if test_scores:
         console.print(

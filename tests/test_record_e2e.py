@@ -109,7 +109,13 @@ def test_the_sweep_accounts_for_its_wall_clock_and_prints_its_fixed_cost(recorde
     assert metrics["sweep_fixed_s"] == pytest.approx(
         metrics["sweep_startup_s"] + metrics["sweep_idle_s"] + metrics["sweep_finish_s"]
     )
-    assert f"fixed cost {metrics['sweep_fixed_s']:.1f} s" in recorded_sweep.output
+    assert f"fixed cost {metrics['sweep_fixed_s']:.1f} s (sweep_fixed_s)" in recorded_sweep.output
+    # Issue 77: the share of the trials' summed wall clock that went to compiling.
+    compiling = sum(run.metrics["compile_s"] for run in trials)
+    wall = sum(run.metrics["trial_wall_s"] for run in trials)
+    assert 0 < compiling < wall
+    line = f"compile share {compiling / wall:.0%}: compile_s {compiling:.1f} s of the {len(trials)} trials' summed"
+    assert line in recorded_sweep.output
 
 
 def test_the_parent_run_holds_cv_results_plots_and_a_ranking(recorded_sweep):
@@ -280,6 +286,7 @@ def test_report_prints_the_tables_and_refreshes_the_plots(recorded_sweep):
         assert "throughput by batch size" in result.output
         assert "where each trial's time went" in result.output and "other_s" in result.output
         assert "test_accuracy" in result.output
+        assert "(sweep_fixed_s)" in result.output and "compile share " in result.output
     assert set(tracker.artifact_paths(parent.run_id, "plots")) == before
     missing = CliRunner().invoke(app, ["report", "nosuch", "--tracking-uri", uri])
     assert missing.exit_code == 2 and "no sweep named 'nosuch'" in missing.output

@@ -14,6 +14,7 @@ from pipeline.inputs.spec import Objective
 from pipeline.records.report import (
     Standings,
     account_rows,
+    compile_share_text,
     cv_results,
     nan_table_rows,
     param_names,
@@ -254,3 +255,18 @@ def test_the_descriptions_rank_the_trials_and_say_how_to_rerun_the_best():
         "Rank **2** of 2 ranked trials: mean_val_accuracy 0.7000 ± 0.0100 at epoch 2; status ok."
     )
     assert trial_description(trials[2], standings) == "Not ranked: status nan (fold 0, epoch 1, step 4)."
+
+
+def test_the_compile_share_is_compiling_over_the_summed_wall_of_the_trials_that_recorded_both():
+    """Issue 77: a sweep's compile share is its trials' summed compile_s over their summed
+    trial_wall_s; a trial that recorded no compile time (it failed first) is left out of both."""
+    records = [
+        record(0, 0.8, compile_s=3.0, trial_wall_s=10.0),
+        record(1, 0.7, compile_s=1.0, trial_wall_s=30.0),
+        record(2, None, status=TrialStatus.ERROR, compile_s=math.nan, trial_wall_s=5.0),
+    ]
+    assert (
+        compile_share_text(records) == "compile share 10%: compile_s 4.0 s of the 2 trials' summed trial_wall_s 40.0 s"
+    )
+    assert compile_share_text(records[1:2]) == "compile share 3%: compile_s 1.0 s of the trial's trial_wall_s 30.0 s"
+    assert compile_share_text(records[2:]) is None
