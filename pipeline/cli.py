@@ -754,6 +754,7 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
 
     def on_plan(plan: Any, differences: list[str]) -> None:
         draws = f"; random draws: {plan.random_draws}" if plan.random_draws != "none" else ""
+        draws += "; last batch padded" if plan.last_batch_padded else ""
         estimate = (
             f"; compile ~{plan.compile_estimate_s:.0f} s estimated" if plan.compile_estimate_s is not None else ""
         )

@@ -468,3 +468,46 @@ def test_tf32_is_recorded_for_a_gpu_and_a_change_of_it_or_of_the_stacked_convolu
     old = dict(plan().as_dict())
     del old["stacked_convolutions"], old["tf32"]
     assert TrialPlan.from_dict(old) == plan()
+
+
+def test_a_short_last_batch_is_padded_where_that_trains_its_own_samples_as_they_are():
+    """Issue 77: ``train.pad_last_batch`` pads each fold's short last batch to the batch size where
+    XLA compiles a program per batch shape and the padding changes nothing but float rounding;
+    a model whose layers see the whole batch keeps its last batch as it is."""
+    import keras
+
+    def model(*layers):
+        return keras.Sequential([keras.Input((40, 1)), *layers, keras.layers.Flatten(), keras.layers.Dense(2)])
+
+    def folds(*layers):
+        return [model(*layers) for _ in range(3)]
+
+    uneven = [301, 300, 300]
+    padding = ExecutionChoices(jit_compile="on", layout="side_by_side", pad_last_batch=True)
+    dropout = (keras.layers.Conv1D(4, 3), keras.layers.Dropout(0.2))
+    padded = plan(padding, models=folds(*dropout), sizes=uneven)
+    assert padded.last_batch_padded and padded.random_draws == "counter"
+    assert plan(padding, models=folds(*dropout), sizes=[304, 304, 304]).last_batch_padded is False  # all full
+    assert not plan(
+        ExecutionChoices(jit_compile="on", layout="side_by_side"), models=folds(*dropout), sizes=uneven
+    ).last_batch_padded
+    off = ExecutionChoices(jit_compile="off", layout="side_by_side", pad_last_batch=True)
+    assert not plan(off, models=folds(*dropout), sizes=uneven).last_batch_padded  # the graph runs any shape
+    keras_numbers = ExecutionChoices(jit_compile="on", layout="side_by_side", pad_last_batch=True, random_draws="keras")
+    assert not plan(keras_numbers, models=folds(*dropout), sizes=uneven).last_batch_padded
+    for whole_batch in (
+        (keras.layers.Conv1D(4, 3), keras.layers.BatchNormalization()),
+        (keras.layers.Conv1D(4, 3, activity_regularizer="l2"),),
+    ):
+        assert not plan(padding, models=folds(*whole_batch), sizes=uneven).last_batch_padded
+    frozen = keras.layers.BatchNormalization()
+    frozen.trainable = False  # inference: its statistics do not move
+    assert plan(padding, models=[model(keras.layers.Conv1D(4, 3), frozen)] * 3, sizes=uneven).last_batch_padded
+
+    # A plan recorded before padding replays unpadded, and says so against a padded one.
+    recorded = padded.as_dict()
+    del recorded["last_batch_padded"]
+    old = TrialPlan.from_dict(recorded)
+    assert not old.last_batch_padded
+    assert not plan(replay_choices(old), models=folds(*dropout), sizes=uneven).last_batch_padded
+    assert plan_differences(old, padded) == ["last batch padded off -> on"]

@@ -317,6 +317,16 @@ def test_jit_compile_and_fusion_can_be_forced(write_spec, value, expected):
     assert load_spec(write_spec({"train": {"fused": value}})).train.fused == expected
 
 
+def test_pad_last_batch_is_on_unless_turned_off_and_reaches_the_plans_choices(write_spec):
+    from pipeline.engine.recipe import TrainingRecipe
+
+    assert TrainingRecipe.from_spec(load_spec(write_spec({}))).choices.pad_last_batch is True
+    spec = load_spec(write_spec({"train": {"pad_last_batch": False}}))
+    assert spec.train.pad_last_batch is False and TrainingRecipe.from_spec(spec).choices.pad_last_batch is False
+    with pytest.raises(SpecError, match="train.pad_last_batch must be true or false, got 'auto'"):
+        load_spec(write_spec({"train": {"pad_last_batch": "auto"}}))
+
+
 def test_inline_step_is_off_unless_asked_and_reaches_the_plans_choices(write_spec):
     from pipeline.engine.recipe import TrainingRecipe
 

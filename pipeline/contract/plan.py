@@ -132,6 +132,7 @@ class ExecutionChoices:
     fused: AutoSwitch = "auto"
     steps_per_launch: int | Literal["auto"] = "auto"
     inline_step: bool = False
+    pad_last_batch: bool = False
     layout: ForcedLayout = "auto"
     eager: bool = False
     check_numerics: bool = False
@@ -187,6 +188,11 @@ class TrialPlan:
     # The training and validation steps' compile seconds, estimated from the model's size
     # (``pipeline.contract.compile_cost``) before anything was traced; None in plans recorded before.
     compile_estimate_s: float | None = None
+    # Whether each fold's short last batch of an epoch ran padded to the batch size, its padding
+    # masked out of the loss, the tally and the gradient (``train.pad_last_batch``): XLA compiles
+    # one program per batch size instead of one more per distinct last batch. The same samples
+    # and numbers but for float rounding; plans recorded before ran it as it is.
+    last_batch_padded: bool = False
 
     @property
     def fused(self) -> bool:
@@ -357,7 +363,40 @@ def plan_trial(
         gpu=gpu if on_gpu else None,
         deterministic_ops=deterministic_ops,
         compile_estimate_s=round(costs.compile_s(_step_form(jit_compile and not choices.eager, steps, layout)), 1),
+        last_batch_padded=(
+            choices.pad_last_batch
+            and jit_compile
+            and not choices.eager
+            and layout != "stacked"
+            and any(size % batch_size for size in train_sizes)
+            and padding_blocker(models[0], random_draws) is None
+        ),
     )
+
+
+def padding_blocker(model: Any, random_draws: RandomDraws) -> str | None:
+    """Why padding a short last batch with samples whose loss is masked out would train ``model``
+    otherwise than its batch as it is, beyond float rounding; None where it would not. A padded
+    sample adds nothing to the loss or the gradient, and a layer that computes each sample on its
+    own gives the batch's samples the same outputs; but a layer in training whose state moves with
+    the whole batch (a BatchNormalization's statistics), an activity regularizer (its penalty adds
+    up every sample), or Keras' random generator (its numbers depend on the shape drawn) would
+    see the padding. foldsweep's own random numbers are hashed per element from the front of the
+    batch, so its samples draw the same numbers padded or not (``pipeline.engine.draws``)."""
+    if random_draws == "keras":
+        return "its random layers draw Keras' numbers, which depend on the batch's shape"
+    from pipeline.base.private_hooks import seed_generator_of
+
+    for layer in model._flatten_layers(include_self=False):
+        if getattr(layer, "activity_regularizer", None) is not None:
+            return f"layer {layer.name!r} has an activity regularizer, which adds up every sample of the batch"
+        if not layer.trainable or layer._flatten_layers(include_self=False, recursive=False):
+            continue  # a frozen layer runs in inference; a nested model's layers are its own leaves
+        generator = seed_generator_of(layer)
+        drawn = {id(generator.state)} if generator is not None else set()
+        if any(id(variable) not in drawn for variable in layer.non_trainable_variables):
+            return f"layer {layer.name!r} ({type(layer).__name__}) keeps state that moves with the whole batch"
+    return None
 
 
 def _step_form(jit_compile: bool, steps_per_launch: int, layout: Layout) -> StepForm:
@@ -385,6 +424,7 @@ def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: 
         fused="on" if recorded.fused else "off",
         steps_per_launch=recorded.steps_per_launch,
         inline_step=recorded.step_inlined,
+        pad_last_batch=recorded.last_batch_padded,
         layout="auto" if recorded.layout == "sequential" else recorded.layout,
         eager=eager,
         check_numerics=check_numerics,
@@ -402,6 +442,10 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
     differences = []
     if now.jit_compile != recorded.jit_compile:
         differences.append(f"jit_compile {recorded.jit_compile} -> {now.jit_compile}")
+    if now.last_batch_padded != recorded.last_batch_padded:
+        differences.append(
+            f"last batch padded {_on_off(recorded.last_batch_padded)} -> {_on_off(now.last_batch_padded)}"
+        )
     if not now.jit_compile and not recorded.jit_compile and now.step_inlined != recorded.step_inlined:
         differences.append(f"step inlined {_on_off(recorded.step_inlined)} -> {_on_off(now.step_inlined)}")
     if now.steps_per_launch != recorded.steps_per_launch:

@@ -405,6 +405,7 @@ class TrialInfo:
             "fused_reason": plan.reason,
             "steps_per_launch": plan.steps_per_launch,
             "random_draws": plan.random_draws,
+            "last_batch_padded": plan.last_batch_padded,
             "compile_source": self.compile_source,
             "loss": self.loss,
             **self.versions,

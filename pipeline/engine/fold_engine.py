@@ -248,8 +248,8 @@ def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -
     except Exception:
         return None
 
-    def step(indices, enabled):
-        return concrete._call_flat([indices, enabled], captures)
+    def step(*arguments):
+        return concrete._call_flat(list(arguments), captures)
 
     return step
 
@@ -267,11 +267,11 @@ def shared_where_same(template: TracedStep, own: TracedStep, *, kept: Sequence[A
         with tf.device(device):
             return shared_step(template, own, kept=kept)
 
-    def step(indices, enabled):
+    def step(*arguments):
         if not chosen:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 chosen.append(pool.submit(check).result() or own.function)
-        return chosen[0](indices, enabled)
+        return chosen[0](*arguments)
 
     return step
 
@@ -291,6 +291,7 @@ def fold_steps(
     compiled: bool = False,
     inlined: bool = False,
     template: TracedStep | None = None,
+    padded: bool = False,
 ) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
@@ -304,7 +305,10 @@ def fold_steps(
     ``compiled`` (an XLA-compiled launch, ``compiled_launch``) XLA lowers the step once; uncompiled,
     the step is called as a function of its own unless ``inlined`` (``traced_once``). With a
     ``template`` (another fold's ``FoldSteps.traced``) the launch runs that fold's traced step on
-    this fold's variables where it is this fold's step (``shared_where_same``)."""
+    this fold's variables where it is this fold's step (``shared_where_same``). With ``padded``
+    (the plan's ``last_batch_padded``) each step is told how many of its batch's samples are the
+    batch's own (``rows``): the rest pad a short last batch and are masked out of its loss, its
+    gradient and the tally, so that the launch has one shape per batch size."""
     import tensorflow as tf
 
     features, labels = data.x, data.y
@@ -318,7 +322,8 @@ def fold_steps(
         functools.partial(draws.counter_draws, under_xla=compiled) if counter_draws else contextlib.nullcontext
     )
 
-    def train_step(indices, enabled):
+    def train_step(indices, *arguments):
+        rows, enabled = arguments if padded else (None, *arguments)
         x = tf.gather(features, indices)
         y = step_labels(tf.gather(labels, indices))
         states = list(model.non_trainable_variables) if masked else []
@@ -328,7 +333,10 @@ def fold_steps(
             per_sample = loss.per_sample(y, predictions)
             if weights is not None:
                 per_sample = per_sample * tf.cast(tf.gather(weights, y), per_sample.dtype)
-            value = loss.batch_loss(y, per_sample)
+            if rows is None:
+                value = loss.batch_loss(y, per_sample)
+            else:
+                value = loss.padded_batch_loss(y, per_sample, tf.range(tf.shape(indices)[0]) < rows)
             if model.losses:
                 value = value + tf.add_n(model.losses)
         gradients = tape.gradient(value, model.trainable_variables)
@@ -356,8 +364,13 @@ def fold_steps(
         tf.cond(healthy & enabled, apply, lambda: (0,))
         return value, norm, healthy
 
-    # Index batches of any length and the step's switch: the last batch of an epoch is shorter.
-    signature = (tf.TensorSpec([None], data.index_dtype), tf.TensorSpec([], tf.bool))
+    # Index batches of any length (the last batch of an epoch is shorter, unless padded), how many
+    # of them are the batch's own where padded, and the step's switch.
+    signature = (
+        tf.TensorSpec([None], data.index_dtype),
+        *([tf.TensorSpec([], tf.int32)] if padded else []),
+        tf.TensorSpec([], tf.bool),
+    )
 
     def forward(indices):
         # The model's part of ``train_step``, as it calls it (``shared_step`` compares folds by it).
@@ -387,13 +400,14 @@ def fold_steps(
     if template is not None and traced is not None:
         step = shared_where_same(template, traced, kept=(features, labels), device=data.device)
 
-    def train_steps(batches, first_step, tally):
+    def train_steps(batches, *arguments):
         # One compiled launch: the steps of ``batches`` (a static number of steps, unrolled),
         # each adding to the epoch's tally inside the launch. Once a step fails, the steps after
-        # it in the launch apply nothing.
+        # it in the launch apply nothing. Padded, each step's own samples come as ``rows``.
+        rows, first_step, tally = arguments if padded else (None, *arguments)
         for j in range(batches.shape[0]):
             active = tally.intact
-            value, norm, healthy = step(batches[j], active)
+            value, norm, healthy = step(batches[j], rows[j], active) if padded else step(batches[j], active)
             tally = tally_step(
                 tally,
                 step=first_step + j,
@@ -401,7 +415,7 @@ def fold_steps(
                 norm=norm,
                 healthy=healthy,
                 active=active,
-                samples=batches.shape[1],
+                samples=batches.shape[1] if rows is None else rows[j],
             )
         return tally
 
@@ -483,17 +497,24 @@ def launch_loop(
     return tally
 
 
-def epoch_loop(steps: Callable[..., Any], *, steps_per_launch: int, per_epoch: bool) -> Callable[[Any, Any], Any]:
+def epoch_loop(
+    steps: Callable[..., Any], *, steps_per_launch: int, per_epoch: bool, padded_to: int | None = None
+) -> Callable[[Any, Any], Any]:
     """One fold's epoch, uncompiled: ``train_epoch(full_batches, remainder)`` runs the launches of
     ``steps`` over the full batches as one execution (``launch_loop``), then the remainder,
     shorter than a batch, as one more launch of its own, and returns the epoch's tally. With
-    ``per_epoch`` (the plan's stop test) the steps are masked and the loop never reads the tally."""
+    ``per_epoch`` (the plan's stop test) the steps are masked and the loop never reads the tally.
+    With ``padded_to`` (the batch size, where the plan pads the last batch) the remainder runs
+    padded to a full batch with copies of its first sample, each step told how many of its
+    samples are its own (``fold_steps``' ``padded``)."""
     import tensorflow as tf
 
     def train_epoch(full_batches, remainder):
+        n_steps = tf.shape(full_batches)[0]
+        own = () if padded_to is None else (tf.fill([n_steps], padded_to),)
         tally = launch_loop(
             steps,
-            (full_batches,),
+            (full_batches, *own),
             EpochTally.start(),
             steps_per_launch=steps_per_launch,
             stopped=None if per_epoch else lambda tally: tally.failed,
@@ -501,7 +522,11 @@ def epoch_loop(steps: Callable[..., Any], *, steps_per_launch: int, per_epoch: b
         if remainder.shape[0]:
 
             def last():
-                return steps(remainder[tf.newaxis], tf.shape(full_batches)[0], tally)
+                if padded_to is None:
+                    return steps(remainder[tf.newaxis], n_steps, tally)
+                padding = tf.fill([padded_to - remainder.shape[0]], remainder[0])
+                batch = tf.concat([remainder, padding], axis=0)[tf.newaxis]
+                return steps(batch, tf.constant([remainder.shape[0]]), n_steps, tally)
 
             # Masked steps need no test: after a failure the remainder applies nothing.
             tally = last() if per_epoch else tf.cond(tally.failed, lambda: tally, last)
@@ -637,6 +662,7 @@ class FoldEngine:
             compiled=plan.jit_compile,
             inlined=plan.step_inlined,
             template=template,
+            padded=plan.last_batch_padded,
         )
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
@@ -647,7 +673,12 @@ class FoldEngine:
         steps = train_steps if eager else compiled_launch(train_steps, jit_compile=plan.jit_compile)
         # The uncompiled epoch loop (its steps compiled), for ``pipeline.engine.side_by_side`` to
         # run several folds' loops in one execution.
-        self.epoch_loop = epoch_loop(steps, steps_per_launch=plan.steps_per_launch, per_epoch=per_epoch)
+        self.epoch_loop = epoch_loop(
+            steps,
+            steps_per_launch=plan.steps_per_launch,
+            per_epoch=per_epoch,
+            padded_to=self.batch_size if plan.last_batch_padded else None,
+        )
         if eager:
             self._train_epoch, self._evaluate_batch = self.epoch_loop, evaluate_batch
         else:

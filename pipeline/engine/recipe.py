@@ -143,6 +143,7 @@ class TrainingRecipe:
             fused=train.fused,
             steps_per_launch=train.steps_per_launch,
             inline_step=train.inline_step,
+            pad_last_batch=train.pad_last_batch,
             eager=eager,
             check_numerics=check_numerics,
         )

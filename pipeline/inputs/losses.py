@@ -94,6 +94,19 @@ class TrainingLoss:
         valid = tf.cast(tf.not_equal(labels, self.ignore_class), per_sample.dtype)
         return tf.reduce_sum(per_sample) / (tf.reduce_sum(valid) + keras.backend.epsilon())
 
+    def padded_batch_loss(self, labels: Any, per_sample: Any, own: Any) -> Any:
+        """``batch_loss`` of the samples ``own`` marks ([batch] booleans; the rest pad the batch):
+        the padding adds nothing to the loss, its gradient or the counts it is divided by."""
+        import tensorflow as tf
+
+        rows = tf.shape(per_sample)[0]
+        kept = tf.broadcast_to(tf.reshape(own, [rows] + [1] * (per_sample.shape.rank - 1)), tf.shape(per_sample))
+        total = tf.reduce_sum(tf.where(kept, per_sample, tf.zeros_like(per_sample)))
+        if self.ignore_class is None:
+            return total / tf.cast(tf.math.count_nonzero(kept), per_sample.dtype)
+        valid = tf.cast(tf.not_equal(labels, self.ignore_class) & kept, per_sample.dtype)
+        return total / (tf.reduce_sum(valid) + keras.backend.epsilon())
+
     def batches_loss_sum(self, labels: Any, per_sample: Any, batch_size: int) -> Any:
         """The validation loss of ``labels``' samples as Keras' evaluate adds it up in batches of
         ``batch_size``: each batch's ``batch_loss`` times its number of samples, summed."""

@@ -225,6 +225,10 @@ class TrainSpec:
     # An uncompiled training step inlined at each call of the epoch, as trials recorded before it
     # was called as a function of its own: slower to optimize, their float rounding.
     inline_step: bool = False
+    # An epoch's short last batch padded to the batch size and masked, where that trains the same
+    # samples with the same numbers but for float rounding: one compiled program per batch size,
+    # not one more per distinct last batch (``pipeline.contract.plan``); false computes it as is.
+    pad_last_batch: bool = True
     refit: bool = True
     select: EpochSelection = "best_epoch"
     early_stopping: EarlyStoppingSpec | None = None  # off unless the spec (or a HyperModel.fit) asks
@@ -700,6 +704,7 @@ def _parse_train(section: _Section) -> TrainSpec:
     fused = _auto_or_boolean(section, "fused", default=default.fused)
     steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch", default=default.steps_per_launch)
     inline_step = section.boolean("inline_step", default=default.inline_step)
+    pad_last_batch = section.boolean("pad_last_batch", default=default.pad_last_batch)
     refit = section.boolean("refit", default=default.refit)
     select = section.one_of("select", EPOCH_SELECTIONS, default=default.select)
     compile_cache = section.boolean("compile_cache", default=default.compile_cache)
@@ -723,6 +728,7 @@ def _parse_train(section: _Section) -> TrainSpec:
         fused=fused,
         steps_per_launch=steps_per_launch,
         inline_step=inline_step,
+        pad_last_batch=pad_last_batch,
         refit=refit,
         select=select,
         early_stopping=early_stopping,
