@@ -801,24 +801,18 @@ def test_a_padded_last_batch_trains_each_fold_as_its_last_batch_as_it_is(dataset
     numbers are drawn per element from the front of the batch), one XLA program per batch shape."""
     # 205 and 204 samples: last batches of 5 and 4 at batch 8, one program each unpadded.
     uneven = [folds[0], Fold(train=folds[1].train[:-1], val=folds[1].val)]
-    kept, as_is = train(
-        dataset.x,
-        dataset.y,
-        uneven,
-        fused="on",
-        steps_per_launch=4,
-        dropout=0.3,
-        jit_compile="on",
-    )
-    padded_history, padded = train(
-        dataset.x,
-        dataset.y,
-        uneven,
-        fused="on",
-        steps_per_launch=4,
-        dropout=0.3,
-        jit_compile="on",
-        pad_last_batch=True,
+    (kept, as_is), (padded_history, padded) = (
+        train(
+            dataset.x,
+            dataset.y,
+            uneven,
+            fused="on",
+            steps_per_launch=4,
+            dropout=0.3,
+            jit_compile="on",
+            pad_last_batch=pad,
+        )
+        for pad in (False, True)
     )
     assert padded.plan.last_batch_padded and not as_is.plan.last_batch_padded
     for k in range(len(uneven)):
