@@ -210,3 +210,21 @@ def test_a_loss_that_cannot_be_traced_as_fits_step_traces_it_says_how_to_write_i
     problem = graph_problem(training_loss(model(loss=branches), train=TrainSpec(), units=3), PROBABILITIES)
     assert problem is not None and problem[1] == "write the condition with tf.where or tf.cond"
     assert "Using a symbolic `tf.Tensor` as a Python `bool` is not allowed" in problem[0]
+
+
+def test_only_a_loss_of_keras_own_is_known_to_see_each_sample_alone():
+    """A padded last batch (``pipeline.contract.plan.padding_blocker``) needs a loss that computes
+    each sample from that sample alone: Keras' own, bound to options or not; a researcher's own
+    function, which may look at the whole batch, is not taken for one."""
+    import functools
+
+    import keras
+
+    from pipeline.inputs.losses import TrainingLoss
+
+    def batch_centred(y_true, y_pred):
+        return keras.ops.square(y_pred[:, 0] - keras.ops.mean(y_pred[:, 0]))
+
+    assert TrainingLoss(functools.partial(keras.losses.sparse_categorical_crossentropy, from_logits=True)).keras_own
+    assert TrainingLoss(keras.losses.MeanSquaredError(), regression=True).keras_own
+    assert not TrainingLoss(batch_centred, regression=True).keras_own

@@ -80,6 +80,7 @@ def plan(
     blocker=None,
     xla_blocker=None,
     tf32=False,
+    keras_loss=True,
 ) -> TrialPlan:
     asked = []
     traced = []
@@ -105,6 +106,7 @@ def plan(
         stacking_blocker=stacking_blocker,
         xla_blocker=without_xla,
         tf32=tf32,
+        keras_loss=keras_loss,
     )
     # The blocker runs the models (a forward check): asked only when stacking is wanted.
     assert len(asked) == (1 if result.layout == "stacked" or "not stacked" in result.reason else 0)
@@ -495,6 +497,7 @@ def test_a_short_last_batch_is_padded_where_that_trains_its_own_samples_as_they_
     assert not plan(off, models=folds(*dropout), sizes=uneven).last_batch_padded  # the graph runs any shape
     keras_numbers = ExecutionChoices(jit_compile="on", layout="side_by_side", pad_last_batch=True, random_draws="keras")
     assert not plan(keras_numbers, models=folds(*dropout), sizes=uneven).last_batch_padded
+    assert plan(padding, models=folds(*dropout), sizes=uneven, keras_loss=False).last_batch_padded is False
     for whole_batch in (
         (keras.layers.Conv1D(4, 3), keras.layers.BatchNormalization()),
         (keras.layers.Conv1D(4, 3, activity_regularizer="l2"),),

@@ -245,6 +245,7 @@ def plan_trial(
     tf32: bool = False,
     gpu: GpuIdentity | None = None,
     deterministic_ops: bool = False,
+    keras_loss: bool = True,
 ) -> TrialPlan:
     """The whole plan of a trial whose fold models are built.
 
@@ -261,6 +262,8 @@ def plan_trial(
         tf32: whether TensorFlow may compute in TF32 on ``device`` (a GPU's, as its process has it).
         gpu: the GPU of ``device`` identified (``pipeline.base.accelerator``), recorded.
         deterministic_ops: whether TensorFlow runs its ops deterministically here, recorded.
+        keras_loss: whether the trial's loss is one of Keras' own, which sees each sample alone
+            (``padding_blocker``).
     """
     random_draws = model_random_draws(choices.random_draws, models[0])
     on_gpu = _device_kind(device) == "GPU"
@@ -369,12 +372,12 @@ def plan_trial(
             and not choices.eager
             and layout != "stacked"
             and any(size % batch_size for size in train_sizes)
-            and padding_blocker(models[0], random_draws) is None
+            and padding_blocker(models[0], random_draws, keras_loss=keras_loss) is None
         ),
     )
 
 
-def padding_blocker(model: Any, random_draws: RandomDraws) -> str | None:
+def padding_blocker(model: Any, random_draws: RandomDraws, *, keras_loss: bool = True) -> str | None:
     """Why padding a short last batch with samples whose loss is masked out would train ``model``
     otherwise than its batch as it is, beyond float rounding; None where it would not. A padded
     sample adds nothing to the loss or the gradient, and a layer that computes each sample on its
@@ -385,6 +388,8 @@ def padding_blocker(model: Any, random_draws: RandomDraws) -> str | None:
     batch, so its samples draw the same numbers padded or not (``pipeline.engine.draws``)."""
     if random_draws == "keras":
         return "its random layers draw Keras' numbers, which depend on the batch's shape"
+    if not keras_loss:
+        return "its loss is not one of Keras' (``TrainingLoss.keras_own``), and may look at the whole batch"
     from pipeline.base.private_hooks import seed_generator_of
 
     for layer in model._flatten_layers(include_self=False):

@@ -337,6 +337,7 @@ def build_trainer(
         tf32=tf32,
         gpu=_gpu_identity(data.device),
         deterministic_ops=deterministic_ops(),
+        keras_loss=loss.keras_own,
     )
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay

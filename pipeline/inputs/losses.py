@@ -79,6 +79,15 @@ class TrainingLoss:
     labels_one_hot: bool = False
 
     @property
+    def keras_own(self) -> bool:
+        """Whether the loss is one of Keras' (a function or a Loss of its modules, options bound):
+        one that computes each sample's loss from that sample alone. A researcher's own may look
+        at the whole batch."""
+        target = self.fn.func if isinstance(self.fn, functools.partial) else self.fn
+        module = getattr(target, "__module__", None) or type(target).__module__
+        return module.split(".")[0] == "keras"
+
+    @property
     def own_accuracy(self) -> bool:
         """Whether foldsweep scores the accuracy itself (one class label per sample)."""
         return not self.regression and not self.per_position
