@@ -203,6 +203,14 @@ def _print_compile_share(records: Any) -> None:
         console.print(line, highlight=False, soft_wrap=True)
 
 
+def _print_refit_model(tags: Any, tracking_uri: str) -> None:
+    """The refit's logged model and how to load and serve it."""
+    from pipeline.records.report import refit_model_lines
+
+    for line in refit_model_lines(tags, tracking_uri):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
 def _replicas_text(cv: Any) -> str:
     if cv.n_repeats == 1:
         return f"{cv.n_splits} folds"
@@ -305,13 +313,24 @@ def run(
         help="Continue the latest sweep of this spec (after Ctrl-C or "
         "a killed driver): finished trials are kept, unfinished ones go on",
     ),
+    register_model: str | None = typer.Option(
+        None,
+        "--register-model",
+        help="Register the refit as a new version of this model [default: tracking.register_model]",
+    ),
+    model_alias: str | None = typer.Option(
+        None,
+        "--model-alias",
+        help="Move this alias (e.g. champion) of the registered model to the new version "
+        "[default: tracking.model_alias; none moves]",
+    ),
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
     started_at = time.time()  # the sweep's time account starts here (the interpreter took ~0.1 s before)
     from pipeline.checks import check_inputs, prepare
-    from pipeline.inputs.spec import load_spec
+    from pipeline.inputs.spec import load_spec, with_registration
 
-    sweep_spec = load_spec(spec)
+    sweep_spec = with_registration(load_spec(spec), register_model=register_model, model_alias=model_alias)
     doing = _Doing()
     doing(f"checking the data and folds of {spec}")
     inputs = check_inputs(sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
@@ -422,6 +441,7 @@ def run(
             f"where the sweep's time went: {sweep_account_text(outcome.account)}", highlight=False, soft_wrap=True
         )
     _print_compile_share(outcome.records)
+    _print_refit_model(outcome.refit_tags, prepared.tracking_uri)
     _print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
     if failed:
         for what in failed:
@@ -483,6 +503,7 @@ def report(
             + ", ".join(f"{key} {value:.4f}" for key, value in sorted(test_scores.items())),
             highlight=False,
         )
+    _print_refit_model(parent.tags, tracking_uri)
     for line in recorded_environment(parent.tags):
         console.print(f"environment: {line}", highlight=False, soft_wrap=True)
     ui_path = publish(tracker, parent.run_id, standings, sweep_name=parent.name, test_scores=test_scores)

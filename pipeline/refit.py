@@ -25,6 +25,8 @@ from pipeline.inputs.folds import Fold
 from pipeline.records.callbacks import slot_free
 
 REFIT_MODEL_ARTIFACT = "refit_model.keras"
+# The refit as an MLflow Model (``pipeline.records.model_package``), logged as the sweep's model.
+REFIT_MODEL_NAME = "refit_model"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class RefitResult:
     model_path: Path
     # Every other metric the trials computed, on the test split: {name: value}, recorded as test_<name>.
     test_metrics: Mapping[str, float] = field(default_factory=dict)
+    # The model as an MLflow Model directory, where the refit was given its experiment module.
+    package_path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -56,12 +60,20 @@ class PreparedRefit:
     """A refit's model, built and seeded, to be trained by ``train``."""
 
     def __init__(
-        self, build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs: int, recipe: TrainingRecipe
+        self,
+        build_fn: Any,
+        config: Mapping[str, Any],
+        dataset: Dataset,
+        *,
+        epochs: int,
+        recipe: TrainingRecipe,
+        experiment_path: Path | None = None,
     ):
         """Build ``config``'s model as a trial builds a fold's, with the sweep's trials' ``recipe``,
         on all of ``dataset.x``/``y``, with the test split as its validation "fold": the test split
         joins the device-resident arrays only here, as the validation data of one model that never
-        trains on it."""
+        trains on it. With ``experiment_path`` (the module ``build_fn`` comes from), ``train``
+        also saves the model as an MLflow Model that carries the module."""
         from pipeline.engine.resident import resident_data
         from pipeline.engine.trainer import build_trainer
 
@@ -70,6 +82,8 @@ class PreparedRefit:
         n_train = len(dataset.y)
         fold = Fold(train=np.arange(n_train), val=np.arange(n_train, len(y)))
         self.epochs = epochs
+        self._x_train = dataset.x
+        self._experiment_path = experiment_path
         self._trainer = build_trainer(
             build_fn,
             config,
@@ -90,7 +104,15 @@ class PreparedRefit:
                 raise RefitStopped
             result = self._trainer.run_epoch()
         path = directory / REFIT_MODEL_ARTIFACT
-        self._trainer.models[0].save(path)
+        model = self._trainer.models[0]
+        model.save(path)
+        package = None
+        if self._experiment_path is not None:
+            from pipeline.records.model_package import write_model_package
+
+            package = write_model_package(
+                model, directory / REFIT_MODEL_NAME, x_train=self._x_train, experiment_path=self._experiment_path
+            )
         scores = result.folds[0]
         return RefitResult(
             test_loss=scores.val_loss,
@@ -98,15 +120,24 @@ class PreparedRefit:
             epochs=self.epochs,
             model_path=path,
             test_metrics=dict(scores.metrics),
+            package_path=package,
         )
 
 
 def refit(
-    build_fn: Any, config: Mapping[str, Any], dataset: Dataset, *, epochs: int, recipe: TrainingRecipe, directory: Path
+    build_fn: Any,
+    config: Mapping[str, Any],
+    dataset: Dataset,
+    *,
+    epochs: int,
+    recipe: TrainingRecipe,
+    directory: Path,
+    experiment_path: Path | None = None,
 ) -> RefitResult:
     """Train ``config`` on all of ``dataset.x``/``y`` for ``epochs`` and score it on the test split,
-    trained with the sweep's trials' ``recipe``."""
-    return PreparedRefit(build_fn, config, dataset, epochs=epochs, recipe=recipe).train(directory)
+    trained with the sweep's trials' ``recipe`` (``PreparedRefit``)."""
+    prepared = PreparedRefit(build_fn, config, dataset, epochs=epochs, recipe=recipe, experiment_path=experiment_path)
+    return prepared.train(directory)
 
 
 def refit_scores(result: RefitResult) -> dict[str, float]:

@@ -14,7 +14,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,12 +40,13 @@ from pipeline.contract.results import (
 )
 from pipeline.inputs.space import SearchSpace
 from pipeline.inputs.spec import SweepSpec
+from pipeline.records.provenance import DataInput
 from pipeline.records.stores import sqlite_path
 from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
 
 if TYPE_CHECKING:
     from pipeline.inputs.datasets import Dataset
-    from pipeline.refit import EarlyRefit, RefitTarget
+    from pipeline.refit import EarlyRefit, RefitResult, RefitTarget
 
 RAY_RESULTS_DIR = "ray_results"
 
@@ -58,6 +59,7 @@ class SweepOutcome:
     wall_s: float
     ui_path: str = ""  # the MLflow UI's address path of the sweep's trials (pipeline.records.publish)
     account: TimeAccount | None = None  # where the sweep's wall clock went (SWEEP_PARTS)
+    refit_tags: Mapping[str, str] = field(default_factory=dict)  # the refit's model, as the parent run's tags
 
 
 def ray_results_dir(tracking_uri: str) -> Path:
@@ -132,7 +134,8 @@ def run_sweep(
     try:
         cluster = ray.cluster_resources()
         gpu = check_cluster_resources(prepared.spec, cluster, notify)
-        parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable, notify)
+        provenance = _provenance(prepared)
+        parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable, notify, provenance)
         resources = prepared.spec.resources
         at_once = int(min(cluster.get("CPU", 0) // resources.cpu, resources.max_concurrent or math.inf))
         say(
@@ -154,6 +157,7 @@ def run_sweep(
                 on_trial_done=on_trial_done,
                 progress=progress,
                 early_refit=early_refit,
+                provenance=provenance,
             )
             configs = _fit(tuner, prepared, tracker, parent_run_id)
         except BaseException as exc:
@@ -191,6 +195,7 @@ def run_sweep(
         started_at,
         ray_stopping=ray_stopping,
         early_refit=early_refit,
+        provenance=provenance,
     )
 
 
@@ -222,11 +227,33 @@ def _open_tracker(prepared: PreparedSweep, *, resume: bool, start_ray: bool) -> 
         raise
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """Where the sweep's runs come from (MLflow's source tags) and the data they see."""
+
+    run_tags: Mapping[str, str]
+    data: Sequence[DataInput]
+
+
+def _provenance(prepared: PreparedSweep) -> Provenance:
+    from pipeline.records.provenance import command_line, data_inputs, run_source_tags
+
+    return Provenance(
+        run_source_tags(prepared.experiment_path, command_line()),
+        data_inputs(prepared.dataset, prepared.spec.resolved_dataset()),
+    )
+
+
 def _open_sweep(
-    prepared: PreparedSweep, tracker: Tracker, resumable: SweepRecord | None, notify: Callable[[str], None]
+    prepared: PreparedSweep,
+    tracker: Tracker,
+    resumable: SweepRecord | None,
+    notify: Callable[[str], None],
+    provenance: Provenance,
 ) -> tuple[str, str]:
     """The sweep's parent run and Ray Tune experiment path: new, with the environment it runs in,
-    or the resumed sweep's, which keeps the environment it started in (a change is reported)."""
+    where it came from and its data, or the resumed sweep's, which keeps the environment it
+    started in (a change is reported)."""
     environment = Environment.current()
     if resumable is not None:
         changed = environment_change(resumable.tags, environment)
@@ -241,7 +268,8 @@ def _open_sweep(
         spec_text=spec.source_text,
         manifest=prepared.folds.manifest(),
         params=_sweep_params(prepared),
-        tags=environment.tags(),
+        tags={**environment.tags(), **provenance.run_tags},
+        data=provenance.data,
         ray_path_for=lambda run_id: str(ray_results_dir(prepared.tracking_uri) / f"{spec.name}-{run_id[:8]}"),
     )
 
@@ -258,6 +286,7 @@ def _build_tuner(
     on_trial_done: Callable[[TrialRecord], None] | None,
     progress: Any = None,
     early_refit: Any = None,
+    provenance: Provenance | None = None,
 ) -> Any:
     """The sweep's Ray Tune Tuner (restored from ``ray_path`` on a resume), recording through
     an MLflow callback; ``slots`` trials run at once at most."""
@@ -275,6 +304,8 @@ def _build_tuner(
         on_recorded=on_trial_done,
         conditions=prepared.space.conditions,
         searched=prepared.space.searched(),
+        run_tags=provenance.run_tags if provenance is not None else None,
+        data=provenance.data if provenance is not None else (),
     )
     callbacks = [recording]
     if progress is not None:
@@ -372,6 +403,7 @@ def _after_trials(
     *,
     ray_stopping: threading.Thread | None = None,
     early_refit: EarlyRefit | None = None,
+    provenance: Provenance | None = None,
 ) -> SweepOutcome:
     """Every trial has ended: publish the sweep's tables and plots, refit the best config, and
     close the parent run, whatever fails: FAILED with the traceback if publishing does, FINISHED
@@ -386,19 +418,23 @@ def _after_trials(
 
     spec = prepared.spec
     failed: list[str] = []
-    status, error, summary, ui_path = SweepStatus.OK, None, {}, ""
+    status, error, ui_path = SweepStatus.OK, None, ""
+    refitted = RefitOutcome({})
     refit_started = time.perf_counter()
     try:
         records = tracker.trial_records(parent_run_id)
         if spec.train.refit:
             try:
-                summary = _refit_best(prepared, tracker, parent_run_id, records, configs, notify, say, early_refit)
+                refitted = _refit_best(
+                    prepared, tracker, parent_run_id, records, configs, notify, say, early_refit, provenance
+                )
             except Exception as exc:
-                summary = {Tag.REFIT: f"error: {type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH]}
+                refitted = RefitOutcome({Tag.REFIT: f"error: {type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH]})
                 failed.append(f"the refit: {type(exc).__name__}: {exc}")
         refit_s = time.perf_counter() - refit_started
+        summary = refitted.summary
         try:
-            test_scores = {key: value for key, value in summary.items() if key.startswith("test_")}
+            test_scores = refitted.test_scores
             standings = Standings.of(records, spec.objective, n_splits=spec.cv.n_splits)
             ui_path = publish(tracker, parent_run_id, standings, sweep_name=spec.name, test_scores=test_scores)
         except Exception as exc:
@@ -414,7 +450,15 @@ def _after_trials(
             ray_stopping.join()
     account = _sweep_account(records, started_at=started_at, refit_s=refit_s)
     _close_sweep(prepared, tracker, parent_run_id, status, error=error, extra={**summary, **account_metrics(account)})
-    outcome = SweepOutcome(parent_run_id, spec.name, records, time.perf_counter() - started, ui_path, account)
+    outcome = SweepOutcome(
+        parent_run_id,
+        spec.name,
+        records,
+        time.perf_counter() - started,
+        ui_path,
+        account,
+        {key: value for key, value in summary.items() if isinstance(value, str)},
+    )
     if failed:
         raise AfterTrialsFailed(outcome, failed)
     return outcome
@@ -465,9 +509,11 @@ def _refit_best(
     notify: Callable[[str], None],
     say: Callable[[str], None],
     early_refit: EarlyRefit | None = None,
-) -> dict[str, float | str]:
+    provenance: Provenance | None = None,
+) -> RefitOutcome:
     """Train the best config on the whole CV training split; score it on the held-out test split
-    (the refit ``early_refit`` started beside the last trials, where it refit the best)."""
+    (the refit ``early_refit`` started beside the last trials, where it refit the best); log it
+    as the sweep's model, its scores against it, and register it where the spec asks."""
     import tempfile
 
     from pipeline.refit import refit, refit_scores
@@ -475,16 +521,18 @@ def _refit_best(
     spec, dataset = prepared.spec, prepared.dataset
     if dataset.x_test is None:
         notify("refit skipped: the dataset has no held-out test split")
-        return {Tag.REFIT: "skipped: no test split"}
+        return RefitOutcome({Tag.REFIT: "skipped: no test split"})
     target = _refit_target(spec, records, configs)
     if target is None:
         notify("refit skipped: no trial finished with a finite score")
-        return {Tag.REFIT: "skipped: no finished trial"}
+        return RefitOutcome({Tag.REFIT: "skipped: no finished trial"})
+    logged: dict[str, str] = {}
     early, delete_early = early_refit.result_for(target) if early_refit is not None else (None, lambda: None)
     try:
         if early is not None:
             result = early
             tracker.publish_sweep_files(parent_run_id, files={result.model_path: None})
+            logged = _log_refit_model(prepared, tracker, parent_run_id, target, result, provenance, notify)
         else:
             say(_refitting(target, dataset))
             with tempfile.TemporaryDirectory(prefix="foldsweep-refit-") as directory:
@@ -495,8 +543,10 @@ def _refit_best(
                     epochs=target.epochs,
                     recipe=prepared.trial_settings().recipe,
                     directory=Path(directory),
+                    experiment_path=prepared.experiment_path,
                 )
                 tracker.publish_sweep_files(parent_run_id, files={result.model_path: None})
+                logged = _log_refit_model(prepared, tracker, parent_run_id, target, result, provenance, notify)
     finally:
         delete_early()
     scores = refit_scores(result)
@@ -504,7 +554,56 @@ def _refit_best(
         f"refit of {target.run_name} on all {len(dataset.y)} training samples ({_epochs(target.epochs)}): "
         + ", ".join(f"{key} {value:.4f}" for key, value in scores.items())
     )
-    return {**scores, "refit_epochs": float(target.epochs), Tag.REFIT: "ok", Tag.REFIT_OF: target.run_id}
+    # Scores logged against the model are on the parent run already.
+    unlogged = {} if logged else scores
+    summary = {**unlogged, "refit_epochs": float(target.epochs), Tag.REFIT: "ok", Tag.REFIT_OF: target.run_id}
+    return RefitOutcome({**summary, **logged}, test_scores=scores)
+
+
+@dataclass(frozen=True)
+class RefitOutcome:
+    """What the refit leaves to record as the parent run closes (``summary``: metrics and tags),
+    and its scores on the test split."""
+
+    summary: Mapping[str, float | str]
+    test_scores: Mapping[str, float] = field(default_factory=dict)
+
+
+def _log_refit_model(
+    prepared: PreparedSweep,
+    tracker: Tracker,
+    parent_run_id: str,
+    target: RefitTarget,
+    result: RefitResult,
+    provenance: Provenance | None,
+    notify: Callable[[str], None],
+) -> dict[str, str]:
+    """The refit as the sweep's logged model, its test scores against it and the test split,
+    registered as a new version where ``tracking.register_model`` names a model; the parent
+    run's tags that say so."""
+    from pipeline.records.provenance import TESTING
+    from pipeline.refit import REFIT_MODEL_NAME, refit_scores
+
+    if result.package_path is None:
+        return {}
+    data = provenance.data if provenance is not None else ()
+    model_uri = tracker.log_model(
+        parent_run_id,
+        result.package_path,
+        name=REFIT_MODEL_NAME,
+        params=target.config,
+        tags={**(provenance.run_tags if provenance is not None else {}), Tag.REFIT_OF: target.run_id},
+        scores=refit_scores(result),
+        scored_on=next((item for item in data if item.context == TESTING), None),
+    )
+    logged = {Tag.REFIT_MODEL: model_uri}
+    settings = prepared.spec.tracking
+    if settings.register_model is not None:
+        version = tracker.register_model(model_uri, name=settings.register_model, alias=settings.model_alias)
+        logged[Tag.REGISTERED_MODEL] = f"models:/{settings.register_model}/{version}"
+        moved = f", alias {settings.model_alias} moved to it" if settings.model_alias else ""
+        notify(f"refit registered as version {version} of model {settings.register_model}{moved}")
+    return logged
 
 
 def _early_refit(
@@ -520,7 +619,14 @@ def _early_refit(
 
     def prepare(target: RefitTarget) -> PreparedRefit:
         recipe = prepared.trial_settings().recipe
-        return PreparedRefit(_builder(prepared), target.config, prepared.dataset, epochs=target.epochs, recipe=recipe)
+        return PreparedRefit(
+            _builder(prepared),
+            target.config,
+            prepared.dataset,
+            epochs=target.epochs,
+            recipe=recipe,
+            experiment_path=prepared.experiment_path,
+        )
 
     return EarlyRefit(
         slots=slots,

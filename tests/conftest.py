@@ -81,8 +81,8 @@ def empty_store(tmp_path: Path) -> Path:
 def recorded_sweep(local_ray: LocalRay, tmp_path_factory: pytest.TempPathFactory) -> RecordedSweep:
     """The session's one recorded sweep, for every test that reads a record (its runs, cv_results,
     plots, report, UI) or reruns one of its trials: 4 trials (lr 0.01 / 50 x clipping none /
-    global_norm), one of them NaN, refit included, on a data file (a rerun must notice when the
-    data changes). Tests that rerun add runs tagged role=rerun; none changes the sweep's."""
+    global_norm), one of them NaN, refit included (logged as a model, registered with the alias
+    champion), on a data file (a rerun must notice when the data changes). Tests that rerun add runs tagged role=rerun; none changes the sweep's."""
     import numpy as np
     from typer.testing import CliRunner
 
@@ -101,7 +101,7 @@ def recorded_sweep(local_ray: LocalRay, tmp_path_factory: pytest.TempPathFactory
             "dataset": str(directory / "data.npz"),
             "search": {"num_samples": 1, "space": Replace(RECORDED_SPACE)},
             "train": {"refit": True},
-            "tracking": {"uri": uri},
+            "tracking": {"uri": uri, "register_model": "diverging-cnn", "model_alias": True},
         },
     )
     (directory / "spec.yaml").write_text(yaml.safe_dump(spec))

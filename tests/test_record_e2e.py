@@ -15,7 +15,7 @@ from conftest import RECORDED_SPACE
 from helpers import Replace, free_port, latest_sweep
 from typer.testing import CliRunner
 
-from pipeline.base.environment import LOCK_HASH_TAG, LOCK_MATCHES_TAG, VERSION_TAG_PREFIX
+from pipeline.base.environment import LOCK_HASH_TAG, LOCK_MATCHES_TAG, VERSION_TAG_PREFIX, installed_version
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.spec import DatasetSpec
@@ -249,6 +249,119 @@ def test_refit_scores_the_best_config_on_the_held_out_test_split(recorded_sweep)
     accuracy = float(np.mean(np.argmax(model.predict(data.x_test, verbose=0), axis=-1) == data.y_test))
     assert parent.metrics["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
     assert 0 < parent.metrics["test_loss"] < 10
+
+
+def logged_model(uri: str, model_uri: str):
+    """The logged model as MLflow's own client reads it (what its UI shows)."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(uri).get_logged_model(model_uri.removeprefix("models:/"))
+
+
+def test_the_refit_is_a_logged_model_that_predicts_its_recorded_test_score(recorded_sweep, monkeypatch):
+    from urllib.parse import urlparse
+
+    import mlflow
+    from mlflow import MlflowClient
+
+    _, parent, _ = recorded_sweep.records()
+    model_uri = parent.tags[Tag.REFIT_MODEL]
+    model = logged_model(recorded_sweep.uri, model_uri)
+    assert (model.name, str(model.status), model.source_run_id) == ("refit_model", "READY", parent.run_id)
+    assert model.tags[Tag.REFIT_OF] == parent.tags[Tag.REFIT_OF]
+    linked = {metric.key: (metric.value, metric.dataset_name) for metric in model.metrics}
+    assert linked["test_accuracy"] == (parent.metrics["test_accuracy"], "data-test")
+    assert (
+        f"refit model {model_uri}" in recorded_sweep.output and "load it: MLFLOW_TRACKING_URI=" in recorded_sweep.output
+    )
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", recorded_sweep.uri)  # how the printed line loads it
+    loaded = mlflow.pyfunc.load_model(model_uri)
+    with np.load(recorded_sweep.directory / "data.npz") as data:
+        x_test, y_test = data["x_test"], data["y_test"]
+    (signature,) = loaded.metadata.signature.inputs.inputs
+    assert (signature.shape, signature.type) == ((-1, *x_test.shape[1:]), x_test.dtype)
+    requirements = Path(urlparse(model.artifact_location).path, "requirements.txt").read_text().split()
+    assert f"tensorflow=={installed_version('tensorflow')}" in requirements
+    predicted = np.argmax(loaded.predict(x_test), axis=-1)
+    assert float(np.mean(predicted == y_test)) == parent.metrics["test_accuracy"]
+
+    registry = MlflowClient(recorded_sweep.uri)
+    champion = registry.get_model_version_by_alias("diverging-cnn", "champion")
+    assert (str(champion.version), champion.source) == ("1", model_uri)
+    assert parent.tags[Tag.REGISTERED_MODEL] == "models:/diverging-cnn/1"
+
+
+def test_mlflow_serves_the_refit_model_with_its_predictions(recorded_sweep, tmp_path):
+    """``mlflow models serve`` of the printed model URI, a real server on a free local port."""
+    import json
+    import os
+    import sys
+    import urllib.request
+
+    from helpers import serving
+
+    tracker, parent, _ = recorded_sweep.records()
+    with np.load(recorded_sweep.directory / "data.npz") as data:
+        samples = data["x_test"][:4]
+    keras_model = keras.models.load_model(tracker.artifact_file(parent.run_id, "refit_model.keras", tmp_path))
+    expected = keras_model.predict(samples, verbose=0)
+    port = free_port()
+    bin_directory = str(Path(sys.executable).parent)
+    command = [f"{bin_directory}/mlflow", "models", "serve", "-m", parent.tags[Tag.REFIT_MODEL]]
+    command += ["--env-manager", "local", "--host", "127.0.0.1", "--port", str(port)]
+    environment = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": recorded_sweep.uri,
+        "PATH": f"{bin_directory}:{os.environ['PATH']}",
+    }
+    url = f"http://127.0.0.1:{port}"
+    with serving(command, url=url, what="mlflow models serve", env=environment, cwd=tmp_path):
+        request = urllib.request.Request(
+            f"{url}/invocations",
+            data=json.dumps({"inputs": samples.tolist()}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answered = np.asarray(json.loads(response.read())["predictions"])
+    assert answered.shape == expected.shape
+    np.testing.assert_allclose(answered, expected, rtol=1e-5, atol=1e-7)
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_every_run_says_where_it_came_from_and_which_data_it_saw(recorded_sweep):
+    import json
+    import subprocess
+
+    from mlflow import MlflowClient
+
+    from pipeline.inputs.datasets import fingerprint_arrays
+    from pipeline.records.provenance import DIGEST_LENGTH
+
+    tracker, parent, trials = recorded_sweep.records()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, check=True
+    ).stdout.strip()
+    client = MlflowClient(recorded_sweep.uri)  # the runs' inputs, as MLflow's own client reads them
+    with np.load(recorded_sweep.directory / "data.npz") as data:
+        digests = {
+            "data-train": fingerprint_arrays({"x": data["x"], "y": data["y"]})[:DIGEST_LENGTH],
+            "data-test": fingerprint_arrays({"x": data["x_test"], "y": data["y_test"]})[:DIGEST_LENGTH],
+        }
+    for record, contexts in [(parent, {"data-train": "training", "data-test": "testing"})] + [
+        (trial, {"data-train": "training"}) for trial in trials
+    ]:
+        assert record.tags["mlflow.user"] and record.tags["mlflow.source.type"] == "LOCAL"
+        assert record.tags["mlflow.source.name"] and record.tags["mlflow.source.git.commit"] == commit
+        inputs = client.get_run(record.run_id).inputs.dataset_inputs
+        seen = {item.dataset.name: (item.tags[0].value, item.dataset.digest) for item in inputs}
+        assert seen == {name: (context, digests[name]) for name, context in contexts.items()}
+    profile = json.loads(client.get_run(parent.run_id).inputs.dataset_inputs[0].dataset.profile)
+    assert profile["classes"] == 10 and profile["features_shape"][1:] == [40, 1]
+    same_data = client.search_runs(
+        [tracker.experiment_id("diverging")], f"datasets.digest = '{digests['data-train']}'", max_results=100
+    )
+    assert {run.info.run_id for run in same_data} == {parent.run_id, *(trial.run_id for trial in trials)}
 
 
 def test_the_refit_in_a_thread_beside_the_trials_is_the_refit_after_them_to_the_bit(recorded_sweep, tmp_path):

@@ -76,6 +76,7 @@ def test_a_regression_sweep_is_ranked_by_its_compiled_mae_lower_first(regression
 
 def test_the_refits_test_mae_is_what_the_saved_model_scores(regression_sweep):
     import keras
+    from mlflow import MlflowClient
 
     directory, _, _, tracker, parent, _ = regression_sweep
     model = keras.models.load_model(tracker.artifact_file(parent.run_id, "refit_model.keras", directory))
@@ -83,6 +84,9 @@ def test_the_refits_test_mae_is_what_the_saved_model_scores(regression_sweep):
     mae = float(np.mean(np.abs(model.predict(data["x_test"], verbose=0)[:, 0] - data["y_test"])))
     assert parent.metrics["test_mae"] == pytest.approx(mae, rel=1e-4)
     assert "test_accuracy" not in parent.metrics
+    # Logged as the sweep's model, and registered nowhere: the spec does not ask for it.
+    assert parent.tags[Tag.REFIT_MODEL].startswith("models:/") and Tag.REGISTERED_MODEL not in parent.tags
+    assert MlflowClient(tracker.uri).search_registered_models() == []  # MLflow's own registry, as its UI lists it
 
 
 def test_a_rerun_reproduces_the_recorded_mae_histories(regression_sweep):

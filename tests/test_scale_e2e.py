@@ -197,8 +197,10 @@ def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(
     local_ray, without_ray, tmp_path, write_spec, monkeypatch
 ):
     """The README's basic-auth recipe on loopback: without the credentials, or with wrong ones,
-    the sweep is refused before Ray starts; with them, it records over HTTP."""
+    the sweep is refused before Ray starts; with them, it records over HTTP, its refit's model
+    registered as asked."""
     import ray
+    from mlflow import MlflowClient
 
     monkeypatch.chdir(tmp_path)
     for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
@@ -253,11 +255,15 @@ def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(
 
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-Passphrase")
         local_ray.ensure()
-        result = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri])
+        registering = ["--register-model", "server-cnn", "--model-alias", "production"]
+        result = CliRunner().invoke(app, ["run", str(spec), "--tracking-uri", uri, *registering])
         assert result.exit_code == 0, result.output
         tracker, trials, parents = trial_runs(uri, "server")
         assert len(parents) == 1 and len(trials) == 1 and trials[0].state == "FINISHED"
         artifacts = set(tracker.artifact_paths(parents[0].run_id))
         assert {"cv_results.csv", "spec.yaml", "refit_model.keras"} <= artifacts
+        # The refit's model, logged and registered over HTTP (MLflow's own client reads its registry).
+        production = MlflowClient(uri).get_model_version_by_alias("server-cnn", "production")
+        assert (str(production.version), production.source) == ("1", parents[0].tags[Tag.REFIT_MODEL])
         assert "history.csv" in set(tracker.artifact_paths(trials[0].run_id))
         assert not (tmp_path / "mlflow.db").exists()

@@ -174,6 +174,16 @@ BAD_SPECS = [
     ({"resources": {"max_concurrent": 0}}, "resources.max_concurrent must be an integer >= 1, got 0"),
     ({"tracking": {"uri": 42}}, "tracking.uri must be a string, got 42"),
     ({"tracking": {"url": "sqlite:///x.db"}}, "unknown key 'tracking.url' (did you mean 'uri'?)"),
+    (
+        {"tracking": {"model_alias": True}},
+        "tracking.model_alias moves an alias of tracking.register_model, which is not set, got True",
+    ),
+    (
+        {"tracking": {"register_model": "cnn", "model_alias": "v2"}},
+        "tracking.model_alias must be letters, digits, _ and - (not latest nor v<number>, which MLflow keeps), "
+        "got 'v2'",
+    ),
+    ({"tracking": {"register_model": ""}}, "tracking.register_model must be the name of a registered model, got ''"),
 ]
 
 
@@ -325,6 +335,22 @@ def test_pad_last_batch_is_on_unless_turned_off_and_reaches_the_plans_choices(wr
     assert spec.train.pad_last_batch is False and TrainingRecipe.from_spec(spec).choices.pad_last_batch is False
     with pytest.raises(SpecError, match="train.pad_last_batch must be true or false, got 'auto'"):
         load_spec(write_spec({"train": {"pad_last_batch": "auto"}}))
+
+
+def test_the_refit_is_registered_only_when_asked_and_the_flags_override_the_spec(write_spec):
+    from pipeline.inputs.spec import with_registration
+
+    plain = load_spec(write_spec({}))
+    assert (plain.tracking.register_model, plain.tracking.model_alias) == (None, None)
+    asked = load_spec(write_spec({"tracking": {"register_model": "cnn", "model_alias": True}}))
+    assert (asked.tracking.register_model, asked.tracking.model_alias) == ("cnn", "champion")
+    flagged = with_registration(plain, register_model="protein-cnn", model_alias="production")
+    assert (flagged.tracking.register_model, flagged.tracking.model_alias) == ("protein-cnn", "production")
+    assert with_registration(asked, register_model=None, model_alias="staging").tracking.register_model == "cnn"
+    with pytest.raises(SpecError, match="--model-alias moves an alias of the registered model, but neither"):
+        with_registration(plain, register_model=None, model_alias="champion")
+    with pytest.raises(SpecError, match="--model-alias must be letters, digits, _ and -.*got 'latest'"):
+        with_registration(plain, register_model="cnn", model_alias="latest")
 
 
 def test_inline_step_is_off_unless_asked_and_reaches_the_plans_choices(write_spec):

@@ -55,6 +55,8 @@ def test_the_tag_names_are_the_documented_ones():
         "BEST_RUN_ID": "foldsweep.best_run_id",
         "REFIT": "foldsweep.refit",
         "REFIT_OF": "foldsweep.refit_of",
+        "REFIT_MODEL": "foldsweep.refit_model",
+        "REGISTERED_MODEL": "foldsweep.registered_model",
         "NUMERICS_OP": "foldsweep.numerics_op",
         "NUMERICS_NODE": "foldsweep.numerics_node",
         "NUMERICS_LAYER": "foldsweep.numerics_layer",
@@ -209,6 +211,45 @@ def test_a_sweep_resumes_only_when_unfinished_and_counts_its_resumes(tracker):
         tracker.resumable_sweep("tiny")
 
 
+class CountedWrites:
+    """The store's client, its writes counted by method (a request each on a tracking server)."""
+
+    WRITES = ("log_batch", "log_metric", "log_param", "set_tag", "log_inputs")
+
+    def __init__(self, client):
+        self.client = client
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name):
+        if name in self.WRITES:
+            self.calls[name] = self.calls.get(name, 0) + 1
+        return getattr(self.client, name)
+
+
+def test_each_group_of_values_written_together_is_one_batch(tracker):
+    """Each group of values recorded at once (an epoch, a trial's end, a retry, a run's tags, a
+    sweep's start and end) is one write, as a tracking server counts requests."""
+    counted = tracker._client = CountedWrites(tracker._client)
+    parent = start(tracker)
+    recorder = trial(tracker, parent, "11830_00000", selection=EpochSelection(Objective(metric="loss", mode="min")))
+    recorder.log_epoch(epoch(1, (0.9, 0.7)))
+    recorder.count_retry(1)
+    recorder.set_tags({Tag.RERUN_DIFFERS: "x", Tag.of("device_notice"): "y"})
+    recorder.finish(TrialStatus.OK, error="", tags={Tag.of("stopped"): "no"})
+    tracker.tag_runs(
+        {recorder.run_id: {Tag.PVALUE_VS_BEST: "0.5", DESCRIPTION_TAG: "d"}, parent: {DESCRIPTION_TAG: "p"}}
+    )
+    tracker.end_sweep(parent, status=SweepStatus.OK, summary={"best_mean_val_loss": 0.4, Tag.BEST_RUN_ID: "abc"})
+    # start, trial params, epoch, retry, tags, finish, two runs' tags, end.
+    assert counted.calls == {"log_batch": 9}
+    record = tracker.trial_record(recorder.run_id)
+    assert record.tags[Tag.RERUN_DIFFERS] == "x" and record.tags[Tag.PVALUE_VS_BEST] == "0.5"
+    assert record.metrics["retries"] == 1 and record.metrics["best_epoch"] == 1
+    sweep = tracker.find_sweep(parent)
+    assert sweep.metrics["best_mean_val_loss"] == 0.4 and sweep.tags[Tag.BEST_RUN_ID] == "abc"
+    assert sweep.tags[DESCRIPTION_TAG] == "p" and sweep.tags[Tag.STATUS] == "ok"
+
+
 def test_a_trial_is_found_by_its_run_id_the_start_of_it_or_its_ray_trial_id(tracker):
     parent = start(tracker)
     runs = [trial(tracker, parent, f"11830_0000{k}").run_id for k in range(2)]
@@ -227,8 +268,7 @@ def test_a_trials_error_status_tags_and_comparisons_are_recorded(tracker):
     recorder.count_retry(2)
     recorder.set_tags({Tag.of("device_notice"): "x" * 6000})
     recorder.finish(TrialStatus.ERROR, error="Traceback ...\nValueError: bad config")
-    tracker.mark_comparisons({recorder.run_id: 0.0123456})
-    tracker.describe_runs({recorder.run_id: "**best**"})
+    tracker.tag_runs({recorder.run_id: {Tag.PVALUE_VS_BEST: "0.01235", DESCRIPTION_TAG: "**best**"}})
     record = tracker.trial_record(recorder.run_id)
     assert (record.status, record.state) == (TrialStatus.ERROR, "FAILED")
     assert record.error == "Traceback ...\nValueError: bad config"

@@ -255,6 +255,28 @@ class ResourcesSpec:
 @dataclass(frozen=True)
 class TrackingSpec:
     uri: str = "sqlite:///mlflow.db"
+    # Register the refit as a new version of this registered model (none: nothing registered).
+    register_model: str | None = None
+    # Move this alias of the registered model to the new version (none: no alias moves).
+    model_alias: str | None = None
+
+
+# What ``tracking.model_alias: true`` moves; MLflow keeps ``latest`` and ``v<number>`` for itself.
+DEFAULT_MODEL_ALIAS = "champion"
+_ALIAS = re.compile(r"[A-Za-z0-9_-]+")
+_RESERVED_ALIAS = re.compile(r"latest|v\d+", re.IGNORECASE)
+
+
+def check_model_alias(alias: str, *, source: str) -> None:
+    """An alias MLflow accepts: letters, digits, ``_`` and ``-``, not ``latest`` nor ``v<number>``.
+
+    Raises:
+        SpecError: any other.
+    """
+    if not _ALIAS.fullmatch(alias) or _RESERVED_ALIAS.fullmatch(alias):
+        raise SpecError(
+            f"{source} must be letters, digits, _ and - (not latest nor v<number>, which MLflow keeps), got {alias!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -451,9 +473,7 @@ def parse_spec(data: Any, *, source_path: Path, source_text: str = "") -> SweepS
     search = _parse_search(root.section("search"))
     train = _parse_train(root.section("train"))
     resources = _parse_resources(root.section("resources"))
-    tracking = TrackingSpec(
-        uri=root.section("tracking").done_with(lambda s: s.string("uri", default=TrackingSpec().uri))
-    )
+    tracking = root.section("tracking").done_with(_parse_tracking)
     root.finish()
     spec = SweepSpec(
         name=name,
@@ -857,6 +877,45 @@ def _auto_or_positive_integer(section: _Section, key: str, *, default: int | Lit
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         section.fail(key, "must be auto or an integer >= 1", value)
     return value
+
+
+def with_registration(spec: SweepSpec, *, register_model: str | None, model_alias: str | None) -> SweepSpec:
+    """``spec`` with ``--register-model`` and ``--model-alias`` over its ``tracking`` settings.
+
+    Raises:
+        SpecError: an alias MLflow refuses, or an alias without a model to register.
+    """
+    if register_model is None and model_alias is None:
+        return spec
+    if register_model is not None and not register_model.strip():
+        raise SpecError(f"--register-model must be the name of a registered model, got {register_model!r}")
+    if model_alias is not None:
+        check_model_alias(model_alias, source="--model-alias")
+    tracking = replace(
+        spec.tracking,
+        register_model=register_model or spec.tracking.register_model,
+        model_alias=model_alias or spec.tracking.model_alias,
+    )
+    if tracking.model_alias is not None and tracking.register_model is None:
+        raise SpecError(
+            f"--model-alias moves an alias of the registered model, but neither --register-model nor "
+            f"{spec.source_path}: tracking.register_model names one, got --model-alias {model_alias!r}"
+        )
+    return replace(spec, tracking=tracking)
+
+
+def _parse_tracking(section: _Section) -> TrackingSpec:
+    uri = section.string("uri", default=TrackingSpec().uri)
+    register = section.string("register_model", pattern_hint="the name of a registered model")
+    given = section.take("model_alias")
+    alias = DEFAULT_MODEL_ALIAS if given is True else None if given is False else given
+    if alias is not None:
+        if not isinstance(alias, str):
+            section.fail("model_alias", f"must be true (alias {DEFAULT_MODEL_ALIAS}) or an alias", given)
+        check_model_alias(alias, source=f"{section.file}: {section.key_path('model_alias')}")
+        if register is None:
+            section.fail("model_alias", "moves an alias of tracking.register_model, which is not set", given)
+    return TrackingSpec(uri=uri, register_model=register, model_alias=alias)
 
 
 def _parse_resources(section: _Section) -> ResourcesSpec:

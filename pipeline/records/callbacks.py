@@ -13,6 +13,7 @@ from ray.tune import Callback
 
 from pipeline.contract.results import EpochSelection, TrialStatus, ended_status, trial_label
 from pipeline.records.plots import load_matplotlib
+from pipeline.records.provenance import DataInput
 from pipeline.records.tracking import Tag, Tracker, TrialRecord, TrialRecorder
 
 
@@ -45,8 +46,12 @@ class MlflowTrialCallback(Callback):
         on_recorded: Callable[[TrialRecord], None] | None = None,
         conditions: Mapping[str, Any] | None = None,
         searched: Sequence[str] = (),
+        run_tags: Mapping[str, str] | None = None,
+        data: Sequence[DataInput] = (),
     ):
         self.uri = uri
+        self.run_tags = dict(run_tags or {})  # every trial run's: where it came from
+        self.data = tuple(data)  # the sweep's data splits, as dataset inputs
         self.searched = tuple(searched)  # what the sweep searches: named in each trial's run name
         self.parent_run_id = parent_run_id
         self.sweep_name = sweep_name
@@ -87,9 +92,10 @@ class MlflowTrialCallback(Callback):
                 parent_run_id=self.parent_run_id,
                 role="trial",
                 config=values,
-                tags={Tag.SWEEP: self.sweep_name},
+                tags={**self.run_tags, Tag.SWEEP: self.sweep_name},
                 run_name=trial_run_name(trial.trial_id, values, getattr(self, "searched", ())),
                 trial_id=trial.trial_id,
+                data=self.data,
             )
             self._run_ids[trial.trial_id] = self.run_ids[trial.trial_id] = recorder.run_id
             self._recorded_epochs[trial.trial_id] = recorder.recorded_epochs

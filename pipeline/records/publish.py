@@ -20,7 +20,7 @@ from pipeline.records.report import (
     to_csv,
     trial_description,
 )
-from pipeline.records.tracking import Tracker
+from pipeline.records.tracking import DESCRIPTION_TAG, Tag, Tracker
 
 
 def publish(
@@ -44,7 +44,12 @@ def publish(
     descriptions[parent_run_id] = sweep_description(
         standings, sweep_name=sweep_name, test_scores=test_scores, rerun_command=rerun_command(standings, tracker.uri)
     )
-    tracker.describe_runs(descriptions)
-    tracker.mark_comparisons({run_id: comparison.pvalue for run_id, comparison in standings.comparisons.items()})
+    # Each ranked trial's p-value against the best is a tag: it changes when a resumed sweep finds
+    # a new best, and a tag is replaced where a metric would grow a history.
+    tags = {run_id: {DESCRIPTION_TAG: text} for run_id, text in descriptions.items()}
+    for run_id, comparison in standings.comparisons.items():
+        tags.setdefault(run_id, {})[Tag.PVALUE_VS_BEST] = f"{comparison.pvalue:.4g}"
+    tracker.tag_runs(tags)
     varying, _ = split_params(records)
-    return tracker.share_sweep_view(parent_run_id, objective=objective, columns=varying)
+    metric_keys = {key for record in records for key in record.metrics}
+    return tracker.share_sweep_view(parent_run_id, objective=objective, columns=varying, metric_keys=metric_keys)

@@ -390,3 +390,6 @@ def quiet_mlflow() -> None:
     # Schema migrations of a new SQLite store log a dozen INFO lines; users need none of them.
     for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking", "mlflow.store"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # The refit's model lists its requirements itself (pipeline.records.model_package); MLflow
+    # warns that it cannot find pip's version for a conda.yaml nobody asked for.
+    logging.getLogger("mlflow.utils.environment").setLevel(logging.ERROR)

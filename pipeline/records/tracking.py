@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ from pipeline.contract.results import (
     trial_label,
 )
 from pipeline.inputs.spec import Objective
+from pipeline.records.chart_view import chart_view
+from pipeline.records.provenance import TRAINING, DataInput
 from pipeline.records.stores import quiet_mlflow, ready_store, sqlite_path, start_from_empty_store
 
 
@@ -58,6 +61,8 @@ class Tag:
     BEST_RUN_ID = "foldsweep.best_run_id"
     REFIT = "foldsweep.refit"
     REFIT_OF = "foldsweep.refit_of"
+    REFIT_MODEL = "foldsweep.refit_model"
+    REGISTERED_MODEL = "foldsweep.registered_model"
     NUMERICS_OP = "foldsweep.numerics_op"
     NUMERICS_NODE = "foldsweep.numerics_node"
     NUMERICS_LAYER = "foldsweep.numerics_layer"
@@ -82,6 +87,8 @@ MANIFEST_ARTIFACT = "fold_manifest.json"
 MAX_TAG_LENGTH = 5000
 # What the MLflow UI shows as a run's description, and the experiment tags its shared views use.
 DESCRIPTION_TAG = "mlflow.note.content"
+# Where MLflow's own functions (``mlflow.pyfunc.load_model("models:/...")``) find the store.
+TRACKING_URI_VARIABLE = "MLFLOW_TRACKING_URI"
 
 
 @dataclass(frozen=True)
@@ -223,10 +230,12 @@ class Tracker:
         params: Mapping[str, Any],
         ray_path_for: Callable[[str], str],
         tags: Mapping[str, str] = {},
+        data: Sequence[DataInput] = (),
     ) -> tuple[str, str]:
-        """Create the parent run of a sweep with its spec, fold manifest and ``tags``; returns its
-        id and the Ray Tune experiment path (``ray_path_for(run_id)``), recorded for a resume."""
-        from mlflow.entities import Param
+        """Create the parent run of a sweep with its spec, fold manifest, ``tags`` and ``data``
+        (its splits as dataset inputs); returns its id and the Ray Tune experiment path
+        (``ray_path_for(run_id)``), recorded for a resume."""
+        from mlflow.entities import Param, RunTag
 
         run = self._client.create_run(
             self.experiment_id(name),
@@ -235,20 +244,33 @@ class Tracker:
         )
         run_id = run.info.run_id
         ray_path = ray_path_for(run_id)
-        self._client.log_batch(run_id, params=[Param(key, _param_text(value)) for key, value in params.items()])
-        self._client.set_tag(run_id, Tag.RAY_PATH, ray_path)
+        self._client.log_batch(
+            run_id,
+            params=[Param(key, _param_text(value)) for key, value in params.items()],
+            tags=[RunTag(Tag.RAY_PATH, ray_path)],
+        )
+        self.log_data(run_id, data)
         self._client.log_text(run_id, spec_text, SPEC_ARTIFACT)
         self._client.log_dict(run_id, dict(manifest), MANIFEST_ARTIFACT)
         return run_id, ray_path
 
     def end_sweep(self, run_id: str, *, status: SweepStatus, summary: Mapping[str, float | str]) -> None:
         """Close a sweep's parent run: summary metrics (finite ones) and tags, status, run state."""
-        for key, value in summary.items():
-            if isinstance(value, str):
-                self._client.set_tag(run_id, key, value)
-            elif math.isfinite(value):
-                self._client.log_metric(run_id, key, value)
-        self._client.set_tag(run_id, Tag.STATUS, status.value)
+        from mlflow.entities import Metric, RunTag
+
+        now = int(time.time() * 1000)
+        self._client.log_batch(
+            run_id,
+            metrics=[
+                Metric(key, value, now, 0)
+                for key, value in summary.items()
+                if not isinstance(value, str) and math.isfinite(value)
+            ],
+            tags=[
+                *(RunTag(key, value) for key, value in summary.items() if isinstance(value, str)),
+                RunTag(Tag.STATUS, status.value),
+            ],
+        )
         self._client.set_terminated(run_id, status.run_state)
 
     def resumable_sweep(self, name: str) -> SweepRecord:
@@ -269,10 +291,9 @@ class Tracker:
 
     def reopen_sweep(self, parent: SweepRecord) -> tuple[str, str]:
         """Set a resumable sweep (``resumable_sweep``) running again: (run id, Ray path)."""
-        self._client.update_run(parent.run_id, status="RUNNING")
-        self._client.set_tag(parent.run_id, Tag.STATUS, SweepStatus.RUNNING.value)
         resumes = int(parent.tags.get(Tag.RESUMES, "0")) + 1
-        self._client.set_tag(parent.run_id, Tag.RESUMES, str(resumes))
+        self._client.update_run(parent.run_id, status="RUNNING")
+        self.tag_runs({parent.run_id: {Tag.STATUS: SweepStatus.RUNNING.value, Tag.RESUMES: str(resumes)}})
         return parent.run_id, parent.tags[Tag.RAY_PATH]
 
     def find_sweep(self, sweep: str | None = None) -> SweepRecord:
@@ -333,23 +354,104 @@ class Tracker:
         for path, directory in files.items():
             self._client.log_artifact(run_id, str(path), directory)
 
-    def describe_runs(self, descriptions: Mapping[str, str]) -> None:
-        """Runs' descriptions (what the MLflow UI shows on a run's page), in Markdown."""
-        for run_id, text in descriptions.items():
-            self._client.set_tag(run_id, DESCRIPTION_TAG, text)
+    def log_data(self, run_id: str, data: Sequence[DataInput]) -> None:
+        """The data a run saw, as MLflow dataset inputs, in one write."""
+        if data:
+            self._client.log_inputs(run_id, datasets=[item.entity() for item in data])
 
-    def mark_comparisons(self, pvalues: Mapping[str, float]) -> None:
-        """Each ranked trial's p-value against the best (a tag: it changes when a resumed sweep
-        finds a new best, and a tag is replaced where a metric would grow a history)."""
-        for run_id, pvalue in pvalues.items():
-            self._client.set_tag(run_id, Tag.PVALUE_VS_BEST, f"{pvalue:.4g}")
+    def log_model(
+        self,
+        run_id: str,
+        directory: Path,
+        *,
+        name: str,
+        params: Mapping[str, Any],
+        tags: Mapping[str, str],
+        scores: Mapping[str, float],
+        scored_on: DataInput | None,
+    ) -> str:
+        """An MLflow Model directory (``pipeline.records.model_package``) as a logged model of the
+        run ``run_id`` (its output, as ``mlflow.<flavor>.log_model`` links one), with ``params``,
+        ``tags`` and ``scores`` on ``scored_on`` logged against it (and on the run); returns its
+        ``models:/`` URI. The run stays as it is (open or closed)."""
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
+        from mlflow.models import Model
 
-    def share_sweep_view(self, parent_run_id: str, *, objective: Objective, columns: Sequence[str] = ()) -> str:
+        run = self._client.get_run(run_id)
+        model = self._client.create_logged_model(
+            run.info.experiment_id,
+            name=name,
+            source_run_id=run_id,
+            params={key: _param_text(value) for key, value in params.items()},
+            tags=dict(tags),
+        )
+        try:
+            described = Model.load(str(directory))
+            described.run_id, described.model_id, described.model_uuid = run_id, model.model_id, model.model_id
+            described.artifact_path = model.artifact_location
+            described.save(str(directory / "MLmodel"))
+            self._client.log_model_artifacts(model.model_id, str(directory))
+        except BaseException:
+            self._client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+            raise
+        self._client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+        self._client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
+        now = int(time.time() * 1000)
+        dataset = {"dataset_name": scored_on.name, "dataset_digest": scored_on.digest} if scored_on else {}
+        self._client.log_batch(
+            run_id,
+            metrics=[
+                Metric(key, value, now, 0, model_id=model.model_id, run_id=run_id, **dataset)
+                for key, value in scores.items()
+            ],
+        )
+        return f"models:/{model.model_id}"
+
+    def register_model(self, model_uri: str, *, name: str, alias: str | None = None) -> str:
+        """A new version of the registered model ``name`` (created on first use) from the logged
+        model ``model_uri``, with ``alias`` moved to it when given; returns the version. As
+        ``mlflow.register_model`` registers one: its source is the model's URI, and the model's
+        ``mlflow.modelVersions`` tag names its versions (what the UI links)."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+        try:
+            self._client.get_registered_model(name)
+        except MlflowException:
+            self._client.create_registered_model(name)
+        model_id = model_uri.removeprefix("models:/")
+        # MLflow's registry resolves a models:/ source through the process's tracking URI.
+        with _tracking_uri_variable(self.uri):
+            version = self._client.create_model_version(name, model_uri, model_id=model_id)
+        if alias is not None:
+            self._client.set_registered_model_alias(name, alias, version.version)
+        versions = json.loads(self._client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
+        versions.append({"name": name, "version": int(version.version)})
+        self._client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(versions)})
+        return str(version.version)
+
+    def tag_runs(self, tags: Mapping[str, Mapping[str, str]]) -> None:
+        """Tags of several runs, {run id: {tag: value}}: one write per run."""
+        from mlflow.entities import RunTag
+
+        for run_id, values in tags.items():
+            if values:
+                self._client.log_batch(run_id, tags=[RunTag(key, value) for key, value in values.items()])
+
+    def share_sweep_view(
+        self,
+        parent_run_id: str,
+        *,
+        objective: Objective,
+        columns: Sequence[str] = (),
+        metric_keys: Iterable[str] = (),
+    ) -> str:
         """A view of a sweep's trials that the MLflow UI opens from a link: the trials listed flat,
         best first by the objective at each trial's selected epoch, with it, its spread, that
-        epoch, the p-value against the best, the status and ``columns`` (params) shown. Stored as
-        the experiment's shared view state (what the UI's own "share" writes); returns the UI
-        address path that opens it."""
+        epoch, the p-value against the best, the status and ``columns`` (params) shown; its chart
+        view laid out over the trials' ``metric_keys`` (``chart_view``), every trial plotted.
+        Stored as the experiment's shared view state (what the UI's own "share" writes); returns
+        the UI address path that opens it."""
         parent = self._client.get_run(parent_run_id)
         experiment_id = parent.info.experiment_id
         key = f"foldsweep-{parent_run_id[:12]}"
@@ -365,6 +467,7 @@ class Tracker:
                 f"tags.`{Tag.STATUS}`",
                 *(f"params.`{name}`" for name in columns),
             ],
+            **chart_view(objective, metric_keys, columns),
         }
         self._client.set_experiment_tag(experiment_id, f"{MLFLOW_SHARED_VIEW_TAG}{key}", json.dumps(state))
         return f"/#/experiments/{experiment_id}/runs?{MLFLOW_SHARED_VIEW_PARAM}={key}&workflowType=machine_learning"
@@ -429,10 +532,12 @@ class Tracker:
         tags: Mapping[str, str],
         trial_id: str | None = None,
         selection: EpochSelection | None = None,
+        data: Sequence[DataInput] = (),
     ) -> TrialRecorder:
         """The recorder of a trial's run (or a rerun's): a new child run of the sweep with the
-        config it uses as params and as ``trial_config.json`` (typed, for reruns); for a Ray
-        trial that already has a run in this sweep (a resume), that run, set running again."""
+        config it uses as params and as ``trial_config.json`` (typed, for reruns), and the data
+        it trains on (``data``'s training split) as its dataset input; for a Ray trial that
+        already has a run in this sweep (a resume), that run, set running again."""
         from mlflow.entities import Param
 
         if trial_id is not None:
@@ -455,6 +560,7 @@ class Tracker:
         params = [Param(key, _param_text(value)) for key, value in sorted(config.items()) if value is not None]
         self._client.log_batch(run_id, params=params)
         self._client.log_dict(run_id, dict(config), TRIAL_CONFIG_ARTIFACT)
+        self.log_data(run_id, [item for item in data if item.context == TRAINING])
         return TrialRecorder(self, run_id, selection)
 
     def _find_trial_run(self, parent_run_id: str, trial_id: str) -> Any:
@@ -618,12 +724,16 @@ class TrialRecorder:
         self._client.log_artifacts(self.run_id, str(directory), artifact_path)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        for key, value in tags.items():
-            self._client.set_tag(self.run_id, key, value[:MAX_TAG_LENGTH])
+        self.tracker.tag_runs({self.run_id: {key: value[:MAX_TAG_LENGTH] for key, value in tags.items()}})
 
     def count_retry(self, retries: int) -> None:
-        self._client.set_tag(self.run_id, Tag.RETRIES, str(retries))
-        self._client.log_metric(self.run_id, RETRIES, float(retries))
+        from mlflow.entities import Metric, RunTag
+
+        self._client.log_batch(
+            self.run_id,
+            metrics=[Metric(RETRIES, float(retries), int(time.time() * 1000), 0)],
+            tags=[RunTag(Tag.RETRIES, str(retries))],
+        )
 
     def finish(
         self,
@@ -635,29 +745,42 @@ class TrialRecorder:
     ) -> None:
         """End the run: status tag, error text, the time account of its last report (wall time
         and where it went), the selected epoch and its scores, ``history.csv``, run state."""
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric, RunTag
 
         account = (
             EpochResult.from_report(last_report).account_values() if last_report and FOLD_IDS in last_report else {}
         )
         account.pop(EPOCH_GAP_S, None)  # recorded with its epoch
-        if account:
-            now = int(time.time() * 1000)
-            self._client.log_batch(self.run_id, metrics=[Metric(key, value, now, 0) for key, value in account.items()])
-        for key, value in {Tag.STATUS: status.value, **(tags or {})}.items():
-            self._client.set_tag(self.run_id, key, value)
-        if error:
-            self._client.set_tag(self.run_id, Tag.ERROR, error[-MAX_TAG_LENGTH:])
         rows = self.tracker.epoch_rows(self.run_id)
+        # The selection at step 0 as all of them, so that a trial resumed and ended again shows
+        # its newest selection (MLflow shows a metric's value at its highest step).
         selected = self.selection.selected_metrics(rows) if self.selection is not None else {}
-        if selected:
-            # One step for all of them, so that a trial resumed and ended again shows its newest
-            # selection (MLflow shows a metric's value at its highest step).
-            now = int(time.time() * 1000)
-            self._client.log_batch(self.run_id, metrics=[Metric(key, value, now, 0) for key, value in selected.items()])
+        ending = {Tag.STATUS: status.value, **(tags or {})}
+        if error:
+            ending[Tag.ERROR] = error[-MAX_TAG_LENGTH:]
+        now = int(time.time() * 1000)
+        self._client.log_batch(
+            self.run_id,
+            metrics=[Metric(key, value, now, 0) for key, value in {**account, **selected}.items()],
+            tags=[RunTag(key, value) for key, value in ending.items()],
+        )
         if rows:
             self._client.log_text(self.run_id, _history_csv(rows), HISTORY_ARTIFACT)
         self._client.set_terminated(self.run_id, status.run_state)
+
+
+@contextlib.contextmanager
+def _tracking_uri_variable(uri: str) -> Iterator[None]:
+    """``MLFLOW_TRACKING_URI`` set to ``uri`` meanwhile (what MLflow reads where it takes no client)."""
+    before = os.environ.get(TRACKING_URI_VARIABLE)
+    os.environ[TRACKING_URI_VARIABLE] = uri
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TRACKING_URI_VARIABLE, None)
+        else:
+            os.environ[TRACKING_URI_VARIABLE] = before
 
 
 def _history_csv(rows: Mapping[int, Mapping[str, float]]) -> str:

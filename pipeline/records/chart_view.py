@@ -1,0 +1,112 @@
+"""The chart view of a sweep's shared view in the MLflow UI: its charts in sections by what a
+researcher compares (the CV mean curves and the hyperparameters against the objective, then the
+folds' own curves, throughput, the time account), every trial plotted.
+
+The state is the UI's own (what its chart view saves): sections and cards keyed as its
+``compareRunSections`` and ``compareRunCharts``. The UI adds a chart of its own for every metric
+no card names; each metric this view leaves out gets a deleted card, so the view shows what it
+lays out and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pipeline.contract.results import (
+    ACCOUNT_KEYS,
+    COMPILE_S,
+    EPOCH_GAP_S,
+    EVAL_RATE,
+    SELECTED_PREFIX,
+    TRAIN_RATE,
+    TRIAL_PARTS,
+)
+from pipeline.inputs.spec import Objective
+
+SECTIONS = ("CV mean", "Per fold", "Throughput", "Time account")
+_FOLD_KEY = re.compile(r"split\d+_")
+_CV_KEY = re.compile(r"(mean|std)_")
+
+
+def chart_view(
+    objective: Objective, metric_keys: Iterable[str], searched: Sequence[str], *, budget: int = 18000
+) -> dict[str, Any]:
+    """The UI state keys of the chart view over trials that recorded ``metric_keys``, searching
+    ``searched`` (params): sections, cards, and every run shown. Within ``budget`` characters of
+    JSON (MLflow keeps an experiment tag's value in 20,000): where a card per fold and score
+    would not fit, each score gets one card of all its folds' curves."""
+    for per_fold_key in (True, False):
+        view = _view(objective, set(metric_keys), searched, per_fold_key=per_fold_key)
+        if len(json.dumps(view)) <= budget:
+            return view
+    return {key: value for key, value in view.items() if key != "compareRunCharts"}
+
+
+def _view(objective: Objective, keys: set[str], searched: Sequence[str], *, per_fold_key: bool) -> dict[str, Any]:
+    cv = sorted((key for key in keys if _CV_KEY.match(key)), key=lambda key: (key != objective.key, key))
+    folds = sorted((key for key in keys if _FOLD_KEY.match(key)), key=_fold_order)
+    throughput = [key for key in (TRAIN_RATE, EVAL_RATE, COMPILE_S) if key in keys]
+    account = [key for key in dict.fromkeys((*ACCOUNT_KEYS, *TRIAL_PARTS)) if key in keys and key not in throughput]
+    cards = [_line(key, "CV mean") for key in cv]
+    selected = f"{SELECTED_PREFIX}{objective.key}"
+    if searched and selected in keys:
+        parallel = {"selectedParams": list(searched), "selectedMetrics": [selected], "showAllRuns": True}
+        cards.insert(min(1, len(cards)), {**_card("PARALLEL", "CV mean"), **parallel})
+    if per_fold_key:
+        cards += [_line(key, "Per fold") for key in folds]
+    else:
+        scores = dict.fromkeys(key.partition("_")[2] for key in folds)
+        for score in scores:
+            of_score = [key for key in folds if key.partition("_")[2] == score]
+            cards.append({**_line(of_score[0], "Per fold"), "selectedMetricKeys": of_score, "displayName": score})
+    cards += [_line(key, "Throughput") for key in throughput]
+    cards += [_bar(key, "Time account") for key in account]
+    if EPOCH_GAP_S in keys:
+        cards.append(_line(EPOCH_GAP_S, "Time account"))
+    shown = {card["metricKey"] for card in cards if "metricKey" in card}
+    cards += [{"type": "BAR", "metricKey": key, "deleted": True} for key in sorted(keys - shown)]
+    cards = [{"uuid": f"foldsweep-{number}", **card} for number, card in enumerate(cards)]
+    return {
+        "compareRunSections": [
+            {"uuid": _section_id(name), "name": name, "display": True, "isReordered": True} for name in SECTIONS
+        ],
+        "compareRunCharts": cards,
+        "runsHiddenMode": "SHOW_ALL",
+        "hideEmptyCharts": True,
+        "isAccordionReordered": True,
+    }
+
+
+def _fold_order(key: str) -> tuple[str, int]:
+    """``split10_val_loss`` after ``split2_val_loss``: by what is scored, then by fold."""
+    fold, _, name = key.partition("_")
+    return name, int(fold.removeprefix("split"))
+
+
+def _section_id(name: str) -> str:
+    return "foldsweep-section-" + name.lower().replace(" ", "-")
+
+
+def _card(kind: str, section: str) -> dict[str, Any]:
+    return {"type": kind, "metricSectionId": _section_id(section)}
+
+
+def _line(key: str, section: str) -> dict[str, Any]:
+    """A metric's curve over the epochs (MLflow's steps), unsmoothed."""
+    return {
+        **_card("LINE", section),
+        "metricKey": key,
+        "xAxisKey": "step",
+        "useGlobalXaxisKey": False,
+        "lineSmoothness": 0,
+        "useGlobalLineSmoothing": False,
+        "scaleType": "linear",
+    }
+
+
+def _bar(key: str, section: str) -> dict[str, Any]:
+    """A value recorded once per trial, a bar per trial."""
+    return {**_card("BAR", section), "metricKey": key}
