@@ -934,7 +934,7 @@ def ui(
     from pipeline.base.errors import TrackingError
     from pipeline.base.private_hooks import MLFLOW_JOB_EXECUTION_VARIABLE, require_hooks
     from pipeline.base.processes import stop_process_tree
-    from pipeline.records.report import split_params
+    from pipeline.records.publish import share_view
     from pipeline.records.stores import check_tracking_uri
     from pipeline.records.tracking import Tracker
 
@@ -958,8 +958,7 @@ def ui(
         parent = None
     address = f"http://127.0.0.1:{port}"
     if parent is not None:
-        varying, _ = split_params(tracker.trial_records(parent.run_id))
-        address += tracker.share_sweep_view(parent.run_id, objective=parent.objective, columns=varying)
+        address += share_view(tracker, parent.run_id, tracker.trial_records(parent.run_id), parent.objective)
     # One worker process is plenty for one researcher's browser (MLflow's default is four), and
     # MLflow's GenAI job runner (a job process and six task-queue consumers) has nothing to do
     # for training runs.

@@ -19,6 +19,7 @@ from pipeline.base.environment import LOCK_HASH_TAG, LOCK_MATCHES_TAG, VERSION_T
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.spec import DatasetSpec
+from pipeline.records.chart_view import SECTIONS
 from pipeline.records.plots import PLOTS
 from pipeline.records.tracking import DESCRIPTION_TAG, Tag
 
@@ -534,20 +535,34 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_pat
         )
         positions = [visible.index(name) for _, name in ok_scores]
         assert positions == sorted(positions), "best first"
-        screenshot = tmp_path / "sweep_in_the_ui.png"
+        # The same view's charts: in foldsweep's sections, and no chart MLflow added on its own.
+        charts = address + "&compareRunsMode=CHART"
+        charted = re.sub(r"<[^>]+>", " ", rendered(chromium, charts, tmp_path / "charts-profile"))
+        for section in SECTIONS:
+            assert re.search(rf"{section}\s*\(\d+\)", charted), section
+        assert "Model metrics" not in charted
+        screenshot = tmp_path / "sweep_charts_in_the_ui.png"
         shot = subprocess.run(
             [
                 chromium,
                 *CHROMIUM_FLAGS,
                 f"--user-data-dir={tmp_path / 'shot-profile'}",
                 f"--screenshot={screenshot}",
-                address,
+                charts,
             ],
             capture_output=True,
             timeout=120,
         )
         assert shot.returncode == 0, shot.stderr
         assert_drawn_page(screenshot)
+        # The experiment's runs table: the data each run saw, and the sweep's model on its run.
+        experiment = tracker.experiment_id(parent.name)
+        runs_table = rendered(
+            chromium,
+            f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs?workflowType=machine_learning",
+            tmp_path / "table-profile",
+        )
+        assert "data-train" in runs_table and 'href="#/models/diverging-cnn/versions/1"' in runs_table
         nan_trial = next(run for run in trials if run.tags[Tag.STATUS] == "nan")
         trial_page = rendered(
             chromium,

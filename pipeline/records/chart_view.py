@@ -29,53 +29,54 @@ from pipeline.inputs.spec import Objective
 SECTIONS = ("CV mean", "Per fold", "Throughput", "Time account")
 _FOLD_KEY = re.compile(r"split\d+_")
 _CV_KEY = re.compile(r"(mean|std)_")
+# The layouts, fullest first: a card per fold and score; a card per score with every fold's
+# curve; the CV mean section alone.
+_LAYOUTS = ("per fold", "per score", "cv mean")
 
 
 def chart_view(
     objective: Objective, metric_keys: Iterable[str], searched: Sequence[str], *, budget: int = 18000
 ) -> dict[str, Any]:
     """The UI state keys of the chart view over trials that recorded ``metric_keys``, searching
-    ``searched`` (params): sections, cards, and every run shown. Within ``budget`` characters of
-    JSON (MLflow keeps an experiment tag's value in 20,000): where a card per fold and score
-    would not fit, each score gets one card of all its folds' curves."""
-    for per_fold_key in (True, False):
-        view = _view(objective, set(metric_keys), searched, per_fold_key=per_fold_key)
+    ``searched`` (params): sections, cards, and every run shown. The fullest layout within
+    ``budget`` characters of JSON (MLflow keeps an experiment tag's value in 20,000); where none
+    fits, the UI's own layout of every metric."""
+    keys = set(metric_keys)
+    for layout in _LAYOUTS:
+        view = _view(objective, keys, searched, layout=layout)
         if len(json.dumps(view)) <= budget:
             return view
-    return {key: value for key, value in view.items() if key != "compareRunCharts"}
+    return {"runsHiddenMode": "SHOW_ALL"}
 
 
-def _view(objective: Objective, keys: set[str], searched: Sequence[str], *, per_fold_key: bool) -> dict[str, Any]:
+def _view(objective: Objective, keys: set[str], searched: Sequence[str], *, layout: str) -> dict[str, Any]:
     cv = sorted((key for key in keys if _CV_KEY.match(key)), key=lambda key: (key != objective.key, key))
-    folds = sorted((key for key in keys if _FOLD_KEY.match(key)), key=_fold_order)
-    throughput = [key for key in (TRAIN_RATE, EVAL_RATE, COMPILE_S) if key in keys]
-    account = [key for key in dict.fromkeys((*ACCOUNT_KEYS, *TRIAL_PARTS)) if key in keys and key not in throughput]
     cards = [_line(key, "CV mean") for key in cv]
     selected = f"{SELECTED_PREFIX}{objective.key}"
     if searched and selected in keys:
         parallel = {"selectedParams": list(searched), "selectedMetrics": [selected], "showAllRuns": True}
         cards.insert(min(1, len(cards)), {**_card("PARALLEL", "CV mean"), **parallel})
-    if per_fold_key:
-        cards += [_line(key, "Per fold") for key in folds]
-    else:
-        scores = dict.fromkeys(key.partition("_")[2] for key in folds)
-        for score in scores:
-            of_score = [key for key in folds if key.partition("_")[2] == score]
-            cards.append({**_line(of_score[0], "Per fold"), "selectedMetricKeys": of_score, "displayName": score})
-    cards += [_line(key, "Throughput") for key in throughput]
-    cards += [_bar(key, "Time account") for key in account]
-    if EPOCH_GAP_S in keys:
-        cards.append(_line(EPOCH_GAP_S, "Time account"))
-    shown = {card["metricKey"] for card in cards if "metricKey" in card}
-    cards += [{"type": "BAR", "metricKey": key, "deleted": True} for key in sorted(keys - shown)]
+    if layout != "cv mean":
+        folds = sorted((key for key in keys if _FOLD_KEY.match(key)), key=_fold_order)
+        if layout == "per fold":
+            cards += [_line(key, "Per fold") for key in folds]
+        else:
+            for score in dict.fromkeys(key.partition("_")[2] for key in folds):
+                of_score = [key for key in folds if key.partition("_")[2] == score]
+                cards.append({**_line(of_score[0], "Per fold"), "selectedMetricKeys": of_score, "displayName": score})
+        throughput = [key for key in (TRAIN_RATE, EVAL_RATE, COMPILE_S) if key in keys]
+        cards += [_line(key, "Throughput") for key in throughput]
+        account = dict.fromkeys((*ACCOUNT_KEYS, *TRIAL_PARTS))
+        cards += [_bar(key, "Time account") for key in account if key in keys and key not in throughput]
+        cards += [_line(EPOCH_GAP_S, "Time account")] if EPOCH_GAP_S in keys else []
     cards = [{"uuid": f"foldsweep-{number}", **card} for number, card in enumerate(cards)]
+    shown = {card["metricKey"] for card in cards if "metricKey" in card}
+    # A card naming a metric keeps the UI from charting it on its own; deleted, it shows nothing.
+    cards += [{"metricKey": key, "deleted": True} for key in sorted(keys - shown)]
     return {
-        "compareRunSections": [
-            {"uuid": _section_id(name), "name": name, "display": True, "isReordered": True} for name in SECTIONS
-        ],
+        "compareRunSections": [{"uuid": _section_id(name), "name": name, "display": True} for name in SECTIONS],
         "compareRunCharts": cards,
         "runsHiddenMode": "SHOW_ALL",
-        "hideEmptyCharts": True,
         "isAccordionReordered": True,
     }
 
@@ -95,16 +96,8 @@ def _card(kind: str, section: str) -> dict[str, Any]:
 
 
 def _line(key: str, section: str) -> dict[str, Any]:
-    """A metric's curve over the epochs (MLflow's steps), unsmoothed."""
-    return {
-        **_card("LINE", section),
-        "metricKey": key,
-        "xAxisKey": "step",
-        "useGlobalXaxisKey": False,
-        "lineSmoothness": 0,
-        "useGlobalLineSmoothing": False,
-        "scaleType": "linear",
-    }
+    """A metric's curve over the epochs (MLflow's steps), unsmoothed (the UI smooths unless told)."""
+    return {**_card("LINE", section), "metricKey": key, "lineSmoothness": 0}
 
 
 def _bar(key: str, section: str) -> dict[str, Any]:

@@ -6,9 +6,10 @@ refreshes all of it."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pipeline.inputs.spec import Objective
 from pipeline.records.plots import write_plots
 from pipeline.records.report import (
     Standings,
@@ -20,7 +21,7 @@ from pipeline.records.report import (
     to_csv,
     trial_description,
 )
-from pipeline.records.tracking import DESCRIPTION_TAG, Tag, Tracker
+from pipeline.records.tracking import DESCRIPTION_TAG, Tag, Tracker, TrialRecord
 
 
 def publish(
@@ -50,6 +51,12 @@ def publish(
     for run_id, comparison in standings.comparisons.items():
         tags.setdefault(run_id, {})[Tag.PVALUE_VS_BEST] = f"{comparison.pvalue:.4g}"
     tracker.tag_runs(tags)
+    return share_view(tracker, parent_run_id, records, objective)
+
+
+def share_view(tracker: Tracker, parent_run_id: str, records: Sequence[TrialRecord], objective: Objective) -> str:
+    """The sweep's shared view in the MLflow UI over its trials ``records``: the params they vary
+    as columns, their metrics in the chart view; returns the UI address path that opens it."""
     varying, _ = split_params(records)
     metric_keys = {key for record in records for key in record.metrics}
     return tracker.share_sweep_view(parent_run_id, objective=objective, columns=varying, metric_keys=metric_keys)
