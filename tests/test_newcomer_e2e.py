@@ -85,6 +85,7 @@ def test_the_leaderboard_shows_run_ids_and_its_rerun_command_works_as_printed(sc
     tracker, _, trials = latest_sweep(uri, "newcomer")
     for trial in trials:
         assert re.search(rf"│\s+\d\s+│ {trial.run_id[:8]} │ trial-\d+ ", ran.stdout), ran.stdout
+        assert trial.tags["mlflow.source.name"] == "foldsweep run spec.yaml"  # the command as typed
         assert re.fullmatch(r"trial-\d{5} learning_rate=\S+ .*", trial.run_name), trial.run_name
         assert Tracker(uri).trial_run_id(trial.tags[Tag.TRIAL_ID]) == trial.run_id
     command = re.search(r"^rerun the best trial: (.*)$", ran.stdout, re.MULTILINE).group(1)
@@ -101,6 +102,7 @@ def test_the_leaderboard_shows_run_ids_and_its_rerun_command_works_as_printed(sc
     )
     assert again.returncode == 0, again.stdout + again.stderr
     rerun = tracker.reruns(best.run_id)[0]
+    assert rerun.tags["mlflow.source.name"] == shlex.join(["foldsweep", *shlex.split(command)[1:]])
     for k in range(2):
         key = f"split{k}_val_loss"
         recorded = curve(uri, best.run_id, key)

@@ -44,6 +44,8 @@ def rerun(monkeypatch, threads_kept):
 
 
 def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_apart(unclipped_trials, rerun):
+    from mlflow import MlflowClient
+
     directory, tracker, trials, parent = unclipped_trials
     store = f"sqlite:///{directory / 'mlflow.db'}"
     original = trials["0.01"]
@@ -65,6 +67,14 @@ def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_ap
     assert len(reruns) == 1
     again = reruns[0]
     assert again.state == "FINISHED" and again.tags[Tag.ROLE] == "rerun"
+    # Where it came from and the data it trained on, as the trial it reruns records them (the
+    # command's own name, in a process of its own: test_newcomer_e2e).
+    assert again.tags["mlflow.source.git.commit"] == original.tags["mlflow.source.git.commit"]
+    (trained_on,) = MlflowClient(store).get_run(again.run_id).inputs.dataset_inputs  # MLflow's own reading
+    assert (
+        trained_on.dataset.digest
+        == MlflowClient(store).get_run(original.run_id).inputs.dataset_inputs[0].dataset.digest
+    )
     for k in (0, 1):
         for key in (f"split{k}_val_loss", f"split{k}_val_accuracy", f"split{k}_train_loss"):
             assert curve(store, again.run_id, key) == pytest.approx(
