@@ -136,6 +136,8 @@ def run_sweep(
         gpu = check_cluster_resources(prepared.spec, cluster, notify)
         provenance = _provenance(prepared)
         parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable, notify, provenance)
+        if prepared.spec.tracking.system_metrics:
+            tracker.monitor_system(parent_run_id)
         resources = prepared.spec.resources
         at_once = int(min(cluster.get("CPU", 0) // resources.cpu, resources.max_concurrent or math.inf))
         say(

@@ -106,7 +106,10 @@ def recorded_sweep(local_ray: LocalRay, tmp_path_factory: pytest.TempPathFactory
     )
     (directory / "spec.yaml").write_text(yaml.safe_dump(spec))
     local_ray.ensure()
-    result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
+    with pytest.MonkeyPatch.context() as patch:
+        # MLflow's system metrics sampled every second (every 10 by default), so a short sweep has some.
+        patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")
+        result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
     return RecordedSweep(directory, uri, result.exit_code, result.output)
 
 

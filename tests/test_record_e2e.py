@@ -330,7 +330,7 @@ def test_mlflow_serves_the_refit_model_with_its_predictions(recorded_sweep, tmp_
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_every_run_says_where_it_came_from_and_which_data_it_saw(recorded_sweep):
+def test_every_run_says_where_it_came_from_and_which_data_it_saw_and_the_sweep_its_host(recorded_sweep):
     import json
     import subprocess
 
@@ -357,6 +357,10 @@ def test_every_run_says_where_it_came_from_and_which_data_it_saw(recorded_sweep)
         inputs = client.get_run(record.run_id).inputs.dataset_inputs
         seen = {item.dataset.name: (item.tags[0].value, item.dataset.digest) for item in inputs}
         assert seen == {name: (context, digests[name]) for name, context in contexts.items()}
+    # MLflow's own system metrics on the parent run, sampled while the sweep ran.
+    cpu = client.get_metric_history(parent.run_id, "system/cpu_utilization_percentage")
+    assert cpu and all(0 <= point.value <= 100 for point in cpu)
+    assert parent.metrics["system/system_memory_usage_megabytes"] > 0
     profile = json.loads(client.get_run(parent.run_id).inputs.dataset_inputs[0].dataset.profile)
     assert profile["classes"] == 10 and profile["features_shape"][1:] == [40, 1]
     same_data = client.search_runs(

@@ -342,6 +342,8 @@ def test_the_refit_is_registered_only_when_asked_and_the_flags_override_the_spec
 
     plain = load_spec(write_spec({}))
     assert (plain.tracking.register_model, plain.tracking.model_alias) == (None, None)
+    assert plain.tracking.system_metrics is True
+    assert load_spec(write_spec({"tracking": {"system_metrics": False}})).tracking.system_metrics is False
     asked = load_spec(write_spec({"tracking": {"register_model": "cnn", "model_alias": True}}))
     assert (asked.tracking.register_model, asked.tracking.model_alias) == ("cnn", "champion")
     flagged = with_registration(plain, register_model="protein-cnn", model_alias="production")

@@ -259,6 +259,8 @@ class TrackingSpec:
     register_model: str | None = None
     # Move this alias of the registered model to the new version (none: no alias moves).
     model_alias: str | None = None
+    # The driver's host sampled (CPU, memory, disk, network, GPU) on the parent run, by MLflow's monitor.
+    system_metrics: bool = True
 
 
 # What ``tracking.model_alias: true`` moves; MLflow keeps ``latest`` and ``v<number>`` for itself.
@@ -915,7 +917,8 @@ def _parse_tracking(section: _Section) -> TrackingSpec:
         check_model_alias(alias, source=f"{section.file}: {section.key_path('model_alias')}")
         if register is None:
             section.fail("model_alias", "moves an alias of tracking.register_model, which is not set", given)
-    return TrackingSpec(uri=uri, register_model=register, model_alias=alias)
+    system_metrics = section.boolean("system_metrics", default=TrackingSpec().system_metrics)
+    return TrackingSpec(uri=uri, register_model=register, model_alias=alias, system_metrics=system_metrics)
 
 
 def _parse_resources(section: _Section) -> ResourcesSpec:

@@ -388,7 +388,7 @@ def quiet_mlflow() -> None:
     # Artifact downloads (reruns read the spec and config back) would draw progress bars.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # Schema migrations of a new SQLite store log a dozen INFO lines; users need none of them.
-    for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking", "mlflow.store"):
+    for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking", "mlflow.store", "mlflow.system_metrics"):
         logging.getLogger(name).setLevel(logging.WARNING)
     # The refit's model lists its requirements itself (pipeline.records.model_package); MLflow
     # warns that it cannot find pip's version for a conda.yaml nobody asked for.

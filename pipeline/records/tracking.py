@@ -196,6 +196,7 @@ class Tracker:
         self.uri = uri
         start_from_empty_store(uri, lambda location: MlflowClient(tracking_uri=location))
         self._client = ready_store(lambda: MlflowClient(tracking_uri=uri), uri)
+        self._monitors: dict[str, Any] = {}  # run id -> MLflow's system metrics monitor on it
 
     def experiment_id(self, name: str) -> str:
         """The MLflow experiment named ``name``, created on first use."""
@@ -254,9 +255,23 @@ class Tracker:
         self._client.log_dict(run_id, dict(manifest), MANIFEST_ARTIFACT)
         return run_id, ray_path
 
+    def monitor_system(self, run_id: str) -> None:
+        """MLflow's system metrics (``system/...``: CPU, memory, disk, network, and GPU where
+        its library is installed) sampled on the run until ``end_sweep`` closes it."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=self.uri)
+        monitor.start()
+        self._monitors[run_id] = monitor
+
     def end_sweep(self, run_id: str, *, status: SweepStatus, summary: Mapping[str, float | str]) -> None:
-        """Close a sweep's parent run: summary metrics (finite ones) and tags, status, run state."""
+        """Close a sweep's parent run: its system metrics' last sample, summary metrics (finite
+        ones) and tags, status, run state."""
         from mlflow.entities import Metric, RunTag
+
+        monitor = self._monitors.pop(run_id, None)
+        if monitor is not None:
+            monitor.finish()
 
         now = int(time.time() * 1000)
         self._client.log_batch(
