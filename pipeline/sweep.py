@@ -556,6 +556,10 @@ def _refit_best(
         f"refit of {target.run_name} on all {len(dataset.y)} training samples ({_epochs(target.epochs)}): "
         + ", ".join(f"{key} {value:.4f}" for key, value in scores.items())
     )
+    if Tag.REGISTERED_MODEL in logged:
+        alias = spec.tracking.model_alias
+        moved = f" (alias {alias} moved to it: models:/{spec.tracking.register_model}@{alias})" if alias else ""
+        notify(f"refit registered as {logged[Tag.REGISTERED_MODEL]}{moved}")
     # Scores logged against the model are on the parent run already.
     unlogged = {} if logged else scores
     summary = {**unlogged, "refit_epochs": float(target.epochs), Tag.REFIT: "ok", Tag.REFIT_OF: target.run_id}
@@ -603,8 +607,6 @@ def _log_refit_model(
     if settings.register_model is not None:
         version = tracker.register_model(model_uri, name=settings.register_model, alias=settings.model_alias)
         logged[Tag.REGISTERED_MODEL] = f"models:/{settings.register_model}/{version}"
-        moved = f", alias {settings.model_alias} moved to it" if settings.model_alias else ""
-        notify(f"refit registered as version {version} of model {settings.register_model}{moved}")
     return logged
 
 

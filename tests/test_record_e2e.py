@@ -407,6 +407,7 @@ def test_report_prints_the_tables_and_refreshes_the_plots(recorded_sweep):
         assert "where each trial's time went" in result.output and "other_s" in result.output
         assert "test_accuracy" in result.output
         assert "(sweep_fixed_s)" in result.output and "compile share " in result.output
+        assert f"refit model {parent.tags[Tag.REFIT_MODEL]}" in result.output and "serve it: " in result.output
     assert set(tracker.artifact_paths(parent.run_id, "plots")) == before
     missing = CliRunner().invoke(app, ["report", "nosuch", "--tracking-uri", uri])
     assert missing.exit_code == 2 and "no sweep named 'nosuch'" in missing.output

@@ -2,7 +2,7 @@
 ``mlflow.keras.log_model`` writes, with the pieces a researcher's model needs to load anywhere.
 
 - A signature from the training data: the samples' shape with a batch dimension of -1, their dtype.
-- A small input example: the first training samples.
+- An input example: the first training sample.
 - As requirements, the versions installed here (the lock's, in a checkout), so that no
   subprocess is spent inferring them.
 - The experiment module, saved under ``code/`` with a loader that imports it before Keras loads
@@ -24,7 +24,7 @@ from pipeline.base.environment import installed_version
 # What the model needs to load: Keras on TensorFlow, MLflow's flavor, and what experiment
 # modules import (KerasTuner's HyperParameters).
 REQUIREMENTS = ("mlflow", "keras", "tensorflow", "keras-tuner", "numpy")
-EXAMPLE_SAMPLES = 2
+EXAMPLE_SAMPLES = 1  # an image of 224x224x3 is some 3 MB of JSON, twice over (input and serving examples)
 CODE_DIRECTORY = "code"
 LOADER_MODULE = "foldsweep_model_loader"
 # The name the experiment module is imported under, in the sweep and by the loader, so that the
