@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from pipeline.base.private_hooks import MLFLOW_CHART_VIEW_NAMES
 from pipeline.inputs.spec import Objective
 from pipeline.records.chart_view import SECTIONS, chart_view
 
@@ -64,3 +65,14 @@ def test_many_folds_get_a_card_per_score_and_the_view_always_fits_mlflows_tag():
         named = sorted(card["metricKey"] for card in view["compareRunCharts"] if "metricKey" in card)
         assert named == sorted(metric_keys(folds=25 if view is many else 40))
     assert chart_view(Objective(), metric_keys(folds=100), []) == {"runsHiddenMode": "SHOW_ALL"}
+
+
+def test_every_name_the_view_writes_is_one_the_mlflow_ui_hook_checks():
+    """The UI's own names (what the shared-view hook finds in the installed UI's scripts), or
+    foldsweep's values (uuids, names, metric keys)."""
+    view = chart_view(Objective(), metric_keys(folds=25), ["learning_rate"])
+    written = set(view) | {key for card in view["compareRunCharts"] for key in card}
+    written |= {key for section in view["compareRunSections"] for key in section}
+    ui_generic = {"uuid", "type", "name", "display", "deleted"}
+    assert written - ui_generic <= set(MLFLOW_CHART_VIEW_NAMES)
+    assert view["runsHiddenMode"] in MLFLOW_CHART_VIEW_NAMES

@@ -66,9 +66,13 @@ def test_a_ray_method_with_another_signature_is_refused(monkeypatch):
     ]
 
 
+# The chart view's names as the UI's scripts hold them.
+CHART_STATE = " ".join(f"state.{name};" for name in private_hooks.MLFLOW_CHART_VIEW_NAMES)
+
+
 def test_an_mlflow_ui_without_the_shared_view_tag_is_named(monkeypatch, tmp_path):
     script = tmp_path / "main.js"
-    script.write_text('const key = params.get("viewStateShareKey"); tags["mlflow.viewState." + key];')
+    script.write_text(f'const key = params.get("viewStateShareKey"); tags["mlflow.viewState." + key]; {CHART_STATE}')
     monkeypatch.setattr(private_hooks, "mlflow_ui_scripts", lambda: [script])
     problems = broken_hooks(["mlflow"])
     assert len(problems) == 1
@@ -91,7 +95,7 @@ def an_mlflow_directory(root: Path, *, variables: str) -> Path:
     )
     (root / "server" / "js" / "build" / "static" / "js").mkdir(parents=True)
     (root / "server" / "js" / "build" / "static" / "js" / "main.js").write_text(
-        'params.get("viewStateShareKey"); tags["mlflow.sharedViewState." + key];'
+        f'params.get("viewStateShareKey"); tags["mlflow.sharedViewState." + key]; {CHART_STATE}'
     )
     (root / "environment_variables.py").write_text(variables)
     return root

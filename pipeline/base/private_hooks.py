@@ -29,6 +29,23 @@ from pipeline.base.errors import FoldsweepError
 # address parameter that opens one: neither is in MLflow's documented API.
 MLFLOW_SHARED_VIEW_TAG = "mlflow.sharedViewState."
 MLFLOW_SHARED_VIEW_PARAM = "viewStateShareKey"
+# The chart view's state in a shared view, as the UI's own chart view saves it
+# (pipeline.records.chart_view): its keys and the values it reads.
+MLFLOW_CHART_VIEW_NAMES = (
+    "compareRunSections",
+    "compareRunCharts",
+    "runsHiddenMode",
+    "SHOW_ALL",
+    "isAccordionReordered",
+    "metricSectionId",
+    "metricKey",
+    "selectedMetricKeys",
+    "displayName",
+    "lineSmoothness",
+    "selectedParams",
+    "selectedMetrics",
+    "showAllRuns",
+)
 # Tables every MLflow SQLite store has: how a file is told apart from another program's database.
 MLFLOW_STORE_TABLES = frozenset({"experiments", "runs", "alembic_version"})
 # `foldsweep ui` turns MLflow's GenAI job runner off with it.
@@ -240,7 +257,7 @@ def _check_shared_view() -> str | None:
 @functools.cache
 def _names_unread(scripts: tuple[Path, ...]) -> tuple[str, ...]:
     """The shared-view names no script mentions (20 MB of JavaScript: read once per process)."""
-    wanted = {MLFLOW_SHARED_VIEW_TAG, MLFLOW_SHARED_VIEW_PARAM}
+    wanted = {MLFLOW_SHARED_VIEW_TAG, MLFLOW_SHARED_VIEW_PARAM, *MLFLOW_CHART_VIEW_NAMES}
     for script in scripts:
         text = script.read_text(encoding="utf-8", errors="replace")
         wanted = {name for name in wanted if name not in text}
@@ -674,8 +691,9 @@ HOOKS: tuple[Hook, ...] = (
     ),
     Hook(
         "mlflow",
-        f"the experiment tag {MLFLOW_SHARED_VIEW_TAG}<key> and ?{MLFLOW_SHARED_VIEW_PARAM}=<key>",
-        "`foldsweep ui` and the parent run's link open the sweep's trials best first",
+        f"the experiment tag {MLFLOW_SHARED_VIEW_TAG}<key> and ?{MLFLOW_SHARED_VIEW_PARAM}=<key>, with the "
+        f"chart view's {', '.join(MLFLOW_CHART_VIEW_NAMES)}",
+        "`foldsweep ui` and the parent run's link open the sweep's trials best first, and its charts in sections",
         (),
         _check_shared_view,
     ),
