@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.base.private_hooks import MLFLOW_CHART_VIEW_NAMES
+from pipeline.base.private_hooks import MLFLOW_VIEW_STATE_NAMES
 from pipeline.inputs.spec import Objective
 from pipeline.records.chart_view import SECTIONS, chart_view
 
@@ -74,5 +74,5 @@ def test_every_name_the_view_writes_is_one_the_mlflow_ui_hook_checks():
     written = set(view) | {key for card in view["compareRunCharts"] for key in card}
     written |= {key for section in view["compareRunSections"] for key in section}
     ui_generic = {"uuid", "type", "name", "display", "deleted"}
-    assert written - ui_generic <= set(MLFLOW_CHART_VIEW_NAMES)
-    assert view["runsHiddenMode"] in MLFLOW_CHART_VIEW_NAMES
+    assert written - ui_generic <= set(MLFLOW_VIEW_STATE_NAMES)
+    assert view["runsHiddenMode"] in MLFLOW_VIEW_STATE_NAMES

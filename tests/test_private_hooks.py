@@ -67,7 +67,7 @@ def test_a_ray_method_with_another_signature_is_refused(monkeypatch):
 
 
 # The chart view's names as the UI's scripts hold them.
-CHART_STATE = " ".join(f"state.{name};" for name in private_hooks.MLFLOW_CHART_VIEW_NAMES)
+CHART_STATE = " ".join(f"state.{name};" for name in private_hooks.MLFLOW_VIEW_STATE_NAMES)
 
 
 def test_an_mlflow_ui_without_the_shared_view_tag_is_named(monkeypatch, tmp_path):

@@ -467,16 +467,17 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--virtual-time-budget=30000",
-    f"--window-size={WINDOW_SIZE[0]},{WINDOW_SIZE[1]}",
 ]
 
 
-def rendered(chromium: str, url: str, profile: Path) -> str:
-    """The page's DOM after its scripts ran, from headless Chromium."""
+def rendered(chromium: str, url: str, profile: Path, *, width: int = WINDOW_SIZE[0]) -> str:
+    """The page's DOM after its scripts ran, from headless Chromium (a table holds the columns
+    its window's ``width`` shows)."""
     import subprocess
 
+    window = f"--window-size={width},{WINDOW_SIZE[1]}"
     completed = subprocess.run(
-        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
+        [chromium, *CHROMIUM_FLAGS, window, f"--user-data-dir={profile}", "--dump-dom", url],
         capture_output=True,
         text=True,
         timeout=120,
@@ -527,11 +528,13 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_pat
         address = re.search(r"at (http://127\.0\.0\.1:\d+/\S+)", printed).group(1)
         assert "viewStateShareKey=" in address
         assert answers(address), "the address is printed once the UI answers"
-        # A fresh browser profile, as a new user has: the printed address opens on the sweep's trials.
-        page = rendered(chromium, address, tmp_path / "fresh-profile")
+        # A fresh browser profile, as a new user has: the printed address opens on the sweep's trials,
+        # each with the data it trained on (the last column: wide enough a window shows it).
+        page = rendered(chromium, address, tmp_path / "fresh-profile", width=3600)
         visible = re.sub(r"<[^>]+>", " ", page)
         for run in trials:
             assert run.run_name in visible
+        assert visible.count("data-train") == len(trials)
         assert "mean_val_accuracy" in visible and "Model training" in visible
         assert re.search(rf"\b{len(trials)}\s+matching runs", visible), "the trials, flat, without the parent"
         ok_scores = sorted(
@@ -551,6 +554,7 @@ def test_the_mlflow_ui_shows_the_sweep_in_a_real_browser(recorded_sweep, tmp_pat
             [
                 chromium,
                 *CHROMIUM_FLAGS,
+                f"--window-size={WINDOW_SIZE[0]},{WINDOW_SIZE[1]}",
                 f"--user-data-dir={tmp_path / 'shot-profile'}",
                 f"--screenshot={screenshot}",
                 charts,

@@ -29,9 +29,10 @@ from pipeline.base.errors import FoldsweepError
 # address parameter that opens one: neither is in MLflow's documented API.
 MLFLOW_SHARED_VIEW_TAG = "mlflow.sharedViewState."
 MLFLOW_SHARED_VIEW_PARAM = "viewStateShareKey"
-# The chart view's state in a shared view, as the UI's own chart view saves it
-# (pipeline.records.chart_view): its keys and the values it reads.
-MLFLOW_CHART_VIEW_NAMES = (
+# What foldsweep's shared view holds beyond the search (filter, order, columns), as the UI's own
+# views save it: the table's column order, and the chart view (pipeline.records.chart_view).
+MLFLOW_VIEW_STATE_NAMES = (
+    "columnOrder",
     "compareRunSections",
     "compareRunCharts",
     "runsHiddenMode",
@@ -257,7 +258,7 @@ def _check_shared_view() -> str | None:
 @functools.cache
 def _names_unread(scripts: tuple[Path, ...]) -> tuple[str, ...]:
     """The shared-view names no script mentions (20 MB of JavaScript: read once per process)."""
-    wanted = {MLFLOW_SHARED_VIEW_TAG, MLFLOW_SHARED_VIEW_PARAM, *MLFLOW_CHART_VIEW_NAMES}
+    wanted = {MLFLOW_SHARED_VIEW_TAG, MLFLOW_SHARED_VIEW_PARAM, *MLFLOW_VIEW_STATE_NAMES}
     for script in scripts:
         text = script.read_text(encoding="utf-8", errors="replace")
         wanted = {name for name in wanted if name not in text}
@@ -692,7 +693,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(
         "mlflow",
         f"the experiment tag {MLFLOW_SHARED_VIEW_TAG}<key> and ?{MLFLOW_SHARED_VIEW_PARAM}=<key>, with the "
-        f"chart view's {', '.join(MLFLOW_CHART_VIEW_NAMES)}",
+        f"view state's {', '.join(MLFLOW_VIEW_STATE_NAMES)}",
         "`foldsweep ui` and the parent run's link open the sweep's trials best first, and its charts in sections",
         (),
         _check_shared_view,

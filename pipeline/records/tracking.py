@@ -463,25 +463,30 @@ class Tracker:
     ) -> str:
         """A view of a sweep's trials that the MLflow UI opens from a link: the trials listed flat,
         best first by the objective at each trial's selected epoch, with it, its spread, that
-        epoch, the p-value against the best, the status and ``columns`` (params) shown; its chart
+        epoch, the p-value against the best, the status, ``columns`` (params) and the dataset
+        shown; its chart
         view laid out over the trials' ``metric_keys`` (``chart_view``), every trial plotted.
         Stored as the experiment's shared view state (what the UI's own "share" writes); returns
         the UI address path that opens it."""
         parent = self._client.get_run(parent_run_id)
         experiment_id = parent.info.experiment_id
         key = f"foldsweep-{parent_run_id[:12]}"
+        shown = [
+            f"metrics.`{SELECTED_PREFIX}{objective.key}`",
+            f"metrics.`{SELECTED_PREFIX}{objective.spread_key}`",
+            f"metrics.`{BEST_EPOCH}`",
+            f"tags.`{Tag.PVALUE_VS_BEST}`",
+            f"tags.`{Tag.STATUS}`",
+            *(f"params.`{name}`" for name in columns),
+            "attributes.`Dataset`",  # the data each trial trained on (the UI's own column)
+        ]
         state = {
             "searchFilter": f"tags.`{Tag.PARENT}` = '{parent_run_id}' and tags.`{Tag.ROLE}` = 'trial'",
             "orderByKey": f"metrics.`{SELECTED_PREFIX}{objective.key}`",
             "orderByAsc": objective.mode == "min",
-            "selectedColumns": [
-                f"metrics.`{SELECTED_PREFIX}{objective.key}`",
-                f"metrics.`{SELECTED_PREFIX}{objective.spread_key}`",
-                f"metrics.`{BEST_EPOCH}`",
-                f"tags.`{Tag.PVALUE_VS_BEST}`",
-                f"tags.`{Tag.STATUS}`",
-                *(f"params.`{name}`" for name in columns),
-            ],
+            "selectedColumns": shown,
+            # In this order, the scores first: the UI puts its own columns (the dataset) before them.
+            "columnOrder": shown,
             **chart_view(objective, metric_keys, columns),
         }
         self._client.set_experiment_tag(experiment_id, f"{MLFLOW_SHARED_VIEW_TAG}{key}", json.dumps(state))
