@@ -773,7 +773,7 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
             config=resolve_config(request.config, request.conditions),
             tags={**run_source_tags(request.experiment_path, command_line()), Tag.RERUN_OF: recorded.run_id},
             selection=EpochSelection(request.spec.objective, request.spec.train.select),
-            data=data_inputs(request.dataset, request.spec.resolved_dataset()),
+            data=data_inputs(request.dataset, recorded.dataset),  # the data file as the sweep resolved it
         )
 
     def on_plan(plan: Any, differences: list[str]) -> None:

@@ -37,8 +37,10 @@ class RefitResult:
     model_path: Path
     # Every other metric the trials computed, on the test split: {name: value}, recorded as test_<name>.
     test_metrics: Mapping[str, float] = field(default_factory=dict)
-    # The model as an MLflow Model directory, where the refit was given its experiment module.
+    # The model as an MLflow Model directory, where the refit was given its experiment module;
+    # else why there is none ("" where none was asked for).
     package_path: Path | None = None
+    package_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,13 +108,16 @@ class PreparedRefit:
         path = directory / REFIT_MODEL_ARTIFACT
         model = self._trainer.models[0]
         model.save(path)
-        package = None
+        package, package_error = None, ""
         if self._experiment_path is not None:
             from pipeline.records.model_package import write_model_package
 
-            package = write_model_package(
-                model, directory / REFIT_MODEL_NAME, x_train=self._x_train, experiment_path=self._experiment_path
-            )
+            try:
+                package = write_model_package(
+                    model, directory / REFIT_MODEL_NAME, x_train=self._x_train, experiment_path=self._experiment_path
+                )
+            except Exception as exc:  # the refit and its scores stand without it
+                package_error = f"{type(exc).__name__}: {exc}"
         scores = result.folds[0]
         return RefitResult(
             test_loss=scores.val_loss,
@@ -121,6 +126,7 @@ class PreparedRefit:
             model_path=path,
             test_metrics=dict(scores.metrics),
             package_path=package,
+            package_error=package_error,
         )
 
 

@@ -137,7 +137,10 @@ def run_sweep(
         provenance = _provenance(prepared)
         parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable, notify, provenance)
         if prepared.spec.tracking.system_metrics:
-            tracker.monitor_system(parent_run_id)
+            try:
+                tracker.monitor_system(parent_run_id)
+            except Exception as exc:  # the sweep's record stands without them
+                notify(f"warning: MLflow's system metrics are not recorded: {type(exc).__name__}: {exc}")
         resources = prepared.spec.resources
         at_once = int(min(cluster.get("CPU", 0) // resources.cpu, resources.max_concurrent or math.inf))
         say(
@@ -288,7 +291,7 @@ def _build_tuner(
     on_trial_done: Callable[[TrialRecord], None] | None,
     progress: Any = None,
     early_refit: Any = None,
-    provenance: Provenance | None = None,
+    provenance: Provenance,
 ) -> Any:
     """The sweep's Ray Tune Tuner (restored from ``ray_path`` on a resume), recording through
     an MLflow callback; ``slots`` trials run at once at most."""
@@ -306,8 +309,8 @@ def _build_tuner(
         on_recorded=on_trial_done,
         conditions=prepared.space.conditions,
         searched=prepared.space.searched(),
-        run_tags=provenance.run_tags if provenance is not None else None,
-        data=provenance.data if provenance is not None else (),
+        run_tags=provenance.run_tags,
+        data=provenance.data,
     )
     callbacks = [recording]
     if progress is not None:
@@ -405,7 +408,7 @@ def _after_trials(
     *,
     ray_stopping: threading.Thread | None = None,
     early_refit: EarlyRefit | None = None,
-    provenance: Provenance | None = None,
+    provenance: Provenance,
 ) -> SweepOutcome:
     """Every trial has ended: publish the sweep's tables and plots, refit the best config, and
     close the parent run, whatever fails: FAILED with the traceback if publishing does, FINISHED
@@ -428,8 +431,10 @@ def _after_trials(
         if spec.train.refit:
             try:
                 refitted = _refit_best(
-                    prepared, tracker, parent_run_id, records, configs, notify, say, early_refit, provenance
+                    prepared, tracker, parent_run_id, records, configs, notify, say, early_refit, provenance=provenance
                 )
+                if refitted.problem:
+                    failed.append(refitted.problem)
             except Exception as exc:
                 refitted = RefitOutcome({Tag.REFIT: f"error: {type(exc).__name__}: {exc}"[:MAX_TAG_LENGTH]})
                 failed.append(f"the refit: {type(exc).__name__}: {exc}")
@@ -511,7 +516,8 @@ def _refit_best(
     notify: Callable[[str], None],
     say: Callable[[str], None],
     early_refit: EarlyRefit | None = None,
-    provenance: Provenance | None = None,
+    *,
+    provenance: Provenance,
 ) -> RefitOutcome:
     """Train the best config on the whole CV training split; score it on the held-out test split
     (the refit ``early_refit`` started beside the last trials, where it refit the best); log it
@@ -528,13 +534,13 @@ def _refit_best(
     if target is None:
         notify("refit skipped: no trial finished with a finite score")
         return RefitOutcome({Tag.REFIT: "skipped: no finished trial"})
-    logged: dict[str, str] = {}
+    logged: tuple[dict[str, str], str] = ({}, "")
     early, delete_early = early_refit.result_for(target) if early_refit is not None else (None, lambda: None)
     try:
         if early is not None:
             result = early
             tracker.publish_sweep_files(parent_run_id, files={result.model_path: None})
-            logged = _log_refit_model(prepared, tracker, parent_run_id, target, result, provenance, notify)
+            logged = _log_refit_model(prepared, tracker, parent_run_id, target, result, provenance)
         else:
             say(_refitting(target, dataset))
             with tempfile.TemporaryDirectory(prefix="foldsweep-refit-") as directory:
@@ -548,7 +554,7 @@ def _refit_best(
                     experiment_path=prepared.experiment_path,
                 )
                 tracker.publish_sweep_files(parent_run_id, files={result.model_path: None})
-                logged = _log_refit_model(prepared, tracker, parent_run_id, target, result, provenance, notify)
+                logged = _log_refit_model(prepared, tracker, parent_run_id, target, result, provenance)
     finally:
         delete_early()
     scores = refit_scores(result)
@@ -556,14 +562,16 @@ def _refit_best(
         f"refit of {target.run_name} on all {len(dataset.y)} training samples ({_epochs(target.epochs)}): "
         + ", ".join(f"{key} {value:.4f}" for key, value in scores.items())
     )
-    if Tag.REGISTERED_MODEL in logged:
+    tags, problem = logged
+    registered = tags.get(Tag.REGISTERED_MODEL, "")
+    if registered.startswith("models:/"):
         alias = spec.tracking.model_alias
         moved = f" (alias {alias} moved to it: models:/{spec.tracking.register_model}@{alias})" if alias else ""
-        notify(f"refit registered as {logged[Tag.REGISTERED_MODEL]}{moved}")
+        notify(f"refit registered as {registered}{moved}")
     # Scores logged against the model are on the parent run already.
-    unlogged = {} if logged else scores
+    unlogged = {} if tags.get(Tag.REFIT_MODEL, "").startswith("models:/") else scores
     summary = {**unlogged, "refit_epochs": float(target.epochs), Tag.REFIT: "ok", Tag.REFIT_OF: target.run_id}
-    return RefitOutcome({**summary, **logged}, test_scores=scores)
+    return RefitOutcome({**summary, **tags}, test_scores=scores, problem=problem)
 
 
 @dataclass(frozen=True)
@@ -573,6 +581,7 @@ class RefitOutcome:
 
     summary: Mapping[str, float | str]
     test_scores: Mapping[str, float] = field(default_factory=dict)
+    problem: str = ""  # what failed of logging or registering the refit's model ("" if nothing)
 
 
 def _log_refit_model(
@@ -581,33 +590,46 @@ def _log_refit_model(
     parent_run_id: str,
     target: RefitTarget,
     result: RefitResult,
-    provenance: Provenance | None,
-    notify: Callable[[str], None],
-) -> dict[str, str]:
+    provenance: Provenance,
+) -> tuple[dict[str, str], str]:
     """The refit as the sweep's logged model, its test scores against it and the test split,
-    registered as a new version where ``tracking.register_model`` names a model; the parent
-    run's tags that say so."""
+    registered as a new version where ``tracking.register_model`` names a model: the parent
+    run's tags that say so, and what failed ("" if nothing). A failure here leaves the refit and
+    its scores recorded; the tag says ``error: ...``."""
     from pipeline.records.provenance import TESTING
     from pipeline.refit import REFIT_MODEL_NAME, refit_scores
 
     if result.package_path is None:
-        return {}
-    data = provenance.data if provenance is not None else ()
-    model_uri = tracker.log_model(
-        parent_run_id,
-        result.package_path,
-        name=REFIT_MODEL_NAME,
-        params=target.config,
-        tags={**(provenance.run_tags if provenance is not None else {}), Tag.REFIT_OF: target.run_id},
-        scores=refit_scores(result),
-        scored_on=next((item for item in data if item.context == TESTING), None),
-    )
+        if not result.package_error:
+            return {}, ""
+        return (
+            {Tag.REFIT_MODEL: f"error: {result.package_error}"[:MAX_TAG_LENGTH]},
+            f"saving the refit as an MLflow model: {result.package_error}",
+        )
+    try:
+        model_uri = tracker.log_model(
+            parent_run_id,
+            result.package_path,
+            name=REFIT_MODEL_NAME,
+            params=target.config,
+            tags={**provenance.run_tags, Tag.REFIT_OF: target.run_id},
+            scores=refit_scores(result),
+            scored_on=next((item for item in provenance.data if item.context == TESTING), None),
+        )
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        return {Tag.REFIT_MODEL: f"error: {error}"[:MAX_TAG_LENGTH]}, f"logging the refit's model: {error}"
     logged = {Tag.REFIT_MODEL: model_uri}
     settings = prepared.spec.tracking
     if settings.register_model is not None:
-        version = tracker.register_model(model_uri, name=settings.register_model, alias=settings.model_alias)
+        try:
+            version = tracker.register_model(model_uri, name=settings.register_model, alias=settings.model_alias)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            logged[Tag.REGISTERED_MODEL] = f"error: {error}"[:MAX_TAG_LENGTH]
+            return logged, f"registering the refit's model as {settings.register_model}: {error}"
         logged[Tag.REGISTERED_MODEL] = f"models:/{settings.register_model}/{version}"
-    return logged
+    return logged, ""
 
 
 def _early_refit(

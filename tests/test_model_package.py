@@ -1,11 +1,12 @@
-"""The refit as an MLflow Model directory: a model with a layer of the researcher's own loads and
-predicts in a process that never imported the experiment."""
+"""The refit as an MLflow Model directory: models with layers of the researcher's own load and
+predict in a process that never imported their experiments, each with its own."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,18 +16,34 @@ from pipeline.records.model_package import CODE_DIRECTORY, REQUIREMENTS, write_m
 
 pytestmark = pytest.mark.training
 
-CUSTOM_LAYER_EXPERIMENT = textwrap.dedent(
+NEIGHBOUR = textwrap.dedent(
     """
     import keras
 
 
+    class Shift(keras.layers.Layer):  # imported by the experiment from beside it
+        def call(self, x):
+            return x + 1.0
+    """
+)
+
+EXPERIMENT = textwrap.dedent(
+    """
+    import keras
+    from my_layers import Shift
+
+
     class Halve(keras.layers.Layer):  # not registered with Keras: only this module knows it
         def call(self, x):
-            return x * 0.5
+            return x * {factor}
 
 
     def soft_relu(x):  # an activation of its own, known by name
         return keras.ops.log1p(keras.ops.exp(x))
+
+
+    def relu(x):  # a name of Keras' own: the model's "relu" stays Keras' relu
+        return x * 0.0
 
 
     def build(hp):
@@ -34,6 +51,8 @@ CUSTOM_LAYER_EXPERIMENT = textwrap.dedent(
             [
                 keras.layers.Conv1D(4, 3, activation=soft_relu),
                 Halve(),
+                Shift(),
+                keras.layers.Dense(4, activation="relu"),
                 keras.layers.GlobalAveragePooling1D(),
                 keras.layers.Dense(3, activation="softmax"),
             ]
@@ -44,29 +63,49 @@ CUSTOM_LAYER_EXPERIMENT = textwrap.dedent(
 )
 
 
-def test_a_model_with_a_custom_layer_loads_and_predicts_in_a_fresh_process(tmp_path):
+def packaged(directory: Path, factor: float, x: np.ndarray) -> tuple[Path, np.ndarray]:
+    """A model of the experiment with ``Halve`` multiplying by ``factor``, packaged; and its predictions."""
     import keras_tuner
 
     from pipeline.inputs.hypermodel import load_builder
 
-    experiment = tmp_path / "my_experiment.py"
-    experiment.write_text(CUSTOM_LAYER_EXPERIMENT)
+    directory.mkdir()
+    (directory / "my_layers.py").write_text(NEIGHBOUR)
+    experiment = directory / "my_experiment.py"
+    experiment.write_text(EXPERIMENT.format(factor=factor))
     model = load_builder(experiment, "build")(keras_tuner.HyperParameters())
-    x = np.random.default_rng(0).random((6, 20, 1), dtype=np.float32)
     expected = model.predict(x, verbose=0)
-    package = write_model_package(model, tmp_path / "model", x_train=x, experiment_path=experiment)
+    package = write_model_package(model, directory / "model", x_train=x, experiment_path=experiment)
+    assert sorted(path.name for path in (package / CODE_DIRECTORY).glob("my_*.py")) == [
+        "my_experiment.py",
+        "my_layers.py",
+    ]
+    return package, expected
 
-    assert (package / CODE_DIRECTORY / "my_experiment.py").read_text() == CUSTOM_LAYER_EXPERIMENT
-    requirements = (package / "requirements.txt").read_text().split()
+
+def test_models_with_custom_layers_load_and_predict_in_a_fresh_process_each_with_its_own(tmp_path, monkeypatch):
+    monkeypatch.delitem(sys.modules, "my_layers", raising=False)
+    x = np.random.default_rng(0).random((6, 20, 1), dtype=np.float32)
+    halved, halved_expected = packaged(tmp_path / "halved", 0.5, x)
+    monkeypatch.delitem(sys.modules, "my_layers")  # the second experiment imports its own
+    quartered, quartered_expected = packaged(tmp_path / "quartered", 0.25, x)
+    assert not np.allclose(halved_expected, quartered_expected)
+
+    requirements = (halved / "requirements.txt").read_text().split()
     assert {f"{name}=={installed_version(name)}" for name in REQUIREMENTS} <= set(requirements)
     np.save(tmp_path / "x.npy", x)
-    load = (
-        "import sys, numpy as np, mlflow.pyfunc; "
-        f"model = mlflow.pyfunc.load_model({str(package)!r}); "
-        f"np.save({str(tmp_path / 'predicted.npy')!r}, model.predict(np.load({str(tmp_path / 'x.npy')!r}))); "
-        "print(sorted(name for name in sys.modules if name.startswith('my_') or name.endswith('my_experiment')))"
+    load = textwrap.dedent(
+        f"""
+        import numpy as np, mlflow.pyfunc, keras
+        x = np.load({str(tmp_path / "x.npy")!r})
+        for name in ("halved", "quartered"):
+            model = mlflow.pyfunc.load_model({str(tmp_path)!r} + "/" + name + "/model")
+            np.save({str(tmp_path)!r} + "/" + name + ".npy", model.predict(x))
+        print(sorted(keras.saving.get_custom_objects()))
+        """
     )
     loaded = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, cwd="/", timeout=300)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
-    assert loaded.stdout.split("\n")[-2] == "['foldsweep_experiment_my_experiment']"
-    np.testing.assert_array_equal(np.load(tmp_path / "predicted.npy"), expected)
+    np.testing.assert_array_equal(np.load(tmp_path / "halved.npy"), halved_expected)
+    np.testing.assert_array_equal(np.load(tmp_path / "quartered.npy"), quartered_expected)
+    assert loaded.stdout.strip().splitlines()[-1] == "[]", "nothing is left registered with Keras"

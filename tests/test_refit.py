@@ -181,3 +181,48 @@ def test_plotting_loaded_early_pickled_with_the_experiment_state_does_nothing():
     restored = pickle.loads(pickle.dumps(PlottingLoadedEarly(slots=2, n_trials=1)))
     restored.on_step_end(0, trials("TERMINATED"))
     assert getattr(restored, "_loading", None) is None
+
+
+@pytest.mark.training
+def test_a_refit_model_that_cannot_be_saved_logged_or_registered_leaves_the_refit_and_says_why(tmp_path, write_spec):
+    """The refit's scores stand (its summary keeps them) and the parent run's tags say what failed."""
+    from dataclasses import replace
+
+    import keras
+    import numpy as np
+    from helpers import seed_store
+
+    from pipeline.inputs.spec import load_spec
+    from pipeline.records.model_package import write_model_package
+    from pipeline.records.tracking import Tag, Tracker
+    from pipeline.sweep import Provenance, _log_refit_model
+
+    tracker = Tracker(f"sqlite:///{seed_store(tmp_path / 'mlflow.db')}")
+    parent, _ = tracker.start_sweep(name="s", spec_text="", manifest={}, params={}, ray_path_for=str)
+    target = RefitTarget("t_00000", "run", "trial-00000", {"learning_rate": 0.01}, 2)
+    spec = load_spec(write_spec({}))
+    provenance = Provenance({}, ())
+
+    def logged(result: RefitResult, tracking=spec.tracking):
+        prepared = SimpleNamespace(spec=replace(spec, tracking=tracking))
+        return _log_refit_model(prepared, tracker, parent, target, result, provenance)
+
+    scores = {"test_loss": 0.5, "test_accuracy": 0.8, "epochs": 2, "model_path": tmp_path / "refit_model.keras"}
+    unsaved = RefitResult(**scores, package_error="OSError: disk full")
+    assert logged(unsaved) == (
+        {Tag.REFIT_MODEL: "error: OSError: disk full"},
+        "saving the refit as an MLflow model: OSError: disk full",
+    )
+    tags, problem = logged(RefitResult(**scores, package_path=tmp_path / "no-such-package"))
+    assert tags[Tag.REFIT_MODEL].startswith("error: ") and problem.startswith("logging the refit's model: ")
+
+    model = keras.Sequential([keras.Input((4, 1)), keras.layers.Flatten(), keras.layers.Dense(2)])
+    experiment = tmp_path / "experiment.py"
+    experiment.write_text("def build(hp):\n    pass\n")
+    package = write_model_package(
+        model, tmp_path / "package", x_train=np.zeros((3, 4, 1), "float32"), experiment_path=experiment
+    )
+    refused = replace(spec.tracking, register_model="lab:cnn")  # a name MLflow refuses (the spec refuses it first)
+    tags, problem = logged(RefitResult(**scores, package_path=package), tracking=refused)
+    assert tags[Tag.REFIT_MODEL].startswith("models:/") and tags[Tag.REGISTERED_MODEL].startswith("error: ")
+    assert problem.startswith("registering the refit's model as lab:cnn: ")

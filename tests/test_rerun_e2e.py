@@ -271,9 +271,13 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(
 ):
     """The experiment and data file are named relative to the spec's directory; the sweep runs
     from one working directory and the rerun from another."""
+    import json
     import shutil
 
     import yaml
+    from mlflow import MlflowClient
+
+    from pipeline.records.tracking import Tracker
 
     project, launch, elsewhere = (tmp_path / name for name in ("project", "launch", "elsewhere"))
     for directory in (project, launch, elsewhere):
@@ -302,11 +306,13 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(
     assert parent.params["experiment_path"] == str(project / "model.py")
 
     monkeypatch.chdir(elsewhere)
-    again = CliRunner().invoke(
-        app, ["rerun", trial.run_id, "--tracking-uri", store, "--no-track"], env={"COLUMNS": "200"}
-    )
+    again = CliRunner().invoke(app, ["rerun", trial.run_id, "--tracking-uri", store], env={"COLUMNS": "200"})
     assert again.exit_code == 0, again.output
     assert "epoch 2: fold 0" in again.output
     recorded = curve(store, trial.run_id, "split0_val_loss")
     printed = [float(value) for value in re.findall(r"fold 0 train_loss \S+ val_loss (\S+)", again.output)]
     assert printed == pytest.approx(recorded, rel=1e-3)
+    # Recorded with the data file as the sweep found it, not as a path from here.
+    (rerun_record,) = Tracker(store).reruns(trial.run_id)
+    (trained_on,) = MlflowClient(store).get_run(rerun_record.run_id).inputs.dataset_inputs  # MLflow's own reading
+    assert json.loads(trained_on.dataset.source) == {"uri": str(project / "data.npz")}

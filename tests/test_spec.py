@@ -184,6 +184,11 @@ BAD_SPECS = [
         "got 'v2'",
     ),
     ({"tracking": {"register_model": ""}}, "tracking.register_model must be the name of a registered model, got ''"),
+    (
+        {"tracking": {"register_model": "team/cnn"}},
+        "tracking.register_model must be the name of a registered model (not empty, no / nor :, not . or ..), "
+        "got 'team/cnn'",
+    ),
 ]
 
 
@@ -353,6 +358,8 @@ def test_the_refit_is_registered_only_when_asked_and_the_flags_override_the_spec
         with_registration(plain, register_model=None, model_alias="champion")
     with pytest.raises(SpecError, match="--model-alias must be letters, digits, _ and -.*got 'latest'"):
         with_registration(plain, register_model="cnn", model_alias="latest")
+    with pytest.raises(SpecError, match="--register-model must be the name of a registered model.*got 'lab:cnn'"):
+        with_registration(plain, register_model="lab:cnn", model_alias=None)
 
 
 def test_inline_step_is_off_unless_asked_and_reaches_the_plans_choices(write_spec):

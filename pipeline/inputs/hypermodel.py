@@ -745,14 +745,19 @@ class _BuildFunction:
         self.build = build
 
 
+def experiment_module_name(path: Path) -> str:
+    """The name an experiment file is imported under (its classes' ``__module__``, which a saved
+    model names them by)."""
+    return f"foldsweep_experiment_{path.stem}"
+
+
 def load_hypermodel(path: Path, attr: str, *, reference: str | None = None) -> Any:
     """Import the experiment file: its ``keras_tuner.HyperModel`` (instantiated), or its plain
     build(hp) function behind the same ``build`` face."""
     reference = reference or f"{path}:{attr}"
     if not path.is_file():
         raise ExperimentError(f"experiment: file not found: {str(path)!r} (from {reference!r})")
-    module_name = f"foldsweep_experiment_{path.stem}"
-    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    module_spec = importlib.util.spec_from_file_location(experiment_module_name(path), path)
     if module_spec is None or module_spec.loader is None:  # a .py file always has one (the spec's rule)
         raise ExperimentError(f"experiment: {str(path)!r} cannot be imported as a Python module (from {reference!r})")
     module = importlib.util.module_from_spec(module_spec)

@@ -269,6 +269,18 @@ _ALIAS = re.compile(r"[A-Za-z0-9_-]+")
 _RESERVED_ALIAS = re.compile(r"latest|v\d+", re.IGNORECASE)
 
 
+def check_registered_model_name(name: str, *, source: str) -> None:
+    """A registered model's name MLflow accepts: not empty, no ``/`` nor ``:``, not ``.`` or ``..``.
+
+    Raises:
+        SpecError: any other.
+    """
+    if not name.strip() or "/" in name or ":" in name or name in (".", ".."):
+        raise SpecError(
+            f"{source} must be the name of a registered model (not empty, no / nor :, not . or ..), got {name!r}"
+        )
+
+
 def check_model_alias(alias: str, *, source: str) -> None:
     """An alias MLflow accepts: letters, digits, ``_`` and ``-``, not ``latest`` nor ``v<number>``.
 
@@ -889,8 +901,8 @@ def with_registration(spec: SweepSpec, *, register_model: str | None, model_alia
     """
     if register_model is None and model_alias is None:
         return spec
-    if register_model is not None and not register_model.strip():
-        raise SpecError(f"--register-model must be the name of a registered model, got {register_model!r}")
+    if register_model is not None:
+        check_registered_model_name(register_model, source="--register-model")
     if model_alias is not None:
         check_model_alias(model_alias, source="--model-alias")
     tracking = replace(
@@ -909,6 +921,8 @@ def with_registration(spec: SweepSpec, *, register_model: str | None, model_alia
 def _parse_tracking(section: _Section) -> TrackingSpec:
     uri = section.string("uri", default=TrackingSpec().uri)
     register = section.string("register_model", pattern_hint="the name of a registered model")
+    if register is not None:
+        check_registered_model_name(register, source=f"{section.file}: {section.key_path('register_model')}")
     given = section.take("model_alias")
     alias = DEFAULT_MODEL_ALIAS if given is True else None if given is False else given
     if alias is not None:

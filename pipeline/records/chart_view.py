@@ -35,26 +35,26 @@ _LAYOUTS = ("per fold", "per score", "cv mean")
 
 
 def chart_view(
-    objective: Objective, metric_keys: Iterable[str], searched: Sequence[str], *, budget: int = 18000
+    objective: Objective, metric_keys: Iterable[str], varying: Sequence[str], *, budget: int = 18000
 ) -> dict[str, Any]:
-    """The UI state keys of the chart view over trials that recorded ``metric_keys``, searching
-    ``searched`` (params): sections, cards, and every run shown. The fullest layout within
-    ``budget`` characters of JSON (MLflow keeps an experiment tag's value in 20,000); where none
-    fits, the UI's own layout of every metric."""
+    """The UI state keys of the chart view over trials that recorded ``metric_keys`` and differ in
+    the params ``varying``: sections, cards, and every run shown. The fullest layout within
+    ``budget`` characters of JSON (MLflow keeps an experiment tag's value in 20,000, with the
+    table's state); where none fits, the UI's own layout of every metric."""
     keys = set(metric_keys)
     for layout in _LAYOUTS:
-        view = _view(objective, keys, searched, layout=layout)
+        view = _view(objective, keys, varying, layout=layout)
         if len(json.dumps(view)) <= budget:
             return view
     return {"runsHiddenMode": "SHOW_ALL"}
 
 
-def _view(objective: Objective, keys: set[str], searched: Sequence[str], *, layout: str) -> dict[str, Any]:
+def _view(objective: Objective, keys: set[str], varying: Sequence[str], *, layout: str) -> dict[str, Any]:
     cv = sorted((key for key in keys if _CV_KEY.match(key)), key=lambda key: (key != objective.key, key))
     cards = [_line(key, "CV mean") for key in cv]
     selected = f"{SELECTED_PREFIX}{objective.key}"
-    if searched and selected in keys:
-        parallel = {"selectedParams": list(searched), "selectedMetrics": [selected], "showAllRuns": True}
+    if varying and selected in keys:
+        parallel = {"selectedParams": list(varying), "selectedMetrics": [selected], "showAllRuns": True}
         cards.insert(min(1, len(cards)), {**_card("PARALLEL", "CV mean"), **parallel})
     if layout != "cv mean":
         folds = sorted((key for key in keys if _FOLD_KEY.match(key)), key=_fold_order)

@@ -40,7 +40,7 @@ from pipeline.contract.results import (
 from pipeline.inputs.spec import NO_CLIPPING, Objective
 from pipeline.records.significance import SIGNIFICANCE_LEVEL, Comparison, corrected_ttest, val_train_ratio
 from pipeline.records.stores import sqlite_path
-from pipeline.records.tracking import Tag, TrialRecord
+from pipeline.records.tracking import TRACKING_URI_VARIABLE, Tag, TrialRecord
 
 # The scores every classifier's trials are ranked by in cv_results.csv, besides the objective.
 METRICS = ("accuracy", "loss")
@@ -492,18 +492,18 @@ def compile_share_text(records: Sequence[TrialRecord]) -> str | None:
 def refit_model_lines(tags: Mapping[str, str], tracking_uri: str) -> list[str]:
     """The refit's logged model (a parent run's tags) and how to load it: [] for a sweep that
     logged none."""
-    model_uri = tags.get(Tag.REFIT_MODEL)
-    if not model_uri:
+    model_uri = tags.get(Tag.REFIT_MODEL, "")
+    if not model_uri.startswith("models:/"):  # none, or what failed ("error: ..."), said as it failed
         return []
     lines = [f"refit model {model_uri} (Keras flavor; the experiment module saved with it)"]
-    registered = tags.get(Tag.REGISTERED_MODEL)
-    if registered:
+    registered = tags.get(Tag.REGISTERED_MODEL, "")
+    if registered.startswith("models:/"):
         lines.append(f"registered as {registered}")
     database = sqlite_path(tracking_uri)
     store = shlex.quote(f"sqlite:///{database}" if database is not None else tracking_uri)  # from any directory
     load = f'import mlflow; model = mlflow.pyfunc.load_model("{model_uri}")'
-    lines.append(f"load it: MLFLOW_TRACKING_URI={store} python -c {shlex.quote(load)}")
-    lines.append(f"serve it: MLFLOW_TRACKING_URI={store} mlflow models serve -m {model_uri} --env-manager local")
+    lines.append(f"load it: {TRACKING_URI_VARIABLE}={store} python -c {shlex.quote(load)}")
+    lines.append(f"serve it: {TRACKING_URI_VARIABLE}={store} mlflow models serve -m {model_uri} --env-manager local")
     return lines
 
 

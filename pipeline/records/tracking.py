@@ -85,6 +85,7 @@ TRIAL_CONFIG_ARTIFACT = "trial_config.json"
 SPEC_ARTIFACT = "spec.yaml"
 MANIFEST_ARTIFACT = "fold_manifest.json"
 MAX_TAG_LENGTH = 5000
+MAX_EXPERIMENT_TAG_LENGTH = 20000  # what MLflow keeps of an experiment tag's value
 # What the MLflow UI shows as a run's description, and the experiment tags its shared views use.
 DESCRIPTION_TAG = "mlflow.note.content"
 # Where MLflow's own functions (``mlflow.pyfunc.load_model("models:/...")``) find the store.
@@ -195,7 +196,8 @@ class Tracker:
 
         self.uri = uri
         start_from_empty_store(uri, lambda location: MlflowClient(tracking_uri=location))
-        self._client = ready_store(lambda: MlflowClient(tracking_uri=uri), uri)
+        # The store's own model registry, whatever MLFLOW_REGISTRY_URI says.
+        self._client = ready_store(lambda: MlflowClient(tracking_uri=uri, registry_uri=uri), uri)
         self._monitors: dict[str, Any] = {}  # run id -> MLflow's system metrics monitor on it
 
     def experiment_id(self, name: str) -> str:
@@ -397,7 +399,7 @@ class Tracker:
             run.info.experiment_id,
             name=name,
             source_run_id=run_id,
-            params={key: _param_text(value) for key, value in params.items()},
+            params={key: _param_text(value) for key, value in params.items() if value is not None},
             tags=dict(tags),
         )
         try:
@@ -440,9 +442,11 @@ class Tracker:
             version = self._client.create_model_version(name, model_uri, model_id=model_id)
         if alias is not None:
             self._client.set_registered_model_alias(name, alias, version.version)
+        # A tracking server adds the version itself; a SQLite store leaves it to the client.
         versions = json.loads(self._client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
-        versions.append({"name": name, "version": int(version.version)})
-        self._client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(versions)})
+        this = {"name": name, "version": int(version.version)}
+        if this not in versions:
+            self._client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps([*versions, this])})
         return str(version.version)
 
     def tag_runs(self, tags: Mapping[str, Mapping[str, str]]) -> None:
@@ -464,10 +468,9 @@ class Tracker:
         """A view of a sweep's trials that the MLflow UI opens from a link: the trials listed flat,
         best first by the objective at each trial's selected epoch, with it, its spread, that
         epoch, the p-value against the best, the status, ``columns`` (params) and the dataset
-        shown; its chart
-        view laid out over the trials' ``metric_keys`` (``chart_view``), every trial plotted.
-        Stored as the experiment's shared view state (what the UI's own "share" writes); returns
-        the UI address path that opens it."""
+        shown; its chart view laid out over the trials' ``metric_keys`` (``chart_view``), every
+        trial plotted. Stored as the experiment's shared view state (what the UI's own "share"
+        writes); returns the UI address path that opens it."""
         parent = self._client.get_run(parent_run_id)
         experiment_id = parent.info.experiment_id
         key = f"foldsweep-{parent_run_id[:12]}"
@@ -480,15 +483,17 @@ class Tracker:
             *(f"params.`{name}`" for name in columns),
             "attributes.`Dataset`",  # the data each trial trained on (the UI's own column)
         ]
-        state = {
+        table = {
             "searchFilter": f"tags.`{Tag.PARENT}` = '{parent_run_id}' and tags.`{Tag.ROLE}` = 'trial'",
             "orderByKey": f"metrics.`{SELECTED_PREFIX}{objective.key}`",
             "orderByAsc": objective.mode == "min",
             "selectedColumns": shown,
             # In this order, the scores first: the UI puts its own columns (the dataset) before them.
             "columnOrder": shown,
-            **chart_view(objective, metric_keys, columns),
         }
+        # The charts have what MLflow keeps of an experiment tag's value, less the table's (and a margin).
+        budget = MAX_EXPERIMENT_TAG_LENGTH - len(json.dumps(table)) - 500
+        state = {**table, **chart_view(objective, metric_keys, columns, budget=budget)}
         self._client.set_experiment_tag(experiment_id, f"{MLFLOW_SHARED_VIEW_TAG}{key}", json.dumps(state))
         return f"/#/experiments/{experiment_id}/runs?{MLFLOW_SHARED_VIEW_PARAM}={key}&workflowType=machine_learning"
 
