@@ -204,10 +204,14 @@ def _print_compile_share(records: Any) -> None:
 
 
 def _print_refit_model(tags: Any, tracking_uri: str) -> None:
-    """The refit's logged model and how to load and serve it."""
+    """The refit's logged model and how to load and serve it, by this environment's python and
+    mlflow (named by their directory where they are not the ones on the PATH)."""
     from pipeline.records.report import refit_model_lines
 
-    for line in refit_model_lines(tags, tracking_uri):
+    here = Path(sys.executable).parent
+    on_path = shutil.which("python")
+    tools = None if on_path is not None and Path(on_path).parent.resolve() == here.resolve() else here
+    for line in refit_model_lines(tags, tracking_uri, tools=tools):
         console.print(line, highlight=False, soft_wrap=True)
 
 

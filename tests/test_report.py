@@ -270,3 +270,24 @@ def test_the_compile_share_is_compiling_over_the_summed_wall_of_the_trials_that_
     )
     assert compile_share_text(records[1:2]) == "compile share 3%: compile_s 1.0 s of the trial's trial_wall_s 30.0 s"
     assert compile_share_text(records[2:]) is None
+
+
+def test_the_refit_model_lines_say_how_to_load_and_serve_it_from_any_directory():
+    from pathlib import Path
+
+    from pipeline.records.report import refit_model_lines
+
+    tags = {Tag.REFIT_MODEL: "models:/m-1", Tag.REGISTERED_MODEL: "models:/cnn/2"}
+    active = refit_model_lines(tags, "sqlite:///mlflow.db")
+    store = f"sqlite:///{Path('mlflow.db').resolve()}"
+    assert active == [
+        "refit model models:/m-1 (Keras flavor; the experiment module saved with it)",
+        "registered as models:/cnn/2",
+        f"load it: MLFLOW_TRACKING_URI={store} python -c 'import mlflow; model = mlflow.pyfunc.load_model(\"models:/m-1\")'",
+        f"serve it: MLFLOW_TRACKING_URI={store} mlflow models serve -m models:/m-1 --env-manager local",
+    ]
+    elsewhere = refit_model_lines(tags, "http://127.0.0.1:5000", tools=Path("/opt/env/bin"))
+    assert elsewhere[2].startswith("load it: MLFLOW_TRACKING_URI=http://127.0.0.1:5000 /opt/env/bin/python -c ")
+    assert elsewhere[3].startswith("serve it: PATH=/opt/env/bin:$PATH MLFLOW_TRACKING_URI=http://127.0.0.1:5000 mlflow")
+    assert refit_model_lines({Tag.REFIT_MODEL: "error: OSError: disk full"}, "sqlite:///mlflow.db") == []
+    assert refit_model_lines({}, "sqlite:///mlflow.db") == []

@@ -16,6 +16,7 @@ import math
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -489,9 +490,10 @@ def compile_share_text(records: Sequence[TrialRecord]) -> str | None:
     return f"compile share {compiling / wall:.0%}: {COMPILE_S} {compiling:.1f} s of the {counted} {TRIAL_WALL_S} {wall:.1f} s"
 
 
-def refit_model_lines(tags: Mapping[str, str], tracking_uri: str) -> list[str]:
-    """The refit's logged model (a parent run's tags) and how to load it: [] for a sweep that
-    logged none."""
+def refit_model_lines(tags: Mapping[str, str], tracking_uri: str, *, tools: Path | None = None) -> list[str]:
+    """The refit's logged model (a parent run's tags) and how to load and serve it, by the
+    ``python`` and ``mlflow`` of ``tools`` (a directory; None: the ones on the PATH): [] for a
+    sweep that logged none."""
     model_uri = tags.get(Tag.REFIT_MODEL, "")
     if not model_uri.startswith("models:/"):  # none, or what failed ("error: ..."), said as it failed
         return []
@@ -502,8 +504,13 @@ def refit_model_lines(tags: Mapping[str, str], tracking_uri: str) -> list[str]:
     database = sqlite_path(tracking_uri)
     store = shlex.quote(f"sqlite:///{database}" if database is not None else tracking_uri)  # from any directory
     load = f'import mlflow; model = mlflow.pyfunc.load_model("{model_uri}")'
-    lines.append(f"load it: {TRACKING_URI_VARIABLE}={store} python -c {shlex.quote(load)}")
-    lines.append(f"serve it: {TRACKING_URI_VARIABLE}={store} mlflow models serve -m {model_uri} --env-manager local")
+    python = shlex.quote(str(tools / "python")) if tools else "python"
+    # The server runs the environment's own programs (uvicorn), found on the PATH.
+    path = f"PATH={shlex.quote(str(tools))}:$PATH " if tools else ""
+    lines.append(f"load it: {TRACKING_URI_VARIABLE}={store} {python} -c {shlex.quote(load)}")
+    lines.append(
+        f"serve it: {path}{TRACKING_URI_VARIABLE}={store} mlflow models serve -m {model_uri} --env-manager local"
+    )
     return lines
 
 
