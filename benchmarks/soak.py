@@ -29,9 +29,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import yaml  # noqa: E402
 
 from pipeline.checks import prepare  # noqa: E402
+from pipeline.contract.results import WORKER_TRIALS  # noqa: E402
 from pipeline.engine.lifespan import map_limit  # noqa: E402
 from pipeline.inputs.spec import load_spec  # noqa: E402
-from pipeline.records.tracking import Tracker  # noqa: E402
+from pipeline.records.tracking import Tag, Tracker  # noqa: E402
 from pipeline.sweep import run_sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,10 +125,10 @@ def main() -> None:
 
     def on_trial_done(record) -> None:
         done.append(record.status)
-        pid = record.tags.get("pid", "")
+        pid = record.tags.get(Tag.of("pid"), "")
         workers.add(pid)
         rss = float(record.metrics.get("worker_rss_mb", 0.0))
-        rss_after.setdefault(pid, []).append((int(record.tags.get("worker_trials", 0)), rss))
+        rss_after.setdefault(pid, []).append((int(record.tags.get(Tag.of(WORKER_TRIALS), 0)), rss))
         peak["maps"] = max(peak["maps"], int(record.metrics.get("worker_maps", 0)))
         # This row's peak: each trial's worker after it, and the high-water mark of the workers alive.
         peak["rss_kb"] = max(peak["rss_kb"], int(rss * 1024), *(status_kb(worker, "VmHWM") for worker in workers))
