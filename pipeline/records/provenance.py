@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.inputs.datasets import Dataset, fingerprint_arrays
+from pipeline.inputs.datasets import Dataset
 from pipeline.inputs.spec import DatasetSpec
 
 # The contexts of the splits' inputs: the CV training split (folds and refit train on it) and the
@@ -98,9 +98,9 @@ class DataInput:
 
 def data_inputs(dataset: Dataset, spec: DatasetSpec) -> list[DataInput]:
     """The CV training split and, where there is one, the held-out test split: each named after
-    the dataset and its split, digested by foldsweep's fingerprint of the split's arrays (shape,
-    dtype and bytes), sourced from its file or its built-in generator, profiled with its shapes
-    and classes."""
+    the dataset and its split, digested by the dataset's fingerprint (the sweep's param
+    ``dataset_fingerprint``, computed once per dataset), sourced from its file or its built-in
+    generator, profiled with its shapes and classes."""
     splits = [(TRAINING, dataset.x, dataset.y)]
     if dataset.x_test is not None and dataset.y_test is not None:
         splits.append((TESTING, dataset.x_test, dataset.y_test))
@@ -118,7 +118,7 @@ def _data_input(dataset: Dataset, spec: DatasetSpec, context: str, x: Any, y: An
         source = LocalArtifactDatasetSource(str(Path(spec.path).resolve()))
     else:
         source = CodeDatasetSource({"foldsweep.builtin": str(spec.name), **_options(spec)})
-    digest = fingerprint_arrays({"x": x, "y": y})[:DIGEST_LENGTH]
+    digest = dataset.fingerprint[:DIGEST_LENGTH]
     name = f"{dataset.name}-{'train' if context == TRAINING else 'test'}"
     described = mlflow.data.from_numpy(x, targets=y, source=source, name=name, digest=digest).to_dict()
     profile = json.loads(described["profile"])
