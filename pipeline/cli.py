@@ -767,17 +767,19 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
 
     recorder = None
     if tracking is not None:
-        from pipeline.records.provenance import command_line, data_inputs, run_source_tags
+        from pipeline.records.provenance import Provenance
 
         tracker, recorded = tracking
+        # The data file as the sweep resolved it.
+        provenance = Provenance.of(request.experiment_path, request.dataset, recorded.dataset)
         recorder = tracker.trial_recorder(
             parent_run_id=recorded.parent_run_id,
             run_name=f"rerun-{recorded.run_name}",
             role="rerun",
             config=resolve_config(request.config, request.conditions),
-            tags={**run_source_tags(request.experiment_path, command_line()), Tag.RERUN_OF: recorded.run_id},
+            tags={**provenance.run_tags, Tag.RERUN_OF: recorded.run_id},
             selection=EpochSelection(request.spec.objective, request.spec.train.select),
-            data=data_inputs(request.dataset, recorded.dataset),  # the data file as the sweep resolved it
+            data=provenance.data,
         )
 
     def on_plan(plan: Any, differences: list[str]) -> None:

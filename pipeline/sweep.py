@@ -40,7 +40,7 @@ from pipeline.contract.results import (
 )
 from pipeline.inputs.space import SearchSpace
 from pipeline.inputs.spec import SweepSpec
-from pipeline.records.provenance import DataInput
+from pipeline.records.provenance import Provenance
 from pipeline.records.stores import sqlite_path
 from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
 
@@ -134,7 +134,7 @@ def run_sweep(
     try:
         cluster = ray.cluster_resources()
         gpu = check_cluster_resources(prepared.spec, cluster, notify)
-        provenance = _provenance(prepared)
+        provenance = Provenance.of(prepared.experiment_path, prepared.dataset, prepared.spec.resolved_dataset())
         parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable, notify, provenance)
         if prepared.spec.tracking.system_metrics:
             try:
@@ -230,23 +230,6 @@ def _open_tracker(prepared: PreparedSweep, *, resume: bool, start_ray: bool) -> 
     except BaseException:
         stop_ray()
         raise
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where the sweep's runs come from (MLflow's source tags) and the data they see."""
-
-    run_tags: Mapping[str, str]
-    data: Sequence[DataInput]
-
-
-def _provenance(prepared: PreparedSweep) -> Provenance:
-    from pipeline.records.provenance import command_line, data_inputs, run_source_tags
-
-    return Provenance(
-        run_source_tags(prepared.experiment_path, command_line()),
-        data_inputs(prepared.dataset, prepared.spec.resolved_dataset()),
-    )
 
 
 def _open_sweep(

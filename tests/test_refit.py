@@ -194,8 +194,9 @@ def test_a_refit_model_that_cannot_be_saved_logged_or_registered_leaves_the_refi
 
     from pipeline.inputs.spec import load_spec
     from pipeline.records.model_package import write_model_package
+    from pipeline.records.provenance import Provenance
     from pipeline.records.tracking import Tag, Tracker
-    from pipeline.sweep import Provenance, _log_refit_model
+    from pipeline.sweep import _log_refit_model
 
     tracker = Tracker(f"sqlite:///{seed_store(tmp_path / 'mlflow.db')}")
     parent, _ = tracker.start_sweep(name="s", spec_text="", manifest={}, params={}, ray_path_for=str)

@@ -9,7 +9,7 @@ import getpass
 import json
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,20 @@ def _data_input(dataset: Dataset, spec: DatasetSpec, context: str, x: Any, y: An
         profile=json.dumps(profile),
         context=context,
     )
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a command's runs come from (MLflow's source tags) and the data they see."""
+
+    run_tags: Mapping[str, str]
+    data: Sequence[DataInput]
+
+    @classmethod
+    def of(cls, experiment_path: Path, dataset: Dataset, spec: DatasetSpec) -> Provenance:
+        """This command's, running the experiment at ``experiment_path`` on ``dataset`` (read as
+        ``spec``, its path resolved)."""
+        return cls(run_source_tags(experiment_path, command_line()), data_inputs(dataset, spec))
 
 
 def _options(spec: DatasetSpec) -> dict[str, str]:
