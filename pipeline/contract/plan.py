@@ -56,21 +56,25 @@ StackedConvolutions = Literal["patches", "grouped"]
 # benchmarks.trial_vs_fit --train jit_compile=true` against the same without it, and with
 # `--batch-size 8`. On a GPU it compiles as every step does.
 IMAGE_CONVOLUTIONS = ("Conv2D", "DepthwiseConv2D", "SeparableConv2D", "Conv2DTranspose")
-# On CPU, XLA wins big while per-step overhead dominates (bs 8: 3-4x over the same loop
-# without it) and stops paying around bs 256-512, where it was measured equal or up to 25%
-# slower depending on the model (`python -m benchmarks.cv_throughput --variants
-# engine-xla,engine-noxla`); above this batch size the step runs without XLA. Random layers
-# drawing from Keras' generator turn it around: its random-number ops under XLA on CPU made the
-# MNIST-1D CNN's step 4-5x slower (7.4k vs 41k samples/s at bs 16, one thread), so such a step
-# runs without XLA on CPU. foldsweep's own draws (RandomDraws "counter") cost an elementwise op
-# under XLA, so a model whose random layers it draws follows the batch-size rule: one fold, one
-# thread, us per step with XLA and foldsweep's Dropout / without XLA and Keras' Dropout (XLA without
-# Dropout): MNIST-1D CNN bs 8: 541 / 740 (552); protein CNN bs 8: 935 / 1062 (930), bs 256:
-# 16,773 / 22,678 (15,909). Without XLA, foldsweep's draws run as separate kernels: 758 and 1163 at
-# bs 8, 22,662 at bs 256 (best of 4 interleaved epochs each, in one process on a busy 2-core
-# machine; per trial: `python -m benchmarks.cv_throughput --model mnist1d_cnn,protein_cnn --cpus 1
+# On CPU, XLA wins while per-step overhead dominates, at small batches, and loses once a step has
+# work: its own convolution kernels are slower than the ones TensorFlow's graph calls (oneDNN),
+# and each fold program costs ~1 s more to compile. Samples/s of 3 folds fused, one CPU, with XLA /
+# without: MNIST-1D CNN bs 8: 43.8k / 22.2k, bs 16: 56.4k / 38.5k, bs 32: 59.4k / 60.9k, bs 64:
+# 74.8k / 79.9k, bs 256: 78.6k / 132.9k; protein CNN bs 8: 20.8k / 17.4k, bs 16: 26.9k / 28.9k, bs
+# 32: 38.0k / 40.6k, bs 64: 50.7k / 54.9k, bs 256: 57.7k / 65.7k; compile_s 5-7.5 s / 1.3 s from bs
+# 32 (`python -m benchmarks.cv_throughput --model mnist1d_cnn,protein_cnn --cpus 1 --variants
+# fused-xla,fused-noxla --batch-sizes 8,16,32,64,256`). Above this batch size the step runs
+# without XLA on CPU; up to it, the plan weighs XLA's compile against its steps
+# (``pipeline.contract.compile_cost``). Random layers drawing from Keras' generator turn it
+# around: its random-number ops under XLA on CPU made the MNIST-1D CNN's step 4-5x slower (7.4k vs
+# 41k samples/s at bs 16, one thread), so such a step runs without XLA on CPU. foldsweep's own
+# draws (RandomDraws "counter") cost an elementwise op under XLA, so a model whose random layers
+# it draws follows the batch-size rule: one fold, one thread, us per step at bs 8 with XLA and
+# foldsweep's Dropout / without XLA and Keras' Dropout (XLA without Dropout): MNIST-1D CNN 541 /
+# 740 (552), protein CNN 935 / 1062 (930); without XLA, foldsweep's draws run as separate kernels:
+# 758 and 1163 (`python -m benchmarks.cv_throughput --model mnist1d_cnn,protein_cnn --cpus 1
 # --variants engine-xla,engine-noxla --baseline REV`, REV's engine-noxla drawing Keras' numbers).
-XLA_MAX_BATCH_ON_CPU = 256
+XLA_MAX_BATCH_ON_CPU = 16
 
 # Unrolling 8 steps into one XLA launch removes most of the per-launch cost left at small
 # batches: 3 folds, 2-core CPU, fused, batch 8: 36k -> 83k samples/s (protein windows), 34k ->
@@ -273,6 +277,7 @@ def plan_trial(
         device=device,
         stochastic=random_draws == "keras",
         convolves_images=convolves_images(models[0]),
+        xla_form_forced=choices.layout == "stacked" or choices.steps_per_launch not in ("auto", 1),
     )
     without_xla = xla_blocker(random_draws) if jit_compile else None
     if without_xla is not None:
@@ -503,14 +508,23 @@ def model_random_draws(choice: ForcedDraws, model: Any) -> RandomDraws:
     return "counter"
 
 
-def _use_xla(choice: AutoSwitch, *, batch_size: int, device: str, stochastic: bool, convolves_images: bool) -> bool:
-    """Forced by the spec, else by device, batch size, whether the model draws Keras' random
-    numbers in training and whether it convolves images."""
+def _use_xla(
+    choice: AutoSwitch,
+    *,
+    batch_size: int,
+    device: str,
+    stochastic: bool,
+    convolves_images: bool,
+    xla_form_forced: bool = False,
+) -> bool:
+    """Forced by the spec, else by device, batch size (unless a form only XLA executes is forced:
+    stacked folds, unrolled launches), whether the model draws Keras' random numbers in training
+    and whether it convolves images."""
     if choice != "auto":
         return choice == "on"
     if "GPU" in device:
         return True
-    return batch_size <= XLA_MAX_BATCH_ON_CPU and not stochastic and not convolves_images
+    return (batch_size <= XLA_MAX_BATCH_ON_CPU or xla_form_forced) and not stochastic and not convolves_images
 
 
 def convolves_images(model: Any) -> bool:
