@@ -21,12 +21,12 @@ export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 # pylock.toml (PEP 751) for other installers: the runtime dependencies, and with the gpu extra.
 EXPORT := $(UV) export --frozen --no-emit-project --no-header --quiet --format pylock.toml
 
-.PHONY: sweep test test-fast lint ui install lock lock-check clean chromium
+.PHONY: sweep test test-fast lint docs docs-check ui install lock lock-check clean chromium
 
 sweep: $(STAMP)
 	$(BIN)/foldsweep run $(SPEC)
 
-test: lock-check $(STAMP) chromium lint
+test: lock-check $(STAMP) chromium lint docs-check
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # The style, kept by tools: ruff's formatter and linter over the code, mypy over the typed layers
@@ -35,6 +35,19 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check pipeline tests benchmarks
 	$(BIN)/ruff check pipeline tests benchmarks
 	$(BIN)/mypy
+
+# The docs site (mkdocs.yml: docs/ with the Material theme) into site/. MkDocs' strict build
+# refuses a link to a missing page or a missing anchor; docs-check builds it so into a scratch
+# directory, and `make test` runs it before the suite, so CI fails on a broken link. It prints
+# MkDocs' log only when the build fails: `--quiet` would hide the warnings from strict mode too,
+# and the build would pass. NO_MKDOCS_2_WARNING: the Material theme's notice about MkDocs 2.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+docs: $(STAMP)
+	$(MKDOCS) build --strict --site-dir site
+
+docs-check: $(STAMP)
+	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
+		log=$$($(MKDOCS) build --strict --site-dir "$$scratch" 2>&1) || { echo "$$log" >&2; exit 1; }
 
 # The inner loop: pure logic and quick in-process checks, no sweep, no training, no browser.
 test-fast: $(STAMP)
@@ -76,4 +89,4 @@ lock-check: | $(UV)
 	@$(EXPORT) --extra gpu | cmp -s - pylock.gpu.toml || { echo "pylock.gpu.toml does not match uv.lock: run make lock" >&2; exit 1; }
 
 clean:
-	rm -rf $(VENV) $(TOOLS) ray_results .pytest_cache
+	rm -rf $(VENV) $(TOOLS) ray_results .pytest_cache site

@@ -127,10 +127,10 @@ def two_node_cluster(without_ray):
     from pipeline.sweep import give_ray_a_private_token
 
     # Ray 2.60's `ray start` clusters authenticate with a token when RAY_AUTH_MODE=token; every
-    # process that joins, the sweep's driver included, must say so and hold the token. As the
-    # README's recipe, every node and the driver get the same RAY_AUTH_TOKEN: this process's
-    # (its local Rays' too). Ray reads RAY_AUTH_MODE once per process (a local `ray.init` sets
-    # it): its own test helper makes it read it again, here and once it is put back.
+    # process that joins, the sweep's driver included, must say so and hold the token. As in the
+    # recipe of docs/reliability.md, every node and the driver get the same RAY_AUTH_TOKEN: this
+    # process's (its local Rays' too). Ray reads RAY_AUTH_MODE once per process (a local
+    # `ray.init` sets it): its own test helper makes it read it again, here and once it is put back.
     give_ray_a_private_token(os.environ)
     mode_before = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "token"
@@ -183,7 +183,7 @@ def test_a_sweep_runs_on_a_two_node_ray_cluster(two_node_cluster, write_spec, em
     assert len({run.tags[Tag.of("node_id")] for run in trials}) == 2, "trials ran on both nodes"
 
 
-# The README's auth.ini (its shared MLflow server recipe).
+# The auth.ini of docs/reliability.md (its shared MLflow server recipe).
 AUTH_CONFIG = """[mlflow]
 default_permission = NO_PERMISSIONS
 database_uri = sqlite:///{directory}/auth.db
@@ -196,7 +196,7 @@ auth_cache_ttl_seconds = 60
 def test_a_sweep_records_to_an_mlflow_server_that_lets_no_one_else_in(
     local_ray, without_ray, tmp_path, write_spec, monkeypatch
 ):
-    """The README's basic-auth recipe on loopback: without the credentials, or with wrong ones,
+    """The basic-auth recipe of docs/reliability.md on loopback: without the credentials, or with wrong ones,
     the sweep is refused before Ray starts; with them, it records over HTTP, its refit's model
     registered as asked."""
     import ray

@@ -39,8 +39,8 @@ MANIFEST = {"n_splits": 2, "folds": [[0, 1], [2, 3]]}
 
 
 def test_the_tag_names_are_the_documented_ones():
-    """The one test of the literal names (users' scripts and MLflow searches read them; README
-    "What is recorded"); every other test reads them through ``Tag``."""
+    """The one test of the literal names (users' scripts and MLflow searches read them;
+    docs/recorded.md); every other test reads them through ``Tag``."""
     assert {name: value for name, value in vars(Tag).items() if name.isupper()} == {
         "PREFIX": "foldsweep.",
         "ROLE": "foldsweep.role",
