@@ -29,8 +29,8 @@ sweep: $(STAMP)
 test: lock-check $(STAMP) chromium lint docs-check
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
-# The style, kept by tools: ruff's formatter and linter over the code, mypy over the typed layers
-# (pyproject.toml says which). `make test` runs it before the suite, so CI keeps it.
+# The style, kept by tools: ruff's formatter and linter over the code, mypy over the package and the
+# benchmarks (pyproject.toml's [tool.mypy]). `make test` runs it before the suite, so CI keeps it.
 lint: $(STAMP)
 	$(BIN)/ruff format --check pipeline tests benchmarks
 	$(BIN)/ruff check pipeline tests benchmarks

@@ -22,7 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -96,7 +98,7 @@ def one_trial_document(epochs: int) -> dict:
     }
 
 
-def run_sweep(epochs: int, *, cache_dir: Path | None, one_trial: bool = False) -> dict:
+def run_sweep(epochs: int, *, cache_dir: Path | None, one_trial: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as directory:
         workdir = Path(directory)
         environment = {**os.environ, "FOLDSWEEP_DATA_DIR": str(REPO / "data")}
@@ -115,31 +117,42 @@ def run_sweep(epochs: int, *, cache_dir: Path | None, one_trial: bool = False) -
         return {"wall_s": round(wall_s, 1), **trial_totals(f"sqlite:///{workdir / 'mlflow.db'}")}
 
 
-def trial_totals(uri: str) -> dict:
-    import mlflow
+def trial_totals(uri: str) -> dict[str, Any]:
+    """Over the trials of the store's sweep that measured their compile time: how many, their
+    summed ``compile_s``, the compile cache's hits and misses, and each fold's per-epoch losses by
+    the trial's learning rate, batch size and clipping."""
+    from pipeline.contract.results import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES, COMPILE_S
+    from pipeline.records.tracking import Tracker
 
-    client = mlflow.MlflowClient(uri)
-    totals = {"trials": 0, "compile_s": 0.0, "hits": 0, "misses": 0, "fold_losses": {}}
-    for experiment in client.search_experiments():
-        for run in client.search_runs([experiment.experiment_id]):
-            metrics = run.data.metrics
-            if "compile_s" not in metrics:
-                continue
-            totals["trials"] += 1
-            totals["compile_s"] += metrics["compile_s"]
-            totals["hits"] += int(metrics.get("compile_cache_hits", 0))
-            totals["misses"] += int(metrics.get("compile_cache_misses", 0))
-            totals["fold_losses"][
-                run.data.params.get("learning_rate", "")
-                + run.data.params.get("batch_size", "")
-                + run.data.params.get("clipping", "")
-            ] = {
-                key: [m.value for m in client.get_metric_history(run.info.run_id, key)]
-                for key in sorted(metrics)
-                if key.startswith("split") and key.endswith("_loss")
-            }
-    totals["compile_s"] = round(totals["compile_s"], 1)
-    return totals
+    tracker = Tracker(uri)
+    measured = [record for record in tracker.trial_records(tracker.find_sweep().run_id) if COMPILE_S in record.metrics]
+    fold_losses = {}
+    for record in measured:
+        trial = "".join(record.params.get(name, "") for name in ("learning_rate", "batch_size", "clipping"))
+        fold_losses[trial] = {
+            key: [value for _, value in tracker.metric_histories([record.run_id], key)[record.run_id]]
+            for key in fold_loss_keys(record.metrics)
+        }
+    return {
+        "trials": len(measured),
+        "compile_s": round(sum(record.metrics[COMPILE_S] for record in measured), 1),
+        "hits": sum(int(record.metrics.get(COMPILE_CACHE_HITS, 0)) for record in measured),
+        "misses": sum(int(record.metrics.get(COMPILE_CACHE_MISSES, 0)) for record in measured),
+        "fold_losses": fold_losses,
+    }
+
+
+def fold_loss_keys(metrics: Mapping[str, float]) -> list[str]:
+    """The keys of each fold's training and validation loss a trial recorded (``split{k}_<loss>``)."""
+    from pipeline.contract.results import FOLD_SCORE_NAMES, split_key
+
+    losses = [name for name in FOLD_SCORE_NAMES if name.endswith("_loss")]
+    keys: list[str] = []
+    fold = 0
+    while recorded := [split_key(fold, name) for name in losses if split_key(fold, name) in metrics]:
+        keys += recorded
+        fold += 1
+    return sorted(keys)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,13 +22,16 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
+
+from pipeline.contract.results import COMPILE_S, TRAIN_S
 
 REPO = Path(__file__).resolve().parents[1]
 # A variant's train settings and CPUs: side by side on 2 CPUs, stacked on one (the plan stacks
 # folds at batch 8 where they would take turns on one compute thread).
-VARIANTS = {
+VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "noxla": ({"jit_compile": False}, 2),
     "xla": ({"jit_compile": True, "steps_per_launch": 1}, 2),
     "xla-x8": ({"jit_compile": True, "steps_per_launch": 8}, 2),
@@ -54,7 +57,15 @@ def build(hp):
 """
 
 
-def run(directory: Path, blocks: int, variant: str) -> dict:
+def seconds(name: str, printed: str) -> float:
+    """The seconds ``foldsweep trial`` printed for a part of its time account (``compile_s 1.23``)."""
+    found = re.search(rf"{name} ([\d.]+)", printed)
+    if found is None:
+        raise ValueError(f"foldsweep trial printed no {name}:\n{printed}")
+    return float(found.group(1))
+
+
+def run(directory: Path, blocks: int, variant: str) -> dict[str, Any]:
     spec = directory / f"b{blocks}-{variant}.yaml"
     train, cpus = VARIANTS[variant]
     spec.write_text(
@@ -80,8 +91,8 @@ def run(directory: Path, blocks: int, variant: str) -> dict:
         env=environment,
         cwd=directory,
     ).stdout
-    compile_s = float(re.search(r"compile_s ([\d.]+)", printed).group(1))
-    train_s = float(re.search(r"train_s ([\d.]+)", printed).group(1))
+    compile_s = seconds(COMPILE_S, printed)
+    train_s = seconds(TRAIN_S, printed)
     estimate = re.search(r"compile ~([\d.]+) s", printed)
     return {
         "blocks": blocks,

@@ -51,9 +51,9 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 from benchmarks import image_models  # noqa: E402
 from benchmarks.common import cnn_builder, fcn_builder, mnist1d, naive_fold_fit, peak_rss_mb, protein_windows  # noqa: E402
 from benchmarks.flops import matmul_peak_flops, training_flops_per_sample  # noqa: E402
-from pipeline.contract.plan import ExecutionChoices, ThreadPlan, plan_threads  # noqa: E402
+from pipeline.contract.plan import ExecutionChoices, ForcedLayout, ThreadPlan, plan_threads  # noqa: E402
 from pipeline.engine.recipe import TrainingRecipe  # noqa: E402
 from pipeline.engine.resident import resident_data  # noqa: E402
 from pipeline.engine.runtime import configure_threads  # noqa: E402
@@ -70,7 +70,7 @@ from pipeline.engine.trainer import build_trainer, threads_in_effect  # noqa: E4
 from pipeline.inputs.datasets import data_dir, load_dataset  # noqa: E402
 from pipeline.inputs.folds import make_folds  # noqa: E402
 from pipeline.inputs.hypermodel import build_model, load_builder  # noqa: E402
-from pipeline.inputs.spec import CVSpec, DatasetSpec, read_yaml  # noqa: E402
+from pipeline.inputs.spec import AutoSwitch, CVSpec, DatasetSpec, read_yaml  # noqa: E402
 
 N_SPLITS = 3
 SEQUENCES = ("mnist1d", "protein")
@@ -134,7 +134,7 @@ def measure_naive(dataset, folds, build, values, batch_size: int, epochs: int) -
 
 
 # variant -> (train.jit_compile, train.fused, train.steps_per_launch, fused layout)
-ENGINE_VARIANTS = {
+ENGINE_VARIANTS: dict[str, tuple[AutoSwitch, AutoSwitch, int | Literal["auto"], ForcedLayout]] = {
     "engine": ("auto", "off", 1, "auto"),
     "fused": ("auto", "on", 1, "auto"),
     "auto": ("auto", "auto", "auto", "auto"),
@@ -159,7 +159,7 @@ def variant_choices(variant: str) -> ExecutionChoices:
     return ExecutionChoices(jit_compile=jit_compile, fused=fused, steps_per_launch=steps_per_launch, layout=layout)
 
 
-def measure_engine(dataset, folds, build, values, batch_size: int, epochs: int, variant: str) -> dict[str, float]:
+def measure_engine(dataset, folds, build, values, batch_size: int, epochs: int, variant: str) -> dict[str, float | str]:
     trainer = build_trainer(
         build,
         {"batch_size": batch_size, "learning_rate": 1e-3, "optimizer": "adam", **values},
@@ -213,6 +213,7 @@ def measure_here(args: argparse.Namespace) -> dict[str, Any]:
     folds = make_folds(cv, dataset).folds
     build, values = model_under_test(args.model, dataset, dropout=args.dropout, hp=hp_values(args.hp))
     batch_size = int(args.batch_sizes)
+    measured: Mapping[str, float | str]
     if variant == "naive":
         measured = measure_naive(dataset, folds, build, values, batch_size, epochs)
     else:
@@ -291,9 +292,12 @@ def baseline_code(revision: str) -> Path:
 
 
 def paired_ratio(runs: list[dict[str, Any]], baseline: list[dict[str, Any]] | None) -> float | None:
+    """``median_ratio`` against a baseline that may not have been run (None)."""
+    return None if baseline is None else median_ratio(runs, baseline)
+
+
+def median_ratio(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> float:
     """The median over rounds of a variant's rate over the baseline's rate in the same round."""
-    if baseline is None:
-        return None
     return float(np.median(round_ratios(runs, baseline)))
 
 
@@ -322,7 +326,8 @@ def _known(value: float | None) -> float | None:
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
-    return None if _known(value) is None else round(value, digits)
+    known = _known(value)
+    return None if known is None else round(known, digits)
 
 
 def _cell(value: float | None, spec: str, unit: str = "") -> str:
@@ -458,11 +463,11 @@ def main(argv: list[str] | None = None) -> int:
                 percent = 100 * share_of_peak(runs, peaks)
                 gflops = float(np.median([flops_per_s(run) for run in runs])) / 1e9
                 suffix = name.removeprefix(variant)
-                versus_first = paired_ratio(runs, measured[measurements[0][0]])
+                versus_first = median_ratio(runs, measured[measurements[0][0]])
                 versus_engine = paired_ratio(runs, measured.get("engine" + suffix))
                 fused_kind = variant.split("-")[0]
                 unfused = variant.replace(fused_kind, "engine", 1) + suffix if fused_kind in FUSED_VARIANTS else None
-                versus_unfused = paired_ratio(runs, measured.get(unfused))
+                versus_unfused = paired_ratio(runs, measured.get(unfused) if unfused is not None else None)
                 row = {
                     "model": model,
                     "hp": hp_values(args.hp),

@@ -40,11 +40,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from pipeline.contract.plan import Layout, StopTest
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "mnist1d_cnn.py"
-LAYOUTS = ("sequential", "side_by_side", "stacked")
+LAYOUTS: tuple[Layout, ...] = ("sequential", "side_by_side", "stacked")
 BATCH_SIZES = (8, 32, 128, 512)
 STEPS_PER_LAUNCH = (1, 8, 32)
 TRIALS_PER_GPU = (1, 2, 4)
@@ -61,12 +64,12 @@ def row(measurement: str, setting: str, value: Any, unit: str = "") -> dict[str,
 
 
 def _trainer(
-    layout: str,
+    layout: Layout,
     batch_size: int,
-    steps_per_launch: int | str = "auto",
+    steps_per_launch: int | Literal["auto"] = "auto",
     *,
     quick: bool = False,
-    stop_test: str | None = None,
+    stop_test: StopTest | None = None,
 ) -> tuple[Any, Any]:
     """(a trainer of the MNIST-1D CNN over 3 folds as this process's plan decides, its resident
     data); with ``stop_test``, the plan replayed with that stop test (no difference in numbers)."""

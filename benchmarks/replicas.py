@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cv_throughput import N_SPLITS, measure_apart, paired_ratio
+from benchmarks.cv_throughput import N_SPLITS, measure_apart, median_ratio
 
 LAYOUTS = ("fused", "stacked", "side")
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             train_per_replica = (4000 if args.full else 2400) * (N_SPLITS - 1) / N_SPLITS
             for replicas in counts:
                 rate = float(np.median([run["rate"] for run in runs[replicas]]))
-                versus = paired_ratio(runs[replicas], runs[counts[0]])
+                versus = median_ratio(runs[replicas], runs[counts[0]])
                 row = {
                     "dataset": "mnist1d",
                     "batch_size": batch_size,

@@ -29,10 +29,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import yaml  # noqa: E402
 
 from pipeline.checks import prepare  # noqa: E402
-from pipeline.contract.results import WORKER_TRIALS  # noqa: E402
+from pipeline.contract.results import WORKER_MAPS, WORKER_PID, WORKER_RSS, WORKER_TRIALS  # noqa: E402
 from pipeline.engine.lifespan import map_limit  # noqa: E402
 from pipeline.inputs.spec import load_spec  # noqa: E402
-from pipeline.records.tracking import Tag, Tracker  # noqa: E402
+from pipeline.records.tracking import Tag, Tracker, TrialRecord  # noqa: E402
 from pipeline.sweep import run_sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,13 +123,13 @@ def main() -> None:
     )
     rss_after: dict[str, list[tuple[int, float]]] = {}  # each worker's RSS after each of its trials
 
-    def on_trial_done(record) -> None:
+    def on_trial_done(record: TrialRecord) -> None:
         done.append(record.status)
-        pid = record.tags.get(Tag.of("pid"), "")
+        pid = record.tags.get(Tag.of(WORKER_PID), "")
         workers.add(pid)
-        rss = float(record.metrics.get("worker_rss_mb", 0.0))
+        rss = float(record.metrics.get(WORKER_RSS, 0.0))
         rss_after.setdefault(pid, []).append((int(record.tags.get(Tag.of(WORKER_TRIALS), 0)), rss))
-        peak["maps"] = max(peak["maps"], int(record.metrics.get("worker_maps", 0)))
+        peak["maps"] = max(peak["maps"], int(record.metrics.get(WORKER_MAPS, 0)))
         # This row's peak: each trial's worker after it, and the high-water mark of the workers alive.
         peak["rss_kb"] = max(peak["rss_kb"], int(rss * 1024), *(status_kb(worker, "VmHWM") for worker in workers))
         if len(done) % args.every == 0 or len(done) == args.trials:
@@ -147,7 +147,7 @@ def main() -> None:
     finished = [record for record in records if record.state == "FINISHED"]
     print(
         f"MLflow: {len(records)} trial runs, {len(finished)} FINISHED, {len({r.trial_id for r in records})} distinct "
-        f"trials; {len(workers)} worker processes; statuses {sorted(set(done))}"
+        f"trials; {len(workers)} worker processes; statuses {sorted(set(done), key=str)}"
     )
     if len(records) != args.trials or len(finished) != args.trials or len({r.trial_id for r in records}) != args.trials:
         raise SystemExit("soak: not every trial FINISHED exactly once")

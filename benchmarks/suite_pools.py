@@ -1,13 +1,13 @@
 """The pytest processes' thread pools: TensorFlow's default against a trial's of their cores.
 
 `make test` runs two pytest workers on two cores, and each trains models in its own process
-(test_fused, test_fit_parity, ...). Beside other workers, the suite's conftest gives a process the
-pools `plan_threads` gives a trial of its share of the cores (two cores, two workers: one thread
-per pool, the pools of the suite's own one-CPU trials); alone, TensorFlow's default, a thread per
-core in each pool. This runs the in-process training modules in two pytest processes at once, as
-the two workers do, first as processes that each think they run alone (the default pools), then
-as two workers of one run (the conftest's pools), and prints the machine's CPU time and the wall
-time of each round:
+(test_stacked, test_fold_engine_fit_parity, ...). Beside other workers, the suite's conftest gives
+a process the pools `plan_threads` gives a trial of its share of the cores (two cores, two
+workers: one thread per pool, the pools of the suite's own one-CPU trials); alone, TensorFlow's
+default, a thread per core in each pool. This runs the in-process training modules in two pytest
+processes at once, as the two workers do, first as processes that each think they run alone (the
+default pools), then as two workers of one run (the conftest's pools), and prints the machine's
+CPU time and the wall time of each round:
 
     .venv/bin/python -m benchmarks.suite_pools [--rounds 2]
 
@@ -27,7 +27,10 @@ from benchmarks.suite_cpu import machine_busy_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 # One pytest process each, as the xdist workers would get them: the largest module alone.
-SHARES = (["tests/test_fused.py"], ["tests/test_fit_parity.py", "tests/test_nan.py", "tests/test_training.py"])
+SHARES = (
+    ["tests/test_stacked.py"],
+    ["tests/test_fold_engine_fit_parity.py", "tests/test_trainer_nan.py", "tests/test_fold_engine.py"],
+)
 # What pytest-xdist tells each worker of the run, and so what the conftest sizes the pools by.
 WORKER_COUNT_VARIABLE = "PYTEST_XDIST_WORKER_COUNT"
 ROUNDS = {"default": None, "shared": str(len(SHARES))}

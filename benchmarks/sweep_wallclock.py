@@ -30,7 +30,11 @@ from pipeline.inputs.spec import CVSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "mnist1d_cnn.py"
-GRID = {"batch_size": [16, 32, 64], "learning_rate": [0.001, 0.003], "filters": [16, 32]}
+GRID: dict[str, list[int] | list[float]] = {
+    "batch_size": [16, 32, 64],
+    "learning_rate": [0.001, 0.003],
+    "filters": [16, 32],
+}
 FIXED = {"conv_layers": 2, "kernel_size": 5, "dropout": 0.1}
 
 

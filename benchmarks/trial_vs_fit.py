@@ -131,9 +131,12 @@ def trial(trial_spec: Path, *, epochs: int, package: Path | None = None) -> tupl
 
 
 def summary(seconds: float, printed: str) -> dict:
-    compile_s = re.search(r"compile_s ([\d.]+)", printed)
+    from pipeline.contract.results import COMPILE_S
+    from pipeline.inputs.spec import Objective
+
+    compile_s = re.search(rf"{COMPILE_S} ([\d.]+)", printed)
     plan = re.search(r"^fused: (.*?);", printed, re.MULTILINE) or re.search(r"^unfused: (.*?);", printed, re.MULTILINE)
-    accuracy = re.findall(r"mean_val_accuracy (\S+)$", printed, re.MULTILINE)
+    accuracy = re.findall(rf"{Objective(metric='accuracy').key} (\S+)$", printed, re.MULTILINE)
     return {
         "s": round(seconds, 1),
         "compile_s": float(compile_s.group(1)) if compile_s else None,

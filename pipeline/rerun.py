@@ -452,7 +452,10 @@ def _profiled_step(runner: Any, request: TrialRequest, on_profile: Callable[[Epo
     """One epoch of ``runner`` under TensorFlow's profiler, then what its trace says."""
     from pipeline.engine.profile import EpochProfiler, summarize
 
-    profiler = EpochProfiler(request.profile_epoch, request.profile_dir)
+    epoch, logdir = request.profile_epoch, request.profile_dir
+    if epoch is None or logdir is None:
+        raise ValueError("a profiled epoch needs the request's profile_epoch and profile_dir")
+    profiler = EpochProfiler(epoch, logdir)
     profiler.start()
     try:
         report = runner.step()
@@ -463,7 +466,7 @@ def _profiled_step(runner: Any, request: TrialRequest, on_profile: Callable[[Epo
     on_profile(
         summarize(
             xspace,
-            epoch=request.profile_epoch,
+            epoch=epoch,
             logdir=profiler.logdir,
             epoch_wall_s=wall,
             gap_s=clock.last_gap_s or 0.0,

@@ -6,6 +6,7 @@ that builds a Tuner.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import secrets
@@ -295,7 +296,7 @@ def _build_tuner(
         run_tags=provenance.run_tags,
         data=provenance.data,
     )
-    callbacks = [recording]
+    callbacks: list[tune.Callback] = [recording]
     if progress is not None:
         progress.run_ids = recording.run_ids  # trials are named by their runs from their start
         callbacks.append(progress)
@@ -372,11 +373,12 @@ def _retiring_workers() -> Iterator[None]:
             return False
         return keep_for_reuse(controller, trial)
 
-    TuneController._maybe_cache_trial_actor = unless_retiring
+    # Ray Tune's own method, replaced while the sweep runs: the point of this function
+    TuneController._maybe_cache_trial_actor = unless_retiring  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:
-        TuneController._maybe_cache_trial_actor = keep_for_reuse
+        TuneController._maybe_cache_trial_actor = keep_for_reuse  # type: ignore[method-assign]
 
 
 def _after_trials(
@@ -553,7 +555,12 @@ def _refit_best(
         notify(f"refit registered as {registered}{moved}")
     # Scores logged against the model are on the parent run already.
     unlogged = {} if tags.get(Tag.REFIT_MODEL, "").startswith("models:/") else scores
-    summary = {**unlogged, "refit_epochs": float(target.epochs), Tag.REFIT: "ok", Tag.REFIT_OF: target.run_id}
+    summary: dict[str, float | str] = {
+        **unlogged,
+        "refit_epochs": float(target.epochs),
+        Tag.REFIT: "ok",
+        Tag.REFIT_OF: target.run_id,
+    }
     return RefitOutcome({**summary, **tags}, test_scores=scores, problem=problem)
 
 
@@ -697,8 +704,11 @@ def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], 
     )
     # The restored run config carries the callback pickled by the interrupted driver, which has
     # lost its link to this process (the progress printer); swap in this process's callbacks.
-    tuner._local_tuner.get_run_config().callbacks = callbacks
-    tune_config = tuner._local_tuner._tune_config
+    restored = tuner._local_tuner
+    if restored is None:  # Ray Client's Tuner: restored on the cluster, out of this process's reach
+        raise InputError(f"--resume: Ray Tune restored the sweep at {ray_path!r} on the cluster, not in this process")
+    restored.get_run_config().callbacks = callbacks
+    tune_config = restored._tune_config
     tune_config.search_alg = movable(tune_config.search_alg, ray_path, tune_config.max_concurrent_trials)
     tune_config.max_concurrent_trials = None  # movable carries the limit, as make_searcher's searchers do
     return tuner
@@ -717,7 +727,7 @@ def connect_ray(address: str | None) -> None:
             start_local_ray()
             return
         try:
-            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise InputError(
                 f"resources.address / --address: cannot connect to a Ray cluster at {address!r}: "
@@ -768,7 +778,7 @@ def start_local_ray(**shape: Any) -> None:
     # "local": a new Ray even where `ray start` left its cluster's address for a bare ray.init()
     # to join; this process's token would shadow that cluster's own.
     with lean_local_head():
-        ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR", **shape)
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, **shape)
 
 
 @contextlib.contextmanager
@@ -797,7 +807,7 @@ def lean_local_head() -> Iterator[None]:
     """
     from ray._private import node
     from ray._private.utils import get_dashboard_dependency_error
-    from ray._raylet import (
+    from ray._raylet import (  # type: ignore[attr-defined]  # the compiled module's stub names few of its names
         DASHBOARD_AGENT_LISTEN_PORT_NAME,
         METRICS_AGENT_PORT_NAME,
         METRICS_EXPORT_PORT_NAME,
@@ -822,9 +832,10 @@ def lean_local_head() -> Iterator[None]:
                 self._ray_params.runtime_env_agent_port = self._get_unused_port()
         return originals["start_raylet"](self, *arguments, **keywords)
 
-    node.Node.__init__ = init
-    node.Node.start_api_server = start_api_server
-    node.Node.start_raylet = start_raylet
+    # Ray's own methods, replaced while the head starts (the point of this function)
+    node.Node.__init__ = init  # type: ignore[method-assign]
+    node.Node.start_api_server = start_api_server  # type: ignore[method-assign]
+    node.Node.start_raylet = start_raylet  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -950,6 +961,8 @@ def _sweep_summary(records: list[TrialRecord], spec: SweepSpec) -> dict[str, flo
     if standings.ranked:
         best = standings.ranked[0]
         summary[Tag.BEST_RUN_ID] = best.run_id
-        summary[f"best_{spec.objective.key}"] = selected_score(best, spec.objective.key)
+        best_score = selected_score(best, spec.objective.key)
+        if best_score is not None:  # as every ranked trial's is
+            summary[f"best_{spec.objective.key}"] = best_score
         summary["n_tied_with_best"] = float(len(standings.tied_with_best()))
     return summary

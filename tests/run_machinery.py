@@ -114,7 +114,7 @@ def _tensorflow_as_in_a_trial_worker(request: pytest.FixtureRequest, _data_dir: 
     - A run that trains in this process compiles through the run's compile cache, as a trial
       worker does, and the tests that build one trainer after another clear Keras' session
       between them (`between_trials`), as a worker does between its trials, so that an identical
-      program is loaded, not compiled again (`test_fused` alone: 225 -> 127 CPU-s). TensorFlow
+      program is loaded, not compiled again (`test_stacked` alone: 225 -> 127 CPU-s). TensorFlow
       reads the cache's flag when it first lists its devices, which sizing its pools does: the
       cache comes first.
     """

@@ -68,7 +68,7 @@ def wait_until_ended(processes: list[psutil.Process], *, timeout_s: float) -> li
     return waiting
 
 
-def leave(code: object) -> None:
+def leave(code: str | int | None) -> None:
     """End this process with exit ``code`` as ``sys.exit`` would, without tearing the interpreter down.
 
     Everything a normal exit does for the process's results still happens, in the same order:

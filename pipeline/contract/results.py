@@ -59,7 +59,8 @@ WORKER_MAPS = "worker_maps"
 WORKER_RSS = "worker_rss_mb"
 WORKER_RETIRES = "worker_retires"
 # What says where the trial ran in every result (Ray Tune adds pid, node_ip and hostname): tags too.
-RAY_PLACEMENT_FIELDS = ("pid", "node_ip", "hostname", WORKER_TRIALS)
+WORKER_PID = "pid"
+RAY_PLACEMENT_FIELDS = (WORKER_PID, "node_ip", "hostname", WORKER_TRIALS)
 # The epoch a trial's own early stopping ended it at (train.early_stopping): recorded once.
 STOPPED_EPOCH = "stopped_epoch"
 # What a searcher learns from each epoch with train.select best_epoch: the best of the trial's

@@ -18,7 +18,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -34,6 +34,7 @@ from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.losses import TrainingLoss
 from pipeline.inputs.scoring import ValidationMetrics
+from pipeline.inputs.spec import ClassWeight
 
 EVAL_BATCH_SIZE = 2048
 
@@ -761,9 +762,8 @@ class FoldEngine:
         others = {name: float(value) for name, value in self.metrics.results().items()}
         self._running = None
         self.eval_timer.add(time.perf_counter() - started, len(self._val_indices))
-        loss, accuracy = loss_sum / len(self._val_indices), correct / len(self._val_indices)
-        if not self.own_accuracy:
-            accuracy = None
+        loss = loss_sum / len(self._val_indices)
+        accuracy = correct / len(self._val_indices) if self.own_accuracy else None
         if not math.isfinite(loss) and self.failure is None:
             self.failure = NanEvent(
                 epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"), grad_norm=float("nan")
@@ -795,9 +795,7 @@ def close_shared_epoch(
     return losses
 
 
-def fold_class_weights(
-    class_weight: str | Mapping[int, float] | None, data: ResidentData, fold: Fold
-) -> np.ndarray | None:
+def fold_class_weights(class_weight: ClassWeight | None, data: ResidentData, fold: Fold) -> np.ndarray | None:
     """Each class's weight in a fold's training loss, indexed by label (``train.class_weight``):
     balanced by scikit-learn's rule from the fold's own training labels (never its validation
     data), or the given weights (1 for a class they leave out, as Keras' fit)."""

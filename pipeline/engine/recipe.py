@@ -32,7 +32,7 @@ class TrainingParams:
     shuffle: bool = True
 
 
-def optimizer_class(name: str) -> type:
+def optimizer_class(name: str) -> type[keras.optimizers.Optimizer]:
     """The Keras class of one of the optimizers foldsweep makes itself (``OPTIMIZERS``)."""
     return getattr(keras.optimizers, OPTIMIZERS[name][0])
 
@@ -43,7 +43,7 @@ class OptimizerRecipe:
     included; ``source`` says whose it is: ``hypermodel`` (its own compile), ``spec`` (foldsweep's,
     named by the spec) or ``default``."""
 
-    cls: type
+    cls: type[keras.optimizers.Optimizer]
     config: Mapping[str, Any]
     source: str
 
@@ -96,7 +96,7 @@ def optimizer_recipe(
         config = cls(learning_rate=params.learning_rate, **fixed).get_config()
         recipe = OptimizerRecipe(cls, config, "spec" if spec_names & {"optimizer", "learning_rate"} else "default")
     if params.clipping != NO_CLIPPING:
-        clip = {argument: None for argument in CLIPPING_ARGUMENTS.values()}
+        clip: dict[str, float | None] = {argument: None for argument in CLIPPING_ARGUMENTS.values()}
         clip[CLIPPING_ARGUMENTS[params.clipping]] = params.clip_threshold
         recipe = OptimizerRecipe(recipe.cls, {**recipe.config, **clip}, recipe.source)
     return recipe

@@ -74,7 +74,7 @@ class MovableSearchGenerator(SearchGenerator):
 
 
 def movable(
-    search_alg: SearchAlgorithm | Searcher, experiment_path: str, max_concurrent: int | None
+    search_alg: SearchAlgorithm | Searcher | None, experiment_path: str, max_concurrent: int | None
 ) -> SearchAlgorithm:
     """The restored Tuner's search algorithm, as one that makes its trials in ``experiment_path``.
 
@@ -83,7 +83,7 @@ def movable(
     ``max_concurrent_trials`` of its own."""
     if isinstance(search_alg, Searcher):
         limited = ConcurrencyLimiter(search_alg, max_concurrent=max_concurrent) if max_concurrent else search_alg
-        generator: SearchAlgorithm = MovableSearchGenerator(limited)
+        generator: MovableSearchGenerator | MovableVariantGenerator = MovableSearchGenerator(limited)
     elif isinstance(search_alg, BasicVariantGenerator):
         generator = MovableVariantGenerator()
         vars(generator).update(vars(search_alg))

@@ -8,8 +8,12 @@ tensors on the device.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 # How many host-to-device copies of a dataset this process has made (what the tests count).
 _transfers = 0
@@ -20,17 +24,17 @@ _resident: dict[str, ResidentData] = {}
 class ResidentData:
     fingerprint: str
     device: str
-    x: object  # tf.Tensor (samples, ...) float32
-    y: object  # tf.Tensor (samples, ...): class labels of integer_dtype(device), or float32 regression targets
+    x: tf.Tensor  # (samples, ...) float32
+    y: tf.Tensor  # (samples, ...): class labels of integer_dtype(device), or float32 regression targets
     one_hot: bool = False  # the labels were stored as one-hot rows (``Dataset.one_hot``)
 
     @property
-    def index_dtype(self) -> type:
+    def index_dtype(self) -> type[np.signedinteger[Any]]:
         """The dtype of index batches sent to this data's device (``integer_dtype``)."""
         return integer_dtype(self.device)
 
 
-def integer_dtype(device: str) -> type:
+def integer_dtype(device: str) -> type[np.signedinteger[Any]]:
     """int64 on a GPU, int32 on CPU. TensorFlow keeps an int32 tensor placed on a GPU in host
     memory (its GPU kernels take int32 from the host), so int32 labels and index batches would
     cross to the device at every launch that gathers them; int64 ones stay on the device. The
@@ -39,7 +43,7 @@ def integer_dtype(device: str) -> type:
     return np.int64 if "GPU" in device else np.int32
 
 
-def step_labels(labels: object) -> object:
+def step_labels(labels: tf.Tensor) -> tf.Tensor:
     """Gathered labels as the loss sees them on every device: class labels as int32 (int64 on a
     GPU, ``integer_dtype``), regression targets unchanged."""
     import tensorflow as tf

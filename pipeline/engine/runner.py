@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.contract.phases import Phase
 from pipeline.contract.plan import ThreadPlan, TrialPlan
@@ -38,7 +38,7 @@ class TrialSettings:
     cpus: float = 1.0
     gpus: float = 0.0
     objective: Objective = Objective()
-    max_trials_per_worker: int | str = "auto"
+    max_trials_per_worker: int | Literal["auto"] = "auto"
     max_worker_memory: int | str = "auto"  # MiB
     max_concurrent: int | None = None
 

@@ -135,7 +135,7 @@ def configure_devices(gpu_fraction: float) -> str:
             f"resources.gpu {gpu_fraction:g}: TensorFlow has already set up the GPUs of this process, so it can no "
             f"longer be limited to its slot ({exc}); run the trial in a fresh process"
         ) from None
-    if limit is not None:
+    if memory is not None:  # the limit set above is this GPU memory's share
         free = f", {memory.free_mb} MiB free" if memory.free_mb is not None else ""
         notice = (
             f"GPU slot {gpu_fraction:g} of {memory.total_mb} MiB{free}: memory grows up to {limit} MiB "

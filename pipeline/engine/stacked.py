@@ -293,7 +293,10 @@ class StackedForm:
             if isinstance(layer, keras.Model):  # a nested model: its own graph, walked the same way
                 call = lambda inputs, **_: run_graph(layer, inputs)  # noqa: E731
             elif isinstance(layer, keras.layers.Layer) and (layer.trainable_variables or state_variables(layer)):
-                form = stacked_entry(layer).form
+                entry = stacked_entry(layer)
+                if entry is None:  # stacking_blocker refuses a model with such a layer before it is stacked
+                    raise TypeError(layer_blocker(layer))
+                form = entry.form
                 call = lambda inputs, **_: form(layer, folds, inputs)  # noqa: E731
             elif isinstance(layer, keras.layers.Layer):  # as Functional.call(training=True) calls it
                 call = lambda *args, **kwargs: layer(*args, **{**kwargs, "training": True})  # noqa: E731
@@ -437,6 +440,11 @@ def clip_per_fold(kind: str, threshold: float | None) -> Callable[[list[Any], An
     elementwise."""
     import tensorflow as tf
 
+    if kind == NO_CLIPPING:
+        return lambda gradients, _: gradients
+    if threshold is None:
+        raise ValueError(f"clipping {kind!r} needs a threshold")
+
     def by_norm(gradients, _):  # keras BaseOptimizer._clip_by_norm, per fold
         clipped = []
         for gradient in gradients:
@@ -453,8 +461,6 @@ def clip_per_fold(kind: str, threshold: float | None) -> Callable[[list[Any], An
     def by_value(gradients, _):
         return [tf.clip_by_value(g, -threshold, threshold) for g in gradients]
 
-    if kind == NO_CLIPPING:
-        return lambda gradients, _: gradients
     return {"clipnorm": by_norm, "global_clipnorm": by_global_norm, "clipvalue": by_value}[CLIPPING_ARGUMENTS[kind]]
 
 
@@ -512,7 +518,7 @@ class StackedFolds:
     def epoch_batches(self, epoch: int, live: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """[steps, k, batch] index and weight arrays: each live fold's batches of this epoch,
         its short last batch padded with weight 0; folds not live get weight 0 throughout."""
-        per_fold = {}
+        per_fold: dict[int, list[np.ndarray]] = {}
         for i in live:
             full, remainder = self._engines[i].epoch_batches(epoch)
             per_fold[i] = [*full, remainder] if len(remainder) else list(full)

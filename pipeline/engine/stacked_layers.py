@@ -7,7 +7,7 @@ variable's stacked value with a leading fold axis, the folds' sample weights, th
 form the plan chose) and returns the merged outputs. It computes what each fold's own layer
 computes in training, up to float rounding; ``pipeline.engine.stacked`` checks that on the
 trial's own models before it trains them stacked. Adding a layer: one ``@stacked_form(...)``
-function here and one row of ``tests/test_fused.py``'s parametrised forward check.
+function here and one row of ``tests/test_stacked.py``'s parametrised forward check.
 
 Layers with no trainable weights are not here: a weightless layer (pooling, activation, a random
 layer drawing per fold) and a frozen one (``trainable = False``, its weights the same in every

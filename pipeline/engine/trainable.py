@@ -36,7 +36,8 @@ class FoldTrainable(tune.Trainable):
     # Its name is recorded: Ray Tune names trial directories after it (FoldTrainable_<id>...) and
     # restores a sweep only with a trainable of the name it recorded (``--resume``).
 
-    def setup(
+    # tune.with_parameters passes data, folds and settings as keywords; Trainable.setup declares config alone
+    def setup(  # type: ignore[override]
         self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold], settings: TrialSettings
     ) -> None:
         # A worker's first trial accounts for its start-up from when the process began loading
@@ -61,12 +62,19 @@ class FoldTrainable(tune.Trainable):
         self._gradients_before = registered_gradients()
         self._lifespan.start_trial()
         self._announce(Phase.MODELS)
-        self._runner = TrialRunner(
+        self._runner: TrialRunner | None = TrialRunner(
             config, worker=self._worker, folds=self._folds, settings=self._settings, started=started
         )
         self._announce(Phase.FIRST_EPOCH)
         self._last_report: dict[str, Any] | None = None
         self._ended_report: dict[str, Any] | None = None
+
+    @property
+    def runner(self) -> TrialRunner:
+        """The running trial's runner (none between trials, nor after ``cleanup``)."""
+        if self._runner is None:
+            raise RuntimeError(f"trial {self.trial_id} has no runner: it was reset or cleaned up")
+        return self._runner
 
     def _announce(self, phase: Phase) -> None:
         announce(self.trial_id, phase)
@@ -76,7 +84,7 @@ class FoldTrainable(tune.Trainable):
         # that epoch, before Ray Tune saved the trial as ended) ends with that epoch's report
         # again: Ray Tune asks a restored trial for a step without checking whether it is done,
         # and another epoch would train past the planned ones.
-        report = self._ended_report or self._runner.step()
+        report = self._ended_report or self.runner.step()
         self._last_report = report
         # Every epoch says whether this process retires after the trial: the last one before a
         # trial ends (finished, pruned or NaN) is the one Ray Tune acts on (pipeline.sweep).
@@ -104,18 +112,19 @@ class FoldTrainable(tune.Trainable):
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         import numpy as np
 
-        np.savez(Path(checkpoint_dir) / CHECKPOINT_FILE, **self._runner.state())
+        np.savez(Path(checkpoint_dir) / CHECKPOINT_FILE, **self.runner.state())
         if self._last_report is not None:
             (Path(checkpoint_dir) / LAST_REPORT_FILE).write_text(json.dumps(self._last_report, default=_json_scalar))
 
     def restore(self, checkpoint_path: Any) -> None:
         super().restore(surviving_checkpoint(checkpoint_path))
 
-    def load_checkpoint(self, checkpoint_dir: str) -> None:
+    # Ray passes the directory save_checkpoint wrote (it returns None); Trainable declares a dict or None
+    def load_checkpoint(self, checkpoint_dir: str) -> None:  # type: ignore[override]
         import numpy as np
 
         with np.load(Path(checkpoint_dir) / CHECKPOINT_FILE) as arrays:
-            self._runner.load_state(arrays)
+            self.runner.load_state(arrays)
         # Checkpoints written before this file existed hold no report: such a trial trains on.
         saved_report = Path(checkpoint_dir) / LAST_REPORT_FILE
         last = json.loads(saved_report.read_text()) if saved_report.is_file() else None

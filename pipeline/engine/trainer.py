@@ -206,8 +206,9 @@ class FoldTrainer:
         """Where an error (TensorFlow's numeric checking) stopped the last ``run_epoch``: the fold
         engine it stopped mid-call, with the fold's number; None when it stopped none alone (folds
         trained side by side or stacked are one call, which numeric checking never makes)."""
-        stopped = [(k, engine.stopped_call()) for k, engine in zip(self.fold_ids, self.engines)]
-        stopped = [(k, call) for k, call in stopped if call is not None]
+        stopped = [
+            (k, call) for k, engine in zip(self.fold_ids, self.engines) if (call := engine.stopped_call()) is not None
+        ]
         return replace(stopped[0][1], fold=stopped[0][0]) if len(stopped) == 1 else None
 
     def throughput(self) -> Throughput:

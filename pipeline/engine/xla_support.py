@@ -53,8 +53,8 @@ def _blocker(model: Any, input_shape: Sequence[int]) -> str | None:
     suspects = [layer for layer in layers if _may_run_other_ops(layer)]
     if not suspects and not _may_run_other_ops(model):
         return None
-    inputs = [_input_specs(layer) for layer in suspects]
-    if not _may_run_other_ops(model) and all(specs is not None for specs in inputs):
+    inputs = [specs for layer in suspects if (specs := _input_specs(layer)) is not None]
+    if not _may_run_other_ops(model) and len(inputs) == len(suspects):
         try:
             return _first_blocker(zip(suspects, inputs))
         except _NotCallableAlone:

@@ -177,6 +177,9 @@ class Objective:
 
 # A switch foldsweep decides by default and a spec can force (YAML auto | true | false).
 AutoSwitch = Literal["auto", "on", "off"]
+# fit(class_weight=...): "balanced" (scikit-learn's rule, from each training fold's labels) or
+# {label: weight}.
+ClassWeight = Literal["balanced"] | Mapping[int, float]
 
 
 @dataclass(frozen=True)
@@ -212,9 +215,8 @@ class TrainSpec:
     metrics: tuple[str, ...] = ()
     # A Keras loss identifier for a model that compiles none (required for float targets).
     loss: str | None = None
-    # fit(class_weight=...): "balanced" (scikit-learn's rule, from each training fold's labels) or
-    # {label: weight}; None trains the loss unweighted.
-    class_weight: str | Mapping[int, float] | None = None
+    # ``ClassWeight``; None trains the loss unweighted.
+    class_weight: ClassWeight | None = None
     seed: int = 0
     from_logits: bool = False
     # Of foldsweep's own loss: each label's target spread over the classes by this share.
@@ -784,7 +786,7 @@ def _metric_name(section: _Section, key: str, *, default: str) -> str:
     return value.removeprefix("val_")
 
 
-def _class_weight(section: _Section) -> str | dict[int, float] | None:
+def _class_weight(section: _Section) -> ClassWeight | None:
     value = section.take("class_weight")
     if value is None or value == "balanced":
         return value

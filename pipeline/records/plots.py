@@ -82,7 +82,8 @@ class Coordinates:
 
 
 def parallel_coordinates_data(records: Sequence[TrialRecord], objective: Objective) -> Coordinates:
-    scored = [record for record in records if selected_score(record, objective.key) is not None]
+    scores = [(record, score) for record in records if (score := selected_score(record, objective.key)) is not None]
+    scored = [record for record, _ in scores]
     axes, _ = split_params(scored)
     positions: list[dict[str, float]] = []
     ticks = []
@@ -98,7 +99,7 @@ def parallel_coordinates_data(records: Sequence[TrialRecord], objective: Objecti
         tuple(axes),
         tuple(ticks),
         rows,
-        tuple(selected_score(record, objective.key) for record in scored),
+        tuple(score for _, score in scores),
         tuple(record.run_name for record in scored),
     )
 
@@ -180,19 +181,19 @@ def _score_vs_batch_size(records: Sequence[TrialRecord], objective: Objective) -
     key = objective.key
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for kind in sorted({_group(record)[1] for record in records}):
-        members = [
-            r
+        points = [
+            (batch, score)
             for r in records
             if _group(r)[1] == kind
             and r.status in (TrialStatus.OK, TrialStatus.PRUNED)
-            and selected_score(r, key) is not None
-            and _group(r)[0] is not None
+            and (score := selected_score(r, key)) is not None
+            and (batch := _group(r)[0]) is not None
         ]
-        axes.scatter([_group(r)[0] for r in members], [selected_score(r, key) for r in members], label=kind, alpha=0.8)
-    failed = [r for r in records if r.status is TrialStatus.NAN and _group(r)[0] is not None]
+        axes.scatter([batch for batch, _ in points], [score for _, score in points], label=kind, alpha=0.8)
+    failed = [batch for r in records if r.status is TrialStatus.NAN and (batch := _group(r)[0]) is not None]
     if failed:
-        bottom = min((selected_score(r, key) for r in records if selected_score(r, key) is not None), default=0.0)
-        axes.scatter([_group(r)[0] for r in failed], [bottom] * len(failed), marker="x", color="red", label="NaN")
+        bottom = min((score for r in records if (score := selected_score(r, key)) is not None), default=0.0)
+        axes.scatter(failed, [bottom] * len(failed), marker="x", color="red", label="NaN")
     _batch_axis(axes, _batches(records))
     axes.set_ylabel(key)
     axes.set_title(f"{key} vs batch size, by gradient clipping")
@@ -233,8 +234,12 @@ def _throughput(records: Sequence[TrialRecord]) -> Any:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    measured = [r for r in records if math.isfinite(r.metrics.get(TRAIN_RATE, math.nan)) and _group(r)[0] is not None]
-    axes.scatter([_group(r)[0] for r in measured], [r.metrics[TRAIN_RATE] for r in measured], alpha=0.8)
+    measured = [
+        (batch, r.metrics[TRAIN_RATE])
+        for r in records
+        if math.isfinite(r.metrics.get(TRAIN_RATE, math.nan)) and (batch := _group(r)[0]) is not None
+    ]
+    axes.scatter([batch for batch, _ in measured], [rate for _, rate in measured], alpha=0.8)
     _batch_axis(axes, _batches(records))
     axes.set_ylabel("training samples/s (all folds, compilation excluded)")
     axes.set_title("training throughput vs batch size")

@@ -172,7 +172,7 @@ class ProgressCallback(Callback):
         self, progress: SweepProgress, *, describe: Callable[[Mapping[str, Any]], str], console: Any, live: bool
     ):
         self.progress = progress
-        self.describe = describe
+        self.describe: Callable[[Mapping[str, Any]], str] | None = describe  # None in a copy unpickled (__getstate__)
         self.console = console
         self.live = live
         self.run_ids: Mapping[str, str] = {}

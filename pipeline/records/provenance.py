@@ -108,10 +108,12 @@ def data_inputs(dataset: Dataset, spec: DatasetSpec) -> list[DataInput]:
 
 
 def _data_input(dataset: Dataset, spec: DatasetSpec, context: str, x: Any, y: Any) -> DataInput:
-    import mlflow.data
     from mlflow.data.code_dataset_source import CodeDatasetSource
     from mlflow.data.filesystem_dataset_source import FileSystemDatasetSource
-    from mlflow.data.sources import LocalArtifactDatasetSource
+    from mlflow.data.numpy_dataset import from_numpy
+
+    # MLflow makes its artifact dataset sources as it is imported, one per artifact store
+    from mlflow.data.sources import LocalArtifactDatasetSource  # type: ignore[attr-defined]
 
     source: FileSystemDatasetSource | CodeDatasetSource
     if spec.path is not None:
@@ -120,7 +122,7 @@ def _data_input(dataset: Dataset, spec: DatasetSpec, context: str, x: Any, y: An
         source = CodeDatasetSource({"foldsweep.builtin": str(spec.name), **_options(spec)})
     digest = dataset.fingerprint[:DIGEST_LENGTH]
     name = f"{dataset.name}-{'train' if context == TRAINING else 'test'}"
-    described = mlflow.data.from_numpy(x, targets=y, source=source, name=name, digest=digest).to_dict()
+    described = from_numpy(x, targets=y, source=source, name=name, digest=digest).to_dict()
     profile = json.loads(described["profile"])
     if dataset.class_names is not None:
         profile["classes"] = list(dataset.class_names)

@@ -68,16 +68,16 @@ def ranked(records: Sequence[TrialRecord], objective: Objective) -> list[TrialRe
     their selected epoch (ties keep the order trials started). Pruned, NaN and failed trials are
     not ranked."""
     scored = [
-        record
+        (record, score)
         for record in records
-        if record.status is TrialStatus.OK and selected_score(record, objective.key) is not None
+        if record.status is TrialStatus.OK and (score := selected_score(record, objective.key)) is not None
     ]
-    return sorted(scored, key=lambda record: objective.sort_key(selected_score(record, objective.key)))
+    return [record for record, _ in sorted(scored, key=lambda scored_record: objective.sort_key(scored_record[1]))]
 
 
 def replica_scores(record: TrialRecord, objective: Objective) -> list[float]:
     """The objective's metric on each replica (``split{j}``), at the trial's selected epoch."""
-    scores = []
+    scores: list[float] = []
     while (value := selected_score(record, split_key(len(scores), objective.fold_key))) is not None:
         scores.append(value)
     return scores
@@ -280,7 +280,8 @@ def split_params(records: Sequence[TrialRecord]) -> tuple[list[str], dict[str, s
     names = param_names(records)
     values = {key: {record.params.get(key) for record in records} for key in names}
     varying = [key for key in names if len(values[key]) > 1]
-    shared = {key: next(iter(values[key])) for key in names if len(values[key]) == 1}
+    # a name every trial shares has a value in each: names come from the trials' params
+    shared = {key: value for key in names if len(values[key]) == 1 and (value := next(iter(values[key]))) is not None}
     return varying, shared
 
 
@@ -360,8 +361,10 @@ def shared_ranks(records: Sequence[TrialRecord], objective: Objective) -> dict[s
     ranks: dict[str, int] = {}
     for position, record in enumerate(ordered, start=1):
         previous = ordered[position - 2] if position > 1 else None
-        tied = previous is not None and selected_score(previous, objective.key) == selected_score(record, objective.key)
-        ranks[record.run_id] = ranks[previous.run_id] if tied else position
+        if previous is not None and selected_score(previous, objective.key) == selected_score(record, objective.key):
+            ranks[record.run_id] = ranks[previous.run_id]
+        else:
+            ranks[record.run_id] = position
     return ranks
 
 
@@ -418,8 +421,7 @@ def throughput_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
 def account_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
     """Per trial with a time account (in the order given), its wall clock and where it went,
     each part as seconds and share; then the same summed over those trials."""
-    accounts = [(record.label, trial_account(record.metrics)) for record in records]
-    accounts = [(label, account) for label, account in accounts if account is not None]
+    accounts = [(record.label, account) for record in records if (account := trial_account(record.metrics)) is not None]
     if not accounts:
         return []
     total = TimeAccount(

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from pipeline.base.environment import cache_directory, installed_version
@@ -35,7 +35,14 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 OTHER_SCHEMES = ("file", "postgresql", "mysql", "databricks")
 SERVER_TIMEOUT_S = 10
 
-Client = TypeVar("Client")
+
+class ExperimentSearcher(Protocol):
+    """What opening a store asks of its client (MlflowClient has it): a search that reads the store."""
+
+    def search_experiments(self, *, max_results: int) -> Any: ...
+
+
+Client = TypeVar("Client", bound=ExperimentSearcher)
 
 
 def check_tracking_uri(uri: str, *, source: str = "tracking.uri") -> None:

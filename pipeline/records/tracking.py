@@ -39,6 +39,7 @@ from pipeline.contract.results import (
     placement_tags,
     trial_label,
 )
+from pipeline.inputs.scoring import Direction
 from pipeline.inputs.spec import Objective
 from pipeline.records.chart_view import chart_view
 from pipeline.records.provenance import TRAINING, DataInput
@@ -153,7 +154,8 @@ class SweepRecord:
 
     @property
     def objective(self) -> Objective:
-        return Objective(metric=self.params.get("train.metric", "accuracy"), mode=self.params.get("train.mode", "max"))
+        mode: Direction = "max" if self.params.get("train.mode", "max") == "max" else "min"
+        return Objective(metric=self.params.get("train.metric", "accuracy"), mode=mode)
 
     @property
     def n_splits(self) -> int | None:
@@ -355,7 +357,7 @@ class Tracker:
         if not experiment_ids:
             return []
         return self._client.search_runs(
-            experiment_ids,
+            list(experiment_ids),
             filter_string=f"tags.`{Tag.ROLE}` = 'sweep'",
             order_by=["attributes.start_time DESC"],
             max_results=max_results,
