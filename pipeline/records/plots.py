@@ -10,6 +10,7 @@ The data behind the last two comes from ``learning_curve_data`` and
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,13 +126,21 @@ def _sortable(value: str) -> tuple[int, float, str]:
         return 1, 0.0, value
 
 
+# Held while matplotlib loads: ``matplotlib.use`` switches pyplot's backend when pyplot is in
+# sys.modules, which fails on a pyplot another thread is still importing (the early load beside
+# the last trials, and the plots once they end).
+_LOADING = threading.Lock()
+
+
 def load_matplotlib() -> None:
     """matplotlib and pyplot, drawing to files (Agg: no display). ~0.5 s of CPU on a 2-core
-    machine, which ``PlottingLoadedEarly`` spends beside the last trials."""
-    import matplotlib
+    machine, which ``PlottingLoadedEarly`` spends beside the last trials; a second caller waits
+    for the first."""
+    with _LOADING:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot  # noqa: F401
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
 
 
 def write_plots(
@@ -142,6 +151,7 @@ def write_plots(
 ) -> list[Path]:
     """The sweep's plots as PNG files in ``directory`` (``PLOTS``); returns their paths.
     ``histories`` is each trial run's objective per epoch (``Tracker.metric_histories``)."""
+    load_matplotlib()
     import matplotlib.pyplot as plt
 
     directory.mkdir(parents=True, exist_ok=True)
