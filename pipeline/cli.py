@@ -10,8 +10,6 @@ import functools
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -23,9 +21,10 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from pipeline.base.errors import FoldsweepError, InputError
+from pipeline.base.errors import FoldsweepError
 from pipeline.base.quiet import import_tensorflow_and_keras, quiet_environment
 from pipeline.inputs.spec import TrackingSpec
+from pipeline.records.ui_server import DEFAULT_UI_PORT
 
 # TensorFlow's C++ chatter would bury the command's own output: its log levels are set before
 # anything imports it, and the commands that train import it through
@@ -50,7 +49,6 @@ def styled(label: str, style: str, rest: str = "") -> Text:
     return Text.assemble((label, style), rest)
 
 
-DEFAULT_UI_PORT = 5000
 TrackingUriOption = typer.Option(
     None, "--tracking-uri", help=f"MLflow tracking URI [default: the spec's tracking.uri, or {TrackingSpec.uri}]"
 )
@@ -59,19 +57,16 @@ StoreOption = typer.Option(TrackingSpec.uri, "--tracking-uri", help="MLflow trac
 
 
 def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Bad input -> one message and exit 2; foldsweep's own other errors -> one message and exit 1;
-    anything unexpected -> traceback and exit 1."""
+    """Bad input -> one message and exit 2; foldsweep's own other errors -> one message and their
+    ``exit_code`` (1); anything unexpected -> traceback and exit 1."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except InputError as exc:
+        except FoldsweepError as exc:  # bad input, or not the input's fault yet nothing a traceback would explain
             errors.print(styled("error:", "bold red", f" {exc}"), highlight=False, soft_wrap=True)
-            raise typer.Exit(code=2) from None
-        except FoldsweepError as exc:  # not the input's fault, yet nothing a traceback would explain
-            errors.print(styled("error:", "bold red", f" {exc}"), highlight=False, soft_wrap=True)
-            raise typer.Exit(code=1) from None
+            raise typer.Exit(code=exc.exit_code) from None
         except typer.Exit:
             raise
         except KeyboardInterrupt:
@@ -938,126 +933,12 @@ def ui(
     port: int = typer.Option(DEFAULT_UI_PORT, "--port", help="Port on 127.0.0.1"),
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 for a tracking store, opening on a sweep's trials."""
-    import socket
+    from pipeline.records.ui_server import serve_ui
 
-    from pipeline.base.errors import TrackingError
-    from pipeline.base.private_hooks import MLFLOW_JOB_EXECUTION_VARIABLE, require_hooks
-    from pipeline.base.processes import stop_process_tree
-    from pipeline.records.publish import share_view
-    from pipeline.records.stores import check_tracking_uri
-    from pipeline.records.tracking import Tracker
+    def on_open(address: str) -> None:
+        console.print(f"MLflow UI for {tracking_uri} at {address} (Ctrl-C stops it)", highlight=False, soft_wrap=True)
 
-    check_tracking_uri(tracking_uri, source="--tracking-uri")
-    if not 0 < port < 65536:
-        raise InputError(f"--port must be between 1 and 65535, got {port}")
-    # Another server there would answer for ours, whose address would then open that one.
-    with socket.socket() as probe:
-        if probe.connect_ex(("127.0.0.1", port)) == 0:
-            raise InputError(
-                f"--port: a server already listens on 127.0.0.1:{port} (another foldsweep ui or MLflow "
-                f"UI?): stop it or choose another --port"
-            )
-    require_hooks(["mlflow"])
-    tracker = Tracker(tracking_uri)  # a new store is created (or upgraded) here, not by two processes at once
-    try:
-        parent = tracker.find_sweep(sweep)
-    except TrackingError:
-        if sweep is not None:
-            raise
-        parent = None
-    address = f"http://127.0.0.1:{port}"
-    if parent is not None:
-        address += share_view(tracker, parent.run_id, tracker.trial_records(parent.run_id), parent.objective)
-    # One worker process is plenty for one researcher's browser (MLflow's default is four), and
-    # MLflow's GenAI job runner (a job process and six task-queue consumers) has nothing to do
-    # for training runs.
-    command = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "ui",
-        "--backend-store-uri",
-        tracking_uri,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    environment = {**os.environ, MLFLOW_JOB_EXECUTION_VARIABLE: "false"}
-    # MLflow's UI runs a server with worker processes of its own; in a session of its own the
-    # whole group can be stopped, so that stopping `foldsweep ui` leaves nothing running. Its
-    # chatter goes to standard error: standard output is the address line alone.
-    server = subprocess.Popen(command, start_new_session=True, env=environment, stdout=sys.__stderr__)
-    stopped = False
-
-    def stop(signum: int = signal.SIGTERM, frame: Any = None) -> None:
-        nonlocal stopped
-        stopped = True
-        stop_process_tree(server.pid)
-
-    # Ctrl-C, `kill`, a closed terminal or a process manager: each stops the server with it.
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, stop)
-    try:
-        # The address is printed once it opens: MLflow takes seconds to start.
-        code = _wait_until_answering(server, address)
-        if code is None:
-            console.print(
-                f"MLflow UI for {tracking_uri} at {address} (Ctrl-C stops it)", highlight=False, soft_wrap=True
-            )
-            code = server.wait()
-        elif not stopped:
-            errors.print(
-                styled(
-                    "error:",
-                    "bold red",
-                    f" the MLflow UI server exited with code {code} before it answered at http://127.0.0.1:{port}",
-                ),
-                highlight=False,
-                soft_wrap=True,
-            )
-            code = code or 1  # `mlflow ui` ends with 0 even when its port is taken
-    except KeyboardInterrupt:
-        stop()
-        server.wait()
-        return
-    except TimeoutError as exc:
-        stop()
-        raise FoldsweepError(str(exc)) from None
-    if not stopped:
-        raise typer.Exit(code=code)
-
-
-def _wait_until_answering(server: subprocess.Popen, url: str, *, deadline_s: float = 120.0) -> int | None:
-    """Ask ``url`` until it answers: None once it does, or the server's exit code if it ends first.
-
-    Raises:
-        TimeoutError: neither within ``deadline_s``.
-    """
-    import time
-    import urllib.error
-    import urllib.request
-
-    # Straight to the loopback address, never through an http_proxy of the environment.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    deadline = time.monotonic() + deadline_s
-    while True:
-        try:
-            with opener.open(url, timeout=5):
-                return None
-        except urllib.error.HTTPError:  # an answer all the same: what it says is the browser's to show
-            return None
-        except OSError:  # nothing listens yet, or the server is still starting
-            pass
-        try:
-            return server.wait(timeout=0.2)
-        except subprocess.TimeoutExpired:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"the MLflow UI server did not answer at {url} within {deadline_s:g} s; stopped it"
-                ) from None
+    raise typer.Exit(code=serve_ui(tracking_uri, sweep=sweep, port=port, on_open=on_open))
 
 
 def main() -> None:  # pragma: no cover - the `foldsweep` script and `python -m pipeline.cli`
