@@ -566,13 +566,16 @@ def trial(
     inputs = check_inputs(sweep_spec)
     import_tensorflow_and_keras()
     from pipeline.base.private_hooks import TRAINING_LIBRARIES
+    from pipeline.engine.profile import PROFILES
     from pipeline.engine.runner import configure_tensorflow
 
     # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
     threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
     profiled = profile or profile_epoch is not None
     if profiled:
-        _trace_xla_ops()
+        from pipeline.engine.profile import enable_xla_op_tracing
+
+        enable_xla_op_tracing()  # before TensorFlow reads its flags
     configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads, compile_cache=sweep_spec.train.compile_cache)
     prepared = prepare(sweep_spec, hooks=TRAINING_LIBRARIES, inputs=inputs)
     _print_warnings(prepared)
@@ -652,6 +655,7 @@ def rerun(
     dataset, wait_for_folds = recorded_folds(recorded)
     import_tensorflow_and_keras()
     from pipeline.base.private_hooks import TRAINING_LIBRARIES, require_hooks
+    from pipeline.engine.profile import PROFILES
     from pipeline.engine.runner import configure_tensorflow
     from pipeline.inputs.hypermodel import load_experiment
     from pipeline.inputs.space import build_space
@@ -659,7 +663,9 @@ def rerun(
     # Before anything here starts TensorFlow: the thread pools the trial ran with.
     threads = recorded.threads(eager=eager, check_numerics=check_numerics)
     if profiled_epoch is not None:
-        _trace_xla_ops()
+        from pipeline.engine.profile import enable_xla_op_tracing
+
+        enable_xla_op_tracing()  # before TensorFlow reads its flags
     configure_tensorflow(
         gpus=recorded.spec.resources.gpu, threads=threads, compile_cache=recorded.spec.train.compile_cache
     )
@@ -705,42 +711,6 @@ def rerun(
         tracking=None if no_track else (tracker, recorded),
         recorded_tags=tracker.trial_record(recorded.run_id).tags if check_numerics else None,
     )
-
-
-def profile_lines(profile: Any) -> list[str]:
-    """What a profiled epoch (``pipeline.engine.profile.EpochProfile``) says, as printed."""
-    import importlib.util
-
-    def part(seconds: float) -> str:
-        return f"{seconds:.3f} s ({seconds / profile.wall_s:.0%})" if profile.wall_s > 0 else f"{seconds:.3f} s"
-
-    parts = ", ".join(f"{name} {part(seconds)}" for name, seconds in profile.parts.items())
-    lines = [
-        f"profile of epoch {profile.epoch}: its wall clock {profile.wall_s:.3f} s = {parts}; the gap holds the "
-        f"profiler's start, {profile.profiler_start_s:.3f} s",
-        "top operations by self time, all folds (share of all operations' self time):",
-    ]
-    lines += [f"  {op.self_s:9.4f} s  {op.share:6.1%}  {op.name}" for op in profile.top_ops]
-    lines.append(
-        f"no operation runs for {profile.host_between_share:.0%} of the training launches' time: the host "
-        "between launches (dispatch, loop control, Python)"
-    )
-    viewer = f"xprof --logdir={shlex.quote(str(profile.logdir))} --port=6006"
-    if importlib.util.find_spec("xprof") is None:  # the optional extra (pyproject.toml: profile)
-        viewer = f"uv run --extra profile {viewer}"
-    lines.append(f"trace: {profile.trace_file}; open it with: {viewer}")
-    return lines
-
-
-# Where --profile writes its traces (TensorFlow's profiler adds plugins/profile/<time>/ below).
-PROFILES = Path("profiles")
-
-
-def _trace_xla_ops() -> None:
-    """XLA marks each op of its programs for the profiler: before TensorFlow reads its flags."""
-    from pipeline.engine.profile import enable_xla_op_tracing
-
-    enable_xla_op_tracing()
 
 
 def _without_inactive(config: dict[str, Any], left_out: dict[str, str]) -> dict[str, Any]:
@@ -811,7 +781,7 @@ def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None
             recorder.log_epoch(report)
 
     def on_profile(profile: Any) -> None:
-        for line in profile_lines(profile):
+        for line in profile.lines():
             console.print(line, highlight=False, soft_wrap=True)
         if recorder is not None:
             # This profile's run of the trace directory, laid out as the viewer reads a logdir.
