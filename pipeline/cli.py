@@ -474,9 +474,10 @@ def report(
         sweep_account_text,
         throughput_rows,
     )
+    from pipeline.records.stores import require_existing_store
     from pipeline.records.tracking import Tracker
 
-    _check_existing_store(tracking_uri)
+    require_existing_store(tracking_uri)
     require_hooks(["mlflow"])
     tracker = Tracker(tracking_uri)
     parent = tracker.find_sweep(sweep)
@@ -546,68 +547,10 @@ def trial(
 ) -> None:
     """Run one config of a spec in this process (no search, no Ray), printing each epoch."""
     started = time.perf_counter()  # the trial's time account counts the command's start-up
-    from pipeline.checks import check_inputs, prepare
-    from pipeline.inputs.spec import load_spec
-    from pipeline.rerun import (
-        TrialRequest,
-        check_fold,
-        checked_overrides,
-        inactive_overrides,
-        parse_assignments,
-        planned_epochs,
-        single_config,
-        spec_threads,
-    )
-    from pipeline.rerun import profile_epoch as check_profile_epoch
+    from pipeline.rerun import TrialOptions, trial_of_spec
 
-    sweep_spec = load_spec(spec)
-    fold_ids = check_fold(fold, sweep_spec.cv)
-    assignments = parse_assignments(set_values)
-    inputs = check_inputs(sweep_spec)
-    import_tensorflow_and_keras()
-    from pipeline.base.private_hooks import TRAINING_LIBRARIES
-    from pipeline.engine.profile import PROFILES
-    from pipeline.engine.runner import configure_tensorflow
-
-    # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
-    threads = spec_threads(sweep_spec, n_folds=len(fold_ids), eager=eager, check_numerics=check_numerics)
-    profiled = profile or profile_epoch is not None
-    if profiled:
-        from pipeline.engine.profile import enable_xla_op_tracing
-
-        enable_xla_op_tracing()  # before TensorFlow reads its flags
-    configure_tensorflow(gpus=sweep_spec.resources.gpu, threads=threads, compile_cache=sweep_spec.train.compile_cache)
-    prepared = prepare(sweep_spec, hooks=TRAINING_LIBRARIES, inputs=inputs)
-    _print_warnings(prepared)
-    overrides = checked_overrides(assignments, set(prepared.space.domains), prepared.experiment.hyperparameters)
-    config = single_config(prepared.spec, prepared.space, prepared.experiment.hyperparameters, overrides)
-    config = _without_inactive(config, inactive_overrides(config, overrides, prepared.space.conditions))
-    shown = {**prepared.space.resolve(config), **({"epochs": epochs} if epochs else {})}
-    planned = planned_epochs(prepared.spec, prepared.space.resolve(config), epochs)
-    profiled_epoch = check_profile_epoch(profile_epoch, planned=planned) if profiled else None
-    console.print(
-        f"trial of {spec}: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()) if v is not None), highlight=False
-    )
-    _run_here(
-        TrialRequest(
-            spec=prepared.spec,
-            experiment_path=prepared.experiment_path,
-            dataset=prepared.dataset,
-            folds=prepared.folds,
-            config=config,
-            conditions=prepared.space.conditions,
-            fold_ids=fold_ids,
-            threads=threads,
-            epochs=epochs,
-            eager=eager,
-            check_numerics=check_numerics,
-            fit_arguments=prepared.experiment.fit_arguments,
-            profile_epoch=profiled_epoch,
-            profile_dir=PROFILES / f"trial-{spec.stem}",
-            started=started,
-        ),
-        tracking=None,
-    )
+    options = TrialOptions(tuple(set_values), fold, epochs, eager, check_numerics, profile, profile_epoch, started)
+    _print_outcome(trial_of_spec(spec, options, _TrialPrinter()))
 
 
 @app.command()
@@ -626,217 +569,57 @@ def rerun(
 ) -> None:
     """Rerun one recorded trial in this process, with its config, data, folds and execution plan."""
     started = time.perf_counter()  # the trial's time account counts the command's start-up
-    from pipeline.records.tracking import Tracker
-    from pipeline.rerun import (
-        TrialRequest,
-        check_fold,
-        checked_overrides,
-        inactive_overrides,
-        load_recorded_trial,
-        parse_assignments,
-        planned_epochs,
-        recorded_folds,
-        rerun_changes,
-    )
-    from pipeline.rerun import profile_epoch as check_profile_epoch
+    from pipeline.rerun import TrialOptions, rerun_recorded
 
-    # What can be refused without TensorFlow is, first: a wrong id or option answers at once.
-    _check_existing_store(tracking_uri)
-    tracker = Tracker(tracking_uri)
-    recorded = load_recorded_trial(tracker, run_id)
-    fold_ids = check_fold(fold, recorded.spec.cv)
-    overrides = parse_assignments(set_values)
-    profiled = profile or profile_epoch is not None
-    planned = planned_epochs(recorded.spec, {**recorded.config, **overrides}, epochs)
-    # an --set epochs that is no number is refused below, with the other --set values
-    profiled_epoch = (
-        check_profile_epoch(profile_epoch, planned=planned) if profiled and isinstance(planned, int) else None
-    )
-    dataset, wait_for_folds = recorded_folds(recorded)
-    import_tensorflow_and_keras()
-    from pipeline.base.private_hooks import TRAINING_LIBRARIES, require_hooks
-    from pipeline.engine.profile import PROFILES
-    from pipeline.engine.runner import configure_tensorflow
-    from pipeline.inputs.hypermodel import load_experiment
-    from pipeline.inputs.space import build_space
-
-    # Before anything here starts TensorFlow: the thread pools the trial ran with.
-    threads = recorded.threads(eager=eager, check_numerics=check_numerics)
-    if profiled_epoch is not None:
-        from pipeline.engine.profile import enable_xla_op_tracing
-
-        enable_xla_op_tracing()  # before TensorFlow reads its flags
-    configure_tensorflow(
-        gpus=recorded.spec.resources.gpu, threads=threads, compile_cache=recorded.spec.train.compile_cache
-    )
-    require_hooks(TRAINING_LIBRARIES)  # its checks build small models: TensorFlow starts here
-    experiment = load_experiment(recorded.experiment_path, recorded.spec.experiment_attr)
-    spec = recorded.spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(
-        experiment.fit_class_weight
-    )
-    space = build_space(
-        recorded.spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None
-    )
-    overrides = checked_overrides(overrides, set(space.domains) | set(recorded.config), experiment.hyperparameters)
-    left_out = inactive_overrides({**recorded.config, **overrides}, overrides, space.conditions)
-    overrides = {name: value for name, value in overrides.items() if name not in left_out}
-    config = _without_inactive({**recorded.config, **overrides}, left_out)
-    folds = wait_for_folds()
-    console.print(
-        f"rerun of trial {recorded.run_name} ({recorded.run_id}) of sweep run {recorded.parent_run_id}"
-        + (f", with {' '.join(set_values)}" if set_values else ""),
-        highlight=False,
-    )
-    request = TrialRequest(
-        spec=spec,
-        experiment_path=recorded.experiment_path,
-        dataset=dataset,
-        folds=folds,
-        config=config,
-        conditions=space.conditions,
-        fold_ids=fold_ids,
-        threads=threads,
-        epochs=epochs,
-        eager=eager,
-        check_numerics=check_numerics,
-        replay=recorded.plan,
-        fit_arguments=experiment.fit_arguments,
-        profile_epoch=profiled_epoch,
-        profile_dir=PROFILES / f"rerun-{recorded.run_id[:8]}",
-        started=started,
-        changes=rerun_changes(recorded, overrides, eager=eager, profile_epoch=profiled_epoch),
-    )
-    _run_here(
-        request,
-        tracking=None if no_track else (tracker, recorded),
-        recorded_tags=tracker.trial_record(recorded.run_id).tags if check_numerics else None,
-    )
+    options = TrialOptions(tuple(set_values), fold, epochs, eager, check_numerics, profile, profile_epoch, started)
+    _print_outcome(rerun_recorded(tracking_uri, run_id, options, _TrialPrinter(), track=not no_track))
 
 
-def _without_inactive(config: dict[str, Any], left_out: dict[str, str]) -> dict[str, Any]:
-    """The config without the ``--set`` values whose condition does not hold, each said once."""
-    for note in left_out.values():
+class _TrialPrinter:
+    """What `trial` and `rerun` print as the trial runs (``pipeline.rerun.TrialOutput``)."""
+
+    def checked(self, prepared: Any) -> None:
+        _print_warnings(prepared)
+
+    def left_out(self, note: str) -> None:
         console.print(styled("note:", "yellow", f" {note}"), highlight=False, soft_wrap=True)
-    return {name: value for name, value in config.items() if name not in left_out}
+
+    def headline(self, line: str) -> None:
+        console.print(line, highlight=False)
+
+    def plan(self, line: str, differs: str | None) -> None:
+        console.print(line, highlight=False, soft_wrap=True)
+        if differs:
+            console.print(differs, style="yellow", highlight=False, soft_wrap=True)
+
+    def epoch(self, line: str, stopped: str | None) -> None:
+        console.print(line, highlight=False, soft_wrap=True)
+        if stopped:
+            console.print(stopped, highlight=False)
+
+    def profile(self, lines: Any) -> None:
+        for line in lines:
+            console.print(line, highlight=False, soft_wrap=True)
 
 
-def _run_here(request: Any, *, tracking: Any, recorded_tags: Any = None) -> None:
-    """The in-process trial both `trial` and `rerun` run, printing each epoch as it ends; a rerun
-    also says (and records) what makes it differ from the trial it reruns, and where that trial
-    went NaN (``recorded_tags``, its record's tags) against the first non-finite value found."""
-    from pipeline.contract.results import STOPPED_EPOCH, EpochResult, EpochSelection, TrialStatus
-    from pipeline.inputs.space import resolve_config
+def _print_outcome(outcome: Any) -> None:
+    """How a trial run here ended (``pipeline.rerun.TrialOutcome``)."""
     from pipeline.records.report import account_text
     from pipeline.records.tracking import Tag
-    from pipeline.rerun import epoch_line, recorded_nan_line, run_in_process
 
-    recorder = None
-    if tracking is not None:
-        from pipeline.records.provenance import Provenance
-
-        tracker, recorded = tracking
-        # The data file as the sweep resolved it.
-        provenance = Provenance.of(request.experiment_path, request.dataset, recorded.dataset)
-        recorder = tracker.trial_recorder(
-            parent_run_id=recorded.parent_run_id,
-            run_name=f"rerun-{recorded.run_name}",
-            role="rerun",
-            config=resolve_config(request.config, request.conditions),
-            tags={**provenance.run_tags, Tag.RERUN_OF: recorded.run_id},
-            selection=EpochSelection(request.spec.objective, request.spec.train.select),
-            data=provenance.data,
-        )
-
-    def on_plan(plan: Any, differences: list[str]) -> None:
-        draws = f"; random draws: {plan.random_draws}" if plan.random_draws != "none" else ""
-        draws += "; last batch padded" if plan.last_batch_padded else ""
-        estimate = (
-            f"; compile ~{plan.compile_estimate_s:.0f} s estimated" if plan.compile_estimate_s is not None else ""
-        )
+    if outcome.finding is not None:
         console.print(
-            f"{plan.reason}; steps per launch: {plan.steps_per_launch}; threads: {plan.threads.describe()}{draws}{estimate}",
+            styled("first non-finite value:", "bold red", f" {outcome.finding.describe()}"),
             highlight=False,
             soft_wrap=True,
         )
-        if differences:
-            differs = ", ".join(differences)
-            console.print(
-                f"differs from the trial: {differs}; numbers may differ from the recorded ones",
-                style="yellow",
-                highlight=False,
-                soft_wrap=True,
-            )
-            if recorder is not None:
-                recorder.set_tags({Tag.RERUN_DIFFERS: differs})
-
-    def on_epoch(report: dict[str, Any]) -> None:
-        console.print(epoch_line(report, request.spec.train.metric), highlight=False, soft_wrap=True)
-        if report.get(STOPPED_EPOCH) is not None:
-            console.print(
-                f"stopped early after epoch {report[STOPPED_EPOCH]}: train.early_stopping "
-                f"{request.spec.train.early_stopping.describe()}",
-                highlight=False,
-            )
-        if recorder is not None:
-            recorder.log_epoch(report)
-
-    def on_profile(profile: Any) -> None:
-        for line in profile.lines():
-            console.print(line, highlight=False, soft_wrap=True)
-        if recorder is not None:
-            # This profile's run of the trace directory, laid out as the viewer reads a logdir.
-            run = profile.trace_file.parent
-            recorder.log_directory(run, f"profile/{run.relative_to(profile.logdir).as_posix()}")
-
-    try:
-        status, finding, last_report = run_in_process(
-            request, on_plan=on_plan, on_epoch=on_epoch, on_profile=on_profile
-        )
-    except BaseException as exc:
-        if recorder is not None:
-            recorder.finish(
-                TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt) else TrialStatus.ERROR,
-                error=traceback.format_exc(),
-            )
-        raise
-    if finding is not None:
-        console.print(
-            styled("first non-finite value:", "bold red", f" {finding.describe()}"), highlight=False, soft_wrap=True
-        )
-        if recorded_tags is not None:
-            console.print(recorded_nan_line(finding, recorded_tags), highlight=False, soft_wrap=True)
-    console.print(f"status: {status.value}", highlight=False)
-    account = EpochResult.from_report(last_report).account if last_report else None
-    if account is not None:
-        console.print(f"where the time went: {account_text(account)}", highlight=False, soft_wrap=True)
-    if recorder is not None:
-        found = (
-            {}
-            if finding is None
-            else {
-                Tag.NUMERICS_OP: finding.op_type,
-                Tag.NUMERICS_NODE: finding.node,
-                Tag.NUMERICS_LAYER: finding.layer,
-                Tag.NUMERICS_VARIABLE: finding.variable,
-                Tag.NUMERICS_FOLD: finding.fold,
-                Tag.NUMERICS_EPOCH: finding.epoch,
-                Tag.NUMERICS_STEP: finding.step,
-            }
-        )
-        recorder.finish(
-            status,
-            last_report=last_report,
-            tags={tag: str(value) for tag, value in found.items() if value not in ("", None)},
-        )
-        console.print(f"recorded as run {recorder.run_id} (tag {Tag.RERUN_OF}={recorded.run_id})", highlight=False)
-
-
-def _check_existing_store(tracking_uri: str) -> None:
-    """Commands that read a recorded sweep refuse a store that does not exist (rather than
-    creating an empty one)."""
-    from pipeline.records.stores import require_existing_store
-
-    require_existing_store(tracking_uri, source="--tracking-uri", purpose="there is no recorded sweep to read")
+        if outcome.recorded_nan is not None:
+            console.print(outcome.recorded_nan, highlight=False, soft_wrap=True)
+    console.print(f"status: {outcome.status.value}", highlight=False)
+    if outcome.account is not None:
+        console.print(f"where the time went: {account_text(outcome.account)}", highlight=False, soft_wrap=True)
+    if outcome.run_id is not None:
+        console.print(f"recorded as run {outcome.run_id} (tag {Tag.RERUN_OF}={outcome.rerun_of})", highlight=False)
 
 
 def _progress(prepared: Any, *, done_before: int = 0) -> Any:
