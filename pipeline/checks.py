@@ -172,17 +172,10 @@ def prepare(
         PrivateHookMissing: an installed library lacks what foldsweep reaches into (``private_hooks``).
         InputError: the experiment, dataset, folds or tracking URI cannot work as asked.
     """
-    from pipeline.inputs.hypermodel import load_experiment
-    from pipeline.inputs.space import build_space
-
     if inputs is None:
         inputs = check_inputs(spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     require_hooks(hooks)
-    experiment = load_experiment(inputs.experiment_path, spec.experiment_attr, reference=spec.experiment)
-    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(
-        experiment.fit_class_weight
-    )
-    space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
+    experiment, spec, space = load_experiment_and_space(spec, inputs.experiment_path, reference=spec.experiment)
     dataset = inputs.dataset
     _check_model_fits_data(spec, experiment, dataset, inputs.dataset_path or dataset.name)
     folds, fold_warnings = make_checked_folds(spec, inputs)
@@ -200,6 +193,28 @@ def prepare(
         address=inputs.address,
         warnings=(*inputs.warnings, *fold_warnings),
     )
+
+
+def load_experiment_and_space(
+    spec: SweepSpec, experiment_path: Path, *, reference: str | None = None
+) -> tuple[Any, SweepSpec, SearchSpace]:
+    """The spec's hypermodel, loaded from ``experiment_path`` (``load_experiment``, its messages
+    naming ``reference``); the spec with what the hypermodel's fit() sets that the spec leaves
+    open (early stopping, class weights); and the search space over both's hyperparameters.
+
+    Raises:
+        ExperimentError: the hypermodel cannot be loaded or built (``load_experiment``).
+        SpecError: the spec searches what the hypermodel does not declare (``build_space``).
+    """
+    from pipeline.inputs.hypermodel import load_experiment
+    from pipeline.inputs.space import build_space
+
+    experiment = load_experiment(experiment_path, spec.experiment_attr, reference=reference)
+    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(
+        experiment.fit_class_weight
+    )
+    space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
+    return experiment, spec, space
 
 
 def _check_classes(dataset: Dataset, source: str) -> None:

@@ -532,17 +532,10 @@ def rerun_recorded(
     threads = recorded.threads(eager=options.eager, check_numerics=options.check_numerics)
     _start_tensorflow(recorded.spec, threads, traced=profiled is not None)
     from pipeline.base.private_hooks import TRAINING_LIBRARIES, require_hooks
-    from pipeline.inputs.hypermodel import load_experiment
-    from pipeline.inputs.space import build_space
+    from pipeline.checks import load_experiment_and_space
 
     require_hooks(TRAINING_LIBRARIES)  # its checks build small models: TensorFlow starts here
-    experiment = load_experiment(recorded.experiment_path, recorded.spec.experiment_attr)
-    spec = recorded.spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(
-        experiment.fit_class_weight
-    )
-    space = build_space(
-        recorded.spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None
-    )
+    experiment, spec, space = load_experiment_and_space(recorded.spec, recorded.experiment_path)
     overrides = checked_overrides(overrides, set(space.domains) | set(recorded.config), experiment.hyperparameters)
     config, overrides = _without_inactive({**recorded.config, **overrides}, overrides, space.conditions, out)
     folds = wait_for_folds()
