@@ -195,6 +195,48 @@ def prepare(
     )
 
 
+def prepare_driver(
+    spec: SweepSpec,
+    *,
+    tracking_uri: str | None = None,
+    num_samples: int | None = None,
+    address: str | None = None,
+    refit_here: bool = False,
+    doing: Callable[[str], None] = lambda text: None,
+) -> PreparedSweep:
+    """``prepare`` in the process that drives the sweep (``run``, and ``validate``, which checks
+    as it does): what needs no model first (``check_inputs``, before TensorFlow loads), then
+    TensorFlow, with the XLA compile cache where the refit trains in this process
+    (``refit_here``), and without GPUs. ``doing`` hears each stage as it starts.
+
+    Raises:
+        PrivateHookMissing: an installed library lacks what foldsweep reaches into (``private_hooks``).
+        InputError: the experiment, dataset, folds or tracking URI cannot work as asked.
+    """
+    from pipeline.base.quiet import import_tensorflow_and_keras
+
+    doing(f"checking the data and folds of {spec.source_path}")
+    inputs = check_inputs(spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
+    doing(f"loading TensorFlow and building the model of {spec.experiment}")
+    import_tensorflow_and_keras()
+    if refit_here and spec.train.refit and spec.train.compile_cache:
+        # The refit compiles in this process (on CPU, below), whose TensorFlow reads its XLA
+        # flags in prepare.
+        from pipeline.base.compile_cache import activate, device_kind
+
+        activate(device_kind=device_kind(0))
+    from pipeline.engine.runtime import hide_gpus
+
+    # The driver holds no GPU memory: its TensorFlow (the default model built in prepare, the
+    # refit) sees no GPU, and every GPU is the trials'. So the refit trains on CPU: TensorFlow
+    # fixes its devices here, long before the refit, and a GPU visible to the driver would keep
+    # a CUDA context, and all the memory the refit grew into (TensorFlow's allocator never
+    # gives it back), for the whole sweep. A check needs no GPU either, and takes none from a
+    # sweep running there.
+    hide_gpus()
+    return prepare(spec, inputs=inputs)
+
+
 def load_experiment_and_space(
     spec: SweepSpec, experiment_path: Path, *, reference: str | None = None
 ) -> tuple[Any, SweepSpec, SearchSpace]:

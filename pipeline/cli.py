@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from pipeline.base.errors import FoldsweepError
-from pipeline.base.quiet import import_tensorflow_and_keras, quiet_environment
+from pipeline.base.quiet import quiet_environment
 from pipeline.inputs.spec import TrackingSpec
 from pipeline.records.ui_server import DEFAULT_UI_PORT
 
@@ -84,16 +84,10 @@ def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
 @exit_codes
 def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None:
     """Check a spec completely (keys, types, ranges, experiment, data, folds) without running it."""
-    from pipeline.checks import check_inputs, prepare
+    from pipeline.checks import prepare_driver
     from pipeline.inputs.spec import load_spec
 
-    sweep_spec = load_spec(spec)
-    inputs = check_inputs(sweep_spec)
-    import_tensorflow_and_keras()
-    from pipeline.engine.runtime import hide_gpus
-
-    hide_gpus()  # as a sweep's driver: a check needs no GPU, and takes none from a sweep running there
-    prepared = prepare(sweep_spec, inputs=inputs)
+    prepared = prepare_driver(load_spec(spec))  # as a sweep's driver checks it
     folds = prepared.folds.manifest()["folds"]
     console.print(
         styled(
@@ -326,29 +320,14 @@ def run(
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
     started_at = time.time()  # the sweep's time account starts here (the interpreter took ~0.1 s before)
-    from pipeline.checks import check_inputs, prepare
+    from pipeline.checks import prepare_driver
     from pipeline.inputs.spec import load_spec, with_registration
 
     sweep_spec = with_registration(load_spec(spec), register_model=register_model, model_alias=model_alias)
     doing = _Doing()
-    doing(f"checking the data and folds of {spec}")
-    inputs = check_inputs(sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
-    doing(f"loading TensorFlow and building the model of {sweep_spec.experiment}")
-    import_tensorflow_and_keras()
-    if sweep_spec.train.refit and sweep_spec.train.compile_cache:
-        # The refit compiles in this process (on CPU, below), whose TensorFlow reads its XLA
-        # flags in prepare.
-        from pipeline.base.compile_cache import activate, device_kind
-
-        activate(device_kind=device_kind(0))
-    from pipeline.engine.runtime import hide_gpus
-
-    # The driver holds no GPU memory: its TensorFlow (the default model built in prepare, the
-    # refit) sees no GPU, and every GPU is the trials'. So the refit trains on CPU: TensorFlow
-    # fixes its devices here, long before the refit, and a GPU visible to the driver would keep
-    # a CUDA context, and all the memory the refit grew into (TensorFlow's allocator never
-    # gives it back), for the whole sweep.
-    hide_gpus()
+    prepared = prepare_driver(
+        sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address, refit_here=True, doing=doing
+    )
     from pipeline.contract.results import TrialStatus
     from pipeline.records.report import (
         Standings,
@@ -360,7 +339,6 @@ def run(
     )
     from pipeline.sweep import run_sweep
 
-    prepared = prepare(sweep_spec, inputs=inputs)
     doing.done()
     sweep_spec = prepared.spec
     planned = prepared.trial_count
