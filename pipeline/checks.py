@@ -121,6 +121,26 @@ class PreparedSweep:
         """The trials the sweep runs (``SearchSpace.trial_count`` of its ``num_samples``)."""
         return self.space.trial_count(self.num_samples)
 
+    def summary(self) -> str:
+        """What ``validate`` found: the experiment, the data, the folds, the space and the trials."""
+        val_sizes = ", ".join(str(fold["val_size"]) for fold in self.folds.manifest()["folds"])
+        return (
+            f"experiment {self.spec.experiment}, dataset {self.dataset.name} {self.dataset.x.shape}, "
+            f"{self.spec.cv.describe()} (val sizes {val_sizes}), {len(self.space.domains)} hyperparameters, "
+            f"{self.spec.search.algorithm} search, {self.trial_count} trials"
+        )
+
+    def notes(self) -> list[str]:
+        """What of the hypermodel's own compile and fit() the trials use and what the spec
+        replaces, and how one-hot labels are split and scored."""
+        notes = compile_notes(self.spec, self.experiment)
+        if self.dataset.one_hot:
+            notes.append(
+                f"labels: one-hot rows of {self.dataset.one_hot_classes} classes, split by class; the loss and "
+                "metrics get the rows, as fit gives them"
+            )
+        return notes
+
     def stacking_note(self) -> str:
         """Whether the default model has a stacked form (its folds trainable as one program, where
         the plan stacks them: one compute thread or a GPU, small batches), what of it is held once
@@ -257,6 +277,57 @@ def load_experiment_and_space(
     )
     space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
     return experiment, spec, space
+
+
+def compile_notes(spec: SweepSpec, experiment: Any) -> list[str]:
+    """What of a hypermodel's own compile and fit() the trials use, and what the spec replaces."""
+    notes = []
+    optimizer = experiment.compiled_optimizer
+    schedule = experiment.compiled_schedule
+    if optimizer is not None:
+        named = [name for name in ("optimizer", "learning_rate") if name in spec.search.space]
+        if "optimizer" in named:
+            rate = f"its {schedule} schedule" if schedule else "its learning rate"
+            notes.append(
+                f"search.space.optimizer replaces the {optimizer} optimizer that {spec.experiment} compiles "
+                f"({rate} and settings too); the model's own loss is kept"
+            )
+        elif "learning_rate" in named and schedule:
+            notes.append(
+                f"search.space.learning_rate replaces the {schedule} schedule of the {optimizer} optimizer "
+                f"that {spec.experiment} compiles with a constant; its other settings and loss are kept"
+            )
+        elif "learning_rate" in named:
+            notes.append(
+                f"search.space.learning_rate replaces the learning rate of the {optimizer} optimizer that "
+                f"{spec.experiment} compiles; its other settings and loss are kept"
+            )
+        else:
+            rate = f" with its {schedule} schedule" if schedule else ""
+            notes.append(
+                f"the {optimizer} optimizer{rate} and loss that {spec.experiment} compiles are used, one copy per fold"
+            )
+    for name, source in experiment.fit_arguments.items():
+        notes.append(f"{name} comes from {spec.experiment}'s fit() (hyperparameter {source!r})")
+    rule = experiment.fit_early_stopping
+    if rule is not None:
+        if spec.train.early_stopping == rule:
+            notes.append(
+                f"EarlyStopping(monitor='val_{rule.monitor}', patience={rule.patience}) in {spec.experiment}'s "
+                f"fit() becomes train.early_stopping: {rule.describe()}, on the trial's mean CV curve (one "
+                "decision for all folds)"
+            )
+        else:
+            notes.append(
+                f"the spec's train.early_stopping {spec.train.early_stopping.describe()} replaces the "
+                f"EarlyStopping in {spec.experiment}'s fit()"
+            )
+        if experiment.fit_restores_best_weights:
+            notes.append(
+                "restore_best_weights=True is what train.select: best_epoch already does: each trial is scored "
+                "at its best epoch, and the refit trains that many epochs"
+            )
+    return notes
 
 
 def _check_classes(dataset: Dataset, source: str) -> None:

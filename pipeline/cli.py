@@ -88,27 +88,9 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     from pipeline.inputs.spec import load_spec
 
     prepared = prepare_driver(load_spec(spec))  # as a sweep's driver checks it
-    folds = prepared.folds.manifest()["folds"]
-    console.print(
-        styled(
-            "ok",
-            "green",
-            f" {spec}: experiment {prepared.spec.experiment}, dataset {prepared.dataset.name} "
-            f"{prepared.dataset.x.shape}, {_replicas_text(prepared.spec.cv)} "
-            f"(val sizes {', '.join(str(f['val_size']) for f in folds)}), "
-            f"{len(prepared.space.domains)} hyperparameters, {prepared.spec.search.algorithm} search, "
-            f"{prepared.trial_count} trials",
-        ),
-        highlight=False,
-    )
-    for line in compile_notes(prepared.spec, prepared.experiment):
+    console.print(styled("ok", "green", f" {spec}: {prepared.summary()}"), highlight=False)
+    for line in prepared.notes():
         console.print(line, highlight=False)
-    if prepared.dataset.one_hot:
-        console.print(
-            f"labels: one-hot rows of {prepared.dataset.one_hot_classes} classes, split by class; the loss and "
-            "metrics get the rows, as fit gives them",
-            highlight=False,
-        )
     console.print(prepared.stacking_note(), highlight=False)
     _print_warnings(prepared)
 
@@ -204,63 +186,6 @@ def _print_refit_model(tags: Any, tracking_uri: str) -> None:
         console.print(line, highlight=False, soft_wrap=True)
 
 
-def _replicas_text(cv: Any) -> str:
-    if cv.n_repeats == 1:
-        return f"{cv.n_splits} folds"
-    return f"{cv.n_repeats} x {cv.n_splits} folds ({cv.replicas} replicas)"
-
-
-def compile_notes(spec: Any, experiment: Any) -> list[str]:
-    """What of a hypermodel's own compile and fit() the trials use, and what the spec replaces."""
-    notes = []
-    optimizer = experiment.compiled_optimizer
-    schedule = experiment.compiled_schedule
-    if optimizer is not None:
-        named = [name for name in ("optimizer", "learning_rate") if name in spec.search.space]
-        if "optimizer" in named:
-            rate = f"its {schedule} schedule" if schedule else "its learning rate"
-            notes.append(
-                f"search.space.optimizer replaces the {optimizer} optimizer that {spec.experiment} compiles "
-                f"({rate} and settings too); the model's own loss is kept"
-            )
-        elif "learning_rate" in named and schedule:
-            notes.append(
-                f"search.space.learning_rate replaces the {schedule} schedule of the {optimizer} optimizer "
-                f"that {spec.experiment} compiles with a constant; its other settings and loss are kept"
-            )
-        elif "learning_rate" in named:
-            notes.append(
-                f"search.space.learning_rate replaces the learning rate of the {optimizer} optimizer that "
-                f"{spec.experiment} compiles; its other settings and loss are kept"
-            )
-        else:
-            rate = f" with its {schedule} schedule" if schedule else ""
-            notes.append(
-                f"the {optimizer} optimizer{rate} and loss that {spec.experiment} compiles are used, one copy per fold"
-            )
-    for name, source in experiment.fit_arguments.items():
-        notes.append(f"{name} comes from {spec.experiment}'s fit() (hyperparameter {source!r})")
-    rule = experiment.fit_early_stopping
-    if rule is not None:
-        if spec.train.early_stopping == rule:
-            notes.append(
-                f"EarlyStopping(monitor='val_{rule.monitor}', patience={rule.patience}) in {spec.experiment}'s "
-                f"fit() becomes train.early_stopping: {rule.describe()}, on the trial's mean CV curve (one "
-                "decision for all folds)"
-            )
-        else:
-            notes.append(
-                f"the spec's train.early_stopping {spec.train.early_stopping.describe()} replaces the "
-                f"EarlyStopping in {spec.experiment}'s fit()"
-            )
-        if experiment.fit_restores_best_weights:
-            notes.append(
-                "restore_best_weights=True is what train.select: best_epoch already does: each trial is scored "
-                "at its best epoch, and the refit trains that many epochs"
-            )
-    return notes
-
-
 @app.command()
 @exit_codes
 def datasets() -> None:
@@ -348,7 +273,7 @@ def run(
         Text.assemble(
             "sweep ",
             (sweep_spec.name, "bold"),
-            f": {planned} trials x {_replicas_text(sweep_spec.cv)}, "
+            f": {planned} trials x {sweep_spec.cv.describe()}, "
             f"{_count(sweep_spec.train.epochs, 'epoch')}, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
             f"tracking {prepared.tracking_uri}",
         ),
