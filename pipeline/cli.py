@@ -7,9 +7,7 @@ Exit codes: 0 the command did its job (a sweep whose trials partly failed still 
 from __future__ import annotations
 
 import functools
-import os
 import shlex
-import shutil
 import sys
 import time
 import traceback
@@ -156,6 +154,7 @@ def _print_warnings(prepared: Any, *, num_samples_source: str = "search.num_samp
 
 def _print_standings_notes(standings: Any, tracking_uri: str) -> None:
     """Below a leaderboard: how many trials are tied with the best, and how to rerun the best."""
+    from pipeline.base.environment import program_name
     from pipeline.records.report import rerun_command
 
     if standings.ties_line():
@@ -177,12 +176,10 @@ def _print_compile_share(records: Any) -> None:
 def _print_refit_model(tags: Any, tracking_uri: str) -> None:
     """The refit's logged model and how to load and serve it, by this environment's python and
     mlflow (named by their directory where they are not the ones on the PATH)."""
+    from pipeline.base.environment import programs_off_path
     from pipeline.records.report import refit_model_lines
 
-    here = Path(sys.executable).parent
-    on_path = shutil.which("python")
-    tools = None if on_path is not None and Path(on_path).parent.resolve() == here.resolve() else here
-    for line in refit_model_lines(tags, tracking_uri, tools=tools):
+    for line in refit_model_lines(tags, tracking_uri, tools=programs_off_path()):
         console.print(line, highlight=False, soft_wrap=True)
 
 
@@ -313,6 +310,8 @@ def run(
             started_at=started_at,
         )
     except SweepInterrupted as interrupted:
+        from pipeline.base.environment import program_name
+
         again = " ".join([program_name(), *(shlex.quote(arg) for arg in sys.argv[1:] if arg != "--resume")])
         errors.print(
             f"interrupted: sweep run {interrupted.parent_run_id} stopped, unfinished trials marked KILLED. "
@@ -547,6 +546,8 @@ def _progress(prepared: Any, *, done_before: int = 0) -> Any:
 
 
 def _print_ui_address(tracking_uri: str, ui_path: str, *, sweep: str, port: int = DEFAULT_UI_PORT) -> None:
+    from pipeline.records.ui_server import ui_command
+
     console.print(
         Text.assemble(
             "Open the MLflow UI on this sweep: ",
@@ -556,27 +557,6 @@ def _print_ui_address(tracking_uri: str, ui_path: str, *, sweep: str, port: int 
         highlight=False,
         soft_wrap=True,
     )
-
-
-def program_name() -> str:
-    """This command as the user can type it again: ``foldsweep`` when that is on the PATH, else
-    the path it was invoked by (``.venv/bin/foldsweep``)."""
-    program = "foldsweep"
-    invoked = Path(sys.argv[0])
-    on_path = shutil.which("foldsweep")
-    if invoked.name == "foldsweep" and (on_path is None or Path(on_path).resolve() != invoked.resolve()):
-        program = (
-            os.path.relpath(invoked)
-            if not invoked.is_absolute() or invoked.is_relative_to(Path.cwd())
-            else str(invoked)
-        )
-    return shlex.quote(program)
-
-
-def ui_command(tracking_uri: str, *, sweep: str | None = None) -> str:
-    """The exact command that opens the UI on this store, as the user can paste it."""
-    named = f" {shlex.quote(sweep)}" if sweep else ""
-    return f"{program_name()} ui{named} --tracking-uri {shlex.quote(tracking_uri)}"
 
 
 @app.command()

@@ -12,8 +12,8 @@ import pytest
 from helpers import Replace, free_port
 from typer.testing import CliRunner
 
-from pipeline.cli import app, ui_command
-from pipeline.records.ui_server import wait_until_answering
+from pipeline.cli import app
+from pipeline.records.ui_server import ui_command, wait_until_answering
 
 runner = CliRunner()
 

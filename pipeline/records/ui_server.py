@@ -10,6 +10,7 @@ standard library: the command line takes ``DEFAULT_UI_PORT`` from it as it start
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,6 +21,14 @@ from typing import Any
 from pipeline.base.errors import FoldsweepError, InputError
 
 DEFAULT_UI_PORT = 5000
+
+
+def ui_command(tracking_uri: str, *, sweep: str | None = None) -> str:
+    """The exact command that opens the UI on this store, as the user can paste it."""
+    from pipeline.base.environment import program_name
+
+    named = f" {shlex.quote(sweep)}" if sweep else ""
+    return f"{program_name()} ui{named} --tracking-uri {shlex.quote(tracking_uri)}"
 
 
 class ServerEnded(FoldsweepError):
