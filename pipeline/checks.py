@@ -130,6 +130,15 @@ class PreparedSweep:
             f"{self.spec.search.algorithm} search, {self.trial_count} trials"
         )
 
+    def sweep_plan(self) -> str:
+        """What ``run`` starts: ``8 trials x 5 folds, 20 epochs, dataset mnist1d (4000, 40, 1),
+        tracking sqlite:///mlflow.db``."""
+        epochs = self.spec.train.epochs
+        return (
+            f"{self.trial_count} trials x {self.spec.cv.describe()}, {epochs} epoch{'' if epochs == 1 else 's'}, "
+            f"dataset {self.dataset.name} {self.dataset.x.shape}, tracking {self.tracking_uri}"
+        )
+
     def notes(self) -> list[str]:
         """What of the hypermodel's own compile and fit() the trials use and what the spec
         replaces, and how one-hot labels are split and scored."""

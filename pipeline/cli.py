@@ -120,30 +120,6 @@ class _Doing:
             self._status = None
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"
-
-
-def _trials_ended_before_resume(prepared: Any, planned: int) -> int:
-    """The trials the sweep a ``--resume`` continues has ended already (said once, here).
-
-    Raises:
-        InputError: no store, or no sweep of this name to resume.
-    """
-    from pipeline.contract.results import TrialStatus
-    from pipeline.records.stores import require_existing_store
-    from pipeline.records.tracking import Tracker
-
-    name = prepared.spec.name
-    require_existing_store(prepared.tracking_uri, source="--resume", purpose=f"no sweep named {name!r} to resume")
-    tracker = Tracker(prepared.tracking_uri)
-    parent = tracker.resumable_sweep(name)
-    unfinished = (None, TrialStatus.RUNNING, TrialStatus.KILLED)
-    done = sum(record.status not in unfinished for record in tracker.trial_records(parent.run_id))
-    console.print(f"resuming sweep {name} (run {parent.run_id}): {done} of {planned} trials done", highlight=False)
-    return done
-
-
 def _print_warnings(prepared: Any, *, num_samples_source: str = "search.num_samples") -> None:
     notice = prepared.space.repeats_notice(prepared.num_samples, source=num_samples_source)
     if notice:
@@ -152,11 +128,12 @@ def _print_warnings(prepared: Any, *, num_samples_source: str = "search.num_samp
         errors.print(styled("warning:", "yellow", f" {warning}"), highlight=False, soft_wrap=True)
 
 
-def _print_standings_notes(standings: Any, tracking_uri: str) -> None:
-    """Below a leaderboard: how many trials are tied with the best, and how to rerun the best."""
+def _print_leaderboard(standings: Any, name: str, tracking_uri: str) -> None:
+    """A sweep's leaderboard, how many trials are tied with the best, and how to rerun the best."""
     from pipeline.base.environment import program_name
-    from pipeline.records.report import rerun_command
+    from pipeline.records.report import leaderboard_table, rerun_command
 
+    console.print(leaderboard_table(standings, title=f"{name}: leaderboard"))
     if standings.ties_line():
         console.print(standings.ties_line(), highlight=False, soft_wrap=True)
     command = rerun_command(standings, tracking_uri, program=program_name())
@@ -164,10 +141,12 @@ def _print_standings_notes(standings: Any, tracking_uri: str) -> None:
         console.print(Text.assemble("rerun the best trial: ", (command, "bold")), highlight=False, soft_wrap=True)
 
 
-def _print_compile_share(records: Any) -> None:
-    """After a sweep's account: the share of its trials' wall clock that went to compiling."""
-    from pipeline.records.report import compile_share_text
+def _print_sweep_time(account: Any, records: Any) -> None:
+    """Where a sweep's wall clock went, and the share of its trials' that went to compiling."""
+    from pipeline.records.report import compile_share_text, sweep_account_text
 
+    if account is not None:
+        console.print(f"where the sweep's time went: {sweep_account_text(account)}", highlight=False, soft_wrap=True)
     line = compile_share_text(records)
     if line:
         console.print(line, highlight=False, soft_wrap=True)
@@ -250,52 +229,31 @@ def run(
     prepared = prepare_driver(
         sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address, refit_here=True, doing=doing
     )
-    from pipeline.contract.results import TrialStatus
-    from pipeline.records.report import (
-        Standings,
-        leaderboard_table,
-        selected_epoch,
-        selected_score,
-        short_run_id,
-        status_text,
+    from pipeline.records.report import Standings, trial_line
+    from pipeline.sweep import (
+        AfterTrialsFailed,
+        SweepInterrupted,
+        run_sweep,
+        sweep_progress,
+        trials_ended_before_resume,
     )
-    from pipeline.sweep import run_sweep
 
     doing.done()
-    sweep_spec = prepared.spec
-    planned = prepared.trial_count
-    done_before = _trials_ended_before_resume(prepared, planned) if resume else 0
-    objective = sweep_spec.objective.key
-    console.print(
-        Text.assemble(
-            "sweep ",
-            (sweep_spec.name, "bold"),
-            f": {planned} trials x {sweep_spec.cv.describe()}, "
-            f"{_count(sweep_spec.train.epochs, 'epoch')}, dataset {prepared.dataset.name} {prepared.dataset.x.shape}, "
-            f"tracking {prepared.tracking_uri}",
-        ),
-        highlight=False,
-    )
+    sweep_spec, done_before = prepared.spec, 0
+    if resume:
+        parent_run_id, done_before = trials_ended_before_resume(prepared)
+        console.print(
+            f"resuming sweep {sweep_spec.name} (run {parent_run_id}): {done_before} of {prepared.trial_count} "
+            "trials done",
+            highlight=False,
+        )
+    console.print(Text.assemble("sweep ", (sweep_spec.name, "bold"), f": {prepared.sweep_plan()}"), highlight=False)
     _print_warnings(prepared, num_samples_source="--num-samples" if num_samples else "search.num_samples")
-    progress = _progress(prepared, done_before=done_before)
+    progress = sweep_progress(prepared, done_before=done_before, console=console, live=sys.stdout.isatty())
 
     def trial_done(record: Any) -> None:
         progress.trial_recorded(record)
-        score = selected_score(record, objective)
-        # A NaN trial's CV mean counts its NaN folds as the worst score: not a score to show.
-        shown = (
-            f" ({objective} {score:.4f} at epoch {selected_epoch(record)})"
-            if score is not None and record.status is not TrialStatus.NAN
-            else ""
-        )
-        reason = record.error.strip().splitlines()[-1] if record.error.strip() else ""
-        console.print(
-            f"  {record.label} ({short_run_id(record.run_id)}): {status_text(record)}{shown}"
-            f"{' - ' + reason if reason else ''}",
-            highlight=False,
-        )
-
-    from pipeline.sweep import AfterTrialsFailed, SweepInterrupted
+        console.print(trial_line(record, sweep_spec.objective.key), highlight=False)
 
     failed: list[str] = []
     try:
@@ -326,22 +284,9 @@ def run(
         doing.done()
         progress.close()
     standings = Standings.of(outcome.records, sweep_spec.objective, n_splits=sweep_spec.cv.n_splits)
-    console.print(leaderboard_table(standings, title=f"{sweep_spec.name}: leaderboard"))
-    _print_standings_notes(standings, prepared.tracking_uri)
-    trained = len(outcome.records) - done_before
-    resumed = f" ({len(outcome.records)} in the sweep, {done_before} ended before this resume)" if resume else ""
-    console.print(
-        f"{_count(trained, 'trial')} {'trained ' if resume else ''}in {outcome.wall_s:.0f} s{resumed}; "
-        f"sweep run {outcome.parent_run_id}",
-        highlight=False,
-    )
-    if outcome.account is not None:
-        from pipeline.records.report import sweep_account_text
-
-        console.print(
-            f"where the sweep's time went: {sweep_account_text(outcome.account)}", highlight=False, soft_wrap=True
-        )
-    _print_compile_share(outcome.records)
+    _print_leaderboard(standings, sweep_spec.name, prepared.tracking_uri)
+    console.print(outcome.trained_line(done_before=done_before, resumed=resume), highlight=False)
+    _print_sweep_time(outcome.account, outcome.records)
     _print_refit_model(outcome.refit_tags, prepared.tracking_uri)
     _print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
     if failed:
@@ -362,53 +307,28 @@ def report(
 ) -> None:
     """Print a recorded sweep's leaderboard, NaN and throughput tables; refresh its plots,
     descriptions and its view in the MLflow UI."""
-    from pipeline.base.environment import recorded_environment
-    from pipeline.base.private_hooks import require_hooks
-    from pipeline.contract.results import recorded_sweep_account
-    from pipeline.records.publish import publish
-    from pipeline.records.report import (
-        Standings,
-        account_rows,
-        account_table,
-        leaderboard_table,
-        nan_table_rows,
-        rows_table,
-        sweep_account_text,
-        throughput_rows,
-    )
-    from pipeline.records.stores import require_existing_store
-    from pipeline.records.tracking import Tracker
+    from pipeline.records.publish import report_sweep
+    from pipeline.records.report import account_rows, account_table, nan_table_rows, rows_table, throughput_rows
 
-    require_existing_store(tracking_uri)
-    require_hooks(["mlflow"])
-    tracker = Tracker(tracking_uri)
-    parent = tracker.find_sweep(sweep)
-    records = tracker.trial_records(parent.run_id)
-    standings = Standings.of(records, parent.objective, n_splits=parent.n_splits)
-    console.print(leaderboard_table(standings, title=f"{parent.name}: leaderboard"))
-    _print_standings_notes(standings, tracking_uri)
+    recorded = report_sweep(tracking_uri, sweep)
+    parent, records = recorded.parent, recorded.records
+    _print_leaderboard(recorded.standings, parent.name, tracking_uri)
     console.print(rows_table(nan_table_rows(records), "NaN failures by batch size and clipping"))
     console.print(rows_table(throughput_rows(records), "throughput by batch size (medians)"))
     time_rows = account_rows(records)
     if time_rows:
         console.print(account_table(time_rows))
-    sweep_account = recorded_sweep_account(parent.metrics)
-    if sweep_account is not None:
-        console.print(
-            f"where the sweep's time went: {sweep_account_text(sweep_account)}", highlight=False, soft_wrap=True
-        )
-    _print_compile_share(records)
-    test_scores = {key: value for key, value in parent.metrics.items() if key.startswith("test_")}
-    if test_scores:
+    _print_sweep_time(recorded.account, records)
+    if recorded.test_scores:
         console.print(
             "refit on the held-out test split: "
-            + ", ".join(f"{key} {value:.4f}" for key, value in sorted(test_scores.items())),
+            + ", ".join(f"{key} {value:.4f}" for key, value in sorted(recorded.test_scores.items())),
             highlight=False,
         )
     _print_refit_model(parent.tags, tracking_uri)
-    for line in recorded_environment(parent.tags):
+    for line in recorded.environment:
         console.print(f"environment: {line}", highlight=False, soft_wrap=True)
-    ui_path = publish(tracker, parent.run_id, standings, sweep_name=parent.name, test_scores=test_scores)
+    ui_path = recorded.publish()
     console.print(
         f"{len(records)} trials of sweep run {parent.run_id}; cv_results.csv, plots and descriptions refreshed on it.",
         highlight=False,
@@ -522,27 +442,6 @@ def _print_outcome(outcome: Any) -> None:
         console.print(f"where the time went: {account_text(outcome.account)}", highlight=False, soft_wrap=True)
     if outcome.run_id is not None:
         console.print(f"recorded as run {outcome.run_id} (tag {Tag.RERUN_OF}={outcome.rerun_of})", highlight=False)
-
-
-def _progress(prepared: Any, *, done_before: int = 0) -> Any:
-    """Live progress on a terminal; phase and heartbeat lines in a log."""
-    from pipeline.inputs.space import resolve_config
-    from pipeline.records.callbacks import searched_values
-    from pipeline.records.progress import ProgressCallback, SweepProgress
-
-    spec = prepared.spec
-    searched = prepared.space.searched()  # the hypermodel's searched hyperparameters too
-
-    def key_params(config: Any) -> str:
-        return " ".join(searched_values(resolve_config(config, prepared.space.conditions), searched))
-
-    progress = SweepProgress(
-        spec.objective,
-        trials_planned=prepared.trial_count,
-        epochs_per_trial=spec.train.epochs,
-        trials_done_before=done_before,
-    )
-    return ProgressCallback(progress, describe=key_params, console=console, live=sys.stdout.isatty())
 
 
 def _print_ui_address(tracking_uri: str, ui_path: str, *, sweep: str, port: int = DEFAULT_UI_PORT) -> None:
