@@ -372,7 +372,7 @@ def trial(
     from pipeline.rerun import TrialOptions, trial_of_spec
 
     options = TrialOptions(tuple(set_values), fold, epochs, eager, check_numerics, profile, profile_epoch, started)
-    _print_outcome(trial_of_spec(spec, options, _TrialPrinter()))
+    trial_of_spec(spec, options, _TrialPrinter())
 
 
 @app.command()
@@ -394,54 +394,29 @@ def rerun(
     from pipeline.rerun import TrialOptions, rerun_recorded
 
     options = TrialOptions(tuple(set_values), fold, epochs, eager, check_numerics, profile, profile_epoch, started)
-    _print_outcome(rerun_recorded(tracking_uri, run_id, options, _TrialPrinter(), track=not no_track))
+    rerun_recorded(tracking_uri, run_id, options, _TrialPrinter(), track=not no_track)
 
 
 class _TrialPrinter:
-    """What `trial` and `rerun` print as the trial runs (``pipeline.rerun.TrialOutput``)."""
+    """How `trial` and `rerun` print what the trial tells as it runs (``pipeline.rerun.TrialOutput``)."""
 
     def checked(self, prepared: Any) -> None:
         _print_warnings(prepared)
 
-    def left_out(self, note: str) -> None:
+    def say(self, line: str) -> None:
+        console.print(line, highlight=False, soft_wrap=True)
+
+    def tell(self, sentence: str) -> None:
+        console.print(sentence, highlight=False)
+
+    def note(self, note: str) -> None:
         console.print(styled("note:", "yellow", f" {note}"), highlight=False, soft_wrap=True)
 
-    def headline(self, line: str) -> None:
-        console.print(line, highlight=False)
+    def caution(self, line: str) -> None:
+        console.print(line, style="yellow", highlight=False, soft_wrap=True)
 
-    def plan(self, line: str, differs: str | None) -> None:
-        console.print(line, highlight=False, soft_wrap=True)
-        if differs:
-            console.print(differs, style="yellow", highlight=False, soft_wrap=True)
-
-    def epoch(self, line: str, stopped: str | None) -> None:
-        console.print(line, highlight=False, soft_wrap=True)
-        if stopped:
-            console.print(stopped, highlight=False)
-
-    def profile(self, lines: Any) -> None:
-        for line in lines:
-            console.print(line, highlight=False, soft_wrap=True)
-
-
-def _print_outcome(outcome: Any) -> None:
-    """How a trial run here ended (``pipeline.rerun.TrialOutcome``)."""
-    from pipeline.records.report import account_text
-    from pipeline.records.tracking import Tag
-
-    if outcome.finding is not None:
-        console.print(
-            styled("first non-finite value:", "bold red", f" {outcome.finding.describe()}"),
-            highlight=False,
-            soft_wrap=True,
-        )
-        if outcome.recorded_nan is not None:
-            console.print(outcome.recorded_nan, highlight=False, soft_wrap=True)
-    console.print(f"status: {outcome.status.value}", highlight=False)
-    if outcome.account is not None:
-        console.print(f"where the time went: {account_text(outcome.account)}", highlight=False, soft_wrap=True)
-    if outcome.run_id is not None:
-        console.print(f"recorded as run {outcome.run_id} (tag {Tag.RERUN_OF}={outcome.rerun_of})", highlight=False)
+    def non_finite(self, description: str) -> None:
+        console.print(styled("first non-finite value:", "bold red", f" {description}"), highlight=False, soft_wrap=True)
 
 
 def _print_ui_address(tracking_uri: str, ui_path: str, *, sweep: str, port: int = DEFAULT_UI_PORT) -> None:

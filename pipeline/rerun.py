@@ -54,6 +54,7 @@ from pipeline.inputs.spec import (
     parse_spec,
     read_yaml,
 )
+from pipeline.records.report import account_text
 from pipeline.records.tracking import Tag, Tracker, TrialRecorder
 
 if TYPE_CHECKING:
@@ -419,40 +420,38 @@ class TrialOptions:
 
 
 class TrialOutput(Protocol):
-    """What a trial run here tells as it goes, for the command to print."""
+    """What a trial run here tells as it goes, for the command to print: a line of figures (the
+    plan, an epoch, the profile, the time account) is said whole however long it is; a sentence
+    is told, to be wrapped at the console's width."""
 
     def checked(self, prepared: PreparedSweep) -> None:
         """A ``trial``'s spec passed its checks: what ``prepared`` notes and warns of."""
 
-    def left_out(self, note: str) -> None:
+    def say(self, line: str) -> None:
+        """A line of figures, whole."""
+
+    def tell(self, sentence: str) -> None:
+        """A sentence: what runs, an early stop, how the trial ended, where a rerun is recorded."""
+
+    def note(self, note: str) -> None:
         """A ``--set`` value the trial leaves out, and why (``inactive_overrides``)."""
 
-    def headline(self, line: str) -> None:
-        """What is about to run: a config of a spec, or the recorded trial again."""
+    def caution(self, line: str) -> None:
+        """What may make a rerun walk another trajectory than the trial it reruns."""
 
-    def plan(self, line: str, differs: str | None) -> None:
-        """The plan executed (``plan_line``), and what may make a rerun walk another trajectory
-        than the trial it reruns."""
-
-    def epoch(self, line: str, stopped: str | None) -> None:
-        """An epoch's scores (``epoch_line``), and the early stop the trial ended on after it."""
-
-    def profile(self, lines: Sequence[str]) -> None:
-        """What the profiled epoch's trace says (``EpochProfile.lines``)."""
+    def non_finite(self, description: str) -> None:
+        """Where numeric checking found the first non-finite value (``NumericsFinding.describe``)."""
 
 
 @dataclass(frozen=True)
 class TrialOutcome:
-    """How a trial run here ended: its status; the first non-finite value numeric checking
-    found, and for a rerun where its recorded trial went NaN against it (``recorded_nan_line``);
-    its time account; and for a recorded rerun, its run and the trial's it reruns."""
+    """How a trial run here ended: its status, the first non-finite value numeric checking found,
+    its time account, and the run that records a rerun."""
 
     status: TrialStatus
     finding: NumericsFinding | None = None
-    recorded_nan: str | None = None
     account: TimeAccount | None = None
     run_id: str | None = None
-    rerun_of: str | None = None
 
 
 def trial_of_spec(spec_path: Path, options: TrialOptions, out: TrialOutput) -> TrialOutcome:
@@ -485,7 +484,7 @@ def trial_of_spec(spec_path: Path, options: TrialOptions, out: TrialOutput) -> T
     shown = {**space.resolve(config), **({"epochs": options.epochs} if options.epochs else {})}
     planned = planned_epochs(prepared.spec, space.resolve(config), options.epochs)
     profiled = profile_epoch(options.profile_epoch, planned=planned) if options.profiled else None
-    out.headline(f"trial of {spec_path}: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()) if v is not None))
+    out.tell(f"trial of {spec_path}: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()) if v is not None))
     request = trial_request(
         options,
         spec=prepared.spec,
@@ -539,7 +538,7 @@ def rerun_recorded(
     overrides = checked_overrides(overrides, set(space.domains) | set(recorded.config), experiment.hyperparameters)
     config, overrides = _without_inactive({**recorded.config, **overrides}, overrides, space.conditions, out)
     folds = wait_for_folds()
-    out.headline(
+    out.tell(
         f"rerun of trial {recorded.run_name} ({recorded.run_id}) of sweep run {recorded.parent_run_id}"
         + (f", with {' '.join(options.set_values)}" if options.set_values else "")
     )
@@ -588,7 +587,7 @@ def _without_inactive(
     ``config``, each said once."""
     left_out = inactive_overrides(config, overrides, conditions)
     for note in left_out.values():
-        out.left_out(note)
+        out.note(note)
     return (
         {name: value for name, value in config.items() if name not in left_out},
         {name: value for name, value in overrides.items() if name not in left_out},
@@ -675,33 +674,30 @@ def run_here(
     recorded_tags: Mapping[str, str] | None = None,
 ) -> TrialOutcome:
     """The trial of ``request`` run here (``run_in_process``), telling ``out`` its plan, each epoch
-    as it ends and its profile; with ``recorder``, a rerun's run records the epochs, what makes
-    it differ from the trial it reruns and how it ended (a crash or Ctrl-C too). With
-    ``recorded_tags`` (the rerun trial's record's tags), the outcome says where that trial went
-    NaN against the first non-finite value found."""
+    as it ends, its profile and how it ended; with ``recorder``, a rerun's run records the
+    epochs, what makes it differ from the trial it reruns (``rerun_of``) and how it ended (a
+    crash or Ctrl-C too). With ``recorded_tags`` (the rerun trial's record's tags), it says where
+    that trial went NaN against the first non-finite value found."""
 
     def on_plan(plan: TrialPlan, differences: list[str]) -> None:
-        differs = ", ".join(differences)
-        out.plan(
-            plan_line(plan),
-            f"differs from the trial: {differs}; numbers may differ from the recorded ones" if differences else None,
-        )
-        if differences and recorder is not None:
-            recorder.set_tags({Tag.RERUN_DIFFERS: differs})
+        out.say(plan_line(plan))
+        if differences:
+            differs = ", ".join(differences)
+            out.caution(f"differs from the trial: {differs}; numbers may differ from the recorded ones")
+            if recorder is not None:
+                recorder.set_tags({Tag.RERUN_DIFFERS: differs})
 
     def on_epoch(report: dict[str, Any]) -> None:
+        out.say(epoch_line(report, request.spec.train.metric))
         stopped, rule = report.get(STOPPED_EPOCH), request.spec.train.early_stopping
-        out.epoch(
-            epoch_line(report, request.spec.train.metric),
-            None
-            if stopped is None or rule is None
-            else f"stopped early after epoch {stopped}: train.early_stopping {rule.describe()}",
-        )
+        if stopped is not None and rule is not None:
+            out.tell(f"stopped early after epoch {stopped}: train.early_stopping {rule.describe()}")
         if recorder is not None:
             recorder.log_epoch(report)
 
     def on_profile(profile: EpochProfile) -> None:
-        out.profile(profile.lines())
+        for line in profile.lines():
+            out.say(line)
         if recorder is not None:
             # This profile's run of the trace directory, laid out as the viewer reads a logdir.
             run = profile.trace_file.parent
@@ -718,6 +714,14 @@ def run_here(
                 error=traceback.format_exc(),
             )
         raise
+    if finding is not None:
+        out.non_finite(finding.describe())
+        if recorded_tags is not None:
+            out.say(recorded_nan_line(finding, recorded_tags))
+    out.tell(f"status: {status.value}")
+    account = EpochResult.from_report(last_report).account if last_report else None
+    if account is not None:
+        out.say(f"where the time went: {account_text(account)}")
     if recorder is not None:
         found = (
             {}
@@ -737,16 +741,8 @@ def run_here(
             last_report=last_report,
             tags={tag: str(value) for tag, value in found.items() if value not in ("", None)},
         )
-    return TrialOutcome(
-        status=status,
-        finding=finding,
-        recorded_nan=recorded_nan_line(finding, recorded_tags)
-        if finding is not None and recorded_tags is not None
-        else None,
-        account=EpochResult.from_report(last_report).account if last_report else None,
-        run_id=recorder.run_id if recorder is not None else None,
-        rerun_of=rerun_of,
-    )
+        out.tell(f"recorded as run {recorder.run_id} (tag {Tag.RERUN_OF}={rerun_of})")
+    return TrialOutcome(status, finding, account, recorder.run_id if recorder is not None else None)
 
 
 def run_in_process(
