@@ -168,24 +168,14 @@ def datasets() -> None:
     """List the built-in datasets with their shapes and sizes (generating any not yet cached)."""
     from rich.table import Table
 
-    from pipeline.inputs.datasets import BUILTIN_DESCRIPTIONS, BUILTINS, data_dir_source, load_dataset
-    from pipeline.inputs.spec import DatasetSpec
+    from pipeline.inputs.datasets import builtin_summaries, data_dir_source
 
+    rows = builtin_summaries()
     table = Table(title="built-in datasets (default options)")
-    for column in ("name", "CV samples", "test samples", "sample shape", "classes", "groups", "what"):
+    for column in rows[0]:
         table.add_column(column)
-    for name in BUILTINS:
-        data = load_dataset(DatasetSpec(name=name))
-        groups = str(len(set(data.groups.tolist()))) if data.groups is not None else "-"
-        table.add_row(
-            name,
-            str(len(data.y)),
-            str(len(data.y_test)) if data.y_test is not None else "-",
-            str(data.input_shape),
-            str(data.n_classes),
-            groups,
-            BUILTIN_DESCRIPTIONS.get(name, ""),
-        )
+    for row in rows:
+        table.add_row(*row.values())
     console.print(table)
     console.print(f"built-in datasets are cached in {data_dir_source()}", highlight=False, soft_wrap=True)
 
