@@ -16,13 +16,27 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from pipeline.base.errors import FoldsweepError
 from pipeline.base.quiet import quiet_environment
 from pipeline.inputs.spec import TrackingSpec
 from pipeline.records.ui_server import DEFAULT_UI_PORT
+from pipeline.terminal import (
+    StatusLine,
+    TrialPrinter,
+    complain,
+    console,
+    errors,
+    print_leaderboard,
+    print_refit_model,
+    print_sweep_time,
+    print_ui_address,
+    print_warnings,
+    say,
+    styled,
+    tell,
+)
 
 # TensorFlow's C++ chatter would bury the command's own output: its log levels are set before
 # anything imports it, and the commands that train import it through
@@ -35,18 +49,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# Captured output (CI logs, pipes) gets room for the leaderboard's columns. No markup: what is
-# printed holds a researcher's values and messages, whose brackets ("[low, high]") rich would
-# take for styles and drop; the few styled words are Text.
-console = Console(width=None if sys.stdout.isatty() else 150, markup=False)
-errors = Console(stderr=True, markup=False)
-
-
-def styled(label: str, style: str, rest: str = "") -> Text:
-    """``label`` in ``style``, then ``rest`` as it is."""
-    return Text.assemble((label, style), rest)
-
-
 TrackingUriOption = typer.Option(
     None, "--tracking-uri", help=f"MLflow tracking URI [default: the spec's tracking.uri, or {TrackingSpec.uri}]"
 )
@@ -63,7 +65,7 @@ def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except FoldsweepError as exc:  # bad input, or not the input's fault yet nothing a traceback would explain
-            errors.print(styled("error:", "bold red", f" {exc}"), highlight=False, soft_wrap=True)
+            complain(str(exc))
             raise typer.Exit(code=exc.exit_code) from None
         except typer.Exit:
             raise
@@ -86,80 +88,11 @@ def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None
     from pipeline.inputs.spec import load_spec
 
     prepared = prepare_driver(load_spec(spec))  # as a sweep's driver checks it
-    console.print(styled("ok", "green", f" {spec}: {prepared.summary()}"), highlight=False)
+    tell(styled("ok", "green", f" {spec}: {prepared.summary()}"))
     for line in prepared.notes():
-        console.print(line, highlight=False)
-    console.print(prepared.stacking_note(), highlight=False)
-    _print_warnings(prepared)
-
-
-class _Doing:
-    """What a command is doing while nothing else shows (seconds each): a line on a terminal that
-    the next one replaces, and that leaves nothing behind (an error after it stays one message);
-    nothing in a log. ``say`` prints a line that stays, on both."""
-
-    def __init__(self) -> None:
-        self._status: Any = None
-
-    def __call__(self, text: str) -> None:
-        if not sys.stdout.isatty():
-            return
-        if self._status is None:
-            self._status = console.status(text)
-            self._status.start()
-        else:
-            self._status.update(text)
-
-    def say(self, line: str) -> None:
-        self.done()
-        console.print(line, style="dim", highlight=False, soft_wrap=True)
-
-    def done(self) -> None:
-        if self._status is not None:
-            self._status.stop()
-            self._status = None
-
-
-def _print_warnings(prepared: Any, *, num_samples_source: str = "search.num_samples") -> None:
-    notice = prepared.space.repeats_notice(prepared.num_samples, source=num_samples_source)
-    if notice:
-        console.print(styled("notice:", "yellow", f" {notice}"), highlight=False, soft_wrap=True)
-    for warning in prepared.warnings:
-        errors.print(styled("warning:", "yellow", f" {warning}"), highlight=False, soft_wrap=True)
-
-
-def _print_leaderboard(standings: Any, name: str, tracking_uri: str) -> None:
-    """A sweep's leaderboard, how many trials are tied with the best, and how to rerun the best."""
-    from pipeline.base.environment import program_name
-    from pipeline.records.report import leaderboard_table, rerun_command
-
-    console.print(leaderboard_table(standings, title=f"{name}: leaderboard"))
-    if standings.ties_line():
-        console.print(standings.ties_line(), highlight=False, soft_wrap=True)
-    command = rerun_command(standings, tracking_uri, program=program_name())
-    if command:
-        console.print(Text.assemble("rerun the best trial: ", (command, "bold")), highlight=False, soft_wrap=True)
-
-
-def _print_sweep_time(account: Any, records: Any) -> None:
-    """Where a sweep's wall clock went, and the share of its trials' that went to compiling."""
-    from pipeline.records.report import compile_share_text, sweep_account_text
-
-    if account is not None:
-        console.print(f"where the sweep's time went: {sweep_account_text(account)}", highlight=False, soft_wrap=True)
-    line = compile_share_text(records)
-    if line:
-        console.print(line, highlight=False, soft_wrap=True)
-
-
-def _print_refit_model(tags: Any, tracking_uri: str) -> None:
-    """The refit's logged model and how to load and serve it, by this environment's python and
-    mlflow (named by their directory where they are not the ones on the PATH)."""
-    from pipeline.base.environment import programs_off_path
-    from pipeline.records.report import refit_model_lines
-
-    for line in refit_model_lines(tags, tracking_uri, tools=programs_off_path()):
-        console.print(line, highlight=False, soft_wrap=True)
+        tell(line)
+    tell(prepared.stacking_note())
+    print_warnings(prepared)
 
 
 @app.command()
@@ -177,7 +110,7 @@ def datasets() -> None:
     for row in rows:
         table.add_row(*row.values())
     console.print(table)
-    console.print(f"built-in datasets are cached in {data_dir_source()}", highlight=False, soft_wrap=True)
+    say(f"built-in datasets are cached in {data_dir_source()}")
 
 
 @app.command()
@@ -215,7 +148,7 @@ def run(
     from pipeline.inputs.spec import load_spec, with_registration
 
     sweep_spec = with_registration(load_spec(spec), register_model=register_model, model_alias=model_alias)
-    doing = _Doing()
+    doing = StatusLine()
     prepared = prepare_driver(
         sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address, refit_here=True, doing=doing
     )
@@ -232,18 +165,16 @@ def run(
     sweep_spec, done_before = prepared.spec, 0
     if resume:
         parent_run_id, done_before = trials_ended_before_resume(prepared)
-        console.print(
-            f"resuming sweep {sweep_spec.name} (run {parent_run_id}): {done_before} of {prepared.trial_count} "
-            "trials done",
-            highlight=False,
+        tell(
+            f"resuming sweep {sweep_spec.name} (run {parent_run_id}): {done_before} of {prepared.trial_count} trials done"
         )
-    console.print(Text.assemble("sweep ", (sweep_spec.name, "bold"), f": {prepared.sweep_plan()}"), highlight=False)
-    _print_warnings(prepared, num_samples_source="--num-samples" if num_samples else "search.num_samples")
+    tell(Text.assemble("sweep ", (sweep_spec.name, "bold"), f": {prepared.sweep_plan()}"))
+    print_warnings(prepared, num_samples_source="--num-samples" if num_samples else "search.num_samples")
     progress = sweep_progress(prepared, done_before=done_before, console=console, live=sys.stdout.isatty())
 
     def trial_done(record: Any) -> None:
         progress.trial_recorded(record)
-        console.print(trial_line(record, sweep_spec.objective.key), highlight=False)
+        tell(trial_line(record, sweep_spec.objective.key))
 
     failed: list[str] = []
     try:
@@ -254,7 +185,7 @@ def run(
             progress=progress,
             say=doing.say,
             doing=doing,
-            notify=lambda line: console.print(line, style="yellow", highlight=False),
+            notify=lambda line: tell(line, style="yellow"),
             started_at=started_at,
         )
     except SweepInterrupted as interrupted:
@@ -274,18 +205,14 @@ def run(
         doing.done()
         progress.close()
     standings = Standings.of(outcome.records, sweep_spec.objective, n_splits=sweep_spec.cv.n_splits)
-    _print_leaderboard(standings, sweep_spec.name, prepared.tracking_uri)
-    console.print(outcome.trained_line(done_before=done_before, resumed=resume), highlight=False)
-    _print_sweep_time(outcome.account, outcome.records)
-    _print_refit_model(outcome.refit_tags, prepared.tracking_uri)
-    _print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
+    print_leaderboard(standings, sweep_spec.name, prepared.tracking_uri)
+    tell(outcome.trained_line(done_before=done_before, resumed=resume))
+    print_sweep_time(outcome.account, outcome.records)
+    print_refit_model(outcome.refit_tags, prepared.tracking_uri)
+    print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
+    for what in failed:
+        complain(f"every trial ended and is recorded, but {what}")
     if failed:
-        for what in failed:
-            errors.print(
-                styled("error:", "bold red", f" every trial ended and is recorded, but {what}"),
-                highlight=False,
-                soft_wrap=True,
-            )
         raise typer.Exit(code=1)
 
 
@@ -302,28 +229,22 @@ def report(
 
     recorded = report_sweep(tracking_uri, sweep)
     parent, records = recorded.parent, recorded.records
-    _print_leaderboard(recorded.standings, parent.name, tracking_uri)
+    print_leaderboard(recorded.standings, parent.name, tracking_uri)
     console.print(rows_table(nan_table_rows(records), "NaN failures by batch size and clipping"))
     console.print(rows_table(throughput_rows(records), "throughput by batch size (medians)"))
     time_rows = account_rows(records)
     if time_rows:
         console.print(account_table(time_rows))
-    _print_sweep_time(recorded.account, records)
+    print_sweep_time(recorded.account, records)
     if recorded.test_scores:
-        console.print(
-            "refit on the held-out test split: "
-            + ", ".join(f"{key} {value:.4f}" for key, value in sorted(recorded.test_scores.items())),
-            highlight=False,
-        )
-    _print_refit_model(parent.tags, tracking_uri)
+        scores = ", ".join(f"{key} {value:.4f}" for key, value in sorted(recorded.test_scores.items()))
+        tell(f"refit on the held-out test split: {scores}")
+    print_refit_model(parent.tags, tracking_uri)
     for line in recorded.environment:
-        console.print(f"environment: {line}", highlight=False, soft_wrap=True)
+        say(f"environment: {line}")
     ui_path = recorded.publish()
-    console.print(
-        f"{len(records)} trials of sweep run {parent.run_id}; cv_results.csv, plots and descriptions refreshed on it.",
-        highlight=False,
-    )
-    _print_ui_address(tracking_uri, ui_path, sweep=parent.name)
+    tell(f"{len(records)} trials of sweep run {parent.run_id}; cv_results.csv, plots and descriptions refreshed on it.")
+    print_ui_address(tracking_uri, ui_path, sweep=parent.name)
 
 
 FoldOption = typer.Option(None, "--fold", help="Only this fold (0-based)")
@@ -362,7 +283,7 @@ def trial(
     from pipeline.rerun import TrialOptions, trial_of_spec
 
     options = TrialOptions(tuple(set_values), fold, epochs, eager, check_numerics, profile, profile_epoch, started)
-    trial_of_spec(spec, options, _TrialPrinter())
+    trial_of_spec(spec, options, TrialPrinter())
 
 
 @app.command()
@@ -384,43 +305,7 @@ def rerun(
     from pipeline.rerun import TrialOptions, rerun_recorded
 
     options = TrialOptions(tuple(set_values), fold, epochs, eager, check_numerics, profile, profile_epoch, started)
-    rerun_recorded(tracking_uri, run_id, options, _TrialPrinter(), track=not no_track)
-
-
-class _TrialPrinter:
-    """How `trial` and `rerun` print what the trial tells as it runs (``pipeline.rerun.TrialOutput``)."""
-
-    def checked(self, prepared: Any) -> None:
-        _print_warnings(prepared)
-
-    def say(self, line: str) -> None:
-        console.print(line, highlight=False, soft_wrap=True)
-
-    def tell(self, sentence: str) -> None:
-        console.print(sentence, highlight=False)
-
-    def note(self, note: str) -> None:
-        console.print(styled("note:", "yellow", f" {note}"), highlight=False, soft_wrap=True)
-
-    def caution(self, line: str) -> None:
-        console.print(line, style="yellow", highlight=False, soft_wrap=True)
-
-    def non_finite(self, description: str) -> None:
-        console.print(styled("first non-finite value:", "bold red", f" {description}"), highlight=False, soft_wrap=True)
-
-
-def _print_ui_address(tracking_uri: str, ui_path: str, *, sweep: str, port: int = DEFAULT_UI_PORT) -> None:
-    from pipeline.records.ui_server import ui_command
-
-    console.print(
-        Text.assemble(
-            "Open the MLflow UI on this sweep: ",
-            (ui_command(tracking_uri, sweep=sweep), "bold"),
-            f" then browse http://127.0.0.1:{port}{ui_path}",
-        ),
-        highlight=False,
-        soft_wrap=True,
-    )
+    rerun_recorded(tracking_uri, run_id, options, TrialPrinter(), track=not no_track)
 
 
 @app.command()
@@ -436,7 +321,7 @@ def ui(
     from pipeline.records.ui_server import serve_ui
 
     def on_open(address: str) -> None:
-        console.print(f"MLflow UI for {tracking_uri} at {address} (Ctrl-C stops it)", highlight=False, soft_wrap=True)
+        say(f"MLflow UI for {tracking_uri} at {address} (Ctrl-C stops it)")
 
     raise typer.Exit(code=serve_ui(tracking_uri, sweep=sweep, port=port, on_open=on_open))
 
