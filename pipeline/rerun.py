@@ -428,7 +428,7 @@ class TrialOutput(Protocol):
         """A ``trial``'s spec passed its checks: what ``prepared`` notes and warns of."""
 
     def say(self, line: str) -> None:
-        """A line of figures, whole."""
+        """A line whole: figures, or where the recorded trial went NaN against this run."""
 
     def tell(self, sentence: str) -> None:
         """A sentence: what runs, an early stop, how the trial ended, where a rerun is recorded."""
