@@ -121,6 +121,35 @@ class PreparedSweep:
         """The trials the sweep runs (``SearchSpace.trial_count`` of its ``num_samples``)."""
         return self.space.trial_count(self.num_samples)
 
+    def summary(self) -> str:
+        """What ``validate`` found: the experiment, the data, the folds, the space and the trials."""
+        val_sizes = ", ".join(str(fold["val_size"]) for fold in self.folds.manifest()["folds"])
+        return (
+            f"experiment {self.spec.experiment}, dataset {self.dataset.name} {self.dataset.x.shape}, "
+            f"{self.spec.cv.describe()} (val sizes {val_sizes}), {len(self.space.domains)} hyperparameters, "
+            f"{self.spec.search.algorithm} search, {self.trial_count} trials"
+        )
+
+    def sweep_plan(self) -> str:
+        """What ``run`` starts: ``8 trials x 5 folds, 20 epochs, dataset mnist1d (4000, 40, 1),
+        tracking sqlite:///mlflow.db``."""
+        epochs = self.spec.train.epochs
+        return (
+            f"{self.trial_count} trials x {self.spec.cv.describe()}, {epochs} epoch{'' if epochs == 1 else 's'}, "
+            f"dataset {self.dataset.name} {self.dataset.x.shape}, tracking {self.tracking_uri}"
+        )
+
+    def notes(self) -> list[str]:
+        """What of the hypermodel's own compile and fit() the trials use and what the spec
+        replaces, and how one-hot labels are split and scored."""
+        notes = compile_notes(self.spec, self.experiment)
+        if self.dataset.one_hot:
+            notes.append(
+                f"labels: one-hot rows of {self.dataset.one_hot_classes} classes, split by class; the loss and "
+                "metrics get the rows, as fit gives them"
+            )
+        return notes
+
     def stacking_note(self) -> str:
         """Whether the default model has a stacked form (its folds trainable as one program, where
         the plan stacks them: one compute thread or a GPU, small batches), what of it is held once
@@ -172,17 +201,10 @@ def prepare(
         PrivateHookMissing: an installed library lacks what foldsweep reaches into (``private_hooks``).
         InputError: the experiment, dataset, folds or tracking URI cannot work as asked.
     """
-    from pipeline.inputs.hypermodel import load_experiment
-    from pipeline.inputs.space import build_space
-
     if inputs is None:
         inputs = check_inputs(spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
     require_hooks(hooks)
-    experiment = load_experiment(inputs.experiment_path, spec.experiment_attr, reference=spec.experiment)
-    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(
-        experiment.fit_class_weight
-    )
-    space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
+    experiment, spec, space = load_experiment_and_space(spec, inputs.experiment_path, reference=spec.experiment)
     dataset = inputs.dataset
     _check_model_fits_data(spec, experiment, dataset, inputs.dataset_path or dataset.name)
     folds, fold_warnings = make_checked_folds(spec, inputs)
@@ -200,6 +222,121 @@ def prepare(
         address=inputs.address,
         warnings=(*inputs.warnings, *fold_warnings),
     )
+
+
+def prepare_driver(
+    spec: SweepSpec,
+    *,
+    tracking_uri: str | None = None,
+    num_samples: int | None = None,
+    address: str | None = None,
+    refit_here: bool = False,
+    doing: Callable[[str], None] = lambda text: None,
+) -> PreparedSweep:
+    """``prepare`` in the process that drives the sweep (``run``, and ``validate``, which checks
+    as it does): what needs no model first (``check_inputs``, before TensorFlow loads), then
+    TensorFlow, with the XLA compile cache where the refit trains in this process
+    (``refit_here``), and without GPUs. ``doing`` hears each stage as it starts.
+
+    Raises:
+        PrivateHookMissing: an installed library lacks what foldsweep reaches into (``private_hooks``).
+        InputError: the experiment, dataset, folds or tracking URI cannot work as asked.
+    """
+    from pipeline.base.quiet import import_tensorflow_and_keras
+
+    doing(f"checking the data and folds of {spec.source_path}")
+    inputs = check_inputs(spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
+    doing(f"loading TensorFlow and building the model of {spec.experiment}")
+    import_tensorflow_and_keras()
+    if refit_here and spec.train.refit and spec.train.compile_cache:
+        # The refit compiles in this process (on CPU, below), whose TensorFlow reads its XLA
+        # flags in prepare.
+        from pipeline.base.compile_cache import activate, device_kind
+
+        activate(device_kind=device_kind(0))
+    from pipeline.engine.runtime import hide_gpus
+
+    # The driver holds no GPU memory: its TensorFlow (the default model built in prepare, the
+    # refit) sees no GPU, and every GPU is the trials'. So the refit trains on CPU: TensorFlow
+    # fixes its devices here, long before the refit, and a GPU visible to the driver would keep
+    # a CUDA context, and all the memory the refit grew into (TensorFlow's allocator never
+    # gives it back), for the whole sweep. A check needs no GPU either, and takes none from a
+    # sweep running there.
+    hide_gpus()
+    return prepare(spec, inputs=inputs)
+
+
+def load_experiment_and_space(
+    spec: SweepSpec, experiment_path: Path, *, reference: str | None = None
+) -> tuple[Any, SweepSpec, SearchSpace]:
+    """The spec's hypermodel, loaded from ``experiment_path`` (``load_experiment``, its messages
+    naming ``reference``); the spec with what the hypermodel's fit() sets that the spec leaves
+    open (early stopping, class weights); and the search space over both's hyperparameters.
+
+    Raises:
+        ExperimentError: the hypermodel cannot be loaded or built (``load_experiment``).
+        SpecError: the spec searches what the hypermodel does not declare (``build_space``).
+    """
+    from pipeline.inputs.hypermodel import load_experiment
+    from pipeline.inputs.space import build_space
+
+    experiment = load_experiment(experiment_path, spec.experiment_attr, reference=reference)
+    spec = spec.with_fit_early_stopping(experiment.fit_early_stopping).with_fit_class_weight(
+        experiment.fit_class_weight
+    )
+    space = build_space(spec, experiment.hyperparameters, own_optimizer=experiment.compiled_optimizer is not None)
+    return experiment, spec, space
+
+
+def compile_notes(spec: SweepSpec, experiment: Any) -> list[str]:
+    """What of a hypermodel's own compile and fit() the trials use, and what the spec replaces."""
+    notes = []
+    optimizer = experiment.compiled_optimizer
+    schedule = experiment.compiled_schedule
+    if optimizer is not None:
+        named = [name for name in ("optimizer", "learning_rate") if name in spec.search.space]
+        if "optimizer" in named:
+            rate = f"its {schedule} schedule" if schedule else "its learning rate"
+            notes.append(
+                f"search.space.optimizer replaces the {optimizer} optimizer that {spec.experiment} compiles "
+                f"({rate} and settings too); the model's own loss is kept"
+            )
+        elif "learning_rate" in named and schedule:
+            notes.append(
+                f"search.space.learning_rate replaces the {schedule} schedule of the {optimizer} optimizer "
+                f"that {spec.experiment} compiles with a constant; its other settings and loss are kept"
+            )
+        elif "learning_rate" in named:
+            notes.append(
+                f"search.space.learning_rate replaces the learning rate of the {optimizer} optimizer that "
+                f"{spec.experiment} compiles; its other settings and loss are kept"
+            )
+        else:
+            rate = f" with its {schedule} schedule" if schedule else ""
+            notes.append(
+                f"the {optimizer} optimizer{rate} and loss that {spec.experiment} compiles are used, one copy per fold"
+            )
+    for name, source in experiment.fit_arguments.items():
+        notes.append(f"{name} comes from {spec.experiment}'s fit() (hyperparameter {source!r})")
+    rule = experiment.fit_early_stopping
+    if rule is not None:
+        if spec.train.early_stopping == rule:
+            notes.append(
+                f"EarlyStopping(monitor='val_{rule.monitor}', patience={rule.patience}) in {spec.experiment}'s "
+                f"fit() becomes train.early_stopping: {rule.describe()}, on the trial's mean CV curve (one "
+                "decision for all folds)"
+            )
+        else:
+            notes.append(
+                f"the spec's train.early_stopping {spec.train.early_stopping.describe()} replaces the "
+                f"EarlyStopping in {spec.experiment}'s fit()"
+            )
+        if experiment.fit_restores_best_weights:
+            notes.append(
+                "restore_best_weights=True is what train.select: best_epoch already does: each trial is scored "
+                "at its best epoch, and the refit trains that many epochs"
+            )
+    return notes
 
 
 def _check_classes(dataset: Dataset, source: str) -> None:

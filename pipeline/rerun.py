@@ -1,21 +1,26 @@
-"""One trial in this process, without Ray: a recorded trial again (`rerun`) or one config of a spec
-(`trial`), through the sweep's own ``TrialRunner``, with per-epoch output and numeric checks."""
+"""One trial in this process, without Ray: a recorded trial again (`rerun`, ``rerun_recorded``) or
+one config of a spec (`trial`, ``trial_of_spec``), through the sweep's own ``TrialRunner``, with
+per-epoch output and numeric checks. Both build their ``TrialRequest`` with ``trial_request`` and
+run it with ``run_here``, which tells a ``TrialOutput`` what the command prints."""
 
 from __future__ import annotations
 
 import math
 import re
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
 from pipeline.base.environment import Environment, environment_change
 from pipeline.base.errors import DataError, InputError, SpecError, TrackingError
+from pipeline.base.quiet import import_tensorflow_and_keras
+from pipeline.contract.account import TimeAccount
 from pipeline.contract.plan import (
     ExecutionChoices,
     ThreadPlan,
@@ -24,7 +29,17 @@ from pipeline.contract.plan import (
     plan_threads,
     replay_choices,
 )
-from pipeline.contract.results import DONE, EVAL_STEP, NAN_EPOCH, NAN_FOLD, NAN_STEP, EpochResult, TrialStatus
+from pipeline.contract.results import (
+    DONE,
+    EVAL_STEP,
+    NAN_EPOCH,
+    NAN_FOLD,
+    NAN_STEP,
+    STOPPED_EPOCH,
+    EpochResult,
+    EpochSelection,
+    TrialStatus,
+)
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import FoldPlan, folds_beside, manifest_identity
 from pipeline.inputs.spec import (
@@ -35,12 +50,15 @@ from pipeline.inputs.spec import (
     ParamSpec,
     SweepSpec,
     check_training_param,
+    load_spec,
     parse_spec,
     read_yaml,
 )
-from pipeline.records.tracking import Tag, Tracker
+from pipeline.records.report import account_text
+from pipeline.records.tracking import Tag, Tracker, TrialRecorder
 
 if TYPE_CHECKING:
+    from pipeline.checks import PreparedSweep
     from pipeline.engine.fold_engine import StoppedCall
     from pipeline.engine.profile import EpochProfile
 
@@ -379,6 +397,352 @@ def profile_epoch(asked: int | None, *, planned: int) -> int:
 def planned_epochs(spec: SweepSpec, config: Mapping[str, Any], epochs: int | None) -> int:
     """The epochs a trial of ``config`` trains: ``--epochs``, its config's own, else ``train.epochs``."""
     return epochs or config.get("epochs") or spec.train.epochs
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    """What ``foldsweep trial`` and ``foldsweep rerun`` both take from the command line."""
+
+    set_values: tuple[str, ...] = ()  # --set name=value, as typed
+    fold: int | None = None
+    epochs: int | None = None
+    eager: bool = False
+    check_numerics: bool = False
+    profile: bool = False
+    profile_epoch: int | None = None
+    # When the command began (``time.perf_counter``): where the trial's time account starts.
+    started: float | None = None
+
+    @property
+    def profiled(self) -> bool:
+        """``--profile``, or ``--profile-epoch``, which implies it."""
+        return self.profile or self.profile_epoch is not None
+
+
+class TrialOutput(Protocol):
+    """What a trial run here tells as it goes, for the command to print: a line of figures (the
+    plan, an epoch, the profile, the time account) is said whole however long it is; a sentence
+    is told, to be wrapped at the console's width."""
+
+    def checked(self, prepared: PreparedSweep) -> None:
+        """A ``trial``'s spec passed its checks: what ``prepared`` notes and warns of."""
+
+    def say(self, line: str) -> None:
+        """A line whole: figures, or where the recorded trial went NaN against this run."""
+
+    def tell(self, sentence: str) -> None:
+        """A sentence: what runs, an early stop, how the trial ended, where a rerun is recorded."""
+
+    def note(self, note: str) -> None:
+        """A ``--set`` value the trial leaves out, and why (``inactive_overrides``)."""
+
+    def caution(self, line: str) -> None:
+        """What may make a rerun walk another trajectory than the trial it reruns."""
+
+    def non_finite(self, description: str) -> None:
+        """Where numeric checking found the first non-finite value (``NumericsFinding.describe``)."""
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """How a trial run here ended: its status, the first non-finite value numeric checking found,
+    its time account, and the run that records a rerun."""
+
+    status: TrialStatus
+    finding: NumericsFinding | None = None
+    account: TimeAccount | None = None
+    run_id: str | None = None
+
+
+def trial_of_spec(spec_path: Path, options: TrialOptions, out: TrialOutput) -> TrialOutcome:
+    """One config of a spec, run here (``foldsweep trial``): its fixed values, the ``--set``
+    values and the defaults (``single_config``), checked as ``validate`` checks the spec, on the
+    thread pools a sweep's worker would have.
+
+    Raises:
+        InputError: the spec, its data or model, or an option cannot work as asked.
+    """
+    from pipeline.checks import check_inputs, prepare
+
+    sweep_spec = load_spec(spec_path)
+    fold_ids = check_fold(options.fold, sweep_spec.cv)
+    assignments = parse_assignments(options.set_values)
+    inputs = check_inputs(sweep_spec)
+    # Before anything here starts TensorFlow: the thread pools a sweep's worker would have.
+    threads = spec_threads(
+        sweep_spec, n_folds=len(fold_ids), eager=options.eager, check_numerics=options.check_numerics
+    )
+    _start_tensorflow(sweep_spec, threads, traced=options.profiled)
+    from pipeline.base.private_hooks import TRAINING_LIBRARIES
+
+    prepared = prepare(sweep_spec, hooks=TRAINING_LIBRARIES, inputs=inputs)
+    out.checked(prepared)
+    experiment, space = prepared.experiment, prepared.space
+    overrides = checked_overrides(assignments, set(space.domains), experiment.hyperparameters)
+    config = single_config(prepared.spec, space, experiment.hyperparameters, overrides)
+    config, _ = _without_inactive(config, overrides, space.conditions, out)
+    shown = {**space.resolve(config), **({"epochs": options.epochs} if options.epochs else {})}
+    planned = planned_epochs(prepared.spec, space.resolve(config), options.epochs)
+    profiled = profile_epoch(options.profile_epoch, planned=planned) if options.profiled else None
+    out.tell(f"trial of {spec_path}: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()) if v is not None))
+    request = trial_request(
+        options,
+        spec=prepared.spec,
+        experiment=experiment,
+        experiment_path=prepared.experiment_path,
+        dataset=prepared.dataset,
+        folds=prepared.folds,
+        space=space,
+        config=config,
+        fold_ids=fold_ids,
+        threads=threads,
+        profile_epoch=profiled,
+        profile_name=f"trial-{spec_path.stem}",
+    )
+    return run_here(request, out)
+
+
+def rerun_recorded(
+    tracking_uri: str, run_id: str, options: TrialOptions, out: TrialOutput, *, track: bool = True
+) -> TrialOutcome:
+    """A recorded trial again, run here (``foldsweep rerun``): its config with the ``--set``
+    values, its data and folds (refused if they changed), the plan it executed where the options
+    allow, and with ``track`` a run of its own under the trial's sweep.
+
+    Raises:
+        InputError: no such store or trial, data or folds that changed, or an option that
+            cannot work as asked; what needs no TensorFlow is refused before it loads.
+    """
+    from pipeline.records.stores import require_existing_store
+
+    # What can be refused without TensorFlow is, first: a wrong id or option answers at once.
+    require_existing_store(tracking_uri)
+    tracker = Tracker(tracking_uri)
+    recorded = load_recorded_trial(tracker, run_id)
+    fold_ids = check_fold(options.fold, recorded.spec.cv)
+    overrides = parse_assignments(options.set_values)
+    planned = planned_epochs(recorded.spec, {**recorded.config, **overrides}, options.epochs)
+    # an --set epochs that is no number is refused below, with the other --set values
+    profiled = (
+        profile_epoch(options.profile_epoch, planned=planned) if options.profiled and isinstance(planned, int) else None
+    )
+    dataset, wait_for_folds = recorded_folds(recorded)
+    # Before anything here starts TensorFlow: the thread pools the trial ran with.
+    threads = recorded.threads(eager=options.eager, check_numerics=options.check_numerics)
+    _start_tensorflow(recorded.spec, threads, traced=profiled is not None)
+    from pipeline.base.private_hooks import TRAINING_LIBRARIES, require_hooks
+    from pipeline.checks import load_experiment_and_space
+
+    require_hooks(TRAINING_LIBRARIES)  # its checks build small models: TensorFlow starts here
+    experiment, spec, space = load_experiment_and_space(recorded.spec, recorded.experiment_path)
+    overrides = checked_overrides(overrides, set(space.domains) | set(recorded.config), experiment.hyperparameters)
+    config, overrides = _without_inactive({**recorded.config, **overrides}, overrides, space.conditions, out)
+    folds = wait_for_folds()
+    out.tell(
+        f"rerun of trial {recorded.run_name} ({recorded.run_id}) of sweep run {recorded.parent_run_id}"
+        + (f", with {' '.join(options.set_values)}" if options.set_values else "")
+    )
+    request = trial_request(
+        options,
+        spec=spec,
+        experiment=experiment,
+        experiment_path=recorded.experiment_path,
+        dataset=dataset,
+        folds=folds,
+        space=space,
+        config=config,
+        fold_ids=fold_ids,
+        threads=threads,
+        profile_epoch=profiled,
+        profile_name=f"rerun-{recorded.run_id[:8]}",
+        replay=recorded.plan,
+        changes=rerun_changes(recorded, overrides, eager=options.eager, profile_epoch=profiled),
+    )
+    return run_here(
+        request,
+        out,
+        recorder=_rerun_recorder(tracker, recorded, request) if track else None,
+        rerun_of=recorded.run_id,
+        recorded_tags=tracker.trial_record(recorded.run_id).tags if options.check_numerics else None,
+    )
+
+
+def _start_tensorflow(spec: SweepSpec, threads: ThreadPlan, *, traced: bool) -> None:
+    """TensorFlow loaded and configured as a sweep's worker configures it, on ``threads``; with
+    ``traced``, XLA marks each op of its programs for the profiler."""
+    import_tensorflow_and_keras()
+    if traced:
+        from pipeline.engine.profile import enable_xla_op_tracing
+
+        enable_xla_op_tracing()  # before TensorFlow reads its flags
+    from pipeline.engine.runner import configure_tensorflow
+
+    configure_tensorflow(gpus=spec.resources.gpu, threads=threads, compile_cache=spec.train.compile_cache)
+
+
+def _without_inactive(
+    config: Mapping[str, Any], overrides: Mapping[str, Any], conditions: Mapping[str, Any], out: TrialOutput
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``config`` and ``overrides`` without the ``--set`` values whose condition does not hold in
+    ``config``, each said once."""
+    left_out = inactive_overrides(config, overrides, conditions)
+    for note in left_out.values():
+        out.note(note)
+    return (
+        {name: value for name, value in config.items() if name not in left_out},
+        {name: value for name, value in overrides.items() if name not in left_out},
+    )
+
+
+def trial_request(
+    options: TrialOptions,
+    *,
+    spec: SweepSpec,
+    experiment: Any,
+    experiment_path: Path,
+    dataset: Any,
+    folds: FoldPlan,
+    space: Any,
+    config: Mapping[str, Any],
+    fold_ids: Sequence[int],
+    threads: ThreadPlan,
+    profile_epoch: int | None,
+    profile_name: str,
+    replay: TrialPlan | None = None,
+    changes: tuple[str, ...] = (),
+) -> TrialRequest:
+    """The request of ``trial`` and ``rerun`` alike: the trial of ``config`` with the options, its
+    profile (if any) written under ``PROFILES/profile_name``."""
+    from pipeline.engine.profile import PROFILES
+
+    return TrialRequest(
+        spec=spec,
+        experiment_path=experiment_path,
+        dataset=dataset,
+        folds=folds,
+        config=config,
+        conditions=space.conditions,
+        fold_ids=fold_ids,
+        threads=threads,
+        epochs=options.epochs,
+        eager=options.eager,
+        check_numerics=options.check_numerics,
+        replay=replay,
+        fit_arguments=experiment.fit_arguments,
+        profile_epoch=profile_epoch,
+        profile_dir=PROFILES / profile_name,
+        started=options.started,
+        changes=changes,
+    )
+
+
+def _rerun_recorder(tracker: Tracker, recorded: RecordedTrial, request: TrialRequest) -> TrialRecorder:
+    """A rerun's own run under its trial's sweep, tagged with the trial it reruns."""
+    from pipeline.inputs.space import resolve_config
+    from pipeline.records.provenance import Provenance
+
+    # The data file as the sweep resolved it.
+    provenance = Provenance.of(request.experiment_path, request.dataset, recorded.dataset)
+    return tracker.trial_recorder(
+        parent_run_id=recorded.parent_run_id,
+        run_name=f"rerun-{recorded.run_name}",
+        role="rerun",
+        config=resolve_config(request.config, request.conditions),
+        tags={**provenance.run_tags, Tag.RERUN_OF: recorded.run_id},
+        selection=EpochSelection(request.spec.objective, request.spec.train.select),
+        data=provenance.data,
+    )
+
+
+def plan_line(plan: TrialPlan) -> str:
+    """How the trial runs: the plan's reason, its steps per launch, threads, random draws, a
+    padded last batch and the compile it expects."""
+    draws = f"; random draws: {plan.random_draws}" if plan.random_draws != "none" else ""
+    draws += "; last batch padded" if plan.last_batch_padded else ""
+    estimate = f"; compile ~{plan.compile_estimate_s:.0f} s estimated" if plan.compile_estimate_s is not None else ""
+    return (
+        f"{plan.reason}; steps per launch: {plan.steps_per_launch}; threads: {plan.threads.describe()}{draws}{estimate}"
+    )
+
+
+def run_here(
+    request: TrialRequest,
+    out: TrialOutput,
+    *,
+    recorder: TrialRecorder | None = None,
+    rerun_of: str | None = None,
+    recorded_tags: Mapping[str, str] | None = None,
+) -> TrialOutcome:
+    """The trial of ``request`` run here (``run_in_process``), telling ``out`` its plan, each epoch
+    as it ends, its profile and how it ended; with ``recorder``, a rerun's run records the
+    epochs, what makes it differ from the trial it reruns (``rerun_of``) and how it ended (a
+    crash or Ctrl-C too). With ``recorded_tags`` (the rerun trial's record's tags), it says where
+    that trial went NaN against the first non-finite value found."""
+
+    def on_plan(plan: TrialPlan, differences: list[str]) -> None:
+        out.say(plan_line(plan))
+        if differences:
+            differs = ", ".join(differences)
+            out.caution(f"differs from the trial: {differs}; numbers may differ from the recorded ones")
+            if recorder is not None:
+                recorder.set_tags({Tag.RERUN_DIFFERS: differs})
+
+    def on_epoch(report: dict[str, Any]) -> None:
+        out.say(epoch_line(report, request.spec.train.metric))
+        stopped, rule = report.get(STOPPED_EPOCH), request.spec.train.early_stopping
+        if stopped is not None and rule is not None:
+            out.tell(f"stopped early after epoch {stopped}: train.early_stopping {rule.describe()}")
+        if recorder is not None:
+            recorder.log_epoch(report)
+
+    def on_profile(profile: EpochProfile) -> None:
+        for line in profile.lines():
+            out.say(line)
+        if recorder is not None:
+            # This profile's run of the trace directory, laid out as the viewer reads a logdir.
+            run = profile.trace_file.parent
+            recorder.log_directory(run, f"profile/{run.relative_to(profile.logdir).as_posix()}")
+
+    try:
+        status, finding, last_report = run_in_process(
+            request, on_plan=on_plan, on_epoch=on_epoch, on_profile=on_profile
+        )
+    except BaseException as exc:
+        if recorder is not None:
+            recorder.finish(
+                TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt) else TrialStatus.ERROR,
+                error=traceback.format_exc(),
+            )
+        raise
+    if finding is not None:
+        out.non_finite(finding.describe())
+        if recorded_tags is not None:
+            out.say(recorded_nan_line(finding, recorded_tags))
+    out.tell(f"status: {status.value}")
+    account = EpochResult.from_report(last_report).account if last_report else None
+    if account is not None:
+        out.say(f"where the time went: {account_text(account)}")
+    if recorder is not None:
+        found = (
+            {}
+            if finding is None
+            else {
+                Tag.NUMERICS_OP: finding.op_type,
+                Tag.NUMERICS_NODE: finding.node,
+                Tag.NUMERICS_LAYER: finding.layer,
+                Tag.NUMERICS_VARIABLE: finding.variable,
+                Tag.NUMERICS_FOLD: finding.fold,
+                Tag.NUMERICS_EPOCH: finding.epoch,
+                Tag.NUMERICS_STEP: finding.step,
+            }
+        )
+        recorder.finish(
+            status,
+            last_report=last_report,
+            tags={tag: str(value) for tag, value in found.items() if value not in ("", None)},
+        )
+        out.tell(f"recorded as run {recorder.run_id} (tag {Tag.RERUN_OF}={rerun_of})")
+    return TrialOutcome(status, finding, account, recorder.run_id if recorder is not None else None)
 
 
 def run_in_process(

@@ -47,6 +47,7 @@ from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker,
 
 if TYPE_CHECKING:
     from pipeline.inputs.datasets import Dataset
+    from pipeline.records.progress import ProgressCallback
     from pipeline.refit import EarlyRefit, RefitResult, RefitTarget
 
 RAY_RESULTS_DIR = "ray_results"
@@ -61,6 +62,17 @@ class SweepOutcome:
     ui_path: str = ""  # the MLflow UI's address path of the sweep's trials (pipeline.records.publish)
     account: TimeAccount | None = None  # where the sweep's wall clock went (SWEEP_PARTS)
     refit_tags: Mapping[str, str] = field(default_factory=dict)  # the refit's model, as the parent run's tags
+
+    def trained_line(self, *, done_before: int = 0, resumed: bool = False) -> str:
+        """``8 trials in 95 s; sweep run <id>``; for a resumed sweep, the trials this run trained
+        besides the ``done_before`` that had ended before it."""
+        trained = len(self.records) - done_before
+        counted = f"{trained} trial{'' if trained == 1 else 's'}"
+        if resumed:
+            counted += f" trained in {self.wall_s:.0f} s ({len(self.records)} in the sweep, {done_before} ended before this resume)"
+        else:
+            counted += f" in {self.wall_s:.0f} s"
+        return f"{counted}; sweep run {self.parent_run_id}"
 
 
 def ray_results_dir(tracking_uri: str) -> Path:
@@ -88,6 +100,45 @@ class SweepInterrupted(KeyboardInterrupt):
     def __init__(self, parent_run_id: str):
         super().__init__(parent_run_id)
         self.parent_run_id = parent_run_id
+
+
+def trials_ended_before_resume(prepared: PreparedSweep) -> tuple[str, int]:
+    """The parent run of the sweep a ``--resume`` continues, and how many of its trials have
+    ended already (counted once, here).
+
+    Raises:
+        InputError: no store, or no sweep of this name to resume.
+    """
+    from pipeline.records.stores import require_existing_store
+
+    name = prepared.spec.name
+    require_existing_store(prepared.tracking_uri, source="--resume", purpose=f"no sweep named {name!r} to resume")
+    tracker = Tracker(prepared.tracking_uri)
+    parent = tracker.resumable_sweep(name)
+    unfinished = (None, TrialStatus.RUNNING, TrialStatus.KILLED)
+    return parent.run_id, sum(record.status not in unfinished for record in tracker.trial_records(parent.run_id))
+
+
+def sweep_progress(prepared: PreparedSweep, *, done_before: int = 0, console: Any, live: bool) -> ProgressCallback:
+    """The sweep's progress on ``console``: a live table (``live``, on a terminal), else phase and
+    heartbeat lines, each trial shown by its searched values."""
+    from pipeline.inputs.space import resolve_config
+    from pipeline.records.callbacks import searched_values
+    from pipeline.records.progress import ProgressCallback, SweepProgress
+
+    spec = prepared.spec
+    searched = prepared.space.searched()  # the hypermodel's searched hyperparameters too
+
+    def key_params(config: Any) -> str:
+        return " ".join(searched_values(resolve_config(config, prepared.space.conditions), searched))
+
+    progress = SweepProgress(
+        spec.objective,
+        trials_planned=prepared.trial_count,
+        epochs_per_trial=spec.train.epochs,
+        trials_done_before=done_before,
+    )
+    return ProgressCallback(progress, describe=key_params, console=console, live=live)
 
 
 def run_sweep(

@@ -12,7 +12,8 @@ import pytest
 from helpers import Replace, free_port
 from typer.testing import CliRunner
 
-from pipeline.cli import _wait_until_answering, app, ui_command
+from pipeline.cli import app
+from pipeline.records.ui_server import ui_command, wait_until_answering
 
 runner = CliRunner()
 
@@ -245,17 +246,17 @@ def started():
 def test_the_ui_waits_for_its_server_to_answer(started):
     port = free_port()
     server = started("-m", "http.server", "--bind", "127.0.0.1", str(port))
-    assert _wait_until_answering(server, f"http://127.0.0.1:{port}/#/experiments/1") is None
+    assert wait_until_answering(server, f"http://127.0.0.1:{port}/#/experiments/1") is None
     assert server.poll() is None
 
 
 def test_the_ui_gives_the_exit_code_of_a_server_that_ends_before_answering(started):
     ended = started("-c", "raise SystemExit(3)")
-    assert _wait_until_answering(ended, f"http://127.0.0.1:{free_port()}/") == 3
+    assert wait_until_answering(ended, f"http://127.0.0.1:{free_port()}/") == 3
 
 
 def test_the_ui_stops_waiting_for_a_server_that_never_answers(started):
     silent = started("-c", "import sys; sys.stdin.read()")  # runs until its standard input closes
     with pytest.raises(TimeoutError, match="did not answer at http://127.0.0.1:.* within 0.5 s"):
-        _wait_until_answering(silent, f"http://127.0.0.1:{free_port()}/", deadline_s=0.5)
+        wait_until_answering(silent, f"http://127.0.0.1:{free_port()}/", deadline_s=0.5)
     assert silent.poll() is None

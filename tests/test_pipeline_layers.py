@@ -16,7 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
 LAYERS = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
 COMMANDS = "commands"  # the modules right in pipeline/
-COMMAND_MODULES = ("checks", "cli", "refit", "rerun", "sweep")
+COMMAND_MODULES = ("checks", "cli", "refit", "rerun", "sweep", "terminal")
 
 
 def module_name(path: Path) -> str:

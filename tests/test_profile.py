@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.engine.profile import TRAIN_REGION, TraceTimes, op_name
+from pipeline.engine.profile import TRAIN_REGION, EpochProfile, OpTime, TraceTimes, op_name
 
 
 def test_an_operation_is_named_without_its_instance_number_and_launches_are_no_operations():
@@ -72,3 +72,30 @@ def test_the_host_between_launches_is_the_share_of_the_training_no_operation_cov
     assert read.idle_share(read.regions[TRAIN_REGION]) == pytest.approx(1 - 41 / 100)
     assert read.idle_share([(60.0, 70.0)]) == pytest.approx(0.5)
     assert read.idle_share([(0.0, 10.0), (60.0, 70.0)]) == pytest.approx(0.75)
+
+
+def test_a_profile_says_its_parts_its_top_operations_the_hosts_share_and_how_to_open_its_trace(tmp_path):
+    logdir = tmp_path / "my profiles"
+    profile = EpochProfile(
+        epoch=2,
+        wall_s=2.0,
+        train_s=1.5,
+        validation_s=0.3,
+        gap_s=0.2,
+        profiler_start_s=0.05,
+        top_ops=(OpTime("convolution", 0.9, 0.6), OpTime("dot", 0.6, 0.4)),
+        host_between_share=0.25,
+        logdir=logdir,
+        trace_file=logdir / "plugins/profile/1/host.xplane.pb",
+    )
+    lines = profile.lines()
+    assert lines[:4] == [
+        "profile of epoch 2: its wall clock 2.000 s = training launches 1.500 s (75%), validation 0.300 s (15%), "
+        "gap before the epoch 0.200 s (10%); the gap holds the profiler's start, 0.050 s",
+        "top operations by self time, all folds (share of all operations' self time):",
+        "     0.9000 s   60.0%  convolution",
+        "     0.6000 s   40.0%  dot",
+    ]
+    assert lines[4].startswith("no operation runs for 25% of the training launches' time")
+    assert lines[5].startswith(f"trace: {logdir}/plugins/profile/1/host.xplane.pb; open it with: ")
+    assert lines[5].endswith(f"xprof --logdir='{logdir}' --port=6006")  # quoted: the path has a space

@@ -31,6 +31,7 @@ from pipeline.records.report import (
     throughput_rows,
     to_csv,
     trial_description,
+    trial_line,
 )
 from pipeline.records.tracking import Tag, TrialRecord
 
@@ -108,6 +109,26 @@ def test_a_nan_trial_says_where_it_went_nan():
         run_id="f" * 32, run_name="r", trial_id="", state="RUNNING", status=None, params={}, metrics={}
     )
     assert status_text(running) == "running" and running.label == "r"
+
+
+def test_a_trial_is_printed_with_its_score_at_its_selected_epoch_or_why_it_has_none():
+    assert trial_line(record(1, 0.8123), "mean_val_accuracy") == (
+        "  trial-00001 (00000001): ok (mean_val_accuracy 0.8123 at epoch 2)"
+    )
+    # a NaN trial's mean counts its NaN folds as the worst score: it is no score to show
+    nan = record(2, 0.1, status=TrialStatus.NAN, tags=nan_at(0, 1, 4))
+    assert trial_line(nan, "mean_val_accuracy") == "  trial-00002 (00000002): nan (fold 0, epoch 1, step 4)"
+    failed = TrialRecord(
+        run_id="f" * 32,
+        run_name="trial-3",
+        trial_id="",
+        state="FAILED",
+        status=TrialStatus.ERROR,
+        params={},
+        metrics={},
+        error="Traceback (most recent call last):\n  ...\nValueError: no such layer\n",
+    )
+    assert trial_line(failed, "mean_val_accuracy") == "  trial-3 (ffffffff): error - ValueError: no such layer"
 
 
 def test_a_param_in_effect_that_repeats_the_hypermodels_own_is_one_column():

@@ -1,4 +1,5 @@
-"""The environment a sweep runs in, as tags of its parent run: what to recreate to reproduce it.
+"""The environment a sweep runs in, as tags of its parent run: what to recreate to reproduce it;
+and how its programs are named in the commands foldsweep prints.
 
 The lock (``uv.lock`` of the checkout foldsweep is installed from) is named by its SHA-256, and
 the installed version of every direct dependency is recorded beside it, with whether they are the
@@ -11,6 +12,9 @@ import hashlib
 import os
 import platform
 import re
+import shlex
+import shutil
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +44,29 @@ def _xdg_cache_home() -> Path | None:
     # The XDG spec: an unset, empty or relative $XDG_CACHE_HOME is ignored.
     cache_home = os.environ.get("XDG_CACHE_HOME", "")
     return Path(cache_home) if os.path.isabs(cache_home) else None
+
+
+def program_name() -> str:
+    """This command as the user can type it again: ``foldsweep`` when that is on the PATH, else
+    the path it was invoked by (``.venv/bin/foldsweep``)."""
+    program = "foldsweep"
+    invoked = Path(sys.argv[0])
+    on_path = shutil.which("foldsweep")
+    if invoked.name == "foldsweep" and (on_path is None or Path(on_path).resolve() != invoked.resolve()):
+        program = (
+            os.path.relpath(invoked)
+            if not invoked.is_absolute() or invoked.is_relative_to(Path.cwd())
+            else str(invoked)
+        )
+    return shlex.quote(program)
+
+
+def programs_off_path() -> Path | None:
+    """The directory of this environment's programs (its ``python``, ``mlflow``) where they are
+    not the ones on the PATH; None where they are."""
+    here = Path(sys.executable).parent
+    on_path = shutil.which("python")
+    return None if on_path is not None and Path(on_path).parent.resolve() == here.resolve() else here
 
 
 def installed_version(distribution: str) -> str | None:

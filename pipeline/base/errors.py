@@ -8,11 +8,15 @@ goes on.
 
 
 class FoldsweepError(Exception):
-    """Base class of foldsweep's own errors."""
+    """Base class of foldsweep's own errors; a command that ends on one exits with ``exit_code``."""
+
+    exit_code = 1
 
 
 class InputError(FoldsweepError, ValueError):
     """The user's input is wrong; the message names the key or file, the rule and the value."""
+
+    exit_code = 2
 
 
 class SpecError(InputError):

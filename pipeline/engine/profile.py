@@ -19,8 +19,10 @@ own, since the flags differ).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import shlex
 import time
 from array import array
 from collections import defaultdict
@@ -30,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 XLA_TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
+# Where ``--profile`` writes its traces (TensorFlow's profiler adds plugins/profile/<time>/ below).
+PROFILES = Path("profiles")
 TRAIN_REGION = "foldsweep.train"
 VALIDATION_REGION = "foldsweep.validate"
 TOP_OPS = 10
@@ -73,6 +77,30 @@ class EpochProfile:
     @property
     def parts(self) -> dict[str, float]:
         return {"training launches": self.train_s, "validation": self.validation_s, "gap before the epoch": self.gap_s}
+
+    def lines(self) -> list[str]:
+        """What the profile says, as ``--profile`` prints it: the epoch's parts, the top operations,
+        the host's share, and the command that opens the trace."""
+
+        def part(seconds: float) -> str:
+            return f"{seconds:.3f} s ({seconds / self.wall_s:.0%})" if self.wall_s > 0 else f"{seconds:.3f} s"
+
+        parts = ", ".join(f"{name} {part(seconds)}" for name, seconds in self.parts.items())
+        lines = [
+            f"profile of epoch {self.epoch}: its wall clock {self.wall_s:.3f} s = {parts}; the gap holds the "
+            f"profiler's start, {self.profiler_start_s:.3f} s",
+            "top operations by self time, all folds (share of all operations' self time):",
+        ]
+        lines += [f"  {op.self_s:9.4f} s  {op.share:6.1%}  {op.name}" for op in self.top_ops]
+        lines.append(
+            f"no operation runs for {self.host_between_share:.0%} of the training launches' time: the host "
+            "between launches (dispatch, loop control, Python)"
+        )
+        viewer = f"xprof --logdir={shlex.quote(str(self.logdir))} --port=6006"
+        if importlib.util.find_spec("xprof") is None:  # the optional extra (pyproject.toml: profile)
+            viewer = f"uv run --extra profile {viewer}"
+        lines.append(f"trace: {self.trace_file}; open it with: {viewer}")
+        return lines
 
 
 class EpochProfiler:

@@ -340,6 +340,27 @@ BUILTIN_DESCRIPTIONS: Mapping[str, str] = {
 }
 
 
+def builtin_summaries() -> list[dict[str, str]]:
+    """Each built-in dataset with its default options, as ``foldsweep datasets`` lists it: its
+    CV and test samples, sample shape, classes, groups and what it is (generating any not yet
+    cached)."""
+    rows = []
+    for name in BUILTINS:
+        data = load_dataset(DatasetSpec(name=name))
+        rows.append(
+            {
+                "name": name,
+                "CV samples": str(len(data.y)),
+                "test samples": str(len(data.y_test)) if data.y_test is not None else "-",
+                "sample shape": str(data.input_shape),
+                "classes": str(data.n_classes),
+                "groups": str(len(set(data.groups.tolist()))) if data.groups is not None else "-",
+                "what": BUILTIN_DESCRIPTIONS.get(name, ""),
+            }
+        )
+    return rows
+
+
 ARRAY_ROLES: tuple[str, ...] = ("x", "y", "groups", "x_test", "y_test")
 
 

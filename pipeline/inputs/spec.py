@@ -120,6 +120,12 @@ class CVSpec:
         """Models a trial trains: every fold of every repeat."""
         return self.n_splits * self.n_repeats
 
+    def describe(self) -> str:
+        """``5 folds``, or ``3 x 5 folds (15 replicas)``."""
+        if self.n_repeats == 1:
+            return f"{self.n_splits} folds"
+        return f"{self.n_repeats} x {self.n_splits} folds ({self.replicas} replicas)"
+
 
 @dataclass(frozen=True)
 class SchedulerSpec:

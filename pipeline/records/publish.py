@@ -1,14 +1,18 @@
 """A sweep's record on its MLflow runs once its trials have ended: ``cv_results.csv``,
 ``nan_summary.csv`` and the plots on the parent run, and the descriptions (what the MLflow UI
 shows as a run's description) of the parent run and of every trial. ``foldsweep report``
-refreshes all of it."""
+reads a recorded sweep (``report_sweep``) and refreshes all of it."""
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.base.environment import recorded_environment
+from pipeline.contract.account import TimeAccount
+from pipeline.contract.results import recorded_sweep_account
 from pipeline.inputs.spec import Objective
 from pipeline.records.plots import write_plots
 from pipeline.records.report import (
@@ -21,7 +25,63 @@ from pipeline.records.report import (
     to_csv,
     trial_description,
 )
-from pipeline.records.tracking import DESCRIPTION_TAG, Tag, Tracker, TrialRecord
+from pipeline.records.tracking import DESCRIPTION_TAG, SweepRecord, Tag, Tracker, TrialRecord
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """A recorded sweep as ``foldsweep report`` shows it: its parent run, its trials ranked, the
+    refit's scores on the held-out test split, and where the sweep's wall clock went (None for a
+    sweep recorded before it was kept)."""
+
+    tracker: Tracker
+    parent: SweepRecord
+    records: list[TrialRecord]
+    standings: Standings
+    test_scores: dict[str, float]
+    account: TimeAccount | None
+
+    @property
+    def environment(self) -> list[str]:
+        """The environment the sweep ran in, as its tags say (``recorded_environment``)."""
+        return recorded_environment(self.parent.tags)
+
+    def publish(self) -> str:
+        """Refresh what the sweep leaves on its runs (``publish``); returns the UI address path
+        that opens its trials."""
+        return publish(
+            self.tracker,
+            self.parent.run_id,
+            self.standings,
+            sweep_name=self.parent.name,
+            test_scores=self.test_scores,
+        )
+
+
+def report_sweep(tracking_uri: str, sweep: str | None = None) -> SweepReport:
+    """The recorded sweep ``sweep`` (a name or parent run id; None: the latest) of a store that
+    exists.
+
+    Raises:
+        TrackingError: no store at ``tracking_uri``, or no such sweep in it.
+        PrivateHookMissing: the installed MLflow lacks what foldsweep reaches into.
+    """
+    from pipeline.base.private_hooks import require_hooks
+    from pipeline.records.stores import require_existing_store
+
+    require_existing_store(tracking_uri)
+    require_hooks(["mlflow"])
+    tracker = Tracker(tracking_uri)
+    parent = tracker.find_sweep(sweep)
+    records = tracker.trial_records(parent.run_id)
+    return SweepReport(
+        tracker,
+        parent,
+        records,
+        Standings.of(records, parent.objective, n_splits=parent.n_splits),
+        test_scores={key: value for key, value in parent.metrics.items() if key.startswith("test_")},
+        account=recorded_sweep_account(parent.metrics),
+    )
 
 
 def publish(

@@ -236,6 +236,20 @@ def rerun_command(standings: Standings, uri: str, *, program: str = "foldsweep")
     return f"{program} rerun {short_run_id(standings.ranked[0].run_id)} --tracking-uri {shlex.quote(uri)}"
 
 
+def trial_line(record: TrialRecord, objective: str) -> str:
+    """A trial as ``run`` prints it when it ends: ``  trial-00003 (1a2b3c4d): ok (mean_val_accuracy
+    0.8123 at epoch 7)``, and the last line of its error."""
+    score = selected_score(record, objective)
+    # A NaN trial's CV mean counts its NaN folds as the worst score: not a score to show.
+    shown = (
+        f" ({objective} {score:.4f} at epoch {selected_epoch(record)})"
+        if score is not None and record.status is not TrialStatus.NAN
+        else ""
+    )
+    reason = record.error.strip().splitlines()[-1] if record.error.strip() else ""
+    return f"  {record.label} ({short_run_id(record.run_id)}): {status_text(record)}{shown}{' - ' + reason if reason else ''}"
+
+
 def _epoch_text(record: TrialRecord) -> str:
     epoch = selected_epoch(record)
     return str(epoch) if epoch is not None else "-"

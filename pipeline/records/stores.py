@@ -69,7 +69,9 @@ def check_tracking_uri(uri: str, *, source: str = "tracking.uri") -> None:
         )
 
 
-def require_existing_store(uri: str, *, source: str, purpose: str) -> None:
+def require_existing_store(
+    uri: str, *, source: str = "--tracking-uri", purpose: str = "there is no recorded sweep to read"
+) -> None:
     """Commands that read a recorded sweep refuse a SQLite store that does not exist, rather
     than create an empty one to find nothing in.
 
