@@ -326,7 +326,7 @@ def compile_notes(spec: SweepSpec, experiment: Any) -> list[str]:
                 f"fit() becomes train.early_stopping: {rule.describe()}, on the trial's mean CV curve (one "
                 "decision for all folds)"
             )
-        else:
+        elif spec.train.early_stopping is not None:  # the spec's own rule (a spec without one takes fit()'s)
             notes.append(
                 f"the spec's train.early_stopping {spec.train.early_stopping.describe()} replaces the "
                 f"EarlyStopping in {spec.experiment}'s fit()"
