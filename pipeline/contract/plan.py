@@ -77,11 +77,12 @@ IMAGE_CONVOLUTIONS = ("Conv2D", "DepthwiseConv2D", "SeparableConv2D", "Conv2DTra
 XLA_MAX_BATCH_ON_CPU = 16
 
 # Unrolling 8 steps into one XLA launch removes most of the per-launch cost left at small
-# batches: 3 folds, 2-core CPU, fused, batch 8: 36k -> 83k samples/s (protein windows), 34k ->
-# 52k (MNIST-1D); batch 64: 134k -> 148k; but at batch 256 it was up to 21% slower unfused
-# (`python -m benchmarks.cv_throughput --variants engine,fused,engine-x8,fused-x8`). Each
-# unrolled step is compiled too, so on CPU auto mode unrolls up to batch 64 and where the trial's
-# planned steps win its compile back (``pipeline.contract.compile_cost``).
+# batches: samples/s with 1 / 8 steps per launch, 3 folds fused, 2-core CPU: batch 8, 36k / 83k
+# (protein windows) and 34k / 52k (MNIST-1D); batch 64, 134k / 148k; at batch 256 unrolled was up
+# to 21% slower unfused (`python -m benchmarks.cv_throughput --variants
+# engine,fused,engine-x8,fused-x8`). Each unrolled step is compiled too, so auto mode unrolls up to
+# batch 64 (on CPU where the step is XLA-compiled at all) and where the trial's planned steps win
+# its compile back (``pipeline.contract.compile_cost``).
 UNROLLED_STEPS = 8
 UNROLL_MAX_BATCH = 64
 # On a GPU, a launch costs the host its dispatch (the executor's loop iteration and XLA's launch:
