@@ -24,6 +24,7 @@ from typing import Any
 from pipeline.base.collector import collector_paused
 from pipeline.base.environment import installed_version
 from pipeline.base.errors import FoldsweepError
+from pipeline.base.ray_private import RAY_OUTPUT_ENGINE_VARIABLE
 
 # The experiment tag prefix the MLflow UI's "share" button writes a runs view under, and the
 # address parameter that opens one: neither is in MLflow's documented API.
@@ -51,8 +52,6 @@ MLFLOW_VIEW_STATE_NAMES = (
 MLFLOW_STORE_TABLES = frozenset({"experiments", "runs", "alembic_version"})
 # `foldsweep ui` turns MLflow's GenAI job runner off with it.
 MLFLOW_JOB_EXECUTION_VARIABLE = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
-# Ray Tune's default console output (its "new" output engine) prints over foldsweep's progress lines.
-RAY_OUTPUT_ENGINE_VARIABLE = "RAY_AIR_NEW_OUTPUT"
 HOOKED_LIBRARIES = ("ray", "mlflow", "keras", "tensorflow")
 # Checked by the tests, never before a command: what relies on it falls back to Python's own way.
 FALLBACK_LIBRARIES = ("python",)
@@ -653,10 +652,10 @@ HOOKS: tuple[Hook, ...] = (
     Hook(
         "ray",
         "ray.tune.search.basic_variant's _TrialIterator, _VariantIterator and BasicVariantGenerator's "
-        "_iterators, _random_state and _uuid_prefix",
+        "_iterators, _trial_generator, _total_samples, _random_state and _uuid_prefix",
         "random and grid search never make a config twice (pipeline.inputs.searchers makes Ray Tune's trials of the "
         "space's own draw)",
-        ("_iterators", "_random_state", "_uuid_prefix"),
+        ("_iterators", "_random_state", "_uuid_prefix", "_total_samples", "_trial_generator"),
         _check_variant_generator,
     ),
     Hook(
@@ -672,8 +671,8 @@ HOOKS: tuple[Hook, ...] = (
         "_webui_url, and start_raylet with its session directory, node id, _get_unused_port and the minimal "
         "dashboard agent's ports (ray._raylet.persist_port)",
         "a sweep's local Ray starts in 1 s, not 2.9, without the processes it does not use and without waiting "
-        "for its agents (pipeline.sweep.lean_local_head)",
-        ("_ray_params", "_session_dir", "_get_unused_port"),
+        "for its agents (pipeline.base.ray_private.lean_local_head)",
+        ("_ray_params", "_session_dir", "_webui_url", "_get_unused_port"),
         _check_lean_head,
     ),
     Hook(
