@@ -24,6 +24,18 @@ from typing import Any
 from pipeline.base.collector import collector_paused
 from pipeline.base.environment import installed_version
 from pipeline.base.errors import FoldsweepError
+from pipeline.base.keras_private import (
+    AFFINE_LAYERS,
+    AFFINE_TRANSFORM,
+    AFFINE_TRANSFORM_PARAMETERS,
+    COUNTER_DRAWN_LAYERS,
+    KERAS_IMAGE_MODULE,
+    KERAS_RANDOM_DRAWS,
+    KERAS_RANDOM_MODULE,
+    PREPROCESSING_MODULE,
+    holds_seed_generator,
+    is_preprocessing_layer,
+)
 from pipeline.base.ray_private import RAY_OUTPUT_ENGINE_VARIABLE
 
 # The experiment tag prefix the MLflow UI's "share" button writes a runs view under, and the
@@ -359,19 +371,15 @@ def _check_compile_metrics() -> str | None:
     return None
 
 
-def holds_seed_generator(layer: object) -> bool:
-    """Whether a Keras layer draws random numbers: it holds a SeedGenerator, Dropout and the noise
-    layers as ``seed_generator``, the augmentation layers (RandomFlip...) as ``generator``."""
-    from keras.random import SeedGenerator
+def _check_preprocessing_module() -> str | None:
+    import keras
 
-    return any(isinstance(value, SeedGenerator) for value in vars(layer).values())
-
-
-def seed_generator_of(layer: object) -> Any:
-    """The SeedGenerator a Keras random layer draws from (``holds_seed_generator``), or None."""
-    from keras.random import SeedGenerator
-
-    return next((value for value in vars(layer).values() if isinstance(value, SeedGenerator)), None)
+    for layer in (keras.layers.RandomRotation(0.2), keras.layers.Rescaling(0.5)):
+        if not is_preprocessing_layer(layer):
+            return f"keras.layers.{type(layer).__name__} is no longer defined under {PREPROCESSING_MODULE}"
+    if is_preprocessing_layer(keras.layers.Dense(2)):
+        return f"keras.layers.Dense is defined under {PREPROCESSING_MODULE}"
+    return None
 
 
 def _check_seed_generators() -> str | None:
@@ -383,37 +391,7 @@ def _check_seed_generators() -> str | None:
     return None
 
 
-# Keras' TensorFlow backend module through which keras.random and the random layers draw, and the
-# functions of it foldsweep replaces while it traces its training step (pipeline.engine.draws),
-# with the parameters its replacements take.
-KERAS_RANDOM_MODULE = "keras.src.backend.tensorflow.random"
-KERAS_RANDOM_DRAWS = {
-    "dropout": ("inputs", "rate", "noise_shape", "seed"),
-    "normal": ("shape", "mean", "stddev", "dtype", "seed"),
-    "uniform": ("shape", "minval", "maxval", "dtype", "seed"),
-}
-# Keras' TensorFlow backend module whose affine image transform (ImageProjectiveTransformV3, which
-# XLA cannot compile) foldsweep replaces while it draws (pipeline.engine.image_transforms), with the
-# parameters the replacement takes, and the layers that transform images through it.
-KERAS_IMAGE_MODULE = "keras.src.backend.tensorflow.image"
-AFFINE_TRANSFORM = "affine_transform"
-AFFINE_TRANSFORM_PARAMETERS = ("images", "transform", "interpolation", "fill_mode", "fill_value", "data_format")
-AFFINE_LAYERS = ("RandomRotation", "RandomTranslation", "RandomZoom")
-# Keras' image augmentation layers among them.
-AUGMENTATION_LAYERS = ("RandomFlip", "RandomContrast", "RandomBrightness", "RandomCrop", *AFFINE_LAYERS)
-# The keras.layers whose every random number comes from those functions with the layer's own
-# SeedGenerator, so that foldsweep can draw them (exactly these classes: a subclass may draw otherwise).
-COUNTER_DRAWN_LAYERS = (
-    "Dropout",
-    "SpatialDropout1D",
-    "SpatialDropout2D",
-    "SpatialDropout3D",
-    "GaussianNoise",
-    "GaussianDropout",
-    "AlphaDropout",
-    *AUGMENTATION_LAYERS,
-)
-# How the hook's check makes each of them and the rank of the input it calls it on.
+# How the hook's check makes each of COUNTER_DRAWN_LAYERS and the rank of the input it calls it on.
 _COUNTER_DRAWN_CHECKED_AS = {
     "GaussianNoise": ((0.1,), 3),
     "SpatialDropout1D": ((0.5,), 3),
@@ -427,13 +405,6 @@ _COUNTER_DRAWN_CHECKED_AS = {
     "RandomTranslation": ((0.2, 0.2), 4),
     "RandomZoom": ((0.2,), 4),
 }
-
-
-def counter_drawn(layer: object) -> bool:
-    """Whether foldsweep can draw a Keras layer's random numbers (``COUNTER_DRAWN_LAYERS``)."""
-    import keras
-
-    return any(type(layer) is getattr(keras.layers, name) for name in COUNTER_DRAWN_LAYERS)
 
 
 def _check_counter_draws() -> str | None:
@@ -740,6 +711,14 @@ HOOKS: tuple[Hook, ...] = (
         "every metric a model compiles is built, named and accumulated per fold as Keras' evaluate does",
         ("_compile_metrics", "_user_metrics", "_user_weighted_metrics"),
         _check_compile_metrics,
+    ),
+    Hook(
+        "keras",
+        f"{PREPROCESSING_MODULE}, where Keras defines its preprocessing layers",
+        "a Keras preprocessing layer is traced for ops XLA has no kernel for, and Keras' other layers are not "
+        "(pipeline.engine.xla_support)",
+        (),
+        _check_preprocessing_module,
     ),
     Hook(
         "keras",
