@@ -152,9 +152,9 @@ def test_keras_keeping_loss_weights_elsewhere_is_named(monkeypatch):
 def test_tensorflow_refusing_a_second_definition_under_one_name_is_named(monkeypatch):
     """Were TensorFlow to tell two traces apart by their custom-gradient names, a worker's second
     trial of a program would fail: the check traces one twice, as a worker does."""
-    from pipeline.base import compile_cache
+    from pipeline.base import tensorflow_private
 
-    monkeypatch.setattr(compile_cache, "GRADIENT_OP_TYPE", "_not_the_gradient_name")
+    monkeypatch.setattr(tensorflow_private, "GRADIENT_OP_TYPE", "_not_the_gradient_name")
     [problem] = broken_hooks(["tensorflow"])
     assert problem.startswith(
         f"foldsweep relies on tensorflow {metadata.version('tensorflow')}'s "

@@ -37,6 +37,7 @@ from pipeline.base.keras_private import (
     is_preprocessing_layer,
 )
 from pipeline.base.ray_private import RAY_OUTPUT_ENGINE_VARIABLE
+from pipeline.base.tensorflow_private import has_xla_kernel
 
 # The experiment tag prefix the MLflow UI's "share" button writes a runs view under, and the
 # address parameter that opens one: neither is in MLflow's documented API.
@@ -576,17 +577,6 @@ def _check_gradient_registry() -> str | None:
     if '"CustomGradient-%s"' not in inspect.getsource(custom_gradient.generate_name):
         return "tf.custom_gradient no longer registers its gradients as CustomGradient-<uid>"
     return None
-
-
-@functools.cache
-def has_xla_kernel(op: str) -> bool:
-    """Whether XLA can compile TensorFlow's op ``op`` (on some device): TensorFlow's kernel
-    registry lists a kernel of it for an XLA JIT device (registered with the first eager tensor)."""
-    import tensorflow as tf
-    from tensorflow.python.framework import kernels
-
-    tf.constant(0.0)
-    return any(kernel.device_type.startswith("XLA_") for kernel in kernels.get_registered_kernels_for_op(op).kernel)
 
 
 def _check_xla_kernels() -> str | None:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from pipeline.base.keras_private import flatten_layers, is_preprocessing_layer
-from pipeline.base.private_hooks import has_xla_kernel
+from pipeline.base.tensorflow_private import has_xla_kernel
 from pipeline.engine import draws
 
 # The ops of a traced function that are not computations: its inputs (arguments and captured
