@@ -17,7 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from pipeline.base import private_hooks
+from pipeline.base import mlflow_private, private_hooks
 from pipeline.base.private_hooks import FALLBACK_LIBRARIES, HOOKS, PrivateHookMissing, broken_hooks, require_hooks
 
 PACKAGE = Path(private_hooks.__file__).parents[1]
@@ -67,13 +67,13 @@ def test_a_ray_method_with_another_signature_is_refused(monkeypatch):
 
 
 # The chart view's names as the UI's scripts hold them.
-CHART_STATE = " ".join(f"state.{name};" for name in private_hooks.MLFLOW_VIEW_STATE_NAMES)
+CHART_STATE = " ".join(f"state.{name};" for name in mlflow_private.MLFLOW_VIEW_STATE_NAMES)
 
 
 def test_an_mlflow_ui_without_the_shared_view_tag_is_named(monkeypatch, tmp_path):
     script = tmp_path / "main.js"
     script.write_text(f'const key = params.get("viewStateShareKey"); tags["mlflow.viewState." + key]; {CHART_STATE}')
-    monkeypatch.setattr(private_hooks, "mlflow_ui_scripts", lambda: [script])
+    monkeypatch.setattr(mlflow_private, "mlflow_ui_scripts", lambda: [script])
     problems = broken_hooks(["mlflow"])
     assert len(problems) == 1
     assert f"mlflow {metadata.version('mlflow')}'s the experiment tag mlflow.sharedViewState.<key>" in problems[0]
@@ -83,7 +83,7 @@ def test_an_mlflow_ui_without_the_shared_view_tag_is_named(monkeypatch, tmp_path
 def test_the_real_mlflow_ui_reads_the_tag_foldsweep_writes():
     from pipeline.records.tracking import MLFLOW_SHARED_VIEW_TAG
 
-    scripts = private_hooks.mlflow_ui_scripts()
+    scripts = mlflow_private.mlflow_ui_scripts()
     assert scripts and any(MLFLOW_SHARED_VIEW_TAG in script.read_text(errors="replace") for script in scripts)
 
 
@@ -105,7 +105,7 @@ def test_an_mlflow_without_the_job_execution_switch_is_named(monkeypatch, tmp_pa
     renamed = an_mlflow_directory(
         tmp_path, variables='MLFLOW_ENABLE_JOB_EXECUTION = _BooleanEnvironmentVariable("x", True)\n'
     )
-    monkeypatch.setattr(private_hooks, "_mlflow_directory", lambda: renamed)
+    monkeypatch.setattr(mlflow_private, "mlflow_directory", lambda: renamed)
     problems = broken_hooks(["mlflow"])
     assert len(problems) == 1
     assert problems[0].endswith(
@@ -118,7 +118,7 @@ def test_an_mlflow_with_the_job_execution_switch_defined_passes(monkeypatch, tmp
     kept = an_mlflow_directory(
         tmp_path, variables='MLFLOW_SERVER_ENABLE_JOB_EXECUTION = _BooleanEnvironmentVariable(\n    "x", True\n)\n'
     )
-    monkeypatch.setattr(private_hooks, "_mlflow_directory", lambda: kept)
+    monkeypatch.setattr(mlflow_private, "mlflow_directory", lambda: kept)
     assert broken_hooks(["mlflow"]) == []
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import inspect
 import platform
 import re
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.base import mlflow_private
 from pipeline.base.collector import collector_paused
 from pipeline.base.environment import installed_version
 from pipeline.base.errors import FoldsweepError
@@ -36,35 +36,16 @@ from pipeline.base.keras_private import (
     holds_seed_generator,
     is_preprocessing_layer,
 )
+from pipeline.base.mlflow_private import (
+    MLFLOW_JOB_EXECUTION_VARIABLE,
+    MLFLOW_SHARED_VIEW_PARAM,
+    MLFLOW_SHARED_VIEW_TAG,
+    MLFLOW_STORE_TABLES,
+    MLFLOW_VIEW_STATE_NAMES,
+)
 from pipeline.base.ray_private import RAY_OUTPUT_ENGINE_VARIABLE
 from pipeline.base.tensorflow_private import has_xla_kernel
 
-# The experiment tag prefix the MLflow UI's "share" button writes a runs view under, and the
-# address parameter that opens one: neither is in MLflow's documented API.
-MLFLOW_SHARED_VIEW_TAG = "mlflow.sharedViewState."
-MLFLOW_SHARED_VIEW_PARAM = "viewStateShareKey"
-# What foldsweep's shared view holds beyond the search (filter, order, columns), as the UI's own
-# views save it: the table's column order, and the chart view (pipeline.records.chart_view).
-MLFLOW_VIEW_STATE_NAMES = (
-    "columnOrder",
-    "compareRunSections",
-    "compareRunCharts",
-    "runsHiddenMode",
-    "SHOW_ALL",
-    "isAccordionReordered",
-    "metricSectionId",
-    "metricKey",
-    "selectedMetricKeys",
-    "displayName",
-    "lineSmoothness",
-    "selectedParams",
-    "selectedMetrics",
-    "showAllRuns",
-)
-# Tables every MLflow SQLite store has: how a file is told apart from another program's database.
-MLFLOW_STORE_TABLES = frozenset({"experiments", "runs", "alembic_version"})
-# `foldsweep ui` turns MLflow's GenAI job runner off with it.
-MLFLOW_JOB_EXECUTION_VARIABLE = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 HOOKED_LIBRARIES = ("ray", "mlflow", "keras", "tensorflow")
 # Checked by the tests, never before a command: what relies on it falls back to Python's own way.
 FALLBACK_LIBRARIES = ("python",)
@@ -245,22 +226,8 @@ def _check_internal_kv() -> str | None:
 # which runs beside Ray's start, and out of `foldsweep validate`, which needs nothing of it.
 
 
-def _mlflow_directory() -> Path | None:
-    """Where MLflow is installed, found without importing it."""
-    spec = importlib.util.find_spec("mlflow")
-    return Path(spec.origin).parent if spec is not None and spec.origin is not None else None
-
-
-def mlflow_ui_scripts() -> list[Path]:
-    """The MLflow UI's JavaScript, as installed with MLflow's server."""
-    directory = _mlflow_directory()
-    if directory is None:
-        return []
-    return sorted((directory / "server" / "js" / "build" / "static" / "js").glob("*.js"))
-
-
 def _check_shared_view() -> str | None:
-    scripts = mlflow_ui_scripts()
+    scripts = mlflow_private.mlflow_ui_scripts()
     if not scripts:
         return "the MLflow UI's scripts (mlflow/server/js/build/static/js) are missing"
     unread = _names_unread(tuple(scripts))
@@ -280,7 +247,7 @@ def _names_unread(scripts: tuple[Path, ...]) -> tuple[str, ...]:
 
 
 def _check_store_tables() -> str | None:
-    directory = _mlflow_directory()
+    directory = mlflow_private.mlflow_directory()
     models = directory / "store" / "tracking" / "dbmodels" / "models.py" if directory else None
     if models is None or not models.is_file():
         return "mlflow.store.tracking.dbmodels.models is missing"
@@ -291,7 +258,7 @@ def _check_store_tables() -> str | None:
 
 
 def _check_job_execution_switch() -> str | None:
-    directory = _mlflow_directory()
+    directory = mlflow_private.mlflow_directory()
     variables = directory / "environment_variables.py" if directory else None
     defined = (
         variables is not None
