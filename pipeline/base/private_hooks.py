@@ -574,16 +574,26 @@ HOOKS: tuple[Hook, ...] = (
         "ray",
         "ray.tune.Tuner._local_tuner._tune_config.search_alg and ray.train._internal.storage.StorageContext",
         "a sweep resumed from another directory makes its new trials there, not where it was recorded",
-        ("_tune_config",),
+        ("_tune_config", "_internal"),
         _check_moved_sweep,
     ),
     Hook(
         "ray",
-        "ray.tune.search.basic_variant's _TrialIterator, _VariantIterator and BasicVariantGenerator's "
+        "ray.tune.search.basic_variant's _TrialIterator, _VariantIterator, "
+        "ray.tune.experiment._convert_to_experiment_list and BasicVariantGenerator's "
         "_iterators, _trial_generator, _total_samples, _random_state and _uuid_prefix",
         "random and grid search never make a config twice (pipeline.inputs.searchers makes Ray Tune's trials of the "
         "space's own draw)",
-        ("_iterators", "_random_state", "_uuid_prefix", "_total_samples", "_trial_generator"),
+        (
+            "_TrialIterator",
+            "_VariantIterator",
+            "_convert_to_experiment_list",
+            "_iterators",
+            "_random_state",
+            "_uuid_prefix",
+            "_total_samples",
+            "_trial_generator",
+        ),
         _check_variant_generator,
     ),
     Hook(
@@ -600,7 +610,7 @@ HOOKS: tuple[Hook, ...] = (
         "dashboard agent's ports (ray._raylet.persist_port)",
         "a sweep's local Ray starts in 1 s, not 2.9, without the processes it does not use and without waiting "
         "for its agents (pipeline.base.ray_private.lean_local_head)",
-        ("_ray_params", "_session_dir", "_webui_url", "_get_unused_port"),
+        ("_private", "_raylet", "_ray_params", "_session_dir", "_node_id", "_webui_url", "_get_unused_port"),
         _check_lean_head,
     ),
     Hook(
