@@ -6,6 +6,7 @@ touches one, and a command with a hook missing stops before it starts anything."
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import json
 import subprocess
@@ -31,6 +32,10 @@ from pipeline.base.private_hooks import (
 PACKAGE = Path(private_hooks.__file__).parents[1]
 
 
+def test_every_hook_says_what_users_gain_from_it():
+    assert [hook.place for hook in HOOKS if len(hook.gain.split()) < 8] == []
+
+
 def test_every_hook_holds_on_the_installed_versions():
     assert broken_hooks() == []
     assert broken_hooks(FALLBACK_LIBRARIES) == []
@@ -45,7 +50,8 @@ def test_a_missing_python_exit_function_is_named_with_pythons_version(monkeypatc
     assert broken_hooks(FALLBACK_LIBRARIES) == [
         f"foldsweep relies on python {platform.python_version()}'s threading._shutdown, atexit._run_exitfuncs and "
         "os._exit so that a command ends without tearing the interpreter down, its threads stopped and its atexit "
-        "handlers run (pipeline.base.processes.leave; without them it exits as Python does, 1-3 s later), but "
+        "handlers run (pipeline.base.processes.leave; without them it exits as Python does, freeing every module "
+        "first), but "
         f"{module}.{name} is missing"
     ]
 
@@ -175,10 +181,7 @@ def test_a_check_that_fails_itself_is_reported_not_raised(monkeypatch):
     def failing() -> str | None:
         raise TypeError("unexpected keyword argument")
 
-    hook = HOOKS[0]
-    monkeypatch.setattr(
-        private_hooks, "HOOKS", (type(hook)(hook.library, hook.place, hook.used_for, hook.names, failing),)
-    )
+    monkeypatch.setattr(private_hooks, "HOOKS", (dataclasses.replace(HOOKS[0], check=failing),))
     assert broken_hooks()[0].endswith("but checking it failed: TypeError: unexpected keyword argument")
 
 
