@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 from pipeline.base.collector import collector_paused
 from pipeline.base.environment import Environment, environment_change
 from pipeline.base.errors import FoldsweepError, InputError, SpecError
-from pipeline.base.private_hooks import RAY_OUTPUT_ENGINE_VARIABLE
+from pipeline.base.ray_private import (
+    RAY_OUTPUT_ENGINE_VARIABLE,
+    lean_local_head,
+    report_restored_to,
+    restored_here,
+    restored_tune_config,
+    trial_actors_not_kept_after,
+)
 from pipeline.checks import PreparedSweep
 from pipeline.contract.account import Span, TimeAccount, sweep_account
 from pipeline.contract.results import (
@@ -415,21 +422,8 @@ def _retiring_workers() -> Iterator[None]:
     its last result, and while this sweep runs, Ray Tune does not keep that actor: the next
     trial starts in a fresh worker process, and no trial fails or retries for it.
     """
-    from ray.tune.execution.tune_controller import TuneController
-
-    keep_for_reuse = TuneController._maybe_cache_trial_actor
-
-    def unless_retiring(controller: Any, trial: Any) -> bool:
-        if (trial.last_result or {}).get(WORKER_RETIRES):
-            return False
-        return keep_for_reuse(controller, trial)
-
-    # Ray Tune's own method, replaced while the sweep runs: the point of this function
-    TuneController._maybe_cache_trial_actor = unless_retiring  # type: ignore[method-assign, assignment]
-    try:
+    with trial_actors_not_kept_after(lambda last_result: bool(last_result.get(WORKER_RETIRES))):
         yield
-    finally:
-        TuneController._maybe_cache_trial_actor = keep_for_reuse  # type: ignore[method-assign]
 
 
 def _after_trials(
@@ -755,11 +749,10 @@ def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], 
     )
     # The restored run config carries the callback pickled by the interrupted driver, which has
     # lost its link to this process (the progress printer); swap in this process's callbacks.
-    restored = tuner._local_tuner
-    if restored is None:  # Ray Client's Tuner: restored on the cluster, out of this process's reach
+    if not restored_here(tuner):  # Ray Client's Tuner: restored on the cluster, out of this process's reach
         raise InputError(f"--resume: Ray Tune restored the sweep at {ray_path!r} on the cluster, not in this process")
-    restored.get_run_config().callbacks = callbacks
-    tune_config = restored._tune_config
+    report_restored_to(tuner, callbacks)
+    tune_config = restored_tune_config(tuner)
     tune_config.search_alg = movable(tune_config.search_alg, ray_path, tune_config.max_concurrent_trials)
     tune_config.max_concurrent_trials = None  # movable carries the limit, as make_searcher's searchers do
     return tuner
@@ -830,68 +823,6 @@ def start_local_ray(**shape: Any) -> None:
     # to join; this process's token would shadow that cluster's own.
     with lean_local_head():
         ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, **shape)
-
-
-@contextlib.contextmanager
-def lean_local_head() -> Iterator[None]:
-    """A local head started with what a sweep uses of it and no more (ray.init exposes none of
-    these choices), and registered without waiting for processes it does not need yet.
-
-    - No API server: ``include_dashboard=False`` still starts one, to run nothing but Ray's usage
-      statistics (no dashboard, jobs or state API). ray.init waited 0.7 s for it to come up. The
-      head keeps Ray's own web address for a head without a dashboard: none.
-    - No autoscaler monitor: a local Ray has a fixed size, with nothing to scale. No log monitor:
-      it sends the workers' output to the driver, which asks for none (``log_to_driver=False``;
-      the output stays in the session's log files). Each loads Ray in a Python process of its own,
-      0.7 s of CPU that the sweep's start-up needs on a small machine.
-    - The raylet registers the node (what ray.init waits for) without waiting for its agents,
-      Python processes that take ~1.2 s to start beside it. It waits for the dashboard agent to
-      write its ports to the session directory, and for the runtime env agent's port unless it was
-      given one. Where the dashboard agent runs minimal (Ray without its dashboard's dependencies,
-      as foldsweep installs it), the ports it writes are known beforehand: -1, no service. They
-      are written first, with Ray's own ``persist_port``, and the agent writes the same values
-      once it runs. The runtime env agent gets a port picked as Ray picks its head's others (``ray
-      start --runtime-env-agent-port`` gives it one too); the raylet tries it until it listens.
-
-    ray.init 2.9 -> ~1.0 s, and the 4-config grid's fixed cost 19.15 -> 18.3 s (medians of 10
-    alternating runs on 2 cores).
-    """
-    from ray._private import node
-    from ray._private.utils import get_dashboard_dependency_error
-    from ray._raylet import (  # type: ignore[attr-defined]  # the compiled module's stub names few of its names
-        DASHBOARD_AGENT_LISTEN_PORT_NAME,
-        METRICS_AGENT_PORT_NAME,
-        METRICS_EXPORT_PORT_NAME,
-        persist_port,
-    )
-
-    originals = {name: getattr(node.Node, name) for name in ("__init__", "start_api_server", "start_raylet")}
-
-    def init(self: Any, ray_params: Any, *arguments: Any, **keywords: Any) -> None:
-        ray_params.no_monitor = True
-        ray_params.include_log_monitor = False
-        originals["__init__"](self, ray_params, *arguments, **keywords)
-
-    def start_api_server(self: Any, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
-        self._webui_url = ""
-
-    def start_raylet(self: Any, *arguments: Any, **keywords: Any) -> Any:
-        if get_dashboard_dependency_error() is not None:
-            for name in (METRICS_AGENT_PORT_NAME, METRICS_EXPORT_PORT_NAME, DASHBOARD_AGENT_LISTEN_PORT_NAME):
-                persist_port(self._session_dir, self._node_id, name, -1)
-            if not self._ray_params.runtime_env_agent_port:
-                self._ray_params.runtime_env_agent_port = self._get_unused_port()
-        return originals["start_raylet"](self, *arguments, **keywords)
-
-    # Ray's own methods, replaced while the head starts (the point of this function)
-    node.Node.__init__ = init  # type: ignore[method-assign]
-    node.Node.start_api_server = start_api_server  # type: ignore[method-assign]
-    node.Node.start_raylet = start_raylet  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(node.Node, name, original)
 
 
 def give_ray_a_private_token(environ: MutableMapping[str, str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.base.private_hooks import MLFLOW_VIEW_STATE_NAMES
+from pipeline.base.mlflow_private import MLFLOW_VIEW_STATE_NAMES
 from pipeline.inputs.spec import Objective
 from pipeline.records.chart_view import SECTIONS, chart_view
 

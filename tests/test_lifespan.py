@@ -7,6 +7,7 @@ import gc
 
 import pytest
 
+from pipeline.base.tensorflow_private import registered_gradients
 from pipeline.engine import lifespan
 from pipeline.engine.lifespan import Lifespan, WorkerState
 
@@ -94,10 +95,10 @@ def test_a_released_trial_leaves_no_graph_behind():
 
     keras.backend.clear_session(free_memory=False)
     baseline = graphs()
-    before = lifespan.registered_gradients()
+    before = registered_gradients()
     one_trial()
     keras.backend.clear_session(free_memory=False)
     assert graphs() > baseline, "the registry keeps the trial's graph"
     assert lifespan.release_trial(before) >= 1
     assert graphs() == baseline
-    assert lifespan.registered_gradients() == before
+    assert registered_gradients() == before

@@ -1,10 +1,12 @@
-"""The private hooks into Ray, MLflow and Keras (pipeline/base/private_hooks.py): all hold on the locked
-versions, a renamed one is named with its library's version, every private name the package
-touches is listed, and a command with a hook missing stops before it starts anything."""
+"""The private hooks into Ray, MLflow, Keras and TensorFlow (pipeline/base/private_hooks.py): all hold
+on the locked versions, a renamed one is named with its library's version, every private name the
+package touches is listed, no module but the library's adapter (pipeline/base/<library>_private.py)
+touches one, and a command with a hook missing stops before it starts anything."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import json
 import subprocess
@@ -17,10 +19,21 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from pipeline.base import private_hooks
-from pipeline.base.private_hooks import FALLBACK_LIBRARIES, HOOKS, PrivateHookMissing, broken_hooks, require_hooks
+from pipeline.base import mlflow_private, private_hooks
+from pipeline.base.private_hooks import (
+    FALLBACK_LIBRARIES,
+    HOOKED_LIBRARIES,
+    HOOKS,
+    PrivateHookMissing,
+    broken_hooks,
+    require_hooks,
+)
 
 PACKAGE = Path(private_hooks.__file__).parents[1]
+
+
+def test_every_hook_says_what_users_gain_from_it():
+    assert [hook.place for hook in HOOKS if len(hook.gain.split()) < 8] == []
 
 
 def test_every_hook_holds_on_the_installed_versions():
@@ -37,7 +50,8 @@ def test_a_missing_python_exit_function_is_named_with_pythons_version(monkeypatc
     assert broken_hooks(FALLBACK_LIBRARIES) == [
         f"foldsweep relies on python {platform.python_version()}'s threading._shutdown, atexit._run_exitfuncs and "
         "os._exit so that a command ends without tearing the interpreter down, its threads stopped and its atexit "
-        "handlers run (pipeline.base.processes.leave; without them it exits as Python does, 1-3 s later), but "
+        "handlers run (pipeline.base.processes.leave; without them it exits as Python does, freeing every module "
+        "first), but "
         f"{module}.{name} is missing"
     ]
 
@@ -67,13 +81,13 @@ def test_a_ray_method_with_another_signature_is_refused(monkeypatch):
 
 
 # The chart view's names as the UI's scripts hold them.
-CHART_STATE = " ".join(f"state.{name};" for name in private_hooks.MLFLOW_VIEW_STATE_NAMES)
+CHART_STATE = " ".join(f"state.{name};" for name in mlflow_private.MLFLOW_VIEW_STATE_NAMES)
 
 
 def test_an_mlflow_ui_without_the_shared_view_tag_is_named(monkeypatch, tmp_path):
     script = tmp_path / "main.js"
     script.write_text(f'const key = params.get("viewStateShareKey"); tags["mlflow.viewState." + key]; {CHART_STATE}')
-    monkeypatch.setattr(private_hooks, "mlflow_ui_scripts", lambda: [script])
+    monkeypatch.setattr(mlflow_private, "mlflow_ui_scripts", lambda: [script])
     problems = broken_hooks(["mlflow"])
     assert len(problems) == 1
     assert f"mlflow {metadata.version('mlflow')}'s the experiment tag mlflow.sharedViewState.<key>" in problems[0]
@@ -83,7 +97,7 @@ def test_an_mlflow_ui_without_the_shared_view_tag_is_named(monkeypatch, tmp_path
 def test_the_real_mlflow_ui_reads_the_tag_foldsweep_writes():
     from pipeline.records.tracking import MLFLOW_SHARED_VIEW_TAG
 
-    scripts = private_hooks.mlflow_ui_scripts()
+    scripts = mlflow_private.mlflow_ui_scripts()
     assert scripts and any(MLFLOW_SHARED_VIEW_TAG in script.read_text(errors="replace") for script in scripts)
 
 
@@ -105,7 +119,7 @@ def test_an_mlflow_without_the_job_execution_switch_is_named(monkeypatch, tmp_pa
     renamed = an_mlflow_directory(
         tmp_path, variables='MLFLOW_ENABLE_JOB_EXECUTION = _BooleanEnvironmentVariable("x", True)\n'
     )
-    monkeypatch.setattr(private_hooks, "_mlflow_directory", lambda: renamed)
+    monkeypatch.setattr(mlflow_private, "mlflow_directory", lambda: renamed)
     problems = broken_hooks(["mlflow"])
     assert len(problems) == 1
     assert problems[0].endswith(
@@ -118,7 +132,7 @@ def test_an_mlflow_with_the_job_execution_switch_defined_passes(monkeypatch, tmp
     kept = an_mlflow_directory(
         tmp_path, variables='MLFLOW_SERVER_ENABLE_JOB_EXECUTION = _BooleanEnvironmentVariable(\n    "x", True\n)\n'
     )
-    monkeypatch.setattr(private_hooks, "_mlflow_directory", lambda: kept)
+    monkeypatch.setattr(mlflow_private, "mlflow_directory", lambda: kept)
     assert broken_hooks(["mlflow"]) == []
 
 
@@ -152,9 +166,9 @@ def test_keras_keeping_loss_weights_elsewhere_is_named(monkeypatch):
 def test_tensorflow_refusing_a_second_definition_under_one_name_is_named(monkeypatch):
     """Were TensorFlow to tell two traces apart by their custom-gradient names, a worker's second
     trial of a program would fail: the check traces one twice, as a worker does."""
-    from pipeline.base import compile_cache
+    from pipeline.base import tensorflow_private
 
-    monkeypatch.setattr(compile_cache, "GRADIENT_OP_TYPE", "_not_the_gradient_name")
+    monkeypatch.setattr(tensorflow_private, "GRADIENT_OP_TYPE", "_not_the_gradient_name")
     [problem] = broken_hooks(["tensorflow"])
     assert problem.startswith(
         f"foldsweep relies on tensorflow {metadata.version('tensorflow')}'s "
@@ -167,47 +181,110 @@ def test_a_check_that_fails_itself_is_reported_not_raised(monkeypatch):
     def failing() -> str | None:
         raise TypeError("unexpected keyword argument")
 
-    hook = HOOKS[0]
-    monkeypatch.setattr(
-        private_hooks, "HOOKS", (type(hook)(hook.library, hook.place, hook.used_for, hook.names, failing),)
-    )
+    monkeypatch.setattr(private_hooks, "HOOKS", (dataclasses.replace(HOOKS[0], check=failing),))
     assert broken_hooks()[0].endswith("but checking it failed: TypeError: unexpected keyword argument")
 
 
-def _private_names_used() -> dict[str, str]:
-    """Private attribute names the package reads off objects that are not its own (name -> where)."""
+# The modules of the hooked libraries that are not their public API, though no part of their path
+# starts with an underscore.
+INTERNAL_MODULES = ("keras.src", "tensorflow.python", "tensorflow.core", "tensorflow.tsl")
+# The only modules that may use a private name of a hooked library: its adapter, and the checks.
+ADAPTERS = ("ray_private", "keras_private", "tensorflow_private", "mlflow_private", "private_hooks")
+
+
+def _private_parts(path: str) -> list[str]:
+    """The parts of a hooked library's dotted module path that start with an underscore."""
+    parts = path.split(".")
+    if parts[0] not in HOOKED_LIBRARIES or not all(part.isidentifier() for part in parts):
+        return []
+    return [part for part in parts if part.startswith("_") and not part.startswith("__")]
+
+
+def _internal(path: str) -> bool:
+    return all(part.isidentifier() for part in path.split(".")) and any(
+        path == internal or path.startswith(internal + ".") for internal in INTERNAL_MODULES
+    )
+
+
+def _module_names(path: str) -> list[str]:
+    """What importing a hooked library's module ``path`` uses of its private names: the parts that
+    start with an underscore, and the path itself where it is an internal module."""
+    return _private_parts(path) + ([path] if _internal(path) else [])
+
+
+def private_uses(source: str) -> dict[str, int]:
+    """What one module uses of names private to other code (name -> first line): attributes read
+    or set on objects that are not its own (neither a function, class or annotated name it defines
+    nor an attribute it sets on self or cls), by name or through getattr, hasattr and setattr;
+    names with a leading underscore it imports from a hooked library, and the paths of the
+    libraries' private modules it imports or names in a string (all of the string: a module path)."""
+    tree = ast.parse(source)
     own: set[str] = set()
+    used: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            own.add(node.attr)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            own.add(node.target.id)
+        names: list[str] = []
+        if isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            names = [node.args[1].value]
+        elif isinstance(node, ast.Import):
+            names = [name for alias in node.names for name in _module_names(alias.name)]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in HOOKED_LIBRARIES:
+                names = _module_names(node.module) + [alias.name for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            path = node.value.rstrip(".")
+            names = [node.value] if _private_parts(path) or _internal(path) else []
+        for name in names:
+            if (name.startswith("_") and not name.startswith("__")) or "." in name:
+                used.setdefault(name, node.lineno)
+    return {name: line for name, line in used.items() if name not in own}
+
+
+def package_sources() -> dict[str, str]:
+    """Each module of the package (its path in the package) and its source."""
+    return {path.relative_to(PACKAGE).as_posix(): path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _private_names_used() -> dict[str, str]:
+    """Private names the package uses of code that is not its own (name -> where)."""
     used: dict[str, str] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                own.add(node.name)
-            elif (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.ctx, ast.Store)
-                and isinstance(node.value, ast.Name)
-                and node.value.id in ("self", "cls")
-            ):
-                own.add(node.attr)
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                own.add(node.target.id)
-            if isinstance(node, ast.Attribute):
-                name = node.attr
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id in ("getattr", "hasattr", "setattr")
-                and len(node.args) >= 2
-                and isinstance(node.args[1], ast.Constant)
-                and isinstance(node.args[1].value, str)
-            ):
-                name = node.args[1].value
-            else:
-                continue
-            if name.startswith("_") and not name.startswith("__"):
-                used.setdefault(name, f"{path.name}:{node.lineno}")
-    return {name: where for name, where in used.items() if name not in own}
+    for path, source in package_sources().items():
+        for name, line in private_uses(source).items():
+            if name.startswith("_"):
+                used.setdefault(name, f"{path}:{line}")
+    return used
+
+
+def private_uses_outside_the_adapters(sources: dict[str, str]) -> list[tuple[str, str]]:
+    """What modules other than the adapters use of the hooked libraries' private names and
+    modules, (where, name) in order: everything ``private_uses`` finds but Python's own hooked names."""
+    python_names = {name for hook in HOOKS if hook.library not in HOOKED_LIBRARIES for name in hook.names}
+    return sorted(
+        (f"{path}:{line}", name)
+        for path, source in sources.items()
+        if Path(path).stem not in ADAPTERS
+        for name, line in private_uses(source).items()
+        if name not in python_names
+    )
 
 
 def test_every_private_name_the_package_uses_is_guarded():
@@ -215,6 +292,40 @@ def test_every_private_name_the_package_uses_is_guarded():
     unguarded = {name: where for name, where in _private_names_used().items() if name not in guarded}
     assert unguarded == {}, f"list these in pipeline/base/private_hooks.py with a check: {unguarded}"
     assert guarded <= set(_private_names_used()), "a hook lists a name the package no longer uses"
+
+
+def test_only_the_adapters_use_the_hooked_libraries_private_names():
+    outside = private_uses_outside_the_adapters(package_sources())
+    assert outside == [], f"move these into pipeline/base/<library>_private.py: {outside}"
+
+
+def test_a_private_name_used_outside_the_adapters_is_found():
+    elsewhere = """\"\"\"A module that reaches into Ray, TensorFlow and Keras itself.\"\"\"
+import os
+from ray._private import node
+from tensorflow.python.framework import ops
+from ray.tune.search.basic_variant import _TrialIterator
+
+BACKEND = "keras.src.backend.tensorflow.random"
+
+
+class Own:
+    def __init__(self):
+        self._kept = 1
+
+    def read(self, model):
+        os._exit(0)
+        return self._kept, model._flatten_layers(), getattr(ops, "_registry")
+"""
+    sources = {**package_sources(), "engine/elsewhere.py": elsewhere}
+    assert private_uses_outside_the_adapters(sources) == [
+        ("engine/elsewhere.py:16", "_flatten_layers"),
+        ("engine/elsewhere.py:16", "_registry"),
+        ("engine/elsewhere.py:3", "_private"),
+        ("engine/elsewhere.py:4", "tensorflow.python.framework"),
+        ("engine/elsewhere.py:5", "_TrialIterator"),
+        ("engine/elsewhere.py:7", "keras.src.backend.tensorflow.random"),
+    ]
 
 
 @pytest.fixture

@@ -149,7 +149,7 @@ def test_the_raylet_of_a_local_head_is_given_the_ports_it_would_wait_for_its_age
         wait_for_persisted_port,
     )
 
-    from pipeline.sweep import lean_local_head
+    from pipeline.base.ray_private import lean_local_head
 
     node_id = "ab" * 28
     seen = {}

@@ -16,6 +16,8 @@ import subprocess
 from dataclasses import dataclass
 from importlib import metadata
 
+from pipeline.base.tensorflow_private import op_determinism_enabled
+
 DETERMINISM_VARIABLE = "TF_DETERMINISTIC_OPS"
 # The wheels the `gpu` extra installs the CUDA runtime and cuDNN from (pylock.gpu.toml).
 CUDA_DISTRIBUTION, CUDNN_DISTRIBUTION = "nvidia-cuda-runtime-cu12", "nvidia-cudnn-cu12"
@@ -113,6 +115,4 @@ def deterministic_ops() -> bool:
 
     if "tensorflow" not in sys.modules:
         return False
-    from tensorflow.python.framework import config  # tf.config sets it, and exports no getter
-
-    return bool(config.is_op_determinism_enabled())
+    return op_determinism_enabled()

@@ -36,6 +36,13 @@ from typing import Any
 
 from pipeline.base.accelerator import deterministic_ops, gpu_identity
 from pipeline.base.environment import cache_directory
+from pipeline.base.tensorflow_private import (
+    devices_set_up,
+    gradient_names_numbered,
+    mark_for_xla,
+    marked_for_xla,
+    traced_functions_named,
+)
 
 DISABLE_VARIABLE = "FOLDSWEEP_COMPILE_CACHE"  # off / 0 / false: no persistent cache
 DIRECTORY_VARIABLE = "FOLDSWEEP_COMPILE_CACHE_DIR"
@@ -48,7 +55,6 @@ PROCESS_DIRECTORIES = ".processes"
 # Far above TensorFlow's own counter, so a content name never equals one TensorFlow hands out.
 CONTENT_NAME_FLOOR = 10**18
 CAPTURED_NAME = "captured"
-GRADIENT_OP_TYPE = "_gradient_op_type"
 
 
 def cache_root() -> Path:
@@ -177,10 +183,7 @@ def _tensorflow_flags_fixed() -> bool:
 
     if "tensorflow" not in sys.modules:
         return False
-    from tensorflow.python.eager import context
-
-    state = context.context()
-    return bool(state._initialized or state._physical_devices is not None)
+    return devices_set_up()
 
 
 def active() -> CompileCache | None:
@@ -380,38 +383,18 @@ def content_names() -> Iterator[None]:
     which TensorFlow's in-memory cache, keyed by name and argument shapes, relies on. What a
     called function captured reaches its caller unnamed, and is named by appearance in it.
     """
-    from tensorflow.core.function.capture import capture_container
-    from tensorflow.python.eager.polymorphic_function import atomic_function
-    from tensorflow.python.types import core
 
-    original = atomic_function.from_func_graph
-    original_capture = capture_container.FunctionCaptures.capture_by_value
+    def renamed(name: Any, graph: Any, attrs: Mapping[str, Any]) -> Any:
+        named = content_name(name, graph, attrs)
+        if marked_for_xla(attrs):
+            _traced_programs.append(named)
+        return named
 
-    def from_func_graph(name: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
-        attrs = kwargs.get("attrs", args[0] if args else None) or {}
-        renamed = content_name(name, graph, attrs)
-        if graph.name == name:  # a nested function: its caller reads graph.name
-            graph.name = renamed
-        must_compile = attrs.get(XLA_MUST_COMPILE, False)  # a bool, or an AttrValue
-        if getattr(must_compile, "b", must_compile) is True:
-            _traced_programs.append(renamed)
-        return original(renamed, graph, *args, **kwargs)
-
-    def capture_by_value(self: Any, graph: Any, tensor: Any, name: str | None = None) -> Any:
-        # A function called inside another passes its captured variables and tensors to the
-        # caller, which captures them unnamed: TensorFlow names each after a process-wide counter
-        # too. The graph numbers them by appearance instead (captured, captured_1, ...).
-        if name is None and isinstance(tensor, core.Value):
-            name = CAPTURED_NAME
-        return original_capture(self, graph, tensor, name)
-
-    atomic_function.from_func_graph = from_func_graph
-    capture_container.FunctionCaptures.capture_by_value = capture_by_value
-    try:
+    # A function called inside another passes its captured variables and tensors to the caller,
+    # which captures them unnamed: TensorFlow names each after a process-wide counter too, and the
+    # caller's graph numbers them by appearance instead.
+    with traced_functions_named(renamed, CAPTURED_NAME):
         yield
-    finally:
-        atomic_function.from_func_graph = original
-        capture_container.FunctionCaptures.capture_by_value = original_capture
 
 
 def traced_programs() -> int:
@@ -427,7 +410,6 @@ def programs_since(position: int) -> int:
 
 # The XLA programs traced, in order: content names while content_names() is on.
 _traced_programs: list[Any] = []
-XLA_MUST_COMPILE = "_XlaMustCompile"  # the attribute tf.function(jit_compile=True) gives its functions
 
 
 def compile_call(call: Any) -> None:
@@ -438,9 +420,7 @@ def compile_call(call: Any) -> None:
     whatever they ask; a function whose call is marked keeps a callee marked ``_noinline`` as a
     call, which XLA lowers once however often it is called (``fold_engine.compiled_launch``).
     """
-    from tensorflow.core.framework import attr_value_pb2
-
-    call._set_attr(XLA_MUST_COMPILE, attr_value_pb2.AttrValue(b=True))
+    mark_for_xla(call)
     _traced_programs.append(call.get_attr("f").name)
 
 
@@ -463,12 +443,7 @@ def _graph_digest(graph: Any, attrs: Mapping[str, Any]) -> int:
     only in them (attributes of nodes starting with ``_``) as one under the same name; two that
     differ in the function's own attributes it refuses under one name.
     """
-    graph_def = graph.as_graph_def()
-    renumbered: dict[bytes, bytes] = {}
-    for node in [*graph_def.node, *(node for function in graph_def.library.function for node in function.node_def)]:
-        if GRADIENT_OP_TYPE in node.attr:
-            value = node.attr[GRADIENT_OP_TYPE].s
-            node.attr[GRADIENT_OP_TYPE].s = renumbered.setdefault(value, b"CustomGradient-%d" % len(renumbered))
+    graph_def = gradient_names_numbered(graph)
     digest = hashlib.sha256(graph_def.SerializeToString(deterministic=True))
     digest.update(repr(sorted((key, str(value)) for key, value in attrs.items())).encode())
     return int(digest.hexdigest(), 16) % 10**18

@@ -27,8 +27,6 @@ from typing import Any
 
 # What Keras imports only for its plots (keras.src.visualization).
 KERAS_PLOTTING = ("matplotlib",)
-# Keras' scikit-learn wrappers, which subclass scikit-learn's estimators as they load.
-KERAS_SKLEARN_WRAPPERS = ("keras.wrappers", "keras._tf_keras.keras.wrappers")
 # What KerasTuner imports only for its BayesianOptimization and SklearnTuner.
 KERAS_TUNER_SKLEARN = ("sklearn",)
 

@@ -18,7 +18,8 @@ import tempfile
 from collections.abc import Iterator
 
 from pipeline.base.collector import collector_paused
-from pipeline.base.deferred import KERAS_PLOTTING, KERAS_SKLEARN_WRAPPERS, KERAS_TUNER_SKLEARN, deferred
+from pipeline.base.deferred import KERAS_PLOTTING, KERAS_TUNER_SKLEARN, deferred
+from pipeline.base.keras_private import KERAS_SKLEARN_WRAPPERS
 
 TENSORFLOW_START_UP = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pipeline.base.keras_private import flatten_layers
+
 # The step's compiled forms: TensorFlow's graph (no XLA), one XLA program per step, one XLA
 # program of several unrolled steps per launch, the folds stacked into one XLA program.
 StepForm = Literal["graph", "xla", "unrolled", "stacked"]
@@ -48,8 +50,8 @@ def computing_layers(model: Any) -> int:
     """The model's leaf layers other than its inputs (nested models walked into)."""
     return sum(
         1
-        for layer in model._flatten_layers(include_self=False)
-        if type(layer).__name__ != "InputLayer" and not layer._flatten_layers(include_self=False, recursive=False)
+        for layer in flatten_layers(model, include_self=False)
+        if type(layer).__name__ != "InputLayer" and not flatten_layers(layer, include_self=False, recursive=False)
     )
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
-# Ray's internal key-value store (in its GCS, reachable from every worker of the cluster): what
-# Ray Serve and Ray's own libraries pass small facts through. Not a documented API
-# (pipeline.base.private_hooks checks it).
+from pipeline.base.ray_private import kv_delete, kv_get_all, kv_put
+
+# foldsweep's namespace in Ray's internal key-value store.
 NAMESPACE = "foldsweep"
 
 
@@ -41,10 +41,7 @@ def announce(trial_id: str | None, phase: Phase) -> None:
 
     if trial_id is None or not ray.is_initialized():
         return
-    from ray.experimental import internal_kv
-
-    if internal_kv._internal_kv_initialized():
-        internal_kv._internal_kv_put(_key(trial_id), phase.value.encode(), overwrite=True, namespace=NAMESPACE)
+    kv_put(_key(trial_id), phase.value.encode(), namespace=NAMESPACE)
 
 
 def phases(trial_ids: Iterable[str]) -> dict[str, Phase]:
@@ -53,15 +50,11 @@ def phases(trial_ids: Iterable[str]) -> dict[str, Phase]:
 
     if not ray.is_initialized():
         return {}
-    from ray.experimental import internal_kv
-
-    if not internal_kv._internal_kv_initialized():
-        return {}
+    keys = {_key(trial_id): trial_id for trial_id in trial_ids}
     found = {}
-    for trial_id in trial_ids:
-        value = internal_kv._internal_kv_get(_key(trial_id), namespace=NAMESPACE)
-        if value is not None and value.decode() in PHASES:  # a worker of another release says what this one cannot
-            found[trial_id] = Phase(value.decode())
+    for key, value in kv_get_all(keys, namespace=NAMESPACE).items():
+        if value.decode() in PHASES:  # a worker of another release says what this one cannot
+            found[keys[key]] = Phase(value.decode())
     return found
 
 
@@ -71,7 +64,4 @@ def forget(trial_id: str) -> None:
 
     if not ray.is_initialized():
         return
-    from ray.experimental import internal_kv
-
-    if internal_kv._internal_kv_initialized():
-        internal_kv._internal_kv_del(_key(trial_id), namespace=NAMESPACE)
+    kv_delete(_key(trial_id), namespace=NAMESPACE)

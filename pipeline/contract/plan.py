@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pipeline.base.accelerator import GpuIdentity
 from pipeline.base.errors import ExperimentError
-from pipeline.base.private_hooks import counter_drawn, holds_seed_generator
+from pipeline.base.keras_private import counter_drawn, flatten_layers, holds_seed_generator, seed_generator_of
 from pipeline.contract.compile_cost import CompileCosts, StepForm, computing_layers
 from pipeline.inputs.spec import AutoSwitch
 
@@ -396,12 +396,10 @@ def padding_blocker(model: Any, random_draws: RandomDraws, *, keras_loss: bool =
         return "its random layers draw Keras' numbers, which depend on the batch's shape"
     if not keras_loss:
         return "its loss is not one of Keras' (``TrainingLoss.keras_own``), and may look at the whole batch"
-    from pipeline.base.private_hooks import seed_generator_of
-
-    for layer in model._flatten_layers(include_self=False):
+    for layer in flatten_layers(model, include_self=False):
         if getattr(layer, "activity_regularizer", None) is not None:
             return f"layer {layer.name!r} has an activity regularizer, which adds up every sample of the batch"
-        if not layer.trainable or layer._flatten_layers(include_self=False, recursive=False):
+        if not layer.trainable or flatten_layers(layer, include_self=False, recursive=False):
             continue  # a frozen layer runs in inference; a nested model's layers are its own leaves
         generator = seed_generator_of(layer)
         drawn = {id(generator.state)} if generator is not None else set()
@@ -501,7 +499,7 @@ def _stop_test(choices: ExecutionChoices, *, device: str) -> StopTest:
 def model_random_draws(choice: ForcedDraws, model: Any) -> RandomDraws:
     """foldsweep's own draws wherever it can draw for every random layer of the model (or where
     a recorded plan had them), unless Keras' generator is asked for (a plan recorded before)."""
-    random_layers = [layer for layer in model._flatten_layers() if holds_seed_generator(layer)]
+    random_layers = [layer for layer in flatten_layers(model) if holds_seed_generator(layer)]
     if not random_layers:
         return "none"
     if choice == "keras" or not all(counter_drawn(layer) for layer in random_layers):
@@ -532,7 +530,7 @@ def convolves_images(model: Any) -> bool:
     """Whether a model (nested models included) has a layer of the ``IMAGE_CONVOLUTIONS`` classes."""
     return any(
         cls.__name__ in IMAGE_CONVOLUTIONS and cls.__module__.startswith("keras.")
-        for layer in model._flatten_layers()
+        for layer in flatten_layers(model)
         for cls in type(layer).__mro__
     )
 

@@ -23,7 +23,7 @@ layer's ``SeedGenerator`` as Keras' does (``SeedGenerator.next``), so every fold
 generator (seeded when the fold model is built under the fold's seed), a checkpoint carries the
 stream's position, and a rerun draws the same numbers. The numbers are not Keras' (another
 generator); the distributions are: uniform on [0, 1) in steps of 2^-24 (TensorFlow's: 2^-23), a
-normal by Box-Muller from two of them. Only the layers ``pipeline.base.private_hooks.counter_drawn``
+normal by Box-Muller from two of them. Only the layers ``pipeline.base.keras_private.counter_drawn``
 names are drawn so (its hook checks that their draws go through the functions replaced here); a
 model with any other random layer keeps Keras' generator (``pipeline.contract.plan``).
 
@@ -36,13 +36,12 @@ first axis, fold-major) is hashed from its own (seed, counter) with element indi
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from pipeline.base.private_hooks import AFFINE_TRANSFORM, KERAS_IMAGE_MODULE, KERAS_RANDOM_MODULE
+from pipeline.base.keras_private import AFFINE_TRANSFORM, backend_draws, replace_backend_draws
 from pipeline.engine import image_transforms
 
 # Chris Wellons' lowbias32 integer hash (a bijection of 32-bit words: two multiply-xorshift
@@ -130,8 +129,9 @@ def _size(size: Any) -> Any:
     return size if static is None else int(static)
 
 
-# The functions of ``KERAS_RANDOM_MODULE`` replaced while a step is traced (what the drawn layers
-# call), each with the same parameters as Keras' own but ``seed``, and the pairs in front.
+# The functions of Keras' random backend (``keras_private.backend_draws``) replaced while a step
+# is traced (what the drawn layers call), each with the same parameters as Keras' own but
+# ``seed``, and the pairs in front.
 
 
 def _dropout(seeds, inputs, rate, noise_shape=None):
@@ -225,23 +225,18 @@ def counter_draws(stacked_states: Mapping[int, Any] | None = None, *, under_xla:
     template model (by id) to the stacked folds' [folds, 2] state variable. ``under_xla``: the
     block is traced for XLA, and images are transformed by ``image_transforms``."""
     global _routing
-    module = importlib.import_module(KERAS_RANDOM_MODULE)
-    image = importlib.import_module(KERAS_IMAGE_MODULE)
     if not _keras_draws:
-        _keras_draws.update({name: getattr(module, name) for name in REPLACEMENTS})
-        _keras_draws[AFFINE_TRANSFORM] = getattr(image, AFFINE_TRANSFORM)
+        _keras_draws.update(backend_draws())
     outer = _routing
     _routing = _Routing(stacked_states)
     if outer is None:
-        for name in REPLACEMENTS:
-            setattr(module, name, _drawn(name, _keras_draws[name]))
+        replacing = {name: _drawn(name, _keras_draws[name]) for name in REPLACEMENTS}
         if under_xla:
-            setattr(image, AFFINE_TRANSFORM, image_transforms.affine_transform)
+            replacing[AFFINE_TRANSFORM] = image_transforms.affine_transform
+        replace_backend_draws(replacing)
     try:
         yield
     finally:
         _routing = outer
         if outer is None:
-            for name in REPLACEMENTS:
-                setattr(module, name, _keras_draws[name])
-            setattr(image, AFFINE_TRANSFORM, _keras_draws[AFFINE_TRANSFORM])
+            replace_backend_draws(_keras_draws)

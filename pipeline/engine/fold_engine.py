@@ -26,6 +26,7 @@ import keras
 import numpy as np
 
 from pipeline.base import compile_cache
+from pipeline.base.tensorflow_private import call_with_captures
 from pipeline.contract.plan import TrialPlan
 from pipeline.contract.results import EVAL_STEP, NanEvent
 from pipeline.engine import draws, graph_identity
@@ -250,7 +251,7 @@ def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -
         return None
 
     def step(*arguments):
-        return concrete._call_flat(list(arguments), captures)
+        return call_with_captures(concrete, arguments, captures)
 
     return step
 

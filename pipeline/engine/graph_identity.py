@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipeline.base.compile_cache import GRADIENT_OP_TYPE
+from pipeline.base.tensorflow_private import GRADIENT_OP_TYPE
 
 # Attributes that name rather than compute: the colocation of a node with another (by its name),
 # and the registry name of a custom gradient (new in every trace), which only differentiating the

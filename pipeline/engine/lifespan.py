@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from pipeline.base.tensorflow_private import unregister_custom_gradients
+
 MAPS = Path("/proc/self/maps")
 MAP_LIMIT = Path("/proc/sys/vm/max_map_count")
 STATUS = Path("/proc/self/status")
 # Room left under the limit for what the process maps besides compiled programs (data copies,
 # thread stacks, a final trial bigger than the ones before).
 RETIRE_FRACTION = 0.8
-# The names tf.custom_gradient registers its gradient functions under.
-CUSTOM_GRADIENT_PREFIX = "CustomGradient-"
 
 
 def memory_maps() -> int:
@@ -61,24 +61,12 @@ def resident_mb() -> float:
     return 0.0
 
 
-def registered_gradients() -> frozenset[str]:
-    """The names in TensorFlow's gradient registry now (``release_trial`` drops what a trial adds)."""
-    from tensorflow.python.framework import ops
-
-    return frozenset(ops.gradient_registry._registry)
-
-
 def release_trial(before: frozenset[str]) -> int:
-    """Drop the gradient functions ``tf.custom_gradient`` registered since ``before``, and with
-    them the graphs of a trial that has ended (its models gone, Keras' session cleared): nothing
-    traces those graphs again, and each trial's own traces register their own. Returns how many."""
-    from tensorflow.python.framework import ops
-
-    registry = ops.gradient_registry._registry
-    added = [name for name in registry if name.startswith(CUSTOM_GRADIENT_PREFIX) and name not in before]
-    for name in added:
-        del registry[name]
-    return len(added)
+    """Drop the gradient functions ``tf.custom_gradient`` registered since ``before``
+    (``tensorflow_private.registered_gradients``), and with them the graphs of a trial that has
+    ended (its models gone, Keras' session cleared): nothing traces those graphs again, and each
+    trial's own traces register their own. Returns how many."""
+    return unregister_custom_gradients(before)
 
 
 class WorkerState(NamedTuple):

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.base.tensorflow_private import parsed_xspace
+
 XLA_TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 # Where ``--profile`` writes its traces (TensorFlow's profiler adds plugins/profile/<time>/ below).
 PROFILES = Path("profiles")
@@ -213,10 +215,7 @@ class TraceTimes:
 def read_xspace(xspace: Path) -> TraceTimes:
     """The times of the XSpace TensorFlow's profiler wrote (its own protocol buffer, the one the
     viewers read), its threads one at a time."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    space = xplane_pb2.XSpace()
-    space.ParseFromString(xspace.read_bytes())
+    space = parsed_xspace(xspace.read_bytes())
     times = TraceTimes()
     for plane in space.planes:
         hlo_stats = {key for key, stat in plane.stat_metadata.items() if stat.name == "hlo_op"}

@@ -12,41 +12,9 @@ Imports Ray: ``pipeline.sweep`` imports this module only on a resume.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
-from ray.train._internal.storage import StorageContext
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchAlgorithm, Searcher, SearchGenerator
 
-
-def _storages(state: Any) -> Iterator[StorageContext]:
-    """The storage contexts in a search algorithm's state: in the experiment specs it keeps,
-    nested in Ray's own objects, dicts and sequences."""
-    seen: set[int] = set()
-    pending = [state]
-    while pending:
-        item = pending.pop()
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, StorageContext):
-            yield item
-        elif isinstance(item, dict):
-            pending.extend(item.values())
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            pending.extend(item)
-        elif type(item).__module__.startswith("ray.") and hasattr(item, "__dict__"):
-            pending.extend(vars(item).values())
-
-
-def move_storages(state: Any, experiment_path: str) -> None:
-    """Point every storage context in ``state`` at ``experiment_path``, as Ray's restore does for
-    the trials it made."""
-    path = Path(experiment_path)
-    for storage in _storages(state):
-        storage.storage_fs_path = path.parent.as_posix()
-        storage.experiment_dir_name = path.name
+from pipeline.base.ray_private import move_storages
 
 
 class MovableVariantGenerator(BasicVariantGenerator):

@@ -36,7 +36,14 @@ from typing import Any, NamedTuple
 import keras
 import numpy as np
 
-from pipeline.base.private_hooks import counter_drawn, holds_seed_generator, seed_generator_of
+from pipeline.base.keras_private import (
+    counter_drawn,
+    flatten_layers,
+    holds_seed_generator,
+    layer_graph,
+    run_through_graph,
+    seed_generator_of,
+)
 from pipeline.contract.plan import RandomDraws, StackedConvolutions, StopTest
 from pipeline.engine import draws
 from pipeline.engine.fold_engine import (
@@ -98,7 +105,7 @@ def model_blocker(model: keras.Model, *, random_draws: RandomDraws = "none") -> 
     """Why this model has no stacked form, or None. Nested models (a keras.applications backbone,
     a Sequential of augmentation layers) are walked into; a layer with trainable weights needs a
     registered stacked form (``pipeline.engine.stacked_layers``), a frozen one is held once."""
-    layers = list(model._flatten_layers(include_self=False, recursive=True))
+    layers = flatten_layers(model, include_self=False)
     random = [layer for layer in layers if holds_seed_generator(layer)]
     if random and random_draws != "counter":
         undrawn = next((layer for layer in random if not counter_drawn(layer)), None)
@@ -114,11 +121,11 @@ def model_blocker(model: keras.Model, *, random_draws: RandomDraws = "none") -> 
             return f"layer {layer.name!r} (RandomCrop) draws one crop for the whole batch, which has no per-fold form"
     if model.dtype_policy.name != "float32" or any(layer.dtype_policy.name != "float32" for layer in layers):
         return "the model computes in another dtype than float32 (a mixed precision policy)"
-    if _graph(model) is None:
+    if layer_graph(model) is None:
         return "the model has no layer graph (a subclassed model, or a Sequential without an Input)"
     for layer in layers:
         if isinstance(layer, keras.Model):
-            if _graph(layer) is None:
+            if layer_graph(layer) is None:
                 return f"nested model {layer.name!r} has no layer graph (a subclassed model)"
             continue
         if isinstance(layer, keras.layers.Masking):
@@ -159,7 +166,7 @@ def _is_state(layer: Any, variable: Any) -> bool:
 def _owners(model: keras.Model) -> dict[int, Any]:
     """Each of the model's variables (by id) and the innermost layer that holds it."""
     owners: dict[int, Any] = {}
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in flatten_layers(model, include_self=False):
         if isinstance(layer, keras.Model):
             continue
         for variable in layer.variables:
@@ -239,15 +246,6 @@ def stacking_blocker(
     return forward_mismatch(models, samples, convolutions=convolutions, tf32=tf32)
 
 
-def _graph(model: keras.Model) -> Any:
-    """The Functional graph a model runs through, if it has one."""
-    if isinstance(model, keras.Sequential):
-        return getattr(model, "_functional", None)
-    if hasattr(model, "_run_through_graph") and hasattr(model, "_nodes_by_depth"):
-        return model
-    return None
-
-
 class StackedForm:
     """The template model's forward pass for k folds at once, in training mode: its layer graph
     run on the folds' batches merged fold-major ([k * b, ...]) with ``values``, which maps each
@@ -269,9 +267,7 @@ class StackedForm:
         self._n_folds = n_folds
         self._convolutions = convolutions
         generators = [
-            seed_generator_of(layer)
-            for layer in template._flatten_layers(include_self=False, recursive=True)
-            if counter_drawn(layer)
+            seed_generator_of(layer) for layer in flatten_layers(template, include_self=False) if counter_drawn(layer)
         ]
         self._random_states = {
             id(generator): values[id(generator.state)] for generator in generators if generator is not None
@@ -286,7 +282,7 @@ class StackedForm:
         folds = Folds(self._n_folds, lambda variable: self._values[id(variable)], sample_weights, self._convolutions)
 
         def run_graph(model, inputs):
-            outputs = _graph(model)._run_through_graph(inputs, operation_fn=stacked_form)
+            outputs = run_through_graph(layer_graph(model), inputs, stacked_form)
             return outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs
 
         def stacked_form(layer):
@@ -375,7 +371,7 @@ def forward_mismatch(
     outputs, penalties = StackedForm(template, values, n_folds, convolutions=convolutions)(
         samples, tf.ones([n_folds, len(batches[0])])
     )
-    drawn = any(counter_drawn(layer) for layer in template._flatten_layers())
+    drawn = any(counter_drawn(layer) for layer in flatten_layers(template))
     random_numbers = functools.partial(draws.counter_draws, under_xla=True) if drawn else contextlib.nullcontext
     own, own_penalties = [], []
     moved = [[np.asarray(variable) for variable in held[0]]]  # the template's, after the stacked pass

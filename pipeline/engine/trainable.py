@@ -19,10 +19,11 @@ from ray import tune
 from ray.tune.result import TRAINING_ITERATION
 
 from pipeline.base.loaded import LOADED_AT
+from pipeline.base.tensorflow_private import registered_gradients
 from pipeline.contract.phases import Phase, announce
 from pipeline.contract.plan import plan_threads
 from pipeline.contract.results import DONE, WORKER_MAPS, WORKER_RETIRES, WORKER_RSS, WORKER_TRIALS
-from pipeline.engine.lifespan import Lifespan, registered_gradients, release_trial
+from pipeline.engine.lifespan import Lifespan, release_trial
 from pipeline.engine.runner import TrialRunner, TrialSettings, set_up_worker
 from pipeline.inputs.folds import Fold
 

@@ -20,15 +20,13 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from pipeline.base.private_hooks import has_xla_kernel
+from pipeline.base.keras_private import flatten_layers, is_preprocessing_layer
+from pipeline.base.tensorflow_private import has_xla_kernel
 from pipeline.engine import draws
 
 # The ops of a traced function that are not computations: its inputs (arguments and captured
 # variables), which XLA takes as parameters.
 _NOT_COMPUTED = frozenset({"Placeholder"})
-# Keras' layers that are known to run only ops with XLA kernels need no trace: of Keras' own, only
-# the preprocessing layers run ops outside the math of a network.
-_PREPROCESSING_MODULE = "keras.src.layers.preprocessing."
 # The batch a layer is lowered on (XLA lowers static shapes only).
 _LOWERED_BATCH = 2
 _NO_KERNEL = "an op XLA has no kernel for"
@@ -49,7 +47,7 @@ def xla_blocker(model: Any, input_shape: Sequence[int], *, counter_draws: bool =
 def _blocker(model: Any, input_shape: Sequence[int]) -> str | None:
     import tensorflow as tf
 
-    layers = list(model._flatten_layers(include_self=False, recursive=True))
+    layers = flatten_layers(model, include_self=False)
     suspects = [layer for layer in layers if _may_run_other_ops(layer)]
     if not suspects and not _may_run_other_ops(model):
         return None
@@ -131,8 +129,9 @@ def _input_specs(layer: Any) -> list[Any] | None:
 
 
 def _may_run_other_ops(layer: Any) -> bool:
-    module = type(layer).__module__
-    return module.startswith(_PREPROCESSING_MODULE) or not module.startswith("keras.")
+    """Keras' layers that are known to run only ops with XLA kernels need no trace: of Keras' own,
+    only the preprocessing layers run ops outside the math of a network."""
+    return is_preprocessing_layer(layer) or not type(layer).__module__.startswith("keras.")
 
 
 def _ops(graph_def: Any) -> Iterator[tuple[str, str]]:

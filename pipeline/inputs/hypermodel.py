@@ -37,6 +37,7 @@ from keras_tuner.src.engine import conditions as conditions_module
 from keras_tuner.src.engine.hyperparameters import hp_types
 
 from pipeline.base.errors import ExperimentError
+from pipeline.base.keras_private import compiled_loss_weights, flatten_layers
 from pipeline.inputs.scoring import OWN_SCORES, direction_of, is_per_position, is_regression
 from pipeline.inputs.spec import EarlyStoppingSpec, TrainSpec
 
@@ -346,7 +347,7 @@ def _refuse_reduced_precision(model: keras.Model, reference: str) -> None:
                 what="the call to keras.mixed_precision.set_global_policy (or keras.config.set_dtype_policy)"
             )
         )
-    layers = [model, *model._flatten_layers(include_self=False, recursive=True)]
+    layers = flatten_layers(model)
     reduced = next((layer for layer in layers if layer.dtype_policy.compute_dtype in REDUCED_PRECISION_DTYPES), None)
     if reduced is not None:
         raise ExperimentError(
@@ -372,8 +373,7 @@ def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None,
             f"experiment: {reference} compiles one loss per output ({type(loss).__name__}); "
             "foldsweep trains single-output classifiers: compile one loss"
         )
-    # Keras keeps compile's loss_weights only inside its private CompileLoss.
-    weights = getattr(getattr(model, "_compile_loss", None), "_user_loss_weights", None)
+    weights = compiled_loss_weights(model)
     if weights is not None:
         raise ExperimentError(
             f"experiment: {reference} compiles loss_weights={weights!r}; foldsweep trains the loss "

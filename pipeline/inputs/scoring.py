@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pipeline.base.keras_private import compile_metrics, compiled_metric_arguments
+
 Direction = Literal["max", "min"]
 # The scores foldsweep computes itself, whatever the model compiles: the loss, and the accuracy of
 # a classifier (Keras' accuracy for the model's head, ``pipeline.inputs.losses``).
@@ -184,31 +186,19 @@ def direction_of(metric: Any) -> Direction | None:
     return KNOWN_DIRECTIONS.get(cls.__name__)
 
 
-def compiled_metric_arguments(model: Any) -> tuple[list[Any], list[Any]]:
-    """The ``metrics`` and ``weighted_metrics`` a model was compiled with (empty when it was not)."""
-    compiled = getattr(model, "_compile_metrics", None)
-    if compiled is None:
-        return [], []
-    return list(getattr(compiled, "_user_metrics", None) or []), list(
-        getattr(compiled, "_user_weighted_metrics", None) or []
-    )
-
-
 class ValidationMetrics:
     """One fold's stateful validation metrics (Keras' ``CompileMetrics``), built on the model's
     compile arguments plus the spec's ``train.metrics``; ``update`` runs inside the compiled
     evaluation, ``results`` reads them after the fold's last batch."""
 
     def __init__(self, model: Any, extra: Sequence[str] = (), *, own_accuracy: bool = True):
-        from keras.src.trainers.compile_utils import CompileMetrics
-
         metrics, weighted = compiled_metric_arguments(model)
         metrics = [*metrics, *extra]
         if own_accuracy:  # the accuracy foldsweep computes itself (the same rule as Keras' "accuracy" string)
             metrics = [metric for metric in metrics if not (isinstance(metric, str) and metric == "accuracy")]
             weighted = [metric for metric in weighted if not (isinstance(metric, str) and metric == "accuracy")]
         self._own = OWN_SCORES if own_accuracy else {"loss": "min"}
-        self._compiled = CompileMetrics(metrics, weighted) if metrics or weighted else None
+        self._compiled = compile_metrics(metrics, weighted) if metrics or weighted else None
         self.names: tuple[str, ...] = ()
 
     def build(self, labels: Any, predictions: Any) -> None:

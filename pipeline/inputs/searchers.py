@@ -6,15 +6,13 @@ Imports Ray Tune's search modules (``pipeline.sweep`` imports this one when it b
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
-import optuna
-from ray.tune.experiment import _convert_to_experiment_list
 from ray.tune.search import Searcher
-from ray.tune.search.basic_variant import BasicVariantGenerator, _TrialIterator, _VariantIterator
+from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.optuna import OptunaSearch
 
+from pipeline.base.ray_private import add_drawn_trials, enqueue_optuna_config, fail_optuna_proposal
 from pipeline.inputs.space import SearchSpace, config_key
 
 # Proposals of configs already suggested that Optuna may make in a row before the next config not
@@ -35,24 +33,13 @@ class DistinctVariantGenerator(BasicVariantGenerator):
         self.space = space
 
     def add_configurations(self, experiments: Any) -> None:
-        for experiment in _convert_to_experiment_list(experiments):
-            drawn = self.space.draw(
-                experiment.spec, num_samples=experiment.spec.get("num_samples", 1), random_state=self._random_state
-            )
-            # Ray's annotations of these private names are narrower than Ray's own use of them: its
-            # BasicVariantGenerator passes its own random state and chains its trial generator too.
-            trials = _TrialIterator(
-                uuid_prefix=self._uuid_prefix,
-                num_samples=0,
-                unresolved_spec=experiment.spec,
-                start=self._total_samples,
-                random_state=self._random_state,  # type: ignore[arg-type]
-            )
-            # A trial iterator makes trials of its variants first: here they are all of them.
-            trials.variants = _VariantIterator(drawn)  # type: ignore[assignment]
-            self._total_samples += len(drawn)
-            self._iterators.append(trials)
-            self._trial_generator = itertools.chain(self._trial_generator, trials)  # type: ignore[assignment]
+        add_drawn_trials(
+            self,
+            experiments,
+            lambda spec, num_samples, random_state: self.space.draw(
+                spec, num_samples=num_samples, random_state=random_state
+            ),
+        )
 
 
 class DistinctOptunaSearch(OptunaSearch):
@@ -78,14 +65,11 @@ class DistinctOptunaSearch(OptunaSearch):
             if key not in self.suggested:
                 self.suggested.add(key)
                 return config
-            # Ray declares _ot_study None (its value until the searcher is set up, which precedes suggest).
-            self._ot_study.tell(  # type: ignore[attr-defined]
-                self._ot_trials.pop(trial_id), state=optuna.trial.TrialState.FAIL
-            )
+            fail_optuna_proposal(self, trial_id)
         untried = self.search_space.untried(self.suggested)
         if untried is None:
             return Searcher.FINISHED
-        self._ot_study.enqueue_trial(untried)  # type: ignore[attr-defined]
+        enqueue_optuna_config(self, untried)
         config = super().suggest(trial_id)
         if config is None:
             return None

@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 
 from pipeline.base.environment import cache_directory, installed_version
 from pipeline.base.errors import TrackingError
-from pipeline.base.private_hooks import MLFLOW_STORE_TABLES
+from pipeline.base.mlflow_private import MLFLOW_STORE_TABLES
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 OTHER_SCHEMES = ("file", "postgresql", "mysql", "databricks")

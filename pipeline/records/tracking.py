@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.base.errors import TrackingError
-from pipeline.base.private_hooks import MLFLOW_SHARED_VIEW_PARAM, MLFLOW_SHARED_VIEW_TAG
+from pipeline.base.mlflow_private import MLFLOW_SHARED_VIEW_PARAM, MLFLOW_SHARED_VIEW_TAG
 from pipeline.contract.results import (
     BEST_EPOCH,
     EPOCH_GAP_S,

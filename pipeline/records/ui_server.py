@@ -57,7 +57,8 @@ def serve_ui(tracking_uri: str, *, sweep: str | None, port: int, on_open: Callab
     import socket
 
     from pipeline.base.errors import TrackingError
-    from pipeline.base.private_hooks import MLFLOW_JOB_EXECUTION_VARIABLE, require_hooks
+    from pipeline.base.mlflow_private import MLFLOW_JOB_EXECUTION_VARIABLE
+    from pipeline.base.private_hooks import require_hooks
     from pipeline.base.processes import stop_process_tree
     from pipeline.records.publish import share_view
     from pipeline.records.stores import check_tracking_uri
