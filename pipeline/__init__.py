@@ -1,10 +1,8 @@
 """foldsweep: hyperparameter sweeps with k-fold cross-validation of Keras CNNs.
 
-The package is layered; each layer's ``__init__`` says what it owns and what it may import
-(tests/test_pipeline_layers.py holds the code to it), from the ground up:
-``base`` -> ``inputs`` -> ``contract`` -> ``engine`` | ``records`` -> the commands on top:
-``checks`` (a spec against its data and model), ``sweep`` (a sweep through Ray Tune), ``refit``,
-``rerun`` (one recorded trial again) and ``cli``.
+The package is layered, from the ground up: ``base`` -> ``inputs`` -> ``contract`` -> ``engine`` |
+``records`` -> the commands on top. Each layer's ``__init__`` says what it owns and what it may
+import (tests/test_pipeline_layers.py holds the code to it); CONTRIBUTING.md lists every module.
 """
 
 from pipeline.base import loaded, old_paths  # noqa: F401  (loaded: first, to time the loading)

@@ -1,5 +1,5 @@
 """Module paths of earlier releases still resolve every name they held (``pipeline.base.old_paths``):
-the engine's modules before they were named after the fold layouts (#54), and 0.1.0's flat
+the engine's modules before they were named after the fold layouts (after 31e017e), and 0.1.0's flat
 package. Ray Tune pickles classes by module path, and scripts import them, so a sweep recorded
 before a rename still resumes and reruns."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.base.old_paths import OLD_NAMES, OLD_PATHS
 
-# What the engine's modules defined before #54 (at 31e017e), but training.METRIC_NAMES (dead, deleted).
+# What the engine's modules defined at 31e017e, but training.METRIC_NAMES (dead, deleted).
 ENGINE_BEFORE_THE_LAYOUT_NAMES = {
     "trial": (
         "CHECKPOINT_FILE",

@@ -2,9 +2,9 @@
 name the old module paths, and the record is read as it was written. Each store is made by
 tests/fixtures/make_interrupted_store.py (3 trials, interrupted by Ctrl-C after the first):
 - interrupted-0.1.0.tar.gz, by foldsweep 0.1.0 (commit 24cc5ba), before the package was split
-  into layers (#33);
+  into layers (6d30924);
 - interrupted-31e017e.tar.gz, by commit 31e017e, the last before the engine's modules and
-  classes were renamed (#54)."""
+  classes were renamed (after 31e017e)."""
 
 from __future__ import annotations
 

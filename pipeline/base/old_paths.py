@@ -45,7 +45,7 @@ OLD_PATHS: dict[str, tuple[str, ...]] = {
         for name in ("stores", "report", "significance", "plots", "publish", "progress")
     },
     "pipeline.tracking": ("pipeline.records.tracking", "pipeline.records.callbacks"),
-    # the engine's modules named after the fold layouts (#54)
+    # the engine's modules named after the fold layouts (after 31e017e)
     "pipeline.engine.fused": ("pipeline.engine.side_by_side",),
     "pipeline.engine.training": ("pipeline.engine.fold_engine", "pipeline.engine.sequential"),
     "pipeline.engine.trial": ("pipeline.engine.runner", "pipeline.engine.trainable"),

@@ -32,7 +32,7 @@ from pipeline.inputs.spec import AutoSwitch
 FusedLayout = Literal["side_by_side", "stacked"]
 Layout = Literal["sequential", FusedLayout]
 ForcedLayout = Literal["auto", FusedLayout]
-# Plans recorded before the layouts were named after their executors (#54) called one after
+# Plans recorded before the layouts were named after their executors (after 31e017e) called one after
 # another "unfused".
 OLD_LAYOUTS: Mapping[str, Layout] = {"unfused": "sequential"}
 # Whose random numbers a model's random layers draw in training: none (no random layer), Keras'

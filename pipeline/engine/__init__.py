@@ -1,9 +1,6 @@
-"""Engine: one trial executed: the Ray trainable (``trainable``) and the same trial without Ray
-(``runner``), the training recipe (``recipe``), the k folds trained in lockstep (``trainer``),
-one fold's engine (``fold_engine``) and an executor per fold layout (``sequential``,
-``side_by_side``, ``stacked``, with the registry of layers' stacked forms in ``stacked_layers``),
-device-resident data, and where a resumed sweep's Ray Tune
-trials are made.
+"""Engine: one trial executed, with Ray or without: the training recipe, the k folds trained in
+lockstep, one fold's engine and an executor per fold layout, the data resident on the device,
+and where a resumed sweep's Ray Tune trials are made.
 May import: pipeline.base, pipeline.inputs, pipeline.contract.
 
 The engine runs on Keras, so loading it loads TensorFlow and Keras first, through
