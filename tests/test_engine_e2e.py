@@ -115,7 +115,8 @@ def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(ray_cluste
             "name": "threads",
             "cv": {"n_splits": 3},
             "resources": {"cpu": 2, "max_concurrent": 1},
-            "search": {"num_samples": 1},
+            # A batch size XLA is weighed at on CPU.
+            "search": {"num_samples": 1, "space": {"batch_size": 16}},
             "train": {"epochs": 1},
         }
     )
