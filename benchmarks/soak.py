@@ -33,7 +33,7 @@ from pipeline.contract.results import WORKER_MAPS, WORKER_PID, WORKER_RSS, WORKE
 from pipeline.engine.lifespan import map_limit  # noqa: E402
 from pipeline.inputs.spec import load_spec  # noqa: E402
 from pipeline.records.tracking import Tag, Tracker, TrialRecord  # noqa: E402
-from pipeline.sweep import run_sweep  # noqa: E402
+from pipeline.sweep import SweepEvents, run_sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # A worker's first trials load TensorFlow's lazily built parts: its slope is fitted after them.
@@ -142,7 +142,7 @@ def main() -> None:
             )
             peak["rss_kb"] = 0
 
-    run_sweep(prepared, on_trial_done=on_trial_done, notify=print)
+    run_sweep(prepared, SweepEvents(trial_done=on_trial_done, notify=print))
     records = Tracker(prepared.tracking_uri).trial_records(Tracker(prepared.tracking_uri).find_sweep("soak").run_id)
     finished = [record for record in records if record.state == "FINISHED"]
     print(

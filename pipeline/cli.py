@@ -155,6 +155,7 @@ def run(
     from pipeline.records.report import Standings, trial_line
     from pipeline.sweep import (
         AfterTrialsFailed,
+        SweepEvents,
         SweepInterrupted,
         run_sweep,
         sweep_progress,
@@ -178,16 +179,14 @@ def run(
 
     failed: list[str] = []
     try:
-        outcome = run_sweep(
-            prepared,
-            on_trial_done=trial_done,
-            resume=resume,
-            progress=progress,
+        events = SweepEvents(
+            trial_done=trial_done,
+            notify=lambda line: tell(line, style="yellow"),
             say=doing.say,
             doing=doing,
-            notify=lambda line: tell(line, style="yellow"),
-            started_at=started_at,
+            progress=progress,
         )
+        outcome = run_sweep(prepared, events, resume=resume, started_at=started_at)
     except SweepInterrupted as interrupted:
         from pipeline.base.environment import program_name
 

@@ -148,15 +148,31 @@ def sweep_progress(prepared: PreparedSweep, *, done_before: int = 0, console: An
     return ProgressCallback(progress, describe=key_params, console=console, live=live)
 
 
+@dataclass(frozen=True)
+class SweepEvents:
+    """What a sweep tells its caller as it runs, each a callable the caller gives (a command
+    prints them; a script may log them or ignore them):
+
+    - ``trial_done``: a trial's record, once it ended and is recorded;
+    - ``notify``: what deserves attention (warnings, skipped steps);
+    - ``say``: what the sweep is doing that stays worth reading (where it records, the refit);
+    - ``doing``: what it is doing for a few seconds (starting Ray);
+    - ``progress``: a Ray Tune callback that shows the sweep as it runs
+      (``pipeline.records.progress``), or None.
+    """
+
+    trial_done: Callable[[TrialRecord], None] | None = None
+    notify: Callable[[str], None] = print
+    say: Callable[[str], None] = lambda line: None
+    doing: Callable[[str], None] = lambda line: None
+    progress: Any = None
+
+
 def run_sweep(
     prepared: PreparedSweep,
+    events: SweepEvents | None = None,
     *,
-    on_trial_done: Callable[[TrialRecord], None] | None = None,
-    notify: Callable[[str], None] = print,
-    say: Callable[[str], None] = lambda line: None,
-    doing: Callable[[str], None] = lambda line: None,
     resume: bool = False,
-    progress: Any = None,
     started_at: float | None = None,
 ) -> SweepOutcome:
     """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials.
@@ -165,10 +181,7 @@ def run_sweep(
     tuner, fit it, and, once every trial has ended, publish the sweep's tables and refit the best
     config. Whatever happens, the parent run ends in a final state.
 
-    ``progress`` is a Ray Tune callback that shows the sweep as it runs (``pipeline.records.progress``);
-    ``doing`` hears what the sweep is doing for a few seconds (starting Ray), ``say`` what it is
-    doing that stays worth reading (where it records, the refit), ``notify`` what deserves attention.
-    ``started_at`` (``time.time()``): when the command started, where the sweep's time account
+    ``events`` hears what the sweep does as it runs (``SweepEvents``). ``started_at`` (``time.time()``): when the command started, where the sweep's time account
     starts; else now.
 
     With ``resume``, continue the latest sweep of this spec's name through Ray Tune's restore:
@@ -179,6 +192,14 @@ def run_sweep(
         SweepInterrupted: Ctrl-C; what ran is recorded, unfinished trials as KILLED.
         AfterTrialsFailed: the trials ended, but publishing or the refit failed.
     """
+    events = events or SweepEvents()
+    on_trial_done, notify, say, doing, progress = (
+        events.trial_done,
+        events.notify,
+        events.say,
+        events.doing,
+        events.progress,
+    )
     # Ray Tune's own CSV/JSON/TensorBoard loggers duplicate what MLflow records.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault(RAY_OUTPUT_ENGINE_VARIABLE, "0")
