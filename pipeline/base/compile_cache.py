@@ -418,7 +418,7 @@ def compile_call(call: Any) -> None:
 
     Before XLA lowers a function marked itself, TensorFlow inlines every function it calls,
     whatever they ask; a function whose call is marked keeps a callee marked ``_noinline`` as a
-    call, which XLA lowers once however often it is called (``fold_engine.compiled_launch``).
+    call, which XLA lowers once however often it is called (``compiled_loop.compiled_launch``).
     """
     mark_for_xla(call)
     _traced_programs.append(call.get_attr("f").name)

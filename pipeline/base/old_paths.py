@@ -39,7 +39,12 @@ OLD_PATHS: dict[str, tuple[str, ...]] = {
     "pipeline.trainer": ("pipeline.engine.trainer", "pipeline.engine.fold_engine"),
     "pipeline.trial": ("pipeline.engine.runner", "pipeline.engine.trainable"),
     "pipeline.fused": ("pipeline.engine.side_by_side",),
-    "pipeline.training": ("pipeline.engine.fold_engine", "pipeline.engine.sequential", "pipeline.engine.recipe"),
+    "pipeline.training": (
+        "pipeline.engine.fold_engine",
+        "pipeline.engine.compiled_loop",
+        "pipeline.engine.sequential",
+        "pipeline.engine.recipe",
+    ),
     **{
         f"pipeline.{name}": (f"pipeline.records.{name}",)
         for name in ("stores", "report", "significance", "plots", "publish", "progress")
@@ -47,7 +52,11 @@ OLD_PATHS: dict[str, tuple[str, ...]] = {
     "pipeline.tracking": ("pipeline.records.tracking", "pipeline.records.callbacks"),
     # the engine's modules named after the fold layouts (after 31e017e)
     "pipeline.engine.fused": ("pipeline.engine.side_by_side",),
-    "pipeline.engine.training": ("pipeline.engine.fold_engine", "pipeline.engine.sequential"),
+    "pipeline.engine.training": (
+        "pipeline.engine.fold_engine",
+        "pipeline.engine.compiled_loop",
+        "pipeline.engine.sequential",
+    ),
     "pipeline.engine.trial": ("pipeline.engine.runner", "pipeline.engine.trainable"),
 }
 # Names that changed with their module: old module -> {old name: its name now}.

@@ -46,15 +46,8 @@ from pipeline.base.keras_private import (
 )
 from pipeline.contract.plan import RandomDraws, StackedConvolutions, StopTest
 from pipeline.engine import draws
-from pipeline.engine.fold_engine import (
-    EpochTally,
-    FoldEngine,
-    close_shared_epoch,
-    compiled_launch,
-    launch_loop,
-    tally_step,
-    traced_once,
-)
+from pipeline.engine.compiled_loop import EpochTally, compiled_launch, launch_loop, tally_step
+from pipeline.engine.fold_engine import FoldEngine, close_shared_epoch, traced_once
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams
 from pipeline.engine.resident import ResidentData, step_labels
 from pipeline.engine.stacked_layers import (
