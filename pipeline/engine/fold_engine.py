@@ -213,28 +213,51 @@ def shared_where_same(template: TracedStep, own: TracedStep, *, kept: Sequence[A
     return step
 
 
+@dataclass(frozen=True)
+class FoldStepForm:
+    """How one fold's training step is built, as the trial's plan says (``of``): its batch size;
+    whether its random layers draw foldsweep's numbers (``counter_draws``); whether a step's
+    update is masked rather than skipped (``masked``: the per-epoch stop test); eager, compiled
+    by XLA, or a graph whose step is inlined at each call (``inlined``); and whether a short last
+    batch runs padded (``padded``)."""
+
+    batch_size: int = 1
+    counter_draws: bool = False
+    masked: bool = False
+    eager: bool = False
+    compiled: bool = False
+    inlined: bool = False
+    padded: bool = False
+
+    @classmethod
+    def of(cls, plan: TrialPlan, *, batch_size: int, eager: bool) -> FoldStepForm:
+        return cls(
+            batch_size=batch_size,
+            counter_draws=plan.random_draws == "counter",
+            masked=plan.stop_test == "per_epoch",
+            eager=eager,
+            compiled=plan.jit_compile,
+            inlined=plan.step_inlined,
+            padded=plan.last_batch_padded,
+        )
+
+
 def fold_steps(
     model: keras.Model,
     optimizer: keras.optimizers.Optimizer,
     loss: TrainingLoss,
     data: ResidentData,
+    form: FoldStepForm = FoldStepForm(),
     *,
-    counter_draws: bool = False,
-    masked: bool = False,
-    eager: bool = False,
     metrics: ValidationMetrics | None = None,
     class_weights: np.ndarray | None = None,
-    batch_size: int = 1,
-    compiled: bool = False,
-    inlined: bool = False,
     template: TracedStep | None = None,
-    padded: bool = False,
 ) -> FoldSteps:
     """One fold's training launch and evaluation, uncompiled, over device-resident data:
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
     ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
     the summed loss and correct predictions of one batch, adding it to ``metrics``' states (Keras'
-    stateful metrics, as its ``test_step`` updates them). With ``counter_draws`` the model's
+    stateful metrics, as its ``test_step`` updates them). As ``form`` says (``FoldStepForm``): with ``counter_draws`` the model's
     random layers draw foldsweep's numbers (``pipeline.engine.draws``), else Keras' own. With
     ``masked`` (the plan's per-epoch stop test) a step computes its update whatever its health
     and keeps it only where it applies, with no tf.cond: a step not active keeps the layer state
@@ -256,14 +279,16 @@ def fold_steps(
     # would be a constant of the graph, each fold's another (``shared_step``).
     weights = None if class_weights is None else tf.Variable(class_weights, trainable=False, dtype=tf.float32)
     random_numbers = (
-        functools.partial(draws.counter_draws, under_xla=compiled) if counter_draws else contextlib.nullcontext
+        functools.partial(draws.counter_draws, under_xla=form.compiled)
+        if form.counter_draws
+        else contextlib.nullcontext
     )
 
     def train_step(indices, *arguments):
-        rows, enabled = arguments if padded else (None, *arguments)
+        rows, enabled = arguments if form.padded else (None, *arguments)
         x = tf.gather(features, indices)
         y = step_labels(tf.gather(labels, indices))
-        states = list(model.non_trainable_variables) if masked else []
+        states = list(model.non_trainable_variables) if form.masked else []
         states_before = [tf.identity(state.value) for state in states]
         with tf.GradientTape() as tape, random_numbers():
             predictions = model(x, training=True)
@@ -288,7 +313,7 @@ def fold_steps(
         # stops with the weights of its last good step.
         healthy = tf.math.is_finite(value) & tf.math.is_finite(norm)
 
-        if masked:
+        if form.masked:
             _masked_update(optimizer, gradients, model.trainable_variables, applied=healthy & enabled)
             for state, before in zip(states, states_before):
                 state.assign(tf.where(enabled, state.value, before))
@@ -305,7 +330,7 @@ def fold_steps(
     # of them are the batch's own where padded, and the step's switch.
     signature = (
         tf.TensorSpec([None], data.index_dtype),
-        *([tf.TensorSpec([], tf.int32)] if padded else []),
+        *([tf.TensorSpec([], tf.int32)] if form.padded else []),
         tf.TensorSpec([], tf.bool),
     )
 
@@ -315,9 +340,9 @@ def fold_steps(
             predictions = model(tf.gather(features, indices), training=True)
         return predictions, (tf.add_n(model.losses) if model.losses else tf.constant(0.0))
 
-    step = traced_once(train_step, eager=eager, compiled=compiled, inlined=inlined, signature=signature)
+    step = traced_once(train_step, eager=form.eager, compiled=form.compiled, inlined=form.inlined, signature=signature)
     traced = None
-    if not eager:
+    if not form.eager:
         variables = [*model.variables, *optimizer.variables, *([] if weights is None else [weights])]
         position = {id(variable): i for i, variable in enumerate(variables)}
         follows = (
@@ -325,7 +350,7 @@ def fold_steps(
             [position.get(id(variable)) for variable in model.non_trainable_variables],
             type(optimizer),
             _settings(optimizer),
-            masked,
+            form.masked,
         )
         # A constraint (or a gradient that overwrites its variable) is applied in the update.
         update_unseen = any(
@@ -341,10 +366,10 @@ def fold_steps(
         # One compiled launch: the steps of ``batches`` (a static number of steps, unrolled),
         # each adding to the epoch's tally inside the launch. Once a step fails, the steps after
         # it in the launch apply nothing. Padded, each step's own samples come as ``rows``.
-        rows, first_step, tally = arguments if padded else (None, *arguments)
+        rows, first_step, tally = arguments if form.padded else (None, *arguments)
         for j in range(batches.shape[0]):
             active = tally.intact
-            value, norm, healthy = step(batches[j], rows[j], active) if padded else step(batches[j], active)
+            value, norm, healthy = step(batches[j], rows[j], active) if form.padded else step(batches[j], active)
             tally = tally_step(
                 tally,
                 step=first_step + j,
@@ -364,7 +389,7 @@ def fold_steps(
         correct = tf.reduce_sum(loss.correct(y, predictions)) if loss.own_accuracy else tf.constant(0.0)
         # Keras' evaluate adds up its batches' losses (of the trial's batch size) weighted by
         # their sizes: with ignore_class that is not the mean over every position kept.
-        return loss.batches_loss_sum(y, loss.per_sample(y, predictions), batch_size), correct
+        return loss.batches_loss_sum(y, loss.per_sample(y, predictions), form.batch_size), correct
 
     return FoldSteps(train_steps, evaluate_batch, norm_variables, traced)
 
@@ -493,16 +518,10 @@ class FoldEngine:
             optimizer,
             loss,
             data,
-            counter_draws=plan.random_draws == "counter",
-            masked=per_epoch,
-            eager=eager,
+            FoldStepForm.of(plan, batch_size=self.batch_size, eager=eager),
             metrics=self.metrics,
             class_weights=fold_class_weights(recipe.train.class_weight, data, fold),
-            batch_size=self.batch_size,
-            compiled=plan.jit_compile,
-            inlined=plan.step_inlined,
             template=template,
-            padded=plan.last_batch_padded,
         )
         # Shapes are not relaxed: the unrolled step needs its number of steps statically (it
         # sees at most three: a launch, one batch, the remainder).
