@@ -70,6 +70,17 @@ def rss_slope(points: list[tuple[int, float]]) -> float | None:
     return sum((x - mean_x) * (y - mean_y) for x, y in kept) / spread if spread else None
 
 
+def worker_sample(record: TrialRecord) -> tuple[str, int, float, int]:
+    """What a trial's record says of the worker process it ran in once it ended: its pid, how
+    many trials it had run, its RSS (MB) and its memory mappings."""
+    return (
+        record.tags.get(Tag.of(WORKER_PID), ""),
+        int(record.tags.get(Tag.of(WORKER_TRIALS), 0)),
+        float(record.metrics.get(WORKER_RSS, 0.0)),
+        int(record.metrics.get(WORKER_MAPS, 0)),
+    )
+
+
 def status_kb(pid: int | str, field: str) -> int:
     """A /proc/PID/status field in KiB (0 once the process is gone)."""
     try:
@@ -125,11 +136,10 @@ def main() -> None:
 
     def on_trial_done(record: TrialRecord) -> None:
         done.append(record.status)
-        pid = record.tags.get(Tag.of(WORKER_PID), "")
+        pid, trials, rss, maps = worker_sample(record)
         workers.add(pid)
-        rss = float(record.metrics.get(WORKER_RSS, 0.0))
-        rss_after.setdefault(pid, []).append((int(record.tags.get(Tag.of(WORKER_TRIALS), 0)), rss))
-        peak["maps"] = max(peak["maps"], int(record.metrics.get(WORKER_MAPS, 0)))
+        rss_after.setdefault(pid, []).append((trials, rss))
+        peak["maps"] = max(peak["maps"], maps)
         # This row's peak: each trial's worker after it, and the high-water mark of the workers alive.
         peak["rss_kb"] = max(peak["rss_kb"], int(rss * 1024), *(status_kb(worker, "VmHWM") for worker in workers))
         if len(done) % args.every == 0 or len(done) == args.trials:
