@@ -58,22 +58,16 @@ StackedConvolutions = Literal["patches", "grouped"]
 IMAGE_CONVOLUTIONS = ("Conv2D", "DepthwiseConv2D", "SeparableConv2D", "Conv2DTranspose")
 # On CPU, XLA wins while per-step overhead dominates, at small batches, and loses once a step has
 # work: its own convolution kernels are slower than the ones TensorFlow's graph calls (oneDNN),
-# and each fold program costs ~1 s more to compile. Samples/s of 3 folds fused, one CPU, with XLA /
-# without: MNIST-1D CNN bs 8: 43.8k / 22.2k, bs 16: 56.4k / 38.5k, bs 32: 59.4k / 60.9k, bs 64:
-# 74.8k / 79.9k, bs 256: 78.6k / 132.9k; protein CNN bs 8: 20.8k / 17.4k, bs 16: 26.9k / 28.9k, bs
-# 32: 38.0k / 40.6k, bs 64: 50.7k / 54.9k, bs 256: 57.7k / 65.7k; compile_s 5-7.5 s / 1.3 s from bs
-# 32 (`python -m benchmarks.cv_throughput --model mnist1d_cnn,protein_cnn --cpus 1 --variants
-# fused-xla,fused-noxla --batch-sizes 8,16,32,64,256`). Above this batch size the step runs
-# without XLA on CPU; up to it, the plan weighs XLA's compile against its steps
-# (``pipeline.contract.compile_cost``). Random layers drawing from Keras' generator turn it
-# around: its random-number ops under XLA on CPU made the MNIST-1D CNN's step 4-5x slower (7.4k vs
-# 41k samples/s at bs 16, one thread), so such a step runs without XLA on CPU. foldsweep's own
-# draws (RandomDraws "counter") cost an elementwise op under XLA, so a model whose random layers
-# it draws follows the batch-size rule: one fold, one thread, us per step at bs 8 with XLA and
-# foldsweep's Dropout / without XLA and Keras' Dropout (XLA without Dropout): MNIST-1D CNN 541 /
-# 740 (552), protein CNN 935 / 1062 (930); without XLA, foldsweep's draws run as separate kernels:
-# 758 and 1163 (`python -m benchmarks.cv_throughput --model mnist1d_cnn,protein_cnn --cpus 1
-# --variants engine-xla,engine-noxla --baseline REV`, REV's engine-noxla drawing Keras' numbers).
+# and each fold program compiles for seconds longer. Above this batch size the step runs without
+# XLA on CPU; up to it, the plan weighs XLA's compile against its steps
+# (``pipeline.contract.compile_cost``). Re-measure: `python -m benchmarks.cv_throughput --model
+# mnist1d_cnn,protein_cnn --cpus 1 --variants fused-xla,fused-noxla --batch-sizes 8,16,32,64,256`
+# (benchmarks/RESULTS.md, 2026-12-01). Random layers drawing from Keras' generator turn it
+# around: its random-number ops under XLA on CPU made the MNIST-1D CNN's step 4-5x slower, so
+# such a step runs without XLA on CPU. foldsweep's own draws (RandomDraws "counter") cost an
+# elementwise op under XLA, so a model whose random layers it draws follows the batch-size rule
+# (`python -m benchmarks.cv_throughput --model mnist1d_cnn,protein_cnn --cpus 1 --variants
+# engine-xla,engine-noxla --baseline REV`, REV's engine-noxla drawing Keras' numbers).
 XLA_MAX_BATCH_ON_CPU = 16
 
 # Unrolling 8 steps into one XLA launch removes most of the per-launch cost left at small
@@ -272,13 +266,15 @@ def plan_trial(
     """
     random_draws = model_random_draws(choices.random_draws, models[0])
     on_gpu = _device_kind(device) == "GPU"
+    # Stacked folds and unrolled launches: forms only XLA executes.
+    xla_form_forced = choices.layout == "stacked" or choices.steps_per_launch not in ("auto", 1)
     jit_compile = _use_xla(
         choices.jit_compile,
         batch_size=batch_size,
         device=device,
         stochastic=random_draws == "keras",
         convolves_images=convolves_images(models[0]),
-        xla_form_forced=choices.layout == "stacked" or choices.steps_per_launch not in ("auto", 1),
+        xla_form_forced=xla_form_forced,
     )
     without_xla = xla_blocker(random_draws) if jit_compile else None
     if without_xla is not None:
@@ -287,13 +283,13 @@ def plan_trial(
         jit_compile = False
     planned_steps = planned_epochs * min(train_sizes) // batch_size
     costs = CompileCosts(computing_layers(models[0]))
-    # XLA is weighed where nothing asks for it: not forced, nor a stacked layout or unrolled
-    # launches forced (only XLA executes them), nor on a GPU (whose compiles are not calibrated).
+    # XLA is weighed where nothing asks for it: not forced, nor a layout or a form only XLA
+    # executes, nor on a GPU (whose compiles are not calibrated).
     weighed = (
         jit_compile
         and choices.jit_compile == "auto"
         and choices.layout == "auto"
-        and choices.steps_per_launch in ("auto", 1)
+        and not xla_form_forced
         and not on_gpu
         and not choices.eager
     )
