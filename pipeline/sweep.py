@@ -76,7 +76,10 @@ class SweepOutcome:
         trained = len(self.records) - done_before
         counted = f"{trained} trial{'' if trained == 1 else 's'}"
         if resumed:
-            counted += f" trained in {self.wall_s:.0f} s ({len(self.records)} in the sweep, {done_before} ended before this resume)"
+            counted += (
+                f" trained in {self.wall_s:.0f} s ({len(self.records)} in the sweep, "
+                f"{done_before} ended before this resume)"
+            )
         else:
             counted += f" in {self.wall_s:.0f} s"
         return f"{counted}; sweep run {self.parent_run_id}"
@@ -181,8 +184,8 @@ def run_sweep(
     tuner, fit it, and, once every trial has ended, publish the sweep's tables and refit the best
     config. Whatever happens, the parent run ends in a final state.
 
-    ``events`` hears what the sweep does as it runs (``SweepEvents``). ``started_at`` (``time.time()``): when the command started, where the sweep's time account
-    starts; else now.
+    ``events`` hears what the sweep does as it runs (``SweepEvents``). ``started_at``
+    (``time.time()``): when the command started, where the sweep's time account starts; else now.
 
     With ``resume``, continue the latest sweep of this spec's name through Ray Tune's restore:
     finished trials stay as they are, unfinished ones go on from their last checkpoint, and the
@@ -193,13 +196,6 @@ def run_sweep(
         AfterTrialsFailed: the trials ended, but publishing or the refit failed.
     """
     events = events or SweepEvents()
-    on_trial_done, notify, say, doing, progress = (
-        events.trial_done,
-        events.notify,
-        events.say,
-        events.doing,
-        events.progress,
-    )
     # Ray Tune's own CSV/JSON/TensorBoard loggers duplicate what MLflow records.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault(RAY_OUTPUT_ENGINE_VARIABLE, "0")
@@ -209,27 +205,27 @@ def run_sweep(
     started_at = time.time() if started_at is None else started_at
     started_ray = not ray.is_initialized()
     if started_ray:
-        doing(f"joining the Ray cluster at {prepared.address}" if prepared.address else "starting a local Ray")
+        events.doing(f"joining the Ray cluster at {prepared.address}" if prepared.address else "starting a local Ray")
     tracker, resumable = _open_tracker(prepared, resume=resume, start_ray=started_ray)
     try:
         cluster = ray.cluster_resources()
-        gpu = check_cluster_resources(prepared.spec, cluster, notify)
+        gpu = check_cluster_resources(prepared.spec, cluster, events.notify)
         provenance = Provenance.of(prepared.experiment_path, prepared.dataset, prepared.spec.resolved_dataset())
-        parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable, notify, provenance)
+        parent_run_id, ray_path = _open_sweep(prepared, tracker, resumable, events.notify, provenance)
         if prepared.spec.tracking.system_metrics:
             try:
                 tracker.monitor_system(parent_run_id)
             except Exception as exc:  # the sweep's record stands without them
-                notify(f"warning: MLflow's system metrics are not recorded: {type(exc).__name__}: {exc}")
+                events.notify(f"warning: MLflow's system metrics are not recorded: {type(exc).__name__}: {exc}")
         resources = prepared.spec.resources
         at_once = int(min(cluster.get("CPU", 0) // resources.cpu, resources.max_concurrent or math.inf))
-        say(
+        events.say(
             f"sweep run {parent_run_id} records to {prepared.tracking_uri}; up to {at_once} trial"
             f"{'s' if at_once != 1 else ''} at a time, each on {resources.cpu:g} CPU"
             + (f" and {gpu:g} GPU" if gpu else "")
             + " (a worker's first trial starts TensorFlow and places the data)"
         )
-        early_refit = _early_refit(prepared, tracker, parent_run_id, slots=at_once, say=say)
+        early_refit = _early_refit(prepared, tracker, parent_run_id, slots=at_once, say=events.say)
         try:
             tuner = _build_tuner(
                 prepared,
@@ -239,8 +235,8 @@ def run_sweep(
                 gpu=gpu,
                 slots=at_once,
                 resume=resume,
-                on_trial_done=on_trial_done,
-                progress=progress,
+                on_trial_done=events.trial_done,
+                progress=events.progress,
                 early_refit=early_refit,
                 provenance=provenance,
             )
@@ -274,8 +270,8 @@ def run_sweep(
         tracker,
         parent_run_id,
         configs,
-        notify,
-        say,
+        events.notify,
+        events.say,
         started,
         started_at,
         ray_stopping=ray_stopping,
