@@ -1,7 +1,8 @@
 """The ``foldsweep`` command: parse arguments, call the pipeline, map failures to exit codes.
 
 Exit codes: 0 the command did its job (a sweep whose trials partly failed still completed),
-2 bad input (spec, data, experiment, URI), 1 an internal error.
+2 bad input (spec, data, experiment, URI), 1 an internal error, 130 interrupted; ``foldsweep ui``
+exits with the MLflow server's own code where the server ends before answering.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ StoreOption = typer.Option(TrackingSpec.uri, "--tracking-uri", help="MLflow trac
 
 def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
     """Bad input -> one message and exit 2; foldsweep's own other errors -> one message and their
-    ``exit_code`` (1); anything unexpected -> traceback and exit 1."""
+    ``exit_code`` (1, or the UI server's own: ``ServerEnded``); anything unexpected -> traceback
+    and exit 1."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -281,7 +283,16 @@ def trial(
     started = time.perf_counter()  # the trial's time account counts the command's start-up
     from pipeline.rerun import TrialOptions, trial_of_spec
 
-    options = TrialOptions(tuple(set_values), fold, epochs, eager, check_numerics, profile, profile_epoch, started)
+    options = TrialOptions(
+        set_values=tuple(set_values),
+        fold=fold,
+        epochs=epochs,
+        eager=eager,
+        check_numerics=check_numerics,
+        profile=profile,
+        profile_epoch=profile_epoch,
+        started=started,
+    )
     trial_of_spec(spec, options, TrialPrinter())
 
 
@@ -303,7 +314,16 @@ def rerun(
     started = time.perf_counter()  # the trial's time account counts the command's start-up
     from pipeline.rerun import TrialOptions, rerun_recorded
 
-    options = TrialOptions(tuple(set_values), fold, epochs, eager, check_numerics, profile, profile_epoch, started)
+    options = TrialOptions(
+        set_values=tuple(set_values),
+        fold=fold,
+        epochs=epochs,
+        eager=eager,
+        check_numerics=check_numerics,
+        profile=profile,
+        profile_epoch=profile_epoch,
+        started=started,
+    )
     rerun_recorded(tracking_uri, run_id, options, TrialPrinter(), track=not no_track)
 
 

@@ -481,8 +481,9 @@ def trial_of_spec(spec_path: Path, options: TrialOptions, out: TrialOutput) -> T
     overrides = checked_overrides(assignments, set(space.domains), experiment.hyperparameters)
     config = single_config(prepared.spec, space, experiment.hyperparameters, overrides)
     config, _ = _without_inactive(config, overrides, space.conditions, out)
-    shown = {**space.resolve(config), **({"epochs": options.epochs} if options.epochs else {})}
-    planned = planned_epochs(prepared.spec, space.resolve(config), options.epochs)
+    resolved = space.resolve(config)
+    shown = {**resolved, **({"epochs": options.epochs} if options.epochs else {})}
+    planned = planned_epochs(prepared.spec, resolved, options.epochs)
     profiled = profile_epoch(options.profile_epoch, planned=planned) if options.profiled else None
     out.tell(f"trial of {spec_path}: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()) if v is not None))
     request = trial_request(

@@ -4,7 +4,8 @@ sweep's view, waited for until it answers, and stopped with every process it sta
 MLflow's UI runs a server with worker processes of its own; started in a session of its own, the
 whole group can be stopped, so that stopping ``foldsweep ui`` (Ctrl-C, ``kill``, a closed terminal
 or a process manager) leaves nothing running. Importing this module loads no more than the
-standard library: the command line takes ``DEFAULT_UI_PORT`` from it as it starts.
+standard library and foldsweep's errors: the command line takes ``DEFAULT_UI_PORT`` from it as it
+starts.
 """
 
 from __future__ import annotations
