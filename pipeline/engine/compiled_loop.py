@@ -149,7 +149,7 @@ def epoch_loop(
     ``per_epoch`` (the plan's stop test) the steps are masked and the loop never reads the tally.
     With ``padded_to`` (the batch size, where the plan pads the last batch) the remainder runs
     padded to a full batch with copies of its first sample, each step told how many of its
-    samples are its own (``fold_steps``' ``padded``)."""
+    samples are its own (``FoldStepForm.padded``)."""
     import tensorflow as tf
 
     def train_epoch(full_batches, remainder):

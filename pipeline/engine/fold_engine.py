@@ -247,7 +247,7 @@ def fold_steps(
     optimizer: keras.optimizers.Optimizer,
     loss: TrainingLoss,
     data: ResidentData,
-    form: FoldStepForm = FoldStepForm(),
+    form: FoldStepForm,
     *,
     metrics: ValidationMetrics | None = None,
     class_weights: np.ndarray | None = None,
@@ -257,8 +257,9 @@ def fold_steps(
     ``train_steps(batches, first_step, tally)`` runs the unrolled steps of ``batches``
     ([steps, batch] indices) and returns the epoch's tally after them; ``evaluate_batch(indices)``
     the summed loss and correct predictions of one batch, adding it to ``metrics``' states (Keras'
-    stateful metrics, as its ``test_step`` updates them). As ``form`` says (``FoldStepForm``): with ``counter_draws`` the model's
-    random layers draw foldsweep's numbers (``pipeline.engine.draws``), else Keras' own. With
+    stateful metrics, as its ``test_step`` updates them). As ``form`` says (``FoldStepForm``):
+    with ``counter_draws`` the model's random layers draw foldsweep's numbers
+    (``pipeline.engine.draws``), else Keras' own. With
     ``masked`` (the plan's per-epoch stop test) a step computes its update whatever its health
     and keeps it only where it applies, with no tf.cond: a step not active keeps the layer state
     too, so that steps after a failure change nothing. With ``eager`` the steps run op by op; with
