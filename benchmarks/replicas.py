@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                     measurement = argparse.Namespace(
                         quick=not args.full,
                         dropout=False,
+                        hp=[],
                         cpus=args.cpus,
                         epochs=args.epochs,
                         cv_repeats=replicas // N_SPLITS,
