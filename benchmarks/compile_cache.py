@@ -157,12 +157,15 @@ def fold_loss_keys(metrics: Mapping[str, float]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3, help="at least 2")
     parser.add_argument("--json", type=Path, help="also write the result as JSON to this path")
     parser.add_argument(
         "--one-trial", action="store_true", help="one trial of 8 steps per launch at batch 8 (MNIST-1D, 1,500 samples)"
     )
     args = parser.parse_args(argv)
+    if args.epochs < 2:
+        # A trial's compile_s is its first epoch's time beyond what a later epoch's rate makes of it.
+        parser.error(f"--epochs: at least 2, for the trials to measure their compile_s; got {args.epochs}")
     from benchmarks.common import mnist1d
 
     mnist1d()  # generate the dataset first so no run pays for it
