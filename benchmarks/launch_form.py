@@ -6,7 +6,9 @@ The step is the engine's: the plain CNN of `benchmarks.common` with Adam, its ba
 device-resident data by an index vector. Each form is measured in a fresh process (its compile
 seconds are the first launch's time, tracing included), in interleaved rounds; rows are medians.
 
-    .venv/bin/python -m benchmarks.launch_form [--rounds 3] [--json PATH]
+    .venv/bin/python -m benchmarks.launch_form [--rounds 3] [--quick] [--json PATH]
+
+``--quick``: MNIST-1D at batch 64 only, one round (a check that it runs, not a measurement).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def measure_here(form: str, dataset_name: str, batch_size: int, cpus: int) -> di
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="MNIST-1D at batch 64, one round")
     parser.add_argument("--cpus", type=int, default=os.cpu_count())
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this path")
     parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)  # form dataset batch, in a child process
@@ -94,10 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'dataset':<10}{'batch':>6}{'form':>10}{'us/step':>10}{'compile_s':>11}{'looped vs unrolled':>20}", flush=True
     )
-    for dataset in ("mnist1d", "protein"):
-        for batch_size in (8, 64):
+    datasets, batch_sizes, rounds = (
+        (("mnist1d",), (64,), 1) if args.quick else (("mnist1d", "protein"), (8, 64), args.rounds)
+    )
+    for dataset in datasets:
+        for batch_size in batch_sizes:
             runs: dict[str, list[dict[str, Any]]] = {form: [] for form in FORMS}
-            for _ in range(args.rounds):
+            for _ in range(rounds):
                 for form in FORMS:
                     command = [
                         sys.executable,

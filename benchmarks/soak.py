@@ -92,14 +92,14 @@ def status_kb(pid: int | str, field: str) -> int:
     return 0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--mode", choices=sorted(SPACES), default="hp")
     parser.add_argument("--max-trials-per-worker", default="auto")
     parser.add_argument("--max-worker-memory", default="auto")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.trials < 1 or args.every < 1:
         parser.error(f"--trials and --every must be at least 1, got {args.trials} and {args.every}")
     directory = Path(tempfile.mkdtemp(prefix="foldsweep-soak-"))

@@ -4,7 +4,9 @@ The naive loop is what the researcher runs today: for each config, for each fold
 and plain `model.fit` on NumPy arrays, one after another. `foldsweep run` is timed as a command,
 start-up (Ray, MLflow) included. Wall clock of both and the ratio, printed and as JSON.
 
-    .venv/bin/python -m benchmarks.sweep_wallclock [--epochs N] [--json PATH]
+    .venv/bin/python -m benchmarks.sweep_wallclock [--epochs N] [--quick] [--json PATH]
+
+``--quick``: 2 configs (filters 16 and 32 at batch 64) and 1 epoch, a check that it runs.
 """
 
 from __future__ import annotations
@@ -35,20 +37,21 @@ GRID: dict[str, list[int] | list[float]] = {
     "learning_rate": [0.001, 0.003],
     "filters": [16, 32],
 }
+QUICK_GRID: dict[str, list[int] | list[float]] = {"batch_size": [64], "learning_rate": [0.003], "filters": [16, 32]}
 FIXED = {"conv_layers": 2, "kernel_size": 5, "dropout": 0.1}
 
 
-def configs() -> list[dict]:
-    return [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
+def configs(grid: dict[str, list[int] | list[float]]) -> list[dict]:
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
-def naive_loop(epochs: int) -> tuple[float, list[float]]:
+def naive_loop(epochs: int, grid: dict[str, list[int] | list[float]]) -> tuple[float, list[float]]:
     dataset = mnist1d()
     folds = make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), dataset).folds
     build_fn = load_builder(EXPERIMENT, "build")
     started = time.perf_counter()
     scores = []
-    for config in configs():
+    for config in configs(grid):
         model_values = {**FIXED, "filters": config["filters"]}
         accuracies = []
         for k, fold in enumerate(folds):
@@ -68,7 +71,7 @@ def naive_loop(epochs: int) -> tuple[float, list[float]]:
     return time.perf_counter() - started, scores
 
 
-def foldsweep_run(epochs: int, workdir: Path) -> float:
+def foldsweep_run(epochs: int, grid: dict[str, list[int] | list[float]], workdir: Path) -> float:
     spec = {
         "name": "wallclock",
         "experiment": f"{EXPERIMENT}:build",
@@ -77,7 +80,7 @@ def foldsweep_run(epochs: int, workdir: Path) -> float:
         "search": {
             "num_samples": 1,
             "seed": 0,
-            "space": {**{key: {"grid": values} for key, values in GRID.items()}, **FIXED},
+            "space": {**{key: {"grid": values} for key, values in grid.items()}, **FIXED},
         },
         "train": {"epochs": epochs, "metric": "accuracy", "mode": "max"},
         "resources": {"cpu": 1},
@@ -100,22 +103,24 @@ def foldsweep_run(epochs: int, workdir: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="2 configs and 1 epoch")
     parser.add_argument("--json", type=Path, help="also write the result as JSON to this path")
     args = parser.parse_args(argv)
+    grid, epochs = (QUICK_GRID, 1) if args.quick else (GRID, args.epochs)
     mnist1d()  # generate the cache first so neither side pays for it
     with tempfile.TemporaryDirectory() as workdir:
-        foldsweep_s = foldsweep_run(args.epochs, Path(workdir))
-    naive_s, _ = naive_loop(args.epochs)
+        foldsweep_s = foldsweep_run(epochs, grid, Path(workdir))
+    naive_s, _ = naive_loop(epochs, grid)
     result = {
-        "configs": len(configs()),
+        "configs": len(configs(grid)),
         "folds": 3,
-        "epochs": args.epochs,
+        "epochs": epochs,
         "naive_s": round(naive_s, 1),
         "foldsweep_s": round(foldsweep_s, 1),
         "ratio": round(naive_s / foldsweep_s, 2),
     }
     print(
-        f"{result['configs']} configs x 3 folds x {args.epochs} epochs on MNIST-1D: naive loop "
+        f"{result['configs']} configs x 3 folds x {epochs} epochs on MNIST-1D: naive loop "
         f"{naive_s:.0f} s, foldsweep run {foldsweep_s:.0f} s -> {result['ratio']:.2f}x faster"
     )
     if args.json:
