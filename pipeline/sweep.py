@@ -46,7 +46,6 @@ from pipeline.contract.results import (
     TrialStatus,
     sweep_fixed_s,
 )
-from pipeline.inputs.space import SearchSpace
 from pipeline.inputs.spec import SweepSpec
 from pipeline.records.provenance import Provenance
 from pipeline.records.stores import sqlite_path
@@ -54,6 +53,7 @@ from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker,
 
 if TYPE_CHECKING:
     from pipeline.inputs.datasets import Dataset
+    from pipeline.inputs.space import SearchSpace
     from pipeline.records.progress import ProgressCallback
     from pipeline.refit import EarlyRefit, RefitResult, RefitTarget
 
