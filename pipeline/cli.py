@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.text import Text
 
 from pipeline.base.errors import FoldsweepError
 from pipeline.base.quiet import quiet_environment
 from pipeline.inputs.spec import TrackingSpec
 from pipeline.records.ui_server import DEFAULT_UI_PORT
 from pipeline.terminal import (
-    StatusLine,
+    SweepPrinter,
     TrialPrinter,
     complain,
     console,
@@ -146,49 +145,21 @@ def run(
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
     started_at = time.time()  # the sweep's time account starts here (the interpreter took ~0.1 s before)
-    from pipeline.checks import prepare_driver
-    from pipeline.inputs.spec import load_spec, with_registration
+    from pipeline.sweep import SweepInterrupted, sweep_of_spec
 
-    sweep_spec = with_registration(load_spec(spec), register_model=register_model, model_alias=model_alias)
-    doing = StatusLine()
-    prepared = prepare_driver(
-        sweep_spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address, refit_here=True, doing=doing
-    )
-    from pipeline.records.report import Standings, trial_line
-    from pipeline.sweep import (
-        AfterTrialsFailed,
-        SweepEvents,
-        SweepInterrupted,
-        run_sweep,
-        sweep_progress,
-        trials_ended_before_resume,
-    )
-
-    doing.done()
-    sweep_spec, done_before = prepared.spec, 0
-    if resume:
-        parent_run_id, done_before = trials_ended_before_resume(prepared)
-        tell(
-            f"resuming sweep {sweep_spec.name} (run {parent_run_id}): {done_before} of {prepared.trial_count} trials done"
-        )
-    tell(Text.assemble("sweep ", (sweep_spec.name, "bold"), f": {prepared.sweep_plan()}"))
-    print_warnings(prepared, num_samples_source="--num-samples" if num_samples else "search.num_samples")
-    progress = sweep_progress(prepared, done_before=done_before, console=console, live=sys.stdout.isatty())
-
-    def trial_done(record: Any) -> None:
-        progress.trial_recorded(record)
-        tell(trial_line(record, sweep_spec.objective.key))
-
-    failed: list[str] = []
+    printer = SweepPrinter(num_samples_source="--num-samples" if num_samples else "search.num_samples")
     try:
-        events = SweepEvents(
-            trial_done=trial_done,
-            notify=lambda line: tell(line, style="yellow"),
-            say=doing.say,
-            doing=doing,
-            progress=progress,
+        ended = sweep_of_spec(
+            spec,
+            printer.events(),
+            tracking_uri=tracking_uri,
+            num_samples=num_samples,
+            address=address,
+            resume=resume,
+            register_model=register_model,
+            model_alias=model_alias,
+            started_at=started_at,
         )
-        outcome = run_sweep(prepared, events, resume=resume, started_at=started_at)
     except SweepInterrupted as interrupted:
         from pipeline.base.environment import program_name
 
@@ -200,20 +171,18 @@ def run(
             soft_wrap=True,
         )
         raise typer.Exit(code=130) from None
-    except AfterTrialsFailed as after:
-        outcome, failed = after.outcome, after.failed
     finally:
-        doing.done()
-        progress.close()
-    standings = Standings.of(outcome.records, sweep_spec.objective, n_splits=sweep_spec.cv.n_splits)
-    print_leaderboard(standings, sweep_spec.name, prepared.tracking_uri)
-    tell(outcome.trained_line(done_before=done_before, resumed=resume))
+        printer.close()
+    prepared, outcome = ended.start.prepared, ended.outcome
+    name, tracking = prepared.spec.name, prepared.tracking_uri
+    print_leaderboard(ended.standings, name, tracking)
+    tell(ended.trained_line())
     print_sweep_time(outcome.account, outcome.records)
-    print_refit_model(outcome.refit_tags, prepared.tracking_uri)
-    print_ui_address(prepared.tracking_uri, outcome.ui_path, sweep=sweep_spec.name)
-    for what in failed:
+    print_refit_model(outcome.refit_tags, tracking)
+    print_ui_address(tracking, outcome.ui_path, sweep=name)
+    for what in ended.failed:
         complain(f"every trial ended and is recorded, but {what}")
-    if failed:
+    if ended.failed:
         raise typer.Exit(code=1)
 
 

@@ -1,6 +1,7 @@
 """A sweep on Ray Tune, from a spec that ``pipeline.checks.prepare`` has checked against its data
 and model (bad input is refused there, before a cluster starts). ``run_sweep`` is the only place
-that builds a Tuner.
+that builds a Tuner; ``sweep_of_spec`` is ``foldsweep run``'s one call, from the spec's file to
+the sweep's standings.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pipeline.base.ray_private import (
     restored_tune_config,
     trial_actors_not_kept_after,
 )
-from pipeline.checks import PreparedSweep
+from pipeline.checks import PreparedSweep, prepare_driver
 from pipeline.contract.account import Span, TimeAccount, sweep_account
 from pipeline.contract.results import (
     BEST_EPOCH,
@@ -46,15 +47,16 @@ from pipeline.contract.results import (
     TrialStatus,
     sweep_fixed_s,
 )
-from pipeline.inputs.space import SearchSpace
-from pipeline.inputs.spec import SweepSpec
+from pipeline.inputs.spec import SweepSpec, load_spec, with_registration
 from pipeline.records.provenance import Provenance
 from pipeline.records.stores import sqlite_path
 from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
 
 if TYPE_CHECKING:
     from pipeline.inputs.datasets import Dataset
+    from pipeline.inputs.space import SearchSpace
     from pipeline.records.progress import ProgressCallback
+    from pipeline.records.report import Standings
     from pipeline.refit import EarlyRefit, RefitResult, RefitTarget
 
 RAY_RESULTS_DIR = "ray_results"
@@ -152,23 +154,92 @@ def sweep_progress(prepared: PreparedSweep, *, done_before: int = 0, console: An
 
 
 @dataclass(frozen=True)
+class SweepStart:
+    """A sweep checked and about to start (Ray not yet started), as ``sweep_of_spec`` tells it:
+    what it runs, and for a ``--resume``, the parent run it continues (``resumes``, else None)
+    and how many of that sweep's trials had ended (``trials_ended_before_resume``)."""
+
+    prepared: PreparedSweep
+    resumes: str | None = None
+    done_before: int = 0
+
+
+@dataclass(frozen=True)
 class SweepEvents:
     """What a sweep tells its caller as it runs, each a callable the caller gives (a command
     prints them; a script may log them or ignore them):
 
+    - ``starting``: the sweep checked, before Ray starts (``SweepStart``; told by
+      ``sweep_of_spec``, not ``run_sweep``); it returns the Ray Tune callback that shows the sweep
+      as it runs (``sweep_progress``), or None;
     - ``trial_done``: a trial's record, once it ended and is recorded;
     - ``notify``: what deserves attention (warnings, skipped steps);
     - ``say``: what the sweep is doing that stays worth reading (where it records, the refit);
-    - ``doing``: what it is doing for a few seconds (starting Ray);
-    - ``progress``: a Ray Tune callback that shows the sweep as it runs
-      (``pipeline.records.progress``), or None.
+    - ``doing``: what it is doing for a few seconds (checking the data, starting Ray).
     """
 
+    starting: Callable[[SweepStart], Any] = lambda start: None
     trial_done: Callable[[TrialRecord], None] | None = None
     notify: Callable[[str], None] = print
     say: Callable[[str], None] = lambda line: None
     doing: Callable[[str], None] = lambda line: None
-    progress: Any = None
+
+
+@dataclass(frozen=True)
+class EndedSweep:
+    """A sweep whose every trial ended, for its command to print: how it started, what it
+    recorded (``SweepOutcome``), its trials ranked, and what failed after them (``AfterTrialsFailed``;
+    empty where nothing did)."""
+
+    start: SweepStart
+    outcome: SweepOutcome
+    standings: Standings
+    failed: tuple[str, ...] = ()
+
+    def trained_line(self) -> str:
+        """``SweepOutcome.trained_line``, counting the trials a resume found ended apart."""
+        return self.outcome.trained_line(done_before=self.start.done_before, resumed=self.start.resumes is not None)
+
+
+def sweep_of_spec(
+    spec_path: Path,
+    events: SweepEvents | None = None,
+    *,
+    tracking_uri: str | None = None,
+    num_samples: int | None = None,
+    address: str | None = None,
+    resume: bool = False,
+    register_model: str | None = None,
+    model_alias: str | None = None,
+    started_at: float | None = None,
+) -> EndedSweep:
+    """A spec's sweep, driven from this process (``foldsweep run``): the spec read, with the model
+    registration asked for (``with_registration``), and checked as a sweep's driver checks it
+    (``prepare_driver``: bad input is refused before anything is written); for a ``resume``, the
+    sweep it continues found; then ``events.starting``, the sweep run (``run_sweep``) and its
+    trials ranked. The keyword arguments left None take the spec's own.
+
+    Raises:
+        InputError: the spec, its data or model, an option, or no sweep to resume.
+        SweepInterrupted: Ctrl-C; what ran is recorded, unfinished trials as KILLED.
+    """
+    from pipeline.records.report import Standings
+
+    events = events or SweepEvents()
+    spec = with_registration(load_spec(spec_path), register_model=register_model, model_alias=model_alias)
+    prepared = prepare_driver(
+        spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address, refit_here=True, doing=events.doing
+    )
+    resumes, done_before = trials_ended_before_resume(prepared) if resume else (None, 0)
+    start = SweepStart(prepared, resumes, done_before)
+    progress = events.starting(start)
+    failed: tuple[str, ...] = ()
+    try:
+        outcome = run_sweep(prepared, events, resume=resume, started_at=started_at, progress=progress)
+    except AfterTrialsFailed as after:
+        outcome, failed = after.outcome, tuple(after.failed)
+    spec = prepared.spec
+    return EndedSweep(start, outcome, Standings.of(outcome.records, spec.objective, n_splits=spec.cv.n_splits), failed)
 
 
 def run_sweep(
@@ -177,6 +248,7 @@ def run_sweep(
     *,
     resume: bool = False,
     started_at: float | None = None,
+    progress: ProgressCallback | None = None,
 ) -> SweepOutcome:
     """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials.
 
@@ -184,8 +256,9 @@ def run_sweep(
     tuner, fit it, and, once every trial has ended, publish the sweep's tables and refit the best
     config. Whatever happens, the parent run ends in a final state.
 
-    ``events`` hears what the sweep does as it runs (``SweepEvents``). ``started_at``
-    (``time.time()``): when the command started, where the sweep's time account starts; else now.
+    ``events`` hears what the sweep does as it runs (``SweepEvents``); ``progress``, a Ray Tune
+    callback, shows it (``sweep_progress``). ``started_at`` (``time.time()``): when the command
+    started, where the sweep's time account starts; else now.
 
     With ``resume``, continue the latest sweep of this spec's name through Ray Tune's restore:
     finished trials stay as they are, unfinished ones go on from their last checkpoint, and the
@@ -236,7 +309,7 @@ def run_sweep(
                 slots=at_once,
                 resume=resume,
                 on_trial_done=events.trial_done,
-                progress=events.progress,
+                progress=progress,
                 early_refit=early_refit,
                 provenance=provenance,
             )

@@ -1,7 +1,8 @@
 """What the commands print, and how: the consoles (standard output at a log's width off a
 terminal, standard error; no markup), a line said whole or a sentence told wrapped, an error,
-the status line of what a command is doing, a checked spec's notice and warnings, what a trial
-run here tells (``TrialPrinter``), and what ``run`` and ``report`` both print of a sweep.
+the status line of what a command is doing, a checked spec's notice and warnings, what a sweep
+tells as it runs (``SweepPrinter``) and what a trial run here tells (``TrialPrinter``), and what
+``run`` and ``report`` both print of a sweep.
 What is printed is made where the work is (``records.report``, ``rerun``, ``checks``...); this
 module only prints it.
 """
@@ -9,12 +10,16 @@ module only prints it.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
 
 from pipeline.records.ui_server import DEFAULT_UI_PORT
+
+if TYPE_CHECKING:
+    from pipeline.records.tracking import TrialRecord
+    from pipeline.sweep import SweepEvents, SweepStart
 
 # Captured output (CI logs, pipes) gets room for the leaderboard's columns. No markup: what is
 # printed holds a researcher's values and messages, whose brackets ("[low, high]") rich would
@@ -120,6 +125,59 @@ def print_ui_address(tracking_uri: str, ui_path: str, *, sweep: str, port: int =
 
     command = (ui_command(tracking_uri, sweep=sweep), "bold")
     say(Text.assemble("Open the MLflow UI on this sweep: ", command, f" then browse http://127.0.0.1:{port}{ui_path}"))
+
+
+class SweepPrinter:
+    """How `run` prints what its sweep tells as it runs (``pipeline.sweep.SweepEvents``): what it
+    is doing meanwhile on the status line; once checked, the sweep it resumes, its plan, notice
+    and warnings; then its progress (``sweep_progress``) and each trial's line once recorded.
+    ``close`` ends the status line and the progress, however the sweep ended."""
+
+    def __init__(self, *, num_samples_source: str) -> None:
+        self.num_samples_source = num_samples_source  # what set the trials asked for, as the notice names it
+        self.status = StatusLine()
+        self.progress: Any = None
+        self.objective_key = ""
+
+    def events(self) -> SweepEvents:
+        from pipeline.sweep import SweepEvents
+
+        return SweepEvents(
+            starting=self.starting,
+            trial_done=self.trial_done,
+            notify=lambda line: tell(line, style="yellow"),
+            say=self.status.say,
+            doing=self.status,
+        )
+
+    def starting(self, start: SweepStart) -> Any:
+        from pipeline.sweep import sweep_progress
+
+        prepared = start.prepared
+        name = prepared.spec.name
+        self.status.done()
+        if start.resumes is not None:
+            tell(
+                f"resuming sweep {name} (run {start.resumes}): {start.done_before} of {prepared.trial_count} trials done"
+            )
+        tell(Text.assemble("sweep ", (name, "bold"), f": {prepared.sweep_plan()}"))
+        print_warnings(prepared, num_samples_source=self.num_samples_source)
+        self.objective_key = prepared.spec.objective.key
+        self.progress = sweep_progress(
+            prepared, done_before=start.done_before, console=console, live=sys.stdout.isatty()
+        )
+        return self.progress
+
+    def trial_done(self, record: TrialRecord) -> None:
+        from pipeline.records.report import trial_line
+
+        self.progress.trial_recorded(record)
+        tell(trial_line(record, self.objective_key))
+
+    def close(self) -> None:
+        self.status.done()
+        if self.progress is not None:
+            self.progress.close()
 
 
 class TrialPrinter:

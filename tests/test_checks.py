@@ -103,9 +103,11 @@ def test_grouped_splitters_and_data_without_groups_need_no_opt_out(tmp_path):
         load_spec(grouped_workspace(tmp_path, {"splitter": "group", "groups": "ignore"}))
 
 
+@pytest.mark.parametrize("command", ["validate", "run"])
 @pytest.mark.parametrize("case", ["a missing data file", "a misnamed label array", "-1/+1 labels"])
-def test_a_data_error_is_reported_before_tensorflow_loads(tmp_path, case):
-    """What needs no model is checked first: the command answers without importing TensorFlow."""
+def test_a_data_error_is_reported_before_tensorflow_loads(tmp_path, case, command):
+    """What needs no model is checked first: the command answers without importing TensorFlow
+    (``run`` imports ``pipeline.sweep`` before it checks the spec)."""
     spec = grouped_workspace(tmp_path, {"splitter": "group"})
     data = dict(np.load(tmp_path / "grouped.npz"))
     expected = {
@@ -121,7 +123,7 @@ def test_a_data_error_is_reported_before_tensorflow_loads(tmp_path, case):
         np.savez(tmp_path / "grouped.npz", x=data["x"], y=data["y"] * 2 - 1, groups=data["groups"])
     probe = (
         "import sys\nfrom typer.testing import CliRunner\nfrom pipeline.cli import app\n"
-        f"result = CliRunner().invoke(app, ['validate', {str(spec)!r}])\n"
+        f"result = CliRunner().invoke(app, [{command!r}, {str(spec)!r}])\n"
         "print(result.exit_code, 'tensorflow' in sys.modules, 'keras' in sys.modules)\nprint(result.output)\n"
     )
     done = subprocess.run(
