@@ -49,15 +49,15 @@ def one_round(worker_count: str | None, shares: tuple[list[str], ...] = SHARES) 
         environment[WORKER_COUNT_VARIABLE] = worker_count
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     busy, start = machine_busy_seconds(), time.monotonic()
-    shares = [
+    processes = [
         subprocess.Popen(
             [*command, *modules], cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         for modules in shares
     ]
-    for share in shares:
-        output, _ = share.communicate()
-        if share.returncode != 0:
+    for process in processes:
+        output, _ = process.communicate()
+        if process.returncode != 0:
             raise SystemExit(f"the tests failed ({WORKER_COUNT_VARIABLE}={worker_count}):\n{output[-3000:]}")
     return machine_busy_seconds() - busy, time.monotonic() - start
 
