@@ -91,7 +91,7 @@ def test_each_trial_stops_patience_epochs_after_its_best_and_is_scored_there(sto
 
 def test_optuna_learns_the_score_the_leaderboard_ranks(stopped_sweep):
     _, _, _, _, trials, searcher = stopped_sweep
-    learned = sorted(trial.value for trial in searcher._ot_study.trials if trial.value is not None)
+    learned = sorted(trial.value for trial in searcher.proposing.study.trials if trial.value is not None)
     ranked_by = sorted(trial.metrics["selected_mean_val_loss"] for trial in trials)
     last_epochs = sorted(trial.metrics["mean_val_loss"] for trial in trials)
     assert learned == pytest.approx(ranked_by, rel=1e-9, abs=0)

@@ -4,6 +4,7 @@ config twice), schedulers."""
 from __future__ import annotations
 
 import keras
+import optuna
 import pytest
 from helpers import DELETE, MNIST1D_EXPERIMENT, Replace
 from ray.tune.experiment import Experiment
@@ -463,3 +464,25 @@ def test_optuna_never_suggests_a_config_twice_and_finishes_when_all_were(
     configs = optuna_configs(spec, space, num_samples)
     assert len(configs) == len(distinct(configs)) == space.trial_count(num_samples) == min(num_samples, 8)
     assert configs == optuna_configs(spec, space, num_samples)
+
+
+def test_optuna_learns_each_score_with_the_config_that_earned_it(write_spec, mnist1d_hps):
+    """A config Optuna proposed after repeating itself is learned with its trial's score: the
+    repeated proposals are failed, the trial's result goes to the proposal that made its config."""
+    spec = load_spec(
+        write_spec({"search": {"algorithm": "optuna", "num_samples": 8, "seed": 0, "space": Replace(EIGHT_CONFIGS)}})
+    )
+    space = build_space(spec, mnist1d_hps)
+    searcher = make_searcher(spec, space)
+    scored = []
+    for index in range(8):
+        config = searcher.suggest(f"trial_{index}")
+        searcher.on_trial_complete(f"trial_{index}", result={searcher.metric: 0.01 * index})
+        scored.append((0.01 * index, config))
+    study = searcher.proposing.study
+    learned = [trial for trial in study.trials if trial.state == optuna.trial.TrialState.COMPLETE]
+    assert [(trial.value, trial.params) for trial in learned] == [
+        (score, {name: config[name] for name in trial.params}) for (score, config), trial in zip(scored, learned)
+    ]
+    assert len(learned) == len(scored)
+    assert any(trial.state == optuna.trial.TrialState.FAIL for trial in study.trials), "Optuna repeated itself"

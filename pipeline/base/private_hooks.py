@@ -156,18 +156,6 @@ def _check_variant_generator() -> str | None:
     return f"BasicVariantGenerator no longer keeps {', '.join(missing)}" if missing else None
 
 
-def _check_optuna_trials() -> str | None:
-    module = "ray.tune.search.optuna.optuna_search"
-    if problem := _missing(module, "OptunaSearch"):
-        return problem
-    searcher = _attribute(module, "OptunaSearch")
-    if "self._ot_trials[trial_id] = self._ot_study.ask()" not in inspect.getsource(searcher.suggest):
-        return "OptunaSearch.suggest no longer asks self._ot_study for the trial it keeps in self._ot_trials"
-    if "ot_trial = self._ot_trials[trial_id]" not in inspect.getsource(searcher.on_trial_complete):
-        return "OptunaSearch.on_trial_complete no longer tells the trial it keeps in self._ot_trials"
-    return None
-
-
 def _check_output_engine_switch() -> str | None:
     source = inspect.getsource(importlib.import_module("ray.tune.experimental.output"))
     if RAY_OUTPUT_ENGINE_VARIABLE not in source:
@@ -614,17 +602,6 @@ HOOKS: tuple[Hook, ...] = (
         gain=(
             "every trial of random and grid search trains a config of its own: Ray Tune's own draws trained 5-6 "
             "distinct configs in 8 trials of a space of 8"
-        ),
-    ),
-    Hook(
-        "ray",
-        "ray.tune.search.optuna.OptunaSearch's _ot_trials and _ot_study",
-        "Optuna never has a config trained twice (pipeline.inputs.searchers answers a repeated proposal itself)",
-        ("_ot_trials", "_ot_study"),
-        _check_optuna_trials,
-        gain=(
-            "every trial Optuna TPE proposes trains a config of its own: it proposed 4-6 distinct configs in 8 trials "
-            "of a space of 8 (seeds 0-4)"
         ),
     ),
     Hook(

@@ -122,19 +122,6 @@ def add_drawn_trials(generator: Any, experiments: Any, draw: Callable[[dict[str,
         generator._trial_generator = itertools.chain(generator._trial_generator, trials)
 
 
-def fail_optuna_proposal(searcher: Any, trial_id: str) -> None:
-    """Tell the Optuna study of Ray Tune's ``OptunaSearch`` that what it proposed for ``trial_id``
-    failed, and drop the proposal (TPE leaves failed trials out of what it learns)."""
-    import optuna
-
-    searcher._ot_study.tell(searcher._ot_trials.pop(trial_id), state=optuna.trial.TrialState.FAIL)
-
-
-def enqueue_optuna_config(searcher: Any, config: dict[str, Any]) -> None:
-    """Have the Optuna study of Ray Tune's ``OptunaSearch`` propose ``config`` next."""
-    searcher._ot_study.enqueue_trial(config)
-
-
 # -- the key-value store --------------------------------------------------------------------------
 # Ray's internal key-value store (in its GCS, reachable from every worker of the cluster): what Ray
 # Serve and Ray's own libraries pass small facts through. Each function does nothing where this

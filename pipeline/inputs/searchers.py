@@ -6,13 +6,14 @@ Imports Ray Tune's search modules (``pipeline.sweep`` imports this one when it b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ray.tune.search import Searcher
 from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.optuna import OptunaSearch
 
-from pipeline.base.ray_private import add_drawn_trials, enqueue_optuna_config, fail_optuna_proposal
+from pipeline.base.ray_private import add_drawn_trials
 from pipeline.inputs.space import SearchSpace, config_key
 
 # Proposals of configs already suggested that Optuna may make in a row before the next config not
@@ -48,30 +49,73 @@ class DistinctOptunaSearch(OptunaSearch):
     trials out of what it learns, so nothing is learned twice) and asked again; after
     ``REPEATS_BEFORE_A_NEW_CONFIG`` such proposals in a row it is given the first config not yet
     tried, and when none is left the search is finished. So a sweep runs
-    ``SearchSpace.trial_count`` trials, as random search does."""
+    ``SearchSpace.trial_count`` trials, as random search does.
+
+    Each proposal is asked for under an id of its own (OptunaSearch keeps one Optuna trial per
+    id), the trial's id for the first: a trial whose config came from a later proposal reports
+    its results and its end under that proposal's id (``proposal_of``). All of it is
+    OptunaSearch's and Optuna's public interface, saved and restored with the searcher; one
+    restored from state that lacks them (``proposing``, ``proposal_of``) ends its search where it
+    would have enqueued a config."""
 
     def __init__(self, space: SearchSpace, **kwargs: Any):
-        super().__init__(space=space.optuna_define_by_run(), **kwargs)
+        self.proposing = ProposingSpace(space.optuna_define_by_run())
+        super().__init__(space=self.proposing, **kwargs)
         self.search_space = space
         self.suggested: set[str] = set()  # the keys of the configs suggested
+        self.proposal_of: dict[str, str] = {}  # a trial's id -> the id its config was proposed under
 
     # Ray annotates suggest as returning a dict or None, but documents (and takes) Searcher.FINISHED.
     def suggest(self, trial_id: str) -> dict | str | None:  # type: ignore[override]
-        for _ in range(REPEATS_BEFORE_A_NEW_CONFIG):
-            config = super().suggest(trial_id)
+        for attempt in range(REPEATS_BEFORE_A_NEW_CONFIG):
+            proposal = self._proposal(trial_id, attempt)
+            config = super().suggest(proposal)
             if config is None:  # Optuna has no config to give now: Ray Tune asks again later
                 return None
             key = config_key(self.search_space.resolve(config))
             if key not in self.suggested:
-                self.suggested.add(key)
-                return config
-            fail_optuna_proposal(self, trial_id)
+                return self._suggested(trial_id, proposal, key, config)
+            super().on_trial_complete(proposal, error=True)  # FAILED: TPE learns nothing of it
         untried = self.search_space.untried(self.suggested)
-        if untried is None:
+        study = getattr(self.proposing, "study", None) if hasattr(self, "proposing") else None
+        if untried is None or study is None:  # none left, or a searcher restored without its study
             return Searcher.FINISHED
-        enqueue_optuna_config(self, untried)
-        config = super().suggest(trial_id)
+        study.enqueue_trial(untried)
+        proposal = self._proposal(trial_id, REPEATS_BEFORE_A_NEW_CONFIG)
+        config = super().suggest(proposal)
         if config is None:
             return None
-        self.suggested.add(config_key(self.search_space.resolve(config)))
+        return self._suggested(trial_id, proposal, config_key(self.search_space.resolve(config)), config)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        super().on_trial_result(self._proposed_as(trial_id), result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        super().on_trial_complete(self._proposed_as(trial_id), result, error)
+
+    @staticmethod
+    def _proposal(trial_id: str, attempt: int) -> str:
+        return trial_id if attempt == 0 else f"{trial_id}:proposal{attempt}"
+
+    def _suggested(self, trial_id: str, proposal: str, key: str, config: dict) -> dict:
+        self.suggested.add(key)
+        if proposal != trial_id:
+            vars(self).setdefault("proposal_of", {})[trial_id] = proposal
         return config
+
+    def _proposed_as(self, trial_id: str) -> str:
+        """The id ``trial_id``'s config was proposed under (its own unless Optuna repeated itself)."""
+        return vars(self).get("proposal_of", {}).get(trial_id, trial_id)
+
+
+class ProposingSpace:
+    """An Optuna define-by-run space that keeps the study of the last trial it answered
+    (``optuna.Trial.study``), for a config to be enqueued there."""
+
+    def __init__(self, space: Callable[[Any], dict[str, Any]]):
+        self.space = space
+        self.study: Any = None
+
+    def __call__(self, trial: Any) -> dict[str, Any]:
+        self.study = trial.study
+        return self.space(trial)
