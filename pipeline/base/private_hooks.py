@@ -614,10 +614,9 @@ HOOKS: tuple[Hook, ...] = (
         ("_private", "_raylet", "_ray_params", "_session_dir", "_node_id", "_webui_url", "_get_unused_port"),
         _check_lean_head,
         gain=(
-            "a sweep starts sooner on a small machine: ray.init about 1.9 s shorter and the 4-config grid's fixed cost "
-            "about 4% lower on 2 cores (benchmarks/RESULTS.md, 2026-11-27, the API server left out on both sides; that "
-            "alone takes 0.44 s off ray.init), and ray.shutdown waits for no autoscaler monitor (0.32 s against 1.33 "
-            "s)"
+            "a sweep starts and ends sooner: the 4-config grid's fixed cost 7.2-7.7 s against 9.5-9.8 s on 2 cores, "
+            "ray.init 0.4 s against 2.0-2.2 s and ray.shutdown 0.34 s against 1.1-1.4 s (benchmarks/RESULTS.md, "
+            "2026-12-01)"
         ),
     ),
     Hook(
