@@ -1,0 +1,27 @@
+"""A quick run of benchmarks.compile_cache (its smallest settings: what its result holds, not its numbers),
+and what it refuses. Its reader of recorded trials is tested in test_benchmark_readers.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import compile_cache
+
+
+def test_compile_cache_runs_off_cold_and_warm_and_the_warm_run_loads_what_the_cold_one_compiled(tmp_path):
+    out = tmp_path / "result.json"
+    assert compile_cache.main(["--one-trial", "--epochs", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [result[run]["trials"] for run in ("off", "cold", "warm")] == [1, 1, 1]
+    assert result["off"]["hits"] == 0 and result["cold"]["hits"] == 0 and result["cold"]["misses"] > 0
+    assert result["warm"]["hits"] == result["cold"]["misses"] and result["warm"]["misses"] == 0
+    assert result["off"]["fold_losses"] == result["cold"]["fold_losses"] == result["warm"]["fold_losses"]
+
+
+def test_compile_cache_refuses_a_single_epoch_whose_compile_time_no_trial_measures(capsys):
+    with pytest.raises(SystemExit) as refused:
+        compile_cache.main(["--one-trial", "--epochs", "1"])
+    assert refused.value.code == 2
+    assert "--epochs: at least 2, for the trials to measure their compile_s; got 1" in capsys.readouterr().err

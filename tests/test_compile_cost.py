@@ -1,0 +1,15 @@
+"""A quick run of benchmarks.compile_cost (its smallest settings: what its rows hold, not its numbers)."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import compile_cost
+
+
+def test_compile_cost_runs_a_trial_and_reads_its_compile_and_epoch_seconds(tmp_path):
+    out = tmp_path / "rows.json"
+    assert compile_cost.main(["--blocks", "1", "--variants", "noxla", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert (row["blocks"], row["variant"]) == (1, "noxla")
+    assert row["compile_s"] > 0 and row["epoch_s"] > 0 and row["plan"]

@@ -1,0 +1,17 @@
+"""A quick run of benchmarks.replicas (its smallest settings: what its rows hold, not its numbers)."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import replicas
+
+
+def test_replicas_compares_more_replicas_with_the_first_count(tmp_path):
+    out = tmp_path / "rows.json"
+    arguments = ["--batch-sizes", "64", "--layouts", "fused", "--replicas", "3,6", "--repeats", "1", "--epochs", "1"]
+    assert replicas.main([*arguments, "--cpus", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [row["replicas"] for row in rows] == [3, 6]
+    assert rows[0]["vs_first"] == 1.0 and rows[1]["vs_first"] > 0
+    assert all(row["samples_per_s"] > 0 and row["plan"] for row in rows)

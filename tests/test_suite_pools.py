@@ -1,0 +1,13 @@
+"""A quick run of benchmarks.suite_pools (--quick: what its table holds, not its numbers)."""
+
+from __future__ import annotations
+
+from benchmarks import suite_pools
+
+
+def test_suite_pools_runs_two_pytest_processes_with_each_pool_size(capsys):
+    suite_pools.main(["--quick"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["pools", "machine", "CPU-s", "wall", "s"]
+    assert [line.split()[0] for line in lines[1:]] == ["default", "shared"]
+    assert all(float(value) > 0 for line in lines[1:] for value in line.split()[1:])
