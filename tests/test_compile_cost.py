@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import compile_cost
+
+pytestmark = pytest.mark.e2e  # it runs the benchmark's own processes
 
 
 def test_compile_cost_runs_a_trial_and_reads_its_compile_and_epoch_seconds(tmp_path):

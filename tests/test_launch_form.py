@@ -8,6 +8,8 @@ import pytest
 
 from benchmarks import launch_form
 
+pytestmark = pytest.mark.e2e  # it runs the benchmark's own processes
+
 
 def test_launch_form_times_both_forms_of_a_launch(tmp_path):
     out = tmp_path / "rows.json"

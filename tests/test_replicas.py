@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import replicas
+
+pytestmark = pytest.mark.e2e  # it runs the benchmark's own processes
 
 
 def test_replicas_compares_more_replicas_with_the_first_count(tmp_path):

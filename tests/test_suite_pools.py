@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import suite_pools
+
+pytestmark = pytest.mark.e2e  # it runs the benchmark's own processes
 
 
 def test_suite_pools_runs_two_pytest_processes_with_each_pool_size(capsys):
