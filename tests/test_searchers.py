@@ -486,3 +486,27 @@ def test_optuna_learns_each_score_with_the_config_that_earned_it(write_spec, mni
     ]
     assert len(learned) == len(scored)
     assert any(trial.state == optuna.trial.TrialState.FAIL for trial in study.trials), "Optuna repeated itself"
+
+
+def test_a_restored_optuna_search_gives_a_trials_score_to_the_proposal_of_its_config(write_spec, mnist1d_hps, tmp_path):
+    """As a resumed sweep restores it: a trial whose config came after a repeat ends after the
+    restore, and Optuna learns its score with that config."""
+    spec = load_spec(
+        write_spec({"search": {"algorithm": "optuna", "num_samples": 8, "seed": 0, "space": Replace(EIGHT_CONFIGS)}})
+    )
+    space = build_space(spec, mnist1d_hps)
+    searcher = make_searcher(spec, space)
+    for index in range(8):
+        config = searcher.suggest(f"trial_{index}")
+        if f"trial_{index}" in searcher.proposal_of:
+            break
+        searcher.on_trial_complete(f"trial_{index}", result={searcher.metric: 0.01 * index})
+    else:
+        pytest.fail("Optuna never repeated itself in 8 trials of a space of 8")
+    searcher.save(str(tmp_path / "searcher.pkl"))
+    restored = make_searcher(spec, space)
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    restored.on_trial_complete(f"trial_{index}", result={restored.metric: 0.5})
+    (learned,) = [trial for trial in restored.proposing.study.trials if trial.value == 0.5]
+    assert learned.state == optuna.trial.TrialState.COMPLETE
+    assert learned.params == {name: config[name] for name in learned.params}

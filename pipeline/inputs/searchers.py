@@ -6,6 +6,7 @@ Imports Ray Tune's search modules (``pipeline.sweep`` imports this one when it b
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,8 @@ from ray.tune.search.optuna import OptunaSearch
 
 from pipeline.base.ray_private import add_drawn_trials
 from pipeline.inputs.space import SearchSpace, config_key
+
+logger = logging.getLogger(__name__)
 
 # Proposals of configs already suggested that Optuna may make in a row before the next config not
 # yet tried is given to it (a TPE that has settled on a few configs proposes them again and again).
@@ -77,10 +80,12 @@ class DistinctOptunaSearch(OptunaSearch):
                 return self._suggested(trial_id, proposal, key, config)
             super().on_trial_complete(proposal, error=True)  # FAILED: TPE learns nothing of it
         untried = self.search_space.untried(self.suggested)
-        study = getattr(self.proposing, "study", None) if hasattr(self, "proposing") else None
-        if untried is None or study is None:  # none left, or a searcher restored without its study
+        if untried is None:
             return Searcher.FINISHED
-        study.enqueue_trial(untried)
+        if "proposing" not in vars(self):  # restored from a state that does not keep the study
+            logger.warning("Optuna keeps proposing configs it proposed before; the search ends here")
+            return Searcher.FINISHED
+        self.proposing.study.enqueue_trial(untried)
         proposal = self._proposal(trial_id, REPEATS_BEFORE_A_NEW_CONFIG)
         config = super().suggest(proposal)
         if config is None:
