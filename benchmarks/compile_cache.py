@@ -102,9 +102,11 @@ def one_trial_document(epochs: int) -> dict:
 
 
 def run_sweep(epochs: int, *, cache_dir: Path | None, one_trial: bool = False) -> dict[str, Any]:
+    from pipeline.inputs.datasets import data_dir
+
     with tempfile.TemporaryDirectory() as directory:
         workdir = Path(directory)
-        environment = {**os.environ, "FOLDSWEEP_DATA_DIR": str(REPO / "data")}
+        environment = {**os.environ, "FOLDSWEEP_DATA_DIR": str(data_dir())}
         if cache_dir is None:
             environment["FOLDSWEEP_COMPILE_CACHE"] = "off"
         else:

@@ -44,7 +44,8 @@ WORKER_COUNT_VARIABLE = "PYTEST_XDIST_WORKER_COUNT"
 
 def one_round(worker_count: str | None, shares: tuple[list[str], ...] = SHARES) -> tuple[float, float]:
     """Machine CPU-s and wall s of ``shares`` at once, each a pytest process of its modules."""
-    environment = {key: value for key, value in os.environ.items() if key != WORKER_COUNT_VARIABLE}
+    # Nothing of a pytest run this one is started from (its xdist worker's name and count).
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
     if worker_count is not None:
         environment[WORKER_COUNT_VARIABLE] = worker_count
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]

@@ -26,6 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import yaml  # noqa: E402
 
 from benchmarks.common import mnist1d, naive_fold_fit  # noqa: E402
+from pipeline.inputs.datasets import data_dir  # noqa: E402
 from pipeline.inputs.folds import make_folds  # noqa: E402
 from pipeline.inputs.hypermodel import build_model, load_builder  # noqa: E402
 from pipeline.inputs.spec import CVSpec  # noqa: E402
@@ -95,7 +96,7 @@ def foldsweep_run(epochs: int, grid: dict[str, list[int] | list[float]], workdir
         check=True,
         cwd=workdir,
         stdout=subprocess.DEVNULL,
-        env={**os.environ, "FOLDSWEEP_DATA_DIR": str(REPO / "data")},
+        env={**os.environ, "FOLDSWEEP_DATA_DIR": str(data_dir())},
     )
     return time.perf_counter() - started
 

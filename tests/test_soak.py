@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 
 from benchmarks import soak
 
-pytestmark = pytest.mark.e2e  # a sweep on the session's Ray
+pytestmark = pytest.mark.e2e(seconds=12)  # a sweep on the session's Ray
 
 
 def test_soak_runs_its_trials_through_a_sweep_and_finds_each_recorded_once(ray_cluster, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # soak works in a directory of its own
+    monkeypatch.chdir(tmp_path)  # soak works in a directory of its own, under the temporary one
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     soak.main(["--trials", "2", "--every", "2"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith("MLflow: 2 trial runs, 2 FINISHED, 2 distinct trials;")

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import sweep_wallclock
 
-pytestmark = pytest.mark.e2e  # it runs the benchmark's own processes
+pytestmark = pytest.mark.e2e(seconds=25)  # it runs the benchmark's own processes
 
 
 def test_sweep_wallclock_times_a_sweep_against_the_naive_loop(tmp_path):
@@ -17,4 +17,4 @@ def test_sweep_wallclock_times_a_sweep_against_the_naive_loop(tmp_path):
     result = json.loads(out.read_text())
     assert (result["configs"], result["folds"], result["epochs"]) == (1, 3, 1)
     assert result["naive_s"] > 0 and result["foldsweep_s"] > 0
-    assert result["ratio"] == pytest.approx(result["naive_s"] / result["foldsweep_s"], abs=0.1)
+    assert result["ratio"] == pytest.approx(result["naive_s"] / result["foldsweep_s"], rel=0.05)  # walls to 0.1 s

@@ -615,8 +615,8 @@ HOOKS: tuple[Hook, ...] = (
         _check_lean_head,
         gain=(
             "a sweep starts and ends sooner: the 4-config grid's fixed cost 7.2-7.7 s against 9.5-9.8 s on 2 cores, "
-            "ray.init 0.4 s against 2.0-2.2 s and ray.shutdown 0.34 s against 1.1-1.4 s (benchmarks/RESULTS.md, "
-            "2026-12-01)"
+            "ray.init 0.4-0.5 s against 2.0-2.2 s and ray.shutdown 0.3-0.6 s against 1.1-1.4 s (benchmarks/RESULTS.md, "
+            "2026-12-01, what the lean local Ray still saves)"
         ),
     ),
     Hook(
