@@ -19,8 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # time, so that a module's fixtures are made once; the modules that read the session's recorded
 # sweep go to one worker together, so that it is recorded once. The heaviest go first: a sweep or
 # a fresh process costs seconds, a pure-logic test milliseconds, and a heavy module sent last
-# would leave the other worker idle until it ends. A test that costs far more than its mark's
-# estimate says so: `@pytest.mark.e2e(seconds=40)`.
+# would leave the other worker idle until it ends.
 SECONDS_PER_TEST = {"e2e": 8.0, "training": 3.0}
 
 
@@ -81,8 +80,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         scope = xdist_scope(item.nodeid)
         cost[scope] = cost.get(scope, 0.0) + max(
-            (mark.kwargs.get("seconds", SECONDS_PER_TEST.get(mark.name, 0.05)) for mark in item.iter_markers()),
-            default=0.05,
+            (SECONDS_PER_TEST.get(mark.name, 0.05) for mark in item.iter_markers()), default=0.05
         )
     # stable: a scope's tests keep their order
     items.sort(key=lambda item: (-cost[xdist_scope(item.nodeid)], xdist_scope(item.nodeid)))

@@ -10,7 +10,7 @@ import pytest
 from benchmarks import compile_cache
 
 
-@pytest.mark.e2e(seconds=40)  # it runs the benchmark's own processes
+@pytest.mark.e2e  # it runs the benchmark's own processes
 def test_compile_cache_quick_runs_cold_and_warm_and_the_warm_run_loads_what_the_cold_one_compiled(tmp_path, capsys):
     out = tmp_path / "result.json"
     assert compile_cache.main(["--quick", "--json", str(out)]) == 0

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import compile_cost
 
-pytestmark = pytest.mark.e2e(seconds=12)  # it runs the benchmark's own processes
+pytestmark = pytest.mark.e2e  # it runs the benchmark's own processes
 
 
 def test_compile_cost_runs_a_trial_and_reads_its_compile_and_epoch_seconds(tmp_path):

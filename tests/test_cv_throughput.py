@@ -28,7 +28,7 @@ def test_hp_values_go_over_the_hypermodels_defaults():
     assert values == {"batch_norm": True, "dropout": 0.0}
 
 
-@pytest.mark.e2e(seconds=18)  # it runs the benchmark's own processes
+@pytest.mark.e2e  # it runs the benchmark's own processes
 def test_cv_throughput_measures_a_variant_against_the_machines_peak(tmp_path):
     out = tmp_path / "rows.json"
     arguments = ["--quick", "--datasets", "mnist1d", "--batch-sizes", "64", "--variants", "fused", "--repeats", "1"]

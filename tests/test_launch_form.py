@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import launch_form
 
-pytestmark = pytest.mark.e2e(seconds=17)  # it runs the benchmark's own processes
+pytestmark = pytest.mark.e2e  # it runs the benchmark's own processes
 
 
 def test_launch_form_times_both_forms_of_a_launch(tmp_path):

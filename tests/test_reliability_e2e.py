@@ -33,7 +33,6 @@ def write(tmp_path: Path, name: str, **overrides) -> Path:
     return path
 
 
-@pytest.mark.e2e(seconds=30)
 def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster, tmp_path, empty_store):
     """A 4-trial grid, one trial at a time, so that workers that retire (every two trials; by a
     memory budget no worker fits, so after every trial, on half the grid) and a worker kept for
@@ -121,7 +120,6 @@ def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(ray_cluster,
     assert parent.state == "FAILED" and all(run.state != "RUNNING" for run in trials)
 
 
-@pytest.mark.e2e(seconds=27)
 def test_eight_concurrent_trials_record_every_epoch_once(ray_cluster, tmp_path, empty_store):
     """About 30 s alone, up to 120 s beside the other pytest worker: eight worker processes start
     TensorFlow at once on two cores (a quarter of a CPU each, so that the session's Ray holds all

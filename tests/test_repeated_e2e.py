@@ -148,7 +148,6 @@ def overfitting_spec(directory: Path, select: str) -> dict:
     }
 
 
-@pytest.mark.e2e(seconds=27)
 def test_an_overfitting_trial_is_scored_and_refit_at_its_best_epoch_and_select_last_restores_the_old_ranking(
     ray_cluster, tmp_path, empty_store
 ):

@@ -62,7 +62,6 @@ def runs(directory: Path):
     return recorded_sweeps(f"sqlite:///{directory / 'mlflow.db'}", "resume")
 
 
-@pytest.mark.e2e(seconds=40)
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_an_interrupted_sweep_resumes_with_every_trial_recorded_once(ray_cluster, tmp_path, empty_store, stop):
     """About 45 s beside the other pytest worker: `foldsweep run` in a process of its own (it
