@@ -10,16 +10,15 @@ import pytest
 from benchmarks import compile_cache
 
 
-@pytest.mark.e2e  # it runs the benchmark's own processes
-def test_compile_cache_quick_runs_cold_and_warm_and_the_warm_run_loads_what_the_cold_one_compiled(tmp_path, capsys):
+@pytest.mark.e2e  # it runs the benchmark's own process
+def test_compile_cache_quick_runs_the_one_trial_with_an_empty_cache_and_reads_what_it_compiled(tmp_path):
     out = tmp_path / "result.json"
     assert compile_cache.main(["--quick", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert list(result) == ["cold", "warm"] and result["cold"]["trials"] == result["warm"]["trials"] == 1
+    assert list(result) == ["cold"] and result["cold"]["trials"] == 1
     assert result["cold"]["hits"] == 0 and result["cold"]["misses"] > 0 and result["cold"]["compile_s"] > 0
-    assert result["warm"]["hits"] == result["cold"]["misses"] and result["warm"]["misses"] == 0
-    assert result["warm"]["fold_losses"] == result["cold"]["fold_losses"] and result["cold"]["fold_losses"]
-    assert "every fold's recorded losses the same with the cache cold, warm: yes" in capsys.readouterr().out
+    losses = result["cold"]["fold_losses"]
+    assert len(losses) == 1 and all(len(curve) == 2 for curve in next(iter(losses.values())).values())
 
 
 def test_compile_cache_refuses_a_single_epoch_whose_compile_time_no_trial_measures(capsys):

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import replicas
 
-pytestmark = pytest.mark.e2e(seconds=20)  # it runs the benchmark's own processes
+pytestmark = pytest.mark.e2e  # it runs the benchmark's own processes
 
 
 def test_replicas_compares_more_replicas_with_the_first_count(tmp_path):

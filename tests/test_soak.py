@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import soak
 
-pytestmark = pytest.mark.e2e(seconds=12)  # a sweep on the session's Ray
+pytestmark = pytest.mark.e2e  # a sweep on the session's Ray
 
 
 def test_soak_runs_its_trials_through_a_sweep_and_finds_each_recorded_once(ray_cluster, tmp_path, monkeypatch, capsys):

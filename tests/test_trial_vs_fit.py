@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import trial_vs_fit
 
-pytestmark = pytest.mark.e2e(seconds=20)  # it runs the benchmark's own processes
+pytestmark = pytest.mark.e2e  # it runs the benchmark's own processes
 
 
 def test_trial_vs_fit_times_a_trial_and_the_naive_loop_on_the_same_images(tmp_path):
