@@ -72,7 +72,8 @@ def naive_loop(epochs: int, grid: dict[str, list[int] | list[float]]) -> tuple[f
     return time.perf_counter() - started, scores
 
 
-def foldsweep_run(epochs: int, grid: dict[str, list[int] | list[float]], workdir: Path) -> float:
+def write_spec(epochs: int, grid: dict[str, list[int] | list[float]], workdir: Path) -> Path:
+    """The sweep's spec, written in ``workdir``: the grid over the naive loop's configs and folds."""
     spec = {
         "name": "wallclock",
         "experiment": f"{EXPERIMENT}:build",
@@ -89,6 +90,11 @@ def foldsweep_run(epochs: int, grid: dict[str, list[int] | list[float]], workdir
     }
     path = workdir / "wallclock.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def foldsweep_run(epochs: int, grid: dict[str, list[int] | list[float]], workdir: Path) -> float:
+    path = write_spec(epochs, grid, workdir)
     command = [str(Path(sys.executable).parent / "foldsweep"), "run", str(path)]
     started = time.perf_counter()
     subprocess.run(

@@ -1,24 +1,22 @@
-"""A quick run of benchmarks.compile_cache (its smallest settings: what its result holds, not its numbers),
-and what it refuses. Its reader of recorded trials is tested in test_benchmark_readers.py."""
+"""benchmarks.compile_cache: the sweeps it runs are valid specs, and what it refuses. Its reader of
+recorded trials is tested in test_benchmark_readers.py; a run of it (`--quick`: two minutes of
+sweeps) is left to the command, as make test has the package's cache tested in test_compile_cache.py."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from typer.testing import CliRunner
 
 from benchmarks import compile_cache
+from pipeline.cli import app
 
 
-@pytest.mark.e2e  # it runs the benchmark's own process
-def test_compile_cache_quick_runs_the_one_trial_with_an_empty_cache_and_reads_what_it_compiled(tmp_path):
-    out = tmp_path / "result.json"
-    assert compile_cache.main(["--quick", "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
-    assert list(result) == ["cold"] and result["cold"]["trials"] == 1
-    assert result["cold"]["hits"] == 0 and result["cold"]["misses"] > 0 and result["cold"]["compile_s"] > 0
-    losses = result["cold"]["fold_losses"]
-    assert len(losses) == 1 and all(len(curve) == 2 for curve in next(iter(losses.values())).values())
+@pytest.mark.parametrize("one_trial", [True, False], ids=["one trial", "12 configs"])
+def test_each_sweep_it_runs_is_a_valid_spec(tmp_path, one_trial):
+    path = compile_cache.spec(2, tmp_path, one_trial=one_trial)
+    validated = CliRunner().invoke(app, ["validate", str(path)])
+    assert validated.exit_code == 0, validated.output
+    assert validated.output.startswith(f"ok {path}")
 
 
 def test_compile_cache_refuses_a_single_epoch_whose_compile_time_no_trial_measures(capsys):
