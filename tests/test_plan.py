@@ -481,7 +481,7 @@ def test_tf32_is_recorded_for_a_gpu_and_a_change_of_it_or_of_the_stacked_convolu
 
 
 def test_a_short_last_batch_is_padded_where_that_trains_its_own_samples_as_they_are():
-    """Issue 77: ``train.pad_last_batch`` pads each fold's short last batch to the batch size where
+    """``train.pad_last_batch`` pads each fold's short last batch to the batch size where
     XLA compiles a program per batch shape and the padding changes nothing but float rounding;
     a model whose layers see the whole batch keeps its last batch as it is."""
     import keras

@@ -64,7 +64,7 @@ def test_the_trial_record_has_history_summary_and_system_info(recorded_sweep):
 
 
 def test_each_trial_accounts_for_its_wall_clock(recorded_sweep):
-    """Issue 52: setup, compile, training, validation, the gaps between epochs and the rest add up
+    """Setup, compile, training, validation, the gaps between epochs and the rest add up
     to the trial's wall clock, the rest is small, and each epoch after the first has its gap."""
     from pipeline.records.plots import time_account_data
     from pipeline.records.report import account_rows
@@ -96,7 +96,7 @@ def test_each_trial_accounts_for_its_wall_clock(recorded_sweep):
 
 
 def test_the_sweep_accounts_for_its_wall_clock_and_prints_its_fixed_cost(recorded_sweep):
-    """Issue 53: the parent run records where the sweep's wall clock went, its parts adding up to
+    """The parent run records where the sweep's wall clock went, its parts adding up to
     it: the start until the first trial trained, the training, the refit (this sweep refits) and
     the end; the command prints it after the leaderboard."""
     _, parent, trials = recorded_sweep.records()
@@ -111,7 +111,7 @@ def test_the_sweep_accounts_for_its_wall_clock_and_prints_its_fixed_cost(recorde
         metrics["sweep_startup_s"] + metrics["sweep_idle_s"] + metrics["sweep_finish_s"]
     )
     assert f"fixed cost {metrics['sweep_fixed_s']:.1f} s (sweep_fixed_s)" in recorded_sweep.output
-    # Issue 77: the share of the trials' summed wall clock that went to compiling, over the trials
+    # The share of the trials' summed wall clock that went to compiling, over the trials
     # that measured it (a trial that went NaN in its first epoch has no steady rate to tell).
     timed = [run for run in trials if math.isfinite(run.metrics.get("compile_s", math.nan))]
     compiling = sum(run.metrics["compile_s"] for run in timed)

@@ -279,7 +279,7 @@ def test_the_descriptions_rank_the_trials_and_say_how_to_rerun_the_best():
 
 
 def test_the_compile_share_is_compiling_over_the_summed_wall_of_the_trials_that_recorded_both():
-    """Issue 77: a sweep's compile share is its trials' summed compile_s over their summed
+    """A sweep's compile share is its trials' summed compile_s over their summed
     trial_wall_s; a trial that recorded no compile time (it failed first) is left out of both."""
     records = [
         record(0, 0.8, compile_s=3.0, trial_wall_s=10.0),

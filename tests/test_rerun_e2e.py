@@ -86,7 +86,7 @@ def test_rerun_of_a_finished_trial_reproduces_its_fold_losses_and_is_recorded_ap
 
 
 def test_rerun_profile_says_where_a_steady_epoch_goes_and_keeps_its_trace(unclipped_trials, tmp_path):
-    """Issue 52: `rerun --profile` in a fresh process (XLA marks its ops only if told before
+    """`rerun --profile` in a fresh process (XLA marks its ops only if told before
     TensorFlow starts), as a researcher runs it."""
     directory, tracker, trials, parent = unclipped_trials
     original = trials["0.01"]

@@ -796,7 +796,7 @@ def test_compiled_metrics_are_scored_in_validation_and_never_touched_by_the_trai
 
 
 def test_a_padded_last_batch_trains_each_fold_as_its_last_batch_as_it_is(dataset, folds):
-    """Issue 77: each fold's short last batch padded to the batch size and masked trains the same
+    """Each fold's short last batch padded to the batch size and masked trains the same
     samples with the same numbers but for float rounding (dropout's among them: foldsweep's own
     numbers are drawn per element from the front of the batch), one XLA program per batch shape."""
     # 205 and 204 samples: last batches of 5 and 4 at batch 8, one program each unpadded.
