@@ -4,7 +4,7 @@ trained through `foldsweep trial`, lands where Keras' own `model.fit` lands on t
 
 Tolerance: `fit` is given exactly what foldsweep trains on: each fold model built under the
 fold's seed, and each epoch the fold's batches in foldsweep's order (``epoch_order``), without
-Keras' own shuffle. What is left between the two is float rounding (XLA in Keras' step, not in
+Keras' own shuffle, in one `fit` call over the epochs (``fit_on_foldsweeps_batches``). What is left between the two is float rounding (XLA in Keras' step, not in
 foldsweep's here; another summation order), which can flip a prediction that sits on the
 decision boundary: ``TOLERANCE`` = 0.01 is 6 of the 600 validation samples. Every dropped
 feature moves the CV mean by at least ``FAR`` = 0.15: a foldsweep that ignored the feature would
@@ -313,11 +313,45 @@ def keras_fit(spec: Path, builder: str) -> Fitted:
     return KERAS_FITS[key]
 
 
+def fit_on_foldsweeps_batches(model, data, fold, seed: int, *, cast=None, **fit_arguments) -> dict[str, list[float]]:
+    """Keras' fit of ``model`` on the fold's training samples (their targets through ``cast`` if
+    given) for ``EPOCHS`` epochs in one call, each epoch's batches in foldsweep's order (a
+    PyDataset told the epoch as it begins); its history, a list per logged name, an entry per
+    epoch."""
+    import keras
+
+    from pipeline.engine.fold_engine import epoch_order
+
+    orders = [epoch_order(fold.train, seed=seed, epoch=epoch) for epoch in range(EPOCHS)]
+
+    class Batches(keras.utils.PyDataset):
+        def __init__(self) -> None:
+            super().__init__()
+            self.epoch = 0
+
+        def __len__(self) -> int:
+            return -(-len(fold.train) // BATCH)
+
+        def __getitem__(self, index: int):
+            order = orders[self.epoch][index * BATCH : (index + 1) * BATCH]
+            return data.x[order], data.y[order] if cast is None else cast(data.y[order])
+
+    batches = Batches()
+
+    class EpochOrder(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs=None) -> None:
+            batches.epoch = epoch
+
+    return model.fit(
+        batches, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[EpochOrder()], **fit_arguments
+    ).history
+
+
 def _keras_fit(spec: Path, build) -> Fitted:
     import keras
 
     from pipeline.checks import prepare
-    from pipeline.engine.fold_engine import epoch_order, fold_seed
+    from pipeline.engine.fold_engine import fold_seed
     from pipeline.inputs.hypermodel import build_model
     from pipeline.inputs.spec import load_spec
 
@@ -328,19 +362,9 @@ def _keras_fit(spec: Path, build) -> Fitted:
         seed = fold_seed(prepared.spec.train.seed, k)
         keras.utils.set_random_seed(seed)
         model = build_model(build, {}, input_shape=data.input_shape)
-        for epoch in range(EPOCHS):  # one fit call per epoch: the optimizer (and its schedule) goes on
-            order = epoch_order(fold.train, seed=seed, epoch=epoch)
-            history = model.fit(
-                data.x[order],
-                data.y[order],
-                batch_size=BATCH,
-                epochs=1,
-                shuffle=False,
-                validation_data=(data.x[fold.val], data.y[fold.val]),
-                verbose=0,
-            ).history
-            losses.append(history["loss"][-1])
-        scores.append(history.get("val_accuracy", history.get("val_sparse_categorical_accuracy"))[-1])
+        losses += fit_on_foldsweeps_batches(model, data, fold, seed)["loss"]
+        validated = model.evaluate(data.x[fold.val], data.y[fold.val], batch_size=BATCH, verbose=0, return_dict=True)
+        scores.append(validated.get("accuracy", validated.get("sparse_categorical_accuracy")))
     keras.backend.clear_session()
     return Fitted(float(np.mean(scores)), float(np.mean(losses)))
 
@@ -473,14 +497,14 @@ def trial_fold_scores(spec: Path) -> dict[tuple[int, str], float]:
 
 
 def keras_fold_fits(spec: Path, builder: str, *, cast=None, validate: bool = False, **fit_arguments):
-    """Per fold of the spec: Keras' fit of the builder's model on foldsweep's batches, an epoch per
-    call (the targets through ``cast`` if given, the fold's validation samples as validation_data
-    with ``validate``); yields the fold's number, its model, its validation (x, y) and each epoch's
-    history."""
+    """Per fold of the spec: Keras' fit of the builder's model on foldsweep's batches
+    (``fit_on_foldsweeps_batches``; the targets through ``cast`` if given, the fold's validation
+    samples as validation_data with ``validate``); yields the fold's number, its model, its
+    validation (x, y) and the fit's history."""
     import keras
 
     from pipeline.checks import prepare
-    from pipeline.engine.fold_engine import epoch_order, fold_seed
+    from pipeline.engine.fold_engine import fold_seed
     from pipeline.inputs.hypermodel import build_model, load_builder
     from pipeline.inputs.spec import load_spec
 
@@ -492,23 +516,16 @@ def keras_fold_fits(spec: Path, builder: str, *, cast=None, validate: bool = Fal
         keras.utils.set_random_seed(seed)
         model = build_model(build, {}, input_shape=data.input_shape)
         validation = (data.x[fold.val], data.y[fold.val])
-        histories = []
-        for epoch in range(EPOCHS):
-            order = epoch_order(fold.train, seed=seed, epoch=epoch)
-            y = data.y[order] if cast is None else cast(data.y[order])
-            histories.append(
-                model.fit(
-                    data.x[order],
-                    y,
-                    batch_size=BATCH,
-                    epochs=1,
-                    shuffle=False,
-                    verbose=0,
-                    validation_data=validation if validate else None,
-                    **fit_arguments,
-                ).history
-            )
-        yield k, model, validation, histories
+        history = fit_on_foldsweeps_batches(
+            model,
+            data,
+            fold,
+            seed,
+            cast=cast,
+            validation_data=validation if validate else None,
+            **fit_arguments,
+        )
+        yield k, model, validation, history
     keras.backend.clear_session()
 
 
@@ -614,12 +631,12 @@ def test_class_weights_train_as_keras_fit_class_weight(workspace, threads_kept):
     assert prepare(load_spec(spec)).spec.train.class_weight == CLASS_WEIGHT
     for weighted in (True, False):
         fits = keras_fold_fits(spec, "sigmoid", validate=True, class_weight=CLASS_WEIGHT if weighted else None)
-        for k, _, _, histories in fits:
-            for epoch, history in enumerate(histories):
+        for k, _, _, history in fits:
+            for epoch in range(EPOCHS):
                 train, val = ours[(epoch + 1, k)]
                 if weighted:
-                    assert train == pytest.approx(history["loss"][0], rel=0.01, abs=PRINTED), (k, epoch, train, history)
-                    assert val == pytest.approx(history["val_loss"][0], rel=0.01, abs=PRINTED), (k, epoch, val, history)
+                    assert train == pytest.approx(history["loss"][epoch], rel=0.01, abs=PRINTED), (k, epoch, history)
+                    assert val == pytest.approx(history["val_loss"][epoch], rel=0.01, abs=PRINTED), (k, epoch, history)
                 elif epoch == 0:  # unweighted, the first epoch's training loss is a fraction of the weighted one
                     assert history["loss"][0] < 0.6 * train, (k, train, history)
 
