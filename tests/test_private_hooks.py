@@ -59,6 +59,7 @@ def test_a_missing_python_exit_function_is_named_with_pythons_version(monkeypatc
 def test_a_renamed_ray_method_is_named_with_rays_version(monkeypatch):
     from ray.tune.execution.tune_controller import TuneController
 
+    monkeypatch.setattr(private_hooks, "_HELD", set())  # as in a process that has not checked Ray yet
     monkeypatch.delattr(TuneController, "_maybe_cache_trial_actor")
     with pytest.raises(PrivateHookMissing) as raised:
         require_hooks(["ray"])
@@ -66,6 +67,23 @@ def test_a_renamed_ray_method_is_named_with_rays_version(monkeypatch):
     assert f"ray {metadata.version('ray')}'s" in message
     assert "ray.tune.execution.tune_controller.TuneController._maybe_cache_trial_actor is missing" in message
     assert "install the locked versions (make install, from uv.lock)" in message and "\n" not in message
+
+
+def test_each_librarys_hooks_are_checked_once_per_process(monkeypatch):
+    """A library's hooks that held are not checked again (it cannot change under the process); a
+    library not yet checked still is, and a broken one is refused every time."""
+    from ray.tune.execution.tune_controller import TuneController
+
+    monkeypatch.setattr(private_hooks, "_HELD", set())
+    require_hooks(["ray"])
+    assert private_hooks._HELD == {"ray"}
+    monkeypatch.delattr(TuneController, "_maybe_cache_trial_actor")
+    require_hooks(["ray"])  # held: not checked again
+    monkeypatch.setattr(private_hooks, "_HELD", set())
+    for _ in range(2):
+        with pytest.raises(PrivateHookMissing, match="_maybe_cache_trial_actor is missing"):
+            require_hooks(["mlflow", "ray"])
+    assert private_hooks._HELD == set()
 
 
 def test_a_ray_method_with_another_signature_is_refused(monkeypatch):
@@ -355,6 +373,7 @@ def without_ray_hook(monkeypatch):
     from ray.tune.execution.tune_controller import TuneController
 
     monkeypatch.delattr(TuneController, "_maybe_cache_trial_actor")
+    monkeypatch.setattr(private_hooks, "_HELD", set())  # the hooks checked again, as by a new process
     return "error: foldsweep relies on ray", "TuneController._maybe_cache_trial_actor is missing"
 
 
@@ -369,6 +388,7 @@ def without_keras_hook(monkeypatch):
 
     monkeypatch.setattr(CompileLoss, "__init__", renamed)
     private_hooks._probe_models.cache_clear()
+    monkeypatch.setattr(private_hooks, "_HELD", set())
     return "error: foldsweep relies on keras", "no longer shows them as _compile_loss._user_loss_weights"
 
 
