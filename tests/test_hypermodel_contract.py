@@ -239,6 +239,34 @@ def test_a_model_foldsweep_would_train_otherwise_is_refused_before_anything_runs
     assert keras.config.dtype_policy().name == "float32"  # a refused build's policy reaches no later one
 
 
+def test_a_sigmoid_head_saturated_on_samples_far_from_zero_is_not_taken_for_a_softmax_over_one_unit(
+    without_ray, tmp_path, monkeypatch
+):
+    """Samples around 100 (raw, unscaled values) drive a fresh sigmoid head's output to 1.0 in
+    float32 for every sample, as a softmax over one unit's always is; it is validated, not refused."""
+    source = experiment("sigmoid", compile_args="loss='binary_crossentropy'").replace(
+        "activation='sigmoid'", "activation='sigmoid', kernel_initializer='ones'"
+    )
+    (tmp_path / "model.py").write_text(source)
+    arrays = labelled(BINARY)
+    np.savez(tmp_path / "data.npz", x=arrays["x"] + 100.0, y=arrays["y"])
+    (tmp_path / "spec.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "raw",
+                "experiment": "model.py",
+                "dataset": "data.npz",
+                "cv": {"n_splits": 2},
+                "search": {"space": {"batch_size": 8}},
+            }
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["validate", "spec.yaml"])
+    assert result.exit_code == 0, result.output
+    assert "softmax over one unit" not in result.output
+
+
 def test_a_build_that_sets_mixed_precision_in_a_worker_fails_its_trial_and_leaves_float32_behind():
     """A worker's build (``build_model``) refuses it too: a branch the space's discovery did not
     build, or an experiment file changed after validation, fails its trial with the reason, and

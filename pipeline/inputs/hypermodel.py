@@ -100,6 +100,7 @@ class Experiment:
             outputs = np.asarray(model(samples.astype(np.float32), training=False))
             units, parameters = int(outputs.shape[-1]), int(model.count_params())
             last_layer = _last_layer(model)
+            one_for_any_input = units == 1 and _one_for_any_input(model, outputs, input_shape)
         except ExperimentError:
             raise
         except Exception as exc:
@@ -110,8 +111,7 @@ class Experiment:
             ) from None
         finally:
             keras.backend.clear_session(free_memory=False)
-        # A softmax over one unit is exp(0)/exp(0), though some CPUs' kernels round it to 0.99999994.
-        if units == 1 and outputs.size and np.allclose(outputs, 1.0, rtol=0.0, atol=1e-6):
+        if one_for_any_input:
             raise ExperimentError(
                 f"experiment: the model of {self.reference} ends in {last_layer}, whose one output is 1 for every "
                 "sample (a softmax over one unit), so nothing it learns can change a prediction: a binary "
@@ -203,6 +203,24 @@ def output_units(model: keras.Model, input_shape: tuple[int, ...]) -> int:
     if _declared_inputs(model):
         return int(model.outputs[0].shape[-1])
     return int(model(np.zeros((1, *input_shape), np.float32), training=False).shape[-1])
+
+
+def _ones(outputs: np.ndarray) -> bool:
+    # A softmax over one unit is exp(0)/exp(0), though some CPUs' kernels round it to 0.99999994.
+    return bool(outputs.size) and np.allclose(outputs, 1.0, rtol=0.0, atol=1e-6)
+
+
+def _one_for_any_input(model: keras.Model, outputs: np.ndarray, input_shape: tuple[int, ...]) -> bool:
+    """Whether a one-unit model's output is 1 whatever it is fed, as a softmax over one unit's is:
+    on the data's samples (``outputs``) and on zeros. A sigmoid head may saturate to 1 in float32
+    on samples far from zero (raw pixel values, say) before any training, where zeros, through
+    the fresh model's zero biases, give it about 0.5."""
+    if not _ones(outputs):
+        return False
+    try:
+        return _ones(np.asarray(model(np.zeros((1, *input_shape), np.float32), training=False)))
+    except Exception:  # a model that cannot run on zeros (an Embedding's indices, say): its samples tell
+        return True
 
 
 def _last_layer(model: keras.Model) -> str:
