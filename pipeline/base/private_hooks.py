@@ -6,8 +6,8 @@ it (what a hook costs to keep is weighed against that) and the private names it 
 on a private name the package touches that no hook lists). Only the library's adapter uses them
 (``ray_private``, ``keras_private``, ``tensorflow_private``, ``mlflow_private``), and the checks
 here; ``require_hooks``
-runs every check of ``HOOKED_LIBRARIES`` before a command starts anything (exit 1, one line naming
-the library version and what is missing), never mid-sweep, and ``tests/test_private_hooks.py`` runs
+runs every check of ``HOOKED_LIBRARIES`` before a command starts anything, once per process (exit
+1, one line naming the library version and what is missing), never mid-sweep, and ``tests/test_private_hooks.py`` runs
 them all in CI against the locked versions, ``FALLBACK_LIBRARIES``' too.
 """
 
