@@ -25,6 +25,7 @@ import inspect
 import re
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,7 +219,9 @@ def _one_for_any_input(model: keras.Model, outputs: np.ndarray, input_shape: tup
     if not _ones(outputs):
         return False
     try:
-        return _ones(np.asarray(model(np.zeros((1, *input_shape), np.float32), training=False)))
+        with warnings.catch_warnings():  # Keras' own warning of a softmax over one unit, said once already
+            warnings.simplefilter("ignore", UserWarning)
+            return _ones(np.asarray(model(np.zeros((1, *input_shape), np.float32), training=False)))
     except Exception:  # a model that cannot run on zeros (an Embedding's indices, say): its samples tell
         return True
 
