@@ -4,9 +4,9 @@ trained through `foldsweep trial`, lands where Keras' own `model.fit` lands on t
 
 Tolerance: `fit` is given exactly what foldsweep trains on: each fold model built under the
 fold's seed, and each epoch the fold's batches in foldsweep's order (``epoch_order``), without
-Keras' own shuffle, in one `fit` call over the epochs (``fit_on_foldsweeps_batches``). What is left between the two is float rounding (XLA in Keras' step, not in
-foldsweep's here; another summation order), which can flip a prediction that sits on the
-decision boundary: ``TOLERANCE`` = 0.01 is 6 of the 600 validation samples. Every dropped
+Keras' own shuffle, in one `fit` call over the epochs (``fit_on_foldsweeps_batches``). What is
+left between the two is float rounding (XLA in Keras' step, not in foldsweep's here; another
+summation order), which can flip a prediction that sits on the decision boundary: ``TOLERANCE`` = 0.01 is 6 of the 600 validation samples. Every dropped
 feature moves the CV mean by at least ``FAR`` = 0.15: a foldsweep that ignored the feature would
 land far outside the tolerance and fail.
 
@@ -309,7 +309,7 @@ def keras_fit(spec: Path, builder: str) -> Fitted:
     build = load_builder(spec.parent / "parity.py", builder)
     key = (build.__name__, yaml.safe_load(spec.read_text())["dataset"])
     if key not in KERAS_FITS:
-        KERAS_FITS[key] = _keras_fit(spec, build)
+        KERAS_FITS[key] = _keras_fit(spec, build.__name__)
     return KERAS_FITS[key]
 
 
@@ -347,25 +347,12 @@ def fit_on_foldsweeps_batches(model, data, fold, seed: int, *, cast=None, **fit_
     ).history
 
 
-def _keras_fit(spec: Path, build) -> Fitted:
-    import keras
-
-    from pipeline.checks import prepare
-    from pipeline.engine.fold_engine import fold_seed
-    from pipeline.inputs.hypermodel import build_model
-    from pipeline.inputs.spec import load_spec
-
-    prepared = prepare(load_spec(spec))
-    data = prepared.dataset
+def _keras_fit(spec: Path, builder: str) -> Fitted:
     scores, losses = [], []
-    for k, fold in enumerate(prepared.folds.folds):
-        seed = fold_seed(prepared.spec.train.seed, k)
-        keras.utils.set_random_seed(seed)
-        model = build_model(build, {}, input_shape=data.input_shape)
-        losses += fit_on_foldsweeps_batches(model, data, fold, seed)["loss"]
-        validated = model.evaluate(data.x[fold.val], data.y[fold.val], batch_size=BATCH, verbose=0, return_dict=True)
+    for _, model, (x_val, y_val), history in keras_fold_fits(spec, builder):
+        losses += history["loss"]
+        validated = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
         scores.append(validated.get("accuracy", validated.get("sparse_categorical_accuracy")))
-    keras.backend.clear_session()
     return Fitted(float(np.mean(scores)), float(np.mean(losses)))
 
 
