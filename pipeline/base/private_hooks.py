@@ -5,10 +5,10 @@ into without notice. Each ``Hook`` names the place, what foldsweep uses it for, 
 it (what a hook costs to keep is weighed against that) and the private names it covers (a test fails
 on a private name the package touches that no hook lists). Only the library's adapter uses them
 (``ray_private``, ``keras_private``, ``tensorflow_private``, ``mlflow_private``), and the checks
-here; ``require_hooks``
-runs every check of ``HOOKED_LIBRARIES`` before a command starts anything, once per process (exit
-1, one line naming the library version and what is missing), never mid-sweep, and ``tests/test_private_hooks.py`` runs
-them all in CI against the locked versions, ``FALLBACK_LIBRARIES``' too.
+here; ``require_hooks`` runs every check of ``HOOKED_LIBRARIES`` before a command starts anything,
+once per process (exit 1, one line naming the library version and what is missing), never
+mid-sweep, and ``tests/test_private_hooks.py`` runs them all in CI against the locked versions,
+``FALLBACK_LIBRARIES``' too.
 """
 
 from __future__ import annotations
