@@ -901,7 +901,7 @@ def broken_hooks(libraries: Sequence[str] = HOOKED_LIBRARIES) -> list[str]:
 
 # The libraries whose hooks all held when this process checked them. A library does not change
 # under a running process, so each is checked once: a process that prepares many sweeps or trials
-# (a notebook, the test suite) would otherwise pay ~0.3 s of checks for each.
+# (a notebook, the test suite) would otherwise pay for the checks (building small models) each time.
 _HELD: set[str] = set()
 
 
