@@ -138,7 +138,8 @@ def test_a_process_that_loads_the_engine_has_tensorflow_and_keras_frozen_its_col
     """What a Ray worker does with its first trial: loading the engine loads TensorFlow and Keras
     with the collector paused, and gives it back; the matplotlib Keras imports for its galleries
     is not loaded until they draw, nor scikit-learn until Keras' wrappers or KerasTuner's
-    Bayesian and scikit-learn tuners use it (``pipeline.base.deferred``)."""
+    Bayesian and scikit-learn tuners use it, nor SciPy's optimizers until the Bayesian tuner
+    does (``pipeline.base.deferred``)."""
     seen = run_python(
         """
         import gc, json, sys
@@ -146,7 +147,8 @@ def test_a_process_that_loads_the_engine_has_tensorflow_and_keras_frozen_its_col
         def loaded(package):
             return sorted(name for name in sys.modules if name.split(".")[0] == package)
         seen = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "keras": "keras" in sys.modules,
-                "matplotlib": loaded("matplotlib"), "sklearn": loaded("sklearn")}
+                "matplotlib": loaded("matplotlib"), "sklearn": loaded("sklearn"),
+                "scipy_optimize": [name for name in loaded("scipy") if name.startswith("scipy.optimize")]}
         from keras.src.visualization import plot_image_gallery
         seen["gallery_draws"] = callable(plot_image_gallery.plt.subplots)
         seen["loaded_on_use"] = type(sys.modules["matplotlib.pyplot"]).__name__
@@ -159,6 +161,8 @@ def test_a_process_that_loads_the_engine_has_tensorflow_and_keras_frozen_its_col
                             issubclass(keras._tf_keras.keras.wrappers.SKLearnRegressor, BaseEstimator)]
         seen["tuners"] = [bayesian.sklearn.gaussian_process.kernels.Matern is Matern,
                           sklearn_tuner.sklearn.model_selection.KFold is KFold]
+        from scipy.optimize import minimize
+        seen["optimizer"] = bayesian.scipy.optimize.minimize is minimize
         print(json.dumps(seen))
         """
     )
@@ -171,3 +175,5 @@ def test_a_process_that_loads_the_engine_has_tensorflow_and_keras_frozen_its_col
     assert seen["sklearn"] == []
     assert seen["wrappers"] == [True, True]
     assert seen["tuners"] == [True, True]
+    assert seen["scipy_optimize"] == []
+    assert seen["optimizer"] is True

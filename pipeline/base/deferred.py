@@ -11,7 +11,8 @@ matplotlib`` loads the real package, as foldsweep's plots do.
 
 scikit-learn likewise: Keras' scikit-learn wrappers and KerasTuner's BayesianOptimization and
 SklearnTuner import it as they load (~1 s of a worker's start-up on that machine), and a Ray worker
-uses none of them (the folds are split in the driver).
+uses none of them (the folds are split in the driver). So are SciPy's optimizers, which only
+BayesianOptimization uses (``scipy.optimize``, most of what loading KerasTuner costs).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 # What Keras imports only for its plots (keras.src.visualization).
 KERAS_PLOTTING = ("matplotlib",)
 # What KerasTuner imports only for its BayesianOptimization and SklearnTuner.
-KERAS_TUNER_SKLEARN = ("sklearn",)
+KERAS_TUNER_TUNERS = ("sklearn", "scipy.optimize")
 
 
 class Deferred(types.ModuleType):

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 
 from pipeline.base.collector import collector_paused
-from pipeline.base.deferred import KERAS_PLOTTING, KERAS_TUNER_SKLEARN, deferred
+from pipeline.base.deferred import KERAS_PLOTTING, KERAS_TUNER_TUNERS, deferred
 from pipeline.base.keras_private import KERAS_SKLEARN_WRAPPERS
 
 TENSORFLOW_START_UP = re.compile(
@@ -38,14 +38,15 @@ def import_tensorflow_and_keras() -> None:
     """Import TensorFlow, Keras and KerasTuner once, with TensorFlow's start-up lines filtered
     from standard error, the garbage collector paused while they load (``collector_paused``), and
     what they import for features foldsweep never calls (Keras' image galleries, the
-    scikit-learn wrappers and tuners) left to load when first used (``deferred``)."""
+    scikit-learn wrappers, KerasTuner's Bayesian and scikit-learn tuners) left to load when
+    first used (``deferred``)."""
     if "keras" in sys.modules:
         return
     quiet_environment()
-    unused = KERAS_PLOTTING + KERAS_SKLEARN_WRAPPERS + KERAS_TUNER_SKLEARN
+    unused = KERAS_PLOTTING + KERAS_SKLEARN_WRAPPERS + KERAS_TUNER_TUNERS
     with collector_paused(collect=False), filtered_stderr(TENSORFLOW_START_UP), deferred(unused):
         import keras  # noqa: F401  (Keras 3 loads TensorFlow, its backend, first)
-        import keras_tuner  # noqa: F401  (here, in the deferral: it imports scikit-learn as it loads)
+        import keras_tuner  # noqa: F401  (here, in the deferral: it imports scikit-learn and SciPy's optimizers)
 
 
 @contextlib.contextmanager
