@@ -6,9 +6,9 @@ Tolerance: `fit` is given exactly what foldsweep trains on: each fold model buil
 fold's seed, and each epoch the fold's batches in foldsweep's order (``epoch_order``), without
 Keras' own shuffle, in one `fit` call over the epochs (``fit_on_foldsweeps_batches``). What is
 left between the two is float rounding (XLA in Keras' step, not in foldsweep's here; another
-summation order), which can flip a prediction that sits on the decision boundary: ``TOLERANCE`` = 0.01 is 6 of the 600 validation samples. Every dropped
-feature moves the CV mean by at least ``FAR`` = 0.15: a foldsweep that ignored the feature would
-land far outside the tolerance and fail.
+summation order), which can flip a prediction that sits on the decision boundary: ``TOLERANCE`` =
+0.01 is 6 of the 600 validation samples. Every dropped feature moves the CV mean by at least
+``FAR`` = 0.15: a foldsweep that ignored the feature would land far outside the tolerance and fail.
 
 BatchNormalization and Dropout are also compared with the folds stacked into one XLA program
 (the layout foldsweep picks at small batches with one compute thread). BatchNormalization is

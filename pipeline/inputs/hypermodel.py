@@ -340,10 +340,9 @@ def _refuse_own_training(model: keras.Model, reference: str) -> None:
 # its float16 and bfloat16 ones. Keras' fit trains float16 with a scaled loss (the optimizer a
 # mixed_float16 model compiles is a LossScaleOptimizer) and skips the steps whose gradients
 # overflow; foldsweep's step trains every fold in float32 terms and feeds no scaled loss, so the
-# gradients would come out divided by the loss scale (2^15 at first): measured on
-# MNIST-1D with SGD, 0.117 mean_val_accuracy (chance) where float32 scored 0.453 and fit trained
-# the two alike. bfloat16 needs no loss scale, but foldsweep's step was never checked against fit
-# in it: refused all the same rather than trained unchecked.
+# gradients would come out divided by the loss scale (2^15 at first) and the model would stay at
+# chance where fit trains it as it trains float32. bfloat16 needs no loss scale, but foldsweep's
+# step was never checked against fit in it: refused all the same rather than trained unchecked.
 REDUCED_PRECISION_DTYPES = ("float16", "bfloat16")
 MIXED_PRECISION_FIX = (
     "foldsweep trains every model in float32: its step does not scale the loss as Keras' fit does "
