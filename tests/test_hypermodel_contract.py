@@ -73,6 +73,16 @@ EAGER_LOSS = (
     "    loss = keras.losses.sparse_categorical_crossentropy(y_true, y_pred)\n"
     "    return loss / float(loss.numpy().mean())\n"
 )
+TWO_OUTPUTS = (
+    "import keras\n"
+    "def build(hp):\n"
+    "    inputs = keras.Input((8, 1))\n"
+    "    flat = keras.layers.Flatten()(inputs)\n"
+    "    outputs = [keras.layers.Dense(2, activation='softmax', name=name)(flat) for name in ('label', 'aux')]\n"
+    "    model = keras.Model(inputs, outputs)\n"
+    "    COMPILE\n"
+    "    return model\n"
+)
 REFUSED = {
     "linear head without from_logits": (
         experiment("linear"),
@@ -146,6 +156,20 @@ REFUSED = {
         ),
         labelled(BINARY),
         ["Adam optimizer with use_ema=True", "drop use_ema"],
+    ),
+    # Keras' fit wants a label per output; foldsweep scores one output against the data's y.
+    "two outputs": (
+        TWO_OUTPUTS.replace("COMPILE", "pass"),
+        labelled(BINARY),
+        ["the model of model.py has 2 outputs ('label', 'aux')", "return one output"],
+    ),
+    "one loss per output": (
+        TWO_OUTPUTS.replace(
+            "COMPILE",
+            "model.compile(optimizer='adam', loss={'label': 'mse', 'aux': 'sparse_categorical_crossentropy'})",
+        ),
+        labelled(BINARY),
+        ["compiles one loss per output ('label', 'aux')", "return one output and compile one loss"],
     ),
     "loss weights": (
         experiment(compile_args="loss='sparse_categorical_crossentropy', loss_weights=[2.0]"),

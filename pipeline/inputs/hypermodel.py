@@ -98,7 +98,10 @@ class Experiment:
         input_shape = tuple(samples.shape[1:])
         try:
             model = self.build({}, input_shape)
-            outputs = np.asarray(model(samples.astype(np.float32), training=False))
+            returned = keras.tree.flatten(model(samples.astype(np.float32), training=False))
+            if len(returned) > 1:
+                raise ExperimentError(_several_outputs(self.reference, model, len(returned)))
+            outputs = np.asarray(returned[0])
             units, parameters = int(outputs.shape[-1]), int(model.count_params())
             last_layer = _last_layer(model)
             one_for_any_input = units == 1 and _one_for_any_input(model, outputs, input_shape)
@@ -224,6 +227,17 @@ def _one_for_any_input(model: keras.Model, outputs: np.ndarray, input_shape: tup
             return _ones(np.asarray(model(np.zeros((1, *input_shape), np.float32), training=False)))
     except Exception:  # a model that cannot run on zeros (an Embedding's indices, say): its samples tell
         return True
+
+
+def _several_outputs(reference: str, model: keras.Model, count: int) -> str:
+    """Why a model with several outputs is refused: Keras' fit wants a label per output (or a
+    loss per output), and foldsweep trains and scores one output against the data's y."""
+    names = getattr(model, "output_names", None) or []
+    named = f" ({', '.join(map(repr, names))})" if len(names) == count else ""
+    return (
+        f"experiment: the model of {reference} has {count} outputs{named}; foldsweep trains and scores one "
+        "output against the data's y: return one output"
+    )
 
 
 def _last_layer(model: keras.Model) -> str:
@@ -389,9 +403,10 @@ def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None,
         return None, None
     loss = getattr(model, "loss", None)
     if isinstance(loss, (dict, list, tuple)):
+        per_output = ", ".join(map(repr, loss)) if isinstance(loss, dict) else f"{len(loss)} losses"
         raise ExperimentError(
-            f"experiment: {reference} compiles one loss per output ({type(loss).__name__}); "
-            "foldsweep trains single-output classifiers: compile one loss"
+            f"experiment: {reference} compiles one loss per output ({per_output}); foldsweep trains and "
+            "scores one output against the data's y: return one output and compile one loss"
         )
     weights = compiled_loss_weights(model)
     if weights is not None:
