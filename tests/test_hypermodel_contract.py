@@ -309,6 +309,27 @@ def test_a_build_that_sets_mixed_precision_in_a_worker_fails_its_trial_and_leave
     assert afterwards.dtype_policy.name == "float32"
 
 
+def test_a_worker_build_with_several_outputs_fails_its_trial_with_the_reason():
+    """A branch of the space that validate's default model does not take returns two outputs:
+    the worker's build (``build_model``) refuses it, naming the outputs and the values."""
+    from pipeline.base.errors import ExperimentError
+    from pipeline.inputs.hypermodel import build_model
+
+    def build(hp):
+        inputs = keras.Input((8, 1))
+        flat = keras.layers.Flatten()(inputs)
+        heads = [keras.layers.Dense(2, activation="softmax", name=name)(flat) for name in ("label", "aux")]
+        return keras.Model(inputs, heads if hp.Boolean("two", default=False) else heads[0])
+
+    assert len(build_model(build, {}).outputs) == 1
+    with pytest.raises(ExperimentError) as refused:
+        build_model(build, {"two": True})
+    assert str(refused.value) == (
+        "experiment: the model build(hp) returns for {'two': True} has 2 outputs ('label', 'aux'); foldsweep "
+        "trains and scores one output against the data's y: return one output"
+    )
+
+
 def test_a_fold_that_trains_on_one_class_is_refused(tmp_path, monkeypatch):
     # Three single-class groups in 2 folds: one fold trains on one group, so on one class.
     arrays = labelled([1] * 20 + [0] * 40)

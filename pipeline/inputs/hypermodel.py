@@ -71,7 +71,7 @@ class Experiment:
     fit_class_weight: Mapping[int, float] | None = None
 
     def build(self, values: Mapping[str, Any], input_shape: tuple[int, ...] | None = None) -> keras.Model:
-        return build_model(self.build_fn, values, input_shape=input_shape)
+        return build_model(self.build_fn, values, input_shape=input_shape, reference=self.reference)
 
     def output_units(self, input_shape: tuple[int, ...]) -> int:
         """The classes the default model predicts for samples of ``input_shape``.
@@ -100,7 +100,7 @@ class Experiment:
             model = self.build({}, input_shape)
             returned = keras.tree.flatten(model(samples.astype(np.float32), training=False))
             if len(returned) > 1:
-                raise ExperimentError(_several_outputs(self.reference, model, len(returned)))
+                raise ExperimentError(_several_outputs(f"the model of {self.reference}", model, len(returned)))
             outputs = np.asarray(returned[0])
             units, parameters = int(outputs.shape[-1]), int(model.count_params())
             last_layer = _last_layer(model)
@@ -229,14 +229,14 @@ def _one_for_any_input(model: keras.Model, outputs: np.ndarray, input_shape: tup
         return True
 
 
-def _several_outputs(reference: str, model: keras.Model, count: int) -> str:
+def _several_outputs(whose: str, model: keras.Model, count: int) -> str:
     """Why a model with several outputs is refused: Keras' fit wants a label per output (or a
     loss per output), and foldsweep trains and scores one output against the data's y."""
     names = getattr(model, "output_names", None) or []
     named = f" ({', '.join(map(repr, names))})" if len(names) == count else ""
     return (
-        f"experiment: the model of {reference} has {count} outputs{named}; foldsweep trains and scores one "
-        "output against the data's y: return one output"
+        f"experiment: {whose} has {count} outputs{named}; foldsweep trains and scores one output against the "
+        "data's y: return one output"
     )
 
 
@@ -255,9 +255,11 @@ def build_model(
     values: Mapping[str, Any],
     *,
     input_shape: tuple[int, ...] | None = None,
+    reference: str | None = None,
 ) -> keras.Model:
     """Build with the given hyperparameter values (names they leave unset take defaults); a
-    model with no declared input is built on samples of ``input_shape``."""
+    model with no declared input is built on samples of ``input_shape``. ``reference`` names
+    the experiment in a refusal (a worker's build has none: its trial fails with the reason)."""
     hp = keras_tuner.HyperParameters()
     hp.values = dict(values)
     try:
@@ -270,6 +272,10 @@ def build_model(
             f"{_where_raised(exc)}: {_message(exc)}"
         ) from None
     _refuse_reduced_precision(model, "build(hp)")
+    declared = _declared_outputs(model)
+    if declared > 1:
+        whose = f"the model of {reference}" if reference else f"the model build(hp) returns for {dict(hp.values)}"
+        raise ExperimentError(_several_outputs(whose, model, declared))
     if input_shape is not None and not _declared_inputs(model):
         _build_on(model, input_shape)
     return model
@@ -283,6 +289,15 @@ def _build_on(model: keras.Model, input_shape: tuple[int, ...]) -> None:
         model.build((None, *input_shape))
     else:
         model(np.zeros((1, *input_shape), np.float32))
+
+
+def _declared_outputs(model: keras.Model) -> int:
+    """How many outputs a model declares (a functional model, a Sequential with an Input); 0
+    where only a call tells (a Sequential without Input, a subclassed model)."""
+    try:
+        return len(model.outputs)
+    except (AttributeError, ValueError, TypeError):
+        return 0
 
 
 def _declared_inputs(model: keras.Model) -> bool:
