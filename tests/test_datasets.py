@@ -274,6 +274,12 @@ def test_float_targets_that_are_not_whole_numbers_are_regression_targets(tmp_pat
             "shift them, y_test - 1 (np.savez(..., y_test=y_test - 1))",
         ),
         (
+            ["cat", "dog", "cat"],
+            None,
+            "array y must be 1-D integer class labels, got dtype <U3 shape (3,): number the classes 0..C-1: "
+            "classes = np.unique(y), then y = np.searchsorted(classes, y) (the same classes for y and y_test)",
+        ),
+        (
             [[0], [1], [1]],
             None,
             "array y must be 1-D integer class labels, got dtype int64 shape (3, 1): one label per sample, flattened: "
