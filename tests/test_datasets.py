@@ -265,7 +265,7 @@ def test_float_targets_that_are_not_whole_numbers_are_regression_targets(tmp_pat
             None,
             "array y: labels must start at 0 (a model with C outputs predicts classes 0..C-1), got labels 3, 7 with no 0; "
             "number the classes 0..C-1: classes = np.unique(y), then y = np.searchsorted(classes, y) "
-            "(and the same for y_test)",
+            "(the same classes for y and y_test)",
         ),
         (
             [0, 1, 2, 1],

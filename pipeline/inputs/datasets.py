@@ -573,8 +573,8 @@ def _check_label_type(y: np.ndarray, name: str, source: str) -> None:
             return  # regression targets
     if y.ndim == 2 and y.shape[1] == 1:
         raise DataError(f"{rule}: one label per sample, flattened: {name}.ravel()")
-    if y.ndim == 1 and y.dtype.kind in "USO":  # class names, as text or Python objects
-        raise DataError(f"{rule}: {_number_the_classes(name)} (the same classes for y and y_test)")
+    if y.ndim == 1 and y.dtype.kind in "US":  # class names stored as text
+        raise DataError(f"{rule}: {_number_the_classes(name)}")
     if y.ndim >= 2 and y.dtype.kind in "iu":
         return  # labels per position, checked against the model's output at validate
     if y.ndim == 2:
@@ -611,12 +611,15 @@ def _negative_labels_fix(classes: np.ndarray, name: str) -> str:
             f"for -1/+1 labels (FordA's, an SVM's) use 0/1: {name} = ({name} > 0).astype(int) "
             f"(np.savez(..., {name}=({name} > 0).astype(np.int64)))"
         )
-    return f"{_number_the_classes(name)} (the same classes for y and y_test)"
+    return _number_the_classes(name)
 
 
 def _number_the_classes(name: str) -> str:
     """How to turn any labels (names, numbers not counted from 0) into classes 0..C-1."""
-    return f"number the classes 0..C-1: classes = np.unique({name}), then {name} = np.searchsorted(classes, {name})"
+    return (
+        f"number the classes 0..C-1: classes = np.unique({name}), then {name} = np.searchsorted(classes, {name}) "
+        "(the same classes for y and y_test)"
+    )
 
 
 def _check_labels_start_at_0(dataset: Dataset, source: str) -> None:
@@ -631,7 +634,7 @@ def _check_labels_start_at_0(dataset: Dataset, source: str) -> None:
             hint = (
                 "they look counted from 1: shift them, y - 1 (np.savez(..., y=y - 1))"
                 if classes[-1] == len(classes)
-                else f"{_number_the_classes('y')} (and the same for y_test)"
+                else _number_the_classes("y")
             )
             raise DataError(
                 f"dataset: {source} array y: labels must start at 0 (a model with C outputs "
