@@ -42,6 +42,8 @@ REGRESSION_TOLERANCE = 1e-3
 PRINTED = 1e-4
 REGRESSION_FAR = 0.3
 FAR = 0.15
+# The mean training loss of a trial whose only difference from fit's is float rounding.
+LOSS_TOLERANCE = 1e-4
 DROPOUT_TOLERANCE = 0.02
 DROPOUT_FAR = 0.05
 EPOCHS = 5
@@ -109,6 +111,24 @@ def regularizer(hp):
 
 def add_loss(hp):
     return compiled(body(1, "sigmoid", penalty=True), keras.optimizers.Adam(0.01), "binary_crossentropy")
+
+
+def loss_scaled(hp):  # fit scales the loss by the factor and the optimizer divides the gradients by it
+    return compiled(body(1, "sigmoid"), keras.optimizers.SGD(0.5, loss_scale_factor=128.0), "binary_crossentropy")
+
+
+def loss_scaled_dropped(hp):  # the gradients divided by the factor alone: SGD at 1/128 of the rate
+    return compiled(body(1, "sigmoid"), keras.optimizers.SGD(0.5 / 128), "binary_crossentropy")
+
+
+def accumulated(hp):  # an update every 4 steps with the mean of their gradients
+    return compiled(body(1, "sigmoid"), keras.optimizers.Adam(0.01, gradient_accumulation_steps=4),
+                    "binary_crossentropy")
+
+
+def accumulated_clipped(hp):  # and that mean clipped, not each step's gradient
+    return compiled(body(1, "sigmoid"), keras.optimizers.SGD(0.5, gradient_accumulation_steps=4, clipvalue=0.0005),
+                    "binary_crossentropy")
 
 
 def batch_norm(hp):
@@ -202,9 +222,10 @@ def transfer_dropped(hp):  # the base trains, its BatchNormalization on the batc
 
 # Without their feature these are the plain sigmoid model: one name, so that its fit is made once.
 schedule_dropped = regularizer_dropped = add_loss_dropped = batch_norm_dropped = dropout_dropped = sigmoid
+accumulated_dropped = sigmoid
 '''
 
-FEATURES = ("schedule", "logits", "sigmoid", "regularizer", "add_loss")
+FEATURES = ("schedule", "logits", "sigmoid", "regularizer", "add_loss", "loss_scaled")
 
 
 @pytest.fixture(scope="module")
@@ -419,6 +440,39 @@ def test_batch_normalization_stacked_trains_as_keras_fit_does(workspace):
     assert abs(ours.val_accuracy - keras_with) <= TOLERANCE, (ours, keras_with, keras_without)
     assert abs(keras_without - keras_with) >= FAR, (ours, keras_with, keras_without)
     assert_stacked_forward_is_each_folds_own(trainer, spec)
+
+
+def test_an_optimizer_that_accumulates_gradients_trains_stacked_as_keras_fit_does(workspace):
+    """gradient_accumulation_steps updates each weight from its own accumulated gradients, so the
+    folds stack; the rounding of one XLA program is all that separates the training losses."""
+    spec = spec_for(workspace, "accumulated", jit_compile="auto")
+    ours, trainer = foldsweep_stacked(spec, "accumulated")
+    keras_with, keras_without = keras_fit(spec, "accumulated"), keras_fit(spec, "accumulated_dropped")
+    assert trainer.plan.layout == "stacked", trainer.plan
+    assert abs(ours.train_loss - keras_with.train_loss) <= LOSS_TOLERANCE, (ours, keras_with, keras_without)
+    assert abs(keras_without.train_loss - keras_with.train_loss) >= DROPOUT_FAR, (ours, keras_with, keras_without)
+
+
+def test_clipping_of_accumulated_gradients_trains_side_by_side_as_keras_fit_clips_them(workspace):
+    """Keras clips the mean of the accumulated gradients as it applies them; a stacked step clips
+    each step's gradient before the optimizer sees it (0.7019 against fit's 0.6991 here), so these
+    folds train side by side, through the optimizer's own clipping."""
+    spec = spec_for(workspace, "accumulated_clipped", jit_compile="auto")
+    ours, trainer = foldsweep_stacked(spec, "accumulated_clipped")
+    keras_with = keras_fit(spec, "accumulated_clipped")
+    assert trainer.plan.layout == "side_by_side", trainer.plan
+    assert "gradient_accumulation_steps" in trainer.plan.reason, trainer.plan.reason
+    assert abs(ours.train_loss - keras_with.train_loss) <= LOSS_TOLERANCE, (ours, keras_with)
+    assert abs(ours.val_accuracy - keras_with.val_accuracy) <= TOLERANCE, (ours, keras_with)
+
+
+def test_a_loss_scale_factor_trains_stacked_as_keras_fit_does(workspace):
+    spec = spec_for(workspace, "loss_scaled", jit_compile="auto")
+    ours, trainer = foldsweep_stacked(spec, "loss_scaled")
+    keras_with, keras_without = keras_fit(spec, "loss_scaled"), keras_fit(spec, "loss_scaled_dropped")
+    assert trainer.plan.layout == "stacked" and trainer.plan.loss_scale_factor == 128.0, trainer.plan
+    assert abs(ours.val_accuracy - keras_with.val_accuracy) <= TOLERANCE, (ours, keras_with, keras_without)
+    assert abs(keras_without.val_accuracy - keras_with.val_accuracy) >= FAR, (ours, keras_with, keras_without)
 
 
 def trained_stacked_by_statistics(workspace, builder: str) -> tuple[Path, Any]:

@@ -3,6 +3,7 @@ layout and its reason, thread pools. Pure decisions: no Ray, no training."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -478,6 +479,21 @@ def test_tf32_is_recorded_for_a_gpu_and_a_change_of_it_or_of_the_stacked_convolu
     old = dict(plan().as_dict())
     del old["stacked_convolutions"], old["tf32"]
     assert TrialPlan.from_dict(old) == plan()
+
+
+def test_a_loss_scale_factor_is_recorded_and_a_plan_from_before_its_cancelling_says_so():
+    # The optimizer's loss_scale_factor is cancelled as fit cancels it; a plan recorded before
+    # (none in it) was trained with the gradients divided by the factor alone.
+    cancelled = dataclasses.replace(plan(), loss_scale_factor=128.0)
+    recorded = cancelled.as_dict()
+    assert json.loads(json.dumps(recorded))["loss_scale_factor"] == 128.0
+    del recorded["loss_scale_factor"]
+    old = TrialPlan.from_dict(recorded)
+    assert old.loss_scale_factor is None
+    assert plan_differences(old, cancelled) == [
+        "the optimizer's loss_scale_factor 128.0 cancelled as fit does (the recorded trial divided its gradients by it)"
+    ]
+    assert plan_differences(cancelled, cancelled) == [] and plan_differences(old, plan()) == []
 
 
 def test_a_short_last_batch_is_padded_where_that_trains_its_own_samples_as_they_are():

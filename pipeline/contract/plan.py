@@ -192,6 +192,11 @@ class TrialPlan:
     # one program per batch size instead of one more per distinct last batch. The same samples
     # and numbers but for float rounding; plans recorded before ran it as it is.
     last_batch_padded: bool = False
+    # The optimizer's ``loss_scale_factor``, which the step cancels as fit does: fit scales the
+    # loss by it and the optimizer divides the gradients by it, which in float32 (all foldsweep
+    # trains in) leaves the update as it is, so the step leaves out both. None without one, and in
+    # plans recorded before, whose step divided the gradients by it without scaling the loss.
+    loss_scale_factor: float | None = None
 
     @property
     def fused(self) -> bool:
@@ -245,6 +250,7 @@ def plan_trial(
     gpu: GpuIdentity | None = None,
     deterministic_ops: bool = False,
     keras_loss: bool = True,
+    loss_scale_factor: float | None = None,
 ) -> TrialPlan:
     """The whole plan of a trial whose fold models are built.
 
@@ -263,6 +269,7 @@ def plan_trial(
         deterministic_ops: whether TensorFlow runs its ops deterministically here, recorded.
         keras_loss: whether the trial's loss is one of Keras' own, which sees each sample alone
             (``padding_blocker``).
+        loss_scale_factor: the optimizer's, recorded (``TrialPlan.loss_scale_factor``).
     """
     random_draws = model_random_draws(choices.random_draws, models[0])
     on_gpu = _device_kind(device) == "GPU"
@@ -376,6 +383,7 @@ def plan_trial(
             and any(size % batch_size for size in train_sizes)
             and padding_blocker(models[0], random_draws, keras_loss=keras_loss) is None
         ),
+        loss_scale_factor=loss_scale_factor,
     )
 
 
@@ -469,6 +477,13 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
         differences.append(f"TF32 {_on_off(recorded.tf32)} -> {_on_off(now.tf32)}")
     if recorded.gpu is not None and now.gpu is not None:
         differences.extend(recorded.gpu.differences(now.gpu))
+    if now.loss_scale_factor != recorded.loss_scale_factor:
+        differences.append(
+            f"the optimizer's loss_scale_factor {now.loss_scale_factor} cancelled as fit does (the recorded trial "
+            "divided its gradients by it)"
+            if recorded.loss_scale_factor is None
+            else f"loss_scale_factor {recorded.loss_scale_factor} -> {now.loss_scale_factor}"
+        )
     if now.deterministic_ops != recorded.deterministic_ops:
         differences.append(
             f"deterministic ops {_on_off(recorded.deterministic_ops)} -> {_on_off(now.deterministic_ops)}"

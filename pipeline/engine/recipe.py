@@ -49,11 +49,20 @@ class OptimizerRecipe:
 
     def make(self, *, clipping: bool = True) -> keras.optimizers.Optimizer:
         """A fresh optimizer (every fold has its own state); without its clipping when the
-        gradients are clipped before it (stacked folds clip each fold's slices themselves)."""
-        config = dict(self.config)
+        gradients are clipped before it (stacked folds clip each fold's slices themselves).
+        Without its ``loss_scale_factor``: fit scales the loss by it before the gradients and the
+        optimizer divides them by it, which cancel in float32; foldsweep's step leaves out both
+        (``TrialPlan.loss_scale_factor`` records it)."""
+        config = {**self.config, "loss_scale_factor": None}
         if not clipping:
             config.update({argument: None for argument in CLIPPING_ARGUMENTS.values()})
         return self.cls.from_config(config)
+
+    @property
+    def loss_scale_factor(self) -> float | None:
+        """The factor fit would scale the loss by and the optimizer divide the gradients by."""
+        factor = self.config.get("loss_scale_factor")
+        return None if factor is None else float(factor)
 
     @property
     def clipping(self) -> tuple[str, float | None]:

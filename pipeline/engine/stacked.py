@@ -227,6 +227,14 @@ def stacking_blocker(
         return "the step runs without XLA"
     if optimizer.cls not in ELEMENTWISE_OPTIMIZERS:
         return f"the {optimizer.cls.__name__} optimizer is not known to update each weight on its own"
+    accumulated = optimizer.config.get("gradient_accumulation_steps")
+    if accumulated and optimizer.clipping[0] != NO_CLIPPING:
+        # Keras clips the mean of the accumulated gradients as it applies them; the stacked step
+        # clips each fold's gradient before the optimizer sees it, which is each step's.
+        return (
+            f"the optimizer clips ({CLIPPING_ARGUMENTS[optimizer.clipping[0]]}) the gradients it accumulates over "
+            f"{accumulated} steps (gradient_accumulation_steps), which stacked folds would clip step by step"
+        )
     blocker = (
         model_blocker(models[0], random_draws=random_draws)
         or held_once_blocker(models)

@@ -339,6 +339,7 @@ def build_trainer(
         gpu=_gpu_identity(data.device),
         deterministic_ops=deterministic_ops(),
         keras_loss=loss.keras_own,
+        loss_scale_factor=optimizer.loss_scale_factor,
     )
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay
