@@ -121,6 +121,19 @@ def loss_scaled_dropped(hp):  # the gradients divided by the factor alone: SGD a
     return compiled(body(1, "sigmoid"), keras.optimizers.SGD(0.5 / 128), "binary_crossentropy")
 
 
+def decay_excluded(hp, exclude=True):  # AdamW told to leave the biases and the head's kernel undecayed
+    model = body(1, "sigmoid")
+    model.build((None, 16, 1))
+    optimizer = keras.optimizers.AdamW(0.01, weight_decay=2.0)
+    if exclude:
+        optimizer.exclude_from_weight_decay(var_list=[model.layers[-1].kernel], var_names=["bias"])
+    return compiled(model, optimizer, "binary_crossentropy")
+
+
+def decay_excluded_dropped(hp):
+    return decay_excluded(hp, exclude=False)
+
+
 def accumulated(hp):  # an update every 4 steps with the mean of their gradients
     return compiled(body(1, "sigmoid"), keras.optimizers.Adam(0.01, gradient_accumulation_steps=4),
                     "binary_crossentropy")
@@ -387,9 +400,10 @@ def test_an_honoured_feature_trains_as_keras_fit_does(workspace, feature, thread
     assert abs(keras_without - keras_with) >= FAR, (feature, ours, keras_with, keras_without)
 
 
-def foldsweep_stacked(spec: Path, builder: str) -> tuple[Fitted, Any]:
+def foldsweep_stacked(spec: Path, builder: str, layout: str = "stacked") -> tuple[Fitted, Any]:
     """The spec's trial trained with its folds stacked (forced: on two compute threads the plan
-    would train them side by side), through the engine a trial runs; and its trainer."""
+    would train them side by side), or in another ``layout``, through the engine a trial runs;
+    and its trainer."""
     from dataclasses import replace
 
     from pipeline.checks import prepare
@@ -401,7 +415,7 @@ def foldsweep_stacked(spec: Path, builder: str) -> tuple[Fitted, Any]:
 
     prepared = prepare(load_spec(spec))
     recipe = TrainingRecipe.from_spec(prepared.spec)
-    recipe = replace(recipe, choices=replace(recipe.choices, layout="stacked"))
+    recipe = replace(recipe, choices=replace(recipe.choices, layout=layout))
     data = prepared.dataset
     trainer = build_trainer(
         load_builder(spec.parent / "parity.py", builder),
@@ -464,6 +478,19 @@ def test_clipping_of_accumulated_gradients_trains_side_by_side_as_keras_fit_clip
     assert "gradient_accumulation_steps" in trainer.plan.reason, trainer.plan.reason
     assert abs(ours.train_loss - keras_with.train_loss) <= LOSS_TOLERANCE, (ours, keras_with)
     assert abs(ours.val_accuracy - keras_with.val_accuracy) <= TOLERANCE, (ours, keras_with)
+
+
+@pytest.mark.parametrize("layout", ["stacked", "side_by_side"])
+def test_variables_left_out_of_weight_decay_train_as_keras_fit_trains_them(workspace, layout):
+    """exclude_from_weight_decay(var_list=, var_names=) is not in the optimizer's config, from
+    which each fold's optimizer is made: foldsweep carries it over (by the variables' positions
+    in the model), in each fold's optimizer and in the stacked one."""
+    spec = spec_for(workspace, "decay_excluded", jit_compile="auto")
+    ours, trainer = foldsweep_stacked(spec, "decay_excluded", layout)
+    keras_with, keras_without = keras_fit(spec, "decay_excluded"), keras_fit(spec, "decay_excluded_dropped")
+    assert trainer.plan.layout == layout and trainer.plan.decay_exclusions, trainer.plan
+    assert abs(ours.train_loss - keras_with.train_loss) <= LOSS_TOLERANCE, (ours, keras_with, keras_without)
+    assert abs(keras_without.train_loss - keras_with.train_loss) >= 100 * LOSS_TOLERANCE, (keras_with, keras_without)
 
 
 def test_a_loss_scale_factor_trains_stacked_as_keras_fit_does(workspace):

@@ -496,6 +496,19 @@ def test_a_loss_scale_factor_is_recorded_and_a_plan_from_before_its_cancelling_s
     assert plan_differences(cancelled, cancelled) == [] and plan_differences(old, plan()) == []
 
 
+def test_variables_left_out_of_weight_decay_are_recorded_and_a_plan_from_before_says_so():
+    excluding = dataclasses.replace(plan(), decay_exclusions=True)
+    recorded = excluding.as_dict()
+    del recorded["decay_exclusions"]
+    old = TrialPlan.from_dict(recorded)
+    assert old.decay_exclusions is False
+    assert plan_differences(old, excluding) == [
+        "the optimizer's variables left out of weight decay as fit leaves them (the recorded trial decayed every "
+        "variable)"
+    ]
+    assert plan_differences(old, plan()) == []
+
+
 def test_a_short_last_batch_is_padded_where_that_trains_its_own_samples_as_they_are():
     """``train.pad_last_batch`` pads each fold's short last batch to the batch size where
     XLA compiles a program per batch shape and the padding changes nothing but float rounding;

@@ -10,7 +10,7 @@ every command starts, Keras only where a command builds models.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # Keras' scikit-learn wrappers, which subclass scikit-learn's estimators as they load: the public
@@ -100,6 +100,17 @@ def compiled_metric_arguments(model: Any) -> tuple[list[Any], list[Any]]:
     return list(getattr(compiled, "_user_metrics", None) or []), list(
         getattr(compiled, "_user_weighted_metrics", None) or []
     )
+
+
+def weight_decay_exclusions(optimizer: Any, variables: Sequence[Any]) -> tuple[tuple[int, ...], str | None]:
+    """What ``optimizer.exclude_from_weight_decay(var_list=, var_names=)`` was told, which Keras
+    keeps out of the optimizer's config: the positions in ``variables`` of those it excludes (by
+    the optimizer's own key of a variable), and the pattern their names are searched for (None
+    without one)."""
+    excluded = getattr(optimizer, "_exclude_from_weight_decay", None) or set()
+    positions = tuple(k for k, variable in enumerate(variables) if optimizer._var_key(variable) in excluded)
+    pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
+    return positions, None if pattern is None else pattern.pattern
 
 
 def compile_metrics(metrics: list[Any], weighted_metrics: list[Any]) -> Any:

@@ -38,6 +38,7 @@ from pipeline.base.keras_private import (
     PREPROCESSING_MODULE,
     holds_seed_generator,
     is_preprocessing_layer,
+    weight_decay_exclusions,
 )
 from pipeline.base.mlflow_private import (
     MLFLOW_JOB_EXECUTION_VARIABLE,
@@ -304,6 +305,21 @@ def _check_compiled_loss_weights() -> str | None:
     weights = getattr(getattr(sequential, "_compile_loss", None), "_user_loss_weights", None)
     if weights != [0.5]:
         return "a model compiled with loss_weights=[0.5] no longer shows them as _compile_loss._user_loss_weights"
+    return None
+
+
+def _check_weight_decay_exclusions() -> str | None:
+    import keras
+
+    dense = keras.layers.Dense(2)
+    dense.build((None, 4))
+    optimizer = keras.optimizers.AdamW(weight_decay=0.1)
+    optimizer.exclude_from_weight_decay(var_list=[dense.bias], var_names=["gamma"])
+    if weight_decay_exclusions(optimizer, [dense.kernel, dense.bias]) != ((1,), "gamma"):
+        return (
+            "an optimizer's exclude_from_weight_decay(var_list=, var_names=) no longer shows as the variables' "
+            "_var_key in _exclude_from_weight_decay and the pattern _exclude_from_weight_decay_pattern"
+        )
     return None
 
 
@@ -717,6 +733,17 @@ HOOKS: tuple[Hook, ...] = (
         gain=(
             "every metric a model compiles (AUC, RMSE, a Metric subclass) is scored per fold as Keras' evaluate scores "
             "it, recorded and usable as the objective, with no code of the researcher's"
+        ),
+    ),
+    Hook(
+        "keras",
+        "Optimizer._exclude_from_weight_decay, _exclude_from_weight_decay_pattern and _var_key",
+        "what a compiled optimizer's exclude_from_weight_decay(...) was told reaches every fold's optimizer",
+        ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern", "_var_key"),
+        _check_weight_decay_exclusions,
+        gain=(
+            "an optimizer told to leave biases (or any variables) out of weight decay trains every fold so, as fit "
+            "does; the optimizer's config, from which each fold's is made, does not carry it"
         ),
     ),
     Hook(

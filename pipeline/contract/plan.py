@@ -197,6 +197,9 @@ class TrialPlan:
     # trains in) leaves the update as it is, so the step leaves out both. None without one, and in
     # plans recorded before, whose step divided the gradients by it without scaling the loss.
     loss_scale_factor: float | None = None
+    # Whether the optimizer leaves variables out of weight decay (its exclude_from_weight_decay),
+    # as each fold's optimizer does; plans recorded before decayed every variable.
+    decay_exclusions: bool = False
 
     @property
     def fused(self) -> bool:
@@ -251,6 +254,7 @@ def plan_trial(
     deterministic_ops: bool = False,
     keras_loss: bool = True,
     loss_scale_factor: float | None = None,
+    decay_exclusions: bool = False,
 ) -> TrialPlan:
     """The whole plan of a trial whose fold models are built.
 
@@ -269,7 +273,7 @@ def plan_trial(
         deterministic_ops: whether TensorFlow runs its ops deterministically here, recorded.
         keras_loss: whether the trial's loss is one of Keras' own, which sees each sample alone
             (``padding_blocker``).
-        loss_scale_factor: the optimizer's, recorded (``TrialPlan.loss_scale_factor``).
+        loss_scale_factor, decay_exclusions: the optimizer's, recorded (``TrialPlan``'s).
     """
     random_draws = model_random_draws(choices.random_draws, models[0])
     on_gpu = _device_kind(device) == "GPU"
@@ -384,6 +388,7 @@ def plan_trial(
             and padding_blocker(models[0], random_draws, keras_loss=keras_loss) is None
         ),
         loss_scale_factor=loss_scale_factor,
+        decay_exclusions=decay_exclusions,
     )
 
 
@@ -483,6 +488,13 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
             "divided its gradients by it)"
             if recorded.loss_scale_factor is None
             else f"loss_scale_factor {recorded.loss_scale_factor} -> {now.loss_scale_factor}"
+        )
+    if now.decay_exclusions != recorded.decay_exclusions:
+        differences.append(
+            "the optimizer's variables left out of weight decay as fit leaves them (the recorded trial decayed every "
+            "variable)"
+            if now.decay_exclusions
+            else "variables left out of weight decay on -> off"
         )
     if now.deterministic_ops != recorded.deterministic_ops:
         differences.append(

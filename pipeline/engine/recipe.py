@@ -9,12 +9,13 @@ config differently from the others.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import keras
 
+from pipeline.base.keras_private import weight_decay_exclusions
 from pipeline.contract.plan import ExecutionChoices
 from pipeline.inputs.hypermodel import schedule_text
 from pipeline.inputs.losses import TrainingLoss, training_loss
@@ -46,17 +47,33 @@ class OptimizerRecipe:
     cls: type[keras.optimizers.Optimizer]
     config: Mapping[str, Any]
     source: str
+    # What the compiled optimizer's exclude_from_weight_decay() was told, which its config does
+    # not carry: the positions of the variables it leaves out in the model's trainable variables
+    # (the same in every fold's model and in the stacked ones), and the pattern of their names.
+    decay_excluded: tuple[int, ...] = ()
+    decay_excluded_names: str | None = None
 
-    def make(self, *, clipping: bool = True) -> keras.optimizers.Optimizer:
-        """A fresh optimizer (every fold has its own state); without its clipping when the
-        gradients are clipped before it (stacked folds clip each fold's slices themselves).
-        Without its ``loss_scale_factor``: fit scales the loss by it before the gradients and the
-        optimizer divides them by it, which cancel in float32; foldsweep's step leaves out both
-        (``TrialPlan.loss_scale_factor`` records it)."""
+    def make(self, variables: Sequence[Any] = (), *, clipping: bool = True) -> keras.optimizers.Optimizer:
+        """A fresh optimizer (every fold has its own state) for ``variables``, a model's trainable
+        variables in their order (needed where variables are left out of weight decay); without its clipping when the gradients are clipped before it
+        (stacked folds clip each fold's slices themselves). Without its ``loss_scale_factor``: fit
+        scales the loss by it before the gradients and the optimizer divides them by it, which
+        cancel in float32; foldsweep's step leaves out both (``TrialPlan.loss_scale_factor``
+        records it)."""
         config = {**self.config, "loss_scale_factor": None}
         if not clipping:
             config.update({argument: None for argument in CLIPPING_ARGUMENTS.values()})
-        return self.cls.from_config(config)
+        optimizer = self.cls.from_config(config)
+        if self.excludes_from_weight_decay:
+            optimizer.exclude_from_weight_decay(
+                var_list=[variables[position] for position in self.decay_excluded],
+                var_names=None if self.decay_excluded_names is None else [self.decay_excluded_names],
+            )
+        return optimizer
+
+    @property
+    def excludes_from_weight_decay(self) -> bool:
+        return bool(self.decay_excluded) or self.decay_excluded_names is not None
 
     @property
     def loss_scale_factor(self) -> float | None:
@@ -97,7 +114,9 @@ def optimizer_recipe(
         config = dict(compiled.get_config())
         if "learning_rate" in spec_names:
             config["learning_rate"] = params.learning_rate
-        recipe = OptimizerRecipe(type(compiled), config, "hypermodel")
+        assert model is not None  # the model that compiled the optimizer
+        positions, names = weight_decay_exclusions(compiled, model.trainable_variables)
+        recipe = OptimizerRecipe(type(compiled), config, "hypermodel", positions, names)
     else:
         if params.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {params.optimizer!r}")
@@ -107,7 +126,7 @@ def optimizer_recipe(
     if params.clipping != NO_CLIPPING:
         clip: dict[str, float | None] = {argument: None for argument in CLIPPING_ARGUMENTS.values()}
         clip[CLIPPING_ARGUMENTS[params.clipping]] = params.clip_threshold
-        recipe = OptimizerRecipe(recipe.cls, {**recipe.config, **clip}, recipe.source)
+        recipe = replace(recipe, config={**recipe.config, **clip})
     return recipe
 
 

@@ -606,7 +606,7 @@ def _stacked_state(engines: Sequence[FoldEngine], recipe: OptimizerRecipe) -> _S
     ]
     # Clipping is done per fold before the optimizer sees the gradients; everything the
     # optimizers below do is elementwise, so each fold's slice is updated on its own.
-    optimizer = recipe.make(clipping=False)
+    optimizer = recipe.make(variables, clipping=False)
     optimizer.build(variables)
     optimizer_pairs = list(zip(optimizer.variables, zip(*(engine.optimizer.variables for engine in engines))))
     for stacked, per_fold in optimizer_pairs:

@@ -113,7 +113,7 @@ class FoldTrainer:
             self.engines.append(
                 FoldEngine(
                     model,
-                    optimizer.make(),
+                    optimizer.make(model.trainable_variables),
                     data,
                     fold,
                     plan=plan,
@@ -340,6 +340,7 @@ def build_trainer(
         deterministic_ops=deterministic_ops(),
         keras_loss=loss.keras_own,
         loss_scale_factor=optimizer.loss_scale_factor,
+        decay_exclusions=optimizer.excludes_from_weight_decay,
     )
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay
