@@ -55,11 +55,11 @@ class OptimizerRecipe:
 
     def make(self, variables: Sequence[Any] = (), *, clipping: bool = True) -> keras.optimizers.Optimizer:
         """A fresh optimizer (every fold has its own state) for ``variables``, a model's trainable
-        variables in their order (needed where variables are left out of weight decay); without its clipping when the gradients are clipped before it
-        (stacked folds clip each fold's slices themselves). Without its ``loss_scale_factor``: fit
-        scales the loss by it before the gradients and the optimizer divides them by it, which
-        cancel in float32; foldsweep's step leaves out both (``TrialPlan.loss_scale_factor``
-        records it)."""
+        variables in their order (needed where variables are left out of weight decay); without
+        its clipping when the gradients are clipped before it (stacked folds clip each fold's
+        slices themselves). Without its ``loss_scale_factor``: fit scales the loss by it before
+        the gradients and the optimizer divides them by it, which cancel in float32; foldsweep's
+        step leaves out both (``TrialPlan.loss_scale_factor`` records it)."""
         config = {**self.config, "loss_scale_factor": None}
         if not clipping:
             config.update({argument: None for argument in CLIPPING_ARGUMENTS.values()})
@@ -73,6 +73,7 @@ class OptimizerRecipe:
 
     @property
     def excludes_from_weight_decay(self) -> bool:
+        """Whether the optimizer leaves any variable out of weight decay."""
         return bool(self.decay_excluded) or self.decay_excluded_names is not None
 
     @property
