@@ -87,6 +87,24 @@ def schedule(hp):
     return compiled(body(1, "sigmoid"), keras.optimizers.Adam(rate), "binary_crossentropy")
 
 
+class Collapsing(keras.optimizers.schedules.LearningRateSchedule):
+    """schedule's decay as a researcher's own class, written as keras.io's examples write theirs:
+    with get_config, not registered with Keras."""
+
+    def __init__(self, rate, steps, factor):
+        self.rate, self.steps, self.factor = rate, steps, factor
+
+    def __call__(self, step):
+        return self.rate * keras.ops.power(self.factor, keras.ops.cast(step, "float32") / self.steps)
+
+    def get_config(self):
+        return {"rate": self.rate, "steps": self.steps, "factor": self.factor}
+
+
+def own_schedule(hp):
+    return compiled(body(1, "sigmoid"), keras.optimizers.Adam(Collapsing(0.01, 10, 0.001)), "binary_crossentropy")
+
+
 def logits(hp):
     return compiled(body(2, None), keras.optimizers.Adam(0.01),
                     keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -235,10 +253,10 @@ def transfer_dropped(hp):  # the base trains, its BatchNormalization on the batc
 
 # Without their feature these are the plain sigmoid model: one name, so that its fit is made once.
 schedule_dropped = regularizer_dropped = add_loss_dropped = batch_norm_dropped = dropout_dropped = sigmoid
-accumulated_dropped = sigmoid
+accumulated_dropped = own_schedule_dropped = sigmoid
 '''
 
-FEATURES = ("schedule", "logits", "sigmoid", "regularizer", "add_loss", "loss_scaled")
+FEATURES = ("schedule", "own_schedule", "logits", "sigmoid", "regularizer", "add_loss", "loss_scaled")
 
 
 @pytest.fixture(scope="module")

@@ -157,6 +157,23 @@ REFUSED = {
         labelled(BINARY),
         ["Adam optimizer with use_ema=True", "drop use_ema"],
     ),
+    # keras.io's examples write their warm-up schedules so: Keras cannot write the optimizer's config.
+    "a schedule without get_config": (
+        experiment(
+            compile_args="loss='sparse_categorical_crossentropy'",
+            prelude=(
+                "class WarmUp(keras.optimizers.schedules.LearningRateSchedule):\n"
+                "    def __call__(self, step):\n"
+                "        return 0.001 * keras.ops.minimum(1.0, (step + 1) / 100)\n"
+            ),
+        ).replace("optimizer='adam'", "optimizer=keras.optimizers.Adam(WarmUp())"),
+        labelled(BINARY),
+        [
+            "compiles a Adam optimizer whose configuration Keras cannot write",
+            "'WarmUp' must override `get_config()`",
+            "give the schedule a get_config() that returns its __init__ arguments",
+        ],
+    ),
     # Keras' fit wants a label per output; foldsweep scores one output against the data's y.
     "two outputs": (
         TWO_OUTPUTS.replace("COMPILE", "pass"),

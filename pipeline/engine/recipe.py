@@ -17,7 +17,7 @@ import keras
 
 from pipeline.base.keras_private import weight_decay_exclusions
 from pipeline.contract.plan import ExecutionChoices
-from pipeline.inputs.hypermodel import schedule_text
+from pipeline.inputs.hypermodel import optimizer_config, optimizer_custom_objects, schedule_text
 from pipeline.inputs.losses import TrainingLoss, training_loss
 from pipeline.inputs.space import resolve_config, split_config
 from pipeline.inputs.spec import CLIPPING_ARGUMENTS, NO_CLIPPING, OPTIMIZERS, TRAINING_DEFAULTS, SweepSpec, TrainSpec
@@ -63,7 +63,7 @@ class OptimizerRecipe:
         config = {**self.config, "loss_scale_factor": None}
         if not clipping:
             config.update({argument: None for argument in CLIPPING_ARGUMENTS.values()})
-        optimizer = self.cls.from_config(config)
+        optimizer = self.cls.from_config(config, custom_objects=optimizer_custom_objects(config))
         if self.excludes_from_weight_decay:
             optimizer.exclude_from_weight_decay(
                 var_list=[variables[position] for position in self.decay_excluded],
@@ -112,7 +112,7 @@ def optimizer_recipe(
     search space names them (``spec_names``); the spec's clipping applies to either."""
     compiled = getattr(model, "optimizer", None)
     if compiled is not None and "optimizer" not in spec_names:
-        config = dict(compiled.get_config())
+        config = optimizer_config(compiled, "the build")
         if "learning_rate" in spec_names:
             config["learning_rate"] = params.learning_rate
         assert model is not None  # the model that compiled the optimizer

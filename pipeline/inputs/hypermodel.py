@@ -411,6 +411,34 @@ def _refuse_reduced_precision(model: keras.Model, reference: str) -> None:
         )
 
 
+def optimizer_config(optimizer: Any, reference: str) -> dict[str, Any]:
+    """The configuration each fold's copy of a compiled optimizer is made from
+    (``type(optimizer).from_config(config, custom_objects=optimizer_custom_objects(config))``).
+
+    Raises:
+        ExperimentError: Keras cannot write it (a learning-rate schedule without get_config).
+    """
+    try:
+        return dict(optimizer.get_config())
+    except NotImplementedError as exc:  # keras.io's examples write schedules without get_config
+        raise ExperimentError(
+            f"experiment: {reference} compiles a {type(optimizer).__name__} optimizer whose configuration Keras "
+            f"cannot write ({' '.join(str(exc).split())}); foldsweep makes each fold's optimizer from it, as Keras "
+            "saves the model with it: give the schedule a get_config() that returns its __init__ arguments"
+        ) from exc
+
+
+def optimizer_custom_objects(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The researcher's own learning-rate schedule class that ``config`` names, found where Keras
+    wrote it was defined (its module: the experiment's), for ``from_config``: Keras finds only its
+    own classes and those registered with ``keras.saving.register_keras_serializable``."""
+    rate = config.get("learning_rate")
+    if not isinstance(rate, dict) or not isinstance(rate.get("class_name"), str):
+        return {}
+    cls = getattr(_EXPERIMENT_MODULES.get(str(rate.get("module"))), rate["class_name"], None)
+    return {rate["class_name"]: cls} if isinstance(cls, type) else {}
+
+
 def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None, str | None]:
     """The optimizer class a build compiled and its learning-rate schedule, if any."""
     optimizer = getattr(model, "optimizer", None)
@@ -429,13 +457,23 @@ def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None,
             f"experiment: {reference} compiles loss_weights={weights!r}; foldsweep trains the loss "
             "unweighted: drop loss_weights (with one output it only scales the learning rate)"
         )
-    if optimizer.get_config().get("use_ema"):
+    config = optimizer_config(optimizer, reference)
+    if config.get("use_ema"):
         raise ExperimentError(
             f"experiment: {reference} compiles a {type(optimizer).__name__} optimizer with use_ema=True; "
             "model.fit ends by replacing the weights with their moving average, which foldsweep's "
             "folds and refit do not: drop use_ema"
         )
-    rate = optimizer.get_config().get("learning_rate")
+    try:
+        type(optimizer).from_config(dict(config), custom_objects=optimizer_custom_objects(config))
+    except Exception as exc:  # what each fold's copy is made by; Keras may fail it in any way
+        raise ExperimentError(
+            f"experiment: {reference} compiles a {type(optimizer).__name__} optimizer that Keras cannot make "
+            f"again from its configuration ({type(exc).__name__}: {' '.join(str(exc).split())}); foldsweep "
+            "makes each fold's optimizer so: decorate its learning-rate schedule's class with "
+            "@keras.saving.register_keras_serializable(), as Keras asks to load a model saved with it"
+        ) from exc
+    rate = config.get("learning_rate")
     schedule = None if isinstance(rate, (int, float)) else schedule_text(rate)
     return type(optimizer).__name__, schedule
 
@@ -795,6 +833,12 @@ class _BuildFunction:
         self.build = build
 
 
+# The experiment modules this process imported, by name (the latest of each), where their classes
+# are found by the name Keras writes for them. Not in sys.modules: there, pickling would send the
+# experiment's functions to Ray's workers by a module name they cannot import.
+_EXPERIMENT_MODULES: dict[str, Any] = {}
+
+
 def experiment_module_name(path: Path) -> str:
     """The name an experiment file is imported under (its classes' ``__module__``, which a saved
     model names them by)."""
@@ -821,6 +865,7 @@ def load_hypermodel(path: Path, attr: str, *, reference: str | None = None) -> A
         ) from None
     finally:
         sys.path.pop(0)
+    _EXPERIMENT_MODULES[module_spec.name] = module
     if not hasattr(module, attr):
         found = sorted(name for name, value in vars(module).items() if callable(value) and not name.startswith("_"))
         raise ExperimentError(
