@@ -106,7 +106,7 @@ class PreparedRefit:
                 raise RefitStopped
             result = self._trainer.run_epoch()
         path = directory / REFIT_MODEL_ARTIFACT
-        model = self._trainer.models[0]
+        model = self._trainer.model_with_trained_optimizer()
         model.save(path)
         package, package_error = None, ""
         if self._experiment_path is not None:

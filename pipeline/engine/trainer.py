@@ -135,6 +135,24 @@ class FoldTrainer:
     def models(self) -> list[keras.Model]:
         return [engine.model for engine in self.engines]
 
+    def model_with_trained_optimizer(self, k: int = 0) -> keras.Model:
+        """Fold ``k``'s model, its compiled optimizer given the state the fold's optimizer trained:
+        Keras' fit trains the compiled optimizer itself, and a model saved after it keeps that
+        state (the step count a schedule reads, Adam's moments), so training it on goes on from
+        there. Left as it is where the build compiled none, or another class than the one trained
+        (the spec's ``optimizer``)."""
+        engine = self.engines[k]
+        compiled, trained = getattr(engine.model, "optimizer", None), engine.optimizer
+        if compiled is None or type(compiled) is not type(trained):
+            return engine.model
+        if not compiled.built:
+            compiled.build(engine.model.trainable_variables)
+        pairs = list(zip(compiled.variables, trained.variables))
+        if len(compiled.variables) == len(trained.variables) and all(a.shape == b.shape for a, b in pairs):
+            for kept, value in pairs:
+                kept.assign(value)
+        return engine.model
+
     def run_epoch(self) -> EpochResult:
         """Train every live fold one more epoch, then validate each."""
         if self._cache is None:
