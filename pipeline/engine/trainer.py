@@ -140,7 +140,8 @@ class FoldTrainer:
         Keras' fit trains the compiled optimizer itself, and a model saved after it keeps that
         state (the step count a schedule reads, Adam's moments), so training it on goes on from
         there. Left as it is where the build compiled none, or another class than the one trained
-        (the spec's ``optimizer``)."""
+        (the spec's ``optimizer``); built but at step 0 where their variables differ (the spec's
+        constant learning rate in place of a compiled schedule)."""
         engine = self.engines[k]
         compiled, trained = getattr(engine.model, "optimizer", None), engine.optimizer
         if compiled is None or type(compiled) is not type(trained):
