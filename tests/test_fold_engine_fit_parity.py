@@ -139,12 +139,13 @@ def loss_scaled_dropped(hp):  # the gradients divided by the factor alone: SGD a
     return compiled(body(1, "sigmoid"), keras.optimizers.SGD(0.5 / 128), "binary_crossentropy")
 
 
-def decay_excluded(hp, exclude=True):  # AdamW told to leave the biases and the head's kernel undecayed
-    model = body(1, "sigmoid")
+def decay_excluded(hp, exclude=True):  # AdamW told to leave the hidden layer and the head's kernel undecayed
+    model = keras.Sequential([layers.Conv1D(8, 3, activation="relu"), layers.Flatten(),
+                              layers.Dense(8, activation="relu", name="hidden"), layers.Dense(1, activation="sigmoid")])
     model.build((None, 16, 1))
     optimizer = keras.optimizers.AdamW(0.01, weight_decay=2.0)
-    if exclude:
-        optimizer.exclude_from_weight_decay(var_list=[model.layers[-1].kernel], var_names=["bias"])
+    if exclude:  # a name is searched for in the variable's full name, its layer's: hidden/kernel:0
+        optimizer.exclude_from_weight_decay(var_list=[model.layers[-1].kernel], var_names=["hidden/"])
     return compiled(model, optimizer, "binary_crossentropy")
 
 
@@ -501,8 +502,9 @@ def test_clipping_of_accumulated_gradients_trains_side_by_side_as_keras_fit_clip
 @pytest.mark.parametrize("layout", ["stacked", "side_by_side"])
 def test_variables_left_out_of_weight_decay_train_as_keras_fit_trains_them(workspace, layout):
     """exclude_from_weight_decay(var_list=, var_names=) is not in the optimizer's config, from
-    which each fold's optimizer is made: foldsweep carries it over (by the variables' positions
-    in the model), in each fold's optimizer and in the stacked one."""
+    which each fold's optimizer is made: foldsweep carries it over as the variables' positions in
+    the model, in each fold's optimizer and in the stacked one (whose variables' names carry no
+    layer, so a layer's name would find none of them)."""
     spec = spec_for(workspace, "decay_excluded", jit_compile="auto")
     ours, trainer = foldsweep_stacked(spec, "decay_excluded", layout)
     keras_with, keras_without = keras_fit(spec, "decay_excluded"), keras_fit(spec, "decay_excluded_dropped")

@@ -174,6 +174,26 @@ REFUSED = {
             "give the schedule a get_config() that returns its __init__ arguments",
         ],
     ),
+    # A class defined in build: nowhere to be found by the name Keras writes for it.
+    "a schedule class Keras cannot find": (
+        experiment(compile_args="loss='sparse_categorical_crossentropy'")
+        .replace(
+            "def build(hp):\n",
+            "def build(hp):\n"
+            "    class WarmUp(keras.optimizers.schedules.LearningRateSchedule):\n"
+            "        def __call__(self, step):\n"
+            "            return 0.001 * keras.ops.minimum(1.0, (step + 1) / 100)\n"
+            "        def get_config(self):\n"
+            "            return {}\n",
+        )
+        .replace("optimizer='adam'", "optimizer=keras.optimizers.Adam(WarmUp())"),
+        labelled(BINARY),
+        [
+            "compiles a Adam optimizer that Keras cannot make again from its configuration",
+            "Could not locate class 'WarmUp'",
+            "decorate it with @keras.saving.register_keras_serializable()",
+        ],
+    ),
     # Keras' fit wants a label per output; foldsweep scores one output against the data's y.
     "two outputs": (
         TWO_OUTPUTS.replace("COMPILE", "pass"),
@@ -308,6 +328,43 @@ def test_a_sigmoid_head_saturated_on_samples_far_from_zero_is_not_taken_for_a_so
     assert "softmax over one unit" not in result.output
 
 
+def test_a_schedule_class_from_a_module_beside_the_experiment_is_found_for_each_folds_optimizer(
+    without_ray, tmp_path, monkeypatch
+):
+    """keras.io's warm-up schedule, unregistered, in a module the experiment imports: each fold's
+    optimizer is made from the compiled one's config, naming the class by that module."""
+    (tmp_path / "schedules.py").write_text(
+        "import keras\n"
+        "class WarmUp(keras.optimizers.schedules.LearningRateSchedule):\n"
+        "    def __init__(self, rate):\n"
+        "        self.rate = rate\n"
+        "    def __call__(self, step):\n"
+        "        return self.rate * keras.ops.minimum(1.0, (step + 1) / 100)\n"
+        "    def get_config(self):\n"
+        "        return {'rate': self.rate}\n"
+    )
+    source = experiment(compile_args="loss='sparse_categorical_crossentropy'", prelude="from schedules import WarmUp\n")
+    (tmp_path / "model.py").write_text(
+        source.replace("optimizer='adam'", "optimizer=keras.optimizers.Adam(WarmUp(0.01))")
+    )
+    np.savez(tmp_path / "data.npz", **labelled(BINARY))
+    (tmp_path / "spec.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "own",
+                "experiment": "model.py",
+                "dataset": "data.npz",
+                "cv": {"n_splits": 2},
+                "search": {"space": {"batch_size": 8}},
+            }
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["validate", "spec.yaml"])
+    assert result.exit_code == 0, result.output
+    assert "its WarmUp(rate=0.01) schedule" in " ".join(result.output.split()), result.output
+
+
 def test_a_build_that_sets_mixed_precision_in_a_worker_fails_its_trial_and_leaves_float32_behind():
     """A worker's build (``build_model``) refuses it too: a branch the space's discovery did not
     build, or an experiment file changed after validation, fails its trial with the reason, and
@@ -424,7 +481,7 @@ def test_a_schedule_is_recorded_as_its_call_and_drawn_with_a_short_label():
     assert tick_label(recipe.learning_rate) == "ExponentialDecay(0.01…)"
     assert tick_label("0.001") == "0.001"
     # The schedule itself is what a fold's optimizer gets, not a constant.
-    assert recipe.make().get_config()["learning_rate"]["class_name"] == "ExponentialDecay"
+    assert recipe.make([]).get_config()["learning_rate"]["class_name"] == "ExponentialDecay"
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ def uncompiled() -> keras.Model:
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_foldsweeps_optimizers_are_keras_own_with_the_configs_learning_rate(name):
     recipe = optimizer_recipe(uncompiled(), params(optimizer=name, learning_rate=0.05))
-    made = recipe.make()
+    made = recipe.make([])
     _, fixed = OPTIMIZERS[name]
     assert type(made) is optimizer_class(name) and recipe.name == name and recipe.source == "default"
     assert float(made.learning_rate) == pytest.approx(0.05) and recipe.learning_rate == 0.05
@@ -41,7 +41,7 @@ def test_foldsweeps_optimizers_are_keras_own_with_the_configs_learning_rate(name
 
 
 def test_sgd_is_made_with_momentum_0_9():
-    made = optimizer_recipe(None, params(optimizer="sgd")).make()
+    made = optimizer_recipe(None, params(optimizer="sgd")).make([])
     assert isinstance(made, keras.optimizers.SGD) and made.momentum == 0.9
 
 
@@ -55,16 +55,16 @@ def test_each_clipping_kind_is_the_keras_argument_that_applies_it(kind):
     recipe = optimizer_recipe(uncompiled(), params(clipping=kind, clip_threshold=0.5))
     assert recipe.clipping == (kind, 0.5)
     argument = CLIPPING_ARGUMENTS[kind]
-    assert getattr(recipe.make(), argument) == 0.5
+    assert getattr(recipe.make([]), argument) == 0.5
     others = set(CLIPPING_ARGUMENTS.values()) - {argument}
-    assert all(getattr(recipe.make(), other) is None for other in others)
+    assert all(getattr(recipe.make([]), other) is None for other in others)
     # Stacked folds clip each fold's slice themselves: the optimizer then clips nothing.
-    assert all(getattr(recipe.make(clipping=False), value) is None for value in CLIPPING_ARGUMENTS.values())
+    assert all(getattr(recipe.make([], clipping=False), value) is None for value in CLIPPING_ARGUMENTS.values())
 
 
 def test_a_fold_gets_a_fresh_optimizer_each_time():
     recipe = optimizer_recipe(uncompiled(), params())
-    assert recipe.make() is not recipe.make()
+    assert recipe.make([]) is not recipe.make([])
 
 
 def test_the_builds_compiled_optimizer_is_kept_unless_the_search_space_names_it():
@@ -78,7 +78,7 @@ def test_the_builds_compiled_optimizer_is_kept_unless_the_search_space_names_it(
     searched = optimizer_recipe(model, params(optimizer="sgd"), spec_names=frozenset({"optimizer"}))
     assert searched.cls is keras.optimizers.SGD and searched.source == "spec"
     clipped = optimizer_recipe(model, params(clipping="norm", clip_threshold=2.0))
-    assert clipped.source == "hypermodel" and clipped.make().clipnorm == 2.0
+    assert clipped.source == "hypermodel" and clipped.make([]).clipnorm == 2.0
 
 
 def test_an_optimizer_foldsweep_has_no_name_for_is_named_by_its_class_and_a_schedule_by_its_call():

@@ -58,7 +58,7 @@ def mnist1d_hps():
     ("clipping", "argument"), [("norm", "clipnorm"), ("value", "clipvalue"), ("global_norm", "global_clipnorm")]
 )
 def test_each_clipping_kind_sets_its_keras_argument(clipping, argument):
-    optimizer = optimizer_recipe(None, TrainingParams(8, 1e-3, "adam", clipping=clipping, clip_threshold=0.5)).make()
+    optimizer = optimizer_recipe(None, TrainingParams(8, 1e-3, "adam", clipping=clipping, clip_threshold=0.5)).make([])
     assert getattr(optimizer, argument) == 0.5
     others = {"clipnorm", "clipvalue", "global_clipnorm"} - {argument}
     assert all(getattr(optimizer, other) is None for other in others)
@@ -66,7 +66,7 @@ def test_each_clipping_kind_sets_its_keras_argument(clipping, argument):
 
 @pytest.mark.parametrize("name", ["adam", "adamw", "sgd", "rmsprop"])
 def test_no_clipping_sets_no_clipping_argument(name):
-    optimizer = optimizer_recipe(None, TrainingParams(8, 1e-3, name, clipping="none", clip_threshold=None)).make()
+    optimizer = optimizer_recipe(None, TrainingParams(8, 1e-3, name, clipping="none", clip_threshold=None)).make([])
     assert (optimizer.clipnorm, optimizer.clipvalue, optimizer.global_clipnorm) == (None, None, None)
     assert float(optimizer.learning_rate) == pytest.approx(1e-3)
 
@@ -76,7 +76,7 @@ def test_every_optimizer_and_clipping_kind_the_spec_allows_is_made():
     step read: each name makes its optimizer and each kind reads back as itself."""
     for name in OPTIMIZERS:
         recipe = optimizer_recipe(None, TrainingParams(8, 1e-3, name))
-        assert isinstance(recipe.make(), keras.optimizers.Optimizer) and recipe.name == name
+        assert isinstance(recipe.make([]), keras.optimizers.Optimizer) and recipe.name == name
     for kind in CLIPPING_KINDS:
         threshold = None if kind == NO_CLIPPING else 0.5
         assert optimizer_recipe(
@@ -86,7 +86,7 @@ def test_every_optimizer_and_clipping_kind_the_spec_allows_is_made():
 
 
 def test_sgd_has_momentum():
-    assert optimizer_recipe(None, TrainingParams(8, 1e-2, "sgd")).make().momentum == 0.9
+    assert optimizer_recipe(None, TrainingParams(8, 1e-2, "sgd")).make([]).momentum == 0.9
 
 
 def test_clipping_grid_pairs_thresholds_only_with_clipping(write_spec, mnist1d_hps):

@@ -102,15 +102,12 @@ def compiled_metric_arguments(model: Any) -> tuple[list[Any], list[Any]]:
     )
 
 
-def weight_decay_exclusions(optimizer: Any, variables: Sequence[Any]) -> tuple[tuple[int, ...], str | None]:
-    """What ``optimizer.exclude_from_weight_decay(var_list=, var_names=)`` was told, which Keras
-    keeps out of the optimizer's config: the positions in ``variables`` of those it excludes (by
-    the optimizer's own key of a variable), and the pattern their names are searched for (None
-    without one)."""
-    excluded = getattr(optimizer, "_exclude_from_weight_decay", None) or set()
-    positions = tuple(k for k, variable in enumerate(variables) if optimizer._var_key(variable) in excluded)
-    pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
-    return positions, None if pattern is None else pattern.pattern
+def weight_decay_exclusions(optimizer: Any, variables: Sequence[Any]) -> tuple[int, ...]:
+    """The positions in ``variables`` (a model's trainable variables) of those that
+    ``optimizer.exclude_from_weight_decay(var_list=, var_names=)`` leaves out, as Keras decides it
+    when it applies the decay: a name in ``var_names`` is searched for in the TensorFlow variable's
+    full name (``dense_1/kernel:0``). Keras keeps the exclusions out of the optimizer's config."""
+    return tuple(k for k, variable in enumerate(variables) if not optimizer._use_weight_decay(variable.value))
 
 
 def compile_metrics(metrics: list[Any], weighted_metrics: list[Any]) -> Any:

@@ -47,13 +47,12 @@ class OptimizerRecipe:
     cls: type[keras.optimizers.Optimizer]
     config: Mapping[str, Any]
     source: str
-    # What the compiled optimizer's exclude_from_weight_decay() was told, which its config does
-    # not carry: the positions of the variables it leaves out in the model's trainable variables
-    # (the same in every fold's model and in the stacked ones), and the pattern of their names.
+    # The variables the compiled optimizer's exclude_from_weight_decay() leaves out, which its
+    # config does not carry: their positions in the model's trainable variables (the same in every
+    # fold's model and in the stacked ones, whose names a name pattern would not find alike).
     decay_excluded: tuple[int, ...] = ()
-    decay_excluded_names: str | None = None
 
-    def make(self, variables: Sequence[Any] = (), *, clipping: bool = True) -> keras.optimizers.Optimizer:
+    def make(self, variables: Sequence[Any], *, clipping: bool = True) -> keras.optimizers.Optimizer:
         """A fresh optimizer (every fold has its own state) for ``variables``, a model's trainable
         variables in their order (needed where variables are left out of weight decay); without
         its clipping when the gradients are clipped before it (stacked folds clip each fold's
@@ -64,23 +63,16 @@ class OptimizerRecipe:
         if not clipping:
             config.update({argument: None for argument in CLIPPING_ARGUMENTS.values()})
         optimizer = self.cls.from_config(config, custom_objects=optimizer_custom_objects(config))
-        if self.excludes_from_weight_decay:
-            optimizer.exclude_from_weight_decay(
-                var_list=[variables[position] for position in self.decay_excluded],
-                var_names=None if self.decay_excluded_names is None else [self.decay_excluded_names],
-            )
+        if self.decay_excluded:
+            optimizer.exclude_from_weight_decay(var_list=[variables[position] for position in self.decay_excluded])
         return optimizer
 
     @property
-    def excludes_from_weight_decay(self) -> bool:
-        """Whether the optimizer leaves any variable out of weight decay."""
-        return bool(self.decay_excluded) or self.decay_excluded_names is not None
-
-    @property
     def loss_scale_factor(self) -> float | None:
-        """The factor fit would scale the loss by and the optimizer divide the gradients by."""
+        """The factor fit would scale the loss by and the optimizer divide the gradients by; None
+        where there is none, or it is 1."""
         factor = self.config.get("loss_scale_factor")
-        return None if factor is None else float(factor)
+        return None if factor is None or float(factor) == 1.0 else float(factor)
 
     @property
     def clipping(self) -> tuple[str, float | None]:
@@ -116,8 +108,9 @@ def optimizer_recipe(
         if "learning_rate" in spec_names:
             config["learning_rate"] = params.learning_rate
         assert model is not None  # the model that compiled the optimizer
-        positions, names = weight_decay_exclusions(compiled, model.trainable_variables)
-        recipe = OptimizerRecipe(type(compiled), config, "hypermodel", positions, names)
+        # Only where the optimizer decays weights at all: elsewhere leaving some out changes nothing.
+        excluded = weight_decay_exclusions(compiled, model.trainable_variables) if config.get("weight_decay") else ()
+        recipe = OptimizerRecipe(type(compiled), config, "hypermodel", excluded)
     else:
         if params.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {params.optimizer!r}")

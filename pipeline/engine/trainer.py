@@ -139,12 +139,12 @@ class FoldTrainer:
         """Fold ``k``'s model, its compiled optimizer given the state the fold's optimizer trained:
         Keras' fit trains the compiled optimizer itself, and a model saved after it keeps that
         state (the step count a schedule reads, Adam's moments), so training it on goes on from
-        there. Left as it is where the build compiled none, or another class than the one trained
-        (the spec's ``optimizer``); built but at step 0 where their variables differ (the spec's
-        constant learning rate in place of a compiled schedule)."""
+        there. Left as it is where the build compiled none, or where the spec's ``optimizer``
+        replaced it; built but at step 0 where their variables differ (the spec's constant
+        learning rate in place of a compiled schedule)."""
         engine = self.engines[k]
         compiled, trained = getattr(engine.model, "optimizer", None), engine.optimizer
-        if compiled is None or type(compiled) is not type(trained):
+        if compiled is None or self.optimizer.source != "hypermodel":
             return engine.model
         if not compiled.built:
             compiled.build(engine.model.trainable_variables)
@@ -359,7 +359,7 @@ def build_trainer(
         deterministic_ops=deterministic_ops(),
         keras_loss=loss.keras_own,
         loss_scale_factor=optimizer.loss_scale_factor,
-        decay_exclusions=optimizer.excludes_from_weight_decay,
+        decay_exclusions=bool(optimizer.decay_excluded),
     )
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay

@@ -423,19 +423,20 @@ def optimizer_config(optimizer: Any, reference: str) -> dict[str, Any]:
     except NotImplementedError as exc:  # keras.io's examples write schedules without get_config
         raise ExperimentError(
             f"experiment: {reference} compiles a {type(optimizer).__name__} optimizer whose configuration Keras "
-            f"cannot write ({' '.join(str(exc).split())}); foldsweep makes each fold's optimizer from it, as Keras "
+            f"cannot write ({_message(exc)}); foldsweep makes each fold's optimizer from it, as Keras "
             "saves the model with it: give the schedule a get_config() that returns its __init__ arguments"
         ) from exc
 
 
 def optimizer_custom_objects(config: Mapping[str, Any]) -> dict[str, Any]:
     """The researcher's own learning-rate schedule class that ``config`` names, found where Keras
-    wrote it was defined (its module: the experiment's), for ``from_config``: Keras finds only its
-    own classes and those registered with ``keras.saving.register_keras_serializable``."""
+    wrote it was defined (the experiment file, or a module it imports), for ``from_config``: Keras
+    finds only its own classes and those registered with ``keras.saving.register_keras_serializable``."""
     rate = config.get("learning_rate")
     if not isinstance(rate, dict) or not isinstance(rate.get("class_name"), str):
         return {}
-    cls = getattr(_EXPERIMENT_MODULES.get(str(rate.get("module"))), rate["class_name"], None)
+    module = str(rate.get("module"))
+    cls = getattr(_EXPERIMENT_MODULES.get(module) or sys.modules.get(module), rate["class_name"], None)
     return {rate["class_name"]: cls} if isinstance(cls, type) else {}
 
 
@@ -469,9 +470,10 @@ def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None,
     except Exception as exc:  # what each fold's copy is made by; Keras may fail it in any way
         raise ExperimentError(
             f"experiment: {reference} compiles a {type(optimizer).__name__} optimizer that Keras cannot make "
-            f"again from its configuration ({type(exc).__name__}: {' '.join(str(exc).split())}); foldsweep "
-            "makes each fold's optimizer so: decorate its learning-rate schedule's class with "
-            "@keras.saving.register_keras_serializable(), as Keras asks to load a model saved with it"
+            f"again from its configuration ({type(exc).__name__}: {_message(exc)}); foldsweep makes each fold's "
+            "optimizer so, as Keras loads a saved model: where the configuration names a class of yours, decorate "
+            "it with @keras.saving.register_keras_serializable(); an optimizer subclass's get_config() must return "
+            "every argument of its __init__"
         ) from exc
     rate = config.get("learning_rate")
     schedule = None if isinstance(rate, (int, float)) else schedule_text(rate)
