@@ -300,6 +300,16 @@ def test_a_model_foldsweep_would_train_otherwise_is_refused_before_anything_runs
     assert keras.config.dtype_policy().name == "float32"  # a refused build's policy reaches no later one
 
 
+def validated(tmp_path, monkeypatch, source: str, arrays: dict[str, np.ndarray]):
+    """`foldsweep validate` of ``source`` as model.py on ``arrays`` (2 folds, batch 8), in ``tmp_path``."""
+    (tmp_path / "model.py").write_text(source)
+    np.savez(tmp_path / "data.npz", **arrays)
+    spec = {"name": "checked", "experiment": "model.py", "dataset": "data.npz", "cv": {"n_splits": 2}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({**spec, "search": {"space": {"batch_size": 8}}}))
+    monkeypatch.chdir(tmp_path)
+    return CliRunner().invoke(app, ["validate", "spec.yaml"])
+
+
 def test_a_sigmoid_head_saturated_on_samples_far_from_zero_is_not_taken_for_a_softmax_over_one_unit(
     without_ray, tmp_path, monkeypatch
 ):
@@ -308,22 +318,8 @@ def test_a_sigmoid_head_saturated_on_samples_far_from_zero_is_not_taken_for_a_so
     source = experiment("sigmoid", compile_args="loss='binary_crossentropy'").replace(
         "activation='sigmoid'", "activation='sigmoid', kernel_initializer='ones'"
     )
-    (tmp_path / "model.py").write_text(source)
     arrays = labelled(BINARY)
-    np.savez(tmp_path / "data.npz", x=arrays["x"] + 100.0, y=arrays["y"])
-    (tmp_path / "spec.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": "raw",
-                "experiment": "model.py",
-                "dataset": "data.npz",
-                "cv": {"n_splits": 2},
-                "search": {"space": {"batch_size": 8}},
-            }
-        )
-    )
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["validate", "spec.yaml"])
+    result = validated(tmp_path, monkeypatch, source, {"x": arrays["x"] + 100.0, "y": arrays["y"]})
     assert result.exit_code == 0, result.output
     assert "softmax over one unit" not in result.output
 
@@ -344,23 +340,8 @@ def test_a_schedule_class_from_a_module_beside_the_experiment_is_found_for_each_
         "        return {'rate': self.rate}\n"
     )
     source = experiment(compile_args="loss='sparse_categorical_crossentropy'", prelude="from schedules import WarmUp\n")
-    (tmp_path / "model.py").write_text(
-        source.replace("optimizer='adam'", "optimizer=keras.optimizers.Adam(WarmUp(0.01))")
-    )
-    np.savez(tmp_path / "data.npz", **labelled(BINARY))
-    (tmp_path / "spec.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": "own",
-                "experiment": "model.py",
-                "dataset": "data.npz",
-                "cv": {"n_splits": 2},
-                "search": {"space": {"batch_size": 8}},
-            }
-        )
-    )
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["validate", "spec.yaml"])
+    source = source.replace("optimizer='adam'", "optimizer=keras.optimizers.Adam(WarmUp(0.01))")
+    result = validated(tmp_path, monkeypatch, source, labelled(BINARY))
     assert result.exit_code == 0, result.output
     assert "its WarmUp(rate=0.01) schedule" in " ".join(result.output.split()), result.output
 
