@@ -88,8 +88,8 @@ def schedule(hp):
 
 
 class Collapsing(keras.optimizers.schedules.LearningRateSchedule):
-    """schedule's decay as a researcher's own class, written as keras.io's examples write theirs:
-    with get_config, not registered with Keras."""
+    """The ``schedule`` case's decay as a researcher's own class, written as keras.io's examples
+    write theirs: with get_config, not registered with Keras."""
 
     def __init__(self, rate, steps, factor):
         self.rate, self.steps, self.factor = rate, steps, factor
@@ -419,10 +419,9 @@ def test_an_honoured_feature_trains_as_keras_fit_does(workspace, feature, thread
     assert abs(keras_without - keras_with) >= FAR, (feature, ours, keras_with, keras_without)
 
 
-def foldsweep_stacked(spec: Path, builder: str, layout: str = "stacked") -> tuple[Fitted, Any]:
-    """The spec's trial trained with its folds stacked (forced: on two compute threads the plan
-    would train them side by side), or in another ``layout``, through the engine a trial runs;
-    and its trainer."""
+def foldsweep_in_layout(spec: Path, builder: str, layout: str = "stacked") -> tuple[Fitted, Any]:
+    """The spec's trial trained in ``layout`` (forced: stacked by default, which on two compute
+    threads the plan would train side by side), through the engine a trial runs; and its trainer."""
     from dataclasses import replace
 
     from pipeline.checks import prepare
@@ -466,7 +465,7 @@ def assert_stacked_forward_is_each_folds_own(trainer, spec: Path) -> None:
 
 def test_batch_normalization_stacked_trains_as_keras_fit_does(workspace):
     spec = spec_for(workspace, "batch_norm", dataset="shifted.npz", jit_compile="auto")
-    ours, trainer = foldsweep_stacked(spec, "batch_norm")
+    ours, trainer = foldsweep_in_layout(spec, "batch_norm")
     keras_with = keras_fit(spec, "batch_norm").val_accuracy
     keras_without = keras_fit(spec, "batch_norm_dropped").val_accuracy
     assert trainer.plan.layout == "stacked" and trainer.plan.jit_compile, trainer.plan
@@ -477,9 +476,10 @@ def test_batch_normalization_stacked_trains_as_keras_fit_does(workspace):
 
 def test_an_optimizer_that_accumulates_gradients_trains_stacked_as_keras_fit_does(workspace):
     """gradient_accumulation_steps updates each weight from its own accumulated gradients, so the
-    folds stack; the rounding of one XLA program is all that separates the training losses."""
+    folds stack (only clipping keeps them side by side, the case below); the rounding of one XLA
+    program is all that separates the training losses."""
     spec = spec_for(workspace, "accumulated", jit_compile="auto")
-    ours, trainer = foldsweep_stacked(spec, "accumulated")
+    ours, trainer = foldsweep_in_layout(spec, "accumulated")
     keras_with, keras_without = keras_fit(spec, "accumulated"), keras_fit(spec, "accumulated_dropped")
     assert trainer.plan.layout == "stacked", trainer.plan
     assert abs(ours.train_loss - keras_with.train_loss) <= LOSS_TOLERANCE, (ours, keras_with, keras_without)
@@ -488,10 +488,10 @@ def test_an_optimizer_that_accumulates_gradients_trains_stacked_as_keras_fit_doe
 
 def test_clipping_of_accumulated_gradients_trains_side_by_side_as_keras_fit_clips_them(workspace):
     """Keras clips the mean of the accumulated gradients as it applies them; a stacked step clips
-    each step's gradient before the optimizer sees it (0.7019 against fit's 0.6991 here), so these
-    folds train side by side, through the optimizer's own clipping."""
+    each step's gradient before the optimizer sees it, which lands apart, so these folds train
+    side by side, through the optimizer's own clipping."""
     spec = spec_for(workspace, "accumulated_clipped", jit_compile="auto")
-    ours, trainer = foldsweep_stacked(spec, "accumulated_clipped")
+    ours, trainer = foldsweep_in_layout(spec, "accumulated_clipped")
     keras_with = keras_fit(spec, "accumulated_clipped")
     assert trainer.plan.layout == "side_by_side", trainer.plan
     assert "gradient_accumulation_steps" in trainer.plan.reason, trainer.plan.reason
@@ -506,7 +506,7 @@ def test_variables_left_out_of_weight_decay_train_as_keras_fit_trains_them(works
     the model, in each fold's optimizer and in the stacked one (whose variables' names carry no
     layer, so a layer's name would find none of them)."""
     spec = spec_for(workspace, "decay_excluded", jit_compile="auto")
-    ours, trainer = foldsweep_stacked(spec, "decay_excluded", layout)
+    ours, trainer = foldsweep_in_layout(spec, "decay_excluded", layout)
     keras_with, keras_without = keras_fit(spec, "decay_excluded"), keras_fit(spec, "decay_excluded_dropped")
     assert trainer.plan.layout == layout and trainer.plan.decay_exclusions, trainer.plan
     assert abs(ours.train_loss - keras_with.train_loss) <= LOSS_TOLERANCE, (ours, keras_with, keras_without)
@@ -515,7 +515,7 @@ def test_variables_left_out_of_weight_decay_train_as_keras_fit_trains_them(works
 
 def test_a_loss_scale_factor_trains_stacked_as_keras_fit_does(workspace):
     spec = spec_for(workspace, "loss_scaled", jit_compile="auto")
-    ours, trainer = foldsweep_stacked(spec, "loss_scaled")
+    ours, trainer = foldsweep_in_layout(spec, "loss_scaled")
     keras_with, keras_without = keras_fit(spec, "loss_scaled"), keras_fit(spec, "loss_scaled_dropped")
     assert trainer.plan.layout == "stacked" and trainer.plan.loss_scale_factor == 128.0, trainer.plan
     assert abs(ours.val_accuracy - keras_with.val_accuracy) <= TOLERANCE, (ours, keras_with, keras_without)
@@ -529,7 +529,7 @@ def trained_stacked_by_statistics(workspace, builder: str) -> tuple[Path, Any]:
     them in both, so the CV means agree give or take what another stream changes in training.
     The spec and the trainer."""
     spec = spec_for(workspace, builder, jit_compile="auto")
-    ours, trainer = foldsweep_stacked(spec, builder)
+    ours, trainer = foldsweep_in_layout(spec, builder)
     keras_with, keras_without = keras_fit(spec, builder), keras_fit(spec, f"{builder}_dropped")
     assert trainer.plan.layout == "stacked" and trainer.plan.random_draws == "counter", trainer.plan
     assert abs(ours.train_loss - keras_with.train_loss) <= DROPOUT_TOLERANCE, (ours, keras_with, keras_without)
@@ -760,7 +760,7 @@ def test_a_frozen_base_trains_as_keras_fit_trains_it_stacked_and_not(workspace, 
     keras_with = keras_fit(spec, "transfer")
     keras_without = keras_fit(spec, "transfer_dropped")
     assert abs(foldsweep_cv_mean(spec) - keras_with.val_accuracy) <= TOLERANCE, (keras_with, keras_without)
-    ours, trainer = foldsweep_stacked(spec, "transfer")
+    ours, trainer = foldsweep_in_layout(spec, "transfer")
     assert trainer.plan.layout == "stacked", trainer.plan.reason
     assert abs(ours.val_accuracy - keras_with.val_accuracy) <= TOLERANCE, (ours, keras_with, keras_without)
     assert abs(ours.train_loss - keras_with.train_loss) <= 0.01 * keras_with.train_loss, (ours, keras_with)

@@ -191,7 +191,7 @@ REFUSED = {
         [
             "compiles a Adam optimizer that Keras cannot make again from its configuration",
             "Could not locate class 'WarmUp'",
-            "decorate it with @keras.saving.register_keras_serializable()",
+            "@keras.saving.register_keras_serializable()",
         ],
     ),
     # Keras' fit wants a label per output; foldsweep scores one output against the data's y.

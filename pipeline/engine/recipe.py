@@ -17,7 +17,7 @@ import keras
 
 from pipeline.base.keras_private import weight_decay_exclusions
 from pipeline.contract.plan import ExecutionChoices
-from pipeline.inputs.hypermodel import optimizer_config, optimizer_custom_objects, schedule_text
+from pipeline.inputs.hypermodel import optimizer_config, remade_optimizer, schedule_text
 from pipeline.inputs.losses import TrainingLoss, training_loss
 from pipeline.inputs.space import resolve_config, split_config
 from pipeline.inputs.spec import CLIPPING_ARGUMENTS, NO_CLIPPING, OPTIMIZERS, TRAINING_DEFAULTS, SweepSpec, TrainSpec
@@ -62,7 +62,7 @@ class OptimizerRecipe:
         config = {**self.config, "loss_scale_factor": None}
         if not clipping:
             config.update({argument: None for argument in CLIPPING_ARGUMENTS.values()})
-        optimizer = self.cls.from_config(config, custom_objects=optimizer_custom_objects(config))
+        optimizer = remade_optimizer(self.cls, config)
         if self.decay_excluded:
             optimizer.exclude_from_weight_decay(var_list=[variables[position] for position in self.decay_excluded])
         return optimizer

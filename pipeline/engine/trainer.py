@@ -135,14 +135,15 @@ class FoldTrainer:
     def models(self) -> list[keras.Model]:
         return [engine.model for engine in self.engines]
 
-    def model_with_trained_optimizer(self, k: int = 0) -> keras.Model:
-        """Fold ``k``'s model, its compiled optimizer given the state the fold's optimizer trained:
+    def model_with_trained_optimizer(self) -> keras.Model:
+        """The first fold's model (the refit's one), its compiled optimizer given the state the
+        fold's optimizer trained:
         Keras' fit trains the compiled optimizer itself, and a model saved after it keeps that
         state (the step count a schedule reads, Adam's moments), so training it on goes on from
         there. Left as it is where the build compiled none, or where the spec's ``optimizer``
         replaced it; built but at step 0 where their variables differ (the spec's constant
         learning rate in place of a compiled schedule)."""
-        engine = self.engines[k]
+        engine = self.engines[0]
         compiled, trained = getattr(engine.model, "optimizer", None), engine.optimizer
         if compiled is None or self.optimizer.source != "hypermodel":
             return engine.model

@@ -412,8 +412,7 @@ def _refuse_reduced_precision(model: keras.Model, reference: str) -> None:
 
 
 def optimizer_config(optimizer: Any, reference: str) -> dict[str, Any]:
-    """The configuration each fold's copy of a compiled optimizer is made from
-    (``type(optimizer).from_config(config, custom_objects=optimizer_custom_objects(config))``).
+    """The configuration each fold's copy of a compiled optimizer is made from (``remade_optimizer``).
 
     Raises:
         ExperimentError: Keras cannot write it (a learning-rate schedule without get_config).
@@ -428,16 +427,19 @@ def optimizer_config(optimizer: Any, reference: str) -> dict[str, Any]:
         ) from exc
 
 
-def optimizer_custom_objects(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The researcher's own learning-rate schedule class that ``config`` names, found where Keras
-    wrote it was defined (the experiment file, or a module it imports), for ``from_config``: Keras
-    finds only its own classes and those registered with ``keras.saving.register_keras_serializable``."""
+def remade_optimizer(cls: type[keras.optimizers.Optimizer], config: Mapping[str, Any]) -> Any:
+    """A new optimizer of ``cls`` from a compiled one's ``config`` (``optimizer_config``), as each
+    fold's is made: Keras finds only its own classes and those registered with
+    ``keras.saving.register_keras_serializable``, so the researcher's own learning-rate schedule
+    class is looked up where Keras wrote it was defined (the experiment file, or a module it
+    imports)."""
     rate = config.get("learning_rate")
-    if not isinstance(rate, dict) or not isinstance(rate.get("class_name"), str):
-        return {}
-    module = str(rate.get("module"))
-    cls = getattr(_EXPERIMENT_MODULES.get(module) or sys.modules.get(module), rate["class_name"], None)
-    return {rate["class_name"]: cls} if isinstance(cls, type) else {}
+    own: dict[str, Any] = {}
+    if isinstance(rate, dict) and isinstance(rate.get("class_name"), str):
+        module = str(rate.get("module"))
+        schedule = getattr(_EXPERIMENT_MODULES.get(module) or sys.modules.get(module), rate["class_name"], None)
+        own = {rate["class_name"]: schedule} if isinstance(schedule, type) else {}
+    return cls.from_config(dict(config), custom_objects=own)
 
 
 def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None, str | None]:
@@ -466,14 +468,14 @@ def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None,
             "folds and refit do not: drop use_ema"
         )
     try:
-        type(optimizer).from_config(dict(config), custom_objects=optimizer_custom_objects(config))
+        remade_optimizer(type(optimizer), config)
     except Exception as exc:  # what each fold's copy is made by; Keras may fail it in any way
         raise ExperimentError(
             f"experiment: {reference} compiles a {type(optimizer).__name__} optimizer that Keras cannot make "
             f"again from its configuration ({type(exc).__name__}: {_message(exc)}); foldsweep makes each fold's "
-            "optimizer so, as Keras loads a saved model: where the configuration names a class of yours, decorate "
-            "it with @keras.saving.register_keras_serializable(); an optimizer subclass's get_config() must return "
-            "every argument of its __init__"
+            "optimizer so, as Keras loads a saved model: a class of yours in it (a schedule, an optimizer subclass) "
+            "needs a get_config() that returns every argument of its __init__, and where Keras cannot find it (a "
+            "class defined inside build), @keras.saving.register_keras_serializable()"
         ) from exc
     rate = config.get("learning_rate")
     schedule = None if isinstance(rate, (int, float)) else schedule_text(rate)
