@@ -478,3 +478,52 @@ def test_a_trials_config_is_resolved_once_into_named_parts():
     )
     assert recipe.resolve(resolved) is resolved
     assert recipe.resolve({**config, "epochs": 3}).epochs == 3
+
+
+def _compiling_adam(hp):
+    import keras
+
+    model = keras.Sequential([keras.layers.Conv1D(4, 3), keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+@pytest.mark.parametrize(
+    ("searched", "kind", "clipnorm"),
+    [
+        ({"optimizer": "sgd"}, "SGD", None),  # the spec replaces the build's Adam
+        ({"clipping": "norm", "clip_threshold": 0.5}, "Adam", 0.5),  # the spec clips the build's Adam
+        ({}, "Adam", None),  # the build's own, kept as it was compiled
+    ],
+    ids=["replaced", "clipped", "own"],
+)
+def test_the_refit_model_is_saved_with_the_optimizer_that_trained_it(
+    data_and_folds, tmp_path, searched, kind, clipnorm
+):
+    """As fit leaves a model: it loads without Keras' warning about optimizer state that does not
+    fit, with the optimizer's class, clipping and step count that trained it, and the build's
+    loss and metrics."""
+    import warnings
+
+    import keras
+
+    data, folds = data_and_folds
+    train = TrainSpec(seed=0, epochs=1)
+    config = {"batch_size": 32, "learning_rate": 1e-3, "optimizer": "adam", "clipping": "none", **searched}
+    recipe = TrainingRecipe(train, spec_names=frozenset(searched))
+    resident = resident_data(data.fingerprint, data.x, data.y)
+    trainer = build_trainer(_compiling_adam, config, recipe, data=resident, folds=folds[:1])
+    trainer.run_epoch()
+    model = trainer.model_with_trained_optimizer()
+    model.save(tmp_path / "refit.keras")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Skipping variable loading")
+        loaded = keras.saving.load_model(tmp_path / "refit.keras")
+    optimizer = loaded.optimizer
+    assert type(optimizer).__name__ == kind and optimizer.clipnorm == clipnorm
+    assert int(optimizer.iterations) == -(-len(folds[0].train) // 32)
+    trained = trainer.engines[0].optimizer.variables
+    assert len(optimizer.variables) == len(trained)
+    assert all(np.array_equal(kept.numpy(), value.numpy()) for kept, value in zip(optimizer.variables, trained))
+    assert loaded.loss == "sparse_categorical_crossentropy"
+    assert loaded.get_compile_config()["metrics"] == ["accuracy"]

@@ -92,6 +92,13 @@ def compiled_loss_weights(model: Any) -> Any:
     return getattr(getattr(model, "_compile_loss", None), "_user_loss_weights", None)
 
 
+def compile_arguments(model: Any) -> dict[str, Any] | None:
+    """The arguments Keras' ``compile`` was last given for ``model``, as given (the objects
+    themselves, which ``get_compile_config`` would serialize); None where it was not compiled."""
+    held = getattr(model, "_compile_config", None)
+    return dict(held.config) if getattr(model, "compiled", False) and held is not None else None
+
+
 def compiled_metric_arguments(model: Any) -> tuple[list[Any], list[Any]]:
     """The ``metrics`` and ``weighted_metrics`` a model was compiled with (empty when it was not)."""
     compiled = getattr(model, "_compile_metrics", None)

@@ -36,6 +36,7 @@ from pipeline.base.keras_private import (
     KERAS_RANDOM_DRAWS,
     KERAS_RANDOM_MODULE,
     PREPROCESSING_MODULE,
+    compile_arguments,
     holds_seed_generator,
     is_preprocessing_layer,
     weight_decay_exclusions,
@@ -305,6 +306,16 @@ def _check_compiled_loss_weights() -> str | None:
     weights = getattr(getattr(sequential, "_compile_loss", None), "_user_loss_weights", None)
     if weights != [0.5]:
         return "a model compiled with loss_weights=[0.5] no longer shows them as _compile_loss._user_loss_weights"
+    return None
+
+
+def _check_compile_arguments() -> str | None:
+    sequential, _ = _probe_models()
+    arguments = compile_arguments(sequential) or {}
+    if arguments.get("optimizer") is not getattr(sequential, "optimizer", None) or arguments.get("loss_weights") != [
+        0.5
+    ]:
+        return "a compiled model no longer keeps what compile was given as _compile_config.config"
     return None
 
 
@@ -721,6 +732,18 @@ HOOKS: tuple[Hook, ...] = (
         gain=(
             "a model compiled with loss_weights is refused with what to change, not trained on another loss than the "
             "one it was compiled with"
+        ),
+    ),
+    Hook(
+        "keras",
+        "model._compile_config.config",
+        "the refit model is saved compiled with the optimizer that trained it where the spec replaced or changed "
+        "the one its build compiled (pipeline.engine.trainer)",
+        ("_compile_config",),
+        _check_compile_arguments,
+        gain=(
+            "a refit model trained with the spec's optimizer, learning rate or clipping loads with that optimizer "
+            "and its trained state, so fit on it goes on as it trained, not with the build's optimizer at step 0"
         ),
     ),
     Hook(

@@ -20,6 +20,7 @@ import numpy as np
 from pipeline.base import compile_cache
 from pipeline.base.accelerator import GpuIdentity, UnknownGpu, deterministic_ops, gpu_identity
 from pipeline.base.compile_cache import CacheCounts, CompileCache, content_names
+from pipeline.base.keras_private import compile_arguments
 from pipeline.contract.account import TimeAccount
 from pipeline.contract.plan import RandomDraws, StackedConvolutions, TrialPlan, plan_differences, plan_trial
 from pipeline.contract.results import (
@@ -136,24 +137,31 @@ class FoldTrainer:
         return [engine.model for engine in self.engines]
 
     def model_with_trained_optimizer(self) -> keras.Model:
-        """The first fold's model (the refit's one), its compiled optimizer given the state the
-        fold's optimizer trained:
-        Keras' fit trains the compiled optimizer itself, and a model saved after it keeps that
-        state (the step count a schedule reads, Adam's moments), so training it on goes on from
-        there. Left as it is where the build compiled none, or where the spec's ``optimizer``
-        replaced it; built but at step 0 where their variables differ (the spec's constant
-        learning rate in place of a compiled schedule)."""
+        """The first fold's model (the refit's one), compiled with the optimizer that trained it,
+        in the state training left it (the step count a schedule reads, Adam's moments), as Keras'
+        fit leaves a model: training it on goes on from there.
+
+        Where that optimizer is the one the build compiled (the same class and settings), the
+        build's own object gets the trained state. Where the spec replaced or changed it (its
+        optimizer, learning rate or clipping), the model is compiled again with what its build
+        compiled (loss, metrics, loss weights), around the trained optimizer. Left as it is where
+        the build compiled nothing, or where its class compiles in a way of its own."""
         engine = self.engines[0]
-        compiled, trained = getattr(engine.model, "optimizer", None), engine.optimizer
-        if compiled is None or self.optimizer.source != "hypermodel":
-            return engine.model
-        if not compiled.built:
-            compiled.build(engine.model.trainable_variables)
-        pairs = list(zip(compiled.variables, trained.variables))
-        if len(compiled.variables) == len(trained.variables) and all(a.shape == b.shape for a, b in pairs):
-            for kept, value in pairs:
-                kept.assign(value)
-        return engine.model
+        model, trained = engine.model, engine.optimizer
+        compiled, arguments = getattr(model, "optimizer", None), compile_arguments(model)
+        if compiled is None or arguments is None:
+            return model
+        if _same_settings(compiled, trained):
+            if not compiled.built:
+                compiled.build(model.trainable_variables)
+            pairs = list(zip(compiled.variables, trained.variables))
+            if len(compiled.variables) == len(trained.variables) and all(a.shape == b.shape for a, b in pairs):
+                for kept, value in pairs:
+                    kept.assign(value)
+                return model
+        if type(model).compile is keras.Model.compile:
+            model.compile(**{**arguments, "optimizer": trained})
+        return model
 
     def run_epoch(self) -> EpochResult:
         """Train every live fold one more epoch, then validate each."""
@@ -450,3 +458,17 @@ def _combined_rate(timers: Sequence[CallTimer]) -> float:
 
 def _zero_if_nan(value: float) -> float:
     return 0.0 if value != value else value
+
+
+def _same_settings(compiled: keras.optimizers.Optimizer, trained: keras.optimizers.Optimizer) -> bool:
+    """Whether ``trained`` was made as ``compiled`` is set (its loss_scale_factor aside, which each
+    fold's optimizer leaves out: ``OptimizerRecipe.make``)."""
+    if type(compiled) is not type(trained):
+        return False
+    try:
+        return {**compiled.get_config(), "loss_scale_factor": None} == {
+            **trained.get_config(),
+            "loss_scale_factor": None,
+        }
+    except NotImplementedError:  # a schedule that cannot give its config
+        return False
