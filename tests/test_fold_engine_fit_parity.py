@@ -153,6 +153,18 @@ def decay_excluded_dropped(hp):
     return decay_excluded(hp, exclude=False)
 
 
+def schedule_free(hp, built=True):  # built in build, as fit then trains it by its algorithm
+    model = compiled(body(1, "sigmoid"), keras.optimizers.ScheduleFreeAdamW(0.01), "binary_crossentropy")
+    if built:
+        model.build((None, 16, 1))
+        model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def schedule_free_dropped(hp):  # built by fit inside its step: its momentum starts at the weights at every step
+    return schedule_free(hp, built=False)
+
+
 def accumulated(hp):  # an update every 4 steps with the mean of their gradients
     return compiled(body(1, "sigmoid"), keras.optimizers.Adam(0.01, gradient_accumulation_steps=4),
                     "binary_crossentropy")
@@ -257,7 +269,7 @@ schedule_dropped = regularizer_dropped = add_loss_dropped = batch_norm_dropped =
 accumulated_dropped = own_schedule_dropped = sigmoid
 '''
 
-FEATURES = ("schedule", "own_schedule", "logits", "sigmoid", "regularizer", "add_loss", "loss_scaled")
+FEATURES = ("schedule", "own_schedule", "logits", "sigmoid", "regularizer", "add_loss", "loss_scaled", "schedule_free")
 
 
 @pytest.fixture(scope="module")

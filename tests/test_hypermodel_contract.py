@@ -157,6 +157,18 @@ REFUSED = {
         labelled(BINARY),
         ["Adam optimizer with use_ema=True", "drop use_ema"],
     ),
+    # Keras' fit on TensorFlow builds it inside its traced step, where its momentum starts again
+    # at the weights at every step.
+    "a schedule-free optimizer left unbuilt": (
+        experiment(compile_args="loss='sparse_categorical_crossentropy'").replace(
+            "optimizer='adam'", "optimizer=keras.optimizers.ScheduleFreeAdamW(0.01)"
+        ),
+        labelled(BINARY),
+        [
+            "compiles a ScheduleFreeAdamW optimizer, unbuilt, that trains otherwise when built inside the training step",
+            "model.optimizer.build(model.trainable_variables)",
+        ],
+    ),
     # keras.io's examples write their warm-up schedules so: Keras cannot write the optimizer's config.
     "a schedule without get_config": (
         experiment(

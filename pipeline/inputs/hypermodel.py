@@ -477,9 +477,41 @@ def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None,
             "needs a get_config() that returns every argument of its __init__, and where Keras cannot find it (a "
             "class defined inside build), @keras.saving.register_keras_serializable()"
         ) from exc
+    if not optimizer.built and _trains_otherwise_built_in_the_step(type(optimizer), config):
+        raise ExperimentError(
+            f"experiment: {reference} compiles a {type(optimizer).__name__} optimizer, unbuilt, that trains otherwise "
+            "when built inside the training step: Keras' fit on TensorFlow builds it there, where what its build "
+            "sets from the weights (ScheduleFreeAdamW's momentum) is set again at every step, which its algorithm "
+            "does not do; foldsweep builds each fold's before training, so its folds would not train as fit does. "
+            "Build it in build(hp) after compile, model.optimizer.build(model.trainable_variables) on a built model "
+            "(keras.Input), and fit trains it as foldsweep does"
+        )
     rate = config.get("learning_rate")
     schedule = None if isinstance(rate, (int, float)) else schedule_text(rate)
     return type(optimizer).__name__, schedule
+
+
+def _trains_otherwise_built_in_the_step(cls: type[keras.optimizers.Optimizer], config: Mapping[str, Any]) -> bool:
+    """Whether an optimizer of ``cls`` built inside a traced step, as Keras' fit on TensorFlow
+    builds one a model compiled, ends two steps in another state than one built before them (what
+    foldsweep does for each fold): ScheduleFreeAdamW's build starts its momentum at the weights,
+    and built inside the step it starts it again at every step. Two steps on a 2x2 weight, which
+    is changed between them."""
+    import tensorflow as tf
+
+    def state_two_steps_on(built_first: bool) -> list[np.ndarray]:
+        probe = remade_optimizer(cls, config)
+        weight = keras.Variable(np.ones((2, 2), np.float32))
+        if built_first:
+            probe.build([weight])
+        step = tf.function(lambda: probe.apply([tf.fill((2, 2), 0.1)], [weight]), autograph=False)
+        step()
+        weight.assign(np.full((2, 2), 3.0, np.float32))
+        step()
+        return [np.array(variable.numpy()) for variable in probe.variables]
+
+    in_the_step, before = state_two_steps_on(False), state_two_steps_on(True)
+    return any(not np.array_equal(a, b, equal_nan=True) for a, b in zip(in_the_step, before))
 
 
 def _discover(build_fn: Callable[[Any], Any], space: keras_tuner.HyperParameters, reference: str) -> None:
