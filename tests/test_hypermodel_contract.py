@@ -157,6 +157,15 @@ REFUSED = {
         labelled(BINARY),
         ["Adam optimizer with use_ema=True", "drop use_ema"],
     ),
+    # Keras' Dice reduces over the whole batch unless given an axis: one value per batch.
+    "a loss of one value per batch": (
+        experiment("sigmoid", compile_args="loss=keras.losses.Dice()"),
+        labelled(BINARY),
+        [
+            "its loss dice gives one value for a whole batch (shape () for 60 samples), not one per sample",
+            "axis=(1,) for one value per sample",
+        ],
+    ),
     # Keras' fit on TensorFlow builds it inside its traced step, where its momentum starts again
     # at the weights at every step.
     "a schedule-free optimizer left unbuilt": (

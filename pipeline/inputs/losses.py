@@ -409,6 +409,20 @@ def graph_problem(loss: TrainingLoss, outputs: np.ndarray) -> tuple[str, str] | 
     return None
 
 
+def batch_value_shape(loss: TrainingLoss, outputs: np.ndarray) -> tuple[int, ...] | None:
+    """The shape of what ``loss`` gives for the model's ``outputs`` (a batch of samples, as many
+    labels of class 0) where that is not a value per sample: a loss that reduces over the batch
+    (Keras' Dice and Tversky with ``axis=None``) gives one value for all of them. None where it
+    gives one per sample. foldsweep's step weighs each sample's loss (class weights), leaves a
+    padded batch's extra samples out of it, and sums the validation fold's sample by sample,
+    which one value per batch cannot be."""
+    import tensorflow as tf
+
+    values = loss.per_sample(tf.zeros(outputs.shape[:-1], tf.int64), tf.constant(outputs))
+    shape = tuple(values.shape)
+    return None if shape[:1] == tuple(outputs.shape[:1]) else shape
+
+
 def _first_sentence(exc: Exception) -> str:
     """The error's first sentence; TensorFlow's rest is advice about AutoGraph."""
     return re.split(r"\.\s", str(exc).strip(), maxsplit=1)[0]
