@@ -312,9 +312,8 @@ def _check_compiled_loss_weights() -> str | None:
 def _check_compile_arguments() -> str | None:
     sequential, _ = _probe_models()
     arguments = compile_arguments(sequential) or {}
-    if arguments.get("optimizer") is not getattr(sequential, "optimizer", None) or arguments.get("loss_weights") != [
-        0.5
-    ]:
+    kept = arguments.get("optimizer") is getattr(sequential, "optimizer", None)
+    if not kept or arguments.get("loss_weights") != [0.5]:
         return "a compiled model no longer keeps what compile was given as _compile_config.config"
     return None
 

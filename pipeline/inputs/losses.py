@@ -415,11 +415,16 @@ def batch_value_shape(loss: TrainingLoss, outputs: np.ndarray) -> tuple[int, ...
     (Keras' Dice and Tversky with ``axis=None``) gives one value for all of them. None where it
     gives one per sample. foldsweep's step weighs each sample's loss (class weights), leaves a
     padded batch's extra samples out of it, and sums the validation fold's sample by sample,
-    which one value per batch cannot be."""
+    which one value per batch cannot be. Read from the loss traced on them (``graph_problem``
+    says why one cannot be)."""
     import tensorflow as tf
 
-    values = loss.per_sample(tf.zeros(outputs.shape[:-1], tf.int64), tf.constant(outputs))
-    shape = tuple(values.shape)
+    labels = tf.zeros(outputs.shape[:-1], tf.int64)
+    try:
+        traced = tf.function(loss.per_sample, autograph=False).get_concrete_function(labels, tf.constant(outputs))
+        shape = tuple(traced.structured_outputs.shape)
+    except Exception:  # not traceable: graph_problem's finding
+        return None
     return None if shape[:1] == tuple(outputs.shape[:1]) else shape
 
 
