@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.base.errors import ExperimentError
-from pipeline.inputs.losses import graph_problem, outputs_problem, training_loss
+from pipeline.inputs.losses import outputs_problem, traced_loss, training_loss
 from pipeline.inputs.spec import TrainSpec
 
 LABELS = np.array([0, 2, 1, 2], np.int32)
@@ -206,8 +206,8 @@ def test_a_loss_that_cannot_be_traced_as_fits_step_traces_it_says_how_to_write_i
             return keras.losses.sparse_categorical_crossentropy(labels, predictions)
         return keras.ops.zeros_like(predictions[:, 0])
 
-    assert graph_problem(training_loss(model(), train=TrainSpec(), units=3), PROBABILITIES) is None
-    problem = graph_problem(training_loss(model(loss=branches), train=TrainSpec(), units=3), PROBABILITIES)
+    assert traced_loss(training_loss(model(), train=TrainSpec(), units=3), PROBABILITIES).problem is None
+    problem = traced_loss(training_loss(model(loss=branches), train=TrainSpec(), units=3), PROBABILITIES).problem
     assert problem is not None and problem[1] == "write the condition with tf.where or tf.cond"
     assert "Using a symbolic `tf.Tensor` as a Python `bool` is not allowed" in problem[0]
 
@@ -228,3 +228,13 @@ def test_only_a_loss_of_keras_own_is_known_to_see_each_sample_alone():
     assert TrainingLoss(functools.partial(keras.losses.sparse_categorical_crossentropy, from_logits=True)).keras_own
     assert TrainingLoss(keras.losses.MeanSquaredError(), regression=True).keras_own
     assert not TrainingLoss(batch_centred, regression=True).keras_own
+
+
+def test_a_loss_that_reduces_over_the_batch_gives_one_value_for_it_not_one_per_sample():
+    # Keras' Dice reduces over every axis, the batch's too, unless given one.
+    per_sample = traced_loss(
+        training_loss(model(loss=keras.losses.Dice(axis=(1,))), train=TrainSpec(), units=3), PROBABILITIES
+    )
+    per_batch = traced_loss(training_loss(model(loss=keras.losses.Dice()), train=TrainSpec(), units=3), PROBABILITIES)
+    assert per_sample.value_shape == (len(PROBABILITIES),) and not per_sample.per_batch(len(PROBABILITIES))
+    assert per_batch.value_shape == () and per_batch.per_batch(len(PROBABILITIES))

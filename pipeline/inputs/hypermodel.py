@@ -93,13 +93,7 @@ class Experiment:
                 cannot train it as ``fit`` would, or its outputs are not what its loss reads
                 them as (probabilities under a cross-entropy without ``from_logits``).
         """
-        from pipeline.inputs.losses import (
-            LOSS_CLASSES,
-            batch_value_shape,
-            graph_problem,
-            outputs_problem,
-            training_loss,
-        )
+        from pipeline.inputs.losses import LOSS_CLASSES, outputs_problem, traced_loss, training_loss
 
         input_shape = tuple(samples.shape[1:])
         try:
@@ -140,21 +134,20 @@ class Experiment:
             )
         except ExperimentError as exc:
             raise ExperimentError(f"experiment: {self.reference}: {exc}") from None
-        untraceable = graph_problem(loss, outputs)
-        if untraceable:
-            problem, fix = untraceable
+        traced = traced_loss(loss, outputs)
+        if traced.problem:
+            problem, fix = traced.problem
             raise ExperimentError(
                 f"experiment: {self.reference}: its loss {loss.describe()} cannot be traced as Keras' fit traces its "
                 f"training step (in a graph, without AutoGraph: Python control flow on a tensor or a tensor's value "
                 f"is an error there): {problem}; {fix}"
             )
-        batch_value = batch_value_shape(loss, outputs)
-        if batch_value is not None:
+        if traced.per_batch(len(outputs)):
             raise ExperimentError(
                 f"experiment: {self.reference}: its loss {loss.describe()} gives one value for a whole batch (shape "
-                f"{batch_value} for {len(outputs)} samples), not one per sample, and foldsweep weighs, masks and "
-                "scores each sample's loss: reduce over each sample's own values, not the batch's (a function of "
-                "yours: a mean over axis=-1, not over everything; keras.losses.Dice or Tversky: axis=(1,) for one "
+                f"{traced.value_shape} for {len(outputs)} samples), not one per sample, and foldsweep weighs, masks "
+                "and scores each sample's loss: reduce over each sample's own values, not the batch's (a function "
+                "of yours: a mean over axis=-1, not over everything; keras.losses.Dice or Tversky: axis=(1,) for one "
                 "value per sample, axis=(1, 2, 3) for each image of a segmentation map)"
             )
         wrong_outputs = outputs_problem(loss, outputs)

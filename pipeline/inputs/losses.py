@@ -389,43 +389,41 @@ def outputs_problem(loss: TrainingLoss, outputs: np.ndarray) -> str | None:
     return None
 
 
-def graph_problem(loss: TrainingLoss, outputs: np.ndarray) -> tuple[str, str] | None:
-    """Why ``loss`` cannot be traced into a graph as Keras' fit traces its step (without
-    AutoGraph, so a Python ``if`` on a tensor or a tensor's ``.numpy()`` is an error there), and
-    how to write it instead; None when it can. Traced once on the model's ``outputs`` for as many
-    labels of class 0."""
-    import tensorflow as tf
+@dataclass(frozen=True)
+class TracedLoss:
+    """A loss traced into a graph as Keras' fit traces its step (without AutoGraph, so a Python
+    ``if`` on a tensor or a tensor's ``.numpy()`` is an error there), on a batch of the model's
+    outputs: why it cannot be and how to write it instead (``problem``), else the shape of what it
+    gives for the batch (``value_shape``)."""
 
-    labels = tf.zeros(outputs.shape[:-1], tf.int64)
-    try:
-        tf.function(loss.per_sample, autograph=False).get_concrete_function(labels, tf.constant(outputs))
-    except tf.errors.OperatorNotAllowedInGraphError as exc:
-        return _first_sentence(exc), "write the condition with tf.where or tf.cond"
-    except Exception as exc:  # whatever fails in the trace fails in fit's step too
-        return (
-            f"{type(exc).__name__}: {_first_sentence(exc)}",
-            "write it with tensor operations (keras.ops or tf), without NumPy or Python values of tensors",
-        )
-    return None
+    problem: tuple[str, str] | None = None
+    value_shape: tuple[int | None, ...] = ()
+
+    def per_batch(self, samples: int) -> bool:
+        """Whether it gives one value for the whole batch of ``samples``, not one per sample (a
+        loss that reduces over the batch: Keras' Dice and Tversky with ``axis=None``). foldsweep's
+        step weighs each sample's loss (class weights), leaves a padded batch's extra samples out
+        of it, and sums the validation fold's sample by sample, which one value per batch cannot be."""
+        return self.problem is None and self.value_shape[:1] != (samples,)
 
 
-def batch_value_shape(loss: TrainingLoss, outputs: np.ndarray) -> tuple[int, ...] | None:
-    """The shape of what ``loss`` gives for the model's ``outputs`` (a batch of samples, as many
-    labels of class 0) where that is not a value per sample: a loss that reduces over the batch
-    (Keras' Dice and Tversky with ``axis=None``) gives one value for all of them. None where it
-    gives one per sample. foldsweep's step weighs each sample's loss (class weights), leaves a
-    padded batch's extra samples out of it, and sums the validation fold's sample by sample,
-    which one value per batch cannot be. Read from the loss traced on them (``graph_problem``
-    says why one cannot be)."""
+def traced_loss(loss: TrainingLoss, outputs: np.ndarray) -> TracedLoss:
+    """``loss`` traced once on the model's ``outputs`` for as many labels of class 0."""
     import tensorflow as tf
 
     labels = tf.zeros(outputs.shape[:-1], tf.int64)
     try:
         traced = tf.function(loss.per_sample, autograph=False).get_concrete_function(labels, tf.constant(outputs))
-        shape = tuple(traced.structured_outputs.shape)
-    except Exception:  # not traceable: graph_problem's finding
-        return None
-    return None if shape[:1] == tuple(outputs.shape[:1]) else shape
+    except tf.errors.OperatorNotAllowedInGraphError as exc:
+        return TracedLoss(problem=(_first_sentence(exc), "write the condition with tf.where or tf.cond"))
+    except Exception as exc:  # whatever fails in the trace fails in fit's step too
+        return TracedLoss(
+            problem=(
+                f"{type(exc).__name__}: {_first_sentence(exc)}",
+                "write it with tensor operations (keras.ops or tf), without NumPy or Python values of tensors",
+            )
+        )
+    return TracedLoss(value_shape=tuple(traced.structured_outputs.shape))
 
 
 def _first_sentence(exc: Exception) -> str:
