@@ -232,11 +232,13 @@ def prepare_driver(
     address: str | None = None,
     refit_here: bool = False,
     doing: Callable[[str], None] = lambda text: None,
+    inputs_checked: Callable[[CheckedInputs], None] = lambda inputs: None,
 ) -> PreparedSweep:
     """``prepare`` in the process that drives the sweep (``run``, and ``validate``, which checks
     as it does): what needs no model first (``check_inputs``, before TensorFlow loads), then
     TensorFlow, with the XLA compile cache where the refit trains in this process
-    (``refit_here``), and without GPUs. ``doing`` hears each stage as it starts.
+    (``refit_here``), and without GPUs. ``doing`` hears each stage as it starts;
+    ``inputs_checked``, the inputs once they pass, before TensorFlow loads.
 
     Raises:
         PrivateHookMissing: an installed library lacks what foldsweep reaches into (``private_hooks``).
@@ -246,6 +248,7 @@ def prepare_driver(
 
     doing(f"checking the data and folds of {spec.source_path}")
     inputs = check_inputs(spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address)
+    inputs_checked(inputs)
     doing(f"loading TensorFlow and building the model of {spec.experiment}")
     import_tensorflow_and_keras()
     if refit_here and spec.train.refit and spec.train.compile_cache:

@@ -23,15 +23,17 @@ from typing import TYPE_CHECKING, Any
 from pipeline.base.collector import collector_paused
 from pipeline.base.environment import Environment, environment_change
 from pipeline.base.errors import FoldsweepError, InputError, SpecError
+from pipeline.base.quiet import quiet_environment
 from pipeline.base.ray_private import (
     RAY_OUTPUT_ENGINE_VARIABLE,
     lean_local_head,
     report_restored_to,
     restored_here,
     restored_tune_config,
+    trial_actors_in_workers_started_ahead,
     trial_actors_not_kept_after,
 )
-from pipeline.checks import PreparedSweep, prepare_driver
+from pipeline.checks import CheckedInputs, PreparedSweep, prepare_driver
 from pipeline.contract.account import Span, TimeAccount, sweep_account
 from pipeline.contract.results import (
     BEST_EPOCH,
@@ -47,10 +49,10 @@ from pipeline.contract.results import (
     TrialStatus,
     sweep_fixed_s,
 )
-from pipeline.inputs.spec import SweepSpec, load_spec, with_registration
+from pipeline.inputs.spec import ResourcesSpec, SweepSpec, load_spec, with_registration
 from pipeline.records.provenance import Provenance
 from pipeline.records.stores import sqlite_path
-from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord
+from pipeline.records.tracking import MAX_TAG_LENGTH, SweepRecord, Tag, Tracker, TrialRecord, load_tracking_modules
 
 if TYPE_CHECKING:
     from pipeline.inputs.datasets import Dataset
@@ -219,6 +221,9 @@ def sweep_of_spec(
     sweep it continues found; then ``events.starting``, the sweep run (``run_sweep``) and its
     trials ranked. The keyword arguments left None take the spec's own.
 
+    Ray starts (or is joined) as soon as the inputs that need no model pass, and runs beside the
+    model's checks; a refusal after that stops it before this returns.
+
     Raises:
         InputError: the spec, its data or model, an option, or no sweep to resume.
         SweepInterrupted: Ctrl-C; what ran is recorded, unfinished trials as KILLED.
@@ -227,15 +232,47 @@ def sweep_of_spec(
 
     events = events or SweepEvents()
     spec = with_registration(load_spec(spec_path), register_model=register_model, model_alias=model_alias)
-    prepared = prepare_driver(
-        spec, tracking_uri=tracking_uri, num_samples=num_samples, address=address, refit_here=True, doing=events.doing
-    )
-    resumes, done_before = trials_ended_before_resume(prepared) if resume else (None, 0)
-    start = SweepStart(prepared, resumes, done_before)
-    progress = events.starting(start)
+    ray_started = False
+
+    def start_ray(inputs: CheckedInputs) -> None:
+        # Ray starts as soon as the inputs pass, and the workers it starts ahead load TensorFlow
+        # while this process loads its own and checks the model (LOCAL_RAY_SETTINGS). While it
+        # waits for Ray's processes, this one loads what opening the store takes.
+        nonlocal ray_started
+        import ray
+
+        if ray.is_initialized():
+            return
+        events.doing(f"joining the Ray cluster at {inputs.address}" if inputs.address else "starting a local Ray")
+        quiet_environment()  # before Ray's workers inherit this process's environment
+        with collector_paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-modules") as beside:
+            loading = beside.submit(load_tracking_modules)
+            connect_ray(inputs.address, workers=max(1, trials_at_once(os.cpu_count() or 1, spec.resources)))
+            ray_started = True
+        loading.result()
+
+    try:
+        prepared = prepare_driver(
+            spec,
+            tracking_uri=tracking_uri,
+            num_samples=num_samples,
+            address=address,
+            refit_here=True,
+            doing=events.doing,
+            inputs_checked=start_ray,
+        )
+        resumes, done_before = trials_ended_before_resume(prepared) if resume else (None, 0)
+        start = SweepStart(prepared, resumes, done_before)
+        progress = events.starting(start)
+    except BaseException:
+        if ray_started:
+            stop_ray()
+        raise
     failed: tuple[str, ...] = ()
     try:
-        outcome = run_sweep(prepared, events, resume=resume, started_at=started_at, progress=progress)
+        outcome = run_sweep(
+            prepared, events, resume=resume, started_at=started_at, progress=progress, owns_ray=ray_started
+        )
     except AfterTrialsFailed as after:
         outcome, failed = after.outcome, tuple(after.failed)
     spec = prepared.spec
@@ -249,6 +286,7 @@ def run_sweep(
     resume: bool = False,
     started_at: float | None = None,
     progress: ProgressCallback | None = None,
+    owns_ray: bool = False,
 ) -> SweepOutcome:
     """Run all trials on Ray Tune and record them in MLflow; returns the recorded trials.
 
@@ -258,7 +296,9 @@ def run_sweep(
 
     ``events`` hears what the sweep does as it runs (``SweepEvents``); ``progress``, a Ray Tune
     callback, shows it (``sweep_progress``). ``started_at`` (``time.time()``): when the command
-    started, where the sweep's time account starts; else now.
+    started, where the sweep's time account starts; else now. Ray is started or joined here
+    unless it runs in this process already; ``owns_ray``: the caller started it for this sweep,
+    and it stops with the sweep as if started here.
 
     With ``resume``, continue the latest sweep of this spec's name through Ray Tune's restore:
     finished trials stay as they are, unfinished ones go on from their last checkpoint, and the
@@ -276,10 +316,11 @@ def run_sweep(
 
     started = time.perf_counter()
     started_at = time.time() if started_at is None else started_at
-    started_ray = not ray.is_initialized()
-    if started_ray:
+    start_ray = not ray.is_initialized()
+    if start_ray:
         events.doing(f"joining the Ray cluster at {prepared.address}" if prepared.address else "starting a local Ray")
-    tracker, resumable = _open_tracker(prepared, resume=resume, start_ray=started_ray)
+    tracker, resumable = _open_tracker(prepared, resume=resume, start_ray=start_ray)
+    started_ray = start_ray or owns_ray
     try:
         cluster = ray.cluster_resources()
         gpu = check_cluster_resources(prepared.spec, cluster, events.notify)
@@ -291,7 +332,7 @@ def run_sweep(
             except Exception as exc:  # the sweep's record stands without them
                 events.notify(f"warning: MLflow's system metrics are not recorded: {type(exc).__name__}: {exc}")
         resources = prepared.spec.resources
-        at_once = int(min(cluster.get("CPU", 0) // resources.cpu, resources.max_concurrent or math.inf))
+        at_once = trials_at_once(cluster.get("CPU", 0), resources)
         events.say(
             f"sweep run {parent_run_id} records to {prepared.tracking_uri}; up to {at_once} trial"
             f"{'s' if at_once != 1 else ''} at a time, each on {resources.cpu:g} CPU"
@@ -493,7 +534,7 @@ def _fit(tuner: Any, prepared: PreparedSweep, tracker: Tracker, parent_run_id: s
     Raises:
         SweepInterrupted: Ray Tune ended ``fit`` early, as it does on Ctrl-C.
     """
-    with _retiring_workers():
+    with _retiring_workers(), trial_actors_in_workers_started_ahead():
         results = tuner.fit()
     # Ray Tune ends fit() early, without an exception, on Ctrl-C: fewer trials than planned have
     # ended in the record.
@@ -848,8 +889,9 @@ def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], 
     return tuner
 
 
-def connect_ray(address: str | None) -> None:
-    """Start a local Ray (``start_local_ray``), or join the cluster at ``address``.
+def connect_ray(address: str | None, *, workers: int | None = None) -> None:
+    """Start a local Ray (``start_local_ray``, keeping ``workers`` worker processes), or join the
+    cluster at ``address``.
 
     Raises:
         InputError: nothing answers at ``address``.
@@ -858,7 +900,7 @@ def connect_ray(address: str | None) -> None:
 
     with collector_paused():  # ray.init loads most of Ray's client (its modules stay)
         if address in (None, "local"):
-            start_local_ray()
+            start_local_ray(workers=workers)
             return
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
@@ -877,14 +919,19 @@ def stop_ray() -> None:
 
 
 RAY_TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
-# How a local Ray starts, as RAY_<setting> variables (each one the researcher's own, where set),
-# which every process it starts reads. Ray ignores an unknown one, should it drop a setting.
+# What a local Ray's workers load as they start, before any trial reaches them.
+WORKER_PRELOAD_MODULE = "pipeline.engine.preload"
+# How a local Ray starts, as variables (each one the researcher's own, where set) which every
+# process it starts reads. Ray ignores an unknown RAY_<setting>, should it drop a setting.
 LOCAL_RAY_SETTINGS = {
-    # Ray starts idle workers for a driver's first connection, which no trial ever runs in: Ray
-    # Tune's trials start in workers of their own a second later, while those two are still
-    # starting. Two Python processes fewer starting beside the sweep's own saved ~0.7 s of its
-    # start-up on 2 cores.
-    "RAY_prestart_worker_first_driver": "0",
+    # Ray starts a worker per CPU as the driver connects. Each loads foldsweep, and with it
+    # TensorFlow and Keras, while the driver checks the sweep and opens its store, and Ray Tune
+    # places the first trials in them (``trial_actors_in_workers_started_ahead``): a trial's
+    # worker is warm when the trial is placed.
+    "RAY_prestart_worker_first_driver": "1",
+    "RAY_preload_python_modules": WORKER_PRELOAD_MODULE,
+    # What Ray Tune would give each trial's actor as a runtime environment of its own.
+    "PL_DISABLE_FORK": "1",
     # A connection to a local socket that is not listening yet (the raylet's to its own object
     # store, in a race it lost in half of the starts measured) is tried again after this many
     # ms, 1,000 by default: ray.init took 2.9 s instead of 1.9 s. Ten times as many attempts
@@ -894,9 +941,10 @@ LOCAL_RAY_SETTINGS = {
 }
 
 
-def start_local_ray(**shape: Any) -> None:
+def start_local_ray(*, workers: int | None = None, **shape: Any) -> None:
     """A Ray of this process's own (``shape``: ``ray.init``'s ``num_cpus``, ``num_gpus``), whose
-    token no other user of the machine can read.
+    token no other user of the machine can read; ``workers``: the worker processes it keeps
+    (a sweep's trials at once), one per CPU where None.
 
     Ray 2.60 makes a local Ray refuse any connection without its token and, given none, writes a
     new one to ~/.ray/auth_token with the umask's mode: 0644 on most machines, where whoever can
@@ -909,10 +957,32 @@ def start_local_ray(**shape: Any) -> None:
     give_ray_a_private_token(os.environ)
     for name, value in LOCAL_RAY_SETTINGS.items():
         os.environ.setdefault(name, value)
-    # "local": a new Ray even where `ray start` left its cluster's address for a bare ray.init()
-    # to join; this process's token would shadow that cluster's own.
-    with lean_local_head():
-        ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, **shape)
+    # Ray ends an idle worker after a second once the node has more workers than this, which by
+    # default counts the CPUs that the trials' placement groups leave free: a worker started ahead
+    # was ended as the first trials reserved their CPUs, and its trial placed in a cold new one.
+    # Those beyond a sweep's trials at once are ended before they load much. The raylet reads
+    # it as it starts.
+    kept = workers or shape.get("num_cpus") or os.cpu_count() or 1
+    with _environment_while("RAY_num_workers_soft_limit", str(kept)):
+        # "local": a new Ray even where `ray start` left its cluster's address for a bare ray.init()
+        # to join; this process's token would shadow that cluster's own.
+        with lean_local_head():
+            ray.init(
+                address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, **shape
+            )
+
+
+@contextlib.contextmanager
+def _environment_while(name: str, value: str) -> Iterator[None]:
+    """``name`` set to ``value`` while the block runs, unless the environment sets it already."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 def give_ray_a_private_token(environ: MutableMapping[str, str]) -> None:
@@ -922,6 +992,11 @@ def give_ray_a_private_token(environ: MutableMapping[str, str]) -> None:
     whole process once loaded."""
     if not any(environ.get(name) for name in RAY_TOKEN_VARIABLES):
         environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # 256 bits, as Ray's own tokens
+
+
+def trials_at_once(cpus: float, resources: ResourcesSpec) -> int:
+    """How many trials run at once on ``cpus`` CPUs: as many as fit, at most resources.max_concurrent."""
+    return int(min(cpus // resources.cpu, resources.max_concurrent or math.inf))
 
 
 def check_cluster_resources(spec: SweepSpec, cluster: dict[str, float], notify: Callable[[str], None]) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -191,3 +192,43 @@ def test_the_local_ray_runs_only_what_a_sweep_uses(ray_cluster):
         ray_constants.PROCESS_TYPE_LOG_MONITOR,
     }
     assert started & unused == set()
+
+
+WHERE_TRIALS_START = """
+import json, os, sys, tempfile, time
+from ray import tune
+from pipeline.base.ray_private import trial_actors_in_workers_started_ahead
+from pipeline.sweep import start_local_ray, stop_ray
+
+class Where(tune.Trainable):
+    def setup(self, config):
+        from pipeline.base import loaded
+        self.where = {"ahead": loaded.first_trial_started(now := time.perf_counter()) == now, "keras": "keras" in sys.modules}
+
+    def step(self):
+        return {**self.where, "done": True}
+
+start_local_ray(num_cpus=2)
+with tempfile.TemporaryDirectory() as results, trial_actors_in_workers_started_ahead():
+    tuner = tune.Tuner(
+        tune.with_resources(Where, {"cpu": 1}),
+        param_space={"trial": tune.grid_search([0, 1])},
+        run_config=tune.RunConfig(storage_path=results, verbose=0),
+    )
+    print(json.dumps([{"ahead": r.metrics["ahead"], "keras": r.metrics["keras"]} for r in tuner.fit()]))
+stop_ray()
+"""
+
+
+@pytest.mark.e2e
+def test_a_sweeps_first_trials_start_in_workers_that_loaded_foldsweep_ahead():
+    """A new local Ray starts a worker per CPU as the driver connects, each loading foldsweep (and
+    TensorFlow, Keras) at once; Ray Tune places the first trials in those, whose time account
+    then starts at their set-up."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", WHERE_TRIALS_START], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [{"ahead": True, "keras": True}] * 2

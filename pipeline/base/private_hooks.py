@@ -165,6 +165,23 @@ def _check_output_engine_switch() -> str | None:
     return None
 
 
+def _check_workers_started_ahead() -> str | None:
+    from ray import JobID
+    from ray.tune.execution import class_cache
+
+    if not isinstance(getattr(class_cache, "DEFAULT_ENV_VARS", None), dict):
+        return "ray.tune.execution.class_cache.DEFAULT_ENV_VARS is missing"
+    if "DEFAULT_ENV_VARS" not in inspect.getsource(class_cache._ActorClassCache.get):
+        return "ray.tune.execution.class_cache._ActorClassCache.get no longer reads DEFAULT_ENV_VARS"
+    if "worker_preload_modules" not in inspect.getsource(
+        importlib.import_module("ray._private.workers.default_worker")
+    ):
+        return "Ray's workers no longer load the modules of RAY_preload_python_modules as they start"
+    if not callable(getattr(JobID, "nil", None)):
+        return "ray.JobID.nil is missing"
+    return None
+
+
 def _check_lean_head() -> str | None:
     from ray._private import node, services
 
@@ -643,6 +660,19 @@ HOOKS: tuple[Hook, ...] = (
             "a sweep starts and ends sooner: the 4-config grid's fixed cost 7.2-7.7 s against 9.5-9.8 s on 2 cores, "
             "ray.init 0.4-0.5 s against 2.0-2.2 s and ray.shutdown 0.3-0.6 s against 1.1-1.4 s (benchmarks/RESULTS.md, "
             "2026-12-01, what the lean local Ray still saves)"
+        ),
+    ),
+    Hook(
+        "ray",
+        "ray.tune.execution.class_cache: DEFAULT_ENV_VARS, the runtime environment _ActorClassCache gives trial "
+        "actors; the workers' RAY_preload_python_modules and the nil job id (RAY_JOB_ID) of a worker started ahead",
+        "a sweep's first trials start in workers that loaded TensorFlow while the driver prepared the sweep "
+        "(pipeline.base.ray_private.trial_actors_in_workers_started_ahead)",
+        ("_ActorClassCache",),
+        _check_workers_started_ahead,
+        gain=(
+            "a sweep's first trials start in warm workers: the quickstart's fixed cost 6.4-8.5 s against 9.1-11.8 s "
+            "in alternating runs on 2 cores (benchmarks/RESULTS.md, 2026-12-02, workers started ahead)"
         ),
     ),
     Hook(

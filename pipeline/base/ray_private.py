@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,33 @@ def trial_actors_not_kept_after(retiring: Callable[[Mapping[str, Any]], bool]) -
         yield
     finally:
         TuneController._maybe_cache_trial_actor = keep_for_reuse  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def trial_actors_in_workers_started_ahead() -> Iterator[None]:
+    """While the block runs, Ray Tune starts trial actors without a runtime environment of its
+    own, so that a local Ray can place them in the workers it started ahead of them.
+
+    Ray Tune gives every trainable's actor the environment variables of
+    ``class_cache.DEFAULT_ENV_VARS`` (``PL_DISABLE_FORK``, for PyTorch Lightning) as a runtime
+    environment, and Ray places an actor only in a worker started for its runtime environment:
+    never in the workers it starts for the driver as it connects."""
+    from ray.tune.execution import class_cache
+
+    defaults = dict(class_cache.DEFAULT_ENV_VARS)
+    class_cache.DEFAULT_ENV_VARS.clear()
+    try:
+        yield
+    finally:
+        class_cache.DEFAULT_ENV_VARS.update(defaults)
+
+
+def started_ahead_of_any_job() -> bool:
+    """Whether this Ray worker process was started before any job asked for a worker: Ray starts
+    workers ahead for a driver as it connects, and gives them the nil job id (RAY_JOB_ID)."""
+    from ray import JobID
+
+    return os.environ.get("RAY_JOB_ID") == JobID.nil().hex()
 
 
 # -- a restored Tuner -----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 from ray import tune
 from ray.tune.result import TRAINING_ITERATION
 
-from pipeline.base.loaded import LOADED_AT
+from pipeline.base.loaded import first_trial_started
 from pipeline.base.tensorflow_private import registered_gradients
 from pipeline.contract.phases import Phase, announce
 from pipeline.contract.plan import plan_threads
@@ -42,8 +42,8 @@ class FoldTrainable(tune.Trainable):
         self, config: Mapping[str, Any], *, data: Mapping[str, Any], folds: Sequence[Fold], settings: TrialSettings
     ) -> None:
         # A worker's first trial accounts for its start-up from when the process began loading
-        # foldsweep (and TensorFlow with it) to unpickle this trainable.
-        started = min(LOADED_AT, time.perf_counter())
+        # foldsweep (and TensorFlow with it) to unpickle this trainable, unless it loaded it ahead.
+        started = first_trial_started(time.perf_counter())
         threads = plan_threads(settings.recipe.choices, cpus=settings.cpus, n_folds=len(folds))
         self._worker = set_up_worker(
             settings,

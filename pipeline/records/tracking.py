@@ -189,6 +189,14 @@ class RecordedTrialRun:
     plan: dict[str, Any] | None  # trial_plan.json; None for trials recorded before plans were
 
 
+def load_tracking_modules() -> None:
+    """Import what opening a store takes, MLflow's client and its SQLAlchemy store (~1 s of
+    imports), opening and writing nothing: a sweep's driver loads them while it waits for Ray."""
+    quiet_mlflow()
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    from mlflow.tracking import MlflowClient  # noqa: F401
+
+
 class Tracker:
     """Writes and reads one tracking store: the only holder of an MLflow client."""
 
