@@ -85,10 +85,6 @@ def test_each_trial_accounts_for_its_wall_clock(recorded_sweep):
         gaps = dict(tracker.metric_histories([run_id], "epoch_gap_s")[run_id])
         assert sorted(gaps) == epochs[1:] and all(gap > 0 for gap in gaps.values())
         assert metrics["gap_s"] == pytest.approx(sum(gaps.values()))
-    # A worker's first trial starts it: loading foldsweep and TensorFlow, placing the data.
-    first = [run.metrics["setup_s"] for run in trials if run.tags[Tag.of("worker_trials")] == "1"]
-    later = [run.metrics["setup_s"] for run in trials if run.tags[Tag.of("worker_trials")] != "1"]
-    assert first and later and min(first) > max(later)
     rows = account_rows(trials)
     assert [row["trial"] for row in rows] == [record.label for record in trials] + ["all 4"]
     assert rows[-1]["trial_wall_s"] == pytest.approx(sum(run.metrics["trial_wall_s"] for run in trials))
