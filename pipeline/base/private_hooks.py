@@ -671,8 +671,9 @@ HOOKS: tuple[Hook, ...] = (
         ("_ActorClassCache",),
         _check_workers_started_ahead,
         gain=(
-            "a sweep's first trials start in warm workers: the quickstart's fixed cost 6.4-8.5 s against 9.1-11.8 s "
-            "in alternating runs on 2 cores (benchmarks/RESULTS.md, 2026-12-02, workers started ahead)"
+            "a sweep's first trials start in workers that loaded TensorFlow beside the driver: the quickstart's "
+            "fixed cost 8.4-10.1 s against 7.9-12.4 s, 0.83 of it at the median of 7 alternating pairs on 2 cores "
+            "(benchmarks/RESULTS.md, 2026-12-02, workers started ahead)"
         ),
     ),
     Hook(
