@@ -247,7 +247,7 @@ def sweep_of_spec(
         quiet_environment()  # before Ray's workers inherit this process's environment
         with collector_paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-modules") as beside:
             loading = beside.submit(load_tracking_modules)
-            connect_ray(inputs.address, workers=max(1, trials_at_once(os.cpu_count() or 1, spec.resources)))
+            connect_ray(inputs.address, workers=workers_kept(spec, inputs.num_samples))
             ray_started = True
         loading.result()
 
@@ -997,6 +997,13 @@ def give_ray_a_private_token(environ: MutableMapping[str, str]) -> None:
 def trials_at_once(cpus: float, resources: ResourcesSpec) -> int:
     """How many trials run at once on ``cpus`` CPUs: as many as fit, at most resources.max_concurrent."""
     return int(min(cpus // resources.cpu, resources.max_concurrent or math.inf))
+
+
+def workers_kept(spec: SweepSpec, num_samples: int) -> int:
+    """The worker processes a sweep's local Ray keeps: its trials at once on this machine's CPUs,
+    or its trials where fewer."""
+    at_once = trials_at_once(os.cpu_count() or 1, spec.resources)
+    return max(1, min(at_once, spec.search.trials_at_most(num_samples) or at_once))
 
 
 def check_cluster_resources(spec: SweepSpec, cluster: dict[str, float], notify: Callable[[str], None]) -> float:

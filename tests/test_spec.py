@@ -464,3 +464,17 @@ def test_the_longest_epochs_a_trial_trains(epochs, longest):
     space = {"search": {"space": {"epochs": epochs}}} if epochs is not None else {}
     spec = parse_spec({**MINIMAL_SPEC, "train": {"epochs": 4}, **space}, source_path=Path("minimal.yaml"))
     assert spec.longest_epochs == longest
+
+
+@pytest.mark.parametrize(
+    ("search", "at_most"),
+    [
+        ({"num_samples": 3}, 3),
+        ({"num_samples": 3, "space": {"learning_rate": {"loguniform": [0.001, 0.01]}}}, 3),
+        ({"num_samples": 3, "space": {"batch_size": {"grid": [8, 32]}}}, None),
+        ({"algorithm": "grid", "num_samples": 1, "space": {"batch_size": {"choice": [8, 32]}}}, None),
+    ],
+)
+def test_a_search_without_a_grid_runs_at_most_num_samples_trials(write_spec, search, at_most):
+    spec = load_spec(write_spec({"search": search}))
+    assert spec.search.trials_at_most(spec.search.num_samples) == at_most

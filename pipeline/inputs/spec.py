@@ -145,6 +145,14 @@ class SearchSpec:
     space: Mapping[str, ParamSpec] = field(default_factory=dict)
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
 
+    def trials_at_most(self, num_samples: int) -> int | None:
+        """At most how many trials the search runs, as far as the spec alone tells before the
+        model is loaded: ``num_samples``, where nothing is a grid (each grid point runs
+        ``num_samples`` configs); None where it cannot tell."""
+        if self.algorithm == "grid" or any(param.kind == "grid" for param in self.space.values()):
+            return None
+        return num_samples
+
 
 @dataclass(frozen=True)
 class Objective:
