@@ -960,8 +960,8 @@ def start_local_ray(*, workers: int | None = None, **shape: Any) -> None:
     # Ray ends an idle worker after a second once the node has more workers than this, which by
     # default counts the CPUs that the trials' placement groups leave free: a worker started ahead
     # was ended as the first trials reserved their CPUs, and its trial placed in a cold new one.
-    # Those beyond a sweep's trials at once are ended before they load much. The raylet reads
-    # it as it starts.
+    # Those started beyond ``workers`` end about 2 s after they start. The raylet reads it as it
+    # starts.
     kept = workers or shape.get("num_cpus") or os.cpu_count() or 1
     with _environment_while("RAY_num_workers_soft_limit", str(kept)):
         # "local": a new Ray even where `ray start` left its cluster's address for a bare ray.init()
