@@ -41,7 +41,8 @@ def ray_cluster(local_ray: LocalRay) -> None:
 
 @pytest.fixture
 def without_ray(local_ray: LocalRay) -> None:
-    """No Ray running, for a test that shows something is refused before Ray starts."""
+    """No Ray running, for a test that shows a command refuses with no Ray left running (before
+    Ray starts, or after it started and was stopped)."""
     local_ray.stop()
 
 
