@@ -243,7 +243,7 @@ def sweep_of_spec(
 
         if ray.is_initialized():
             return
-        events.doing(f"joining the Ray cluster at {inputs.address}" if inputs.address else "starting a local Ray")
+        events.doing(_starting_ray(inputs.address))
         quiet_environment()  # before Ray's workers inherit this process's environment
         with collector_paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-modules") as beside:
             loading = beside.submit(load_tracking_modules)
@@ -318,7 +318,7 @@ def run_sweep(
     started_at = time.time() if started_at is None else started_at
     start_ray = not ray.is_initialized()
     if start_ray:
-        events.doing(f"joining the Ray cluster at {prepared.address}" if prepared.address else "starting a local Ray")
+        events.doing(_starting_ray(prepared.address))
     tracker, resumable = _open_tracker(prepared, resume=resume, start_ray=start_ray)
     started_ray = start_ray or owns_ray
     try:
@@ -887,6 +887,11 @@ def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], 
     tune_config.search_alg = movable(tune_config.search_alg, ray_path, tune_config.max_concurrent_trials)
     tune_config.max_concurrent_trials = None  # movable carries the limit, as make_searcher's searchers do
     return tuner
+
+
+def _starting_ray(address: str | None) -> str:
+    """What the command says it does while ``connect_ray(address)`` runs."""
+    return f"joining the Ray cluster at {address}" if address else "starting a local Ray"
 
 
 def connect_ray(address: str | None, *, workers: int | None = None) -> None:
