@@ -1,6 +1,10 @@
 """What of a researcher's Keras model foldsweep refuses, and how it reads what it honours: each
-refusal is exit 2 from `foldsweep run` with the named feature, before Ray starts and before
-anything is written; a schedule is shown as its call."""
+refusal is exit 2 from `foldsweep run` with the named feature, before any trial starts and before
+anything is written; a schedule is shown as its call.
+
+The refusals run beside the session's Ray, which `run` joins instead of starting its own, and so
+leaves running: that a refusal stops the Ray it started, for each kind of input, is
+test_cli_bad_inputs' battery."""
 
 from __future__ import annotations
 
@@ -298,7 +302,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_a_model_foldsweep_would_train_otherwise_is_refused_before_anything_runs(
-    without_ray, case, tmp_path, monkeypatch
+    ray_cluster, case, tmp_path, monkeypatch
 ):
     import ray
 
@@ -316,7 +320,7 @@ def test_a_model_foldsweep_would_train_otherwise_is_refused_before_anything_runs
     for phrase in expected:
         assert phrase in output, (phrase, output)
     assert "Traceback" not in output
-    assert not ray.is_initialized()
+    assert ray.is_initialized(), "the refusal stopped a Ray it had not started"
     assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
     assert keras.config.dtype_policy().name == "float32"  # a refused build's policy reaches no later one
 
