@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Replace, answers, free_port, recorded_sweeps, wait_for
+from helpers import Replace, recorded_sweeps
 from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.inputs.datasets import load_dataset
 from pipeline.inputs.folds import make_folds
 from pipeline.inputs.spec import load_spec
-from pipeline.records.tracking import Tag, Tracker
+from pipeline.records.tracking import Tag
 
 pytestmark = pytest.mark.e2e
 
@@ -125,32 +122,3 @@ def test_a_failing_trial_is_recorded_and_a_gpu_request_without_gpus_runs_on_cpu(
     assert "this config cannot be built" in by_mode["bad"].tags[Tag.ERROR]
     assert parents[0].metrics["n_trials"] == 2
     assert parents[0].metrics["n_failed"] == 1
-
-
-def test_ui_serves_the_store_on_loopback(tmp_path):
-    tracking_uri = f"sqlite:///{tmp_path / 'ui.db'}"
-    Tracker(tracking_uri).experiment_id("shown-in-ui")
-    port = free_port()
-    command = [
-        str(Path(sys.executable).parent / "foldsweep"),
-        "ui",
-        "--tracking-uri",
-        tracking_uri,
-        "--port",
-        str(port),
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=shown-in-ui"
-    try:
-
-        def listening():
-            assert process.poll() is None, process.stdout.read().decode()
-            return answers(url)
-
-        body = json.loads(wait_for(listening, seconds=120, what="the MLflow UI"))
-        assert body["experiment"]["name"] == "shown-in-ui"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-    # Stopping `foldsweep ui` stops MLflow's server and its workers too: the port closes.
-    wait_for(lambda: answers(url) is None, seconds=60, what="the MLflow UI to stop answering")

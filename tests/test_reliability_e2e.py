@@ -4,6 +4,7 @@ with its server, a fresh store survives a second opener, damaged input is bad in
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -19,7 +20,7 @@ from typer.testing import CliRunner
 
 from pipeline.base.processes import descendants, running, wait_until_ended
 from pipeline.cli import app
-from pipeline.records.tracking import Tag
+from pipeline.records.tracking import Tag, Tracker
 
 pytestmark = pytest.mark.e2e
 
@@ -176,6 +177,10 @@ def test_a_fresh_store_opened_by_a_second_process_at_once(ray_cluster, tmp_path,
 
 
 def test_sigterm_stops_the_ui_and_everything_it_started(tmp_path):
+    """`foldsweep ui` serves the store's experiments on loopback, and SIGTERM (a terminal's or a
+    service manager's stop) stops it with MLflow's server and its workers: the port closes."""
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    Tracker(tracking_uri).experiment_id("shown-in-ui")
     port = free_port()
     ui = subprocess.Popen(
         [
@@ -184,7 +189,7 @@ def test_sigterm_stops_the_ui_and_everything_it_started(tmp_path):
             "pipeline.cli",
             "ui",
             "--tracking-uri",
-            f"sqlite:///{tmp_path / 'mlflow.db'}",
+            tracking_uri,
             "--port",
             str(port),
         ],
@@ -198,6 +203,8 @@ def test_sigterm_stops_the_ui_and_everything_it_started(tmp_path):
         printed = ui.stdout.readline()
         # The address the line gives opens at once: it is printed once the server answers.
         assert answers(re.search(r" at (http://127\.0\.0\.1:\d+\S*)", printed).group(1)), printed
+        found = answers(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=shown-in-ui")
+        assert found is not None and json.loads(found)["experiment"]["name"] == "shown-in-ui"
         family = descendants(ui.pid)
         assert family, "the UI runs in a server process of its own"
         commands = [" ".join(process.cmdline()) for process in family if running(process)]
