@@ -1,5 +1,5 @@
 """Every input a user gives, refused the same way: exit 2 and one message that names the key, flag
-or file, with no traceback, before Ray starts and before anything is written. Each case runs the
+or file, with no traceback, before anything is written, and no Ray left running. Each case runs the
 command in a workspace of real files (specs, data, experiments, stores) and checks afterwards
 that every file there, the stores included, is byte for byte what it was, and nothing was added.
 """
