@@ -1,4 +1,6 @@
-"""The command line: bad input is one message and exit 2, before Ray starts or MLflow is touched."""
+"""The command line: bad input is one message and exit 2, before any trial starts or MLflow is
+touched. The refusals of `run` run beside the session's Ray, which `run` joins instead of starting
+its own: that a refusal stops the Ray it started is test_cli_bad_inputs' battery."""
 
 from __future__ import annotations
 
@@ -133,7 +135,7 @@ def test_validate_accepts_keras_applications_and_names_their_stacked_form(
         ({"train": {"select": "best"}}, "train.select must be one of best_epoch, last"),
     ],
 )
-def test_bad_input_exits_2_with_one_message_and_writes_nothing(tmp_path, write_spec, overrides, message):
+def test_bad_input_exits_2_with_one_message_and_writes_nothing(ray_cluster, tmp_path, write_spec, overrides, message):
     spec = write_spec(overrides)
     for command in ("validate", "run"):
         result = invoke(command, str(spec))
@@ -160,7 +162,7 @@ def test_a_ray_address_that_does_not_answer_is_refused_from_the_command_line(wri
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_broken_experiment_is_refused_by_run(tmp_path, write_spec, write_experiment):
+def test_broken_experiment_is_refused_by_run(ray_cluster, tmp_path, write_spec, write_experiment):
     experiment = write_experiment(BROKEN_BUILD)
     result = invoke("run", str(write_spec({"experiment": f"{experiment}:build"})))
     assert result.exit_code == 2
