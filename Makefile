@@ -38,7 +38,7 @@ test: lock-check $(STAMP) chromium
 	exit $$(( suite || checked ))
 
 # The style, kept by tools: ruff's formatter and linter over the code, mypy over the package and the
-# benchmarks (pyproject.toml's [tool.mypy]). `make test` runs it before the suite, so CI keeps it.
+# benchmarks (pyproject.toml's [tool.mypy]). `make test` runs it beside the suite, so CI keeps it.
 lint: $(STAMP)
 	$(BIN)/ruff format --check pipeline tests benchmarks
 	$(BIN)/ruff check pipeline tests benchmarks
