@@ -253,10 +253,12 @@ def _adopt_orphans(store: Path) -> None:
         pid = directory.name.split("-")[0]
         if pid.isdigit() and _alive(int(pid)):
             continue
-        for entry in directory.glob(f"*{ENTRY_SUFFIX}"):
-            with contextlib.suppress(OSError):
-                if entry.stat().st_nlink == 1:
-                    _publish(entry, store)
+        # Workers that start at once adopt the same orphans: another may remove it meanwhile.
+        with contextlib.suppress(FileNotFoundError):
+            for entry in directory.glob(f"*{ENTRY_SUFFIX}"):
+                with contextlib.suppress(OSError):
+                    if entry.stat().st_nlink == 1:
+                        _publish(entry, store)
         shutil.rmtree(directory, ignore_errors=True)
 
 
