@@ -507,7 +507,7 @@ def expand(argument: str, workspace: Path, sweep_run: str) -> str:
 
 # The cases `run` refuses after it has started a local Ray (the model's checks, the store's):
 # each starts and stops one, about 2 s, so they are end-to-end tests and `make test-fast` leaves
-# them out. A case missing here still runs there, only slower.
+# them out. The battery checks the set against what each case's command does.
 AFTER_RAY_STARTS = {
     "a hyperparameter the model does not have",
     "a linear head without from_logits",
@@ -524,10 +524,15 @@ AFTER_RAY_STARTS = {
     [pytest.param(*case, id=case[0], marks=[pytest.mark.e2e] if case[0] in AFTER_RAY_STARTS else []) for case in CASES],
 )
 def test_a_bad_input_is_one_message_and_exit_2_with_nothing_written(
-    without_ray, workspace, recorded_store, case, argv, expected
+    without_ray, workspace, recorded_store, monkeypatch, case, argv, expected
 ):
     import ray
 
+    from pipeline import sweep
+
+    connected = []
+    connect_ray = sweep.connect_ray
+    monkeypatch.setattr(sweep, "connect_ray", lambda *args, **kwargs: connected.append(connect_ray(*args, **kwargs)))
     before = snapshot(workspace)
     result = CliRunner().invoke(app, [expand(argument, workspace, recorded_store[1]) for argument in argv])
     output = " ".join(result.output.split())
@@ -537,6 +542,7 @@ def test_a_bad_input_is_one_message_and_exit_2_with_nothing_written(
     assert output.count("error:") == 1 and "Traceback" not in output, output
     assert not ray.is_initialized()
     assert snapshot(workspace) == before
+    assert bool(connected) == (case in AFTER_RAY_STARTS), "AFTER_RAY_STARTS names the cases refused after Ray started"
 
 
 def test_a_store_path_that_is_a_directory_is_refused(workspace):
