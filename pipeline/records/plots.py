@@ -178,6 +178,9 @@ def plot_figures(
     ]
     for figure in figures:
         figure.tight_layout()
+        # tight_layout leaves a placeholder layout engine, for which savefig draws the whole figure
+        # once more before it renders it; the layout is final, so the figure keeps none.
+        figure.set_layout_engine(None)
     return dict(zip(PLOTS, figures))
 
 
