@@ -217,6 +217,7 @@ def split_beside(samples: int, splits: int, then: str = "reads") -> dict:
     return json.loads(ran.stdout)
 
 
+@pytest.mark.e2e  # a fresh command and its child
 @pytest.mark.parametrize(("samples", "splits"), [(103, 3), (103, 200), (30_000, 5)])  # (30,000, 5): 1.2 MB of folds
 def test_a_command_gets_from_beside_it_the_folds_or_the_refusal_it_would_make_itself(samples, splits):
     """A fresh command (no TensorFlow or scikit-learn loaded) splits its folds in a child process:
@@ -233,6 +234,7 @@ def test_a_command_gets_from_beside_it_the_folds_or_the_refusal_it_would_make_it
         assert beside["error"] == f"DataError: {refused.value}"
 
 
+@pytest.mark.e2e  # a fresh command and its child
 def test_the_child_splitting_beside_a_command_that_dies_ends_too():
     """Its folds (1.2 MB) fill the pipe to a command killed before reading them: the send fails
     and the child ends, instead of waiting on the pipe for good."""

@@ -173,6 +173,7 @@ def test_the_raylet_of_a_local_head_is_given_the_ports_it_would_wait_for_its_age
     assert node.Node.start_raylet is start_raylet  # Ray's own again after the start
 
 
+@pytest.mark.e2e  # a real Ray, and a worker started for a runtime environment
 def test_the_local_ray_runs_only_what_a_sweep_uses(ray_cluster):
     """No API server (it would run Ray's usage statistics alone), autoscaler monitor or log
     monitor; its workers still get their runtime environments from the runtime env agent."""
