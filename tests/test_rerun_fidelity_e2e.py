@@ -37,10 +37,15 @@ def build(hp):
 # One sweep per execution layout: (space, resources.cpu, experiment); the quickstart's resources
 # (one CPU per trial) unless the layout needs two compute threads.
 SWEEPS = {
-    "stacked": ({**MNIST1D_CNN, "dropout": 0.0, "batch_size": 8}, 1, None),
+    # Stacked: a trial that trains (SGD at 0.01) and one that goes NaN (at 50), one after the other
+    # in one worker process, so that the second runs where the first ran.
+    "stacked": (
+        {**MNIST1D_CNN, "dropout": 0.0, "batch_size": 8, "optimizer": "sgd", "learning_rate": {"grid": [0.01, 50.0]}},
+        1,
+        None,
+    ),
     # Side by side on two compute threads, with Dropout: each fold's draws in its own thread.
     "side_by_side": ({**MNIST1D_CNN, "dropout": 0.2, "batch_size": 8}, 2, None),
-    "nan": ({**MNIST1D_CNN, "dropout": 0.0, "batch_size": 8, "optimizer": "sgd", "learning_rate": 50.0}, 1, None),
     "stacked_augmented": ({"filters": 8, "dropout": 0.2, "batch_size": 8}, 1, "augmented.py:build"),
 }
 EXECUTION_TAGS = (
@@ -56,8 +61,9 @@ EXECUTION_TAGS = (
 
 @pytest.fixture(scope="module")
 def sweeps(ray_cluster, tmp_path_factory):
-    """Each layout's one-trial sweep, recorded in one store: {layout: trial run}. One sweep per
-    layout, because each layout is a different program the reruns must reproduce."""
+    """Each layout's sweep, recorded in one store: {layout: trial run}, the stacked sweep's NaN
+    trial as "nan". One sweep per layout, because each layout is a different program the reruns
+    must reproduce."""
     directory = tmp_path_factory.mktemp("fidelity")
     store = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
     (directory / "augmented.py").write_text(AUGMENTED_EXPERIMENT)
@@ -80,6 +86,8 @@ def sweeps(ray_cluster, tmp_path_factory):
         result = CliRunner().invoke(app, ["run", str(directory / f"{name}.yaml")])
         assert result.exit_code == 0, result.output
     trials = {name: latest_sweep(store, name).trials[0] for name in SWEEPS}
+    stacked = latest_sweep(store, "stacked").trials
+    trials["stacked"], trials["nan"] = sorted(stacked, key=lambda trial: float(trial.params["learning_rate"]))
     return directory, store, Tracker(store), trials
 
 
