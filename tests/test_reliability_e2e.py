@@ -93,7 +93,10 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(
     broken_part = {"refit": (pipeline.refit.PreparedRefit, "train"), "publish": (pipeline.records.publish, "publish")}
     monkeypatch.setattr(*broken_part[what], broken)
     spec = write(
-        tmp_path, what, search={"num_samples": 1, "space": {"kernel_size": 3}}, train={"epochs": 1, "refit": True}
+        tmp_path,
+        what,
+        search={"num_samples": 1, "space": {"kernel_size": 3}},
+        train={"epochs": 1, "refit": what == "refit"},  # a refit to break, or none before the publish
     )
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 1, result.output
