@@ -532,7 +532,13 @@ def test_a_bad_input_is_one_message_and_exit_2_with_nothing_written(
 
     connected = []
     connect_ray = sweep.connect_ray
-    monkeypatch.setattr(sweep, "connect_ray", lambda *args, **kwargs: connected.append(connect_ray(*args, **kwargs)))
+
+    def connect_and_note(*args, **kwargs):
+        started = connect_ray(*args, **kwargs)
+        connected.append(True)
+        return started
+
+    monkeypatch.setattr(sweep, "connect_ray", connect_and_note)
     before = snapshot(workspace)
     result = CliRunner().invoke(app, [expand(argument, workspace, recorded_store[1]) for argument in argv])
     output = " ".join(result.output.split())

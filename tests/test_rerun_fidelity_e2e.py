@@ -85,9 +85,11 @@ def sweeps(ray_cluster, tmp_path_factory):
         (directory / f"{name}.yaml").write_text(yaml.safe_dump(spec))
         result = CliRunner().invoke(app, ["run", str(directory / f"{name}.yaml")])
         assert result.exit_code == 0, result.output
-    trials = {name: latest_sweep(store, name).trials[0] for name in SWEEPS}
-    stacked = latest_sweep(store, "stacked").trials
-    trials["stacked"], trials["nan"] = sorted(stacked, key=lambda trial: float(trial.params["learning_rate"]))
+    recorded = {name: latest_sweep(store, name).trials for name in SWEEPS}
+    trials = {name: runs[0] for name, runs in recorded.items()}
+    trials["stacked"], trials["nan"] = sorted(
+        recorded["stacked"], key=lambda trial: float(trial.params["learning_rate"])
+    )
     return directory, store, Tracker(store), trials
 
 
