@@ -81,8 +81,11 @@ $(UV):
 # --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set (as on these machines) nothing else ever
 # writes the .pyc files, and every process (each Ray worker, each CLI call) would compile
 # TensorFlow, Ray and MLflow from source again: 12.6 s to import them instead of 5.2 s.
+# Then the empty MLflow store that every new SQLite store is copied from, made in foldsweep's cache
+# once per MLflow version (pipeline.records.stores.empty_store) rather than by the first sweep.
 $(STAMP): pyproject.toml uv.lock | $(UV)
 	$(UV) sync --locked --compile-bytecode $(addprefix --extra ,$(EXTRAS)) --python $(PYTHON)
+	$(BIN)/python -m pipeline.records.tracking
 	touch $(STAMP)
 
 # The one way to change dependencies: edit pyproject.toml, then `make lock`, and commit all three.

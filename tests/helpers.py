@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 
-from pipeline.records.stores import empty_store
-
 if TYPE_CHECKING:
     from pipeline.records.tracking import SweepRecord, Tracker, TrialRecord
 
@@ -106,7 +104,9 @@ def seed_store(database: Path) -> Path:
     # A raw client: the store's birth (MLflow's schema), not a record of foldsweep's.
     from mlflow.tracking import MlflowClient
 
-    empty = empty_store(lambda uri: MlflowClient(tracking_uri=uri))
+    from pipeline.records.tracking import make_empty_store
+
+    empty = make_empty_store()
     assert empty is not None, "no empty store could be made in foldsweep's cache"
     database.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(empty, database)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import seed_store
+from helpers import REPO, seed_store
 
 from pipeline.base.errors import TrackingError
 from pipeline.contract.results import (
@@ -378,6 +378,30 @@ def test_a_new_store_is_a_copy_of_the_empty_one_mlflow_made_and_holds_what_mlflo
     assert [experiment[0] for experiment in copied_rows["experiments"]] == [0, 1]
     default = copied_rows["experiments"][0]
     assert default[4] >= before  # made as the copy opened, not when the empty store was
+
+
+@pytest.mark.e2e  # a process of its own: what make install runs
+def test_make_install_makes_the_empty_store_so_the_first_new_store_runs_no_migration(tmp_path, monkeypatch):
+    """`make install` runs ``python -m pipeline.records.tracking`` once the environment is synced:
+    the empty store is in foldsweep's cache before any sweep, and the first new store copies it."""
+    import subprocess
+    import sys
+
+    import mlflow.store.db.utils as db_utils
+
+    recipe = (REPO / "Makefile").read_text().split("$(STAMP): ")[1].split("\n\n")[0]
+    assert "$(BIN)/python -m pipeline.records.tracking" in recipe
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    subprocess.run([sys.executable, "-m", "pipeline.records.tracking"], check=True, cwd=tmp_path, timeout=120)
+    (empty,) = (cache / "foldsweep" / "empty-stores").iterdir()
+    assert store_contents(empty)[1]["experiments"] == []
+    migrations: list[object] = []
+    initialize = db_utils._initialize_tables
+    monkeypatch.setattr(db_utils, "_initialize_tables", lambda engine: migrations.append(engine) or initialize(engine))
+    Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}").experiment_id("first")
+    assert migrations == []
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cache", "mlflow.db"]
 
 
 def test_an_existing_store_is_never_replaced_by_the_empty_one(tmp_path, monkeypatch):

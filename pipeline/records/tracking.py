@@ -43,7 +43,7 @@ from pipeline.inputs.scoring import Direction
 from pipeline.inputs.spec import Objective
 from pipeline.records.chart_view import chart_view
 from pipeline.records.provenance import TRAINING, DataInput
-from pipeline.records.stores import quiet_mlflow, ready_store, sqlite_path, start_from_empty_store
+from pipeline.records.stores import empty_store, quiet_mlflow, ready_store, sqlite_path, start_from_empty_store
 
 
 class Tag:
@@ -195,6 +195,17 @@ def load_tracking_modules() -> None:
     quiet_mlflow()
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     from mlflow.tracking import MlflowClient  # noqa: F401
+
+
+def make_empty_store() -> Path | None:
+    """This environment's empty store in foldsweep's cache (``empty_store``), made now where the
+    cache has none; None where none can be made. ``make install`` runs it (``python -m
+    pipeline.records.tracking``), so that a fresh clone's first sweep copies the empty store
+    rather than waiting, as it starts, for MLflow's migrations of its new store."""
+    quiet_mlflow()
+    from mlflow.tracking import MlflowClient
+
+    return empty_store(lambda location: MlflowClient(tracking_uri=location))
 
 
 class Tracker:
@@ -834,3 +845,7 @@ def _history_csv(rows: Mapping[int, Mapping[str, float]]) -> str:
 
 def _param_text(value: Any) -> str:
     return str(value)[:6000]
+
+
+if __name__ == "__main__":
+    make_empty_store()
