@@ -21,15 +21,15 @@ export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 # pylock.toml (PEP 751) for other installers: the runtime dependencies, and with the gpu extra.
 EXPORT := $(UV) export --frozen --no-emit-project --no-header --quiet --format pylock.toml
 
-.PHONY: sweep test test-fast lint docs docs-check ui install lock lock-check clean chromium
+.PHONY: sweep test test-fast lint docs docs-check ui install bytecode lock lock-check clean chromium
 
-sweep: $(STAMP)
+sweep: bytecode
 	$(BIN)/foldsweep run $(SPEC)
 
 # The lint and the docs build run beside the suite rather than before it: on a fresh clone mypy
 # takes a core for about 16 s with nothing cached. Their output follows the suite's, and either
 # failing fails `make test`.
-test: lock-check $(STAMP) chromium
+test: lock-check bytecode chromium
 	@checks=$$(mktemp) && trap 'rm -f "$$checks"' EXIT && \
 	{ $(MAKE) --no-print-directory lint docs-check >"$$checks" 2>&1 & } && beside=$$! && \
 	{ $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS); suite=$$?; } ; \
@@ -58,7 +58,7 @@ docs-check: $(STAMP)
 		log=$$($(MKDOCS) build --strict --site-dir "$$scratch" 2>&1) || { echo "$$log" >&2; exit 1; }
 
 # The inner loop: pure logic and quick in-process checks, no sweep, no training, no browser.
-test-fast: $(STAMP)
+test-fast: bytecode
 	$(BIN)/python -m pytest -m "not e2e and not training" $(PYTEST_ARGS)
 
 # The UI test drives the MLflow UI in headless Chromium, from Debian's package.
@@ -68,10 +68,17 @@ chromium:
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
-ui: $(STAMP)
+ui: bytecode
 	$(BIN)/foldsweep ui
 
-install: $(STAMP)
+install: bytecode
+
+# The bytecode of the repository's own modules, which uv's --compile-bytecode (below) leaves out:
+# where PYTHONDONTWRITEBYTECODE is set, every process compiled them from source again, the sweep's
+# driver and each of its Ray workers, every command a test runs. compileall writes only what
+# changed since; a file that does not compile is left to the command that imports it to report.
+bytecode: $(STAMP)
+	@$(BIN)/python -m compileall -qq pipeline experiments benchmarks tests || true
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
