@@ -74,7 +74,7 @@ ui: bytecode
 install: bytecode
 
 # The bytecode of the repository's own modules, which uv's --compile-bytecode (below) leaves out:
-# where PYTHONDONTWRITEBYTECODE is set, every process compiled them from source again, the sweep's
+# where PYTHONDONTWRITEBYTECODE is set, every process would compile them from source: the sweep's
 # driver and each of its Ray workers, every command a test runs. compileall writes only what
 # changed since; a file that does not compile is left to the command that imports it to report.
 bytecode: $(STAMP)

@@ -203,9 +203,15 @@ def make_empty_store() -> Path | None:
     pipeline.records.tracking``), so that a fresh clone's first sweep copies the empty store
     rather than waiting, as it starts, for MLflow's migrations of its new store."""
     quiet_mlflow()
+    return empty_store(_birth_client)
+
+
+def _birth_client(location: str) -> Any:
+    """A plain MLflow client of the store at ``location``, which makes the store's tables as it
+    opens it (a store's birth: MLflow's schema, nothing of foldsweep's)."""
     from mlflow.tracking import MlflowClient
 
-    return empty_store(lambda location: MlflowClient(tracking_uri=location))
+    return MlflowClient(tracking_uri=location)
 
 
 class Tracker:
@@ -216,7 +222,7 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
-        start_from_empty_store(uri, lambda location: MlflowClient(tracking_uri=location))
+        start_from_empty_store(uri, _birth_client)
         # The store's own model registry, whatever MLFLOW_REGISTRY_URI says.
         self._client = ready_store(lambda: MlflowClient(tracking_uri=uri, registry_uri=uri), uri)
         self._monitors: dict[str, Any] = {}  # run id -> MLflow's system metrics monitor on it
