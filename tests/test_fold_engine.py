@@ -161,12 +161,22 @@ def _scaled_cnn(kind, scales, traced):
     return build
 
 
-def _side_by_side(build, data, folds, fold_ids=None, class_weight=None):
+def _side_by_side(build, data, folds, fold_ids=None, class_weight=None, inline_step=False):
     config = {"batch_size": 16, "learning_rate": 1e-2, "optimizer": "adam"}
     train = TrainSpec(seed=0, class_weight=class_weight)
-    recipe = TrainingRecipe(train, ExecutionChoices(jit_compile="off", layout="side_by_side"))
+    recipe = TrainingRecipe(train, ExecutionChoices(jit_compile="off", layout="side_by_side", inline_step=inline_step))
     resident = resident_data(data.fingerprint, data.x, data.y)
     return build_trainer(build, config, recipe, data=resident, folds=folds, fold_ids=fold_ids)
+
+
+def _epochs_called(trainer) -> list[str]:
+    """The functions the first epoch's execution of a side-by-side trainer calls as an epoch:
+    one traced epoch's name per fold that runs it; a fold whose loop is traced in the execution
+    adds none."""
+    batches = [engine.epoch_batch_tensors(0) for engine in trainer.engines]
+    execution = trainer._executor._compiled[tuple(range(len(trainer.engines)))].get_concrete_function(batches)
+    calls = (op.get_attr("f").name for op in execution.graph.get_operations() if op.type.endswith("PartitionedCall"))
+    return [name for name in calls if "train_epoch" in name]
 
 
 @pytest.fixture(scope="module")
@@ -192,10 +202,25 @@ def test_folds_side_by_side_run_one_training_step_and_train_as_each_fold_alone(t
     # The others' steps are never traced: their forward passes are, to be compared.
     assert [engine.traced_step.function.experimental_get_tracing_count() for engine in together.engines] == [1, 0, 0]
     assert [engine.traced_step.forward.experimental_get_tracing_count() for engine in together.engines] == [1, 1, 1]
+    # One epoch traced for the three folds: each runs it on its own variables.
+    epochs = _epochs_called(together)
+    assert len(epochs) == 3 and len(set(epochs)) == 1
     alone = _side_by_side(_scaled_cnn(None, [], []), data, folds[2:], fold_ids=[2], class_weight=class_weight)
     alone_report = alone.run_epoch().report()
     assert report["split2_train_loss"] == alone_report["split2_train_loss"]
     assert report["split2_val_loss"] == alone_report["split2_val_loss"]
+
+
+def test_a_trial_whose_step_is_inlined_keeps_each_folds_loop_in_its_execution(three_folds):
+    """Trials recorded with their step inlined in the epoch (``TrialPlan.step_inlined``) had each
+    fold's loop in the execution, which TensorFlow's graph optimizer worked through, step and all:
+    they keep it, so that they rerun to their recorded numbers."""
+    data, folds = three_folds
+    together = _side_by_side(_scaled_cnn(None, [], []), data, folds, inline_step=True)
+    assert together.plan.step_inlined
+    report = together.run_epoch().report()
+    assert _epochs_called(together) == []
+    assert np.isfinite(report["split2_train_loss"])
 
 
 @pytest.mark.parametrize("kind", ["array", "tensor"])
@@ -218,6 +243,7 @@ def test_a_fold_model_holding_numbers_of_its_own_trains_its_own_step(three_folds
     assert report["split2_val_loss"] == alone["split2_val_loss"]
     assert shared == [None, None]
     assert [engine.traced_step.function.experimental_get_tracing_count() for engine in together.engines] == [1, 1, 1]
+    assert len(_epochs_called(together)) == 1  # the others' loops, with their own steps, in the execution
     assert len(traced) == (3 if kind == "tensor" else 6)  # the forward passes compared, for the array
 
 

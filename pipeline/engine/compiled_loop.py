@@ -149,7 +149,8 @@ def epoch_loop(
     ``per_epoch`` (the plan's stop test) the steps are masked and the loop never reads the tally.
     With ``padded_to`` (the batch size, where the plan pads the last batch) the remainder runs
     padded to a full batch with copies of its first sample, each step told how many of its
-    samples are its own (``FoldStepForm.padded``)."""
+    samples are its own (``FoldStepForm.padded``). Traced with a remainder of unknown length, the
+    epoch serves every fold's (``fold_engine.shared_epochs``), its remainder run where it has one."""
     import tensorflow as tf
 
     def train_epoch(full_batches, remainder):
@@ -162,14 +163,22 @@ def epoch_loop(
             steps_per_launch=steps_per_launch,
             stopped=None if per_epoch else lambda tally: tally.failed,
         )
-        if remainder.shape[0]:
+        remaining = remainder.shape[0]
+        if remaining is None:  # traced for any fold's remainder (``shared_epochs``), never padded
+            runs = tf.size(remainder) > 0
+            tally = tf.cond(
+                runs if per_epoch else runs & tally.intact,
+                lambda: steps(remainder[tf.newaxis], n_steps, tally),
+                lambda: tally,
+            )
+        elif remaining:
 
             def last():
                 if padded_to is None:
                     return steps(remainder[tf.newaxis], n_steps, tally)
-                padding = tf.fill([padded_to - remainder.shape[0]], remainder[0])
+                padding = tf.fill([padded_to - remaining], remainder[0])
                 batch = tf.concat([remainder, padding], axis=0)[tf.newaxis]
-                return steps(batch, tf.constant([remainder.shape[0]]), n_steps, tally)
+                return steps(batch, tf.constant([remaining]), n_steps, tally)
 
             # Masked steps need no test: after a failure the remainder applies nothing.
             tally = last() if per_epoch else tf.cond(tally.failed, lambda: tally, last)

@@ -63,6 +63,8 @@ class FoldSteps(NamedTuple):
     norm_variables: list[Any]
     # The traced step, for the trial's other folds to run (``shared_step``); None when eager.
     traced: TracedStep | None
+    # Whether this fold runs another fold's traced step, where it was given one (a template).
+    choice: StepChoice | None
 
 
 class TracedStep(NamedTuple):
@@ -159,15 +161,8 @@ def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -
             return None
         if template.follows != own.follows:
             return None
-        replacement = {id(t.handle): o.handle for t, o in zip(template.variables, own.variables)}
-        replacement.update({id(tensor): tensor for tensor in kept})
-
-        def in_place(function: Any) -> list[Any] | None:
-            # What the template's traced ``function`` captures, each with this fold's in its place.
-            captured = function.captured_inputs
-            return None if any(id(c) not in replacement for c in captured) else [replacement[id(c)] for c in captured]
-
-        captures = in_place(concrete)
+        replacement = _replacement(template, own, kept=kept)
+        captures = _captures_in_place(concrete, replacement)
         if captures is None:
             return None
         compared = None if template.forward is None else template.forward.get_concrete_function()
@@ -175,7 +170,7 @@ def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -
             compared, own_compared = concrete, own.function.get_concrete_function()
         else:
             own_compared = own.forward.get_concrete_function()
-        own_captures = in_place(compared)
+        own_captures = _captures_in_place(compared, replacement)
         if own_captures is None:
             return None
         if [id(capture) for capture in own_compared.captured_inputs] != [id(capture) for capture in own_captures]:
@@ -191,26 +186,46 @@ def shared_step(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -
     return step
 
 
-def shared_where_same(template: TracedStep, own: TracedStep, *, kept: Sequence[Any], device: str) -> Callable[..., Any]:
-    """The fold's step: the template's where ``shared_step`` finds it this fold's own, else the
-    fold's own traced step (``own.function``), chosen as the launch first calls it, so that the
-    comparison counts in the trial's compile time. The fold's step is traced for it in a thread of
-    its own: this one is tracing the launch."""
-    import tensorflow as tf
+def _replacement(template: TracedStep, own: TracedStep, *, kept: Sequence[Any]) -> dict[int, Any]:
+    """Each capture of the template fold's traced functions (by id): this fold's in its place."""
+    replacement = {id(t.handle): o.handle for t, o in zip(template.variables, own.variables)}
+    replacement.update({id(tensor): tensor for tensor in kept})
+    return replacement
 
-    chosen: list[Callable[..., Any]] = []
 
-    def check() -> Callable[..., Any] | None:
-        with tf.device(device):
-            return shared_step(template, own, kept=kept)
+def _captures_in_place(function: Any, replacement: dict[int, Any]) -> list[Any] | None:
+    """What the template's traced ``function`` captures, each with this fold's in its place; None
+    where it captures something not in ``replacement``."""
+    captured = function.captured_inputs
+    return None if any(id(c) not in replacement for c in captured) else [replacement[id(c)] for c in captured]
 
-    def step(*arguments):
-        if not chosen:
+
+class StepChoice:
+    """A fold's step, the ``template`` fold's where ``shared_step`` finds it this fold's own, else
+    the fold's own traced step (``own.function``): called as a step, chosen as the launch first
+    calls it, so that the comparison counts in the trial's compile time, or earlier where the
+    trial's epoch asks (``shared_epochs``); chosen once either way. The fold's forward pass is
+    traced for the comparison in a thread of its own: this one may be tracing the launch."""
+
+    def __init__(self, template: TracedStep, own: TracedStep, *, kept: Sequence[Any], device: str):
+        self.template, self.own, self.kept, self.device = template, own, kept, device
+        self._chosen: list[Callable[..., Any] | None] = []
+
+    def shared(self) -> Callable[..., Any] | None:
+        """The template's step on this fold's variables where it is this fold's step, else None."""
+        import tensorflow as tf
+
+        def check() -> Callable[..., Any] | None:
+            with tf.device(self.device):
+                return shared_step(self.template, self.own, kept=self.kept)
+
+        if not self._chosen:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                chosen.append(pool.submit(check).result() or own.function)
-        return chosen[0](*arguments)
+                self._chosen.append(pool.submit(check).result())
+        return self._chosen[0]
 
-    return step
+    def __call__(self, *arguments: Any) -> Any:
+        return (self.shared() or self.own.function)(*arguments)
 
 
 @dataclass(frozen=True)
@@ -266,7 +281,7 @@ def fold_steps(
     ``compiled`` (an XLA-compiled launch, ``compiled_launch``) XLA lowers the step once; uncompiled,
     the step is called as a function of its own unless ``inlined`` (``traced_once``). With a
     ``template`` (another fold's ``FoldSteps.traced``) the launch runs that fold's traced step on
-    this fold's variables where it is this fold's step (``shared_where_same``). With ``padded``
+    this fold's variables where it is this fold's step (``StepChoice``). With ``padded``
     (the plan's ``last_batch_padded``) each step is told how many of its batch's samples are the
     batch's own (``rows``): the rest pad a short last batch and are masked out of its loss, its
     gradient and the tally, so that the launch has one shape per batch size."""
@@ -360,8 +375,9 @@ def fold_steps(
         )
         traced_forward = None if update_unseen else tf.function(forward, autograph=False, input_signature=signature[:1])
         traced = TracedStep(step, variables, traced_forward, follows)
+    choice = None
     if template is not None and traced is not None:
-        step = shared_where_same(template, traced, kept=(features, labels), device=data.device)
+        step = choice = StepChoice(template, traced, kept=(features, labels), device=data.device)
 
     def train_steps(batches, *arguments):
         # One compiled launch: the steps of ``batches`` (a static number of steps, unrolled),
@@ -378,7 +394,7 @@ def fold_steps(
                 norm=norm,
                 healthy=healthy,
                 active=active,
-                samples=batches.shape[1] if rows is None else rows[j],
+                samples=(batches.shape[1] or tf.shape(batches)[1]) if rows is None else rows[j],
             )
         return tally
 
@@ -392,7 +408,7 @@ def fold_steps(
         # their sizes: with ignore_class that is not the mean over every position kept.
         return loss.batches_loss_sum(y, loss.per_sample(y, predictions), form.batch_size), correct
 
-    return FoldSteps(train_steps, evaluate_batch, norm_variables, traced)
+    return FoldSteps(train_steps, evaluate_batch, norm_variables, traced, choice)
 
 
 def _settings(optimizer: keras.optimizers.Optimizer) -> Any:
@@ -487,6 +503,12 @@ class FoldEngine:
 
         self.model = model
         self.optimizer = optimizer
+        # An epoch's index batches, full and the remainder, of any fold's length (``shared_epochs``).
+        self.epoch_signature = (
+            tf.TensorSpec([None, params.batch_size], data.index_dtype),
+            tf.TensorSpec([None], data.index_dtype),
+        )
+        self.step_inlined = plan.step_inlined
         self.own_accuracy = loss.own_accuracy
         self.batch_size = params.batch_size
         self.seed = seed
@@ -514,7 +536,7 @@ class FoldEngine:
             self.metrics.build(loss.metric_targets(step_labels(tf.gather(data.y, first)), predictions), predictions)
         eager = recipe.choices.eager
         per_epoch = plan.stop_test == "per_epoch"
-        train_steps, evaluate_batch, self.norm_variables, self.traced_step = fold_steps(
+        train_steps, evaluate_batch, self.norm_variables, self.traced_step, self.step_choice = fold_steps(
             model,
             optimizer,
             loss,
@@ -628,6 +650,42 @@ class FoldEngine:
                 epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"), grad_norm=float("nan")
             )
         return loss, accuracy, others
+
+
+def shared_epochs(engines: Sequence[FoldEngine]) -> list[Callable[[Any, Any], Any]]:
+    """Each engine's epoch loop, a function of its epoch's batches for the trial's execution to
+    call (``pipeline.engine.side_by_side``): the first engine's traced once, as a function of its
+    own, for any fold's batches; each other engine's that traced epoch run on its own variables
+    where its step is the first's (``StepChoice``), else its own loop. TensorFlow then traces,
+    optimizes and instantiates one epoch for the trial's folds, not one per fold; the folds' ops
+    are the same, so are their numbers, to the last bit. Each fold keeps its loop in the
+    execution where its step is inlined in its epoch (``TrialPlan.step_inlined``, as trials were
+    recorded before the step was a function of its own), where TensorFlow's graph optimizer saw
+    the step in the execution, and where XLA compiles the launches: it compiles a program per
+    launch shape, which an epoch traced for any fold's remainder would leave to the run."""
+    import tensorflow as tf
+
+    first = engines[0]
+    if first.step_inlined or first.jit_compile or first.traced_step is None:
+        return [engine.epoch_loop for engine in engines]
+    with tf.device(first.device):
+        traced = tf.function(
+            first.epoch_loop,
+            autograph=False,
+            input_signature=first.epoch_signature,
+            experimental_attributes={"_noinline": True},
+        ).get_concrete_function()
+        loops: list[Callable[[Any, Any], Any]] = [traced]
+        for engine in engines[1:]:
+            choice, captures = engine.step_choice, None
+            if choice is not None and choice.template is first.traced_step and choice.shared() is not None:
+                captures = _captures_in_place(traced, _replacement(choice.template, choice.own, kept=choice.kept))
+            loops.append(engine.epoch_loop if captures is None else functools.partial(_traced_on, traced, captures))
+    return loops
+
+
+def _traced_on(traced: Any, captures: list[Any], *batches: Any) -> Any:
+    return call_with_captures(traced, batches, captures)
 
 
 class FoldExecutor(Protocol):

@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.engine.fold_engine import FoldEngine, close_shared_epoch
+from pipeline.engine.fold_engine import FoldEngine, close_shared_epoch, shared_epochs
 
 
 class SideBySideFolds:
@@ -36,12 +36,18 @@ class SideBySideFolds:
         """Train the engines at positions ``live`` one epoch; returns their mean training loss."""
         import tensorflow as tf
 
+        batches = [self._engines[i].epoch_batch_tensors(epoch) for i in live]
+        started = time.perf_counter()  # the trial's epoch is traced inside the first epoch's time
         if live not in self._compiled:
-            loops = [self._engines[i].epoch_loop for i in live]
+            # Every fold's loop runs the first fold's traced epoch where it can (``shared_epochs``);
+            # once a fold has left, each remaining fold's loop is traced in the execution.
+            loops = (
+                shared_epochs(self._engines)
+                if live == tuple(range(len(self._engines)))
+                else [self._engines[i].epoch_loop for i in live]
+            )
             self._compiled[live] = tf.function(
                 lambda batches: [loop(*pair) for loop, pair in zip(loops, batches)], autograph=False
             )
-        batches = [self._engines[i].epoch_batch_tensors(epoch) for i in live]
-        started = time.perf_counter()
         tallies = [tally.numbers() for tally in self._compiled[live](batches)]
         return close_shared_epoch(self._engines, live, epoch, time.perf_counter() - started, tallies)
