@@ -169,14 +169,14 @@ def _side_by_side(build, data, folds, fold_ids=None, class_weight=None, inline_s
     return build_trainer(build, config, recipe, data=resident, folds=folds, fold_ids=fold_ids)
 
 
-def _epochs_called(trainer) -> list[str]:
-    """The functions the first epoch's execution of a side-by-side trainer calls as an epoch:
-    one traced epoch's name per fold that runs it; a fold whose loop is traced in the execution
-    adds none."""
-    batches = [engine.epoch_batch_tensors(0) for engine in trainer.engines]
-    execution = trainer._executor._compiled[tuple(range(len(trainer.engines)))].get_concrete_function(batches)
-    calls = (op.get_attr("f").name for op in execution.graph.get_operations() if op.type.endswith("PartitionedCall"))
-    return [name for name in calls if "train_epoch" in name]
+def _traced_epochs(trainer) -> list[int] | None:
+    """Which traced epoch each fold of a side-by-side trainer runs (numbered by first use), or
+    None where the folds' loops train in one execution."""
+    epochs = trainer._executor.epochs
+    if epochs is None:
+        return None
+    first_use: dict[int, int] = {}
+    return [first_use.setdefault(id(epoch.function), len(first_use)) for epoch in epochs]
 
 
 @pytest.fixture(scope="module")
@@ -202,9 +202,7 @@ def test_folds_side_by_side_run_one_training_step_and_train_as_each_fold_alone(t
     # The others' steps are never traced: their forward passes are, to be compared.
     assert [engine.traced_step.function.experimental_get_tracing_count() for engine in together.engines] == [1, 0, 0]
     assert [engine.traced_step.forward.experimental_get_tracing_count() for engine in together.engines] == [1, 1, 1]
-    # One epoch traced for the three folds: each runs it on its own variables.
-    epochs = _epochs_called(together)
-    assert len(epochs) == 3 and len(set(epochs)) == 1
+    assert _traced_epochs(together) == [0, 0, 0]  # one epoch traced: each fold runs it on its variables
     alone = _side_by_side(_scaled_cnn(None, [], []), data, folds[2:], fold_ids=[2], class_weight=class_weight)
     alone_report = alone.run_epoch().report()
     assert report["split2_train_loss"] == alone_report["split2_train_loss"]
@@ -219,7 +217,7 @@ def test_a_trial_whose_step_is_inlined_keeps_each_folds_loop_in_its_execution(th
     together = _side_by_side(_scaled_cnn(None, [], []), data, folds, inline_step=True)
     assert together.plan.step_inlined
     report = together.run_epoch().report()
-    assert _epochs_called(together) == []
+    assert _traced_epochs(together) is None
     assert np.isfinite(report["split2_train_loss"])
 
 
@@ -243,7 +241,7 @@ def test_a_fold_model_holding_numbers_of_its_own_trains_its_own_step(three_folds
     assert report["split2_val_loss"] == alone["split2_val_loss"]
     assert shared == [None, None]
     assert [engine.traced_step.function.experimental_get_tracing_count() for engine in together.engines] == [1, 1, 1]
-    assert len(_epochs_called(together)) == 1  # the others' loops, with their own steps, in the execution
+    assert _traced_epochs(together) == [0, 1, 2]  # each fold's epoch, with its own step
     assert len(traced) == (3 if kind == "tensor" else 6)  # the forward passes compared, for the array
 
 

@@ -259,19 +259,37 @@ def test_a_hypermodel_compiled_optimizer_trains_the_same_fused_and_unfused(
 
 
 @pytest.mark.parametrize(
-    "steps_per_launch, layout", [(1, "side_by_side"), (3, "side_by_side"), (1, "stacked"), (3, "stacked")]
+    "steps_per_launch, layout, jit_compile",
+    [
+        (1, "side_by_side", "auto"),
+        (3, "side_by_side", "auto"),
+        (1, "side_by_side", "off"),  # each fold's epoch a function of its own (shared_epochs)
+        (1, "stacked", "auto"),
+        (3, "stacked", "auto"),
+    ],
 )
-def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(dataset, folds, trained_once, steps_per_launch, layout):
+def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(
+    dataset, folds, trained_once, steps_per_launch, layout, jit_compile
+):
     poisoned = np.full(dataset.x.shape[1:], np.nan, dtype=np.float32)
     x, y, changed, name = with_extra_sample(dataset, folds, poisoned, "nan")
 
     def poisoned_training(steps_per_launch):
         return train(
-            x, y, changed, fused="on", fingerprint=name, epochs=3, steps_per_launch=steps_per_launch, layout=layout
+            x,
+            y,
+            changed,
+            fused="on",
+            fingerprint=name,
+            epochs=3,
+            steps_per_launch=steps_per_launch,
+            layout=layout,
+            jit_compile=jit_compile,
         )
 
     with_nan, trainer = trained_once(
-        f"nan in fold 0, {layout}, {steps_per_launch} per launch", lambda: poisoned_training(steps_per_launch)
+        f"nan in fold 0, {layout}, {steps_per_launch} per launch, jit {jit_compile}",
+        lambda: poisoned_training(steps_per_launch),
     )
     x_clean, y_clean, _, clean_name = with_extra_sample(dataset, folds, dataset.x[0], "clean")
     clean, _ = train(
@@ -283,8 +301,11 @@ def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(dataset, folds, t
         epochs=3,
         steps_per_launch=steps_per_launch,
         layout=layout,
+        jit_compile=jit_compile,
     )
     assert trainer.plan.layout == layout
+    shared_epochs = getattr(trainer._executor, "epochs", None) is not None
+    assert shared_epochs == (layout == "side_by_side" and not trainer.plan.jit_compile)
 
     failure = trainer.engines[0].failure
     assert failure is not None and failure.epoch == 1

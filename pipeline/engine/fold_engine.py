@@ -652,40 +652,61 @@ class FoldEngine:
         return loss, accuracy, others
 
 
-def shared_epochs(engines: Sequence[FoldEngine]) -> list[Callable[[Any, Any], Any]]:
-    """Each engine's epoch loop, a function of its epoch's batches for the trial's execution to
-    call (``pipeline.engine.side_by_side``): the first engine's traced once, as a function of its
-    own, for any fold's batches; each other engine's that traced epoch run on its own variables
-    where its step is the first's (``StepChoice``), else its own loop. TensorFlow then traces,
-    optimizes and instantiates one epoch for the trial's folds, not one per fold; the folds' ops
-    are the same, so are their numbers, to the last bit. Each fold keeps its loop in the
-    execution where its step is inlined in its epoch (``TrialPlan.step_inlined``, as trials were
-    recorded before the step was a function of its own), where TensorFlow's graph optimizer saw
-    the step in the execution, and where XLA compiles the launches: it compiles a program per
-    launch shape, which an epoch traced for any fold's remainder would leave to the run."""
+@dataclass(frozen=True)
+class TracedEpoch:
+    """A fold's epoch as a traced function of its epoch's batches (``shared_epochs``): the
+    traced ``function`` run on ``captures``, this fold's variables in place of what it captured
+    (another fold's), or as it is where None."""
+
+    function: Any  # a ConcreteFunction of (full batches, remainder)
+    captures: list[Any] | None
+    device: str
+
+    def __call__(self, full_batches: Any, remainder: Any) -> EpochTally:
+        import tensorflow as tf
+
+        with tf.device(self.device):
+            if self.captures is None:
+                return self.function(full_batches, remainder)
+            return call_with_captures(self.function, (full_batches, remainder), self.captures)
+
+
+def shared_epochs(engines: Sequence[FoldEngine]) -> list[TracedEpoch] | None:
+    """Each engine's epoch as a function of its own (``TracedEpoch``), for the trial's folds to
+    run side by side (``pipeline.engine.side_by_side``): the first engine's traced once, for any
+    fold's batches (its remainder of any length); each other engine's that traced epoch run on its
+    own variables where its step is the first's (``StepChoice``), else its own, traced alike.
+    TensorFlow then traces, optimizes and instantiates one epoch for the trial's folds, not one
+    per fold; the folds' ops are the same, so are their numbers, to the last bit. None where each
+    fold's loop stays in one execution of the trial's folds: where its step is inlined in its
+    epoch (``TrialPlan.step_inlined``, as trials were recorded before the step was a function of
+    its own), which TensorFlow's graph optimizer worked through with the rest, and where XLA
+    compiles the launches, a program per launch shape, which an epoch traced for any fold's
+    remainder would leave to the run."""
     import tensorflow as tf
 
     first = engines[0]
     if first.step_inlined or first.jit_compile or first.traced_step is None:
-        return [engine.epoch_loop for engine in engines]
-    with tf.device(first.device):
-        traced = tf.function(
-            first.epoch_loop,
-            autograph=False,
-            input_signature=first.epoch_signature,
-            experimental_attributes={"_noinline": True},
-        ).get_concrete_function()
-        loops: list[Callable[[Any, Any], Any]] = [traced]
-        for engine in engines[1:]:
-            choice, captures = engine.step_choice, None
-            if choice is not None and choice.template is first.traced_step and choice.shared() is not None:
-                captures = _captures_in_place(traced, _replacement(choice.template, choice.own, kept=choice.kept))
-            loops.append(engine.epoch_loop if captures is None else functools.partial(_traced_on, traced, captures))
-    return loops
+        return None
 
+    def traced(engine: FoldEngine) -> Any:
+        with tf.device(engine.device):
+            return tf.function(
+                engine.epoch_loop,
+                autograph=False,
+                input_signature=engine.epoch_signature,
+                experimental_attributes={"_noinline": True},
+            ).get_concrete_function()
 
-def _traced_on(traced: Any, captures: list[Any], *batches: Any) -> Any:
-    return call_with_captures(traced, batches, captures)
+    epoch = traced(first)
+    epochs = [TracedEpoch(epoch, None, first.device)]
+    for engine in engines[1:]:
+        choice, captures = engine.step_choice, None
+        if choice is not None and choice.template is first.traced_step and choice.shared() is not None:
+            captures = _captures_in_place(epoch, _replacement(choice.template, choice.own, kept=choice.kept))
+        own = captures is None
+        epochs.append(TracedEpoch(traced(engine) if own else epoch, captures, engine.device))
+    return epochs
 
 
 class FoldExecutor(Protocol):
