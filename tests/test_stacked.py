@@ -274,35 +274,26 @@ def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(
     poisoned = np.full(dataset.x.shape[1:], np.nan, dtype=np.float32)
     x, y, changed, name = with_extra_sample(dataset, folds, poisoned, "nan")
 
-    def poisoned_training(steps_per_launch):
+    def training(x, y, fingerprint, steps):
         return train(
             x,
             y,
             changed,
             fused="on",
-            fingerprint=name,
+            fingerprint=fingerprint,
             epochs=3,
-            steps_per_launch=steps_per_launch,
+            steps_per_launch=steps,
             layout=layout,
             jit_compile=jit_compile,
         )
 
-    with_nan, trainer = trained_once(
-        f"nan in fold 0, {layout}, {steps_per_launch} per launch, jit {jit_compile}",
-        lambda: poisoned_training(steps_per_launch),
-    )
+    def poisoned(steps):
+        key = f"nan in fold 0, {layout}, {steps} per launch, jit {jit_compile}"
+        return trained_once(key, lambda: training(x, y, name, steps))
+
+    with_nan, trainer = poisoned(steps_per_launch)
     x_clean, y_clean, _, clean_name = with_extra_sample(dataset, folds, dataset.x[0], "clean")
-    clean, _ = train(
-        x_clean,
-        y_clean,
-        changed,
-        fused="on",
-        fingerprint=clean_name,
-        epochs=3,
-        steps_per_launch=steps_per_launch,
-        layout=layout,
-        jit_compile=jit_compile,
-    )
+    clean, _ = training(x_clean, y_clean, clean_name, steps_per_launch)
     assert trainer.plan.layout == layout
     shared_epochs = getattr(trainer._executor, "epochs", None) is not None
     assert shared_epochs == (layout == "side_by_side" and not trainer.plan.jit_compile)
@@ -321,7 +312,7 @@ def test_a_nan_fold_leaves_the_other_folds_histories_unchanged(
         # The failed fold keeps the weights of its last good step: the steps after the failing
         # one in the same launch applied nothing (and no later epoch trains it).
         assert failure.step % steps_per_launch < steps_per_launch - 1  # steps did follow it in its launch
-        _, one_per_launch = trained_once(f"nan in fold 0, {layout}, 1 per launch", lambda: poisoned_training(1))
+        _, one_per_launch = poisoned(1)
         assert one_per_launch.engines[0].failure == failure
         for a, b in zip(trainer.models[0].get_weights(), one_per_launch.models[0].get_weights()):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
