@@ -830,3 +830,21 @@ def test_a_padded_last_batch_trains_each_fold_as_its_last_batch_as_it_is(dataset
     for k in range(len(uneven)):
         for key in HISTORY_KEYS:
             assert padded_history[k][key] == pytest.approx(kept[k][key], rel=2e-6, abs=0), (k, key)
+
+
+def test_a_stacked_epoch_is_timed_with_its_copies_in_and_out_of_the_stacked_variables(dataset, folds, monkeypatch):
+    """The copies of the folds' weights into the stacked variables and back are the epoch's
+    training, and their first trace its compiling: the epoch's time holds them."""
+    from pipeline.engine import stacked
+
+    _, trainer = train(dataset.x, dataset.y, folds, fused="on", layout="stacked", epochs=1)
+    executor = trainer._executor
+    now = [0.0]
+    monkeypatch.setattr(stacked.time, "perf_counter", lambda: now[0])
+    for name in ("_load", "_store"):
+        copy = getattr(executor, name)
+        monkeypatch.setattr(executor, name, lambda live, copy=copy: (copy(live), now.__setitem__(0, now[0] + 30.0)))
+    before = [engine.train_timer.steady_s for engine in trainer.engines]
+    executor.train_epoch(1, tuple(range(len(folds))))
+    charged = [engine.train_timer.steady_s - was for engine, was in zip(trainer.engines, before)]
+    assert charged == [60.0 / len(folds)] * len(folds)

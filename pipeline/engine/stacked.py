@@ -532,15 +532,17 @@ class StackedFolds:
         """Train the engines at positions ``live`` one epoch; returns their mean training loss."""
         import tensorflow as tf
 
-        self._load(live)
         indices, weights = self.epoch_batches(epoch, live)
         mask = np.isin(np.arange(len(self._engines)), live)
         with tf.device(self._engines[0].device):
             arguments = tf.constant(indices), tf.constant(weights), tf.constant(mask)
+        # The copies into and out of the stacked variables are the epoch's training, and tracing
+        # them in the first epoch is its compiling.
         started = time.perf_counter()
+        self._load(live)
         tally = EpochTally(*(np.asarray(value) for value in self._train_epoch(*arguments)))
-        seconds = time.perf_counter() - started
         self._store(live)
+        seconds = time.perf_counter() - started
         return close_shared_epoch(self._engines, live, epoch, seconds, [tally.numbers(i) for i in live])
 
     def _load(self, live: tuple[int, ...]) -> None:
