@@ -4,6 +4,7 @@ in either layout and with steps unrolled into one launch; folds independent."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -840,7 +841,7 @@ def test_a_stacked_epoch_is_timed_with_its_copies_in_and_out_of_the_stacked_vari
     _, trainer = train(dataset.x, dataset.y, folds, fused="on", layout="stacked", epochs=1)
     executor = trainer._executor
     now = [0.0]
-    monkeypatch.setattr(stacked.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(stacked, "time", SimpleNamespace(perf_counter=lambda: now[0]))  # this module's clock only
     for name in ("_load", "_store"):
         copy = getattr(executor, name)
         monkeypatch.setattr(executor, name, lambda live, copy=copy: (copy(live), now.__setitem__(0, now[0] + 30.0)))

@@ -679,10 +679,10 @@ def shared_epochs(engines: Sequence[FoldEngine]) -> list[TracedEpoch] | None:
     TensorFlow then traces, optimizes and instantiates one epoch for the trial's folds, not one
     per fold; the folds' ops are the same, so are their numbers, to the last bit. None where each
     fold's loop stays in one execution of the trial's folds: where its step is inlined in its
-    epoch (``TrialPlan.step_inlined``, as trials were recorded before the step was a function of
-    its own), which TensorFlow's graph optimizer worked through with the rest, and where XLA
-    compiles the launches, a program per launch shape, which an epoch traced for any fold's
-    remainder would leave to the run."""
+    epoch (``TrialPlan.step_inlined``), whose rounding is that of TensorFlow's graph optimizer
+    working through the step with the execution around it, and where XLA compiles the launches,
+    a program per launch shape, which an epoch traced for any fold's remainder would leave to the
+    run."""
     import tensorflow as tf
 
     first = engines[0]
