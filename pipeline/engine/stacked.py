@@ -569,8 +569,9 @@ class StackedFolds:
 
             def store():
                 for stacked, per_fold in self._pairs:
+                    slices = tf.unstack(stacked.value) if stacked.shape.rank else [stacked.value] * len(per_fold)
                     for i in live:
-                        per_fold[i].assign(stacked.value[i] if stacked.shape.rank else stacked.value)
+                        per_fold[i].assign(slices[i])
 
             self._copy_functions[live] = (tf.function(load, autograph=False), tf.function(store, autograph=False))
         return self._copy_functions[live]
