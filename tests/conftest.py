@@ -66,6 +66,7 @@ class RecordedSweep:
     uri: str
     exit_code: int
     output: str  # what `foldsweep run` printed
+    delivered: tuple[dict, ...]  # every result Ray Tune handed the driver's MLflow callback, in order
 
     def records(self) -> Latest:
         """(tracker, sweep, trials), read afresh."""
@@ -90,6 +91,7 @@ def recorded_sweep(local_ray: LocalRay, tmp_path_factory: pytest.TempPathFactory
     from pipeline.cli import app
     from pipeline.inputs.datasets import load_dataset
     from pipeline.inputs.spec import DatasetSpec
+    from pipeline.records.callbacks import MlflowTrialCallback
 
     directory = tmp_path_factory.mktemp("recorded")
     uri = f"sqlite:///{seed_store(directory / 'mlflow.db')}"
@@ -107,11 +109,19 @@ def recorded_sweep(local_ray: LocalRay, tmp_path_factory: pytest.TempPathFactory
     )
     (directory / "spec.yaml").write_text(yaml.safe_dump(spec))
     local_ray.ensure()
+    delivered: list[dict] = []
+    original = MlflowTrialCallback.on_trial_result
+
+    def capture(self, iteration, trials, trial, result, **info):
+        delivered.append(dict(result))
+        original(self, iteration, trials, trial, result, **info)
+
     with pytest.MonkeyPatch.context() as patch:
         # MLflow's system metrics sampled every second (every 10 by default), so a short sweep has some.
         patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")
+        patch.setattr(MlflowTrialCallback, "on_trial_result", capture)
         result = CliRunner().invoke(app, ["run", str(directory / "spec.yaml")])
-    return RecordedSweep(directory, uri, result.exit_code, result.output)
+    return RecordedSweep(directory, uri, result.exit_code, result.output, tuple(delivered))
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ def test_protein_batch_clip_sweep_runs_with_group_cv(ray_cluster, tmp_path, monk
         tmp_path,
         # Two epochs: ASHA's grace period must stay below them to be able to act.
         {
-            "dataset": {"name": "protein_windows", "n_proteins": 30},
+            "dataset": {"name": "protein_windows", "n_proteins": 12},  # 10 to cross-validate
             "train": {"epochs": 2},
             "search": {"scheduler": {"grace_period": 1}},
             "resources": {"max_concurrent": 1},
@@ -63,12 +63,12 @@ def test_digits_sweep_runs_a_2d_cnn(ray_cluster, tmp_path, monkeypatch):
         "digits.yaml", tmp_path, {"cv": {"n_splits": 3}, "train": {"epochs": 3}, "resources": {"max_concurrent": 1}}
     )
 
-    result = CliRunner().invoke(app, ["run", str(spec), "--num-samples", "2"])
+    result = CliRunner().invoke(app, ["run", str(spec), "--num-samples", "1"])
 
     assert result.exit_code == 0, result.output
     trials, parent = recorded(tmp_path, "digits")
-    assert len(trials) == 2 and all(run.state == "FINISHED" for run in trials)
-    assert max(run.metrics["mean_val_accuracy"] for run in trials) > 0.5  # well above chance (0.1)
+    assert len(trials) == 1 and trials[0].state == "FINISHED"
+    assert trials[0].metrics["mean_val_accuracy"] > 0.5  # well above chance (0.1)
     assert 0 < parent.metrics["test_accuracy"] <= 1
 
 

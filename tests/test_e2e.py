@@ -27,7 +27,7 @@ ALL_HYPERPARAMETERS = {
     "filters",
     "kernel_size",
     "dropout",
-}  # no clip_threshold: clipping is off
+}  # and clip_threshold, where clipping is on
 
 FAILS_ON_BAD = """
 import keras
@@ -42,39 +42,34 @@ def build(hp):
 """
 
 
-def test_sweep_records_one_parent_and_a_finished_child_per_trial(
-    ray_cluster, tmp_path, write_spec, empty_store, monkeypatch
-):
-    monkeypatch.chdir(tmp_path)
-    spec_path = write_spec()
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-    result = CliRunner().invoke(app, ["run", str(spec_path)])
-
-    assert result.exit_code == 0, result.output
-    assert "leaderboard" in result.output
-    assert f"ui tiny --tracking-uri {tracking_uri}" in result.output.replace("\n", "")
-    assert "viewStateShareKey=" in result.output
-    tracker, parents, trials = recorded_sweeps(tracking_uri, "tiny")
-    assert len(parents) == 1 and len(trials) == 2
+def test_sweep_records_one_parent_and_a_finished_child_per_trial(recorded_sweep):
+    """The session's recorded sweep (conftest.py): 4 trials, 2 folds, 2 epochs, one trial NaN."""
+    assert recorded_sweep.exit_code == 0, recorded_sweep.output
+    output = recorded_sweep.output
+    assert "leaderboard" in output
+    assert f"ui diverging --tracking-uri {recorded_sweep.uri}" in output.replace("\n", "")
+    assert "viewStateShareKey=" in output
+    tracker, parents, trials = recorded_sweeps(recorded_sweep.uri, "diverging")
+    assert len(parents) == 1 and len(trials) == 4
     parent = parents[0]
     assert parent.state == "FINISHED" and parent.tags[Tag.STATUS] == "ok"
-    assert parent.metrics["n_trials"] == 2 and parent.metrics["n_failed"] == 0
+    assert parent.metrics["n_trials"] == 4 and parent.metrics["n_failed"] == 0
 
     artifacts = set(tracker.artifact_paths(parent.run_id))
     assert {"spec.yaml", "fold_manifest.json"} <= artifacts
-    manifest = json.loads(tracker.artifact_file(parent.run_id, "fold_manifest.json", tmp_path).read_text())
-    spec = load_spec(spec_path)
-    expected = make_folds(spec.cv, load_dataset(spec.dataset)).manifest()
-    assert manifest == expected
+    directory = recorded_sweep.directory
+    manifest = json.loads(tracker.artifact_file(parent.run_id, "fold_manifest.json", directory).read_text())
+    spec = load_spec(directory / "spec.yaml")
+    assert manifest == make_folds(spec.cv, load_dataset(spec.resolved_dataset())).manifest()
 
     scores = []
     for trial in trials:
-        assert trial.state == "FINISHED"
-        assert trial.tags[Tag.STATUS] == "ok"
         assert trial.tags[Tag.PARENT] == parent.run_id
-        assert set(trial.params) == ALL_HYPERPARAMETERS
-        assert trial.params["filters"] == "16" and trial.params["kernel_size"] in {"3", "5"}
+        clipped = trial.params["clipping"] != "none"
+        assert set(trial.params) == ALL_HYPERPARAMETERS | ({"clip_threshold"} if clipped else set())
+        if trial.tags[Tag.STATUS] != "ok":
+            continue  # the NaN trial (test_record_e2e)
+        assert trial.state == "FINISHED"
         history = {
             key: tracker.metric_histories([trial.run_id], key)[trial.run_id]
             for key in ("mean_val_accuracy", "split0_val_accuracy", "split1_val_accuracy")
@@ -86,6 +81,7 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(
         assert "std_val_accuracy" in trial.metrics and "mean_train_loss" in trial.metrics
         assert trial.metrics["train_samples_per_s"] > 0 and trial.metrics["trial_wall_s"] > 0
         scores.append(trial.metrics["mean_val_accuracy"])
+    assert len(scores) == 3
     assert parent.metrics["best_mean_val_accuracy"] == pytest.approx(max(scores))
     assert parent.tags[Tag.BEST_RUN_ID] in {trial.run_id for trial in trials}
 

@@ -3,6 +3,8 @@ results as fresh ones, and fractional GPU slots bound concurrency (with Ray's lo
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from helpers import DELETE, Replace, latest_sweep
 from typer.testing import CliRunner
@@ -69,6 +71,7 @@ def test_reused_worker_copies_data_once_and_matches_a_fresh_one(ray_cluster, tmp
     tracker, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "reuse")
     assert len(runs) == 3
     assert len({run.tags[Tag.of("pid")] for run in runs}) == 1, "one worker process ran every trial"
+    assert [run.tags.get(Tag.of("worker_retires"), "") for run in runs] == [""] * 3, "a worker kept, never retiring"
     assert [run.tags[Tag.of("data_transfers")] for run in runs] == ["1", "1", "1"]
     fresh = loss_history(tracker, runs[0].run_id)
     for reused in runs[1:]:
@@ -135,29 +138,26 @@ def test_a_fused_trial_with_two_cpus_gets_an_executor_thread_per_fold(ray_cluste
     assert runs[0].tags[Tag.of("tf_threads")] == "intra-op 2, inter-op 3"
 
 
-def test_a_one_cpu_trial_trains_its_folds_stacked_with_the_unfused_results(
-    ray_cluster, tmp_path, write_spec, monkeypatch
-):
+def test_a_one_cpu_trial_trains_its_folds_stacked(ray_cluster, tmp_path, write_spec, monkeypatch):
+    """A trial worker of one CPU plans its folds stacked; that stacked folds train as unfused ones
+    is test_stacked's (test_fused_and_unfused_per_fold_histories_match), in one-thread pools too."""
     monkeypatch.chdir(tmp_path)
     space = Replace({"conv_layers": 1, "filters": 16, "kernel_size": 3, "dropout": 0.0, "batch_size": 8})
-    for fused in (True, False):
-        spec = write_spec(
-            {
-                "name": f"stacked-{fused}",
-                "train": {"epochs": 2, "fused": fused, "jit_compile": True},
-                "search": {"num_samples": 1, "space": space},
-            },
-            name=f"{fused}.yaml",
-        )
-        result = CliRunner().invoke(app, ["run", str(spec)])
-        assert result.exit_code == 0, result.output
+    spec = write_spec(
+        {
+            "name": "stacked",
+            "train": {"epochs": 2, "fused": True, "jit_compile": True},
+            "search": {"num_samples": 1, "space": space},
+        }
+    )
+    result = CliRunner().invoke(app, ["run", str(spec)])
+    assert result.exit_code == 0, result.output
 
-    tracker, (stacked,) = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "stacked-True")
-    _, (unfused,) = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "stacked-False")
+    tracker, (stacked,) = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "stacked")
     # One compute thread: side-by-side loops would only take turns, so the folds are stacked.
     assert stacked.tags[Tag.of("fused_reason")] == (
         "fused: 2 folds in one execution (train.fused is true), stacked into one XLA program per step"
     )
     assert stacked.tags[Tag.of("tf_threads")] == "intra-op 1, inter-op 1"
-    assert unfused.tags[Tag.of("fused")] == "False"
-    assert loss_history(tracker, stacked.run_id) == pytest.approx(loss_history(tracker, unfused.run_id), rel=1e-4)
+    losses = loss_history(tracker, stacked.run_id)
+    assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)  # 2 folds x 2 epochs
