@@ -161,10 +161,15 @@ def _scaled_cnn(kind, scales, traced):
     return build
 
 
-def _side_by_side(build, data, folds, fold_ids=None, class_weight=None, inline_step=False):
-    config = {"batch_size": 16, "learning_rate": 1e-2, "optimizer": "adam"}
+def _side_by_side(
+    build, data, folds, fold_ids=None, class_weight=None, inline_step=False, jit_compile="off", batch_size=16
+):
+    config = {"batch_size": batch_size, "learning_rate": 1e-2, "optimizer": "adam"}
     train = TrainSpec(seed=0, class_weight=class_weight)
-    recipe = TrainingRecipe(train, ExecutionChoices(jit_compile="off", layout="side_by_side", inline_step=inline_step))
+    choices = ExecutionChoices(
+        jit_compile=jit_compile, layout="side_by_side", inline_step=inline_step, pad_last_batch=train.pad_last_batch
+    )
+    recipe = TrainingRecipe(train, choices)
     resident = resident_data(data.fingerprint, data.x, data.y)
     return build_trainer(build, config, recipe, data=resident, folds=folds, fold_ids=fold_ids)
 
@@ -185,25 +190,46 @@ def three_folds():
     return data, make_folds(CVSpec(splitter="stratified", n_splits=3, seed=0), data).folds
 
 
-@pytest.mark.parametrize("class_weight", [None, "balanced"])
-def test_folds_side_by_side_run_one_training_step_and_train_as_each_fold_alone(three_folds, class_weight, monkeypatch):
+@pytest.mark.parametrize("class_weight, jit_compile", [(None, "off"), ("balanced", "off"), (None, "on")])
+def test_folds_side_by_side_run_one_training_step_and_train_as_each_fold_alone(
+    three_folds, class_weight, jit_compile, monkeypatch
+):
     """The first fold's traced step serves the others (their variables and class weights passed
     in place of its own): their own steps, traced to compare, are its program, and each fold
-    trains as it does alone, to the last bit."""
+    trains as it does alone, to the last bit. Under XLA with the last batch padded too: every
+    fold's launch then has one shape, whatever its remainder's length, and one program."""
     from pipeline.engine import fold_engine
 
     shared = []
     original = fold_engine.shared_step
     monkeypatch.setattr(fold_engine, "shared_step", lambda *a, **k: shared.append(original(*a, **k)) or shared[-1])
     data, folds = three_folds
-    together = _side_by_side(_scaled_cnn(None, [], []), data, folds, class_weight=class_weight)
+    # 80 training samples a fold: under XLA, batches of 12 and a last one of 8, padded.
+    batch_size = 12 if jit_compile == "on" else 16
+    together = _side_by_side(
+        _scaled_cnn(None, [], []),
+        data,
+        folds,
+        class_weight=class_weight,
+        jit_compile=jit_compile,
+        batch_size=batch_size,
+    )
+    assert together.plan.jit_compile == together.plan.last_batch_padded == (jit_compile == "on")
     report = together.run_epoch().report()
     assert len(shared) == 2 and all(step is not None for step in shared)
     # The others' steps are never traced: their forward passes are, to be compared.
     assert [engine.traced_step.function.experimental_get_tracing_count() for engine in together.engines] == [1, 0, 0]
     assert [engine.traced_step.forward.experimental_get_tracing_count() for engine in together.engines] == [1, 1, 1]
     assert _traced_epochs(together) == [0, 0, 0]  # one epoch traced: each fold runs it on its variables
-    alone = _side_by_side(_scaled_cnn(None, [], []), data, folds[2:], fold_ids=[2], class_weight=class_weight)
+    alone = _side_by_side(
+        _scaled_cnn(None, [], []),
+        data,
+        folds[2:],
+        fold_ids=[2],
+        class_weight=class_weight,
+        jit_compile=jit_compile,
+        batch_size=batch_size,
+    )
     alone_report = alone.run_epoch().report()
     assert report["split2_train_loss"] == alone_report["split2_train_loss"]
     assert report["split2_val_loss"] == alone_report["split2_val_loss"]

@@ -164,13 +164,20 @@ def epoch_loop(
             stopped=None if per_epoch else lambda tally: tally.failed,
         )
         remaining = remainder.shape[0]
-        if remaining is None:  # traced for any fold's remainder (``shared_epochs``), never padded
+        if remaining is None:  # traced for any fold's remainder (``shared_epochs``)
+
+            def any_last():
+                if padded_to is None:
+                    return steps(remainder[tf.newaxis], n_steps, tally)
+                # Padded to the batch size, the launch has the full batch's shape whatever the
+                # remainder's length: one program for every fold, as when traced for its own.
+                own_rows = tf.shape(remainder)[0]
+                padding = tf.fill([padded_to - own_rows], remainder[0])
+                batch = tf.ensure_shape(tf.concat([remainder, padding], axis=0), [padded_to])
+                return steps(batch[tf.newaxis], own_rows[tf.newaxis], n_steps, tally)
+
             runs = tf.size(remainder) > 0
-            tally = tf.cond(
-                runs if per_epoch else runs & tally.intact,
-                lambda: steps(remainder[tf.newaxis], n_steps, tally),
-                lambda: tally,
-            )
+            tally = tf.cond(runs if per_epoch else runs & tally.intact, any_last, lambda: tally)
         elif remaining:
 
             def last():

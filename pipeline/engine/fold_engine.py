@@ -513,6 +513,7 @@ class FoldEngine:
         self.batch_size = params.batch_size
         self.seed = seed
         self.jit_compile = plan.jit_compile
+        self.last_batch_padded = plan.last_batch_padded
         self.device = data.device
         self._train_indices = np.asarray(fold.train, dtype=data.index_dtype)
         self._val_indices = np.asarray(fold.val, dtype=data.index_dtype)
@@ -680,13 +681,15 @@ def shared_epochs(engines: Sequence[FoldEngine]) -> list[TracedEpoch] | None:
     per fold; the folds' ops are the same, so are their numbers, to the last bit. None where each
     fold's loop stays in one execution of the trial's folds: where its step is inlined in its
     epoch (``TrialPlan.step_inlined``), whose rounding is that of TensorFlow's graph optimizer
-    working through the step with the execution around it, and where XLA compiles the launches,
-    a program per launch shape, which an epoch traced for any fold's remainder would leave to the
-    run."""
+    working through the step with the execution around it, and where XLA compiles the launches
+    of a last batch left as it is, a program per launch shape, which an epoch traced for any
+    fold's remainder would leave to the run. With the last batch padded
+    (``TrialPlan.last_batch_padded``) every launch has the batch's shape whatever the remainder's
+    length: the traced epoch calls the programs each fold's own would."""
     import tensorflow as tf
 
     first = engines[0]
-    if first.step_inlined or first.jit_compile or first.traced_step is None:
+    if first.step_inlined or (first.jit_compile and not first.last_batch_padded) or first.traced_step is None:
         return None
 
     def traced(engine: FoldEngine) -> Any:
