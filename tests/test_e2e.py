@@ -68,6 +68,7 @@ def test_sweep_records_one_parent_and_a_finished_child_per_trial(recorded_sweep)
         clipped = trial.params["clipping"] != "none"
         assert set(trial.params) == ALL_HYPERPARAMETERS | ({"clip_threshold"} if clipped else set())
         if trial.tags[Tag.STATUS] != "ok":
+            assert trial.tags[Tag.STATUS] == "nan" and trial.params["learning_rate"] == "50.0"
             continue  # the NaN trial (test_record_e2e)
         assert trial.state == "FINISHED"
         history = {

@@ -514,6 +514,7 @@ class FoldEngine:
         self.seed = seed
         self.jit_compile = plan.jit_compile
         self.last_batch_padded = plan.last_batch_padded
+        self.stop_test = plan.stop_test
         self.device = data.device
         self._train_indices = np.asarray(fold.train, dtype=data.index_dtype)
         self._val_indices = np.asarray(fold.val, dtype=data.index_dtype)
@@ -685,11 +686,16 @@ def shared_epochs(engines: Sequence[FoldEngine]) -> list[TracedEpoch] | None:
     of a last batch left as it is, a program per launch shape, which an epoch traced for any
     fold's remainder would leave to the run. With the last batch padded
     (``TrialPlan.last_batch_padded``) every launch has the batch's shape whatever the remainder's
-    length: the traced epoch calls the programs each fold's own would."""
+    length: the traced epoch calls the programs each fold's own would (on CPU: the GPU's epoch
+    holds no tf.cond, and the traced one runs its remainder under one)."""
     import tensorflow as tf
 
     first = engines[0]
-    if first.step_inlined or (first.jit_compile and not first.last_batch_padded) or first.traced_step is None:
+    if first.step_inlined or first.traced_step is None:
+        return None
+    # The remainder runs under a tf.cond on its length, which the GPU's epoch (the per-epoch stop
+    # test) holds none of: there XLA's folds keep their own loops.
+    if first.jit_compile and (not first.last_batch_padded or first.stop_test == "per_epoch"):
         return None
 
     def traced(engine: FoldEngine) -> Any:
