@@ -218,7 +218,7 @@ def test_xla_folds_with_the_last_batch_padded_share_one_epoch_and_train_as_in_th
     """Under XLA with the last batch padded, every fold's last launch has the batch's shape,
     whatever its remainder's length: one epoch traced for any remainder serves every fold, and
     each trains to the last bit as in its own loop in the execution (each fold's epoch traced
-    with its own remainder, as before they shared)."""
+    with its own remainder)."""
     from pipeline.engine import side_by_side
 
     data, folds = three_folds

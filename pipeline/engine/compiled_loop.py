@@ -163,30 +163,22 @@ def epoch_loop(
             steps_per_launch=steps_per_launch,
             stopped=None if per_epoch else lambda tally: tally.failed,
         )
+
+        def last():
+            if padded_to is None:
+                return steps(remainder[tf.newaxis], n_steps, tally)
+            # Padded to the batch size, the launch has the full batch's shape whatever the
+            # remainder's length (known or not when traced): one program for every fold.
+            own_rows = tf.shape(remainder)[0]
+            padding = tf.fill([padded_to - own_rows], remainder[0])
+            batch = tf.ensure_shape(tf.concat([remainder, padding], axis=0), [padded_to])
+            return steps(batch[tf.newaxis], own_rows[tf.newaxis], n_steps, tally)
+
         remaining = remainder.shape[0]
         if remaining is None:  # traced for any fold's remainder (``shared_epochs``)
-
-            def any_last():
-                if padded_to is None:
-                    return steps(remainder[tf.newaxis], n_steps, tally)
-                # Padded to the batch size, the launch has the full batch's shape whatever the
-                # remainder's length: one program for every fold, as when traced for its own.
-                own_rows = tf.shape(remainder)[0]
-                padding = tf.fill([padded_to - own_rows], remainder[0])
-                batch = tf.ensure_shape(tf.concat([remainder, padding], axis=0), [padded_to])
-                return steps(batch[tf.newaxis], own_rows[tf.newaxis], n_steps, tally)
-
             runs = tf.size(remainder) > 0
-            tally = tf.cond(runs if per_epoch else runs & tally.intact, any_last, lambda: tally)
+            tally = tf.cond(runs if per_epoch else runs & tally.intact, last, lambda: tally)
         elif remaining:
-
-            def last():
-                if padded_to is None:
-                    return steps(remainder[tf.newaxis], n_steps, tally)
-                padding = tf.fill([padded_to - remaining], remainder[0])
-                batch = tf.concat([remainder, padding], axis=0)[tf.newaxis]
-                return steps(batch, tf.constant([remaining]), n_steps, tally)
-
             # Masked steps need no test: after a failure the remainder applies nothing.
             tally = last() if per_epoch else tf.cond(tally.failed, lambda: tally, last)
         return tally

@@ -9,8 +9,9 @@ on an executor thread of its own (``pipeline.contract.plan.plan_threads`` sizes 
 fold's epoch is a traced function of its own that the execution calls
 (``fold_engine.shared_epochs``: one traced epoch for every fold whose step is the first's), or,
 where the trial keeps each fold's loop in the execution (a step inlined in the epoch, XLA with
-the last batch left as it is or on a GPU), the loop itself. A fold whose update is not finite leaves its own loop at that step, exactly where it
-would alone, and the others train on untouched.
+the last batch left as it is or on a GPU), the loop itself. A fold whose update is not finite
+leaves its own loop at that step, exactly where it would alone, and the others train on
+untouched.
 
 Side by side is one of the layouts ``pipeline.contract.plan`` chooses between: with one compute thread (or
 on a GPU) the folds' weights are stacked into one XLA program instead (``pipeline.engine.stacked``),
