@@ -374,11 +374,18 @@ def test_compile_weighing_keeps_a_short_trial_off_xla_and_records_the_estimate()
     )
     assert short.compile_estimate_s == round(costs.compile_s("graph"), 1)
     assert long.compile_estimate_s == round(costs.compile_s("xla"), 1)
-    # Stacked folds compile one program for all: cheaper than the graph's for this model.
-    stacked = plan(models=deep, sizes=[64] * 3, epochs=1)
+    # Stacked folds (one core) compile one program for all, for a little more than the graph's: it
+    # pays from the planned steps that win that back, and a shorter trial runs without XLA.
+    stacks = fewest_planned_steps("stacked", "graph", layers=layers, parallel=1)
+    stacked = plan(models=deep, sizes=[stacks * 8] * 3, epochs=1)
     assert stacked.layout == "stacked" and stacked.compile_estimate_s == round(costs.compile_s("stacked"), 1)
+    too_short = plan(models=deep, sizes=[(stacks - 1) * 8] * 3, epochs=1)
+    assert too_short.layout == "side_by_side" and not too_short.jit_compile
+    assert "; without XLA: its compile" in too_short.reason
     # Where the stacked form is refused, XLA is weighed again as the side-by-side step it becomes.
-    refused = plan(models=deep, sizes=[64] * 3, epochs=1, blocker="BatchNormalization layers have no stacked form")
+    refused = plan(
+        models=deep, sizes=[stacks * 8] * 3, epochs=1, blocker="BatchNormalization layers have no stacked form"
+    )
     assert refused.layout == "side_by_side" and not refused.jit_compile
     assert "; without XLA: its compile" in refused.reason
     # Forced XLA, and the GPU, are not weighed.

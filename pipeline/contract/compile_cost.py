@@ -29,21 +29,21 @@ from pipeline.base.keras_private import flatten_layers
 StepForm = Literal["graph", "xla", "unrolled", "stacked"]
 
 # Compile seconds of a trial's training and validation steps: (base, per computing layer).
-# Measured (compile_s, cache off) at 7 / 19 / 67 layers: graph 4.2 / 10.9 / 33.7, XLA 12.4 / 23.1 /
-# 53.3, 8 unrolled steps 32.0 / 55.4 / 127.7, stacked (one CPU) 5.0 / 9.2 / 27.7.
+# Measured (compile_s, cache off) at 7 / 19 / 67 layers: graph 1.55 / 3.17 / 9.97, XLA 6.05 / 8.75 /
+# 18.51, 8 unrolled steps 14.05 / 21.93 / 48.25, stacked (one CPU) 2.24 / 4.46 / 10.55.
 COMPILE_S: dict[StepForm, tuple[float, float]] = {
-    "graph": (1.2, 0.49),
-    "xla": (8.9, 0.67),
-    "unrolled": (23.0, 1.57),
-    "stacked": (2.3, 0.38),
+    "graph": (0.53, 0.141),
+    "xla": (4.70, 0.206),
+    "unrolled": (10.60, 0.564),
+    "stacked": (1.56, 0.135),
 }
 # CPU seconds per fold step per computing layer that XLA saves against the graph (the executor's
-# per-op cost): 0.68 / 2.63 / 8.65 s per epoch of 333 steps at 7 / 19 / 67 layers, 3 folds on 2
-# cores.
-XLA_SAVES_PER_LAYER_S = 0.26e-3
+# per-op cost), fitted through zero: 0.39 / 1.08 / 4.63 s per epoch of 333 steps at 7 / 19 / 67
+# layers, 3 folds on 2 cores.
+XLA_SAVES_PER_LAYER_S = 0.136e-3
 # CPU seconds per fold step that 8 unrolled steps per launch save against one: (base, per layer);
-# 0.31 / 0.57 / 2.06 s per epoch at 7 / 19 / 67 layers.
-UNROLLED_SAVES_S = (0.12e-3, 0.059e-3)
+# 0.14 / 0.19 / 0.33 s per epoch at 7 / 19 / 67 layers.
+UNROLLED_SAVES_S = (0.248e-3, 0.0062e-3)
 
 
 def computing_layers(model: Any) -> int:
