@@ -518,7 +518,7 @@ def _check_content_names() -> str | None:
             return tf.identity(x), lambda upstream: upstream
 
         with content_names():
-            traced = tf.function(lambda x: tf.cond(x[0] > 0, lambda: identity(x), lambda: x))  # noqa: B023
+            traced = tf.function(lambda x: tf.cond(x[0] > 0, lambda: identity(x), lambda: x), autograph=False)  # noqa: B023
             kept.append(traced.get_concrete_function(tf.TensorSpec([1], tf.float32)))
         names.append(kept[-1].name.decode())
     if names[0] != names[1] or int(names[0].rpartition("_")[2]) < CONTENT_NAME_FLOOR:
@@ -527,9 +527,9 @@ def _check_content_names() -> str | None:
     # callee captured: named by appearance, two traces of it are one program.
     weights, names = tf.Variable([2.0]), []
     for _ in range(2):
-        step = tf.function(lambda x: x * weights)  # noqa: B023
+        step = tf.function(lambda x: x * weights, autograph=False)  # noqa: B023
         with content_names():
-            launch = tf.function(lambda x: step(step(x)))  # noqa: B023
+            launch = tf.function(lambda x: step(step(x)), autograph=False)  # noqa: B023
             kept.append(launch.get_concrete_function(tf.TensorSpec([1], tf.float32)))
         names.append(kept[-1].name.decode())
     if names[0] != names[1]:
