@@ -2,14 +2,15 @@
 the plan's compile estimate (``pipeline.contract.plan``).
 
 A residual 1D CNN of B blocks (Conv1D, BatchNormalization, ReLU, Add; MNIST-1D, 3-fold
-stratified, batch 8) runs as `foldsweep trial` for 2 epochs in each variant: XLA off,
-XLA on (one step per launch), XLA with 8 steps per launch, and stacked; each in its own process
+stratified, batch 8 unless asked) runs as `foldsweep trial` for 2 epochs in each variant: XLA
+off, XLA on (one step per launch), XLA with 8 steps per launch, and stacked; XLA off on the one
+CPU stacked folds get (``noxla-1cpu``, what stacking saves against); each in its own process
 with the persistent compile cache off. A row per model and variant: the model's computing
 layers (the plan's size measure), the trial's compile seconds, its training seconds per epoch
 (the second epoch's, compiled) and the plan's own estimate.
 
-    .venv/bin/python -m benchmarks.compile_cost [--blocks 1,4,16] \\
-        [--variants noxla,xla,xla-x8,stacked] [--json PATH]
+    .venv/bin/python -m benchmarks.compile_cost [--blocks 1,4,16] [--batches 8] \\
+        [--variants noxla,xla,xla-x8,stacked,noxla-1cpu] [--json PATH]
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "xla": ({"jit_compile": True, "steps_per_launch": 1}, 2),
     "xla-x8": ({"jit_compile": True, "steps_per_launch": 8}, 2),
     "stacked": ({"jit_compile": True, "steps_per_launch": 1}, 1),
+    "noxla-1cpu": ({"jit_compile": False}, 1),
 }
+DEFAULT_VARIANTS = ("noxla", "xla", "xla-x8", "stacked")
 EPOCHS = 2
 MODEL = """
 import keras
@@ -65,8 +68,8 @@ def seconds(name: str, printed: str) -> float:
     return float(found.group(1))
 
 
-def run(directory: Path, blocks: int, variant: str) -> dict[str, Any]:
-    spec = directory / f"b{blocks}-{variant}.yaml"
+def run(directory: Path, blocks: int, variant: str, batch_size: int = 8) -> dict[str, Any]:
+    spec = directory / f"b{blocks}-{variant}-{batch_size}.yaml"
     train, cpus = VARIANTS[variant]
     spec.write_text(
         yaml.safe_dump(
@@ -75,7 +78,7 @@ def run(directory: Path, blocks: int, variant: str) -> dict[str, Any]:
                 "experiment": str(directory / "residual1d.py") + ":build",
                 "dataset": "mnist1d",
                 "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
-                "search": {"space": {"batch_size": 8, "learning_rate": 1e-3, "blocks": blocks}},
+                "search": {"space": {"batch_size": batch_size, "learning_rate": 1e-3, "blocks": blocks}},
                 "train": {"epochs": EPOCHS, "seed": 0, "refit": False, **train},
                 "resources": {"cpu": cpus},
                 "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
@@ -98,6 +101,7 @@ def run(directory: Path, blocks: int, variant: str) -> dict[str, Any]:
         "blocks": blocks,
         "layers": 3 + 4 * blocks,
         "variant": variant,
+        "batch_size": batch_size,
         "compile_s": compile_s,
         "epoch_s": round(train_s / EPOCHS, 2),
         "estimate_s": float(estimate.group(1)) if estimate else None,
@@ -108,7 +112,8 @@ def run(directory: Path, blocks: int, variant: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", default="1,4,16")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--batches", default="8")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     rows = []
@@ -116,12 +121,16 @@ def main(argv: list[str] | None = None) -> int:
         directory = Path(scratch)
         (directory / "residual1d.py").write_text(MODEL)
         for blocks in (int(b) for b in args.blocks.split(",")):
-            for variant in args.variants.split(","):
-                rows.append(run(directory, blocks, variant))
-                print(json.dumps(rows[-1]), flush=True)
-    print(f"{'layers':>6} {'variant':8} {'compile s':>9} {'estimate s':>10} {'epoch s':>8}")
+            for batch_size in (int(b) for b in args.batches.split(",")):
+                for variant in args.variants.split(","):
+                    rows.append(run(directory, blocks, variant, batch_size))
+                    print(json.dumps(rows[-1]), flush=True)
+    print(f"{'layers':>6} {'batch':>5} {'variant':10} {'compile s':>9} {'estimate s':>10} {'epoch s':>8}")
     for r in rows:
-        print(f"{r['layers']:>6} {r['variant']:8} {r['compile_s']:>9} {r['estimate_s']!s:>10} {r['epoch_s']:>8}")
+        print(
+            f"{r['layers']:>6} {r['batch_size']:>5} {r['variant']:10} {r['compile_s']:>9} {r['estimate_s']!s:>10} "
+            f"{r['epoch_s']:>8}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

@@ -313,9 +313,9 @@ def test_models_that_convolve_images_keep_off_xla_on_cpu_and_call_their_step_onc
     assert plan_differences(old, plan(replay_choices(old), models=image)) == []
 
 
-def fewest_planned_steps(form, over, *, layers, parallel, n_folds=3):
+def fewest_planned_steps(form, over, *, layers, parallel, n_folds=3, batch_size=8):
     """The fewest planned steps per fold from which ``form`` pays over ``over``."""
-    costs = CompileCosts(layers)
+    costs = CompileCosts(layers, batch_size)
     low, high = 1, 10**8
     while low < high:
         middle = (low + high) // 2
@@ -344,7 +344,7 @@ def test_steps_per_launch_unrolls_only_where_the_planned_steps_win_its_compile_b
 
 
 def test_compile_costs_grow_with_the_model_and_its_form():
-    small, deep = CompileCosts(5), CompileCosts(150)
+    small, deep = CompileCosts(5, 8), CompileCosts(150, 8)
     for costs in (small, deep):
         assert costs.compile_s("stacked") < costs.compile_s("xla") < costs.compile_s("unrolled")
         assert costs.saved_s("graph", fold_steps=100) == 0 < costs.saved_s("xla", fold_steps=100)
@@ -367,24 +367,36 @@ def test_compile_weighing_keeps_a_short_trial_off_xla_and_records_the_estimate()
     short = plan(models=deep, threads=TWO_THREADS, batch_size=16, sizes=[(enough - 1) * 16] * 3, epochs=1)
     long = plan(models=deep, threads=TWO_THREADS, batch_size=16, sizes=[enough * 16] * 3, epochs=1)
     assert not short.jit_compile and long.jit_compile and long.steps_per_launch == 1
-    costs = CompileCosts(layers)
+    costs = CompileCosts(layers, 16)
     assert short.reason.endswith(
         f"; without XLA: its compile (~{costs.compile_s('xla'):.0f} s estimated for {layers} layers, "
         f"~{costs.compile_s('graph'):.0f} s without) would cost more than XLA saves in {enough - 1} steps per fold"
     )
     assert short.compile_estimate_s == round(costs.compile_s("graph"), 1)
     assert long.compile_estimate_s == round(costs.compile_s("xla"), 1)
-    # Stacked folds (one core) compile one program for all, for a little more than the graph's: it
-    # pays from the planned steps that win that back, and a shorter trial runs without XLA.
-    stacks = fewest_planned_steps("stacked", "graph", layers=layers, parallel=1)
-    stacked = plan(models=deep, sizes=[stacks * 8] * 3, epochs=1)
-    assert stacked.layout == "stacked" and stacked.compile_estimate_s == round(costs.compile_s("stacked"), 1)
-    too_short = plan(models=deep, sizes=[(stacks - 1) * 8] * 3, epochs=1)
+    # Stacked folds (one core) compile one program for all, for a little more than the graph's, and
+    # save less per step than XLA side by side, less the larger the batch: they pay from the planned
+    # steps that win that back, and a shorter trial runs without XLA.
+    shallow = [Model(*[Layer() for _ in range(5)]) for _ in SIZES]
+    stacks = fewest_planned_steps("stacked", "graph", layers=5, parallel=1)
+    stacked = plan(models=shallow, sizes=[stacks * 8] * 3, epochs=1)
+    assert stacked.layout == "stacked"
+    assert stacked.compile_estimate_s == round(CompileCosts(5, 8).compile_s("stacked"), 1)
+    too_short = plan(models=shallow, sizes=[(stacks - 1) * 8] * 3, epochs=1)
     assert too_short.layout == "side_by_side" and not too_short.jit_compile
     assert "; without XLA: its compile" in too_short.reason
-    # Where the stacked form is refused, XLA is weighed again as the side-by-side step it becomes.
+    assert fewest_planned_steps("stacked", "graph", layers=5, parallel=1, batch_size=16) > stacks
+    # The quickstart's 10-layer net at batch 16 (folds of 2,666-2,667 samples): stacking wins its
+    # compile back over 20 epochs, not over 2, where the graph side by side ran faster.
+    net = [Model(*[Layer() for _ in range(10)]) for _ in SIZES]
+    assert plan(models=net, batch_size=16, sizes=[2666, 2667, 2667], epochs=20).layout == "stacked"
+    short_run = plan(models=net, batch_size=16, sizes=[2666, 2667, 2667], epochs=2)
+    assert short_run.layout == "side_by_side" and not short_run.jit_compile
+    # Where the stacked form is refused, XLA is weighed again as the side-by-side step it becomes,
+    # which on one core needs more steps than stacking at 5 layers.
+    assert fewest_planned_steps("xla", "graph", layers=5, parallel=1) > stacks
     refused = plan(
-        models=deep, sizes=[stacks * 8] * 3, epochs=1, blocker="BatchNormalization layers have no stacked form"
+        models=shallow, sizes=[stacks * 8] * 3, epochs=1, blocker="BatchNormalization layers have no stacked form"
     )
     assert refused.layout == "side_by_side" and not refused.jit_compile
     assert "; without XLA: its compile" in refused.reason

@@ -13,8 +13,10 @@ Every constant below is one linear fit (seconds = base + per layer x layers) ove
 CNN of 7, 19 and 67 layers (Conv1D, BatchNormalization, ReLU, Add; MNIST-1D, batch 8, 3 folds
 side by side on 2 CPUs, the persistent compile cache off), re-measured with `python -m
 benchmarks.compile_cost`: its compile seconds per form and its epoch seconds, from which the
-savings per fold step (CPU time: the 3 folds shared 2 cores). Calibrated on CPU; a GPU's compiles
-are estimated with the CPU's numbers, and its plan does not weigh them (``pipeline.contract.plan``).
+savings per fold step (CPU time: the 3 folds shared 2 cores). Stacked folds save per fold step
+what their one program saves against the graph's side-by-side loops on the one core they share,
+a fit of its own by batch size (``STACKED_SAVES_S``). Calibrated on CPU; a GPU's compiles are
+estimated with the CPU's numbers, and its plan does not weigh them (``pipeline.contract.plan``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ XLA_SAVES_PER_LAYER_S = 0.136e-3
 # CPU seconds per fold step that 8 unrolled steps per launch save against one: (base, per layer);
 # 0.14 / 0.19 / 0.33 s per epoch at 7 / 19 / 67 layers.
 UNROLLED_SAVES_S = (0.248e-3, 0.0062e-3)
+# Wall seconds per fold step that stacked folds save against the graph's side-by-side loops on
+# the one core they share, by batch size: (base, less per sample of the batch). Not per layer:
+# what one program saves of the executor's cost per op, its convolutions' patch products give
+# back as the batch and the model grow. Measured with `python -m benchmarks.compile_cost --batches
+# 4,8,16 --variants stacked,noxla-1cpu` (7 / 19 / 67 layers) on a machine slower than the fits
+# above, each saving taken in proportion to its own run's extra compile of the stacked form,
+# which COMPILE_S prices; fitted over 18 runs: 0.42e-3 at batch 4, 0.35e-3 at 8, 0.21e-3 at 16,
+# nothing from batch 28 (stacking stops at ``plan.STACK_MAX_BATCH`` before that).
+STACKED_SAVES_S = (0.49e-3, 0.0178e-3)
 
 
 def computing_layers(model: Any) -> int:
@@ -57,9 +68,11 @@ def computing_layers(model: Any) -> int:
 
 @dataclass(frozen=True)
 class CompileCosts:
-    """A model's estimated compile seconds per step form, and what XLA and unrolling save."""
+    """A model's estimated compile seconds per step form, and what XLA, unrolling and stacking
+    save at its batch size."""
 
     layers: int
+    batch_size: int
 
     def compile_s(self, form: StepForm) -> float:
         base, per_layer = COMPILE_S[form]
@@ -69,6 +82,9 @@ class CompileCosts:
         """CPU seconds ``form`` saves against the graph over ``fold_steps`` steps (all folds')."""
         if form == "graph":
             return 0.0
+        if form == "stacked":
+            base, per_sample = STACKED_SAVES_S
+            return max(0.0, base - per_sample * self.batch_size) * fold_steps
         saved = XLA_SAVES_PER_LAYER_S * self.layers
         if form == "unrolled":
             base, per_layer = UNROLLED_SAVES_S

@@ -293,7 +293,7 @@ def plan_trial(
             raise ExperimentError(forced_xla_refusal("this trial's model", without_xla))
         jit_compile = False
     planned_steps = planned_epochs * min(train_sizes) // batch_size
-    costs = CompileCosts(computing_layers(models[0]))
+    costs = CompileCosts(computing_layers(models[0]), batch_size)
     # XLA is weighed where nothing asks for it: not forced, nor a layout or a form only XLA
     # executes, nor on a GPU (whose compiles are not calibrated).
     weighed = (
