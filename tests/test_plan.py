@@ -384,7 +384,7 @@ def test_compile_weighing_keeps_a_short_trial_off_xla_and_records_the_estimate()
     assert stacked.compile_estimate_s == round(CompileCosts(5, 8).compile_s("stacked"), 1)
     too_short = plan(models=shallow, sizes=[(stacks - 1) * 8] * 3, epochs=1)
     assert too_short.layout == "side_by_side" and not too_short.jit_compile
-    assert "; without XLA: its compile" in too_short.reason
+    assert f"would cost more than its stacked folds save in {stacks - 1} steps per fold" in too_short.reason
     assert fewest_planned_steps("stacked", "graph", layers=5, parallel=1, batch_size=16) > stacks
     # The quickstart's 10-layer net at batch 16 (folds of 2,666-2,667 samples): stacking wins its
     # compile back over 20 epochs, not over 2, where the graph side by side ran faster.

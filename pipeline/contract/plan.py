@@ -311,7 +311,8 @@ def plan_trial(
             return None
         return (
             f"its compile (~{costs.compile_s(form):.0f} s estimated for {costs.layers} layers, "
-            f"~{costs.compile_s('graph'):.0f} s without) would cost more than XLA saves in "
+            f"~{costs.compile_s('graph'):.0f} s without) would cost more than "
+            f"{'its stacked folds save' if form == 'stacked' else 'XLA saves'} in "
             f"{planned_steps} steps per fold"
         )
 
