@@ -52,8 +52,9 @@ UNROLLED_SAVES_S = (0.248e-3, 0.0062e-3)
 # back as the batch and the model grow. Measured with `python -m benchmarks.compile_cost --batches
 # 4,8,16 --variants stacked,noxla-1cpu` (7 / 19 / 67 layers) on a machine slower than the fits
 # above, each saving taken in proportion to its own run's extra compile of the stacked form,
-# which COMPILE_S prices; fitted over 18 runs: 0.42e-3 at batch 4, 0.35e-3 at 8, 0.21e-3 at 16,
-# nothing from batch 28 (stacking stops at ``plan.STACK_MAX_BATCH`` before that).
+# which COMPILE_S prices; fitted over those 15 pairs and 3 of the quickstart's 10-layer net at
+# batch 16: 0.42e-3 at batch 4, 0.35e-3 at 8, 0.21e-3 at 16, nothing from batch 28 (stacking
+# stops at ``plan.STACK_MAX_BATCH`` before that).
 STACKED_SAVES_S = (0.49e-3, 0.0178e-3)
 
 
