@@ -173,12 +173,105 @@ def test_the_raylet_of_a_local_head_is_given_the_ports_it_would_wait_for_its_age
     assert node.Node.start_raylet is start_raylet  # Ray's own again after the start
 
 
+def test_the_raylet_of_a_local_head_starts_a_stand_in_for_the_minimal_dashboard_agent(tmp_path, monkeypatch):
+    """Its command for the dashboard agent is the stand-in's; every other argument, and every
+    other process's command, as Ray made them."""
+    import shlex
+    import sys
+    from types import SimpleNamespace
+
+    from ray._private import node, ray_constants, services
+
+    from pipeline.base.ray_private import DASHBOARD_AGENT_STAND_IN, lean_local_head
+
+    launched = []
+    monkeypatch.setattr(services, "start_ray_process", lambda command, kind, **_: launched.append((kind, command)))
+    raylet = [
+        "raylet",
+        "--dashboard_agent_command=python agent.py --minimal",
+        "--runtime_env_agent_command=python m.py",
+    ]
+
+    def start_raylet(self):
+        services.start_ray_process(list(raylet), ray_constants.PROCESS_TYPE_RAYLET)
+        services.start_ray_process(
+            ["gcs_server", "--dashboard_agent_command=kept"], ray_constants.PROCESS_TYPE_GCS_SERVER
+        )
+
+    monkeypatch.setattr(node.Node, "start_raylet", start_raylet)
+    head = SimpleNamespace(
+        _session_dir=str(tmp_path), _node_id="ab" * 28, _ray_params=SimpleNamespace(runtime_env_agent_port=1)
+    )
+    recorder = services.start_ray_process
+    with lean_local_head():
+        node.Node.start_raylet(head)
+
+    (kind, command), other = launched
+    assert kind == ray_constants.PROCESS_TYPE_RAYLET
+    assert command[0] == "raylet" and command[2:] == raylet[2:]
+    name, agent = command[1].split("=", 1)
+    assert name == "--dashboard_agent_command"
+    assert shlex.split(agent) == [sys.executable, "-S", "-c", DASHBOARD_AGENT_STAND_IN]
+    assert other == (ray_constants.PROCESS_TYPE_GCS_SERVER, ["gcs_server", "--dashboard_agent_command=kept"])
+    assert services.start_ray_process is recorder  # Ray's own again after the start
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie left to be reaped does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _children(pid: int) -> list[list[str]]:
+    """The command lines of process ``pid``'s children."""
+    commands = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                commands.append((entry / "cmdline").read_text().split("\0")[:-1])
+        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+            continue
+    return commands
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_the_dashboard_agent_stand_in_ends_once_its_parent_is_gone():
+    """As the agent it stands in for does: a raylet killed leaves none behind."""
+    import subprocess
+    import sys
+    import time
+
+    from pipeline.base.ray_private import DASHBOARD_AGENT_STAND_IN
+
+    # The parent starts the stand-in as the raylet starts its agents, says its pid and ends at once.
+    start = (
+        "import os, subprocess, sys\n"
+        "environment = {**os.environ, 'RAY_RAYLET_PID': str(os.getpid())}\n"
+        "quiet = {'stdout': subprocess.DEVNULL, 'stderr': subprocess.DEVNULL}\n"
+        "print(subprocess.Popen(sys.argv[1:], env=environment, **quiet).pid)"
+    )
+    stand_in = [sys.executable, "-S", "-c", DASHBOARD_AGENT_STAND_IN, "--node-id=ab"]
+    pid = int(
+        subprocess.run([sys.executable, "-c", start, *stand_in], capture_output=True, text=True, check=True).stdout
+    )
+    deadline = time.monotonic() + 30  # a wait for its end, which comes within a second
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(pid)
+
+
 @pytest.mark.e2e  # a real Ray, and a worker started for a runtime environment
 def test_the_local_ray_runs_only_what_a_sweep_uses(ray_cluster):
-    """No API server (it would run Ray's usage statistics alone), autoscaler monitor or log
-    monitor; its workers still get their runtime environments from the runtime env agent."""
+    """No API server (it would run Ray's usage statistics alone), autoscaler monitor, log
+    monitor or dashboard agent (a stand-in in its place); its workers still get their runtime
+    environments from the runtime env agent."""
     import ray
     from ray._private import ray_constants, worker
+
+    from pipeline.base.ray_private import DASHBOARD_AGENT_STAND_IN
 
     @ray.remote(num_cpus=0, runtime_env={"env_vars": {"FOLDSWEEP_PROBE": "42"}})
     def answer():
@@ -186,6 +279,11 @@ def test_the_local_ray_runs_only_what_a_sweep_uses(ray_cluster):
 
     assert ray.get(answer.remote()) == 42
     started = set(worker._global_node.all_processes)
+    raylet = worker._global_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    started_by_raylet = [" ".join(command) for command in _children(raylet)]  # its agents and workers
+    assert not any("dashboard/agent.py" in command or "DashboardAgent" in command for command in started_by_raylet)
+    assert sum(DASHBOARD_AGENT_STAND_IN in command for command in started_by_raylet) == 1
+    assert sum(command.startswith("ray::RuntimeEnvAgent") for command in started_by_raylet) == 1  # its title
     assert ray_constants.PROCESS_TYPE_GCS_SERVER in started and ray_constants.PROCESS_TYPE_RAYLET in started
     unused = {
         ray_constants.PROCESS_TYPE_DASHBOARD,

@@ -208,8 +208,15 @@ def _check_lean_head() -> str | None:
     ):
         if not hasattr(raylet, name):
             return f"ray._raylet.{name} is missing"
-    if '"--minimal"' not in inspect.getsource(services.start_raylet):
+    raylet_start = inspect.getsource(services.start_raylet)
+    if '"--minimal"' not in raylet_start:
         return "ray._private.services.start_raylet no longer starts a minimal dashboard agent"
+    if '"--dashboard_agent_command={}"' not in raylet_start or not callable(
+        getattr(services, "start_ray_process", None)
+    ):
+        return "ray._private.services.start_raylet no longer gives the raylet its dashboard agent's command"
+    if "start_ray_process(" not in raylet_start or "ray_constants.PROCESS_TYPE_RAYLET" not in raylet_start:
+        return "ray._private.services.start_raylet no longer starts the raylet through start_ray_process"
     agent = inspect.getsource(importlib.import_module("ray.dashboard.agent"))
     if agent.count("-1,\n") < 2 or "self.listen_port if self.http_server and launch_http_server else -1" not in agent:
         return "ray.dashboard.agent no longer writes -1 for the ports a minimal agent does not serve"
@@ -651,7 +658,8 @@ HOOKS: tuple[Hook, ...] = (
         "ray",
         "ray._private.node.Node: its RayParams' no_monitor and include_log_monitor, start_api_server and "
         "_webui_url, and start_raylet with its session directory, node id, _get_unused_port and the minimal "
-        "dashboard agent's ports (ray._raylet.persist_port)",
+        "dashboard agent's ports (ray._raylet.persist_port); the raylet's command for that agent "
+        "(ray._private.services.start_raylet, through start_ray_process)",
         "a sweep's local Ray starts without the processes it does not use and without waiting for its agents "
         "(pipeline.base.ray_private.lean_local_head)",
         ("_private", "_raylet", "_ray_params", "_session_dir", "_node_id", "_webui_url", "_get_unused_port"),

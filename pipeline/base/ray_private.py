@@ -204,11 +204,17 @@ def lean_local_head() -> Iterator[None]:
       write its ports to the session directory, and for the runtime env agent's port unless it was
       given one. Where the dashboard agent runs minimal (Ray without its dashboard's dependencies,
       as foldsweep installs it), the ports it writes are known beforehand: -1, no service. They
-      are written first, with Ray's own ``persist_port``, and the agent writes the same values
-      once it runs. The runtime env agent gets a port picked as Ray picks its head's others (``ray
-      start --runtime-env-agent-port`` gives it one too); the raylet tries it until it listens.
+      are written first, with Ray's own ``persist_port``. The runtime env agent gets a port picked
+      as Ray picks its head's others (``ray start --runtime-env-agent-port`` gives it one too); the
+      raylet tries it until it listens.
+    - No minimal dashboard agent: it loads no module and serves nothing (those ports), and only
+      waits for the raylet, after loading Ray in a Python process of its own: 0.7 s of CPU while
+      the sweep starts on a small machine. The raylet requires a command for it and ends when it
+      ends, so it starts a stand-in that only waits, and ends with the raylet
+      (``DASHBOARD_AGENT_STAND_IN``). The runtime env agent stays: Ray runs every task that has a
+      runtime environment through it.
     """
-    from ray._private import node
+    from ray._private import node, ray_constants, services
     from ray._private.utils import get_dashboard_dependency_error
     from ray._raylet import (  # type: ignore[attr-defined]  # the compiled module's stub names few of its names
         DASHBOARD_AGENT_LISTEN_PORT_NAME,
@@ -229,12 +235,24 @@ def lean_local_head() -> Iterator[None]:
         head._webui_url = ""
 
     def start_raylet(head: Any, /, *arguments: Any, **keywords: Any) -> Any:
-        if get_dashboard_dependency_error() is not None:
-            for name in (METRICS_AGENT_PORT_NAME, METRICS_EXPORT_PORT_NAME, DASHBOARD_AGENT_LISTEN_PORT_NAME):
-                persist_port(head._session_dir, head._node_id, name, -1)
-            if not head._ray_params.runtime_env_agent_port:
-                head._ray_params.runtime_env_agent_port = head._get_unused_port()
-        return originals["start_raylet"](head, *arguments, **keywords)
+        if get_dashboard_dependency_error() is None:
+            return originals["start_raylet"](head, *arguments, **keywords)
+        for name in (METRICS_AGENT_PORT_NAME, METRICS_EXPORT_PORT_NAME, DASHBOARD_AGENT_LISTEN_PORT_NAME):
+            persist_port(head._session_dir, head._node_id, name, -1)
+        if not head._ray_params.runtime_env_agent_port:
+            head._ray_params.runtime_env_agent_port = head._get_unused_port()
+        launch = services.start_ray_process
+
+        def start_ray_process(command: list[str], process_type: str, *arguments: Any, **keywords: Any) -> Any:
+            if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+                command = [_with_agent_stand_in(part) for part in command]
+            return launch(command, process_type, *arguments, **keywords)
+
+        services.start_ray_process = start_ray_process
+        try:
+            return originals["start_raylet"](head, *arguments, **keywords)
+        finally:
+            services.start_ray_process = launch
 
     for name, replacement in {
         "__init__": init,
@@ -247,3 +265,26 @@ def lean_local_head() -> Iterator[None]:
     finally:
         for name, original in originals.items():
             setattr(node.Node, name, original)
+
+
+# What a local head's raylet starts in place of the minimal dashboard agent (``lean_local_head``):
+# a process that waits while the raylet, its parent (RAY_RAYLET_PID, which the raylet gives its
+# agents), runs. The raylet stops it first when it stops; where the raylet was killed, this ends
+# it within a second. The raylet's arguments for the agent are left in sys.argv.
+DASHBOARD_AGENT_STAND_IN = (
+    "import os, time\n"
+    "raylet = int(os.environ.get('RAY_RAYLET_PID') or os.getppid())\n"
+    "while os.getppid() == raylet:\n"
+    "    time.sleep(1)\n"
+)
+DASHBOARD_AGENT_COMMAND = "--dashboard_agent_command="
+
+
+def _with_agent_stand_in(argument: str) -> str:
+    """A raylet's command-line ``argument``, with the stand-in for the dashboard agent's command."""
+    import subprocess
+    import sys
+
+    if not argument.startswith(DASHBOARD_AGENT_COMMAND):
+        return argument
+    return DASHBOARD_AGENT_COMMAND + subprocess.list2cmdline([sys.executable, "-S", "-c", DASHBOARD_AGENT_STAND_IN])
