@@ -667,7 +667,8 @@ HOOKS: tuple[Hook, ...] = (
         gain=(
             "a sweep starts and ends sooner: the 4-config grid's fixed cost 7.2-7.7 s against 9.5-9.8 s on 2 cores, "
             "ray.init 0.4-0.5 s against 2.0-2.2 s and ray.shutdown 0.3-0.6 s against 1.1-1.4 s (benchmarks/RESULTS.md, "
-            "2026-12-01, what the lean local Ray still saves)"
+            "2026-12-01, what the lean local Ray still saves); the dashboard agent's stand-in takes another 0.4 s off "
+            "the quickstart's start-up (2026-12-03, night)"
         ),
     ),
     Hook(
