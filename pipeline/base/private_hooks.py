@@ -48,7 +48,7 @@ from pipeline.base.mlflow_private import (
     MLFLOW_STORE_TABLES,
     MLFLOW_VIEW_STATE_NAMES,
 )
-from pipeline.base.ray_private import RAY_OUTPUT_ENGINE_VARIABLE
+from pipeline.base.ray_private import DASHBOARD_AGENT_COMMAND, RAY_OUTPUT_ENGINE_VARIABLE
 from pipeline.base.tensorflow_private import has_xla_kernel
 
 HOOKED_LIBRARIES = ("ray", "mlflow", "keras", "tensorflow")
@@ -211,7 +211,7 @@ def _check_lean_head() -> str | None:
     raylet_start = inspect.getsource(services.start_raylet)
     if '"--minimal"' not in raylet_start:
         return "ray._private.services.start_raylet no longer starts a minimal dashboard agent"
-    if '"--dashboard_agent_command={}"' not in raylet_start or not callable(
+    if f'"{DASHBOARD_AGENT_COMMAND}{{}}"' not in raylet_start or not callable(
         getattr(services, "start_ray_process", None)
     ):
         return "ray._private.services.start_raylet no longer gives the raylet its dashboard agent's command"
