@@ -216,24 +216,30 @@ def test_the_raylet_of_a_local_head_starts_a_stand_in_for_the_minimal_dashboard_
     assert services.start_ray_process is recorder  # Ray's own again after the start
 
 
+def _state_and_parent(pid: int | str) -> tuple[str, int] | None:
+    """Process ``pid``'s state letter and parent's pid, from /proc; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return fields[0], int(fields[1])
+
+
 def _running(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie left to be reaped does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    stat = _state_and_parent(pid)
+    return stat is not None and stat[0] != "Z"
 
 
 def _children(pid: int) -> list[list[str]]:
     """The command lines of process ``pid``'s children."""
     commands = []
     for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+        if entry.name.isdigit() and (stat := _state_and_parent(entry.name)) is not None and stat[1] == pid:
+            try:
                 commands.append((entry / "cmdline").read_text().split("\0")[:-1])
-        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
-            continue
+            except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+                continue
     return commands
 
 

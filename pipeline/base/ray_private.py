@@ -243,10 +243,10 @@ def lean_local_head() -> Iterator[None]:
             head._ray_params.runtime_env_agent_port = head._get_unused_port()
         launch = services.start_ray_process
 
-        def start_ray_process(command: list[str], process_type: str, *arguments: Any, **keywords: Any) -> Any:
+        def start_ray_process(command: list[str], process_type: str, *rest: Any, **options: Any) -> Any:
             if process_type == ray_constants.PROCESS_TYPE_RAYLET:
                 command = [_with_agent_stand_in(part) for part in command]
-            return launch(command, process_type, *arguments, **keywords)
+            return launch(command, process_type, *rest, **options)
 
         services.start_ray_process = start_ray_process
         try:
