@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pipeline.sweep import LOCAL_RAY_SETTINGS, give_ray_a_private_token
@@ -216,40 +218,21 @@ def test_the_raylet_of_a_local_head_starts_a_stand_in_for_the_minimal_dashboard_
     assert services.start_ray_process is recorder  # Ray's own again after the start
 
 
-def _state_and_parent(pid: int | str) -> tuple[str, int] | None:
-    """Process ``pid``'s state letter and parent's pid, from /proc; None once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return fields[0], int(fields[1])
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie left to be reaped does not)."""
-    stat = _state_and_parent(pid)
-    return stat is not None and stat[0] != "Z"
-
-
-def _children(pid: int) -> list[list[str]]:
-    """The command lines of process ``pid``'s children."""
+def _commands_of_children(pid: int) -> list[str]:
+    """The command lines of process ``pid``'s children (a title a process gave itself included)."""
     commands = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _state_and_parent(entry.name)) is not None and stat[1] == pid:
-            try:
-                commands.append((entry / "cmdline").read_text().split("\0")[:-1])
-            except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
-                continue
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.NoSuchProcess):  # it ended meanwhile
+            commands.append(" ".join(child.cmdline()))
     return commands
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_the_dashboard_agent_stand_in_ends_once_its_parent_is_gone():
     """As the agent it stands in for does: a raylet killed leaves none behind."""
     import subprocess
     import sys
-    import time
 
+    from pipeline.base.processes import wait_until_ended
     from pipeline.base.ray_private import DASHBOARD_AGENT_STAND_IN
 
     # The parent starts the stand-in as the raylet starts its agents, says its pid and ends at once.
@@ -263,10 +246,14 @@ def test_the_dashboard_agent_stand_in_ends_once_its_parent_is_gone():
     pid = int(
         subprocess.run([sys.executable, "-c", start, *stand_in], capture_output=True, text=True, check=True).stdout
     )
-    deadline = time.monotonic() + 30  # a wait for its end, which comes within a second
-    while _running(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _running(pid)
+    try:
+        process = psutil.Process(pid)
+    except psutil.NoSuchProcess:  # it has ended already
+        return
+    left = wait_until_ended([process], timeout_s=30)  # its end comes within a second
+    for survivor in left:
+        survivor.kill()
+    assert left == []
 
 
 @pytest.mark.e2e  # a real Ray, and a worker started for a runtime environment
@@ -286,7 +273,7 @@ def test_the_local_ray_runs_only_what_a_sweep_uses(ray_cluster):
     assert ray.get(answer.remote()) == 42
     started = set(worker._global_node.all_processes)
     raylet = worker._global_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-    started_by_raylet = [" ".join(command) for command in _children(raylet)]  # its agents and workers
+    started_by_raylet = _commands_of_children(raylet)  # its agents and workers
     assert not any("dashboard/agent.py" in command or "DashboardAgent" in command for command in started_by_raylet)
     assert sum(DASHBOARD_AGENT_STAND_IN in command for command in started_by_raylet) == 1
     assert sum(command.startswith("ray::RuntimeEnvAgent") for command in started_by_raylet) == 1  # its title
