@@ -657,9 +657,10 @@ def _rerun_recorder(tracker: Tracker, recorded: RecordedTrial, request: TrialReq
 
 def plan_line(plan: TrialPlan) -> str:
     """How the trial runs: the plan's reason, its steps per launch, threads, random draws, a
-    padded last batch and the compile it expects."""
+    padded last batch, the graph optimizer and the compile it expects."""
     draws = f"; random draws: {plan.random_draws}" if plan.random_draws != "none" else ""
     draws += "; last batch padded" if plan.last_batch_padded else ""
+    draws += f"; graph optimizer: {plan.graph_optimizer}"
     estimate = f"; compile ~{plan.compile_estimate_s:.0f} s estimated" if plan.compile_estimate_s is not None else ""
     return (
         f"{plan.reason}; steps per launch: {plan.steps_per_launch}; threads: {plan.threads.describe()}{draws}{estimate}"

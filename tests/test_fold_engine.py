@@ -162,12 +162,24 @@ def _scaled_cnn(kind, scales, traced):
 
 
 def _side_by_side(
-    build, data, folds, fold_ids=None, class_weight=None, inline_step=False, jit_compile="off", batch_size=16
+    build,
+    data,
+    folds,
+    fold_ids=None,
+    class_weight=None,
+    inline_step=False,
+    jit_compile="off",
+    batch_size=16,
+    graph_optimizer="light",
 ):
     config = {"batch_size": batch_size, "learning_rate": 1e-2, "optimizer": "adam"}
     train = TrainSpec(seed=0, class_weight=class_weight)
     choices = ExecutionChoices(
-        jit_compile=jit_compile, layout="side_by_side", inline_step=inline_step, pad_last_batch=train.pad_last_batch
+        jit_compile=jit_compile,
+        layout="side_by_side",
+        inline_step=inline_step,
+        pad_last_batch=train.pad_last_batch,
+        graph_optimizer=graph_optimizer,
     )
     recipe = TrainingRecipe(train, choices)
     resident = resident_data(data.fingerprint, data.x, data.y)
@@ -247,6 +259,30 @@ def test_a_trial_whose_step_is_inlined_keeps_each_folds_loop_in_its_execution(th
     report = together.run_epoch().report()
     assert _traced_epochs(together) is None
     assert np.isfinite(report["split2_train_loss"])
+
+
+def test_the_trials_functions_are_called_with_the_graph_optimizer_its_plan_records(three_folds):
+    """``train.graph_optimizer``: light has TensorFlow's graph optimizer work through the trial's
+    functions in one round without its TFG pipelines, full as TensorFlow does by default; each
+    trial's own setting, whatever the trial before it in the process had. On this model both
+    train to the same numbers to the last bit."""
+    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+    from tensorflow.python.eager import context
+
+    data, folds = three_folds
+    reports = {}
+    for graph_optimizer in ("light", "full", "light"):
+        trainer = _side_by_side(_scaled_cnn(None, [], []), data, folds, graph_optimizer=graph_optimizer)
+        assert trainer.plan.graph_optimizer == graph_optimizer
+        called_with = config_pb2.ConfigProto.FromString(context.context().function_call_options.config_proto_serialized)
+        rewrite = called_with.graph_options.rewrite_options
+        light = graph_optimizer == "light"
+        assert (rewrite.meta_optimizer_iterations == rewriter_config_pb2.RewriterConfig.ONE) is light
+        assert rewrite.disable_tfg_optimizer is light
+        reports[graph_optimizer] = trainer.run_epoch().report()
+    for k in range(3):
+        for name in ("train_loss", "val_loss", "val_accuracy"):
+            assert reports["light"][f"split{k}_{name}"] == reports["full"][f"split{k}_{name}"], (k, name)
 
 
 @pytest.mark.parametrize("kind", ["array", "tensor"])

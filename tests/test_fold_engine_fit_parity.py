@@ -388,8 +388,12 @@ def fit_on_foldsweeps_batches(model, data, fold, seed: int, *, cast=None, **fit_
     epoch."""
     import keras
 
+    from pipeline.base.tensorflow_private import use_graph_optimizer
     from pipeline.engine.fold_engine import epoch_order
 
+    # Keras' fit as a researcher's own process runs it: TensorFlow's graph optimizer as it is by
+    # default, whichever foldsweep's trial before it in this process had.
+    use_graph_optimizer(light=False)
     orders = [epoch_order(fold.train, seed=seed, epoch=epoch) for epoch in range(EPOCHS)]
 
     class Batches(keras.utils.PyDataset):

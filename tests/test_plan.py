@@ -570,3 +570,16 @@ def test_a_short_last_batch_is_padded_where_that_trains_its_own_samples_as_they_
     assert not old.last_batch_padded
     assert not plan(replay_choices(old), models=folds(*dropout), sizes=uneven).last_batch_padded
     assert plan_differences(old, padded) == ["last batch padded off -> on"]
+
+
+def test_the_graph_optimizer_asked_for_is_recorded_replayed_and_a_plan_from_before_ran_tensorflows_own():
+    light = plan(ExecutionChoices(graph_optimizer="light"))
+    assert light.graph_optimizer == "light" and plan().graph_optimizer == "full"
+    recorded = light.as_dict()
+    assert json.loads(json.dumps(recorded))["graph_optimizer"] == "light"
+    assert plan(replay_choices(TrialPlan.from_dict(recorded))).graph_optimizer == "light"
+    del recorded["graph_optimizer"]
+    old = TrialPlan.from_dict(recorded)
+    assert old.graph_optimizer == "full"
+    assert plan_differences(old, light) == ["graph optimizer full -> light"]
+    assert plan_differences(old, plan(replay_choices(old))) == []

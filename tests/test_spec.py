@@ -342,6 +342,16 @@ def test_pad_last_batch_is_on_unless_turned_off_and_reaches_the_plans_choices(wr
         load_spec(write_spec({"train": {"pad_last_batch": "auto"}}))
 
 
+def test_the_graph_optimizer_is_light_unless_asked_full_and_reaches_the_plans_choices(write_spec):
+    from pipeline.engine.recipe import TrainingRecipe
+
+    assert TrainingRecipe.from_spec(load_spec(write_spec({}))).choices.graph_optimizer == "light"
+    spec = load_spec(write_spec({"train": {"graph_optimizer": "full"}}))
+    assert spec.train.graph_optimizer == "full" and TrainingRecipe.from_spec(spec).choices.graph_optimizer == "full"
+    with pytest.raises(SpecError, match="train.graph_optimizer must be one of light, full, got 'off'"):
+        load_spec(write_spec({"train": {"graph_optimizer": "off"}}))
+
+
 def test_the_refit_is_registered_only_when_asked_and_the_flags_override_the_spec(write_spec):
     from pipeline.inputs.spec import with_registration
 

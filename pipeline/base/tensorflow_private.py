@@ -35,6 +35,30 @@ def devices_set_up() -> bool:
     return bool(state._initialized or state._physical_devices is not None)
 
 
+def use_graph_optimizer(*, light: bool) -> None:
+    """Have TensorFlow's graph optimizer (Grappler) work through each function this process
+    instantiates from now on in one round without its MLIR (TFG) pipelines (``light``), or as
+    TensorFlow does by default. Grappler reads its options from the configuration each function
+    is called with (its function-call options), which each thread takes from the eager context's
+    configuration as it first calls a function: tf.config exposes neither option."""
+    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+    from tensorflow.python.eager import context
+
+    state = context.context()
+    config = config_pb2.ConfigProto()
+    if state._config is not None:
+        config.CopyFrom(state._config)
+    rewrite = config.graph_options.rewrite_options
+    if light:
+        rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
+        rewrite.disable_tfg_optimizer = True
+    else:
+        rewrite.ClearField("meta_optimizer_iterations")
+        rewrite.ClearField("disable_tfg_optimizer")
+    state._config = config
+    state.function_call_options = None  # this thread's, taken again at its next call
+
+
 def op_determinism_enabled() -> bool:
     """Whether ``tf.config.experimental.enable_op_determinism()`` was called: tf.config sets it,
     and exports no getter."""

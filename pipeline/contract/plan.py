@@ -24,7 +24,7 @@ from pipeline.base.accelerator import GpuIdentity
 from pipeline.base.errors import ExperimentError
 from pipeline.base.keras_private import counter_drawn, flatten_layers, holds_seed_generator, seed_generator_of
 from pipeline.contract.compile_cost import CompileCosts, StepForm, computing_layers
-from pipeline.inputs.spec import AutoSwitch
+from pipeline.inputs.spec import AutoSwitch, GraphOptimizer
 
 # The folds' layouts: one after another, or fused (all in one execution): side by side, each in
 # its own loop, or stacked into one XLA program (``pipeline.engine.<layout>`` executes each); a
@@ -132,6 +132,7 @@ class ExecutionChoices:
     steps_per_launch: int | Literal["auto"] = "auto"
     inline_step: bool = False
     pad_last_batch: bool = False
+    graph_optimizer: GraphOptimizer = "full"
     layout: ForcedLayout = "auto"
     eager: bool = False
     check_numerics: bool = False
@@ -200,6 +201,9 @@ class TrialPlan:
     # Whether the optimizer leaves variables out of weight decay (its exclude_from_weight_decay),
     # as each fold's optimizer does; plans recorded before decayed every variable.
     decay_exclusions: bool = False
+    # How TensorFlow's graph optimizer worked through the trial's traced functions
+    # (``train.graph_optimizer``); plans recorded before ran it as TensorFlow does by default.
+    graph_optimizer: GraphOptimizer = "full"
 
     @property
     def fused(self) -> bool:
@@ -390,6 +394,7 @@ def plan_trial(
         ),
         loss_scale_factor=loss_scale_factor,
         decay_exclusions=decay_exclusions,
+        graph_optimizer=choices.graph_optimizer,
     )
 
 
@@ -444,6 +449,7 @@ def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: 
         steps_per_launch=recorded.steps_per_launch,
         inline_step=recorded.step_inlined,
         pad_last_batch=recorded.last_batch_padded,
+        graph_optimizer=recorded.graph_optimizer,
         layout="auto" if recorded.layout == "sequential" else recorded.layout,
         eager=eager,
         check_numerics=check_numerics,
@@ -465,6 +471,8 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
         differences.append(
             f"last batch padded {_on_off(recorded.last_batch_padded)} -> {_on_off(now.last_batch_padded)}"
         )
+    if now.graph_optimizer != recorded.graph_optimizer:
+        differences.append(f"graph optimizer {recorded.graph_optimizer} -> {now.graph_optimizer}")
     if not now.jit_compile and not recorded.jit_compile and now.step_inlined != recorded.step_inlined:
         differences.append(f"step inlined {_on_off(recorded.step_inlined)} -> {_on_off(now.step_inlined)}")
     if now.steps_per_launch != recorded.steps_per_launch:

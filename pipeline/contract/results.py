@@ -407,6 +407,7 @@ class TrialInfo:
             "steps_per_launch": plan.steps_per_launch,
             "random_draws": plan.random_draws,
             "last_batch_padded": plan.last_batch_padded,
+            "graph_optimizer": plan.graph_optimizer,
             "compile_source": self.compile_source,
             "loss": self.loss,
             **self.versions,

@@ -166,6 +166,7 @@ class TrainingRecipe:
             steps_per_launch=train.steps_per_launch,
             inline_step=train.inline_step,
             pad_last_batch=train.pad_last_batch,
+            graph_optimizer=train.graph_optimizer,
             eager=eager,
             check_numerics=check_numerics,
         )

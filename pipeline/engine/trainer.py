@@ -21,6 +21,7 @@ from pipeline.base import compile_cache
 from pipeline.base.accelerator import GpuIdentity, UnknownGpu, deterministic_ops, gpu_identity
 from pipeline.base.compile_cache import CacheCounts, CompileCache, content_names
 from pipeline.base.keras_private import compile_arguments
+from pipeline.base.tensorflow_private import use_graph_optimizer
 from pipeline.contract.account import TimeAccount
 from pipeline.contract.plan import RandomDraws, StackedConvolutions, TrialPlan, plan_differences, plan_trial
 from pipeline.contract.results import (
@@ -310,6 +311,8 @@ def build_trainer(
     compiled keeps its optimizer and loss, with the training hyperparameters the spec's search
     space names in place of the compiled ones.
     """
+    # Before anything of the trial is traced or run, the stacking check's forward passes too.
+    use_graph_optimizer(light=recipe.choices.graph_optimizer == "light")
     trial = recipe.resolve(config)
     params, model_values = trial.params, trial.model_values
     seed = recipe.train.seed

@@ -27,6 +27,12 @@ SCHEDULERS: tuple[str, ...] = ("fifo", "asha", "median")
 # Which epoch of a trial it is scored at: the best of its mean CV curve (as KerasTuner), or its last.
 EpochSelection = Literal["best_epoch", "last"]
 EPOCH_SELECTIONS: tuple[EpochSelection, ...] = get_args(EpochSelection)
+# How TensorFlow's graph optimizer (Grappler) works through each traced function before its
+# first run (train.graph_optimizer): "light" runs its passes in one round and without its MLIR
+# (TFG) pipelines, "full" as TensorFlow does by default (two rounds, with them). A second round
+# may rewrite more of a graph, and so change its float rounding (pipeline.contract.plan records it).
+GraphOptimizer = Literal["light", "full"]
+GRAPH_OPTIMIZERS: tuple[GraphOptimizer, ...] = get_args(GraphOptimizer)
 # Gradient clipping (`clipping`, a training hyperparameter): each kind and the Keras optimizer
 # argument that applies it (pipeline.engine.recipe passes it, pipeline.engine.stacked mirrors it).
 NO_CLIPPING = "none"
@@ -245,6 +251,9 @@ class TrainSpec:
     # samples with the same numbers but for float rounding: one compiled program per batch size,
     # not one more per distinct last batch (``pipeline.contract.plan``); false computes it as is.
     pad_last_batch: bool = True
+    # TensorFlow's graph optimizer in one light round (``GraphOptimizer``): less of each trial's
+    # compile; "full" runs it as TensorFlow does, as trials recorded before it ran.
+    graph_optimizer: GraphOptimizer = "light"
     refit: bool = True
     select: EpochSelection = "best_epoch"
     early_stopping: EarlyStoppingSpec | None = None  # off unless the spec (or a HyperModel.fit) asks
@@ -755,6 +764,7 @@ def _parse_train(section: _Section) -> TrainSpec:
     steps_per_launch = _auto_or_positive_integer(section, "steps_per_launch", default=default.steps_per_launch)
     inline_step = section.boolean("inline_step", default=default.inline_step)
     pad_last_batch = section.boolean("pad_last_batch", default=default.pad_last_batch)
+    graph_optimizer = section.one_of("graph_optimizer", GRAPH_OPTIMIZERS, default=default.graph_optimizer)
     refit = section.boolean("refit", default=default.refit)
     select = section.one_of("select", EPOCH_SELECTIONS, default=default.select)
     compile_cache = section.boolean("compile_cache", default=default.compile_cache)
@@ -779,6 +789,7 @@ def _parse_train(section: _Section) -> TrainSpec:
         steps_per_launch=steps_per_launch,
         inline_step=inline_step,
         pad_last_batch=pad_last_batch,
+        graph_optimizer=graph_optimizer,
         refit=refit,
         select=select,
         early_stopping=early_stopping,
