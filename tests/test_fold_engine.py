@@ -271,7 +271,8 @@ def test_the_trials_functions_are_called_with_the_graph_optimizer_its_plan_recor
 
     data, folds = three_folds
     reports = {}
-    for graph_optimizer in ("light", "full", "light"):
+    # The last trainer only shows the setting switched back: it need not train.
+    for graph_optimizer, trains in (("light", True), ("full", True), ("light", False)):
         trainer = _side_by_side(_scaled_cnn(None, [], []), data, folds, graph_optimizer=graph_optimizer)
         assert trainer.plan.graph_optimizer == graph_optimizer
         called_with = config_pb2.ConfigProto.FromString(context.context().function_call_options.config_proto_serialized)
@@ -279,7 +280,8 @@ def test_the_trials_functions_are_called_with_the_graph_optimizer_its_plan_recor
         light = graph_optimizer == "light"
         assert (rewrite.meta_optimizer_iterations == rewriter_config_pb2.RewriterConfig.ONE) is light
         assert rewrite.disable_tfg_optimizer is light
-        reports[graph_optimizer] = trainer.run_epoch().report()
+        if trains:
+            reports[graph_optimizer] = trainer.run_epoch().report()
     for k in range(3):
         for name in ("train_loss", "val_loss", "val_accuracy"):
             assert reports["light"][f"split{k}_{name}"] == reports["full"][f"split{k}_{name}"], (k, name)
