@@ -89,10 +89,13 @@ $(UV):
 # writes the .pyc files, and every process (each Ray worker, each CLI call) would compile
 # TensorFlow, Ray and MLflow from source again: 12.6 s to import them instead of 5.2 s.
 # Then the empty MLflow store that every new SQLite store is copied from, made in foldsweep's cache
-# once per MLflow version (pipeline.records.stores.empty_store) rather than by the first sweep.
+# once per MLflow version (pipeline.records.stores.empty_store) rather than by the first sweep, and
+# the plan of the files a sweep's processes read as they start, which each command that loads
+# TensorFlow asks the kernel to read ahead (pipeline.base.read_ahead).
 $(STAMP): pyproject.toml uv.lock | $(UV)
 	$(UV) sync --locked --compile-bytecode $(addprefix --extra ,$(EXTRAS)) --python $(PYTHON)
 	$(BIN)/python -m pipeline.records.tracking
+	$(BIN)/python -c "from pipeline.sweep import record_start_up_read_ahead; record_start_up_read_ahead()"
 	touch $(STAMP)
 
 # The one way to change dependencies: edit pyproject.toml, then `make lock`, and commit all three.

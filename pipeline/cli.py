@@ -20,6 +20,7 @@ import typer
 
 from pipeline.base.errors import FoldsweepError
 from pipeline.base.quiet import quiet_environment
+from pipeline.base.read_ahead import start_read_ahead
 from pipeline.inputs.spec import TrackingSpec
 from pipeline.records.ui_server import DEFAULT_UI_PORT
 from pipeline.terminal import (
@@ -85,6 +86,7 @@ def exit_codes(command: Callable[..., Any]) -> Callable[..., Any]:
 @exit_codes
 def validate(spec: Path = typer.Argument(..., help="Sweep spec (YAML)")) -> None:
     """Check a spec completely (keys, types, ranges, experiment, data, folds) without running it."""
+    start_read_ahead()
     from pipeline.checks import prepare_driver
     from pipeline.inputs.spec import load_spec
 
@@ -145,6 +147,7 @@ def run(
 ) -> None:
     """Run a sweep: every config cross-validated over all folds; ends with the leaderboard."""
     started_at = time.time()  # the sweep's time account starts here (the interpreter took ~0.1 s before)
+    start_read_ahead()
     from pipeline.sweep import SweepInterrupted, sweep_of_spec
 
     printer = SweepPrinter(num_samples_source="--num-samples" if num_samples else "search.num_samples")
@@ -250,6 +253,7 @@ def trial(
 ) -> None:
     """Run one config of a spec in this process (no search, no Ray), printing each epoch."""
     started = time.perf_counter()  # the trial's time account counts the command's start-up
+    start_read_ahead()
     from pipeline.rerun import TrialOptions, trial_of_spec
 
     options = TrialOptions(
@@ -281,6 +285,7 @@ def rerun(
 ) -> None:
     """Rerun one recorded trial in this process, with its config, data, folds and execution plan."""
     started = time.perf_counter()  # the trial's time account counts the command's start-up
+    start_read_ahead()
     from pipeline.rerun import TrialOptions, rerun_recorded
 
     options = TrialOptions(

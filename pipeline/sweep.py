@@ -33,6 +33,7 @@ from pipeline.base.ray_private import (
     trial_actors_in_workers_started_ahead,
     trial_actors_not_kept_after,
 )
+from pipeline.base.read_ahead import record_read_ahead
 from pipeline.checks import CheckedInputs, PreparedSweep, prepare_driver
 from pipeline.contract.account import Span, TimeAccount, sweep_account
 from pipeline.contract.results import (
@@ -921,6 +922,21 @@ def stop_ray() -> None:
     import ray
 
     ray.shutdown()
+
+
+def record_start_up_read_ahead() -> Path | None:
+    """This environment's read-ahead plan (``pipeline.base.read_ahead``) of what a sweep's driver
+    and its workers load as they start, loaded here in the order they load it: this module, Ray,
+    MLflow's store, TensorFlow and Keras, the checks, Ray Tune and the trainable (the command's
+    own modules are loaded before it reads ahead). ``make install`` records it, in a process of
+    its own; None where it cannot be recorded."""
+    import ray  # noqa: F401
+
+    from pipeline.base.quiet import import_tensorflow_and_keras
+
+    load_tracking_modules()
+    import_tensorflow_and_keras()
+    return record_read_ahead(("pipeline.checks", "ray.tune", "pipeline.engine.trainable"))
 
 
 RAY_TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
