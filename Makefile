@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.foldsweep-installed
+READ_AHEAD := $(VENV)/foldsweep-read-ahead.json
 SPEC ?= sweeps/quickstart.yaml
 PYTEST_ARGS ?=
 # `make test` runs the suite in two pytest-xdist workers, a test module at a time (tests/run_machinery.py
@@ -23,7 +24,7 @@ EXPORT := $(UV) export --frozen --no-emit-project --no-header --quiet --format p
 
 .PHONY: sweep test test-fast lint docs docs-check ui install bytecode lock lock-check clean chromium
 
-sweep: bytecode
+sweep: bytecode $(READ_AHEAD)
 	$(BIN)/foldsweep run $(SPEC)
 
 # The lint and the docs build run beside the suite rather than before it: on a fresh clone mypy
@@ -71,7 +72,7 @@ chromium:
 ui: bytecode
 	$(BIN)/foldsweep ui
 
-install: bytecode
+install: bytecode $(READ_AHEAD)
 
 # The bytecode of the repository's own modules, which uv's --compile-bytecode (below) leaves out:
 # where PYTHONDONTWRITEBYTECODE is set, every process would compile them from source: the sweep's
@@ -89,14 +90,17 @@ $(UV):
 # writes the .pyc files, and every process (each Ray worker, each CLI call) would compile
 # TensorFlow, Ray and MLflow from source again: 12.6 s to import them instead of 5.2 s.
 # Then the empty MLflow store that every new SQLite store is copied from, made in foldsweep's cache
-# once per MLflow version (pipeline.records.stores.empty_store) rather than by the first sweep, and
-# the plan of the files a sweep's processes read as they start, which each command that loads
-# TensorFlow asks the kernel to read ahead (pipeline.base.read_ahead).
+# once per MLflow version (pipeline.records.stores.empty_store) rather than by the first sweep.
 $(STAMP): pyproject.toml uv.lock | $(UV)
 	$(UV) sync --locked --compile-bytecode $(addprefix --extra ,$(EXTRAS)) --python $(PYTHON)
 	$(BIN)/python -m pipeline.records.tracking
-	$(BIN)/python -c "from pipeline.sweep import record_start_up_read_ahead; record_start_up_read_ahead()"
 	touch $(STAMP)
+
+# The plan of the files a sweep's processes read as they start, in the environment, which each
+# command that loads TensorFlow asks the kernel to read ahead (pipeline.base.read_ahead); recorded
+# once the repository's bytecode is written, so that it names those files too.
+$(READ_AHEAD): $(STAMP) | bytecode
+	$(BIN)/python -c "from pipeline.sweep import record_start_up_read_ahead; record_start_up_read_ahead()"
 
 # The one way to change dependencies: edit pyproject.toml, then `make lock`, and commit all three.
 lock: | $(UV)

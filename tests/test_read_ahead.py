@@ -115,12 +115,12 @@ def test_the_commands_that_load_tensorflow_read_ahead_first(command, tmp_path, m
     assert started == [command]
 
 
-def test_the_installed_plan_reads_tensorflows_library_before_its_modules_and_the_trainable(tmp_path, monkeypatch):
+def test_the_installed_plan_reads_tensorflows_library_before_its_modules_and_the_trainable(tmp_path):
     from pipeline.sweep import record_start_up_read_ahead
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    plan_file = record_start_up_read_ahead()
-    assert plan_file == read_ahead.plan_path() and plan_file.is_relative_to(tmp_path)
+    assert read_ahead.plan_path() == Path(sys.prefix) / "foldsweep-read-ahead.json"
+    plan_file = record_start_up_read_ahead(tmp_path / "plan.json")
+    assert plan_file == tmp_path / "plan.json"
     plan = load_plan(plan_file)
     names = [name for name, _, _, _ in plan]
     library = next(i for i, name in enumerate(names) if Path(name).name.startswith("libtensorflow_cc"))

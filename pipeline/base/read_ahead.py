@@ -7,9 +7,10 @@ kernel pages out idle page cache, as DAMON's ``pageout`` scheme does after a min
 process faults them in a few pages at a time while the two cores are busy loading, and a sweep
 starts 1.5-2.7 s later on a 2-core machine. A plan of those files, in the order the processes
 need them, with each library's pages that a process loading them touched, is recorded once per
-environment (``record_read_ahead``, run by ``make install``); a command that is about to load
-them asks the kernel to read the plan ahead (``start_read_ahead``), from a process of its own,
-while it checks its inputs and starts Ray: the disk works while the cores load. The kernel reads
+environment, in it (``record_read_ahead``, run by ``make install`` and ``make sweep``); a
+command that is about to load them asks the kernel to read the plan ahead
+(``start_read_ahead``), from a process of its own, while it checks its inputs and starts Ray:
+the disk works while the cores load. The kernel reads
 what it is asked in the background and keeps it as it keeps any page cache; a file changed
 since the plan was recorded is skipped. Nothing is read twice: pages in the cache already are
 not read again.
@@ -17,7 +18,6 @@ not read again.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
@@ -28,8 +28,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.base.environment import cache_directory
-
 # A plan entry: a file, its size and modification time as recorded, and the byte ranges of it to
 # read ([offset, length] pairs), or None for the whole file.
 PlanEntry = tuple[str, int, int, list[tuple[int, int]] | None]
@@ -37,13 +35,13 @@ PlanEntry = tuple[str, int, int, list[tuple[int, int]] | None]
 # fork is not safe: it reads nothing ahead.
 LOADED_ALREADY = ("tensorflow", "ray")
 _PAGE_PRESENT = 1 << 63  # /proc/PID/pagemap: the page is in this process's memory
+PLAN_NAME = "foldsweep-read-ahead.json"
 
 
 def plan_path() -> Path:
-    """This environment's plan in foldsweep's cache: one per interpreter prefix (a virtual
-    environment) and Python version, whose installed files it names."""
-    environment = f"{sys.prefix}\0{sys.version}".encode()
-    return cache_directory() / "read-ahead" / f"{hashlib.sha256(environment).hexdigest()[:16]}.json"
+    """This environment's plan, kept in the environment (``sys.prefix``, a virtual environment)
+    whose installed files it names, and removed with it."""
+    return Path(sys.prefix) / PLAN_NAME
 
 
 def record_read_ahead(modules: Sequence[str], path: Path | None = None) -> Path | None:
