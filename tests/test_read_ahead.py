@@ -15,6 +15,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -129,3 +130,25 @@ def test_the_installed_plan_reads_tensorflows_library_before_its_modules_and_the
     first_module = min(i for i, name in enumerate(names) if "/tensorflow/" in name and name.endswith(".pyc"))
     assert library < first_module
     assert sys.modules["pipeline.engine.trainable"].__cached__ in names
+
+
+def test_whoever_reads_the_commands_output_sees_it_end_with_the_command(tmp_path):
+    # A plan whose reading outlives the command (a file asked for 100,000 times): the command's
+    # output pipe ends with the command, while the reader works on with its streams on /dev/null.
+    kept = tmp_path / "kept"
+    kept.write_bytes(b"x" * 10_000)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([[str(kept), kept.stat().st_size, kept.stat().st_mtime_ns, None]] * 100_000))
+    script = "import sys\nfrom pathlib import Path\nfrom pipeline.base.read_ahead import start_read_ahead\n"
+    script += "print(start_read_ahead(Path(sys.argv[1])))\n"
+    command = subprocess.Popen([sys.executable, "-c", script, str(plan)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    output, _ = command.communicate(timeout=60)
+    readers = [process for process in psutil.process_iter(["cmdline"]) if str(plan) in (process.info["cmdline"] or [])]
+    try:
+        assert output == "True\n"
+        assert len(readers) == 1  # still reading, its parent gone
+        streams = {os.readlink(f"/proc/{readers[0].pid}/fd/{stream}") for stream in (0, 1, 2)}
+        assert streams == {os.devnull}
+    finally:
+        for reader in readers:
+            reader.kill()

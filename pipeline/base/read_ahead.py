@@ -84,6 +84,7 @@ def start_read_ahead(path: Path | None = None) -> bool:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the command's to report
             if os.fork() == 0:  # the grandchild reads ahead; the init process reaps it
                 try:
+                    _let_go_of_the_commands_files()
                     read_ahead(load_plan(plan))
                 finally:
                     os._exit(0)
@@ -91,6 +92,16 @@ def start_read_ahead(path: Path | None = None) -> bool:
             os._exit(0)
     os.waitpid(child, 0)
     return True
+
+
+def _let_go_of_the_commands_files() -> None:
+    """Standard streams on /dev/null and every other inherited descriptor closed: whoever reads
+    the command's output (a pipe, ``subprocess.run``) sees it end when the command ends, not
+    when the reading ahead does."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for stream in (0, 1, 2):
+        os.dup2(null, stream)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
 
 
 def load_plan(path: Path) -> list[PlanEntry]:
