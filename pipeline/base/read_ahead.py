@@ -35,7 +35,7 @@ PlanEntry = tuple[str, int, int, list[tuple[int, int]] | None]
 # fork is not safe: it reads nothing ahead.
 LOADED_ALREADY = ("tensorflow", "ray")
 _PAGE_PRESENT = 1 << 63  # /proc/PID/pagemap: the page is in this process's memory
-PLAN_NAME = "foldsweep-read-ahead.json"
+PLAN_NAME = "foldsweep-read-ahead.json"  # in sys.prefix; the Makefile's READ_AHEAD names it too
 
 
 def plan_path() -> Path:
