@@ -928,8 +928,9 @@ def record_start_up_read_ahead(path: Path | None = None) -> Path | None:
     """This environment's read-ahead plan (``pipeline.base.read_ahead``) of what a sweep's driver
     and its workers load as they start, loaded here in the order they load it: this module, Ray,
     MLflow's store, TensorFlow and Keras, the checks, Ray Tune and the trainable (the command's
-    own modules are loaded before it reads ahead). ``make install`` records it, in a process of
-    its own, into the environment (``path``: elsewhere); None where it cannot be recorded."""
+    own modules are loaded before it reads ahead). ``make install`` and ``make sweep`` record it,
+    in a process of its own, into the environment (``path``: elsewhere); None where it cannot be
+    recorded."""
     import ray  # noqa: F401
 
     from pipeline.base.quiet import import_tensorflow_and_keras

@@ -1,19 +1,17 @@
 """The files a command's processes read as they start, asked of the kernel ahead of them.
 
-A sweep's driver and each of its Ray workers load TensorFlow, Keras, Ray and MLflow: ~5,000
-modules' bytecode and ~460 MB of shared libraries' pages (most of them of the 1.1 GB
-``libtensorflow_cc.so.2``). Where those are not in the page cache (after a reboot, or where the
-kernel pages out idle page cache, as DAMON's ``pageout`` scheme does after a minute), each
-process faults them in a few pages at a time while the two cores are busy loading, and a sweep
-starts 1.5-2.7 s later on a 2-core machine. A plan of those files, in the order the processes
-need them, with each library's pages that a process loading them touched, is recorded once per
-environment, in it (``record_read_ahead``, run by ``make install`` and ``make sweep``); a
-command that is about to load them asks the kernel to read the plan ahead
-(``start_read_ahead``), from a process of its own, while it checks its inputs and starts Ray:
-the disk works while the cores load. The kernel reads
-what it is asked in the background and keeps it as it keeps any page cache; a file changed
-since the plan was recorded is skipped. Nothing is read twice: pages in the cache already are
-not read again.
+A sweep's driver and each of its Ray workers load TensorFlow, Keras, Ray and MLflow: thousands
+of modules' bytecode and hundreds of megabytes of shared libraries' pages. Where those are not in
+the page cache (after a reboot, or where the kernel pages out idle page cache, as DAMON's
+``pageout`` scheme does after a minute), each process faults them in a few pages at a time while
+the cores are busy loading, and the sweep starts that much later (``docs/time.md``). A plan of
+those files, in the order the processes need them, with each library's pages that a process
+loading them touched, is recorded once per environment, in it (``record_read_ahead``, run by
+``make install`` and ``make sweep``); a command that is about to load them asks the kernel to
+read the plan ahead (``start_read_ahead``), from a process of its own, while it checks its
+inputs and starts Ray: the disk works while the cores load. The kernel reads what it is asked in
+the background and keeps it as it keeps any page cache; pages cached already are not read again,
+and a file changed since the plan was recorded is skipped.
 """
 
 from __future__ import annotations
@@ -28,12 +26,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.base.forking import may_fork_beside
+
 # A plan entry: a file, its size and modification time as recorded, and the byte ranges of it to
 # read ([offset, length] pairs), or None for the whole file.
 PlanEntry = tuple[str, int, int, list[tuple[int, int]] | None]
-# A process that has loaded these has its libraries in memory already, and threads beside which a
-# fork is not safe: it reads nothing ahead.
-LOADED_ALREADY = ("tensorflow", "ray")
 _PAGE_PRESENT = 1 << 63  # /proc/PID/pagemap: the page is in this process's memory
 PLAN_NAME = "foldsweep-read-ahead.json"  # in sys.prefix; the Makefile's READ_AHEAD names it too
 
@@ -71,12 +68,11 @@ def record_read_ahead(modules: Sequence[str], path: Path | None = None) -> Path 
 def start_read_ahead(path: Path | None = None) -> bool:
     """Ask the kernel to read this environment's plan (``path``, by default ``plan_path()``)
     ahead, from a process that leaves at once and whose child works on alone; returns whether
-    one was started. Nothing is started off Linux, without a plan, or in a process that has
-    loaded TensorFlow or Ray already (``LOADED_ALREADY``: a notebook, the tests)."""
+    one was started. Nothing is started without a plan, or where no helper may be forked
+    (``may_fork_beside``): a process that has TensorFlow or Ray loaded has their libraries in
+    memory already."""
     plan = path or plan_path()
-    if not sys.platform.startswith("linux") or not hasattr(os, "posix_fadvise") or not plan.is_file():
-        return False
-    if any(name in sys.modules for name in LOADED_ALREADY):
+    if not may_fork_beside() or not hasattr(os, "posix_fadvise") or not plan.is_file():
         return False
     child = os.fork()
     if child == 0:  # pragma: no cover - the forked processes leave by os._exit, never returning here

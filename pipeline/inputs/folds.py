@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.base.errors import DataError
+from pipeline.base.forking import may_fork_beside
 from pipeline.inputs.datasets import Dataset
 from pipeline.inputs.scoring import is_regression
 from pipeline.inputs.spec import CVSpec
@@ -128,12 +129,11 @@ def folds_beside(cv: CVSpec, dataset: Dataset) -> Callable[[], FoldPlan]:
 
     Importing scikit-learn's splitters is ~1.2 s of a command's start-up on 2 cores, while the
     next seconds load TensorFlow on one core: a child forked before that splits on the other, and
-    the command itself never loads scikit-learn. A process that has loaded TensorFlow or Ray
-    already (a notebook, the tests), where a fork beside their threads is not safe, or
-    scikit-learn, where there is nothing to gain, or that cannot fork safely (macOS), splits in
-    place when asked.
+    the command itself never loads scikit-learn. A process that may fork no helper
+    (``may_fork_beside``: off Linux, or with TensorFlow or Ray loaded, as a notebook or the tests),
+    or that has loaded scikit-learn, where there is nothing to gain, splits in place when asked.
     """
-    if sys.platform != "linux" or any(name in sys.modules for name in ("tensorflow", "ray", "sklearn.model_selection")):
+    if not may_fork_beside() or "sklearn.model_selection" in sys.modules:
         return functools.cache(lambda: make_folds(cv, dataset))
     return _SplitBeside(cv, dataset)
 
