@@ -10,7 +10,7 @@ import pytest
 from helpers import write_image_folder
 
 from pipeline.base.errors import DataError
-from pipeline.inputs import datasets
+from pipeline.inputs import datasets, mnist1d
 from pipeline.inputs.datasets import Dataset, load_dataset
 from pipeline.inputs.spec import DatasetSpec
 
@@ -45,6 +45,47 @@ def test_mnist1d_seed_changes_the_data():
     a = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 200, "seed": 1}))
     b = load_dataset(DatasetSpec(name="mnist1d", options={"num_samples": 200, "seed": 2}))
     assert a.fingerprint != b.fingerprint
+
+
+@pytest.mark.parametrize(("num_samples", "seed", "train_split"), [(1000, 42, 0.8), (347, 7, 0.6)])
+def test_mnist1d_is_the_packages_dataset_bit_for_bit(num_samples, seed, train_split):
+    import random
+
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples, args.seed, args.train_split = num_samples, seed, train_split
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    try:
+        expected = make_dataset(args)
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+    made = mnist1d.make_dataset(num_samples, seed, train_split)
+    for key in ("x", "y", "x_test", "y_test"):
+        assert made[key].dtype == expected[key].dtype, key
+        np.testing.assert_array_equal(made[key], expected[key], strict=True, err_msg=key)
+
+
+def test_mnist1d_templates_and_arguments_are_the_packages():
+    from mnist1d.data import get_dataset_args, get_templates
+
+    np.testing.assert_array_equal(mnist1d.templates(), get_templates()["x"], strict=True)
+    args = get_dataset_args(as_dict=True)
+    ours = {
+        "template_len": mnist1d.TEMPLATE_LEN,
+        "padding": list(mnist1d.PADDING),
+        "scale_coeff": mnist1d.SCALE_COEFF,
+        "max_translation": mnist1d.MAX_TRANSLATION,
+        "corr_noise_scale": mnist1d.CORR_NOISE_SCALE,
+        "iid_noise_scale": mnist1d.IID_NOISE_SCALE,
+        "shear_scale": mnist1d.SHEAR_SCALE,
+        "final_seq_length": mnist1d.FINAL_SEQ_LENGTH,
+        "shuffle_seq": False,
+    }
+    assert {key: args[key] for key in ours} == ours
+    defaults = datasets.BUILTINS["mnist1d"].defaults
+    assert {key: args[key] for key in defaults} == dict(defaults)
 
 
 def test_generation_leaves_numpy_global_random_state_alone():

@@ -250,23 +250,10 @@ def _validate_mnist1d(options: Mapping[str, Any]) -> None:
 
 
 def _generate_mnist1d(options: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """MNIST-1D regenerated from its templates (the package's own generator, no download)."""
-    from mnist1d.data import get_dataset_args, make_dataset
+    """MNIST-1D made from its templates as the mnist1d package makes it (no download)."""
+    from pipeline.inputs import mnist1d
 
-    args = get_dataset_args()
-    args.num_samples = options["num_samples"]
-    args.seed = options["seed"]
-    args.train_split = options["train_split"]
-    # make_dataset seeds NumPy's and random's global generators; put them back afterwards.
-    numpy_state = np.random.get_state()
-    import random
-
-    python_state = random.getstate()
-    try:
-        generated = make_dataset(args)
-    finally:
-        np.random.set_state(numpy_state)
-        random.setstate(python_state)
+    generated = mnist1d.make_dataset(options["num_samples"], options["seed"], options["train_split"])
     return {
         "x": generated["x"].astype(np.float32)[..., None],
         "y": generated["y"].astype(np.int32),
@@ -331,7 +318,7 @@ BUILTINS: dict[str, Builtin] = {
 }
 
 BUILTIN_DESCRIPTIONS: Mapping[str, str] = {
-    "mnist1d": "MNIST-1D signals (40 steps, 10 classes), regenerated with the mnist1d package",
+    "mnist1d": "MNIST-1D signals (40 steps, 10 classes), made from its templates as the mnist1d package makes them",
     "digits": "scikit-learn's bundled 8x8 handwritten digits (10 classes), for 2D CNNs",
     "shapes": "32x32 RGB images of 10 shapes (disk, ring, square...) at random places, sizes and colours, "
     "for image CNNs",
