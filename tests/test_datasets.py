@@ -101,7 +101,8 @@ def test_generation_leaves_numpy_global_random_state_alone():
     [
         ({"num_samples": 10}, "dataset.num_samples must be an integer >= 100, got 10"),
         ({"train_split": 1.5}, "dataset.train_split must be a number between 0 and 1"),
-        ({"seed": -3}, "dataset.seed must be an integer >= 0, got -3"),
+        ({"seed": -3}, "dataset.seed must be an integer from 0 to 4294967295, got -3"),
+        ({"seed": 2**32}, "dataset.seed must be an integer from 0 to 4294967295, got 4294967296"),
         ({"samples": 100}, "dataset.samples: not an option of built-in dataset 'mnist1d'"),
     ],
 )
@@ -109,6 +110,11 @@ def test_bad_generator_options_are_refused(options, message):
     with pytest.raises(DataError) as caught:
         load_dataset(DatasetSpec(name="mnist1d", options=options))
     assert message in str(caught.value)
+
+
+def test_a_seed_scikit_learn_cannot_take_is_refused_for_the_digits_split():
+    with pytest.raises(DataError, match="dataset.seed must be an integer from 0 to 4294967295, got 4294967296"):
+        load_dataset(DatasetSpec(name="digits", options={"seed": 2**32}))
 
 
 def test_unknown_builtin_is_refused():

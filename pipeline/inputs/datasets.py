@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.base.environment import cache_directory, cache_directory_name
 from pipeline.base.errors import DataError
 from pipeline.inputs.scoring import is_regression
-from pipeline.inputs.spec import DatasetSpec
+from pipeline.inputs.spec import LARGEST_LEGACY_SEED, DatasetSpec
 
 DATA_DIR_ENV = "FOLDSWEEP_DATA_DIR"
 
@@ -241,9 +241,7 @@ def _validate_mnist1d(options: Mapping[str, Any]) -> None:
     num_samples = options["num_samples"]
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 100:
         raise DataError(f"dataset.num_samples must be an integer >= 100, got {num_samples!r}")
-    seed = options["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise DataError(f"dataset.seed must be an integer >= 0, got {seed!r}")
+    _check_legacy_seed(options["seed"])
     split = options["train_split"]
     if isinstance(split, bool) or not isinstance(split, (int, float)) or not 0 < split < 1:
         raise DataError(f"dataset.train_split must be a number between 0 and 1 (exclusive), got {split!r}")
@@ -266,9 +264,14 @@ def _validate_digits(options: Mapping[str, Any]) -> None:
     split = options["test_fraction"]
     if isinstance(split, bool) or not isinstance(split, (int, float)) or not 0 < split < 1:
         raise DataError(f"dataset.test_fraction must be a number between 0 and 1 (exclusive), got {split!r}")
-    seed = options["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise DataError(f"dataset.seed must be an integer >= 0, got {seed!r}")
+    _check_legacy_seed(options["seed"])
+
+
+def _check_legacy_seed(seed: Any) -> None:
+    """A seed NumPy's legacy ``RandomState`` takes: MNIST-1D's draws and the digits' split are
+    made with one."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= LARGEST_LEGACY_SEED:
+        raise DataError(f"dataset.seed must be an integer from 0 to {LARGEST_LEGACY_SEED}, got {seed!r}")
 
 
 def _generate_digits(options: Mapping[str, Any]) -> dict[str, np.ndarray]:

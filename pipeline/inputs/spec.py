@@ -36,6 +36,9 @@ GRAPH_OPTIMIZERS: tuple[GraphOptimizer, ...] = get_args(GraphOptimizer)
 # Gradient clipping (`clipping`, a training hyperparameter): each kind and the Keras optimizer
 # argument that applies it (pipeline.engine.recipe passes it, pipeline.engine.stacked mirrors it).
 NO_CLIPPING = "none"
+# The largest seed NumPy's legacy RandomState takes, which seeds scikit-learn's splitters
+# (``random_state``), the searchers' draws and the built-in datasets made with one.
+LARGEST_LEGACY_SEED = 2**32 - 1
 CLIPPING_ARGUMENTS: Mapping[str, str] = {"norm": "clipnorm", "value": "clipvalue", "global_norm": "global_clipnorm"}
 CLIPPING_KINDS: tuple[str, ...] = (NO_CLIPPING, *CLIPPING_ARGUMENTS)
 # A Keras metric identifier or name: what train.metric, train.metrics and a monitor may hold.
@@ -588,7 +591,7 @@ def _parse_cv(section: _Section) -> CVSpec:
     default = CVSpec()
     splitter = section.one_of("splitter", SPLITTERS, default=default.splitter)
     n_splits = section.integer("n_splits", default=default.n_splits, minimum=2)
-    seed = section.integer("seed", default=default.seed, minimum=0)
+    seed = section.integer("seed", default=default.seed, minimum=0, maximum=LARGEST_LEGACY_SEED)
     n_repeats = section.integer("n_repeats", default=default.n_repeats, minimum=1)
     groups = section.one_of("groups", GROUP_RULES, default=default.groups)
     if groups == "ignore" and splitter in GROUPED_SPLITTERS:
@@ -606,7 +609,7 @@ def _parse_search(section: _Section) -> SearchSpec:
     default = SearchSpec()
     algorithm = section.one_of("algorithm", SEARCH_ALGORITHMS, default=default.algorithm)
     num_samples = section.integer("num_samples", default=default.num_samples, minimum=1)
-    seed = section.integer("seed", default=default.seed, minimum=0)
+    seed = section.integer("seed", default=default.seed, minimum=0, maximum=LARGEST_LEGACY_SEED)
     space_section = section.section("space")
     space = {key: _parse_param(space_section, key) for key in list(space_section.remaining())}
     for key, param in space.items():
@@ -1098,17 +1101,25 @@ class _Section:
         return value
 
     @overload
-    def integer(self, key: str, *, default: int, minimum: int | None = None) -> int: ...
+    def integer(self, key: str, *, default: int, minimum: int | None = None, maximum: int | None = None) -> int: ...
     @overload
-    def integer(self, key: str, *, default: None, minimum: int | None = None) -> int | None: ...
+    def integer(
+        self, key: str, *, default: None, minimum: int | None = None, maximum: int | None = None
+    ) -> int | None: ...
 
-    def integer(self, key: str, *, default: int | None, minimum: int | None = None) -> int | None:
+    def integer(
+        self, key: str, *, default: int | None, minimum: int | None = None, maximum: int | None = None
+    ) -> int | None:
         value = self.take(key)
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(key, "must be an integer", value)
-        if minimum is not None and value < minimum:
+        too_small = minimum is not None and value < minimum
+        if maximum is not None and (too_small or value > maximum):
+            bounds = f"from {minimum} to {maximum}" if minimum is not None else f"<= {maximum}"
+            self.fail(key, f"must be an integer {bounds}", value)
+        if too_small:
             self.fail(key, f"must be an integer >= {minimum}", value)
         return value
 
