@@ -1,12 +1,11 @@
-"""MNIST-1D generated as the ``mnist1d`` package's ``make_dataset`` does, bit for bit, in a tenth
-of its time.
+"""MNIST-1D made as the ``mnist1d`` package's ``make_dataset`` makes it, bit for bit, without
+what makes the package slow to use here: importing it loads matplotlib and SciPy's
+interpolation, and it builds one ``scipy.interpolate.interp1d`` per sample.
 
-The package transforms one template at a time through ``scipy.interpolate.interp1d`` (which
-hands a 1-D linear interpolation to ``np.interp``) and imports matplotlib on the way, so the
-first sweep on a new machine waited on it before starting anything. Here the random draws are
-taken from the same generator in the same order, sample by sample, and the arithmetic runs on
-all samples at once with the same operations, so every float comes out the same; the tests
-compare the two array for array.
+The random draws come from the same generator in the same order, sample by sample; each
+interpolation is the ``np.interp`` call that ``interp1d`` hands a 1-D linear interpolation to,
+and the arithmetic between them runs on all samples at once with the same operations, so every
+float comes out the same (``tests/test_datasets.py`` compares the two array for array).
 """
 
 from __future__ import annotations
