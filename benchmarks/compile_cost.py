@@ -7,7 +7,9 @@ off, XLA on (one step per launch), XLA with 8 steps per launch, and stacked; XLA
 CPU stacked folds get (``noxla-1cpu``, what stacking saves against); each in its own process
 with the persistent compile cache off. A row per model and variant: the model's computing
 layers (the plan's size measure), the trial's compile seconds, its training seconds per epoch
-(the second epoch's, compiled) and the plan's own estimate.
+(the second epoch's, compiled) and the plan's own estimate. Where stacked and noxla-1cpu ran at
+the same sizes and at two batch sizes or more, it also prints stacked folds' saving per fold step
+fitted as ``pipeline.contract.STACKED_SAVES_S`` is (``stacked_saving_fit``).
 
     .venv/bin/python -m benchmarks.compile_cost [--blocks 1,4,16] [--batches 8] \\
         [--variants noxla,xla,xla-x8,stacked,noxla-1cpu] [--json PATH]
@@ -27,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.contract.compile_cost import STACKED_SAVES_S, CompileCosts
 from pipeline.contract.results import COMPILE_S, TRAIN_S
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +45,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
 # The calibration's own variants; noxla-1cpu is asked for where stacking's saving is measured.
 DEFAULT_VARIANTS = tuple(variant for variant in VARIANTS if variant != "noxla-1cpu")
 EPOCHS = 2
+# MNIST-1D's 4,000 training samples in 3 stratified folds: each fold trains on 2,666 or 2,667.
+FOLDS, FOLD_TRAIN_SAMPLES = 3, 2666
 MODEL = """
 import keras
 from keras import layers
@@ -110,6 +115,35 @@ def run(directory: Path, blocks: int, variant: str, batch_size: int) -> dict[str
     }
 
 
+def stacked_saving_fit(rows: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """Stacked folds' saving per fold step against the graph's side-by-side loops on one core, as
+    (base, less per sample of the batch), the form of ``STACKED_SAVES_S``: each pair of
+    a stacked and a noxla-1cpu row (same layers and batch size) saves the difference of their
+    epoch seconds over the epoch's fold steps, taken in proportion to its own extra compile and
+    priced at the plan's estimate of that extra (``CompileCosts``), so that the machine's
+    speed on the day cancels; a least-squares line over the pairs. A pair whose stacked form
+    compiled no longer is left out (nothing to price); None with fewer than two batch sizes."""
+    by_size = {(row["layers"], row["batch_size"], row["variant"]): row for row in rows}
+    pairs = []
+    for (layers, batch_size, variant), stacked in by_size.items():
+        graph = by_size.get((layers, batch_size, "noxla-1cpu"))
+        if variant != "stacked" or graph is None:
+            continue
+        extra = stacked["compile_s"] - graph["compile_s"]
+        if extra <= 0:
+            continue
+        costs = CompileCosts(layers, batch_size)
+        priced = costs.compile_s("stacked") - costs.compile_s("graph")
+        saved = (graph["epoch_s"] - stacked["epoch_s"]) / (FOLDS * (FOLD_TRAIN_SAMPLES // batch_size))
+        pairs.append((batch_size, saved * priced / extra))
+    if len({batch_size for batch_size, _ in pairs}) < 2:
+        return None
+    mean_batch = sum(batch_size for batch_size, _ in pairs) / len(pairs)
+    mean_saved = sum(saved for _, saved in pairs) / len(pairs)
+    slope = sum((b - mean_batch) * (s - mean_saved) for b, s in pairs) / sum((b - mean_batch) ** 2 for b, _ in pairs)
+    return mean_saved - slope * mean_batch, -slope
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", default="1,4,16")
@@ -131,6 +165,14 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['layers']:>6} {r['batch_size']:>5} {r['variant']:10} {r['compile_s']:>9} {r['estimate_s']!s:>10} "
             f"{r['epoch_s']:>8}"
+        )
+    fit = stacked_saving_fit(rows)
+    if fit is not None:
+        base, per_sample = fit
+        print(
+            f"stacked folds save per fold step (STACKED_SAVES_S): {base * 1e3:.3f}e-3 s, less {per_sample * 1e3:.4f}e-3 "
+            f"per sample of the batch (the plan's: {STACKED_SAVES_S[0] * 1e3:.3f}e-3, less "
+            f"{STACKED_SAVES_S[1] * 1e3:.4f}e-3)"
         )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

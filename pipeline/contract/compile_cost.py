@@ -54,7 +54,10 @@ UNROLLED_SAVES_S = (0.248e-3, 0.0062e-3)
 # above, each saving taken in proportion to its own run's extra compile of the stacked form,
 # which COMPILE_S prices; fitted over those 15 pairs and 3 of the quickstart's 10-layer net at
 # batch 16: 0.42e-3 at batch 4, 0.35e-3 at 8, 0.21e-3 at 16, nothing from batch 28 (stacking
-# stops at ``plan.STACK_MAX_BATCH`` before that).
+# stops at ``plan.STACK_MAX_BATCH`` before that). The benchmark prints this fit from its rows. It
+# is the fitted machine's: where the graph's convolutions (oneDNN) compute with AVX-512, they run
+# faster against the stacked program's, and the quickstart's net gains nothing stacked at batch 16
+# (benchmarks/RESULTS.md, "2026-12-04 (afternoon)").
 STACKED_SAVES_S = (0.49e-3, 0.0178e-3)
 
 
