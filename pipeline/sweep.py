@@ -11,11 +11,12 @@ import logging
 import math
 import os
 import secrets
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -586,7 +587,7 @@ def _after_trials(
     Raises:
         AfterTrialsFailed: publishing or the refit failed (the parent run is closed).
     """
-    from pipeline.records.publish import publish
+    from pipeline.records.publish import draw_plots_beside, publish
     from pipeline.records.report import Standings
 
     spec = prepared.spec
@@ -594,9 +595,14 @@ def _after_trials(
     status, error, ui_path = SweepStatus.OK, None, ""
     refitted = RefitOutcome({})
     refit_started = time.perf_counter()
+    plots: tempfile.TemporaryDirectory[str] | None = None
+    drawn: Future[list[Path]] | None = None
     try:
         records = tracker.trial_records(parent_run_id)
         if spec.train.refit:
+            # The plots need only the trials: they are drawn while the refit ends.
+            plots = tempfile.TemporaryDirectory(prefix="foldsweep-plots-")
+            drawn = draw_plots_beside(tracker, records, spec.objective, Path(plots.name))
             try:
                 refitted = _refit_best(
                     prepared, tracker, parent_run_id, records, configs, notify, say, early_refit, provenance=provenance
@@ -611,7 +617,9 @@ def _after_trials(
         try:
             test_scores = refitted.test_scores
             standings = Standings.of(records, spec.objective, n_splits=spec.cv.n_splits)
-            ui_path = publish(tracker, parent_run_id, standings, sweep_name=spec.name, test_scores=test_scores)
+            ui_path = publish(
+                tracker, parent_run_id, standings, sweep_name=spec.name, test_scores=test_scores, drawn=drawn
+            )
         except Exception as exc:
             status, error = SweepStatus.ERROR, traceback.format_exc()
             failed.append(f"publishing cv_results.csv, the plots and the descriptions: {type(exc).__name__}: {exc}")
@@ -621,6 +629,10 @@ def _after_trials(
     finally:
         if early_refit is not None:
             early_refit.close()
+        if drawn is not None:
+            wait([drawn])  # what it failed of is publishing's, said above
+        if plots is not None:
+            plots.cleanup()
         if ray_stopping is not None:
             ray_stopping.join()
     account = _sweep_account(records, started_at=started_at, refit_s=refit_s)
@@ -690,8 +702,6 @@ def _refit_best(
     """Train the best config on the whole CV training split; score it on the held-out test split
     (the refit ``early_refit`` started beside the last trials, where it refit the best); log it
     as the sweep's model, its scores against it, and register it where the spec asks."""
-    import tempfile
-
     from pipeline.refit import refit, refit_scores
 
     spec, dataset = prepared.spec, prepared.dataset

@@ -79,7 +79,7 @@ def test_workers_retire_after_their_trials_and_nothing_else_changes(ray_cluster,
         assert run.metrics["mean_val_loss"] == pytest.approx(scores["recycled"][key].metrics["mean_val_loss"], rel=1e-6)
 
 
-@pytest.mark.parametrize("what", ["refit", "publish"])
+@pytest.mark.parametrize("what", ["refit", "publish", "plots"])
 def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(
     ray_cluster, tmp_path, empty_store, monkeypatch, what
 ):
@@ -89,14 +89,19 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(
     def broken(*args, **kwargs):
         raise RuntimeError(f"{what} broke")
 
-    # The refit breaks whether it trains beside the last trial or after it.
-    broken_part = {"refit": (pipeline.refit.PreparedRefit, "train"), "publish": (pipeline.records.publish, "publish")}
+    # The refit breaks whether it trains beside the last trial or after it; the plots, drawn in a
+    # thread of their own while the refit ends.
+    broken_part = {
+        "refit": (pipeline.refit.PreparedRefit, "train"),
+        "publish": (pipeline.records.publish, "publish"),
+        "plots": (pipeline.records.publish, "write_plots"),
+    }
     monkeypatch.setattr(*broken_part[what], broken)
     spec = write(
         tmp_path,
         what,
         search={"num_samples": 1, "space": {"kernel_size": 3}},
-        train={"epochs": 1, "refit": what == "refit"},  # a refit to break, or none before the publish
+        train={"epochs": 1, "refit": what != "publish"},  # a refit to break or to draw beside, or none
     )
     result = CliRunner().invoke(app, ["run", str(spec)])
     assert result.exit_code == 1, result.output
@@ -106,7 +111,9 @@ def test_what_fails_after_the_trials_closes_the_sweep_and_exits_1(
     if what == "refit":
         assert parent.state == "FINISHED" and parent.tags[Tag.REFIT].startswith("error: RuntimeError")
     else:
-        assert parent.state == "FAILED" and "publish broke" in parent.tags[Tag.ERROR]
+        assert parent.state == "FAILED" and f"{what} broke" in parent.tags[Tag.ERROR]
+    if what == "plots":  # the refit beside them stands
+        assert parent.tags[Tag.REFIT] == "ok" and parent.tags[Tag.REFIT_MODEL].startswith("models:/")
 
 
 def test_an_exception_in_the_mlflow_callback_leaves_nothing_running(ray_cluster, tmp_path, empty_store, monkeypatch):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,26 @@ def report_sweep(tracking_uri: str, sweep: str | None = None) -> SweepReport:
     )
 
 
+def draw_plots(tracker: Tracker, records: Sequence[TrialRecord], objective: Objective, directory: Path) -> list[Path]:
+    """The sweep's plots of its trials ``records``, drawn into ``directory`` (``write_plots``)
+    with each trial's ``objective`` per epoch as recorded; returns their paths."""
+    histories = tracker.metric_histories([record.run_id for record in records], objective.key)
+    return write_plots(records, objective, directory, histories)
+
+
+def draw_plots_beside(
+    tracker: Tracker, records: Sequence[TrialRecord], objective: Objective, directory: Path
+) -> Future[list[Path]]:
+    """``draw_plots`` in a thread of its own, started now: a sweep's driver draws its plots, the
+    largest part of publishing, while its refit ends (on a core the last trial left idle). The
+    future holds their paths, or what failed."""
+    beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-plots")
+    try:
+        return beside.submit(draw_plots, tracker, records, objective, directory)
+    finally:
+        beside.shutdown(wait=False)
+
+
 def publish(
     tracker: Tracker,
     parent_run_id: str,
@@ -91,15 +112,16 @@ def publish(
     *,
     sweep_name: str,
     test_scores: Mapping[str, float] = {},
+    drawn: Future[list[Path]] | None = None,
 ) -> str:
     """Write (or refresh) the sweep's tables, plots, run descriptions, each ranked trial's
     ``pvalue_vs_best`` and its view in the MLflow UI; returns the UI address path that opens the
-    sweep's trials."""
+    sweep's trials. ``drawn``: the plots of the same trials, drawn beforehand
+    (``draw_plots_beside``), else they are drawn here."""
     records, objective = standings.records, standings.objective
     texts = {"cv_results.csv": to_csv(cv_results(standings)), "nan_summary.csv": to_csv(nan_table_rows(records))}
-    histories = tracker.metric_histories([record.run_id for record in records], objective.key)
     with tempfile.TemporaryDirectory() as directory:
-        plots = write_plots(records, objective, Path(directory), histories)
+        plots = drawn.result() if drawn is not None else draw_plots(tracker, records, objective, Path(directory))
         tracker.publish_sweep_files(parent_run_id, texts=texts, files={path: "plots" for path in plots})
     descriptions = {record.run_id: trial_description(record, standings) for record in records}
     descriptions[parent_run_id] = sweep_description(
