@@ -91,8 +91,8 @@ $(UV):
 # TensorFlow, Ray and MLflow from source again: 12.6 s to import them instead of 5.2 s.
 # Then the empty MLflow store that every new SQLite store is copied from, made in foldsweep's cache
 # once per MLflow version (pipeline.records.stores.empty_store) rather than by the first sweep.
-# Last, what the install wrote (~450 MB, most of it bytecode) goes to disk at once (`sync`,
-# under a second): left to the kernel's writeback, a fresh clone's `make test` took ~80 s longer.
+# Last, what the install wrote (hundreds of MB, most of it bytecode) goes to disk at once (`sync`):
+# left to the kernel's writeback, it is written while the suite's first processes start, slowing them.
 $(STAMP): pyproject.toml uv.lock | $(UV)
 	$(UV) sync --locked --compile-bytecode $(addprefix --extra ,$(EXTRAS)) --python $(PYTHON)
 	$(BIN)/python -m pipeline.records.tracking

@@ -9,7 +9,7 @@ with the persistent compile cache off. A row per model and variant: the model's 
 layers (the plan's size measure), the trial's compile seconds, its training seconds per epoch
 (the second epoch's, compiled) and the plan's own estimate. Where stacked and noxla-1cpu ran at
 the same sizes and at two batch sizes or more, it also prints stacked folds' saving per fold step
-fitted as ``pipeline.contract.STACKED_SAVES_S`` is (``stacked_saving_fit``).
+fitted as ``pipeline.contract.compile_cost.STACKED_SAVES_S`` is (``stacked_saving_fit``).
 
     .venv/bin/python -m benchmarks.compile_cost [--blocks 1,4,16] [--batches 8] \\
         [--variants noxla,xla,xla-x8,stacked,noxla-1cpu] [--json PATH]

@@ -247,9 +247,8 @@ def sweep_of_spec(
             return
         events.doing(_starting_ray(inputs.address))
         quiet_environment()  # before Ray's workers inherit this process's environment
-        # Loading modules and starting Ray's processes leave no garbage worth a full collection
-        # (``collector_paused``): ~3,500 objects of import-time cycles, found in 0.25 s just
-        # before this process loads TensorFlow.
+        # Loading modules and starting Ray's processes leave little garbage (import-time cycles),
+        # not worth a full collection on the way to loading TensorFlow (``collector_paused``).
         with (
             collector_paused(collect=False),
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-modules") as beside,
