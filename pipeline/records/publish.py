@@ -5,6 +5,7 @@ reads a recorded sweep (``report_sweep``) and refreshes all of it."""
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -120,8 +121,12 @@ def publish(
     (``draw_plots_beside``), else they are drawn here."""
     records, objective = standings.records, standings.objective
     texts = {"cv_results.csv": to_csv(cv_results(standings)), "nan_summary.csv": to_csv(nan_table_rows(records))}
-    with tempfile.TemporaryDirectory() as directory:
-        plots = drawn.result() if drawn is not None else draw_plots(tracker, records, objective, Path(directory))
+    with contextlib.ExitStack() as drawing:
+        if drawn is not None:
+            plots = drawn.result()
+        else:
+            directory = Path(drawing.enter_context(tempfile.TemporaryDirectory()))
+            plots = draw_plots(tracker, records, objective, directory)
         tracker.publish_sweep_files(parent_run_id, texts=texts, files={path: "plots" for path in plots})
     descriptions = {record.run_id: trial_description(record, standings) for record in records}
     descriptions[parent_run_id] = sweep_description(
