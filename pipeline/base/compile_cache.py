@@ -36,6 +36,7 @@ from typing import Any
 
 from pipeline.base.accelerator import deterministic_ops, gpu_identity
 from pipeline.base.environment import cache_directory
+from pipeline.base.host_cpu import cpu_flags
 from pipeline.base.tensorflow_private import (
     devices_set_up,
     gradient_names_numbered,
@@ -221,11 +222,10 @@ def device_kind(gpus: float) -> str:
         identity = gpu_identity()
         if identity is not None:
             return "gpu:" + identity.describe()
-    features = ""
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-            features = next((line for line in cpuinfo if line.startswith("flags")), "")
-    return f"cpu:{platform.machine()}:{hashlib.sha256(' '.join(sorted(features.split())).encode()).hexdigest()[:16]}"
+    # Hashed as the tokens of cpuinfo's whole flags line, as the stores were always keyed.
+    flags = cpu_flags()
+    features = " ".join(sorted(["flags", ":", *flags])) if flags else ""
+    return f"cpu:{platform.machine()}:{hashlib.sha256(features.encode()).hexdigest()[:16]}"
 
 
 def prune(store: Path, limit_bytes: int) -> list[str]:

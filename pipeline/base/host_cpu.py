@@ -1,0 +1,48 @@
+"""What the host CPU computes with: its feature flags, and the vector width of the kernels
+TensorFlow's graph convolves and multiplies with on it (oneDNN's), read without loading TensorFlow.
+
+oneDNN picks the widest instruction set the CPU has, up to ``ONEDNN_MAX_CPU_ISA``; TensorFlow calls
+it on x86 Linux unless ``TF_ENABLE_ONEDNN_OPTS`` turns it off, and its own kernels are built for
+AVX. An XLA program's kernels do not widen with the CPU the way oneDNN's do, so what a compiled
+form saves against the graph depends on it (``pipeline.contract.compile_cost``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import platform
+from typing import Literal
+
+# The vector width the graph's convolutions and matrix products compute with: AVX-512's, or
+# narrower (AVX2, AVX, or no oneDNN).
+GraphVectors = Literal["avx512", "narrower"]
+# The flags oneDNN's AVX-512 kernels for float32 need (its avx512_core).
+AVX512_CORE_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+ONEDNN_MAX_ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+ONEDNN_OFF_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The host CPU's feature flags (Linux's ``/proc/cpuinfo``); empty where they cannot be read."""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def graph_vectors(environ: os._Environ[str] | dict[str, str] = os.environ) -> GraphVectors:
+    """The vector width TensorFlow's graph kernels compute with in a process of this environment."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "narrower"
+    if environ.get(ONEDNN_OFF_VARIABLE, "1").strip().lower() in ("0", "false", "off", "no"):
+        return "narrower"
+    for variable in ONEDNN_MAX_ISA_VARIABLES:
+        capped = environ.get(variable, "").strip().upper()
+        if capped and capped not in ("ALL", "DEFAULT") and not capped.startswith("AVX512"):
+            return "narrower"
+    return "avx512" if AVX512_CORE_FLAGS <= cpu_flags() else "narrower"
