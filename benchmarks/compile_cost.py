@@ -8,10 +8,13 @@ CPU stacked folds get (``noxla-1cpu``, what stacking saves against); each in its
 with the persistent compile cache off. A row per model and variant: the model's computing
 layers (the plan's size measure), the trial's compile seconds, its training seconds per epoch
 (the second epoch's, compiled) and the plan's own estimate. Where stacked and noxla-1cpu ran at
-the same sizes and at two batch sizes or more, it also prints stacked folds' saving per fold step
-fitted as ``pipeline.contract.compile_cost.STACKED_SAVES_S`` is (``stacked_saving_fit``).
+the same sizes, it also prints stacked folds' saving per fold step fitted as
+``pipeline.contract.compile_cost.STACKED_SAVES_S`` is (``stacked_saving_fit``), for the vector
+width of this machine's graph kernels (``pipeline.base.host_cpu``; ``ONEDNN_MAX_CPU_ISA=AVX2``
+measures the narrower one on an AVX-512 CPU). ``--filters`` sets the convolutions' width, so that
+the fit sees the multiply-adds apart from the layers.
 
-    .venv/bin/python -m benchmarks.compile_cost [--blocks 1,4,16] [--batches 8] \\
+    .venv/bin/python -m benchmarks.compile_cost [--blocks 1,4,16] [--batches 8] [--filters 32] \\
         [--variants noxla,xla,xla-x8,stacked,noxla-1cpu] [--json PATH]
 """
 
@@ -29,7 +32,8 @@ from typing import Any
 
 import yaml
 
-from pipeline.contract.compile_cost import STACKED_SAVES_S, CompileCosts
+from pipeline.base.host_cpu import graph_vectors
+from pipeline.contract.compile_cost import STACKED_SAVES_S, CompileCosts, multiply_adds
 from pipeline.contract.results import COMPILE_S, TRAIN_S
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,10 +58,11 @@ from keras import layers
 
 def build(hp):
     blocks = hp.Int("blocks", 1, 256, default=4)
+    filters = hp.Int("filters", 8, 256, default=32)
     inputs = keras.Input(shape=(40, 1))
-    x = layers.Conv1D(32, 5, padding="same", activation="relu")(inputs)
+    x = layers.Conv1D(filters, 5, padding="same", activation="relu")(inputs)
     for _ in range(blocks):
-        y = layers.Conv1D(32, 3, padding="same")(x)
+        y = layers.Conv1D(filters, 3, padding="same")(x)
         y = layers.BatchNormalization()(y)
         y = layers.ReLU()(y)
         x = layers.Add()([x, y])
@@ -74,8 +79,20 @@ def seconds(name: str, printed: str) -> float:
     return float(found.group(1))
 
 
-def run(directory: Path, blocks: int, variant: str, batch_size: int) -> dict[str, Any]:
-    spec = directory / f"b{blocks}-{variant}-{batch_size}.yaml"
+def model_multiply_adds(blocks: int, filters: int) -> int:
+    """The benchmark model's multiply-adds per sample, as the plan counts them."""
+    import keras_tuner
+
+    namespace: dict[str, Any] = {}
+    exec(MODEL, namespace)
+    hp = keras_tuner.HyperParameters()
+    hp.Fixed("blocks", blocks)
+    hp.Fixed("filters", filters)
+    return multiply_adds(namespace["build"](hp))
+
+
+def run(directory: Path, blocks: int, variant: str, batch_size: int, filters: int = 32) -> dict[str, Any]:
+    spec = directory / f"b{blocks}-f{filters}-{variant}-{batch_size}.yaml"
     train, cpus = VARIANTS[variant]
     spec.write_text(
         yaml.safe_dump(
@@ -84,7 +101,9 @@ def run(directory: Path, blocks: int, variant: str, batch_size: int) -> dict[str
                 "experiment": str(directory / "residual1d.py") + ":build",
                 "dataset": "mnist1d",
                 "cv": {"splitter": "stratified", "n_splits": 3, "seed": 0},
-                "search": {"space": {"batch_size": batch_size, "learning_rate": 1e-3, "blocks": blocks}},
+                "search": {
+                    "space": {"batch_size": batch_size, "learning_rate": 1e-3, "blocks": blocks, "filters": filters}
+                },
                 "train": {"epochs": EPOCHS, "seed": 0, "refit": False, **train},
                 "resources": {"cpu": cpus},
                 "tracking": {"uri": f"sqlite:///{directory / 'mlflow.db'}"},
@@ -105,7 +124,10 @@ def run(directory: Path, blocks: int, variant: str, batch_size: int) -> dict[str
     estimate = re.search(r"compile ~([\d.]+) s", printed)
     return {
         "blocks": blocks,
+        "filters": filters,
         "layers": 3 + 4 * blocks,
+        "multiply_adds": model_multiply_adds(blocks, filters),
+        "graph_vectors": graph_vectors(),
         "variant": variant,
         "batch_size": batch_size,
         "compile_s": compile_s,
@@ -116,38 +138,55 @@ def run(directory: Path, blocks: int, variant: str, batch_size: int) -> dict[str
 
 
 def stacked_saving_fit(rows: list[dict[str, Any]]) -> tuple[float, float] | None:
-    """Stacked folds' saving per fold step against the graph's side-by-side loops on one core, as
-    (base, less per sample of the batch), the form of ``STACKED_SAVES_S``: each pair of
-    a stacked and a noxla-1cpu row (same layers and batch size) saves the difference of their
-    epoch seconds over the epoch's fold steps, taken in proportion to its own extra compile and
-    priced at the plan's estimate of that extra (``CompileCosts``), so that the machine's
-    speed on the day cancels; a least-squares line over the pairs. A pair whose stacked form
-    compiled no longer is left out (nothing to price); None with fewer than two batch sizes."""
-    by_size = {(row["layers"], row["batch_size"], row["variant"]): row for row in rows}
-    pairs = []
-    for (layers, batch_size, variant), stacked in by_size.items():
-        graph = by_size.get((layers, batch_size, "noxla-1cpu"))
+    """Stacked folds' saving per fold step against the graph's side-by-side loops on one core, in
+    the form of ``STACKED_SAVES_S``: (per computing layer, less per multiply-add of the batch).
+    Each pair of a stacked and a noxla-1cpu row (same layers, filters and batch size) saves the
+    difference of their epoch seconds over the epoch's fold steps; all pairs' savings are priced
+    at the plan's estimate of the stacked form's extra compile (``CompileCosts``), scaled by the
+    plan's summed extra over the one measured, so that the machine's speed on the day cancels
+    and no one pair's compile tips it; then a least-squares fit through zero, of the layers'
+    term alone where the multiply-adds' would come out negative (stacking is then credited
+    nothing for them). A pair whose stacked form compiled no longer is left out; None where the
+    pairs cannot tell the layers' part from the multiply-adds' (fewer than two pairs, or all in
+    proportion)."""
+    by_size = {(row["layers"], row.get("filters"), row["batch_size"], row["variant"]): row for row in rows}
+    pairs, measured_extra, priced_extra = [], 0.0, 0.0
+    for (layers, filters, batch_size, variant), stacked in by_size.items():
+        graph = by_size.get((layers, filters, batch_size, "noxla-1cpu"))
         if variant != "stacked" or graph is None:
             continue
         extra = stacked["compile_s"] - graph["compile_s"]
         if extra <= 0:
             continue
         costs = CompileCosts(layers, batch_size)
-        priced = costs.compile_s("stacked") - costs.compile_s("graph")
+        measured_extra += extra
+        priced_extra += costs.compile_s("stacked") - costs.compile_s("graph")
         saved = (graph["epoch_s"] - stacked["epoch_s"]) / (FOLDS * (FOLD_TRAIN_SAMPLES // batch_size))
-        pairs.append((batch_size, saved * priced / extra))
-    if len({batch_size for batch_size, _ in pairs}) < 2:
+        pairs.append((layers, stacked["multiply_adds"] * batch_size, saved))
+    if len(pairs) < 2:
         return None
-    mean_batch = sum(batch_size for batch_size, _ in pairs) / len(pairs)
-    mean_saved = sum(saved for _, saved in pairs) / len(pairs)
-    slope = sum((b - mean_batch) * (s - mean_saved) for b, s in pairs) / sum((b - mean_batch) ** 2 for b, _ in pairs)
-    return mean_saved - slope * mean_batch, -slope
+    # Normal equations of saved = per_layer * layers - per_multiply_add * batch multiply-adds.
+    ll = sum(layers * layers for layers, _, _ in pairs)
+    lm = sum(layers * adds for layers, adds, _ in pairs)
+    mm = sum(adds * adds for _, adds, _ in pairs)
+    ls = sum(layers * saved for layers, _, saved in pairs)
+    ms = sum(adds * saved for _, adds, saved in pairs)
+    determinant = ll * mm - lm * lm
+    if determinant <= 1e-9 * ll * mm:
+        return None
+    price = priced_extra / measured_extra
+    per_layer = (mm * ls - lm * ms) / determinant
+    per_multiply_add = (lm * ls - ll * ms) / determinant
+    if per_multiply_add < 0:  # the graph's kernels are the slower per multiply-add: no credit for it
+        per_layer, per_multiply_add = ls / ll, 0.0
+    return per_layer * price, per_multiply_add * price
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", default="1,4,16")
     parser.add_argument("--batches", default="8")
+    parser.add_argument("--filters", default="32")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -156,23 +195,28 @@ def main(argv: list[str] | None = None) -> int:
         directory = Path(scratch)
         (directory / "residual1d.py").write_text(MODEL)
         for blocks in (int(b) for b in args.blocks.split(",")):
-            for batch_size in (int(b) for b in args.batches.split(",")):
-                for variant in args.variants.split(","):
-                    rows.append(run(directory, blocks, variant, batch_size))
-                    print(json.dumps(rows[-1]), flush=True)
-    print(f"{'layers':>6} {'batch':>5} {'variant':10} {'compile s':>9} {'estimate s':>10} {'epoch s':>8}")
+            for filters in (int(f) for f in args.filters.split(",")):
+                for batch_size in (int(b) for b in args.batches.split(",")):
+                    for variant in args.variants.split(","):
+                        rows.append(run(directory, blocks, variant, batch_size, filters))
+                        print(json.dumps(rows[-1]), flush=True)
+    print(
+        f"{'layers':>6} {'filters':>7} {'batch':>5} {'variant':10} {'compile s':>9} {'estimate s':>10} {'epoch s':>8}"
+    )
     for r in rows:
         print(
-            f"{r['layers']:>6} {r['batch_size']:>5} {r['variant']:10} {r['compile_s']:>9} {r['estimate_s']!s:>10} "
-            f"{r['epoch_s']:>8}"
+            f"{r['layers']:>6} {r['filters']:>7} {r['batch_size']:>5} {r['variant']:10} {r['compile_s']:>9} "
+            f"{r['estimate_s']!s:>10} {r['epoch_s']:>8}"
         )
     fit = stacked_saving_fit(rows)
     if fit is not None:
-        base, per_sample = fit
+        vectors = graph_vectors()
+        per_layer, per_multiply_add = fit
+        plans_layer, plans_multiply_add = STACKED_SAVES_S[vectors]
         print(
-            f"stacked folds save per fold step (STACKED_SAVES_S): {base * 1e3:.3f}e-3 s, less {per_sample * 1e3:.4f}e-3 "
-            f"per sample of the batch (the plan's: {STACKED_SAVES_S[0] * 1e3:.3f}e-3, less "
-            f"{STACKED_SAVES_S[1] * 1e3:.4f}e-3)"
+            f"stacked folds save per fold step (STACKED_SAVES_S[{vectors!r}]): {per_layer * 1e3:.4f}e-3 s per "
+            f"layer, less {per_multiply_add * 1e9:.4f}e-9 per multiply-add of the batch (the plan's: "
+            f"{plans_layer * 1e3:.4f}e-3, less {plans_multiply_add * 1e9:.4f}e-9)"
         )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

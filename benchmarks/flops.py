@@ -2,59 +2,31 @@
 float32 FLOP/s the same threads reach on a large matmul (the peak a CNN step is compared with).
 
 FLOPs are counted from the model's layers: a convolution or a dense layer's forward pass costs two
-FLOPs per multiply-add, and its training step about three forward passes (the forward, the
-gradient of its input, the gradient of its weights). Only convolutions and dense layers are
-counted: normalisations, activations and pooling are elementwise, a few percent of a CNN's
-arithmetic, and are left out. ``profiled_forward_flops`` asks TensorFlow's own graph profiler for
+FLOPs per multiply-add (as the plan counts them, ``pipeline.contract.compile_cost.multiply_adds``),
+and its training step about three forward passes (the forward, the gradient of its input, the
+gradient of its weights). ``profiled_forward_flops`` asks TensorFlow's own graph profiler for
 the forward pass (``tests/test_flops.py`` checks that the two agree), which counts every op but
 sees only a traced graph.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
 import keras
 
+from pipeline.contract.compile_cost import multiply_adds
+
 # The forward pass, the gradient of the layer's input and the gradient of its weights.
 TRAINING_PASSES = 3
 PEAK_MATMUL_SIZE = 1024
 PEAK_CHAIN = 8  # matmuls per launch, so that launching costs nothing beside them
-CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
-TRANSPOSED = (keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose)
-DEPTHWISE = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
-SEPARABLE = (keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
-
-
-def forward_macs(model: keras.Model) -> int:
-    """Multiply-adds of one sample's forward pass through the model's convolutions and dense layers."""
-    macs = 0
-    for layer in _layers(model):
-        if isinstance(layer, keras.layers.Dense):
-            positions = math.prod(layer.input.shape[1:-1])
-            macs += positions * layer.input.shape[-1] * layer.units
-        elif isinstance(layer, TRANSPOSED):  # each input position spreads over a kernel's outputs
-            positions = math.prod(layer.input.shape[1:-1])
-            macs += positions * layer.input.shape[-1] * layer.filters * math.prod(layer.kernel_size)
-        elif isinstance(layer, DEPTHWISE):
-            positions = math.prod(layer.output.shape[1:-1])
-            macs += positions * layer.input.shape[-1] * layer.depth_multiplier * math.prod(layer.kernel_size)
-        elif isinstance(layer, SEPARABLE):  # a depthwise convolution, then a pointwise one
-            positions = math.prod(layer.output.shape[1:-1])
-            depthwise = layer.input.shape[-1] * layer.depth_multiplier
-            macs += positions * depthwise * (math.prod(layer.kernel_size) + layer.filters)
-        elif isinstance(layer, CONVOLUTIONS):
-            positions = math.prod(layer.output.shape[1:-1])
-            in_channels = layer.input.shape[-1] // layer.groups
-            macs += positions * layer.filters * math.prod(layer.kernel_size) * in_channels
-    return macs
 
 
 def training_flops_per_sample(model: keras.Model) -> float:
     """FLOPs of one sample's training step (forward and backward), from its layers."""
-    return float(2 * TRAINING_PASSES * forward_macs(model))
+    return float(2 * TRAINING_PASSES * multiply_adds(model))
 
 
 def profiled_forward_flops(model: keras.Model) -> int:
@@ -69,13 +41,6 @@ def profiled_forward_flops(model: keras.Model) -> int:
     )
     options = {**option_builder.ProfileOptionBuilder.float_operation(), "output": "none"}
     return int(model_analyzer.profile(graph, options=options).total_float_ops)
-
-
-def _layers(model: keras.Model) -> list[keras.layers.Layer]:
-    found = []
-    for layer in model.layers:
-        found += _layers(layer) if isinstance(layer, keras.Model) else [layer]
-    return found
 
 
 def matmul_peak_flops(*, seconds: float = 2.0) -> float:

@@ -21,40 +21,35 @@ def test_compile_cost_runs_a_trial_and_reads_its_compile_and_epoch_seconds(tmp_p
     assert row["compile_s"] > 0 and row["epoch_s"] > 0 and row["plan"]
 
 
-def test_stacked_saving_fit_prices_each_pairs_saving_at_the_plans_compile_estimate():
-    base, per_sample = 0.4e-3, 0.01e-3
+def test_stacked_saving_fit_prices_the_savings_at_the_plans_compile_estimate():
+    per_layer, per_multiply_add = 0.02e-3, 0.03e-9
 
-    def pair(layers, batch_size, *, slower):
-        """A stacked and a graph row whose saving, in the plan's compile seconds, lies on the line,
-        on a machine whose compiles take ``slower`` times the plan's estimate."""
+    def pair(layers, filters, batch_size, *, slower):
+        """A stacked and a graph row whose saving, in the plan's compile seconds, lies on the plane,
+        on a machine whose compiles and steps take ``slower`` times the plan's."""
         costs = CompileCosts(layers, batch_size)
         steps = compile_cost.FOLDS * (compile_cost.FOLD_TRAIN_SAMPLES // batch_size)
-        saved = (base - per_sample * batch_size) * slower * steps
-        graph_compile = slower * costs.compile_s("graph")
+        adds = 1000 * filters * layers
+        saved = (per_layer * layers - per_multiply_add * adds * batch_size) * slower * steps
+        row = {"layers": layers, "filters": filters, "batch_size": batch_size, "multiply_adds": adds}
         return [
-            {
-                "layers": layers,
-                "batch_size": batch_size,
-                "variant": "noxla-1cpu",
-                "epoch_s": 1.0 + saved,
-                "compile_s": graph_compile,
-            },
-            {
-                "layers": layers,
-                "batch_size": batch_size,
-                "variant": "stacked",
-                "epoch_s": 1.0,
-                "compile_s": slower * costs.compile_s("stacked"),
-            },
+            row | {"variant": "noxla-1cpu", "epoch_s": 1.0 + saved, "compile_s": slower * costs.compile_s("graph")},
+            row | {"variant": "stacked", "epoch_s": 1.0, "compile_s": slower * costs.compile_s("stacked")},
         ]
 
-    rows = [*pair(7, 4, slower=1.0), *pair(19, 8, slower=1.5), *pair(67, 16, slower=0.8)]
-    fitted = compile_cost.stacked_saving_fit(rows)
+    def rows(slower):
+        return [*pair(7, 32, 4, slower=slower), *pair(19, 64, 8, slower=slower), *pair(67, 32, 16, slower=slower)]
+
+    fitted = compile_cost.stacked_saving_fit(rows(1.0))
     assert fitted is not None
-    assert fitted == pytest.approx((base, per_sample), rel=1e-9)
+    assert fitted == pytest.approx((per_layer, per_multiply_add), rel=1e-6)
+    # On a machine twice as slow, compiles and steps alike, the fit in the plan's seconds is the same.
+    assert compile_cost.stacked_saving_fit(rows(2.0)) == pytest.approx(fitted, rel=1e-6)
     # A row without its pair, and a pair whose stacked form compiled no longer, are left out.
-    unpriced = pair(19, 32, slower=1.0)
+    unpriced = pair(19, 32, 32, slower=1.0)
     unpriced[1]["compile_s"] = unpriced[0]["compile_s"]
-    assert compile_cost.stacked_saving_fit([*rows, *unpriced, rows[0] | {"layers": 3}]) == fitted
-    # One batch size alone draws no line.
-    assert compile_cost.stacked_saving_fit(pair(7, 8, slower=1.0) + pair(19, 8, slower=1.0)) is None
+    assert compile_cost.stacked_saving_fit([*rows(1.0), *unpriced, rows(1.0)[0] | {"layers": 3}]) == pytest.approx(
+        fitted, rel=1e-6
+    )
+    # Pairs whose layers and batch multiply-adds grow in proportion cannot tell the two apart.
+    assert compile_cost.stacked_saving_fit(pair(7, 32, 8, slower=1.0) + pair(14, 32, 8, slower=1.0)) is None

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
-from pipeline.contract.compile_cost import COMPILE_S, CompileCosts, computing_layers
+from pipeline.contract.compile_cost import COMPILE_S, CompileCosts, computing_layers, multiply_adds
 from pipeline.contract.plan import (
     GPU_UNROLL_MAX_BATCH,
     GPU_UNROLL_MIN_PLANNED_STEPS,
@@ -82,6 +83,7 @@ def plan(
     xla_blocker=None,
     tf32=False,
     keras_loss=True,
+    graph_vectors="narrower",
 ) -> TrialPlan:
     asked = []
     traced = []
@@ -108,6 +110,7 @@ def plan(
         xla_blocker=without_xla,
         tf32=tf32,
         keras_loss=keras_loss,
+        graph_vectors=graph_vectors,
     )
     # The blocker runs the models (a forward check): asked only when stacking is wanted.
     assert len(asked) == (1 if result.layout == "stacked" or "not stacked" in result.reason else 0)
@@ -313,9 +316,19 @@ def test_models_that_convolve_images_keep_off_xla_on_cpu_and_call_their_step_onc
     assert plan_differences(old, plan(replay_choices(old), models=image)) == []
 
 
-def fewest_planned_steps(form, over, *, layers, parallel, n_folds=3, batch_size=8):
+def quickstart_net():
+    """The quickstart's model (``experiments/mnist1d_cnn.py``) as its best trial builds it."""
+    from pipeline.inputs.hypermodel import build_model, load_builder
+
+    build = load_builder(Path(__file__).resolve().parents[1] / "experiments" / "mnist1d_cnn.py", "build")
+    return build_model(build, {"conv_layers": 3, "filters": 64, "kernel_size": 5})
+
+
+def fewest_planned_steps(
+    form, over, *, layers, parallel, n_folds=3, batch_size=8, multiply_adds=0, graph_vectors="narrower"
+):
     """The fewest planned steps per fold from which ``form`` pays over ``over``."""
-    costs = CompileCosts(layers, batch_size)
+    costs = CompileCosts(layers, batch_size, multiply_adds, graph_vectors)
     low, high = 1, 10**8
     while low < high:
         middle = (low + high) // 2
@@ -385,18 +398,37 @@ def test_compile_weighing_keeps_a_short_trial_off_xla_and_records_the_estimate()
     too_short = plan(models=shallow, sizes=[(stacks - 1) * 8] * 3, epochs=1)
     assert too_short.layout == "side_by_side" and not too_short.jit_compile
     assert f"would cost more than its stacked folds save in {stacks - 1} steps per fold" in too_short.reason
-    assert fewest_planned_steps("stacked", "graph", layers=5, parallel=1, batch_size=16) > stacks
-    # The quickstart's 10-layer net at batch 16 (folds of 2,666-2,667 samples): stacking wins its
-    # compile back over 20 epochs, not over 2, where the graph side by side ran faster.
-    net = [Model(*[Layer() for _ in range(10)]) for _ in SIZES]
-    assert plan(models=net, batch_size=16, sizes=[2666, 2667, 2667], epochs=20).layout == "stacked"
-    short_run = plan(models=net, batch_size=16, sizes=[2666, 2667, 2667], epochs=2)
+    # Against the graph's AVX-512 kernels, what stacking saves falls with a batch's multiply-adds:
+    # such a trial needs more steps to win its compile back, the more the larger its batch.
+    against_avx512 = {"layers": 5, "parallel": 1, "graph_vectors": "avx512"}
+    assert (
+        fewest_planned_steps("stacked", "graph", **against_avx512)
+        < fewest_planned_steps("stacked", "graph", multiply_adds=100_000, **against_avx512)
+        < fewest_planned_steps("stacked", "graph", multiply_adds=100_000, batch_size=16, **against_avx512)
+    )
+    # The quickstart's best net (3 convolutions of 64 filters of width 5: 10 layers, 648,320
+    # multiply-adds per sample) at batch 16 (folds of 2,666-2,667 samples): stacked, it wins its
+    # compile back over 20 epochs against narrower graph kernels, not against AVX-512 ones, where
+    # the graph side by side trained as fast; nor over 2 epochs.
+    net = [quickstart_net() for _ in SIZES]
+    assert computing_layers(net[0]) == 10 and multiply_adds(net[0]) == 648_320
+    folds = [2666, 2667, 2667]
+    assert plan(models=net, batch_size=16, sizes=folds, epochs=20).layout == "stacked"
+    wide_vectors = plan(models=net, batch_size=16, sizes=folds, epochs=20, graph_vectors="avx512")
+    assert wide_vectors.layout == "side_by_side" and not wide_vectors.jit_compile
+    assert wide_vectors.reason.endswith(
+        "would cost more than its stacked folds save against the graph's AVX-512 kernels in 3332 steps per fold"
+    )
+    short_run = plan(models=net, batch_size=16, sizes=folds, epochs=2)
     assert short_run.layout == "side_by_side" and not short_run.jit_compile
     # Where the stacked form is refused, XLA is weighed again as the side-by-side step it becomes,
-    # which on one core needs more steps than stacking at 5 layers.
-    assert fewest_planned_steps("xla", "graph", layers=5, parallel=1) > stacks
+    # which on one core needs more steps than stacking at 30 layers.
+    deeper = [Model(*[Layer() for _ in range(30)]) for _ in SIZES]
+    stacks_deeper = fewest_planned_steps("stacked", "graph", layers=30, parallel=1)
+    assert fewest_planned_steps("xla", "graph", layers=30, parallel=1) > stacks_deeper
+    assert plan(models=deeper, sizes=[stacks_deeper * 8] * 3, epochs=1).layout == "stacked"
     refused = plan(
-        models=shallow, sizes=[stacks * 8] * 3, epochs=1, blocker="BatchNormalization layers have no stacked form"
+        models=deeper, sizes=[stacks_deeper * 8] * 3, epochs=1, blocker="BatchNormalization layers have no stacked form"
     )
     assert refused.layout == "side_by_side" and not refused.jit_compile
     assert "; without XLA: its compile" in refused.reason

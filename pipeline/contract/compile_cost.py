@@ -15,15 +15,19 @@ side by side on 2 CPUs, the persistent compile cache off), re-measured with `pyt
 benchmarks.compile_cost`: its compile seconds per form and its epoch seconds, from which the
 savings per fold step (CPU time: the 3 folds shared 2 cores). Stacked folds save per fold step
 what their one program saves against the graph's side-by-side loops on the one core they share,
-a fit of its own by batch size (``STACKED_SAVES_S``). Calibrated on CPU; a GPU's compiles are
-estimated with the CPU's numbers, and its plan does not weigh them (``pipeline.contract.plan``).
+a fit of its own by layers and by the multiply-adds of a batch (``multiply_adds``), for the vector
+width of the graph's kernels on the host (``STACKED_SAVES_S``). Calibrated on CPU; a GPU's
+compiles are estimated with the CPU's numbers, and its plan does not weigh them
+(``pipeline.contract.plan``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pipeline.base.host_cpu import GraphVectors
 from pipeline.base.keras_private import flatten_layers
 
 # The step's compiled forms: TensorFlow's graph (no XLA), one XLA program per step, one XLA
@@ -47,18 +51,72 @@ XLA_SAVES_PER_LAYER_S = 0.136e-3
 # 0.14 / 0.19 / 0.33 s per epoch at 7 / 19 / 67 layers.
 UNROLLED_SAVES_S = (0.248e-3, 0.0062e-3)
 # Wall seconds per fold step that stacked folds save against the graph's side-by-side loops on
-# the one core they share, by batch size: (base, less per sample of the batch). Not per layer:
-# what one program saves of the executor's cost per op, its convolutions' patch products give
-# back as the batch and the model grow. Measured with `python -m benchmarks.compile_cost --batches
-# 4,8,16 --variants stacked,noxla-1cpu` (7 / 19 / 67 layers) on a machine slower than the fits
-# above, each saving taken in proportion to its own run's extra compile of the stacked form,
-# which COMPILE_S prices; fitted over those 15 pairs and 3 of the quickstart's 10-layer net at
-# batch 16: 0.42e-3 at batch 4, 0.35e-3 at 8, 0.21e-3 at 16, nothing from batch 28 (stacking
-# stops at ``plan.STACK_MAX_BATCH`` before that). The benchmark prints this fit from its rows. It
-# is the fitted machine's: where the graph's convolutions (oneDNN) compute with AVX-512, they run
-# faster against the stacked program's, and the quickstart's net gains nothing stacked at batch 16
-# (benchmarks/RESULTS.md, "2026-12-04 (afternoon)").
-STACKED_SAVES_S = (0.49e-3, 0.0178e-3)
+# the one core they share: (per computing layer, less per multiply-add of the batch), by the
+# vector width of the graph's kernels (``pipeline.base.host_cpu``). One program saves the
+# executor's cost per op, which grows with the layers; its convolutions, products of patches,
+# compute a multiply-add more slowly than the graph's oneDNN kernels do with AVX-512 (not than
+# with AVX2: no credit either way). Fitted by `python -m benchmarks.compile_cost --blocks 1,4,16
+# --filters 32,64 --batches 8,16 --variants stacked,noxla-1cpu` (``stacked_saving_fit``, priced at
+# COMPILE_S) on an AMD EPYC with AVX-512, and with ONEDNN_MAX_CPU_ISA=AVX2 for "narrower". There it
+# leaves out, at batch 16, the quickstart's net of 3 convolutions of 64 filters of width 5, which
+# trained no faster stacked, and keeps its 32-filter nets and the deep residual ones
+# (benchmarks/RESULTS.md, "2026-12-04 (evening)").
+STACKED_SAVES_S: dict[GraphVectors, tuple[float, float]] = {
+    "avx512": (0.0115e-3, 0.0041e-9),
+    "narrower": (0.0223e-3, 0.0),
+}
+
+
+def multiply_adds(model: Any) -> int:
+    """Multiply-adds of one sample's forward pass through the model's convolutions and dense
+    layers (nested models walked into). Normalisations, activations and pooling are elementwise, a
+    few percent of a CNN's arithmetic, and are left out. Each layer's shapes are those it was built
+    for, so a Sequential without an Input and a subclassed model count as a functional one."""
+    import keras
+
+    layers = keras.layers
+    transposed = (layers.Conv1DTranspose, layers.Conv2DTranspose, layers.Conv3DTranspose)
+    depthwise = (layers.DepthwiseConv1D, layers.DepthwiseConv2D)
+    separable = (layers.SeparableConv1D, layers.SeparableConv2D)
+    convolutions = (layers.Conv1D, layers.Conv2D, layers.Conv3D)
+    total = 0
+    for layer in flatten_layers(model, include_self=False):
+        if not isinstance(layer, (layers.Dense, *convolutions, *transposed, *depthwise, *separable)):
+            continue
+        shapes = _built_shapes(layer)
+        if shapes is None:
+            continue
+        (in_positions, in_channels), (out_positions, _) = shapes
+        if isinstance(layer, layers.Dense):
+            total += in_positions * in_channels * layer.units
+        elif isinstance(layer, transposed):  # each input position spreads over a kernel's outputs
+            total += in_positions * in_channels * layer.filters * math.prod(layer.kernel_size)
+        elif isinstance(layer, depthwise):
+            total += out_positions * in_channels * layer.depth_multiplier * math.prod(layer.kernel_size)
+        elif isinstance(layer, separable):  # a depthwise convolution, then a pointwise one
+            channels = in_channels * layer.depth_multiplier
+            total += out_positions * channels * (math.prod(layer.kernel_size) + layer.filters)
+        else:
+            total += out_positions * layer.filters * math.prod(layer.kernel_size) * (in_channels // layer.groups)
+    return total
+
+
+def _built_shapes(layer: Any) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(positions, channels) of the input a layer was built for and of its output; None for a
+    layer not built, or built for shapes with unknown sizes."""
+    try:
+        built = layer.get_build_config()["input_shape"]
+        shapes = (tuple(built), tuple(layer.compute_output_shape(built)))
+    except Exception:  # not built, or built from several inputs
+        return None
+    channels_first = getattr(layer, "data_format", None) == "channels_first"
+    sized = []
+    for shape in shapes:
+        inner = (shape[2:], shape[1]) if channels_first else (shape[1:-1], shape[-1])
+        if not all(isinstance(size, int) for size in (*inner[0], inner[1])):
+            return None
+        sized.append((math.prod(inner[0]), inner[1]))
+    return sized[0], sized[1]
 
 
 def computing_layers(model: Any) -> int:
@@ -73,10 +131,13 @@ def computing_layers(model: Any) -> int:
 @dataclass(frozen=True)
 class CompileCosts:
     """A model's estimated compile seconds per step form, and what XLA, unrolling and stacking
-    save at its batch size."""
+    save at its batch size: by its computing layers, and for stacking its multiply-adds per sample
+    (``multiply_adds``) and the vector width of the graph's kernels it is weighed against."""
 
     layers: int
     batch_size: int
+    multiply_adds: int = 0
+    graph_vectors: GraphVectors = "narrower"
 
     def compile_s(self, form: StepForm) -> float:
         base, per_layer = COMPILE_S[form]
@@ -87,8 +148,9 @@ class CompileCosts:
         if form == "graph":
             return 0.0
         if form == "stacked":
-            base, per_sample = STACKED_SAVES_S
-            return max(0.0, base - per_sample * self.batch_size) * fold_steps
+            per_layer, per_multiply_add = STACKED_SAVES_S[self.graph_vectors]
+            saved = per_layer * self.layers - per_multiply_add * self.multiply_adds * self.batch_size
+            return max(0.0, saved) * fold_steps
         saved = XLA_SAVES_PER_LAYER_S * self.layers
         if form == "unrolled":
             base, per_layer = UNROLLED_SAVES_S
