@@ -13,6 +13,7 @@ import contextlib
 import functools
 import os
 import platform
+from collections.abc import Mapping
 from typing import Literal
 
 # The vector width the graph's convolutions and matrix products compute with: AVX-512's, or
@@ -35,7 +36,7 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def graph_vectors(environ: os._Environ[str] | dict[str, str] = os.environ) -> GraphVectors:
+def graph_vectors(environ: Mapping[str, str] = os.environ) -> GraphVectors:
     """The vector width TensorFlow's graph kernels compute with in a process of this environment."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return "narrower"
