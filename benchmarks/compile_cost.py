@@ -21,6 +21,7 @@ the fit sees the multiply-adds apart from the layers.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.base.host_cpu import graph_vectors
+from pipeline.base.host_cpu import graph_vector_width
 from pipeline.contract.compile_cost import STACKED_SAVES_S, CompileCosts, multiply_adds
 from pipeline.contract.results import COMPILE_S, TRAIN_S
 
@@ -79,6 +80,7 @@ def seconds(name: str, printed: str) -> float:
     return float(found.group(1))
 
 
+@functools.cache
 def model_multiply_adds(blocks: int, filters: int) -> int:
     """The benchmark model's multiply-adds per sample, as the plan counts them."""
     import keras_tuner
@@ -127,7 +129,7 @@ def run(directory: Path, blocks: int, variant: str, batch_size: int, filters: in
         "filters": filters,
         "layers": 3 + 4 * blocks,
         "multiply_adds": model_multiply_adds(blocks, filters),
-        "graph_vectors": graph_vectors(),
+        "graph_vector_width": graph_vector_width(),
         "variant": variant,
         "batch_size": batch_size,
         "compile_s": compile_s,
@@ -172,7 +174,7 @@ def stacked_saving_fit(rows: list[dict[str, Any]]) -> tuple[float, float] | None
     ls = sum(layers * saved for layers, _, saved in pairs)
     ms = sum(adds * saved for _, adds, saved in pairs)
     determinant = ll * mm - lm * lm
-    if determinant <= 1e-9 * ll * mm:
+    if determinant <= 1e-2 * ll * mm:  # the multiply-adds all but in proportion to the layers
         return None
     price = priced_extra / measured_extra
     per_layer = (mm * ls - lm * ms) / determinant
@@ -210,11 +212,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     fit = stacked_saving_fit(rows)
     if fit is not None:
-        vectors = graph_vectors()
+        width = graph_vector_width()
         per_layer, per_multiply_add = fit
-        plans_layer, plans_multiply_add = STACKED_SAVES_S[vectors]
+        plans_layer, plans_multiply_add = STACKED_SAVES_S[width]
         print(
-            f"stacked folds save per fold step (STACKED_SAVES_S[{vectors!r}]): {per_layer * 1e3:.4f}e-3 s per "
+            f"stacked folds save per fold step (STACKED_SAVES_S[{width!r}]): {per_layer * 1e3:.4f}e-3 s per "
             f"layer, less {per_multiply_add * 1e9:.4f}e-9 per multiply-add of the batch (the plan's: "
             f"{plans_layer * 1e3:.4f}e-3, less {plans_multiply_add * 1e9:.4f}e-9)"
         )

@@ -38,7 +38,7 @@ def test_stacked_saving_fit_prices_the_savings_at_the_plans_compile_estimate():
         ]
 
     def rows(slower):
-        return [*pair(7, 32, 4, slower=slower), *pair(19, 64, 8, slower=slower), *pair(67, 32, 16, slower=slower)]
+        return [*pair(7, 64, 16, slower=slower), *pair(19, 32, 4, slower=slower), *pair(67, 32, 8, slower=slower)]
 
     fitted = compile_cost.stacked_saving_fit(rows(1.0))
     assert fitted is not None
@@ -51,5 +51,10 @@ def test_stacked_saving_fit_prices_the_savings_at_the_plans_compile_estimate():
     assert compile_cost.stacked_saving_fit([*rows(1.0), *unpriced, rows(1.0)[0] | {"layers": 3}]) == pytest.approx(
         fitted, rel=1e-6
     )
+    # Where the graph is the slower per multiply-add, the layers' term alone is fitted.
+    slower_graph = [*pair(7, 32, 8, slower=1.0), *pair(19, 64, 16, slower=1.0)]
+    slower_graph[2]["epoch_s"] += 0.5  # the pair of the most multiply-adds saves the more
+    alone = compile_cost.stacked_saving_fit(slower_graph)
+    assert alone is not None and alone[1] == 0.0 and alone[0] > per_layer
     # Pairs whose layers and batch multiply-adds grow in proportion cannot tell the two apart.
     assert compile_cost.stacked_saving_fit(pair(7, 32, 8, slower=1.0) + pair(14, 32, 8, slower=1.0)) is None

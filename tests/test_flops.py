@@ -79,3 +79,17 @@ def test_a_sequential_without_input_and_a_subclassed_model_count_as_the_function
     expected = 38 * 8 * 3 * 2 + 19 * 8 * 4
     assert multiply_adds(functional) == multiply_adds(without_input) == multiply_adds(subclassed) == expected
     assert multiply_adds(keras.Sequential(stack())) == 0  # not built: no shapes to count
+
+
+def test_grouped_channels_first_and_3d_convolutions_count_their_own_shapes():
+    import keras
+
+    grouped = keras.Sequential(
+        [keras.Input((4, 10)), keras.layers.Conv1D(6, 3, groups=2, data_format="channels_first")]
+    )
+    # 8 positions x 6 filters x width 3 x 2 of the 4 channels per group
+    assert multiply_adds(grouped) == 8 * 6 * 3 * 2
+    volume = keras.Sequential([keras.Input((4, 4, 4, 2)), keras.layers.Conv3D(3, 2)])
+    assert multiply_adds(volume) == 27 * 3 * 8 * 2
+    # a length left unknown counts nothing
+    assert multiply_adds(keras.Sequential([keras.Input((None, 2)), keras.layers.Conv1D(4, 3)])) == 0

@@ -83,7 +83,7 @@ def plan(
     xla_blocker=None,
     tf32=False,
     keras_loss=True,
-    graph_vectors="narrower",
+    graph_vector_width="narrower",
 ) -> TrialPlan:
     asked = []
     traced = []
@@ -110,7 +110,7 @@ def plan(
         xla_blocker=without_xla,
         tf32=tf32,
         keras_loss=keras_loss,
-        graph_vectors=graph_vectors,
+        graph_vector_width=graph_vector_width,
     )
     # The blocker runs the models (a forward check): asked only when stacking is wanted.
     assert len(asked) == (1 if result.layout == "stacked" or "not stacked" in result.reason else 0)
@@ -325,10 +325,10 @@ def quickstart_net():
 
 
 def fewest_planned_steps(
-    form, over, *, layers, parallel, n_folds=3, batch_size=8, multiply_adds=0, graph_vectors="narrower"
+    form, over, *, layers, parallel, n_folds=3, batch_size=8, multiply_adds=0, graph_vector_width="narrower"
 ):
     """The fewest planned steps per fold from which ``form`` pays over ``over``."""
-    costs = CompileCosts(layers, batch_size, multiply_adds, graph_vectors)
+    costs = CompileCosts(layers, batch_size, multiply_adds, graph_vector_width)
     low, high = 1, 10**8
     while low < high:
         middle = (low + high) // 2
@@ -400,7 +400,7 @@ def test_compile_weighing_keeps_a_short_trial_off_xla_and_records_the_estimate()
     assert f"would cost more than its stacked folds save in {stacks - 1} steps per fold" in too_short.reason
     # Against the graph's AVX-512 kernels, what stacking saves falls with a batch's multiply-adds:
     # such a trial needs more steps to win its compile back, the more the larger its batch.
-    against_avx512 = {"layers": 5, "parallel": 1, "graph_vectors": "avx512"}
+    against_avx512 = {"layers": 5, "parallel": 1, "graph_vector_width": "avx512"}
     assert (
         fewest_planned_steps("stacked", "graph", **against_avx512)
         < fewest_planned_steps("stacked", "graph", multiply_adds=100_000, **against_avx512)
@@ -414,7 +414,7 @@ def test_compile_weighing_keeps_a_short_trial_off_xla_and_records_the_estimate()
     assert computing_layers(net[0]) == 10 and multiply_adds(net[0]) == 648_320
     folds = [2666, 2667, 2667]
     assert plan(models=net, batch_size=16, sizes=folds, epochs=20).layout == "stacked"
-    wide_vectors = plan(models=net, batch_size=16, sizes=folds, epochs=20, graph_vectors="avx512")
+    wide_vectors = plan(models=net, batch_size=16, sizes=folds, epochs=20, graph_vector_width="avx512")
     assert wide_vectors.layout == "side_by_side" and not wide_vectors.jit_compile
     assert wide_vectors.reason.endswith(
         "would cost more than its stacked folds save against the graph's AVX-512 kernels in 3332 steps per fold"

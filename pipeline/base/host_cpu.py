@@ -18,10 +18,13 @@ from typing import Literal
 
 # The vector width the graph's convolutions and matrix products compute with: AVX-512's, or
 # narrower (AVX2, AVX, or no oneDNN).
-GraphVectors = Literal["avx512", "narrower"]
+GraphVectorWidth = Literal["avx512", "narrower"]
 # The flags oneDNN's AVX-512 kernels for float32 need (its avx512_core).
 AVX512_CORE_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+# oneDNN's cap on the instruction set, under its current name and the one before; and the caps
+# that leave AVX-512 allowed (AVX10.1/512 contains it).
 ONEDNN_MAX_ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+AVX512_CAPS = ("AVX512", "AVX10_1_512")
 ONEDNN_OFF_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
 
 
@@ -36,14 +39,16 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def graph_vectors(environ: Mapping[str, str] = os.environ) -> GraphVectors:
-    """The vector width TensorFlow's graph kernels compute with in a process of this environment."""
+def graph_vector_width(environ: Mapping[str, str] = os.environ) -> GraphVectorWidth:
+    """The vector width TensorFlow's graph kernels compute with in a process of this environment:
+    oneDNN's AVX-512 kernels where the CPU has them, TensorFlow calls oneDNN (its own rule for
+    ``TF_ENABLE_ONEDNN_OPTS``: 0 or false turn it off) and oneDNN's cap, read as oneDNN reads it
+    (``ONEDNN_MAX_CPU_ISA`` before ``DNNL_MAX_CPU_ISA``), allows them."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return "narrower"
-    if environ.get(ONEDNN_OFF_VARIABLE, "1").strip().lower() in ("0", "false", "off", "no"):
+    if environ.get(ONEDNN_OFF_VARIABLE, "").strip().lower() in ("0", "false"):
         return "narrower"
-    for variable in ONEDNN_MAX_ISA_VARIABLES:
-        capped = environ.get(variable, "").strip().upper()
-        if capped and capped not in ("ALL", "DEFAULT") and not capped.startswith("AVX512"):
-            return "narrower"
+    capped = next((environ[name] for name in ONEDNN_MAX_ISA_VARIABLES if environ.get(name)), "").strip().upper()
+    if capped and capped not in ("ALL", "DEFAULT") and not capped.startswith(AVX512_CAPS):
+        return "narrower"
     return "avx512" if AVX512_CORE_FLAGS <= cpu_flags() else "narrower"

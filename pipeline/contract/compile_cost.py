@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pipeline.base.host_cpu import GraphVectors
+from pipeline.base.host_cpu import GraphVectorWidth
 from pipeline.base.keras_private import flatten_layers
 
 # The step's compiled forms: TensorFlow's graph (no XLA), one XLA program per step, one XLA
@@ -61,7 +61,7 @@ UNROLLED_SAVES_S = (0.248e-3, 0.0062e-3)
 # leaves out, at batch 16, the quickstart's net of 3 convolutions of 64 filters of width 5, which
 # trained no faster stacked, and keeps its 32-filter nets and the deep residual ones
 # (benchmarks/RESULTS.md, "2026-12-04 (evening)").
-STACKED_SAVES_S: dict[GraphVectors, tuple[float, float]] = {
+STACKED_SAVES_S: dict[GraphVectorWidth, tuple[float, float]] = {
     "avx512": (0.0115e-3, 0.0041e-9),
     "narrower": (0.0223e-3, 0.0),
 }
@@ -71,7 +71,9 @@ def multiply_adds(model: Any) -> int:
     """Multiply-adds of one sample's forward pass through the model's convolutions and dense
     layers (nested models walked into). Normalisations, activations and pooling are elementwise, a
     few percent of a CNN's arithmetic, and are left out. Each layer's shapes are those it was built
-    for, so a Sequential without an Input and a subclassed model count as a functional one."""
+    for, so a Sequential without an Input and a subclassed model count as a functional one; a
+    length left unknown (``Input((None, channels))``) counts nothing, a layer shared between inputs
+    counts once, and a wrapper's (``TimeDistributed``) repeats are not counted."""
     import keras
 
     layers = keras.layers
@@ -137,7 +139,7 @@ class CompileCosts:
     layers: int
     batch_size: int
     multiply_adds: int = 0
-    graph_vectors: GraphVectors = "narrower"
+    graph_vector_width: GraphVectorWidth = "narrower"
 
     def compile_s(self, form: StepForm) -> float:
         base, per_layer = COMPILE_S[form]
@@ -148,7 +150,7 @@ class CompileCosts:
         if form == "graph":
             return 0.0
         if form == "stacked":
-            per_layer, per_multiply_add = STACKED_SAVES_S[self.graph_vectors]
+            per_layer, per_multiply_add = STACKED_SAVES_S[self.graph_vector_width]
             saved = per_layer * self.layers - per_multiply_add * self.multiply_adds * self.batch_size
             return max(0.0, saved) * fold_steps
         saved = XLA_SAVES_PER_LAYER_S * self.layers

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pipeline.base.accelerator import GpuIdentity
 from pipeline.base.errors import ExperimentError
-from pipeline.base.host_cpu import GraphVectors
+from pipeline.base.host_cpu import GraphVectorWidth
 from pipeline.base.keras_private import counter_drawn, flatten_layers, holds_seed_generator, seed_generator_of
 from pipeline.contract.compile_cost import CompileCosts, StepForm, computing_layers, multiply_adds
 from pipeline.inputs.spec import AutoSwitch, GraphOptimizer
@@ -260,7 +260,7 @@ def plan_trial(
     keras_loss: bool = True,
     loss_scale_factor: float | None = None,
     decay_exclusions: bool = False,
-    graph_vectors: GraphVectors = "narrower",
+    graph_vector_width: GraphVectorWidth = "narrower",
 ) -> TrialPlan:
     """The whole plan of a trial whose fold models are built.
 
@@ -280,7 +280,7 @@ def plan_trial(
         keras_loss: whether the trial's loss is one of Keras' own, which sees each sample alone
             (``padding_blocker``).
         loss_scale_factor, decay_exclusions: the optimizer's, recorded (``TrialPlan``'s).
-        graph_vectors: the vector width of the graph's kernels in this process
+        graph_vector_width: the vector width of the graph's kernels in this process
             (``pipeline.base.host_cpu``), against which stacked folds are weighed on CPU.
     """
     random_draws = model_random_draws(choices.random_draws, models[0])
@@ -301,7 +301,7 @@ def plan_trial(
             raise ExperimentError(forced_xla_refusal("this trial's model", without_xla))
         jit_compile = False
     planned_steps = planned_epochs * min(train_sizes) // batch_size
-    costs = CompileCosts(computing_layers(models[0]), batch_size, multiply_adds(models[0]), graph_vectors)
+    costs = CompileCosts(computing_layers(models[0]), batch_size, multiply_adds(models[0]), graph_vector_width)
     # XLA is weighed where nothing asks for it: not forced, nor a layout or a form only XLA
     # executes, nor on a GPU (whose compiles are not calibrated).
     weighed = (
@@ -320,7 +320,7 @@ def plan_trial(
         return (
             f"its compile (~{costs.compile_s(form):.0f} s estimated for {costs.layers} layers, "
             f"~{costs.compile_s('graph'):.0f} s without) would cost more than "
-            f"{_stacked_saving(graph_vectors) if form == 'stacked' else 'XLA saves'} in "
+            f"{_stacked_saving_phrase(graph_vector_width) if form == 'stacked' else 'XLA saves'} in "
             f"{planned_steps} steps per fold"
         )
 
@@ -402,8 +402,8 @@ def plan_trial(
     )
 
 
-def _stacked_saving(graph_vectors: GraphVectors) -> str:
-    if graph_vectors == "avx512":
+def _stacked_saving_phrase(graph_vector_width: GraphVectorWidth) -> str:
+    if graph_vector_width == "avx512":
         return "its stacked folds save against the graph's AVX-512 kernels"
     return "its stacked folds save"
 

@@ -20,7 +20,7 @@ import numpy as np
 from pipeline.base import compile_cache
 from pipeline.base.accelerator import GpuIdentity, UnknownGpu, deterministic_ops, gpu_identity
 from pipeline.base.compile_cache import CacheCounts, CompileCache, content_names
-from pipeline.base.host_cpu import graph_vectors
+from pipeline.base.host_cpu import graph_vector_width
 from pipeline.base.keras_private import compile_arguments
 from pipeline.base.tensorflow_private import use_graph_optimizer
 from pipeline.contract.account import TimeAccount
@@ -373,7 +373,7 @@ def build_trainer(
         keras_loss=loss.keras_own,
         loss_scale_factor=optimizer.loss_scale_factor,
         decay_exclusions=bool(optimizer.decay_excluded),
-        graph_vectors=graph_vectors(),
+        graph_vector_width=graph_vector_width(),
     )
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):
         plan = replay
