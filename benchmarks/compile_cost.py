@@ -83,14 +83,11 @@ def seconds(name: str, printed: str) -> float:
 @functools.cache
 def model_multiply_adds(blocks: int, filters: int) -> int:
     """The benchmark model's multiply-adds per sample, as the plan counts them."""
-    import keras_tuner
+    from pipeline.inputs.hypermodel import build_model
 
     namespace: dict[str, Any] = {}
     exec(MODEL, namespace)
-    hp = keras_tuner.HyperParameters()
-    hp.Fixed("blocks", blocks)
-    hp.Fixed("filters", filters)
-    return multiply_adds(namespace["build"](hp))
+    return multiply_adds(build_model(namespace["build"], {"blocks": blocks, "filters": filters}))
 
 
 def run(directory: Path, blocks: int, variant: str, batch_size: int, filters: int = 32) -> dict[str, Any]:

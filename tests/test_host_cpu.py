@@ -34,7 +34,7 @@ def test_the_graph_kernels_compute_with_avx512_only_where_onednn_may(monkeypatch
 @pytest.mark.parametrize(
     "cpuinfo, store_key",
     [
-        # What device_kind hashed before it read the flags through host_cpu: the whole flags line.
+        # A CPU's store key: the hash of its whole flags line (name and colon included), or of nothing.
         ("processor\t: 0\nflags\t\t: fpu vme avx2 avx512f\nbogomips\t: 4800\n", "12b38a580be2d8a4"),
         ("processor\t: 0\n", "e3b0c44298fc1c14"),
     ],

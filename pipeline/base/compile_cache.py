@@ -222,7 +222,7 @@ def device_kind(gpus: float) -> str:
         identity = gpu_identity()
         if identity is not None:
             return "gpu:" + identity.describe()
-    # Hashed as the tokens of cpuinfo's whole flags line, as the stores were always keyed.
+    # The store's key hashes every token of cpuinfo's flags line, its name and colon included.
     flags = cpu_flags()
     features = " ".join(sorted(["flags", ":", *flags])) if flags else ""
     return f"cpu:{platform.machine()}:{hashlib.sha256(features.encode()).hexdigest()[:16]}"
