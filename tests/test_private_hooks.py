@@ -32,6 +32,14 @@ from pipeline.base.private_hooks import (
 PACKAGE = Path(private_hooks.__file__).parents[1]
 
 
+@pytest.fixture(autouse=True)
+def held_records(monkeypatch, tmp_path):
+    """The records of held hooks kept in the test's own directory, empty at its start."""
+    records = tmp_path / "hooks-held"
+    monkeypatch.setattr(private_hooks, "held_records", lambda: records)
+    return records
+
+
 def test_every_hook_says_what_users_gain_from_it():
     assert [hook.place for hook in HOOKS if len(hook.gain.split()) < 8] == []
 
@@ -69,21 +77,58 @@ def test_a_renamed_ray_method_is_named_with_rays_version(monkeypatch):
     assert "install the locked versions (make install, from uv.lock)" in message and "\n" not in message
 
 
-def test_each_librarys_hooks_are_checked_once_per_process(monkeypatch):
-    """A library's hooks that held are not checked again (it cannot change under the process); a
-    library not yet checked still is, and a broken one is refused every time."""
+def test_each_librarys_hooks_are_checked_once_per_installation(monkeypatch, held_records):
+    """A library's hooks that held are not checked again, in this process or in a new one of the
+    same installation (nothing changes a library but reinstalling it); in another installation
+    (another version, or its files reinstalled) they are, and a broken one is refused every time."""
     from ray.tune.execution.tune_controller import TuneController
 
     monkeypatch.setattr(private_hooks, "_HELD", set())
     require_hooks(["ray"])
     assert private_hooks._HELD == {"ray"}
+    identity = private_hooks.installation_identity()
+    assert sorted(path.name for path in held_records.iterdir()) == [f"ray-{identity}"]
     monkeypatch.delattr(TuneController, "_maybe_cache_trial_actor")
     require_hooks(["ray"])  # held: not checked again
-    monkeypatch.setattr(private_hooks, "_HELD", {"mlflow"})  # Ray not checked yet in this process
+    monkeypatch.setattr(private_hooks, "_HELD", set())  # a new process of the same installation
+    require_hooks(["ray"])
+    assert private_hooks._HELD == {"ray"}
+    monkeypatch.setattr(private_hooks, "_HELD", {"mlflow"})
+    monkeypatch.setattr(private_hooks, "installation_identity", lambda: "another-installation")
     for _ in range(2):
         with pytest.raises(PrivateHookMissing, match="_maybe_cache_trial_actor is missing"):
             require_hooks(["mlflow", "ray"])
     assert private_hooks._HELD == {"mlflow"}
+    assert sorted(path.name for path in held_records.iterdir()) == [f"ray-{identity}"]
+
+
+def test_an_installation_is_told_apart_by_versions_and_installed_files(monkeypatch, tmp_path):
+    identity = private_hooks.installation_identity()
+    assert private_hooks.installation_identity() == identity and len(identity) == 32
+    monkeypatch.setattr(
+        private_hooks, "installed_version", lambda library: "0.0" if library == "mlflow" else metadata.version(library)
+    )
+    assert private_hooks.installation_identity() != identity
+    monkeypatch.undo()
+    init = tmp_path / "keras" / "__init__.py"
+    init.parent.mkdir()
+    init.write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "keras", raising=False)  # found on sys.path now: another installation of Keras
+    assert private_hooks.installation_identity() != identity
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_hooks_checked_each_time(monkeypatch, tmp_path):
+    from ray.tune.execution.tune_controller import TuneController
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(private_hooks, "held_records", lambda: tmp_path / "file" / "hooks-held")
+    monkeypatch.setattr(private_hooks, "_HELD", set())
+    require_hooks(["ray"])
+    monkeypatch.setattr(private_hooks, "_HELD", set())
+    monkeypatch.delattr(TuneController, "_maybe_cache_trial_actor")
+    with pytest.raises(PrivateHookMissing, match="_maybe_cache_trial_actor is missing"):
+        require_hooks(["ray"])
 
 
 def test_a_ray_method_with_another_signature_is_refused(monkeypatch):

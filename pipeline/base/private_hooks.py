@@ -6,18 +6,23 @@ it (what a hook costs to keep is weighed against that) and the private names it 
 on a private name the package touches that no hook lists). Only the library's adapter uses them
 (``ray_private``, ``keras_private``, ``tensorflow_private``, ``mlflow_private``), and the checks
 here; ``require_hooks`` runs every check of ``HOOKED_LIBRARIES`` before a command starts anything,
-once per process (exit 1, one line naming the library version and what is missing), never
+once per installation (exit 1, one line naming the library version and what is missing), never
 mid-sweep, and ``tests/test_private_hooks.py`` runs them all in CI against the locked versions,
 ``FALLBACK_LIBRARIES``' too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import importlib
+import importlib.util
 import inspect
+import os
 import platform
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +30,7 @@ from typing import Any
 
 from pipeline.base import mlflow_private
 from pipeline.base.collector import collector_paused
-from pipeline.base.environment import installed_version
+from pipeline.base.environment import cache_directory, installed_version
 from pipeline.base.errors import FoldsweepError
 from pipeline.base.keras_private import (
     AFFINE_LAYERS,
@@ -1025,13 +1030,63 @@ _HELD: set[str] = set()
 @collector_paused()  # the checks load the libraries (Ray Tune, MLflow's store), which stay
 def require_hooks(libraries: Sequence[str] = HOOKED_LIBRARIES) -> None:
     """Stop before anything starts when a hook no longer holds (each library's hooks checked once
-    per process).
+    per installation, ``installation_identity``, and once per process).
 
     Raises:
         PrivateHookMissing: one line per broken hook, and how to get the locked versions back.
     """
     unchecked = [library for library in libraries if library not in _HELD]
+    if not unchecked:
+        return
+    identity = installation_identity()
+    recorded = {library for library in unchecked if _held_record(library, identity).is_file()}
+    unchecked = [library for library in unchecked if library not in recorded]
     problems = broken_hooks(unchecked) if unchecked else []
     if problems:
         raise PrivateHookMissing("; ".join(problems) + ": install the locked versions (make install, from uv.lock)")
-    _HELD.update(unchecked)
+    _HELD.update(recorded, unchecked)
+    for library in unchecked:
+        _record_held(library, identity)
+
+
+def installation_identity() -> str:
+    """What a record of held hooks holds for: foldsweep's checks (the source of this module and of
+    the adapters whose names they check), the Python running them, and each hooked library's
+    version and installed files (its package's ``__init__``, whose time and size a reinstall
+    changes). Another installation, or a library reinstalled in place, is checked again."""
+    from pipeline.base import keras_private, ray_private, tensorflow_private
+
+    digest = hashlib.sha256(sys.version.encode())
+    for module in (sys.modules[__name__], keras_private, mlflow_private, ray_private, tensorflow_private):
+        digest.update(Path(module.__file__ or "").read_bytes())
+    for library in HOOKED_LIBRARIES:
+        spec = importlib.util.find_spec(library)
+        origin = spec.origin if spec is not None and spec.origin is not None else ""
+        stat = os.stat(origin) if origin else None
+        installed = (origin, stat.st_mtime_ns, stat.st_size) if stat is not None else ("(not installed)",)
+        digest.update(repr((library, installed_version(library), *installed)).encode())
+    return digest.hexdigest()[:32]
+
+
+def held_records() -> Path:
+    """Where a library's hooks are recorded as held for an installation (``installation_identity``),
+    one empty file per library, so that each installation's hooks are checked by the first command
+    that needs them, not by every command: the checks took ~0.35 s of CPU on a sweep driver's way
+    to its first trial."""
+    return cache_directory() / "hooks-held"
+
+
+def _held_record(library: str, identity: str) -> Path:
+    return held_records() / f"{library}-{identity}"
+
+
+def _record_held(library: str, identity: str) -> None:
+    """Record ``library``'s hooks as held for ``identity``, in place of its earlier records
+    (nothing is recorded where the cache cannot be written: the next command checks again)."""
+    record = _held_record(library, identity)
+    with contextlib.suppress(OSError):
+        record.parent.mkdir(parents=True, exist_ok=True)
+        for earlier in record.parent.glob(f"{library}-*"):
+            if earlier != record:
+                earlier.unlink(missing_ok=True)
+        record.touch()
