@@ -116,12 +116,19 @@ def test_the_commands_that_load_tensorflow_read_ahead_first(command, tmp_path, m
     assert started == [command]
 
 
-def test_the_installed_plan_reads_tensorflows_library_before_its_modules_and_the_trainable(tmp_path):
+def test_the_installed_plan_reads_tensorflows_library_before_its_modules_and_the_trainable(tmp_path, monkeypatch):
+    from pipeline.base import private_hooks
     from pipeline.sweep import record_start_up_read_ahead
 
+    monkeypatch.setattr(private_hooks, "held_records", lambda: tmp_path / "hooks-held")
+    monkeypatch.setattr(private_hooks, "_HELD", set())
     assert read_ahead.plan_path() == Path(sys.prefix) / "foldsweep-read-ahead.json"
     plan_file = record_start_up_read_ahead(tmp_path / "plan.json")
     assert plan_file == tmp_path / "plan.json"
+    identity = private_hooks.installation_identity()  # the install's first sweep trusts the hooks' record
+    assert sorted(path.name for path in (tmp_path / "hooks-held").iterdir()) == sorted(
+        f"{library}-{identity}" for library in private_hooks.HOOKED_LIBRARIES
+    )
     plan = load_plan(plan_file)
     names = [name for name, _, _, _ in plan]
     library = next(i for i, name in enumerate(names) if Path(name).name.startswith("libtensorflow_cc"))
