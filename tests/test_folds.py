@@ -15,9 +15,27 @@ import pytest
 from helpers import REPO
 
 from pipeline.base.errors import DataError
+from pipeline.inputs import folds as folds_module
 from pipeline.inputs.datasets import Dataset
-from pipeline.inputs.folds import Fold, FoldPlan, class_balance_warning, make_folds, manifest_identity
+from pipeline.inputs.folds import (
+    Fold,
+    FoldPlan,
+    class_balance_warning,
+    folds_beside,
+    make_folds,
+    manifest_identity,
+    remember_folds,
+    remembered_folds,
+)
 from pipeline.inputs.spec import CVSpec
+
+
+@pytest.fixture(autouse=True)
+def folds_cache(monkeypatch, tmp_path):
+    """The remembered folds kept in the test's own directory, none at its start."""
+    cache = tmp_path / "folds-cache"
+    monkeypatch.setattr(folds_module, "folds_cache", lambda: cache)
+    return cache
 
 
 def dataset(n: int = 103, classes: int = 3) -> Dataset:
@@ -195,6 +213,7 @@ from pipeline.inputs.spec import CVSpec
 samples, splits, then = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 data = Dataset(name="toy", x=np.zeros((samples, 8, 1), np.float32), y=(np.arange(samples) % 3).astype(np.int32))
 waiting = folds_beside(CVSpec(splitter="stratified", n_splits=splits, seed=5), data)
+beside = hasattr(waiting, "_child")
 if then == "dies":  # killed before it reads the folds: its child must not wait for it forever
     print(json.dumps({"child": waiting._child.pid}), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -202,28 +221,28 @@ try:
     answer = {"manifest": waiting().manifest()}
 except Exception as exc:
     answer = {"error": f"{type(exc).__name__}: {exc}"}
-print(json.dumps({**answer, "scikit_learn_loaded": "sklearn" in sys.modules}))
+print(json.dumps({**answer, "scikit_learn_loaded": "sklearn" in sys.modules, "beside": beside}))
 """
 
 
-def split_beside(samples: int, splits: int, then: str = "reads") -> dict:
+def split_beside(samples: int, splits: int, cache: Path, then: str = "reads") -> dict:
     ran = subprocess.run(
         [sys.executable, "-c", SPLIT_BESIDE, str(samples), str(splits), then],
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(cache)},
     )
     return json.loads(ran.stdout)
 
 
 @pytest.mark.e2e  # a fresh command and its child
 @pytest.mark.parametrize(("samples", "splits"), [(103, 3), (103, 200), (30_000, 5)])  # (30,000, 5): 1.2 MB of folds
-def test_a_command_gets_from_beside_it_the_folds_or_the_refusal_it_would_make_itself(samples, splits):
+def test_a_command_gets_from_beside_it_the_folds_or_the_refusal_it_would_make_itself(samples, splits, tmp_path):
     """A fresh command (no TensorFlow or scikit-learn loaded) splits its folds in a child process:
     the same folds, or the same refusal, as splitting in place, and never loads scikit-learn."""
-    beside = split_beside(samples, splits)
-    assert beside["scikit_learn_loaded"] is False
+    beside = split_beside(samples, splits, tmp_path)
+    assert beside["scikit_learn_loaded"] is False and beside["beside"] is True
     data = Dataset(name="toy", x=np.zeros((samples, 8, 1), np.float32), y=(np.arange(samples) % 3).astype(np.int32))
     spec = CVSpec(splitter="stratified", n_splits=splits, seed=5)
     if splits < samples:
@@ -235,14 +254,14 @@ def test_a_command_gets_from_beside_it_the_folds_or_the_refusal_it_would_make_it
 
 
 @pytest.mark.e2e  # a fresh command and its child
-def test_the_child_splitting_beside_a_command_that_dies_ends_too():
+def test_the_child_splitting_beside_a_command_that_dies_ends_too(tmp_path):
     """Its folds (1.2 MB) fill the pipe to a command killed before reading them: the send fails
     and the child ends, instead of waiting on the pipe for good."""
     command = subprocess.Popen(
         [sys.executable, "-c", SPLIT_BESIDE, "30000", "5", "dies"],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(tmp_path)},
     )
     with command:  # the child holds the command's output too: read its line, not to the end
         child = json.loads(command.stdout.readline())["child"]
@@ -254,6 +273,58 @@ def test_the_child_splitting_beside_a_command_that_dies_ends_too():
         if not ended:
             os.kill(child, signal.SIGKILL)
     assert ended
+
+
+@pytest.mark.e2e  # a fresh command and its child
+def test_a_later_command_on_the_same_data_reads_the_folds_back_without_splitting(tmp_path):
+    """The second command splits nothing (no child, no scikit-learn) and gets the same folds."""
+    first = split_beside(3_000, 4, tmp_path)
+    again = split_beside(3_000, 4, tmp_path)
+    assert first["beside"] is True and again["beside"] is False and again["scikit_learn_loaded"] is False
+    assert again["manifest"] == first["manifest"]
+    assert len(list((tmp_path / "foldsweep" / "folds").glob("*.npz"))) == 1
+
+
+def test_remembered_folds_come_back_with_their_splits_warnings_and_only_for_their_data_and_cv():
+    data = dataset()
+    cv = CVSpec(splitter="stratified", n_splits=3, seed=1)
+    plan = folds_beside(cv, data)()
+    assert remembered_folds(cv, data)[0].manifest() == plan.manifest() == make_folds(cv, data).manifest()
+    remember_folds(plan, [("the split warned", UserWarning)])
+    with pytest.warns(UserWarning, match="^the split warned$"):
+        assert folds_beside(cv, data)().manifest() == plan.manifest()
+    assert remembered_folds(CVSpec(splitter="stratified", n_splits=3, seed=2), data) is None
+    assert remembered_folds(CVSpec(splitter="kfold", n_splits=3, seed=1), data) is None
+    other = Dataset(name="toy", x=data.x + 1, y=data.y)
+    assert remembered_folds(cv, other) is None
+
+
+def test_a_split_that_warned_in_a_category_of_a_library_is_not_remembered():
+    data = dataset()
+    cv = CVSpec(splitter="kfold", n_splits=3, seed=0)
+
+    class LibraryWarning(UserWarning):
+        pass
+
+    remember_folds(make_folds(cv, data), [("said", LibraryWarning)])  # not one of Python's own categories
+    assert remembered_folds(cv, data) is None
+
+
+def test_kept_folds_that_do_not_split_the_data_are_split_again(folds_cache):
+    data = dataset()
+    cv = CVSpec(splitter="kfold", n_splits=3, seed=0)
+    plan = make_folds(cv, data)
+    broken = FoldPlan(
+        cv=cv,
+        folds=(plan.folds[0], plan.folds[0], Fold(plan.folds[2].train, plan.folds[1].val)),
+        dataset_fingerprint=data.fingerprint,
+    )
+    remember_folds(broken, [])
+    assert remembered_folds(cv, data) is None
+    assert folds_beside(cv, data)().manifest() == plan.manifest()
+    for kept in folds_cache.glob("*.npz"):
+        kept.write_bytes(b"not an npz")
+    assert remembered_folds(cv, data) is None
 
 
 def gone(pid: int) -> bool:

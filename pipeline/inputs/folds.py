@@ -7,18 +7,23 @@ scikit-learn's order for repeated splitters (``split{j}`` of ``cross_validate``)
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import functools
 import hashlib
+import json
 import os
 import signal
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipeline.base.environment import cache_directory, installed_version
 from pipeline.base.errors import DataError
 from pipeline.base.forking import may_fork_beside
 from pipeline.inputs.datasets import Dataset
@@ -127,15 +132,107 @@ def folds_beside(cv: CVSpec, dataset: Dataset) -> Callable[[], FoldPlan]:
     """``make_folds`` started in a child process where that saves the command time; returns
     what waits for the folds and raises what ``make_folds`` raised, at the moment it is called.
 
+    Folds split before for the same data and ``cv`` are read back from the cache
+    (``remembered_folds``), with the warnings their split gave, and nothing is split.
     Importing scikit-learn's splitters is ~1.2 s of a command's start-up on 2 cores, while the
     next seconds load TensorFlow on one core: a child forked before that splits on the other, and
     the command itself never loads scikit-learn. A process that may fork no helper
     (``may_fork_beside``: off Linux, or with TensorFlow or Ray loaded, as a notebook or the tests),
     or that has loaded scikit-learn, where there is nothing to gain, splits in place when asked.
     """
+    remembered = remembered_folds(cv, dataset)
+    if remembered is not None:
+        plan, warned = remembered
+        return functools.cache(lambda: _warned_again(plan, warned))
     if not may_fork_beside() or "sklearn.model_selection" in sys.modules:
-        return functools.cache(lambda: make_folds(cv, dataset))
+        return functools.cache(lambda: _split_in_place(cv, dataset))
     return _SplitBeside(cv, dataset)
+
+
+Warned = Sequence[tuple[str, type[Warning]]]  # a split's warnings: each message and its category
+
+
+def _warned_again(plan: FoldPlan, warned: Warned) -> FoldPlan:
+    for message, category in warned:
+        warnings.warn(message, category, stacklevel=3)
+    return plan
+
+
+def _split_in_place(cv: CVSpec, dataset: Dataset) -> FoldPlan:
+    """``make_folds`` here, its warnings shown and the folds remembered with them."""
+    with warnings.catch_warnings(record=True) as caught:
+        plan = make_folds(cv, dataset)
+    warned = [(str(warning.message), warning.category) for warning in caught]
+    remember_folds(plan, warned)
+    return _warned_again(plan, warned)
+
+
+# Where split folds are kept (``remember_folds``): a seeded splitter splits the same labels and
+# groups into the same folds every time, so a later command on the same data and ``cv`` reads
+# them back instead of loading scikit-learn to split them again (~1 s of CPU of a command's
+# start-up). Keyed by the data's fingerprint, the CV spec, and the scikit-learn and NumPy that split.
+FOLDS_CACHE = "folds"
+
+
+def folds_cache() -> Path:
+    """The directory of the remembered folds, in foldsweep's cache directory."""
+    return cache_directory() / FOLDS_CACHE
+
+
+def _remembered_path(cv: CVSpec, data_fingerprint: str) -> Path:
+    split_by = {"cv": asdict(cv), "data": data_fingerprint}
+    split_by["versions"] = {name: installed_version(name) for name in ("scikit-learn", "numpy")}
+    key = hashlib.sha256(json.dumps(split_by, sort_keys=True).encode()).hexdigest()[:32]
+    return folds_cache() / f"{key}.npz"
+
+
+def remember_folds(plan: FoldPlan, warned: Warned) -> None:
+    """Keep ``plan``'s folds and the warnings of their split for ``remembered_folds`` (nothing
+    where the cache cannot be written, or a warning's category is not Python's own)."""
+    if any(getattr(builtins, category.__name__, None) is not category for _, category in warned):
+        return
+    path = _remembered_path(plan.cv, plan.dataset_fingerprint)
+    arrays = {
+        f"{side}{k}": getattr(fold, side).astype(np.int32)
+        for k, fold in enumerate(plan.folds)
+        for side in ("train", "val")
+    }
+    meta = json.dumps(
+        {"folds": len(plan.folds), "warnings": [[message, category.__name__] for message, category in warned]}
+    )
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+        try:
+            np.savez(scratch, meta=np.array(meta), **arrays)
+            os.replace(scratch, path)
+        finally:
+            scratch.unlink(missing_ok=True)
+
+
+def remembered_folds(cv: CVSpec, dataset: Dataset) -> tuple[FoldPlan, Warned] | None:
+    """The folds split before for this data and ``cv`` (``remember_folds``) and the warnings their
+    split gave; None where none were kept, or what was kept is not a split of this data's samples
+    (each fold's training and validation indices together are every sample once)."""
+    path = _remembered_path(cv, dataset.fingerprint)
+    try:
+        with np.load(path, allow_pickle=False) as kept:
+            meta = json.loads(str(kept["meta"]))
+            folds = tuple(
+                Fold(train=kept[f"train{k}"].astype(np.int64), val=kept[f"val{k}"].astype(np.int64))
+                for k in range(meta["folds"])
+            )
+            warned = [(message, getattr(builtins, category)) for message, category in meta["warnings"]]
+    except Exception:  # none kept, or not readable as kept: split
+        return None
+    everyone = np.arange(len(dataset.y))
+    if len(folds) != cv.replicas or any(
+        not np.array_equal(np.sort(np.concatenate([fold.train, fold.val])), everyone) for fold in folds
+    ):
+        return None
+    if not all(isinstance(category, type) and issubclass(category, Warning) for _, category in warned):
+        return None
+    return FoldPlan(cv=cv, folds=folds, dataset_fingerprint=dataset.fingerprint), warned
 
 
 class _SplitBeside:
@@ -176,14 +273,16 @@ class _SplitBeside:
             self._receiver.close()
             self._child.kill()  # it has answered, or is no longer waited for (Ctrl-C)
             self._child.join()
+        if answer is None:
+            try:  # here, so that anything but a refusal comes with its own traceback
+                return _split_in_place(self._cv, self._dataset)
+            except DataError as refused:
+                return refused
         for message, category in warned:
             warnings.warn(message, category, stacklevel=3)
-        if answer is not None:
-            return answer
-        try:  # here, so that anything but a refusal comes with its own traceback
-            return make_folds(self._cv, self._dataset)
-        except DataError as refused:
-            return refused
+        if isinstance(answer, FoldPlan):
+            remember_folds(answer, warned)
+        return answer
 
 
 def _send_folds(receiver: Connection, sender: Connection, cv: CVSpec, dataset: Dataset) -> None:
