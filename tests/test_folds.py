@@ -299,6 +299,17 @@ def test_remembered_folds_come_back_with_their_splits_warnings_and_only_for_thei
     assert remembered_folds(cv, other) is None
 
 
+def test_folds_kept_by_other_splitting_code_are_split_again(monkeypatch, tmp_path):
+    data = dataset()
+    cv = CVSpec(splitter="kfold", n_splits=3, seed=0)
+    folds_beside(cv, data)()
+    assert remembered_folds(cv, data) is not None
+    changed = tmp_path / "folds.py"
+    changed.write_text(Path(folds_module.__file__).read_text() + "\n# how the splitters are called changed\n")
+    monkeypatch.setattr(folds_module, "__file__", str(changed))
+    assert remembered_folds(cv, data) is None
+
+
 def test_a_split_that_warned_in_a_category_of_a_library_is_not_remembered():
     data = dataset()
     cv = CVSpec(splitter="kfold", n_splits=3, seed=0)

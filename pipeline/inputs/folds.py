@@ -170,7 +170,8 @@ def _split_in_place(cv: CVSpec, dataset: Dataset) -> FoldPlan:
 # Where split folds are kept (``remember_folds``): a seeded splitter splits the same labels and
 # groups into the same folds every time, so a later command on the same data and ``cv`` reads
 # them back instead of loading scikit-learn to split them again (~1 s of CPU of a command's
-# start-up). Keyed by the data's fingerprint, the CV spec, and the scikit-learn and NumPy that split.
+# start-up). Keyed by the data's fingerprint, the CV spec, the scikit-learn and NumPy that split,
+# and this module's source (how it calls the splitters: a change splits again).
 FOLDS_CACHE = "folds"
 
 
@@ -182,6 +183,7 @@ def folds_cache() -> Path:
 def _remembered_path(cv: CVSpec, data_fingerprint: str) -> Path:
     split_by = {"cv": asdict(cv), "data": data_fingerprint}
     split_by["versions"] = {name: installed_version(name) for name in ("scikit-learn", "numpy")}
+    split_by["splitting"] = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     key = hashlib.sha256(json.dumps(split_by, sort_keys=True).encode()).hexdigest()[:32]
     return folds_cache() / f"{key}.npz"
 
