@@ -945,9 +945,10 @@ def record_start_up_read_ahead(path: Path | None = None) -> Path | None:
     MLflow's store, TensorFlow and Keras, the checks, Ray Tune and the trainable (the command's
     own modules are loaded before it reads ahead). ``make install`` and ``make sweep`` record it,
     in a process of its own, into the environment (``path``: elsewhere); None where it cannot be
-    recorded. The private hooks are checked here too, as a driver checks them: where they hold,
-    they are recorded as held for this installation, and a fresh install's first sweep trusts
-    that (``require_hooks``); where one does not, the command that needs it says so."""
+    recorded. Then the private hooks are checked (after the plan: a driver that trusts their
+    record loads nothing for them): where they hold, they are recorded as held for this
+    installation, and a fresh install's first sweep trusts that (``require_hooks``); where one
+    does not, the command that needs it says so."""
     import ray  # noqa: F401
 
     from pipeline.base.private_hooks import PrivateHookMissing, require_hooks
@@ -955,9 +956,10 @@ def record_start_up_read_ahead(path: Path | None = None) -> Path | None:
 
     load_tracking_modules()
     import_tensorflow_and_keras()
+    plan = record_read_ahead(("pipeline.checks", "ray.tune", "pipeline.engine.trainable"), path=path)
     with contextlib.suppress(PrivateHookMissing):
         require_hooks()
-    return record_read_ahead(("pipeline.checks", "ray.tune", "pipeline.engine.trainable"), path=path)
+    return plan
 
 
 RAY_TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -310,6 +311,23 @@ def test_folds_kept_by_other_splitting_code_are_split_again(monkeypatch, tmp_pat
     assert remembered_folds(cv, data) is None
 
 
+def test_the_warnings_a_split_gives_are_shown_and_shown_again_when_its_folds_are_read_back(monkeypatch):
+    data = dataset()
+    cv = CVSpec(splitter="kfold", n_splits=3, seed=0)
+    splits = folds_module._splits
+
+    def warning_splits(*arguments):
+        warnings.warn("the splitter warned", UserWarning, stacklevel=1)
+        return splits(*arguments)
+
+    monkeypatch.setattr(folds_module, "_splits", warning_splits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # as a researcher's filter may: what is kept is every warning
+        folds_beside(cv, data)()
+    with pytest.warns(UserWarning, match="^the splitter warned$"):
+        assert folds_beside(cv, data)().manifest() == make_folds(cv, data).manifest()
+
+
 def test_a_split_that_warned_in_a_category_of_a_library_is_not_remembered():
     data = dataset()
     cv = CVSpec(splitter="kfold", n_splits=3, seed=0)
@@ -332,6 +350,8 @@ def test_kept_folds_that_do_not_split_the_data_are_split_again(folds_cache):
     )
     remember_folds(broken, [])
     assert remembered_folds(cv, data) is None
+    remember_folds(FoldPlan(cv=cv, folds=(plan.folds[0],) * 3, dataset_fingerprint=data.fingerprint), [])
+    assert remembered_folds(cv, data) is None  # each fold whole, but one sample set validated thrice
     assert folds_beside(cv, data)().manifest() == plan.manifest()
     for kept in folds_cache.glob("*.npz"):
         kept.write_bytes(b"not an npz")

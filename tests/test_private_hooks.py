@@ -102,19 +102,24 @@ def test_each_librarys_hooks_are_checked_once_per_installation(monkeypatch, held
     assert sorted(path.name for path in held_records.iterdir()) == [f"ray-{identity}"]
 
 
-def test_an_installation_is_told_apart_by_versions_and_installed_files(monkeypatch, tmp_path):
+def test_an_installation_is_told_apart_by_versions_and_installed_files(monkeypatch):
     identity = private_hooks.installation_identity()
     assert private_hooks.installation_identity() == identity and len(identity) == 32
     monkeypatch.setattr(
         private_hooks, "installed_version", lambda library: "0.0" if library == "mlflow" else metadata.version(library)
     )
     assert private_hooks.installation_identity() != identity
-    monkeypatch.undo()
-    init = tmp_path / "keras" / "__init__.py"
-    init.parent.mkdir()
-    init.write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "keras", raising=False)  # found on sys.path now: another installation of Keras
+    monkeypatch.setattr(private_hooks, "installed_version", metadata.version)
+    assert private_hooks.installation_identity() == identity
+    real = metadata.distribution
+
+    class Rebuilt:  # the same version, another build: its RECORD lists other hashes
+        version = real("keras").version
+
+        def read_text(self, name):
+            return real("keras").read_text(name).replace("=", "=rebuilt", 1)
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Rebuilt() if name == "keras" else real(name))
     assert private_hooks.installation_identity() != identity
 
 

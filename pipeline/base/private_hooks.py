@@ -17,7 +17,6 @@ import contextlib
 import functools
 import hashlib
 import importlib
-import importlib.util
 import inspect
 import os
 import platform
@@ -25,6 +24,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -1039,7 +1039,7 @@ def require_hooks(libraries: Sequence[str] = HOOKED_LIBRARIES) -> None:
     if not unchecked:
         return
     identity = installation_identity()
-    recorded = {library for library in unchecked if _held_record(library, identity).is_file()}
+    recorded = {library for library in unchecked if os.path.isfile(_held_record(library, identity))}
     unchecked = [library for library in unchecked if library not in recorded]
     problems = broken_hooks(unchecked) if unchecked else []
     if problems:
@@ -1050,21 +1050,19 @@ def require_hooks(libraries: Sequence[str] = HOOKED_LIBRARIES) -> None:
 
 
 def installation_identity() -> str:
-    """What a record of held hooks holds for: foldsweep's checks (the source of this module and of
-    the adapters whose names they check), the Python running them, and each hooked library's
-    version and installed files (its package's ``__init__``, whose time and size a reinstall
-    changes). Another installation, or a library reinstalled in place, is checked again."""
-    from pipeline.base import keras_private, ray_private, tensorflow_private
-
+    """What a record of held hooks holds for: foldsweep's checks (the source of ``pipeline.base``,
+    this module and every module of foldsweep the checks read), the Python running them, and
+    each hooked library's version and installed files (its ``RECORD``, which lists each file
+    with its hash). Another installation, or another build of a library, is checked again."""
     digest = hashlib.sha256(sys.version.encode())
-    for module in (sys.modules[__name__], keras_private, mlflow_private, ray_private, tensorflow_private):
-        digest.update(Path(module.__file__ or "").read_bytes())
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + source.read_bytes())
     for library in HOOKED_LIBRARIES:
-        spec = importlib.util.find_spec(library)
-        origin = spec.origin if spec is not None and spec.origin is not None else ""
-        stat = os.stat(origin) if origin else None
-        installed = (origin, stat.st_mtime_ns, stat.st_size) if stat is not None else ("(not installed)",)
-        digest.update(repr((library, installed_version(library), *installed)).encode())
+        try:
+            installed = metadata.distribution(library).read_text("RECORD") or ""
+        except metadata.PackageNotFoundError:
+            installed = "(not installed)"
+        digest.update(f"{library} {installed_version(library)}\n{installed}".encode())
     return digest.hexdigest()[:32]
 
 
@@ -1081,12 +1079,10 @@ def _held_record(library: str, identity: str) -> Path:
 
 
 def _record_held(library: str, identity: str) -> None:
-    """Record ``library``'s hooks as held for ``identity``, in place of its earlier records
-    (nothing is recorded where the cache cannot be written: the next command checks again)."""
+    """Record ``library``'s hooks as held for ``identity`` (nothing is recorded where the cache
+    cannot be written: the next command checks again). Records of other installations stay:
+    several environments may share the cache."""
     record = _held_record(library, identity)
     with contextlib.suppress(OSError):
         record.parent.mkdir(parents=True, exist_ok=True)
-        for earlier in record.parent.glob(f"{library}-*"):
-            if earlier != record:
-                earlier.unlink(missing_ok=True)
         record.touch()

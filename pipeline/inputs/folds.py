@@ -1,4 +1,5 @@
-"""Folds: a seeded scikit-learn splitter run once per sweep, and the manifest that pins it.
+"""Folds: a seeded scikit-learn splitter run once per data and CV spec (later commands read its
+folds back, ``remembered_folds``), and the manifest that pins them.
 
 With ``cv.n_repeats`` > 1 the splitter runs once per repeat, each with its own shuffle, and a
 trial trains every (repeat, fold) as one replica; replica ``j`` is ``repeat * n_splits + fold``,
@@ -152,15 +153,17 @@ def folds_beside(cv: CVSpec, dataset: Dataset) -> Callable[[], FoldPlan]:
 Warned = Sequence[tuple[str, type[Warning]]]  # a split's warnings: each message and its category
 
 
-def _warned_again(plan: FoldPlan, warned: Warned) -> FoldPlan:
+def _warned_again(answer: Any, warned: Warned) -> Any:
+    """``answer`` (the folds or a refusal), once the split's warnings are shown again."""
     for message, category in warned:
         warnings.warn(message, category, stacklevel=3)
-    return plan
+    return answer
 
 
 def _split_in_place(cv: CVSpec, dataset: Dataset) -> FoldPlan:
     """``make_folds`` here, its warnings shown and the folds remembered with them."""
     with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every warning is kept; the filters apply as each is shown
         plan = make_folds(cv, dataset)
     warned = [(str(warning.message), warning.category) for warning in caught]
     remember_folds(plan, warned)
@@ -169,8 +172,7 @@ def _split_in_place(cv: CVSpec, dataset: Dataset) -> FoldPlan:
 
 # Where split folds are kept (``remember_folds``): a seeded splitter splits the same labels and
 # groups into the same folds every time, so a later command on the same data and ``cv`` reads
-# them back instead of loading scikit-learn to split them again (~1 s of CPU of a command's
-# start-up). Keyed by the data's fingerprint, the CV spec, the scikit-learn and NumPy that split,
+# them back instead of loading scikit-learn to split them again (``folds_beside``). Keyed by the data's fingerprint, the CV spec, the scikit-learn and NumPy that split,
 # and this module's source (how it calls the splitters: a change splits again).
 FOLDS_CACHE = "folds"
 
@@ -227,14 +229,27 @@ def remembered_folds(cv: CVSpec, dataset: Dataset) -> tuple[FoldPlan, Warned] | 
             warned = [(message, getattr(builtins, category)) for message, category in meta["warnings"]]
     except Exception:  # none kept, or not readable as kept: split
         return None
-    everyone = np.arange(len(dataset.y))
-    if len(folds) != cv.replicas or any(
-        not np.array_equal(np.sort(np.concatenate([fold.train, fold.val])), everyone) for fold in folds
-    ):
+    if len(folds) != cv.replicas or not _splits_every_sample(folds, n_samples=len(dataset.y), n_splits=cv.n_splits):
         return None
     if not all(isinstance(category, type) and issubclass(category, Warning) for _, category in warned):
         return None
     return FoldPlan(cv=cv, folds=folds, dataset_fingerprint=dataset.fingerprint), warned
+
+
+def _splits_every_sample(folds: Sequence[Fold], *, n_samples: int, n_splits: int) -> bool:
+    """Whether each fold trains and validates on every sample once between them, and each
+    repeat's ``n_splits`` folds validate on every sample once."""
+
+    def once_each(indices: Sequence[np.ndarray]) -> bool:
+        joined = np.concatenate(indices)
+        return bool(joined.size == n_samples and joined.min() >= 0 and joined.max() < n_samples) and bool(
+            (np.bincount(joined, minlength=n_samples) == 1).all()
+        )
+
+    repeats = [folds[start : start + n_splits] for start in range(0, len(folds), n_splits)]
+    return all(once_each([fold.train, fold.val]) for fold in folds) and all(
+        once_each([fold.val for fold in repeat]) for repeat in repeats
+    )
 
 
 class _SplitBeside:
@@ -280,10 +295,9 @@ class _SplitBeside:
                 return _split_in_place(self._cv, self._dataset)
             except DataError as refused:
                 return refused
-        for message, category in warned:
-            warnings.warn(message, category, stacklevel=3)
         if isinstance(answer, FoldPlan):
             remember_folds(answer, warned)
+        _warned_again(answer, warned)
         return answer
 
 
@@ -299,6 +313,7 @@ def _send_folds(receiver: Connection, sender: Connection, cv: CVSpec, dataset: D
         receiver.close()  # with no reader left, a command that is gone fails the send: the child ends
         answer: FoldPlan | DataError | None
         with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # every warning is sent; the command's filters apply as each is shown
             try:
                 answer = make_folds(cv, dataset)
             except DataError as refused:
