@@ -1069,8 +1069,8 @@ def installation_identity() -> str:
 def held_records() -> Path:
     """Where a library's hooks are recorded as held for an installation (``installation_identity``),
     one empty file per library, so that each installation's hooks are checked by the first command
-    that needs them, not by every command: the checks take ~0.35 s of CPU on a sweep driver's way
-    to its first trial."""
+    that needs them, not by every command (the Keras checks build small models on the driver's
+    way to its first trial)."""
     return cache_directory() / "hooks-held"
 
 
