@@ -361,7 +361,7 @@ def run_sweep(
                 early_refit=early_refit,
                 provenance=provenance,
             )
-            configs = _fit(tuner, prepared, tracker, parent_run_id)
+            configs, records = _fit(tuner, prepared, tracker, parent_run_id)
         except BaseException as exc:
             if early_refit is not None:
                 early_refit.close()
@@ -391,6 +391,7 @@ def run_sweep(
         tracker,
         parent_run_id,
         configs,
+        records,
         events.notify,
         events.say,
         started,
@@ -535,8 +536,11 @@ def _build_tuner(
     )
 
 
-def _fit(tuner: Any, prepared: PreparedSweep, tracker: Tracker, parent_run_id: str) -> dict[str, dict[str, Any]]:
-    """Run every trial; returns each trial's config by trial id.
+def _fit(
+    tuner: Any, prepared: PreparedSweep, tracker: Tracker, parent_run_id: str
+) -> tuple[dict[str, dict[str, Any]], list[TrialRecord]]:
+    """Run every trial; returns each trial's config by trial id, and the sweep's trials as
+    recorded once they have all ended.
 
     Raises:
         SweepInterrupted: Ray Tune ended ``fit`` early, as it does on Ctrl-C.
@@ -545,10 +549,10 @@ def _fit(tuner: Any, prepared: PreparedSweep, tracker: Tracker, parent_run_id: s
         results = tuner.fit()
     # Ray Tune ends fit() early, without an exception, on Ctrl-C: fewer trials than planned have
     # ended in the record.
-    ended = sum(record.state != "RUNNING" for record in tracker.trial_records(parent_run_id))
-    if ended < prepared.trial_count:
+    records = tracker.trial_records(parent_run_id)
+    if sum(record.state != "RUNNING" for record in records) < prepared.trial_count:
         raise SweepInterrupted(parent_run_id)
-    return {result.metrics.get("trial_id"): result.config for result in results}
+    return {result.metrics.get("trial_id"): result.config for result in results}, records
 
 
 @contextlib.contextmanager
@@ -569,6 +573,7 @@ def _after_trials(
     tracker: Tracker,
     parent_run_id: str,
     configs: dict[str, dict[str, Any]],
+    records: list[TrialRecord],
     notify: Callable[[str], None],
     say: Callable[[str], None],
     started: float,
@@ -578,10 +583,11 @@ def _after_trials(
     early_refit: EarlyRefit | None = None,
     provenance: Provenance,
 ) -> SweepOutcome:
-    """Every trial has ended: publish the sweep's tables and plots, refit the best config, and
-    close the parent run, whatever fails: FAILED with the traceback if publishing does, FINISHED
-    with ``foldsweep.refit=error: ...`` if the refit does (the trials' results stand). The parent
-    run closes once ``ray_stopping`` (the sweep's own Ray shutting down meanwhile) has ended.
+    """Every trial has ended (``records``, as recorded then): publish the sweep's tables and
+    plots, refit the best config, and close the parent run, whatever fails: FAILED with the
+    traceback if publishing does, FINISHED with ``foldsweep.refit=error: ...`` if the refit does
+    (the trials' results stand). The parent run closes once ``ray_stopping`` (the sweep's own Ray
+    shutting down meanwhile) has ended.
 
     Raises:
         AfterTrialsFailed: publishing or the refit failed (the parent run is closed).
@@ -597,7 +603,6 @@ def _after_trials(
     plots: tempfile.TemporaryDirectory[str] | None = None
     drawn: Future[list[Path]] | None = None
     try:
-        records = tracker.trial_records(parent_run_id)
         if spec.train.refit:
             # The plots need only the trials: they are drawn while the refit ends.
             plots = tempfile.TemporaryDirectory(prefix="foldsweep-plots-")
