@@ -364,3 +364,21 @@ def gone(pid: int) -> bool:
         return "(zombie)" in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return True
+
+
+def test_remembered_folds_stay_within_their_bound_the_least_recently_read_going_first(folds_cache, monkeypatch):
+    data = dataset()
+    first, second, third = (CVSpec(splitter="kfold", n_splits=3, seed=seed) for seed in range(3))
+    remember_folds(make_folds(first, data), [])
+    (kept,) = folds_cache.glob("*.npz")
+    monkeypatch.setattr(folds_module, "FOLDS_CACHE_LIMIT_BYTES", 2 * kept.stat().st_size)
+    remember_folds(make_folds(second, data), [])
+    for age, path in enumerate(sorted(folds_cache.glob("*.npz"), key=lambda path: path != kept)):
+        os.utime(path, (1_000_000 + age, 1_000_000 + age))  # the first written is the least recent
+    assert remembered_folds(first, data) is not None  # read: now the most recent
+
+    remember_folds(make_folds(third, data), [])
+
+    assert remembered_folds(second, data) is None
+    assert remembered_folds(first, data) is not None and remembered_folds(third, data) is not None
+    assert len(list(folds_cache.glob("*.npz"))) == 2

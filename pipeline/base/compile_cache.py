@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.base import bounded_cache
 from pipeline.base.accelerator import deterministic_ops, gpu_identity
 from pipeline.base.environment import cache_directory
 from pipeline.base.host_cpu import cpu_flags
@@ -229,21 +230,9 @@ def device_kind(gpus: float) -> str:
 
 
 def prune(store: Path, limit_bytes: int) -> list[str]:
-    """Remove the least recently used entries until the store fits in ``limit_bytes``."""
-    entries = []
-    for entry in store.glob(f"*{ENTRY_SUFFIX}"):
-        with contextlib.suppress(OSError):
-            status = entry.stat()
-            entries.append((max(status.st_atime, status.st_mtime), status.st_size, entry))
-    total = sum(size for _, size, _ in entries)
-    removed = []
-    for _, size, entry in sorted(entries, key=lambda item: item[0]):
-        if total <= limit_bytes:
-            break
-        _remove(entry)
-        total -= size
-        removed.append(entry.name)
-    return removed
+    """Remove the least recently used entries (with their checksums) until the store fits in
+    ``limit_bytes``."""
+    return bounded_cache.prune(store, f"*{ENTRY_SUFFIX}", limit_bytes, remove=_remove)
 
 
 def _adopt_orphans(store: Path) -> None:
