@@ -358,14 +358,6 @@ def test_kept_folds_that_do_not_split_the_data_are_split_again(folds_cache):
     assert remembered_folds(cv, data) is None
 
 
-def gone(pid: int) -> bool:
-    """Whether process ``pid`` has ended (a zombie waits only for its parent to read its status)."""
-    try:
-        return "(zombie)" in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return True
-
-
 def test_remembered_folds_stay_within_their_bound_the_least_recently_read_going_first(folds_cache, monkeypatch):
     data = dataset()
     first, second, third = (CVSpec(splitter="kfold", n_splits=3, seed=seed) for seed in range(3))
@@ -382,3 +374,11 @@ def test_remembered_folds_stay_within_their_bound_the_least_recently_read_going_
     assert remembered_folds(second, data) is None
     assert remembered_folds(first, data) is not None and remembered_folds(third, data) is not None
     assert len(list(folds_cache.glob("*.npz"))) == 2
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie waits only for its parent to read its status)."""
+    try:
+        return "(zombie)" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True

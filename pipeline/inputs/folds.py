@@ -173,8 +173,9 @@ def _split_in_place(cv: CVSpec, dataset: Dataset) -> FoldPlan:
 
 # Where split folds are kept (``remember_folds``): a seeded splitter splits the same labels and
 # groups into the same folds every time, so a later command on the same data and ``cv`` reads
-# them back instead of loading scikit-learn to split them again (``folds_beside``). Keyed by the data's fingerprint, the CV spec, the scikit-learn and NumPy that split,
-# and this module's source (how it calls the splitters: a change splits again).
+# them back instead of loading scikit-learn to split them again (``folds_beside``). Keyed by the
+# data's fingerprint, the CV spec, the scikit-learn and NumPy that split, and this module's
+# source (how it calls the splitters: a change splits again).
 FOLDS_CACHE = "folds"
 # What the remembered folds may take on disk; past it the least recently used go. A fold is kept
 # as its samples' indices in int32, 4 bytes a sample (3 MB for 3 folds of 250,000 samples).
