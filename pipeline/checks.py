@@ -206,7 +206,7 @@ def prepare(
     require_hooks(hooks)
     experiment, spec, space = load_experiment_and_space(spec, inputs.experiment_path, reference=spec.experiment)
     dataset = inputs.dataset
-    _check_model_fits_data(spec, experiment, dataset, inputs.dataset_path or dataset.name)
+    head = _check_model_fits_data(spec, experiment, dataset, inputs.dataset_path or dataset.name)
     folds, fold_warnings = make_checked_folds(spec, inputs)
     _check_batch_fits_folds(spec, space, folds)
     return PreparedSweep(
@@ -220,7 +220,7 @@ def prepare(
         tracking_uri=inputs.tracking_uri,
         num_samples=inputs.num_samples,
         address=inputs.address,
-        warnings=(*inputs.warnings, *fold_warnings),
+        warnings=(*inputs.warnings, *_head_warnings(spec, head), *fold_warnings),
     )
 
 
@@ -439,10 +439,11 @@ def _check_batch_fits_folds(spec: SweepSpec, space: SearchSpace, folds: FoldPlan
 HEAD_CHECK_SAMPLES = 64
 
 
-def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, source: str) -> None:
+def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, source: str) -> Any:
     """The model takes the dataset's samples (built on their shape when it declares no input),
     its outputs are what its loss reads them as, and it has an output for every label of ``y``
-    and ``y_test`` (labels 0 and 1 for a one-unit binary head)."""
+    and ``y_test`` (labels 0 and 1 for a one-unit binary head). Returns the default model's head
+    (``pipeline.inputs.hypermodel.ModelHead``)."""
     expected = experiment.input_shape
     if expected is not None and (
         len(expected) != len(dataset.input_shape)
@@ -499,6 +500,20 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
     _check_replicas_fit(spec, head.parameters)
     if spec.train.jit_compile == "on":
         _check_xla_compiles(spec, experiment, dataset)
+    return head
+
+
+def _head_warnings(spec: SweepSpec, head: Any) -> tuple[str, ...]:
+    """What of the default model's head is scored as the researcher wrote it but may not be what
+    they meant: Keras' "accuracy" of a logit, thresholded at 0.5."""
+    if not head.loss.logits_thresholded_at_half:
+        return ()
+    return (
+        f"{spec.experiment} compiles metrics=['accuracy'] on one output unit that its loss "
+        f"{head.loss.describe()} reads as logits: Keras' accuracy counts an output above 0.5 as class 1 "
+        "(BinaryAccuracy's threshold) whatever the outputs are, and val_accuracy is scored as fit scores it. "
+        "For the share of logits on the side of 0 of their label, compile keras.metrics.BinaryAccuracy(threshold=0.0)",
+    )
 
 
 def _check_xla_compiles(spec: SweepSpec, experiment: Any, dataset: Dataset) -> None:

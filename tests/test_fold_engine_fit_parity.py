@@ -126,6 +126,12 @@ def sigmoid_dropped(hp):  # one unit scored as classes (arg max) instead of by b
                     metrics=["sparse_categorical_accuracy"])
 
 
+def logit_accuracy(hp):  # a linear unit read as logits, scored by the "accuracy" it compiles
+    model = body(1, None)
+    model.add(layers.Rescaling(0.1))  # logits near 0, where thresholds of 0 and of 0.5 part
+    return compiled(model, keras.optimizers.Adam(0.001), keras.losses.BinaryCrossentropy(from_logits=True))
+
+
 def regularizer(hp):
     return compiled(body(1, "sigmoid", keras.regularizers.l2(1.0)), keras.optimizers.Adam(0.01), "binary_crossentropy")
 
@@ -714,6 +720,22 @@ def test_one_hot_labels_train_a_compiled_categorical_crossentropy_and_score_as_k
         theirs = model.evaluate(x_val, rows(y_val), batch_size=BATCH, verbose=0, return_dict=True)
         for name in ("loss", "accuracy", "auc"):
             assert abs(ours[(k, name)] - theirs[name]) <= TOLERANCE, (k, name, ours, theirs)
+
+
+def test_the_accuracy_a_logit_head_compiles_is_each_folds_as_keras_evaluate_scores_it(workspace, threads_kept):
+    """A one-unit head read as logits, compiling "accuracy": Keras scores it with BinaryAccuracy's
+    threshold, 0.5, whatever the outputs are, and so does each fold's val_accuracy (validate warns
+    of it). Counted above 0, as a probability above 0.5 would be, the folds land far away."""
+    spec = spec_for(workspace, "logit_accuracy")
+    validated = CliRunner().invoke(app, ["validate", str(spec)])
+    assert validated.exit_code == 0, validated.output
+    assert "Keras' accuracy counts an output above 0.5 as class 1" in validated.output
+    ours = trial_fold_scores(spec)
+    for k, model, (x_val, y_val), _ in keras_fold_fits(spec, "logit_accuracy"):
+        theirs = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)["accuracy"]
+        assert abs(ours[(k, "accuracy")] - theirs) <= TOLERANCE, (k, ours, theirs)
+        signs = float(np.mean((model.predict(x_val, verbose=0)[:, 0] > 0) == y_val))
+        assert abs(signs - theirs) >= FAR, (k, signs, theirs)
 
 
 CLASS_WEIGHT = {0: 1.0, 1: 5.0}

@@ -560,6 +560,19 @@ def test_variables_left_out_of_weight_decay_are_recorded_and_a_plan_from_before_
     assert plan_differences(old, plan()) == []
 
 
+def test_a_logit_heads_accuracy_thresholded_as_keras_does_is_recorded_and_a_plan_from_before_says_so():
+    keras_rule = dataclasses.replace(plan(), logits_thresholded_at_half=True)
+    recorded = keras_rule.as_dict()
+    del recorded["logits_thresholded_at_half"]
+    old = TrialPlan.from_dict(recorded)
+    assert old.logits_thresholded_at_half is False
+    assert plan_differences(old, keras_rule) == [
+        "the accuracy the model compiles scored on its logits as fit scores it, above 0.5 (the recorded trial "
+        "counted a logit above 0)"
+    ]
+    assert plan_differences(old, plan()) == []
+
+
 def test_a_short_last_batch_is_padded_where_that_trains_its_own_samples_as_they_are():
     """``train.pad_last_batch`` pads each fold's short last batch to the batch size where
     XLA compiles a program per batch shape and the padding changes nothing but float rounding;

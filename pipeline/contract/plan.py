@@ -205,6 +205,10 @@ class TrialPlan:
     # How TensorFlow's graph optimizer worked through the trial's traced functions
     # (``train.graph_optimizer``); plans recorded before ran it as TensorFlow does by default.
     graph_optimizer: GraphOptimizer = "full"
+    # Whether a one-unit head read as logits is scored by the "accuracy" its model compiles as fit
+    # scores it, an output above 0.5 counting as class 1 (``TrainingLoss.logits_thresholded_at_half``);
+    # plans recorded before counted a logit above 0.
+    logits_thresholded_at_half: bool = False
 
     @property
     def fused(self) -> bool:
@@ -260,6 +264,7 @@ def plan_trial(
     keras_loss: bool = True,
     loss_scale_factor: float | None = None,
     decay_exclusions: bool = False,
+    logits_thresholded_at_half: bool = False,
     graph_vector_width: GraphVectorWidth = "narrower",
 ) -> TrialPlan:
     """The whole plan of a trial whose fold models are built.
@@ -280,6 +285,7 @@ def plan_trial(
         keras_loss: whether the trial's loss is one of Keras' own, which sees each sample alone
             (``padding_blocker``).
         loss_scale_factor, decay_exclusions: the optimizer's, recorded (``TrialPlan``'s).
+        logits_thresholded_at_half: how the loss scores a logit head's accuracy, recorded.
         graph_vector_width: the vector width of the graph's kernels in this process
             (``pipeline.base.host_cpu``), against which stacked folds are weighed on CPU.
     """
@@ -399,6 +405,7 @@ def plan_trial(
         loss_scale_factor=loss_scale_factor,
         decay_exclusions=decay_exclusions,
         graph_optimizer=choices.graph_optimizer,
+        logits_thresholded_at_half=logits_thresholded_at_half,
     )
 
 
@@ -514,6 +521,13 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
             "variable)"
             if now.decay_exclusions
             else "variables left out of weight decay on -> off"
+        )
+    if now.logits_thresholded_at_half != recorded.logits_thresholded_at_half:
+        differences.append(
+            "the accuracy the model compiles scored on its logits as fit scores it, above 0.5 (the recorded trial "
+            "counted a logit above 0)"
+            if now.logits_thresholded_at_half
+            else "the accuracy of logits counted above 0 (the recorded trial counted them above 0.5)"
         )
     if now.deterministic_ops != recorded.deterministic_ops:
         differences.append(

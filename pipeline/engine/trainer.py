@@ -373,6 +373,7 @@ def build_trainer(
         keras_loss=loss.keras_own,
         loss_scale_factor=optimizer.loss_scale_factor,
         decay_exclusions=bool(optimizer.decay_excluded),
+        logits_thresholded_at_half=loss.logits_thresholded_at_half,
         graph_vector_width=graph_vector_width(),
     )
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):

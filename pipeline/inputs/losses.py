@@ -31,6 +31,7 @@ import keras
 import numpy as np
 
 from pipeline.base.errors import ExperimentError
+from pipeline.inputs.scoring import compiles_keras_accuracy
 from pipeline.inputs.spec import TrainSpec
 
 BINARY_LOSSES = ("binary_crossentropy", "binary_focal_crossentropy")
@@ -77,6 +78,10 @@ class TrainingLoss:
     ignore_class: int | None = None
     # The data's labels were one-hot rows (``Dataset.one_hot``): the metrics get rows, as fit gives them.
     labels_one_hot: bool = False
+    # A one-unit head read as logits whose model compiles Keras' "accuracy": fit scores it with
+    # BinaryAccuracy's threshold, 0.5, whatever the outputs are, so an output above 0.5 counts as
+    # class 1 (foldsweep's own accuracy of a logit counts one above 0).
+    logits_thresholded_at_half: bool = False
 
     @property
     def keras_own(self) -> bool:
@@ -159,7 +164,8 @@ class TrainingLoss:
         import tensorflow as tf
 
         if self.binary:
-            predicted = tf.cast(predictions[:, 0] > (0.0 if self.from_logits else 0.5), labels.dtype)
+            threshold = 0.0 if self.from_logits and not self.logits_thresholded_at_half else 0.5
+            predicted = tf.cast(predictions[:, 0] > threshold, labels.dtype)
         else:
             predicted = tf.argmax(predictions, -1, output_type=labels.dtype)
         return tf.cast(predicted == labels, tf.float32)
@@ -217,6 +223,8 @@ def training_loss(
     if regression:
         return _regression_loss(compiled)
     loss = _classification_loss(model, compiled, train, units, binary)
+    if loss.binary and loss.from_logits and compiles_keras_accuracy(model):
+        loss = replace(loss, logits_thresholded_at_half=True)
     if one_hot_labels:
         _refuse_one_hot_misread(loss, compiled)
         loss = replace(loss, labels_one_hot=True)

@@ -186,6 +186,18 @@ def direction_of(metric: Any) -> Direction | None:
     return KNOWN_DIRECTIONS.get(cls.__name__)
 
 
+def is_keras_accuracy(metric: Any) -> bool:
+    """Whether a ``compile`` metric is Keras' "accuracy", which foldsweep scores itself for a
+    classifier, by the rule Keras picks for the model's head (``TrainingLoss.correct``)."""
+    return isinstance(metric, str) and metric == "accuracy"
+
+
+def compiles_keras_accuracy(model: Any) -> bool:
+    """Whether ``model`` compiles Keras' "accuracy", in ``metrics`` or ``weighted_metrics``."""
+    metrics, weighted = compiled_metric_arguments(model)
+    return any(is_keras_accuracy(metric) for metric in (*metrics, *weighted))
+
+
 class ValidationMetrics:
     """One fold's stateful validation metrics (Keras' ``CompileMetrics``), built on the model's
     compile arguments plus the spec's ``train.metrics``; ``update`` runs inside the compiled
@@ -195,8 +207,8 @@ class ValidationMetrics:
         metrics, weighted = compiled_metric_arguments(model)
         metrics = [*metrics, *extra]
         if own_accuracy:  # the accuracy foldsweep computes itself (the same rule as Keras' "accuracy" string)
-            metrics = [metric for metric in metrics if not (isinstance(metric, str) and metric == "accuracy")]
-            weighted = [metric for metric in weighted if not (isinstance(metric, str) and metric == "accuracy")]
+            metrics = [metric for metric in metrics if not is_keras_accuracy(metric)]
+            weighted = [metric for metric in weighted if not is_keras_accuracy(metric)]
         self._own = OWN_SCORES if own_accuracy else {"loss": "min"}
         self._compiled = compile_metrics(metrics, weighted) if metrics or weighted else None
         self.names: tuple[str, ...] = ()
