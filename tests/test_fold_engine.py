@@ -617,3 +617,35 @@ def test_the_refit_model_is_saved_with_the_optimizer_that_trained_it(
     assert all(np.array_equal(kept.numpy(), value.numpy()) for kept, value in zip(optimizer.variables, trained))
     assert loaded.loss == "sparse_categorical_crossentropy"
     assert loaded.get_compile_config()["metrics"] == ["accuracy"]
+
+
+def _uncompiled(hp):
+    import keras
+
+    return keras.Sequential([keras.layers.Conv1D(4, 3), keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])
+
+
+def test_a_refit_model_its_build_left_uncompiled_is_saved_compiled_with_what_trained_and_scored_it(
+    data_and_folds, tmp_path
+):
+    """As fit leaves a model it trained: with foldsweep's optimizer in its trained state, the loss
+    and the metrics it was scored by, so that the saved model's evaluate gives the scores foldsweep
+    took on the same samples."""
+    import keras
+
+    data, folds = data_and_folds
+    train = TrainSpec(seed=0, epochs=1, metrics=("sparse_top_k_categorical_accuracy",))
+    config = {"batch_size": 32, "learning_rate": 1e-3, "optimizer": "adam", "clipping": "none"}
+    resident = resident_data(data.fingerprint, data.x, data.y)
+    trainer = build_trainer(_uncompiled, config, TrainingRecipe(train), data=resident, folds=folds[:1])
+    (scores,) = trainer.run_epoch().folds
+    trainer.model_with_trained_optimizer().save(tmp_path / "refit.keras")
+    loaded = keras.saving.load_model(tmp_path / "refit.keras")
+    assert type(loaded.optimizer).__name__ == "Adam"
+    assert int(loaded.optimizer.iterations) == -(-len(folds[0].train) // 32)
+    val = folds[0].val
+    evaluated = loaded.evaluate(data.x[val], data.y[val], batch_size=32, verbose=0, return_dict=True)
+    assert evaluated["accuracy"] == pytest.approx(scores.val_accuracy, abs=1e-6)
+    assert evaluated["loss"] == pytest.approx(scores.val_loss, rel=1e-5)
+    top_k = scores.metrics["sparse_top_k_categorical_accuracy"]
+    assert evaluated["sparse_top_k_categorical_accuracy"] == pytest.approx(float(top_k), abs=1e-6)

@@ -65,6 +65,42 @@ def test_one_output_unit_is_a_binary_classifier_given_its_labels_as_batch_by_1_f
     ]
 
 
+LOGITS = np.array([[-1.0], [0.7], [0.3], [-0.2]], np.float32)  # class 1 above 0.5 and between 0 and 0.5
+
+
+@pytest.mark.parametrize(
+    ("train", "compiled", "one_hot_labels", "labels", "outputs"),
+    [
+        (TrainSpec(), None, False, LABELS, PROBABILITIES),
+        (TrainSpec(label_smoothing=0.1), None, False, LABELS, PROBABILITIES),  # rows, as Keras smooths them
+        (TrainSpec(), None, True, LABELS, PROBABILITIES),  # the data's rows: evaluate is given rows
+        (TrainSpec(from_logits=True), None, False, BINARY, LOGITS),  # counted above 0, as foldsweep's own
+        (TrainSpec(), keras.losses.BinaryCrossentropy(from_logits=True), False, BINARY, LOGITS),  # Keras' 0.5
+        (TrainSpec(loss="binary_focal_crossentropy"), None, False, BINARY, SIGMOIDS),
+    ],
+    ids=["own", "smoothed", "one-hot", "own-logits", "compiled-accuracy-on-logits", "named"],
+)
+def test_what_a_model_is_compiled_with_for_its_refit_scores_it_as_foldsweep_did(
+    train, compiled, one_hot_labels, labels, outputs
+):
+    """A refit of a model that compiled no loss is saved compiled with the loss and accuracy that
+    trained and scored it: Keras' evaluate of that compile (on outputs passed through) gives
+    foldsweep's loss and accuracy."""
+    from pipeline.inputs.losses import uncompiled_models_loss
+
+    units = outputs.shape[1]
+    scored = model(units)
+    if compiled is not None:
+        scored.compile(optimizer="adam", loss=compiled, metrics=["accuracy"])
+    loss = training_loss(scored, train=train, units=units, one_hot_labels=one_hot_labels)
+    passed = keras.Sequential([keras.Input((units,)), keras.layers.Identity()])
+    passed.compile(loss=uncompiled_models_loss(loss, train), metrics=[loss.accuracy_metric()])
+    given = np.eye(units, dtype=np.float32)[labels] if one_hot_labels or train.label_smoothing else labels
+    evaluated = passed.evaluate(outputs, given, batch_size=len(labels), verbose=0, return_dict=True)
+    assert evaluated["loss"] == pytest.approx(float(np.mean(values(loss.per_sample(labels, outputs)))), rel=1e-6)
+    assert evaluated["accuracy"] == float(np.mean(values(loss.correct(labels, outputs))))
+
+
 def test_label_smoothing_trains_categorical_cross_entropy_on_one_hot_rows_as_keras_smooths_them():
     loss = training_loss(model(), train=TrainSpec(label_smoothing=0.1), units=3)
     assert loss.kind == "categorical_crossentropy" and loss.one_hot

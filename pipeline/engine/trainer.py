@@ -48,7 +48,7 @@ from pipeline.engine.side_by_side import SideBySideFolds
 from pipeline.engine.xla_support import xla_blocker
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.hypermodel import build_model, output_units
-from pipeline.inputs.losses import TrainingLoss
+from pipeline.inputs.losses import TrainingLoss, uncompiled_models_loss
 
 
 @dataclass
@@ -103,6 +103,7 @@ class FoldTrainer:
         self.plan = plan
         self.optimizer = optimizer
         self.loss = loss
+        self.train = recipe.train
         self.epoch = 0
         # The folds' numbers in the sweep: a rerun of one fold still reports split{k} as k.
         self.fold_ids = list(fold_ids)
@@ -146,11 +147,22 @@ class FoldTrainer:
         Where that optimizer is the one the build compiled (the same class and settings), the
         build's own object gets the trained state. Where the spec replaced or changed it (its
         optimizer, learning rate or clipping), the model is compiled again with what its build
-        compiled (loss, metrics, loss weights), around the trained optimizer. Left as it is where
-        the build compiled nothing, or where its class compiles in a way of its own."""
+        compiled (loss, metrics, loss weights), around the trained optimizer. Where the build
+        compiled nothing, it is compiled with what trained and scored it: the trained optimizer,
+        the loss (``uncompiled_models_loss``), the accuracy and ``train.metrics``. Left as it is
+        where its class compiles in a way of its own."""
         engine = self.engines[0]
         model, trained = engine.model, engine.optimizer
         compiled, arguments = getattr(model, "optimizer", None), compile_arguments(model)
+        own_compile = type(model).compile is keras.Model.compile
+        if compiled is None and arguments is None and own_compile:
+            accuracy = [self.loss.accuracy_metric()] if self.loss.own_accuracy else []
+            model.compile(
+                optimizer=trained,
+                loss=uncompiled_models_loss(self.loss, self.train),
+                metrics=[*accuracy, *self.train.metrics],
+            )
+            return model
         if compiled is None or arguments is None:
             return model
         if _same_settings(compiled, trained):
@@ -161,7 +173,7 @@ class FoldTrainer:
                 for kept, value in pairs:
                     kept.assign(value)
                 return model
-        if type(model).compile is keras.Model.compile:
+        if own_compile:
             model.compile(**{**arguments, "optimizer": trained})
         return model
 

@@ -179,6 +179,25 @@ class TrainingLoss:
         logits = "" if self.from_logits is None else f" (from_logits={self.from_logits})"
         return f"{self.name}{logits}"
 
+    def accuracy_metric(self) -> Any:
+        """What ``compile(metrics=...)`` is given for the accuracy foldsweep scores (``correct``):
+        Keras' "accuracy", or for a logit counted above 0, BinaryAccuracy at that threshold."""
+        if self.binary and self.from_logits and not self.logits_thresholded_at_half:
+            return keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)
+        return "accuracy"
+
+
+def uncompiled_models_loss(loss: TrainingLoss, train: TrainSpec) -> Any:
+    """What ``compile(loss=...)`` is given for the loss that trained a model whose build compiled
+    none: ``train.loss`` as named, else foldsweep's own cross-entropy as a Keras Loss, on the rows
+    where the data's labels were one-hot rows (what ``evaluate`` is then given)."""
+    if train.loss is not None:
+        return train.loss
+    assert loss.kind is not None  # foldsweep's own is a Keras cross-entropy
+    kind = "categorical_crossentropy" if loss.labels_one_hot and not loss.binary else loss.kind
+    smoothing = {"label_smoothing": train.label_smoothing} if train.label_smoothing else {}
+    return LOSS_CLASSES[kind](from_logits=bool(loss.from_logits), **smoothing)
+
 
 def _rows(labels: Any, predictions: Any) -> Any:
     """Integer labels as one-hot rows over the predictions' classes, in their dtype."""
