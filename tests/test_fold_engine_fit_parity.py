@@ -226,14 +226,33 @@ def metrics(hp):
                     metrics=("accuracy", keras.metrics.AUC(name="auc"), keras.metrics.TruePositives(name="tp"), MCC()))
 
 
-def one_hot(hp):  # one-hot rows (keras.utils.to_categorical's), categorical_crossentropy, AUC over the rows
+def one_hot(hp):  # one-hot rows (keras.utils.to_categorical's), categorical_crossentropy, AUC and F1 over the rows
     return compiled(body(2, "softmax"), keras.optimizers.Adam(0.01), "categorical_crossentropy",
-                    metrics=("accuracy", keras.metrics.AUC(name="auc")))
+                    metrics=("accuracy", keras.metrics.AUC(name="auc"), keras.metrics.F1Score("macro", name="f1")))
 
 
-def regression(hp):  # a float target per sample, regressed with MSE, scored by MAE and RMSE too
+def regression(hp):  # a float target per sample, regressed with MSE, scored by MAE, RMSE and R2 too
     return compiled(body(1, None), keras.optimizers.Adam(0.01), "mse",
-                    metrics=("mae", keras.metrics.RootMeanSquaredError()))
+                    metrics=("mae", keras.metrics.RootMeanSquaredError(), keras.metrics.R2Score()))
+
+
+class BatchMeanPenalty(layers.Layer):
+    """A penalty on each batch's mean activation (add_loss): not a sum over samples, so it is what
+    evaluate computes on each batch of the trial's size."""
+
+    def call(self, x):
+        self.add_loss(5.0 * keras.ops.mean(keras.ops.square(keras.ops.mean(x, axis=0))))
+        return x
+
+
+def loss_terms(hp):  # the weights' L2, an activity regularizer, a batch penalty; a metric named accuracy
+    model = keras.Sequential([layers.Conv1D(8, 3, activation="relu", kernel_regularizer=keras.regularizers.l2(0.05)),
+                              layers.Flatten(),
+                              layers.Dense(8, activation="relu", activity_regularizer=keras.regularizers.l1(0.01)),
+                              BatchMeanPenalty(),
+                              layers.Dense(1, activation="sigmoid")])
+    return compiled(model, keras.optimizers.Adam(0.01), "binary_crossentropy",
+                    metrics=(keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.8),))
 
 
 def huber(hp):  # the same regression under Huber's loss, scored by log-cosh and MAE
@@ -654,7 +673,7 @@ def keras_fold_scores(spec: Path, builder: str, *, cast=None) -> list[dict[str, 
 @pytest.mark.parametrize(
     "builder, names",
     [
-        ("regression", ("loss", "mae", "root_mean_squared_error")),
+        ("regression", ("loss", "mae", "root_mean_squared_error", "r2_score")),
         ("huber", ("loss", "logcosh", "mae")),
         ("log_cosh", ("loss", "mae")),
     ],
@@ -718,7 +737,7 @@ def test_one_hot_labels_train_a_compiled_categorical_crossentropy_and_score_as_k
 
     for k, model, (x_val, y_val), _ in keras_fold_fits(spec, "one_hot", cast=rows):
         theirs = model.evaluate(x_val, rows(y_val), batch_size=BATCH, verbose=0, return_dict=True)
-        for name in ("loss", "accuracy", "auc"):
+        for name in ("loss", "accuracy", "auc", "f1"):
             assert abs(ours[(k, name)] - theirs[name]) <= TOLERANCE, (k, name, ours, theirs)
 
 
@@ -736,6 +755,34 @@ def test_the_accuracy_a_logit_head_compiles_is_each_folds_as_keras_evaluate_scor
         assert abs(ours[(k, "accuracy")] - theirs) <= TOLERANCE, (k, ours, theirs)
         signs = float(np.mean((model.predict(x_val, verbose=0)[:, 0] > 0) == y_val))
         assert abs(signs - theirs) >= FAR, (k, signs, theirs)
+
+
+def test_the_validation_loss_has_the_models_loss_terms_and_a_metric_named_accuracy_is_the_accuracy(
+    workspace, threads_kept
+):
+    """Keras' evaluate adds the model's loss terms to each batch's loss (the weights' L2, an activity
+    regularizer, a penalty on each batch's mean activation) and reports the metric the model
+    compiles as "accuracy" (here thresholded at 0.8): so do each fold's val_loss and val_accuracy.
+    The loss without the terms, and the accuracy at 0.5, land far away."""
+    spec = spec_for(workspace, "loss_terms")
+    ours = trial_fold_scores(spec)
+    for k, model, (x_val, y_val), _ in keras_fold_fits(spec, "loss_terms"):
+        theirs = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
+        assert ours[(k, "loss")] == pytest.approx(theirs["loss"], rel=REGRESSION_TOLERANCE, abs=PRINTED), (k, ours)
+        assert abs(ours[(k, "accuracy")] - theirs["accuracy"]) <= TOLERANCE, (k, ours, theirs)
+        predicted = model.predict(x_val, batch_size=BATCH, verbose=0)[:, 0]
+        data_loss = float(np.mean(keras_binary_crossentropy(y_val, predicted)))
+        assert theirs["loss"] - data_loss >= 0.1 * data_loss, (k, data_loss, theirs)
+        at_half = float(np.mean((predicted > 0.5) == y_val))
+        assert abs(at_half - theirs["accuracy"]) >= FAR / 3, (k, at_half, theirs)
+
+
+def keras_binary_crossentropy(labels: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+    import keras
+
+    return keras.ops.convert_to_numpy(
+        keras.losses.binary_crossentropy(labels[:, None].astype(np.float32), probabilities[:, None])
+    )
 
 
 CLASS_WEIGHT = {0: 1.0, 1: 5.0}

@@ -560,16 +560,33 @@ def test_variables_left_out_of_weight_decay_are_recorded_and_a_plan_from_before_
     assert plan_differences(old, plan()) == []
 
 
-def test_a_logit_heads_accuracy_thresholded_as_keras_does_is_recorded_and_a_plan_from_before_says_so():
-    keras_rule = dataclasses.replace(plan(), logits_thresholded_at_half=True)
-    recorded = keras_rule.as_dict()
-    del recorded["logits_thresholded_at_half"]
+@pytest.mark.parametrize(
+    ("field", "difference"),
+    [
+        (
+            "logits_thresholded_at_half",
+            "the accuracy the model compiles scored on its logits as fit scores it, above 0.5 (the recorded trial "
+            "counted a logit above 0)",
+        ),
+        (
+            "validation_loss_terms",
+            "the validation loss with the model's loss terms (its regularization, add_loss) as evaluate adds them "
+            "(the recorded trial left them out)",
+        ),
+        (
+            "compiled_accuracy",
+            "the accuracy scored by the metric the model compiles under that name, as evaluate reports it (the "
+            "recorded trial scored foldsweep's own)",
+        ),
+    ],
+)
+def test_validation_scored_as_keras_evaluate_scores_it_is_recorded_and_a_plan_from_before_says_so(field, difference):
+    as_evaluate = dataclasses.replace(plan(), **{field: True})
+    recorded = as_evaluate.as_dict()
+    del recorded[field]
     old = TrialPlan.from_dict(recorded)
-    assert old.logits_thresholded_at_half is False
-    assert plan_differences(old, keras_rule) == [
-        "the accuracy the model compiles scored on its logits as fit scores it, above 0.5 (the recorded trial "
-        "counted a logit above 0)"
-    ]
+    assert getattr(old, field) is False
+    assert plan_differences(old, as_evaluate) == [difference]
     assert plan_differences(old, plan()) == []
 
 

@@ -209,6 +209,13 @@ class TrialPlan:
     # scores it, an output above 0.5 counting as class 1 (``TrainingLoss.logits_thresholded_at_half``);
     # plans recorded before counted a logit above 0.
     logits_thresholded_at_half: bool = False
+    # Whether the validation loss adds the model's loss terms (``model.losses``: its weights'
+    # regularization, its layers' activity regularization and ``add_loss``) to each batch's, as
+    # evaluate does; plans recorded before left them out.
+    validation_loss_terms: bool = False
+    # Whether the accuracy is a metric the model compiles under that name, as evaluate reports
+    # it; plans recorded before scored foldsweep's own in its place.
+    compiled_accuracy: bool = False
 
     @property
     def fused(self) -> bool:
@@ -265,6 +272,8 @@ def plan_trial(
     loss_scale_factor: float | None = None,
     decay_exclusions: bool = False,
     logits_thresholded_at_half: bool = False,
+    validation_loss_terms: bool = False,
+    compiled_accuracy: bool = False,
     graph_vector_width: GraphVectorWidth = "narrower",
 ) -> TrialPlan:
     """The whole plan of a trial whose fold models are built.
@@ -285,7 +294,8 @@ def plan_trial(
         keras_loss: whether the trial's loss is one of Keras' own, which sees each sample alone
             (``padding_blocker``).
         loss_scale_factor, decay_exclusions: the optimizer's, recorded (``TrialPlan``'s).
-        logits_thresholded_at_half: how the loss scores a logit head's accuracy, recorded.
+        logits_thresholded_at_half, validation_loss_terms, compiled_accuracy: how the trial's
+            validation is scored (``TrialPlan``'s), recorded.
         graph_vector_width: the vector width of the graph's kernels in this process
             (``pipeline.base.host_cpu``), against which stacked folds are weighed on CPU.
     """
@@ -406,6 +416,8 @@ def plan_trial(
         decay_exclusions=decay_exclusions,
         graph_optimizer=choices.graph_optimizer,
         logits_thresholded_at_half=logits_thresholded_at_half,
+        validation_loss_terms=validation_loss_terms,
+        compiled_accuracy=compiled_accuracy,
     )
 
 
@@ -528,6 +540,20 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
             "counted a logit above 0)"
             if now.logits_thresholded_at_half
             else "the accuracy of logits counted above 0 (the recorded trial counted them above 0.5)"
+        )
+    if now.validation_loss_terms != recorded.validation_loss_terms:
+        differences.append(
+            "the validation loss with the model's loss terms (its regularization, add_loss) as evaluate adds them "
+            "(the recorded trial left them out)"
+            if now.validation_loss_terms
+            else "the validation loss without the model's loss terms (the recorded trial added them)"
+        )
+    if now.compiled_accuracy != recorded.compiled_accuracy:
+        differences.append(
+            "the accuracy scored by the metric the model compiles under that name, as evaluate reports it (the "
+            "recorded trial scored foldsweep's own)"
+            if now.compiled_accuracy
+            else "the accuracy scored by foldsweep (the recorded trial by a metric the model compiles under that name)"
         )
     if now.deterministic_ops != recorded.deterministic_ops:
         differences.append(

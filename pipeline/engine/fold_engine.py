@@ -406,7 +406,10 @@ def fold_steps(
         correct = tf.reduce_sum(loss.correct(y, predictions)) if loss.own_accuracy else tf.constant(0.0)
         # Keras' evaluate adds up its batches' losses (of the trial's batch size) weighted by
         # their sizes: with ignore_class that is not the mean over every position kept.
-        return loss.batches_loss_sum(y, loss.per_sample(y, predictions), form.batch_size), correct
+        total = loss.batches_loss_sum(y, loss.per_sample(y, predictions), form.batch_size)
+        if model.losses:  # and each batch's loss has the model's loss terms in it, as in training
+            total = total + tf.cast(tf.shape(indices)[0], total.dtype) * tf.add_n(model.losses)
+        return total, correct
 
     return FoldSteps(train_steps, evaluate_batch, norm_variables, traced, choice)
 
@@ -478,6 +481,27 @@ class CallTimer:
         return max(0.0, self.first_s - self.first_samples / self.samples_per_s())
 
 
+def has_loss_terms(model: keras.Model, data: ResidentData, fold: Fold) -> bool:
+    """Whether the model has loss terms (``model.losses``) once called, as on a sample of ``fold``:
+    its weights' regularization shows without a call, what its layers add as they are called
+    only after one."""
+    import tensorflow as tf
+
+    if model.losses:
+        return True
+    with tf.device(data.device):
+        model(tf.gather(data.x, np.asarray(fold.val[:1], dtype=data.index_dtype)), training=False)
+    return bool(model.losses)
+
+
+def adds_losses_when_called(model: keras.Model) -> bool:
+    """Whether, of the model's loss terms (``model.losses``) after a call, some are added by its
+    layers as they are called (activity regularizers, ``add_loss``), rather than computed from
+    its weights (their regularizers)."""
+    regularized = sum(1 for variable in model.trainable_weights if variable.regularizer is not None)
+    return len(model.losses) > regularized
+
+
 class FoldEngine:
     """One fold's model, optimizer and compiled epoch loop over device-resident data."""
 
@@ -530,12 +554,15 @@ class FoldEngine:
         # The model's compiled metrics and the spec's, this fold's own objects, their variables
         # made before the evaluation is traced.
         self.metrics = ValidationMetrics(model, recipe.train.metrics, own_accuracy=loss.own_accuracy)
-        # Validation chunks hold whole batches of the trial's size (see ``batches_loss_sum``).
-        self._eval_chunk = self.batch_size * max(1, EVAL_BATCH_SIZE // self.batch_size)
         with tf.device(self.device):
             first = self._val_indices[:1]
             predictions = model(tf.gather(data.x, first), training=False)
             self.metrics.build(loss.metric_targets(step_labels(tf.gather(data.y, first)), predictions), predictions)
+        # Validation chunks hold whole batches of the trial's size (see ``batches_loss_sum``), one
+        # each where the model's layers add loss terms as they are called, which evaluate computes
+        # on each batch of that size.
+        per_batch = adds_losses_when_called(model)
+        self._eval_chunk = self.batch_size * (1 if per_batch else max(1, EVAL_BATCH_SIZE // self.batch_size))
         eager = recipe.choices.eager
         per_epoch = plan.stop_test == "per_epoch"
         train_steps, evaluate_batch, self.norm_variables, self.traced_step, self.step_choice = fold_steps(
@@ -646,7 +673,11 @@ class FoldEngine:
         self._running = None
         self.eval_timer.add(time.perf_counter() - started, len(self._val_indices))
         loss = loss_sum / len(self._val_indices)
-        accuracy = correct / len(self._val_indices) if self.own_accuracy else None
+        compiled_accuracy = self.metrics.compiled_accuracy()
+        if compiled_accuracy is not None:
+            accuracy: float | None = compiled_accuracy
+        else:
+            accuracy = correct / len(self._val_indices) if self.own_accuracy else None
         if not math.isfinite(loss) and self.failure is None:
             self.failure = NanEvent(
                 epoch=epoch + 1, step=EVAL_STEP, last_finite_loss=float("nan"), grad_norm=float("nan")

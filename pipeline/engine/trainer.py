@@ -38,7 +38,7 @@ from pipeline.contract.results import (
     NanReport,
     Throughput,
 )
-from pipeline.engine.fold_engine import CallTimer, FoldEngine, FoldExecutor, StoppedCall, fold_seed
+from pipeline.engine.fold_engine import CallTimer, FoldEngine, FoldExecutor, StoppedCall, fold_seed, has_loss_terms
 from pipeline.engine.profile import TRAIN_REGION, VALIDATION_REGION
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe, TrialConfig
 from pipeline.engine.resident import ResidentData
@@ -49,6 +49,7 @@ from pipeline.engine.xla_support import xla_blocker
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.hypermodel import build_model, output_units
 from pipeline.inputs.losses import TrainingLoss, uncompiled_models_loss
+from pipeline.inputs.scoring import compiles_named_accuracy
 
 
 @dataclass
@@ -386,6 +387,8 @@ def build_trainer(
         loss_scale_factor=optimizer.loss_scale_factor,
         decay_exclusions=bool(optimizer.decay_excluded),
         logits_thresholded_at_half=loss.logits_thresholded_at_half,
+        validation_loss_terms=has_loss_terms(models[0], data, folds[0]),
+        compiled_accuracy=loss.own_accuracy and compiles_named_accuracy(models[0]),
         graph_vector_width=graph_vector_width(),
     )
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):

@@ -198,6 +198,17 @@ def compiles_keras_accuracy(model: Any) -> bool:
     return any(is_keras_accuracy(metric) for metric in (*metrics, *weighted))
 
 
+def compiles_named_accuracy(model: Any) -> bool:
+    """Whether ``model`` compiles a metric of its own under the name "accuracy" (not Keras' string),
+    which ``ValidationMetrics`` scores as the classifier's accuracy."""
+    metrics, weighted = compiled_metric_arguments(model)
+    return any(
+        not isinstance(metric, str)
+        and (getattr(metric, "name", None) or getattr(metric, "__name__", None)) == "accuracy"
+        for metric in (*metrics, *weighted)
+    )
+
+
 class ValidationMetrics:
     """One fold's stateful validation metrics (Keras' ``CompileMetrics``), built on the model's
     compile arguments plus the spec's ``train.metrics``; ``update`` runs inside the compiled
@@ -212,13 +223,26 @@ class ValidationMetrics:
         self._own = OWN_SCORES if own_accuracy else {"loss": "min"}
         self._compiled = compile_metrics(metrics, weighted) if metrics or weighted else None
         self.names: tuple[str, ...] = ()
+        self._accuracy: Any = None
 
     def build(self, labels: Any, predictions: Any) -> None:
-        """Create the metrics' variables (before the evaluation is traced), on real shapes."""
+        """Create the metrics' variables (before the evaluation is traced), on real shapes: those a
+        metric makes at its first update too (F1Score's, R2Score's, a multi-label AUC's), which also
+        tries each metric on the labels and outputs as the evaluation will give them."""
         if self._compiled is None:
             return
         self._compiled.build(labels, predictions)
+        self._compiled.update_state(labels, predictions)
+        self._compiled.reset_state()
         self.names = tuple(metric.name for metric in self._compiled.metrics if metric.name not in self._own)
+        named = [metric for metric in self._compiled.metrics if metric.name == "accuracy"]
+        self._accuracy = named[0] if named and "accuracy" in self._own else None
+
+    def compiled_accuracy(self) -> float | None:
+        """The value of a metric the model compiles under the name "accuracy" (a
+        ``BinaryAccuracy(name="accuracy", threshold=0.8)``), which is the classifier's accuracy as
+        evaluate reports it, in place of foldsweep's own; None without one."""
+        return None if self._accuracy is None else float(self._accuracy.result())
 
     def update(self, labels: Any, predictions: Any) -> None:
         if self._compiled is not None:
