@@ -83,6 +83,24 @@ def build(hp):
     model.compile(loss="mse", metrics=["mae"])
     return model
 """
+CACHED_MODEL = """
+import keras
+
+MODEL = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")])
+
+
+def build(hp):
+    return MODEL
+"""
+SHARED_LAYER_MODEL = """
+import keras
+
+HIDDEN = keras.layers.Dense(4, activation="relu", name="hidden")
+
+
+def build(hp):
+    return keras.Sequential([keras.layers.Flatten(), HIDDEN, keras.layers.Dense(2, activation="softmax")])
+"""
 GOOD_SPEC = {
     "name": "good",
     "experiment": "loop.py",
@@ -171,6 +189,10 @@ FILES = {
     ),
     "onehot_width.yaml": spec_text(dataset="onehot3.npz", train={"epochs": 1}),
     "shearing.py": SHEARING_MODEL,
+    "cached.py": CACHED_MODEL,
+    "cached.yaml": spec_text(experiment="cached.py"),
+    "shared_layer.py": SHARED_LAYER_MODEL,
+    "shared_layer.yaml": spec_text(experiment="shared_layer.py"),
     "forced_xla.yaml": spec_text(
         experiment="shearing.py", dataset="squares.npz", train={"epochs": 1, "jit_compile": True}
     ),
@@ -407,6 +429,16 @@ CASES = [
             "runs ImageProjectiveTransformV3, an op XLA has no kernel for",
             "set it to auto",
         ],
+    ),
+    (
+        "a build that returns the same model at every call",
+        ["validate", "cached.yaml"],
+        ["returns the same model object at every call", "would not be cross-validation"],
+    ),
+    (
+        "a build that reuses a layer made outside it",
+        ["validate", "shared_layer.yaml"],
+        ["returns models that share the trainable layers ['hidden'] between calls", "inside build(hp)"],
     ),
     (
         "float targets with a classification loss",

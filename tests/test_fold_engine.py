@@ -619,6 +619,27 @@ def test_the_refit_model_is_saved_with_the_optimizer_that_trained_it(
     assert loaded.get_compile_config()["metrics"] == ["accuracy"]
 
 
+_KEPT: dict[str, object] = {}
+
+
+def _kept_between_calls(hp):  # a build that keeps its model: every fold would train the one model
+    import keras
+
+    if "model" not in _KEPT:
+        _KEPT["model"] = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])
+    return _KEPT["model"]
+
+
+def test_fold_models_that_share_what_they_train_are_refused(data_and_folds):
+    from pipeline.base.errors import ExperimentError
+
+    data, folds = data_and_folds
+    config = {"batch_size": 32, "learning_rate": 1e-3, "optimizer": "adam", "clipping": "none"}
+    resident = resident_data(data.fingerprint, data.x, data.y)
+    with pytest.raises(ExperimentError, match="share 2 trainable variables: .* would not be cross-validation"):
+        build_trainer(_kept_between_calls, config, TrainingRecipe(TrainSpec(seed=0)), data=resident, folds=folds)
+
+
 def _uncompiled(hp):
     import keras
 

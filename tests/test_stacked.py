@@ -354,12 +354,13 @@ def test_clipping_is_applied_per_fold(dataset, folds, trained_once, clipping, la
         assert not np.allclose(calm[k]["train_loss"], unclipped[k]["train_loss"], rtol=1e-4)
 
 
-def test_fold_models_sharing_layers_are_not_fused(dataset, folds):
-    shared = keras.layers.Dense(10, activation="softmax")
+def test_fold_models_sharing_a_frozen_layer_are_not_fused(dataset, folds):
+    shared = keras.layers.Dense(10, activation="relu", trainable=False)  # a frozen base, kept between builds
 
     def build(hp):
         inputs = keras.Input(shape=dataset.input_shape)
-        return keras.Model(inputs, shared(keras.layers.Flatten()(inputs)))
+        features = shared(keras.layers.Flatten()(inputs))
+        return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(features))
 
     trainer = build_trainer(
         build,

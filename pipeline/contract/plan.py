@@ -651,7 +651,7 @@ def _unfused_reason(choices: ExecutionChoices, *, n_folds: int, shared_variables
         )
     if shared_variables:
         return (
-            f"unfused: the fold models share {shared_variables} variables (build(hp) reuses layers between "
+            f"unfused: the fold models share {shared_variables} variables (build(hp) reuses frozen layers between "
             "calls), so they cannot be trained as independent replicas"
         )
     if choices.fused == "off":
@@ -688,10 +688,10 @@ def _side_by_side_why(compute_threads: int, batch_size: int, blocker: str | None
     return f"{compute_threads} compute thread{'s' if compute_threads != 1 else ''}"
 
 
-def shared_variable_count(models: Sequence[Any]) -> int:
-    """How many variables belong to more than one of these models."""
+def shared_variable_count(models: Sequence[Any], *, trainable: bool = False) -> int:
+    """How many variables (``trainable`` ones only, if so) belong to more than one of these models."""
     owners: dict[int, int] = {}
     for model in models:
-        for variable in {id(v): v for v in model.variables}:
+        for variable in {id(v): v for v in (model.trainable_variables if trainable else model.variables)}:
             owners[variable] = owners.get(variable, 0) + 1
     return sum(1 for count in owners.values() if count > 1)

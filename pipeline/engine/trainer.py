@@ -20,11 +20,19 @@ import numpy as np
 from pipeline.base import compile_cache
 from pipeline.base.accelerator import GpuIdentity, UnknownGpu, deterministic_ops, gpu_identity
 from pipeline.base.compile_cache import CacheCounts, CompileCache, content_names
+from pipeline.base.errors import ExperimentError
 from pipeline.base.host_cpu import graph_vector_width
 from pipeline.base.keras_private import compile_arguments
 from pipeline.base.tensorflow_private import use_graph_optimizer
 from pipeline.contract.account import TimeAccount
-from pipeline.contract.plan import RandomDraws, StackedConvolutions, TrialPlan, plan_differences, plan_trial
+from pipeline.contract.plan import (
+    RandomDraws,
+    StackedConvolutions,
+    TrialPlan,
+    plan_differences,
+    plan_trial,
+    shared_variable_count,
+)
 from pipeline.contract.results import (
     COMPILE_S,
     EVAL_S,
@@ -47,7 +55,7 @@ from pipeline.engine.sequential import SequentialFolds
 from pipeline.engine.side_by_side import SideBySideFolds
 from pipeline.engine.xla_support import xla_blocker
 from pipeline.inputs.folds import Fold
-from pipeline.inputs.hypermodel import build_model, output_units
+from pipeline.inputs.hypermodel import SHARED_LAYERS_RULE, build_model, output_units
 from pipeline.inputs.losses import TrainingLoss, uncompiled_models_loss
 from pipeline.inputs.scoring import compiles_named_accuracy
 
@@ -339,6 +347,12 @@ def build_trainer(
         keras.backend.clear_session(free_memory=False)
         keras.utils.set_random_seed(fold_seed(seed, k))
         models.append(build_model(build_fn, model_values, input_shape=input_shape))
+    shared = shared_variable_count(models, trainable=True)
+    if shared:
+        raise ExperimentError(
+            f"experiment: the fold models build(hp) returns for {dict(model_values)} share {shared} trainable "
+            f"variables: {SHARED_LAYERS_RULE}"
+        )
     optimizer = recipe.optimizer(models[0], params)
     per_position = data.y.shape.rank > 1 and not data.y.dtype.is_floating
     loss = recipe.loss(

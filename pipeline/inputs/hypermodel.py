@@ -329,6 +329,9 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
     hp = keras_tuner.HyperParameters()
     model = _checked_build(build_fn, hp, reference, "default hyperparameters")
     _refuse_reduced_precision(model, reference)
+    _refuse_shared_layers(
+        model, _checked_build(build_fn, keras_tuner.HyperParameters(), reference, "them again"), reference
+    )
     input_shape = tuple(model.inputs[0].shape[1:]) if _declared_inputs(model) else None
     _refuse_own_training(model, reference)
     compiled, schedule = _compiled_optimizer(model, reference)
@@ -361,6 +364,32 @@ TRAINING_OVERRIDES: Mapping[str, str] = {
     "compute_loss": "put the loss in compile(loss=...) and extra loss terms in a layer's self.add_loss(...)",
     "compute_metrics": "foldsweep records the loss and accuracy itself: drop the override",
 }
+
+
+# Why fold models must not share what they train: what a refusal of those that do says.
+SHARED_LAYERS_RULE = (
+    "each fold trains a model of its own from its fresh weights, and a layer two folds train carries one fold's "
+    "training into the other's, its validation samples included, so the scores would not be cross-validation. "
+    "Make the model and its layers inside build(hp), afresh at each call (a frozen base, trainable=False, may be "
+    "shared)"
+)
+
+
+def _refuse_shared_layers(first: keras.Model, second: keras.Model, reference: str) -> None:
+    """Two builds with the same values make models of their own to train: not the same model, and
+    no trainable layer of one in the other (a model kept from an earlier call, layers made once
+    outside build). A frozen layer, which no fold trains, may be shared."""
+    if second is first:
+        raise ExperimentError(
+            f"experiment: {reference} returns the same model object at every call: {SHARED_LAYERS_RULE}"
+        )
+    shared = {id(layer) for layer in first.layers if layer.trainable} & {id(layer) for layer in second.layers}
+    if shared:
+        names = [layer.name for layer in first.layers if id(layer) in shared]
+        raise ExperimentError(
+            f"experiment: {reference} returns models that share the trainable layers {names} between calls: "
+            f"{SHARED_LAYERS_RULE}"
+        )
 
 
 def _refuse_own_training(model: keras.Model, reference: str) -> None:
