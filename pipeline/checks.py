@@ -319,6 +319,17 @@ def compile_notes(spec: SweepSpec, experiment: Any) -> list[str]:
             notes.append(
                 f"the {optimizer} optimizer{rate} and loss that {spec.experiment} compiles are used, one copy per fold"
             )
+        clipping = experiment.compiled_clipping
+        if clipping and "clipping" in spec.search.space and "optimizer" not in named:
+            notes.append(
+                f"search.space.clipping replaces the {clipping} of the {optimizer} optimizer that {spec.experiment} "
+                "compiles: the trials clip as their clipping says, none not at all"
+            )
+        elif clipping and "optimizer" not in named:
+            notes.append(
+                f"the {optimizer} optimizer clips the gradients with its {clipping}; the trials' clipping param, none, "
+                "is the spec's (search.space.clipping would replace it)"
+            )
     for name, source in experiment.fit_arguments.items():
         notes.append(f"{name} comes from {spec.experiment}'s fit() (hyperparameter {source!r})")
     rule = experiment.fit_early_stopping

@@ -137,3 +137,34 @@ def test_a_data_error_is_reported_before_tensorflow_loads(tmp_path, case, comman
     first, output = done.stdout.split("\n", 1)
     assert first == "2 False False", done.stdout + done.stderr
     assert expected in " ".join(output.split())
+
+
+def test_validate_says_whose_clipping_the_trials_train_with(write_spec):
+    from types import SimpleNamespace
+
+    from pipeline.checks import compile_notes
+    from pipeline.inputs.spec import load_spec
+
+    experiment = SimpleNamespace(
+        compiled_optimizer="SGD",
+        compiled_schedule=None,
+        compiled_clipping="clipnorm=0.01",
+        fit_arguments={},
+        fit_early_stopping=None,
+        fit_restores_best_weights=False,
+    )
+    searched = load_spec(write_spec({"search": {"space": {"clipping": {"choice": ["none", "value"]}}}}))
+    assert (
+        "search.space.clipping replaces the clipnorm=0.01 of the SGD optimizer that "
+        f"{searched.experiment} compiles: the trials clip as their clipping says, none not at all"
+    ) in compile_notes(searched, experiment)
+    unsearched = load_spec(write_spec())
+    assert (
+        "the SGD optimizer clips the gradients with its clipnorm=0.01; the trials' clipping param, none, is the "
+        "spec's (search.space.clipping would replace it)"
+    ) in compile_notes(unsearched, experiment)
+    assert not [
+        note
+        for note in compile_notes(unsearched, SimpleNamespace(**{**vars(experiment), "compiled_clipping": None}))
+        if "clip" in note
+    ]

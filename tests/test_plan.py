@@ -574,13 +574,18 @@ def test_variables_left_out_of_weight_decay_are_recorded_and_a_plan_from_before_
             "(the recorded trial left them out)",
         ),
         (
+            "compiled_clipping_cleared",
+            "the spec's clipping none clears the clipping of the optimizer the build compiles (the recorded trial "
+            "kept it)",
+        ),
+        (
             "compiled_accuracy",
             "the accuracy scored by the metric the model compiles under that name, as evaluate reports it (the "
             "recorded trial scored foldsweep's own)",
         ),
     ],
 )
-def test_validation_scored_as_keras_evaluate_scores_it_is_recorded_and_a_plan_from_before_says_so(field, difference):
+def test_what_fit_and_evaluate_do_is_recorded_and_a_plan_from_before_says_so(field, difference):
     as_evaluate = dataclasses.replace(plan(), **{field: True})
     recorded = as_evaluate.as_dict()
     del recorded[field]

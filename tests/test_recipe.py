@@ -81,6 +81,21 @@ def test_the_builds_compiled_optimizer_is_kept_unless_the_search_space_names_it(
     assert clipped.source == "hypermodel" and clipped.make([]).clipnorm == 2.0
 
 
+def test_a_clipping_the_search_space_names_is_the_compiled_optimizers_whole_clipping():
+    model = compiled(keras.optimizers.SGD(0.3, clipnorm=0.01))
+    named = frozenset({"clipping"})
+    kept = optimizer_recipe(model, params())  # the spec names no clipping: the compiled one's applies
+    assert kept.clipping == ("norm", 0.01) and not kept.clipping_cleared
+    cleared = optimizer_recipe(model, params(), spec_names=named)
+    assert cleared.clipping == ("none", None) and cleared.clipping_cleared
+    assert all(getattr(cleared.make([]), argument) is None for argument in CLIPPING_ARGUMENTS.values())
+    by_value = optimizer_recipe(model, params(clipping="value", clip_threshold=1.0), spec_names=named)
+    assert by_value.clipping == ("value", 1.0) and by_value.make([]).clipnorm is None
+    assert not by_value.clipping_cleared
+    unclipped = optimizer_recipe(compiled(keras.optimizers.SGD(0.3)), params(), spec_names=named)
+    assert unclipped.clipping == ("none", None) and not unclipped.clipping_cleared
+
+
 def test_an_optimizer_foldsweep_has_no_name_for_is_named_by_its_class_and_a_schedule_by_its_call():
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=1000, decay_rate=0.9)
     recipe = optimizer_recipe(compiled(keras.optimizers.Adagrad(learning_rate=schedule)), params())

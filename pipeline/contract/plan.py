@@ -216,6 +216,10 @@ class TrialPlan:
     # Whether the accuracy is a metric the model compiles under that name, as evaluate reports
     # it; plans recorded before scored foldsweep's own in its place.
     compiled_accuracy: bool = False
+    # Whether the spec's clipping ``none`` cleared the clipping of the optimizer the build compiled
+    # (the spec's clipping, where it names one, is the optimizer's whole clipping); plans recorded
+    # before kept the compiled clipping under ``none``.
+    compiled_clipping_cleared: bool = False
 
     @property
     def fused(self) -> bool:
@@ -274,6 +278,7 @@ def plan_trial(
     logits_thresholded_at_half: bool = False,
     validation_loss_terms: bool = False,
     compiled_accuracy: bool = False,
+    compiled_clipping_cleared: bool = False,
     graph_vector_width: GraphVectorWidth = "narrower",
 ) -> TrialPlan:
     """The whole plan of a trial whose fold models are built.
@@ -293,7 +298,8 @@ def plan_trial(
         deterministic_ops: whether TensorFlow runs its ops deterministically here, recorded.
         keras_loss: whether the trial's loss is one of Keras' own, which sees each sample alone
             (``padding_blocker``).
-        loss_scale_factor, decay_exclusions: the optimizer's, recorded (``TrialPlan``'s).
+        loss_scale_factor, decay_exclusions, compiled_clipping_cleared: the optimizer's, recorded
+            (``TrialPlan``'s).
         logits_thresholded_at_half, validation_loss_terms, compiled_accuracy: how the trial's
             validation is scored (``TrialPlan``'s), recorded.
         graph_vector_width: the vector width of the graph's kernels in this process
@@ -418,6 +424,7 @@ def plan_trial(
         logits_thresholded_at_half=logits_thresholded_at_half,
         validation_loss_terms=validation_loss_terms,
         compiled_accuracy=compiled_accuracy,
+        compiled_clipping_cleared=compiled_clipping_cleared,
     )
 
 
@@ -540,6 +547,13 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
             "counted a logit above 0)"
             if now.logits_thresholded_at_half
             else "the accuracy of logits counted above 0 (the recorded trial counted them above 0.5)"
+        )
+    if now.compiled_clipping_cleared != recorded.compiled_clipping_cleared:
+        differences.append(
+            "the spec's clipping none clears the clipping of the optimizer the build compiles (the recorded trial "
+            "kept it)"
+            if now.compiled_clipping_cleared
+            else "the clipping of the optimizer the build compiles kept (the recorded trial cleared it)"
         )
     if now.validation_loss_terms != recorded.validation_loss_terms:
         differences.append(

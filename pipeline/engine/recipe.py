@@ -51,6 +51,8 @@ class OptimizerRecipe:
     # config does not carry: their positions in the model's trainable variables (the same in every
     # fold's model and in the stacked ones, whose names a name pattern would not find alike).
     decay_excluded: tuple[int, ...] = ()
+    # Whether the spec's clipping ``none`` cleared the compiled optimizer's own clipping.
+    clipping_cleared: bool = False
 
     def make(self, variables: Sequence[Any], *, clipping: bool = True) -> keras.optimizers.Optimizer:
         """A fresh optimizer (every fold has its own state) for ``variables``, a model's trainable
@@ -99,9 +101,10 @@ def optimizer_recipe(
     model: keras.Model | None, params: TrainingParams, *, spec_names: frozenset[str] = frozenset()
 ) -> OptimizerRecipe:
     """A fold model's optimizer: the one its build compiled, if any, else (or without a model)
-    foldsweep's. The
-    spec's ``optimizer`` and ``learning_rate`` replace the compiled ones only where the spec's
-    search space names them (``spec_names``); the spec's clipping applies to either."""
+    foldsweep's. The spec's ``optimizer``, ``learning_rate`` and ``clipping`` replace the compiled
+    ones only where the spec's search space names them (``spec_names``): a named clipping is the
+    optimizer's whole clipping (``none`` clears the compiled one's clipnorm, clipvalue and
+    global_clipnorm), as the trial records it."""
     compiled = getattr(model, "optimizer", None)
     if compiled is not None and "optimizer" not in spec_names:
         config = optimizer_config(compiled, "the build")
@@ -117,10 +120,12 @@ def optimizer_recipe(
         cls, fixed = optimizer_class(params.optimizer), OPTIMIZERS[params.optimizer][1]
         config = cls(learning_rate=params.learning_rate, **fixed).get_config()
         recipe = OptimizerRecipe(cls, config, "spec" if spec_names & {"optimizer", "learning_rate"} else "default")
-    if params.clipping != NO_CLIPPING:
+    if params.clipping != NO_CLIPPING or "clipping" in spec_names:
         clip: dict[str, float | None] = {argument: None for argument in CLIPPING_ARGUMENTS.values()}
-        clip[CLIPPING_ARGUMENTS[params.clipping]] = params.clip_threshold
-        recipe = replace(recipe, config={**recipe.config, **clip})
+        if params.clipping != NO_CLIPPING:
+            clip[CLIPPING_ARGUMENTS[params.clipping]] = params.clip_threshold
+        cleared = params.clipping == NO_CLIPPING and recipe.clipping[0] != NO_CLIPPING
+        recipe = replace(recipe, config={**recipe.config, **clip}, clipping_cleared=cleared)
     return recipe
 
 

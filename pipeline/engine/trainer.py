@@ -400,6 +400,7 @@ def build_trainer(
         keras_loss=loss.keras_own,
         loss_scale_factor=optimizer.loss_scale_factor,
         decay_exclusions=bool(optimizer.decay_excluded),
+        compiled_clipping_cleared=optimizer.clipping_cleared,
         logits_thresholded_at_half=loss.logits_thresholded_at_half,
         validation_loss_terms=has_loss_terms(models[0], data, folds[0]),
         compiled_accuracy=loss.own_accuracy and compiles_named_accuracy(models[0]),

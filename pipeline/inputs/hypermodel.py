@@ -40,7 +40,7 @@ from keras_tuner.src.engine.hyperparameters import hp_types
 from pipeline.base.errors import ExperimentError
 from pipeline.base.keras_private import compiled_loss_weights, flatten_layers
 from pipeline.inputs.scoring import OWN_SCORES, direction_of, is_per_position, is_regression
-from pipeline.inputs.spec import EarlyStoppingSpec, TrainSpec
+from pipeline.inputs.spec import CLIPPING_ARGUMENTS, EarlyStoppingSpec, TrainSpec
 
 MAX_DISCOVERY_BUILDS = 64
 # A number hyperparameter with at most this many values is enumerated to find which of its
@@ -62,6 +62,7 @@ class Experiment:
     input_shape: tuple[int | None, ...] | None  # None: built on the data's shape
     compiled_optimizer: str | None = None  # the optimizer class its build compiles, if any
     compiled_schedule: str | None = None  # its learning-rate schedule, as a call, if it has one
+    compiled_clipping: str | None = None  # its gradient clipping, as an argument (clipnorm=1), if it clips
     # foldsweep's training hyperparameter -> the hyperparameter a fit() override feeds it from.
     fit_arguments: Mapping[str, str] = field(default_factory=dict)
     # The EarlyStopping a fit() override passes, as a rule on the mean CV curve.
@@ -335,6 +336,7 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
     input_shape = tuple(model.inputs[0].shape[1:]) if _declared_inputs(model) else None
     _refuse_own_training(model, reference)
     compiled, schedule = _compiled_optimizer(model, reference)
+    clipping = _compiled_clipping(model)
     fit_arguments, (early_stopping, restores_best), class_weight = _read_fit(hypermodel, model, hp, reference)
     _discover(build_fn, hp, reference)
     # Keras' names start afresh for the trials; no garbage collection, which takes seconds in a
@@ -347,6 +349,7 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
         input_shape,
         compiled,
         schedule,
+        clipping,
         fit_arguments,
         early_stopping,
         restores_best,
@@ -477,6 +480,14 @@ def remade_optimizer(cls: type[keras.optimizers.Optimizer], config: Mapping[str,
         schedule = getattr(_EXPERIMENT_MODULES.get(module) or sys.modules.get(module), rate["class_name"], None)
         own = {rate["class_name"]: schedule} if isinstance(schedule, type) else {}
     return cls.from_config(dict(config), custom_objects=own)
+
+
+def _compiled_clipping(model: keras.Model) -> str | None:
+    """The gradient clipping of the optimizer a build compiled, as its argument (``clipnorm=1``)."""
+    optimizer = getattr(model, "optimizer", None)
+    config = optimizer.get_config() if optimizer is not None else {}
+    clips = [f"{argument}={config[argument]:g}" for argument in CLIPPING_ARGUMENTS.values() if config.get(argument)]
+    return clips[0] if clips else None
 
 
 def _compiled_optimizer(model: keras.Model, reference: str) -> tuple[str | None, str | None]:
