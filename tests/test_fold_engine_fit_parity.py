@@ -245,6 +245,28 @@ class BatchMeanPenalty(layers.Layer):
         return x
 
 
+class EveryCall(layers.Layer):
+    """State a layer changes at every call, inference too: a BatchNormalization called in training
+    mode (batch statistics, moving averages moved) and a count of calls that shifts the outputs."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.norm = layers.BatchNormalization()
+
+    def build(self, shape):
+        self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False, name="calls")
+
+    def call(self, x):
+        self.calls.assign_add(1.0)
+        return self.norm(x, training=True) + 0.5 * keras.ops.sin(self.calls)
+
+
+def every_call(hp):
+    model = keras.Sequential([layers.Conv1D(8, 3), EveryCall(), layers.Activation("relu"), layers.Flatten(),
+                              layers.Dense(1, activation="sigmoid")])
+    return compiled(model, keras.optimizers.Adam(0.01), "binary_crossentropy")
+
+
 def loss_terms(hp):  # the weights' L2, an activity regularizer, a batch penalty; a metric named accuracy
     model = keras.Sequential([layers.Conv1D(8, 3, activation="relu", kernel_regularizer=keras.regularizers.l2(0.05)),
                               layers.Flatten(),
@@ -775,6 +797,22 @@ def test_the_validation_loss_has_the_models_loss_terms_and_a_metric_named_accura
         assert theirs["loss"] - data_loss >= 0.1 * data_loss, (k, data_loss, theirs)
         at_half = float(np.mean((predicted > 0.5) == y_val))
         assert abs(at_half - theirs["accuracy"]) >= FAR / 3, (k, at_half, theirs)
+
+
+def test_a_model_that_changes_its_state_at_every_call_is_validated_batch_by_batch_as_keras_evaluate(
+    workspace, threads_kept
+):
+    """A layer that normalizes every batch by its own statistics and counts its calls, inference
+    too: Keras' evaluate runs the fold's batches one after another, each on the state the one before
+    left, and foldsweep's validation gives its numbers; the model's state is what fit left it at
+    every step (foldsweep's own looks at the model leave none of it behind)."""
+    spec = spec_for(workspace, "every_call")
+    ours = trial_fold_scores(spec)
+    # fit validates every epoch, as foldsweep does (those calls count too): its last validation.
+    for k, _, _, history in keras_fold_fits(spec, "every_call", validate=True):
+        theirs = {name: history[f"val_{name}"][-1] for name in ("loss", "accuracy")}
+        assert ours[(k, "loss")] == pytest.approx(theirs["loss"], rel=REGRESSION_TOLERANCE, abs=PRINTED), (k, ours)
+        assert abs(ours[(k, "accuracy")] - theirs["accuracy"]) <= TOLERANCE, (k, ours, theirs)
 
 
 def keras_binary_crossentropy(labels: np.ndarray, probabilities: np.ndarray) -> np.ndarray:

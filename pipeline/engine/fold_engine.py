@@ -18,7 +18,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -489,9 +489,25 @@ def has_loss_terms(model: keras.Model, data: ResidentData, fold: Fold) -> bool:
 
     if model.losses:
         return True
-    with tf.device(data.device):
+    with tf.device(data.device), state_kept(model):
         model(tf.gather(data.x, np.asarray(fold.val[:1], dtype=data.index_dtype)), training=False)
     return bool(model.losses)
+
+
+@contextlib.contextmanager
+def state_kept(model: keras.Model) -> Iterator[list[bool]]:
+    """Run the block (calls of the model that only look at it), then give the model's
+    non-trainable state back as it was: a layer may update it at every call, inference too (a
+    counter, a BatchNormalization called in training mode), which fit never saw these calls do.
+    The list yielded holds True after the block if the calls changed it."""
+    variables = list(model.non_trainable_variables)
+    before = [np.array(variable.numpy(), copy=True) for variable in variables]
+    changed: list[bool] = []
+    yield changed
+    for variable, value in zip(variables, before):
+        if not np.array_equal(variable.numpy(), value, equal_nan=value.dtype.kind == "f"):
+            variable.assign(value)
+            changed[:] = [True]
 
 
 def adds_losses_when_called(model: keras.Model) -> bool:
@@ -554,14 +570,14 @@ class FoldEngine:
         # The model's compiled metrics and the spec's, this fold's own objects, their variables
         # made before the evaluation is traced.
         self.metrics = ValidationMetrics(model, recipe.train.metrics, own_accuracy=loss.own_accuracy)
-        with tf.device(self.device):
+        with tf.device(self.device), state_kept(model) as changed:
             first = self._val_indices[:1]
             predictions = model(tf.gather(data.x, first), training=False)
             self.metrics.build(loss.metric_targets(step_labels(tf.gather(data.y, first)), predictions), predictions)
         # Validation chunks hold whole batches of the trial's size (see ``batches_loss_sum``), one
-        # each where the model's layers add loss terms as they are called, which evaluate computes
-        # on each batch of that size.
-        per_batch = adds_losses_when_called(model)
+        # each where the model's layers add loss terms or change its state as they are called,
+        # which evaluate computes on each batch of that size, one after another.
+        per_batch = adds_losses_when_called(model) or bool(changed)
         self._eval_chunk = self.batch_size * (1 if per_batch else max(1, EVAL_BATCH_SIZE // self.batch_size))
         eager = recipe.choices.eager
         per_epoch = plan.stop_test == "per_epoch"
