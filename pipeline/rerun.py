@@ -9,7 +9,7 @@ import math
 import re
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -247,10 +247,14 @@ def recorded_folds(recorded: RecordedTrial) -> tuple[Any, Callable[[], FoldPlan]
     return dataset, wait_for_folds
 
 
-def checked_overrides(overrides: Mapping[str, Any], known: set[str], hyperparameters: Any) -> dict[str, Any]:
+def checked_overrides(
+    overrides: Mapping[str, Any], known: set[str], hyperparameters: Any, *, spec_names: Collection[str] = ()
+) -> dict[str, Any]:
     """The ``--set`` values, each read as its hyperparameter's type and checked against what
     declares it: the hypermodel's ``hp.Int``/``Float``/``Choice``/``Boolean``/``Fixed``, or the
-    spec's rules for foldsweep's training hyperparameters.
+    spec's rules for foldsweep's training hyperparameters, which the hypermodel may declare too (an
+    ``hp.Choice("optimizer", ...)`` of its own): its declaration rules unless the spec's search
+    space names it (``spec_names``).
 
     Raises:
         InputError: a name that is no hyperparameter of the trial, or a value of the wrong type
@@ -261,7 +265,7 @@ def checked_overrides(overrides: Mapping[str, Any], known: set[str], hyperparame
     for name, value in overrides.items():
         if name not in known:
             raise InputError(f"--set {name}: not a hyperparameter of this trial; known: {', '.join(sorted(known))}")
-        if name in TRAINING_DEFAULTS:
+        if name in TRAINING_DEFAULTS and (name in spec_names or name not in declared):
             try:
                 check_training_param("--set", name, name, ParamSpec("fixed", (value,)))
             except SpecError as exc:
@@ -478,7 +482,9 @@ def trial_of_spec(spec_path: Path, options: TrialOptions, out: TrialOutput) -> T
     prepared = prepare(sweep_spec, hooks=TRAINING_LIBRARIES, inputs=inputs)
     out.checked(prepared)
     experiment, space = prepared.experiment, prepared.space
-    overrides = checked_overrides(assignments, set(space.domains), experiment.hyperparameters)
+    overrides = checked_overrides(
+        assignments, set(space.domains), experiment.hyperparameters, spec_names=set(sweep_spec.search.space)
+    )
     config = single_config(prepared.spec, space, experiment.hyperparameters, overrides)
     config, _ = _without_inactive(config, overrides, space.conditions, out)
     resolved = space.resolve(config)
@@ -536,7 +542,12 @@ def rerun_recorded(
 
     require_hooks(TRAINING_LIBRARIES)  # its checks build small models: TensorFlow starts here
     experiment, spec, space = load_experiment_and_space(recorded.spec, recorded.experiment_path)
-    overrides = checked_overrides(overrides, set(space.domains) | set(recorded.config), experiment.hyperparameters)
+    overrides = checked_overrides(
+        overrides,
+        set(space.domains) | set(recorded.config),
+        experiment.hyperparameters,
+        spec_names=set(spec.search.space),
+    )
     config, overrides = _without_inactive({**recorded.config, **overrides}, overrides, space.conditions, out)
     folds = wait_for_folds()
     out.tell(

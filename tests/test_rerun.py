@@ -26,6 +26,21 @@ def test_set_values_are_read_as_a_spec_reads_numbers():
         parse_assignments(["filters={8"])
 
 
+def test_a_training_name_the_hypermodel_declares_is_checked_against_its_declaration_unless_the_spec_names_it():
+    from pipeline.rerun import checked_overrides
+
+    hyperparameters = keras_tuner.HyperParameters()
+    hyperparameters.Choice("optimizer", ["nadam", "adagrad"])
+    known = {"optimizer", "batch_size"}
+    assert checked_overrides({"optimizer": "adagrad"}, known, hyperparameters) == {"optimizer": "adagrad"}
+    with pytest.raises(InputError, match="--set optimizer: the hypermodel declares it hp.Choice of 'nadam', 'adagrad'"):
+        checked_overrides({"optimizer": "adam"}, known, hyperparameters)
+    named = {"optimizer"}  # the spec's search space replaces the hypermodel's: foldsweep's optimizers
+    assert checked_overrides({"optimizer": "adam"}, known, hyperparameters, spec_names=named) == {"optimizer": "adam"}
+    with pytest.raises(InputError, match="optimizer must be one of adam, adamw, sgd, rmsprop"):
+        checked_overrides({"optimizer": "adagrad"}, known, hyperparameters, spec_names=named)
+
+
 def test_a_single_trial_needs_no_value_its_condition_leaves_out(write_spec):
     spec = load_spec(write_spec({"search": {"space": Replace(CLIP_SPACE)}}))
     space = build_space(spec, keras_tuner.HyperParameters())
