@@ -56,6 +56,16 @@ def test_a_keras_tuner_hypermodel_class_maps_to_equivalent_ray_domains(write_exp
     assert any(isinstance(layer, keras.layers.MaxPooling1D) for layer in model.layers)
 
 
+def test_a_reverse_log_range_no_ray_domain_draws_is_refused_unless_stepped():
+    from keras_tuner.src.engine.hyperparameters import hp_types
+
+    momentum = hp_types.Float("momentum", 0.01, 0.999, sampling="reverse_log")
+    with pytest.raises(SpecError, match=r"hyperparameter 'momentum': .*sampling='reverse_log'.* search\.space"):
+        hp_domain(momentum)
+    stepped = hp_types.Float("decay", 0.1, 0.9, step=2, sampling="reverse_log")
+    assert hp_domain(stepped).categories == [round(value, 10) for value in stepped.values]
+
+
 def test_spec_entries_override_the_hypermodel_and_fill_training_defaults(write_spec):
     spec = load_spec(write_spec({"search": {"space": {"batch_size": {"grid": [8, 16]}, "kernel_size": 5}}}))
     experiment = load_experiment(MNIST1D_EXPERIMENT, "build")

@@ -236,7 +236,13 @@ def build_space(
         for name in OWN_OPTIMIZER_SETTINGS:
             domains.pop(name)
     domains["epochs"] = default_epochs if default_epochs is not None else spec.train.epochs
-    domains.update({name: hp_domain(hp) for name, hp in discovered.items()})
+    domains.update(
+        {
+            name: hp_domain(hp, declared_in=spec.experiment)
+            for name, hp in discovered.items()
+            if name not in spec.search.space
+        }
+    )
     domains.update({name: spec_domain(param) for name, param in spec.search.space.items()})
     conditions = {
         **TRAINING_CONDITIONS,
@@ -275,8 +281,9 @@ def spec_domain(param: ParamSpec) -> Any:
     raise AssertionError(f"unhandled parameter kind {kind}")
 
 
-def hp_domain(hp: Any) -> Any:
-    """A KerasTuner hyperparameter as the Ray Tune domain that samples the same values."""
+def hp_domain(hp: Any, *, declared_in: str = "the hypermodel") -> Any:
+    """A KerasTuner hyperparameter (of the hypermodel ``declared_in`` names) as the Ray Tune domain
+    that samples the same values."""
     if isinstance(hp, hp_types.Fixed):
         return hp.value
     if isinstance(hp, hp_types.Boolean):
@@ -288,6 +295,14 @@ def hp_domain(hp: Any) -> Any:
             # KerasTuner steps count from min_value (and multiply on a log scale), which Ray's
             # q-domains do not: enumerate the exact values instead.
             return tune.choice([_tidy(value) for value in hp.values])
+        if hp.sampling == "reverse_log":
+            kind = type(hp).__name__
+            raise SpecError(
+                f"hyperparameter {hp.name!r}: {declared_in} declares it hp.{kind}({hp.min_value}, {hp.max_value}, "
+                "sampling='reverse_log'), its draws crowding toward the top of the range, which no Ray Tune search "
+                "space draws: give it a step (its values are then searched as a choice), or name it in the spec's "
+                f"search.space (e.g. {hp.name}: {{uniform: [{hp.min_value}, {hp.max_value}]}})"
+            )
         if isinstance(hp, hp_types.Int):
             sampler = tune.lograndint if hp.sampling == "log" else tune.randint
             return sampler(hp.min_value, hp.max_value + 1)
