@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.base.errors import DataError, ExperimentError, SpecError
 from pipeline.base.private_hooks import HOOKED_LIBRARIES, require_hooks
-from pipeline.inputs.datasets import Dataset, load_dataset
+from pipeline.inputs.datasets import Dataset, channel_axis_hint, load_dataset
 from pipeline.inputs.spec import GROUPED_SPLITTERS, SweepSpec
 
 if TYPE_CHECKING:  # each loads TensorFlow or scikit-learn, which check_inputs runs without
@@ -462,7 +462,7 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
     ):
         raise DataError(
             f"dataset: samples of {source!r} have shape {dataset.input_shape}, but the model of "
-            f"{spec.experiment} expects inputs of shape {tuple(expected)}"
+            f"{spec.experiment} expects inputs of shape {tuple(expected)}{channel_axis_hint(dataset.input_shape)}"
         )
     head = experiment.head(
         dataset.x[:HEAD_CHECK_SAMPLES],

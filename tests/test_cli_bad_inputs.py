@@ -101,6 +101,15 @@ HIDDEN = keras.layers.Dense(4, activation="relu", name="hidden")
 def build(hp):
     return keras.Sequential([keras.layers.Flatten(), HIDDEN, keras.layers.Dense(2, activation="softmax")])
 """
+TOKENS_MODEL = """
+import keras
+
+
+def build(hp):
+    tokens = keras.Input((16,), dtype="int32")
+    embedded = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(20, 4)(tokens))
+    return keras.Model(tokens, keras.layers.Dense(2, activation="softmax")(embedded))
+"""
 GOOD_SPEC = {
     "name": "good",
     "experiment": "loop.py",
@@ -189,6 +198,8 @@ FILES = {
     ),
     "onehot_width.yaml": spec_text(dataset="onehot3.npz", train={"epochs": 1}),
     "shearing.py": SHEARING_MODEL,
+    "tokens.py": TOKENS_MODEL,
+    "tokens.yaml": spec_text(experiment="tokens.py", dataset="tokens.npz"),
     "cached.py": CACHED_MODEL,
     "cached.yaml": spec_text(experiment="cached.py"),
     "shared_layer.py": SHARED_LAYER_MODEL,
@@ -200,6 +211,7 @@ FILES = {
 }
 DATA = {
     "good.npz": arrays(),
+    "tokens.npz": arrays(x=np.random.default_rng(0).integers(0, 20, (60, 16)).astype(np.int32)),
     "squares.npz": arrays(x=np.random.default_rng(0).normal(size=(60, 8, 8, 1)).astype(np.float32)),
     "empty.npz": {"x": np.zeros((0, 8, 1), np.float32), "y": np.zeros((0,), np.int32)},
     "floaty.npz": arrays(y=(np.arange(60) % 2).astype(np.float64)),
@@ -429,6 +441,11 @@ CASES = [
             "runs ImageProjectiveTransformV3, an op XLA has no kernel for",
             "set it to auto",
         ],
+    ),
+    (
+        "token ids of shape (samples, steps), given a channel axis, for a model that declares them without",
+        ["validate", "tokens.yaml"],
+        ["expects inputs of shape (16,) (x of shape (samples, 16) gets a channel axis", "keras.layers.Reshape((16,))"],
     ),
     (
         "a build that returns the same model at every call",

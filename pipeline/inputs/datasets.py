@@ -497,6 +497,19 @@ def _array_problem(exc: ValueError) -> str:
     return str(exc)
 
 
+def channel_axis_hint(input_shape: tuple[int, ...]) -> str:
+    """What to say of samples of ``input_shape`` that a model cannot take, where foldsweep gave
+    them their last axis: x of shape (samples, steps) gets a channel axis, as Conv1D takes a signal."""
+    if len(input_shape) != 2 or input_shape[-1] != 1:
+        return ""
+    steps = input_shape[0]
+    return (
+        f" (x of shape (samples, {steps}) gets a channel axis, as a signal of {steps} steps for Conv1D: a model of "
+        f"token ids, an Embedding's, takes it off with keras.layers.Reshape(({steps},)) as its first layer, after "
+        f"keras.Input(shape=({steps}, 1)) where it declares its input)"
+    )
+
+
 def _with_channel_axis(dataset: Dataset) -> Dataset:
     test = dataset.x_test[..., None] if dataset.x_test is not None else None
     return replace(dataset, x=dataset.x[..., None], x_test=test)

@@ -110,9 +110,12 @@ class Experiment:
             raise
         except Exception as exc:
             declared = f" (it declares inputs of shape {self.input_shape})" if self.input_shape else ""
+            from pipeline.inputs.datasets import channel_axis_hint
+
             raise ExperimentError(
                 f"experiment: the model of {self.reference}{declared} cannot be built on the data's samples of shape "
                 f"{input_shape}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                f"{channel_axis_hint(input_shape)}"
             ) from None
         finally:
             keras.backend.clear_session(free_memory=False)
