@@ -332,6 +332,13 @@ def compile_notes(spec: SweepSpec, experiment: Any) -> list[str]:
             )
     for name, source in experiment.fit_arguments.items():
         notes.append(f"{name} comes from {spec.experiment}'s fit() (hyperparameter {source!r})")
+    declared = {hp.name for hp in experiment.hyperparameters.space}
+    for name in ("batch_size", "epochs"):
+        if name in declared and name not in experiment.fit_arguments and name not in spec.search.space:
+            notes.append(
+                f"{name} is the hyperparameter {spec.experiment}'s build(hp) declares: each trial trains with its "
+                "value (KerasTuner's own fit() takes it only from a HyperModel.fit)"
+            )
     rule = experiment.fit_early_stopping
     if rule is not None:
         if spec.train.early_stopping == rule:

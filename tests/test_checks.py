@@ -142,6 +142,8 @@ def test_a_data_error_is_reported_before_tensorflow_loads(tmp_path, case, comman
 def test_validate_says_whose_clipping_the_trials_train_with(write_spec):
     from types import SimpleNamespace
 
+    import keras_tuner
+
     from pipeline.checks import compile_notes
     from pipeline.inputs.spec import load_spec
 
@@ -152,6 +154,7 @@ def test_validate_says_whose_clipping_the_trials_train_with(write_spec):
         fit_arguments={},
         fit_early_stopping=None,
         fit_restores_best_weights=False,
+        hyperparameters=keras_tuner.HyperParameters(),
     )
     searched = load_spec(write_spec({"search": {"space": {"clipping": {"choice": ["none", "value"]}}}}))
     assert (
@@ -168,3 +171,29 @@ def test_validate_says_whose_clipping_the_trials_train_with(write_spec):
         for note in compile_notes(unsearched, SimpleNamespace(**{**vars(experiment), "compiled_clipping": None}))
         if "clip" in note
     ]
+
+
+def test_validate_says_a_batch_size_the_build_declares_is_the_trials(write_spec):
+    from types import SimpleNamespace
+
+    import keras_tuner
+
+    from pipeline.checks import compile_notes
+    from pipeline.inputs.spec import load_spec
+
+    hyperparameters = keras_tuner.HyperParameters()
+    hyperparameters.Choice("batch_size", [8, 64])
+    experiment = SimpleNamespace(
+        compiled_optimizer=None,
+        compiled_schedule=None,
+        compiled_clipping=None,
+        fit_arguments={},
+        fit_early_stopping=None,
+        hyperparameters=hyperparameters,
+    )
+    spec = load_spec(write_spec())
+    assert f"batch_size is the hyperparameter {spec.experiment}'s build(hp) declares" in " ".join(
+        compile_notes(spec, experiment)
+    )
+    named = load_spec(write_spec({"search": {"space": {"batch_size": 16}}}))
+    assert not [note for note in compile_notes(named, experiment) if "batch_size" in note]

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import keras
+import keras_tuner
 import pytest
 from helpers import MNIST1D_EXPERIMENT, Replace
 from ray import tune
@@ -64,6 +65,13 @@ def test_a_reverse_log_range_no_ray_domain_draws_is_refused_unless_stepped():
         hp_domain(momentum)
     stepped = hp_types.Float("decay", 0.1, 0.9, step=2, sampling="reverse_log")
     assert hp_domain(stepped).categories == [round(value, 10) for value in stepped.values]
+
+
+def test_a_hypermodel_that_declares_a_name_kept_for_the_spec_clipping_is_refused(write_spec):
+    hyperparameters = keras_tuner.HyperParameters()
+    hyperparameters.Float("clip_threshold", 0.001, 1.0, sampling="log")
+    with pytest.raises(SpecError, match="hyperparameter 'clip_threshold': .* only where clipping is on"):
+        build_space(load_spec(write_spec()), hyperparameters)
 
 
 def test_spec_entries_override_the_hypermodel_and_fill_training_defaults(write_spec):

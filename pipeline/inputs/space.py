@@ -224,6 +224,15 @@ def build_space(
             experiment asks for; or a grid search meets a continuous hyperparameter.
     """
     discovered = {hp.name: hp for hp in hyperparameters.space}
+    for name, condition in TRAINING_CONDITIONS.items():
+        if name in discovered:
+            (parent,) = condition
+            raise SpecError(
+                f"hyperparameter {name!r}: {spec.experiment} declares it, but foldsweep keeps that name for the "
+                f"spec's gradient clipping and gives it to a trial only where {parent.name} is on: elsewhere the "
+                "build would train with its default, and the search would never vary it. Name it otherwise (e.g. "
+                "clipnorm)"
+            )
     for name in spec.search.space:
         if name not in TRAINING_DEFAULTS and name not in discovered:
             known = sorted({*TRAINING_DEFAULTS, *discovered})
