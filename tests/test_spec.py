@@ -129,6 +129,10 @@ BAD_SPECS = [
         "train.mode is required for train.metric mcc: neither Keras nor KerasTuner knows "
         "whether a higher mcc is better (max) or worse (min), got None",
     ),
+    (  # a slip of a metric Keras knows is not taken for a metric of the researcher's own
+        {"train": {"metric": "acuracy", "mode": DELETE}},
+        "train.mode is required for train.metric acuracy (did you mean 'accuracy'?)",
+    ),
     ({"train": {"metric": "mae", "mode": "max"}}, "train.mode must be min for train.metric mae"),
     ({"train": {"metrics": "auc"}}, "train.metrics must be a list of Keras metric identifiers"),
     (

@@ -17,7 +17,7 @@ from typing import Any, Literal, NoReturn, TypeVar, get_args, overload
 import yaml
 
 from pipeline.base.errors import SpecError
-from pipeline.inputs.scoring import OWN_SCORES, Direction, direction_of
+from pipeline.inputs.scoring import KNOWN_DIRECTIONS, OWN_SCORES, Direction, direction_of
 
 # Each vocabulary's words are written once, as a Literal type; its tuple is read from that.
 SplitterName = Literal["kfold", "stratified", "group", "stratified_group"]
@@ -854,8 +854,8 @@ def _checked_mode(section: _Section, metric: str, known: Direction | None, *, of
     if mode is None:
         section.fail(
             "mode",
-            f"is required for {of} {metric}: neither Keras nor KerasTuner knows whether a "
-            f"higher {metric} is better (max) or worse (min)",
+            f"is required for {of} {metric}{_misspelt_metric(metric)}: neither Keras nor KerasTuner knows whether "
+            f"a higher {metric} is better (max) or worse (min)",
             None,
         )
     if known is not None and mode != known:
@@ -1009,6 +1009,13 @@ def _gpu_share(section: _Section, *, default: float) -> float:
             int(gpu),
         )
     return gpu
+
+
+def _misspelt_metric(metric: str) -> str:
+    """A metric Keras knows whose name is one slip away from ``metric`` (``acuracy``), as a hint; a
+    name of the researcher's own (``my_score``) gets none."""
+    close = difflib.get_close_matches(metric, sorted({*OWN_SCORES, *KNOWN_DIRECTIONS}), n=1, cutoff=0.85)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _suggest(value: Any, choices: tuple[str, ...] | list[str]) -> str:
