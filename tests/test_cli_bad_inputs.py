@@ -157,6 +157,7 @@ FILES = {
     "early.yaml": spec_text(train={"epochs": 1, "early_stoping": {"patience": 2}}),
     "plusminus.yaml": spec_text(dataset="plusminus.npz"),
     "bad_uri.yaml": spec_text(tracking={"uri": "mlflow.db"}),
+    "two_slashes.yaml": spec_text(tracking={"uri": "sqlite://mlflow.db"}),
     "empty.yaml": spec_text(dataset="empty.npz"),
     "floaty.yaml": spec_text(dataset="floaty.npz"),
     "from1.yaml": spec_text(dataset="from1.npz"),
@@ -289,6 +290,16 @@ CASES = [
         "a store path without a scheme in the spec",
         ["validate", "bad_uri.yaml"],
         ["tracking.uri must be sqlite:///FILE", "(did you mean sqlite:///mlflow.db?)"],
+    ),
+    (
+        "a SQLite URI with two slashes in the spec",
+        ["validate", "two_slashes.yaml"],
+        ["tracking.uri must be sqlite:/// and the SQLite file's path", "(did you mean sqlite:///mlflow.db?)"],
+    ),
+    (
+        "MLflow's file store, which the installed MLflow refuses",
+        ["report", "--tracking-uri", "file:./mlruns"],
+        ["--tracking-uri: the installed MLflow refuses its file store", "sqlite:///mlflow.db"],
     ),
     ("a spec that does not exist", ["trial", "absent.yaml"], ["spec file not found"]),
     # flags

@@ -32,7 +32,7 @@ from pipeline.base.errors import TrackingError
 from pipeline.base.mlflow_private import MLFLOW_STORE_TABLES
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-OTHER_SCHEMES = ("file", "postgresql", "mysql", "databricks")
+OTHER_SCHEMES = ("postgresql", "mysql", "databricks")
 SERVER_TIMEOUT_S = 10
 
 
@@ -55,6 +55,16 @@ def check_tracking_uri(uri: str, *, source: str = "tracking.uri") -> None:
             MLflow, or refuses this client's credentials.
     """
     parsed = urlparse(uri)
+    if parsed.scheme == "sqlite" and not uri.startswith("sqlite:///") and uri != "sqlite://":
+        raise TrackingError(
+            f"{source} must be sqlite:/// and the SQLite file's path (sqlite:///mlflow.db, "
+            f"sqlite:////home/me/mlflow.db), got {uri!r} (did you mean sqlite:///{uri[len('sqlite://') :]}?)"
+        )
+    if parsed.scheme == "file":
+        raise TrackingError(
+            f"{source}: the installed MLflow refuses its file store (an mlruns directory, 'in maintenance mode'): "
+            f"record to a database store, e.g. sqlite:///mlflow.db, got {uri!r}"
+        )
     if parsed.scheme == "sqlite":
         database = sqlite_path(uri)
         if database is not None:
