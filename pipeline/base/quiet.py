@@ -11,6 +11,7 @@ captured, and every line that is not one of those known ones is written back.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -26,6 +27,30 @@ TENSORFLOW_START_UP = re.compile(
     r"|I\d{4} [\d:.]+ +\d+ (port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc):\d+\] .*"
     r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.)$"
 )
+
+
+# TensorFlow's warning that calls of a function traced it again, and the function it names.
+RETRACING_WARNING = re.compile(r"calls to <function (\w+)[.\s].* triggered tf\.function retracing")
+
+
+class OwnRetracingFiltered(logging.Filter):
+    """Drops TensorFlow's retracing warning where it names a function of foldsweep's: each fold
+    engine traces its own evaluation, and a trial's checks their own steps, once each by design,
+    which TensorFlow's count of traces per Python function takes for retracing. A warning of the
+    researcher's own functions passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        found = RETRACING_WARNING.search(record.getMessage())
+        return found is None or not _foldsweeps_own(found.group(1))
+
+
+def _foldsweeps_own(name: str) -> bool:
+    """Whether a function of that name is defined in one of foldsweep's loaded modules."""
+    return any(
+        module_name.split(".")[0] == "pipeline"
+        and getattr(getattr(module, name, None), "__module__", "") == module_name
+        for module_name, module in list(sys.modules.items())
+    )
 
 
 def quiet_environment() -> None:
@@ -47,6 +72,7 @@ def import_tensorflow_and_keras() -> None:
     with collector_paused(collect=False), filtered_stderr(TENSORFLOW_START_UP), deferred(unused):
         import keras  # noqa: F401  (Keras 3 loads TensorFlow, its backend, first)
         import keras_tuner  # noqa: F401  (here, in the deferral: it imports scikit-learn and SciPy's optimizers)
+    logging.getLogger("tensorflow").addFilter(OwnRetracingFiltered())
 
 
 @contextlib.contextmanager
