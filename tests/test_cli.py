@@ -213,8 +213,12 @@ def test_help_lists_every_command():
     assert listed == registered == {"validate", "datasets", "run", "report", "trial", "rerun", "ui"}, result.output
 
 
-def test_ui_command_is_pasteable():
-    assert ui_command("sqlite:///mlflow.db").endswith("ui --tracking-uri sqlite:///mlflow.db")
+def test_ui_command_is_pasteable_in_any_directory():
+    from pathlib import Path
+
+    absolute = f"sqlite:///{Path('mlflow.db').resolve()}"
+    assert ui_command("sqlite:///mlflow.db").endswith(f"ui --tracking-uri {absolute}")
+    assert ui_command("http://127.0.0.1:5000").endswith("ui --tracking-uri http://127.0.0.1:5000")
 
 
 def test_ui_refuses_a_port_another_server_listens_on(tmp_path):

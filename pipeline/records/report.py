@@ -227,12 +227,11 @@ def rerun_command(standings: Standings, uri: str, *, program: str = "foldsweep")
     that it works from any directory)."""
     import shlex
 
-    from pipeline.records.stores import sqlite_path
+    from pipeline.records.stores import pasteable_uri
 
     if not standings.ranked:
         return None
-    database = sqlite_path(uri)
-    uri = f"sqlite:///{database}" if database is not None else uri
+    uri = pasteable_uri(uri)
     return f"{program} rerun {short_run_id(standings.ranked[0].run_id)} --tracking-uri {shlex.quote(uri)}"
 
 

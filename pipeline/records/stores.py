@@ -94,6 +94,13 @@ def require_existing_store(
         raise TrackingError(f"{source}: no MLflow store at {uri!r} ({str(database)!r} does not exist), so {purpose}")
 
 
+def pasteable_uri(uri: str) -> str:
+    """The URI as a printed command gives it, to be pasted in any directory: a SQLite file's path
+    absolute."""
+    database = sqlite_path(uri)
+    return f"sqlite:///{database}" if database is not None else uri
+
+
 def sqlite_path(uri: str) -> Path | None:
     """The file of a ``sqlite:///`` URI, absolute (None for an in-memory store)."""
     path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else None

@@ -25,11 +25,13 @@ DEFAULT_UI_PORT = 5000
 
 
 def ui_command(tracking_uri: str, *, sweep: str | None = None) -> str:
-    """The exact command that opens the UI on this store, as the user can paste it."""
+    """The exact command that opens the UI on this store, as the user can paste it in any
+    directory."""
     from pipeline.base.environment import program_name
+    from pipeline.records.stores import pasteable_uri
 
     named = f" {shlex.quote(sweep)}" if sweep else ""
-    return f"{program_name()} ui{named} --tracking-uri {shlex.quote(tracking_uri)}"
+    return f"{program_name()} ui{named} --tracking-uri {shlex.quote(pasteable_uri(tracking_uri))}"
 
 
 class ServerEnded(FoldsweepError):
