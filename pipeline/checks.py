@@ -115,6 +115,7 @@ class PreparedSweep:
     num_samples: int
     address: str | None = None
     warnings: tuple[str, ...] = ()  # what may be a mistake but is not refused
+    head_notes: tuple[str, ...] = ()  # how the default model's loss and metrics are given the labels
 
     @property
     def trial_count(self) -> int:
@@ -142,7 +143,7 @@ class PreparedSweep:
     def notes(self) -> list[str]:
         """What of the hypermodel's own compile and fit() the trials use and what the spec
         replaces, and how one-hot labels are split and scored."""
-        notes = compile_notes(self.spec, self.experiment)
+        notes = [*compile_notes(self.spec, self.experiment), *self.head_notes]
         if self.dataset.one_hot:
             notes.append(
                 f"labels: one-hot rows of {self.dataset.one_hot_classes} classes, split by class; the loss and "
@@ -221,6 +222,7 @@ def prepare(
         num_samples=inputs.num_samples,
         address=inputs.address,
         warnings=(*inputs.warnings, *_head_warnings(spec, head), *fold_warnings),
+        head_notes=_head_notes(head, dataset),
     )
 
 
@@ -519,6 +521,17 @@ def _check_model_fits_data(spec: SweepSpec, experiment: Any, dataset: Dataset, s
     if spec.train.jit_compile == "on":
         _check_xla_compiles(spec, experiment, dataset)
     return head
+
+
+def _head_notes(head: Any, dataset: Dataset) -> tuple[str, ...]:
+    """How integer labels reach a loss that takes one-hot rows, and the metrics beside it."""
+    if not head.loss.one_hot or dataset.one_hot or head.loss.regression:
+        return ()
+    metrics = " and the metrics" if head.scorers else ""
+    return (
+        f"labels: integer classes, given to the loss {head.loss.name}{metrics} as one-hot rows, as fit gives "
+        "them to_categorical(y) (fit refuses the integers under a loss that takes rows)",
+    )
 
 
 def _head_warnings(spec: SweepSpec, head: Any) -> tuple[str, ...]:

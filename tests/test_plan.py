@@ -579,6 +579,10 @@ def test_variables_left_out_of_weight_decay_are_recorded_and_a_plan_from_before_
             "kept it)",
         ),
         (
+            "metric_rows",
+            "the metrics given the labels' one-hot rows, as the loss is (the recorded trial gave them the labels)",
+        ),
+        (
             "compiled_accuracy",
             "the accuracy scored by the metric the model compiles under that name, as evaluate reports it (the "
             "recorded trial scored foldsweep's own)",

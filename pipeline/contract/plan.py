@@ -220,6 +220,9 @@ class TrialPlan:
     # (the spec's clipping, where it names one, is the optimizer's whole clipping); plans recorded
     # before kept the compiled clipping under ``none``.
     compiled_clipping_cleared: bool = False
+    # Whether the model's metrics got one-hot rows of integer labels, as its loss did (a loss that
+    # takes rows: fit gives both to_categorical(y)); plans recorded before gave them the labels.
+    metric_rows: bool = False
 
     @property
     def fused(self) -> bool:
@@ -279,6 +282,7 @@ def plan_trial(
     validation_loss_terms: bool = False,
     compiled_accuracy: bool = False,
     compiled_clipping_cleared: bool = False,
+    metric_rows: bool = False,
     graph_vector_width: GraphVectorWidth = "narrower",
 ) -> TrialPlan:
     """The whole plan of a trial whose fold models are built.
@@ -300,8 +304,8 @@ def plan_trial(
             (``padding_blocker``).
         loss_scale_factor, decay_exclusions, compiled_clipping_cleared: the optimizer's, recorded
             (``TrialPlan``'s).
-        logits_thresholded_at_half, validation_loss_terms, compiled_accuracy: how the trial's
-            validation is scored (``TrialPlan``'s), recorded.
+        logits_thresholded_at_half, validation_loss_terms, compiled_accuracy, metric_rows: how
+            the trial's validation is scored (``TrialPlan``'s), recorded.
         graph_vector_width: the vector width of the graph's kernels in this process
             (``pipeline.base.host_cpu``), against which stacked folds are weighed on CPU.
     """
@@ -425,6 +429,7 @@ def plan_trial(
         validation_loss_terms=validation_loss_terms,
         compiled_accuracy=compiled_accuracy,
         compiled_clipping_cleared=compiled_clipping_cleared,
+        metric_rows=metric_rows,
     )
 
 
@@ -568,6 +573,12 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
             "recorded trial scored foldsweep's own)"
             if now.compiled_accuracy
             else "the accuracy scored by foldsweep (the recorded trial by a metric the model compiles under that name)"
+        )
+    if now.metric_rows != recorded.metric_rows:
+        differences.append(
+            "the metrics given the labels' one-hot rows, as the loss is (the recorded trial gave them the labels)"
+            if now.metric_rows
+            else "the metrics given the labels (the recorded trial gave them one-hot rows)"
         )
     if now.deterministic_ops != recorded.deterministic_ops:
         differences.append(

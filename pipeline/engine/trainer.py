@@ -57,7 +57,7 @@ from pipeline.engine.xla_support import xla_blocker
 from pipeline.inputs.folds import Fold
 from pipeline.inputs.hypermodel import SHARED_LAYERS_RULE, build_model, output_units
 from pipeline.inputs.losses import TrainingLoss, uncompiled_models_loss
-from pipeline.inputs.scoring import compiles_named_accuracy
+from pipeline.inputs.scoring import compiles_named_accuracy, scored_metric_arguments
 
 
 @dataclass
@@ -404,6 +404,9 @@ def build_trainer(
         logits_thresholded_at_half=loss.logits_thresholded_at_half,
         validation_loss_terms=has_loss_terms(models[0], data, folds[0]),
         compiled_accuracy=loss.own_accuracy and compiles_named_accuracy(models[0]),
+        metric_rows=loss.one_hot
+        and not loss.labels_one_hot
+        and any(scored_metric_arguments(models[0], recipe.train.metrics, own_accuracy=loss.own_accuracy)),
         graph_vector_width=graph_vector_width(),
     )
     if replay is not None and plan.layout == replay.layout and not plan_differences(replay, plan):

@@ -151,10 +151,16 @@ class TrainingLoss:
             return _rows(labels, predictions)
         return labels
 
+    @property
+    def metrics_take_rows(self) -> bool:
+        """Whether the model's metrics are given one-hot rows: where the data's labels were rows, and
+        where the loss takes rows of integer labels, as fit gives both to_categorical(y) (it refuses
+        the labels themselves under such a loss)."""
+        return self.labels_one_hot or self.one_hot
+
     def metric_targets(self, labels: Any, predictions: Any) -> Any:
-        """What the model's metrics are given for integer ``labels``: one-hot rows where the data's
-        labels were, else the labels."""
-        return _rows(labels, predictions) if self.labels_one_hot else labels
+        """What the model's metrics are given for integer ``labels`` (``metrics_take_rows``)."""
+        return _rows(labels, predictions) if self.metrics_take_rows else labels
 
     def per_sample(self, labels: Any, predictions: Any) -> Any:
         return self.fn(self.targets(labels, predictions), predictions)

@@ -209,17 +209,25 @@ def compiles_named_accuracy(model: Any) -> bool:
     )
 
 
+def scored_metric_arguments(model: Any, extra: Sequence[str] = (), *, own_accuracy: bool = True) -> tuple[list, list]:
+    """The ``metrics`` and ``weighted_metrics`` a fold's ``ValidationMetrics`` scores: the model's
+    compiled ones and the spec's ``train.metrics`` (``extra``), less Keras' "accuracy" where
+    foldsweep scores the accuracy itself (the same rule as Keras' "accuracy" string)."""
+    metrics, weighted = compiled_metric_arguments(model)
+    metrics = [*metrics, *extra]
+    if own_accuracy:
+        metrics = [metric for metric in metrics if not is_keras_accuracy(metric)]
+        weighted = [metric for metric in weighted if not is_keras_accuracy(metric)]
+    return metrics, weighted
+
+
 class ValidationMetrics:
     """One fold's stateful validation metrics (Keras' ``CompileMetrics``), built on the model's
     compile arguments plus the spec's ``train.metrics``; ``update`` runs inside the compiled
     evaluation, ``results`` reads them after the fold's last batch."""
 
     def __init__(self, model: Any, extra: Sequence[str] = (), *, own_accuracy: bool = True):
-        metrics, weighted = compiled_metric_arguments(model)
-        metrics = [*metrics, *extra]
-        if own_accuracy:  # the accuracy foldsweep computes itself (the same rule as Keras' "accuracy" string)
-            metrics = [metric for metric in metrics if not is_keras_accuracy(metric)]
-            weighted = [metric for metric in weighted if not is_keras_accuracy(metric)]
+        metrics, weighted = scored_metric_arguments(model, extra, own_accuracy=own_accuracy)
         self._own = OWN_SCORES if own_accuracy else {"loss": "min"}
         self._compiled = compile_metrics(metrics, weighted) if metrics or weighted else None
         self.names: tuple[str, ...] = ()
