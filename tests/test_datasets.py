@@ -410,6 +410,12 @@ def test_an_image_folder_loads_as_keras_lays_it_out_and_is_decoded_once(tmp_path
     np.testing.assert_array_equal(data.y, [sorted(names).index(names[shapes.y[i]]) for i in order])
     grey = load_dataset(DatasetSpec(path=spec.path, images=True, options={"color_mode": "grayscale"}))
     assert grey.x.shape == (120, 32, 32, 1)
+    import keras  # grey as Keras decodes colour images to it, each pixel to the level
+
+    theirs = keras.utils.image_dataset_from_directory(
+        tmp_path / "photos" / "train", color_mode="grayscale", image_size=(32, 32), shuffle=False, batch_size=None
+    )
+    np.testing.assert_array_equal(grey.x, np.stack([image.numpy() for image, _ in theirs]))
 
     import PIL.Image
 

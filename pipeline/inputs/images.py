@@ -3,7 +3,8 @@
 
 The classes are the subfolders' names in sorted order (Keras' order), labelled 0..C-1; a folder
 holding ``train/`` and ``test/``, each in that layout, gives the held-out test split too. Images
-are decoded by Pillow to float32 values 0-255 in ``color_mode`` (as Keras gives them) and never
+are decoded to float32 values 0-255 in ``color_mode`` as Keras gives them (by Pillow; in grayscale by
+TensorFlow's decoder, as Keras, whose conversion to grey Pillow's does not round alike) and never
 resized: every image must have the folder's size (``image_size``, else the first image's), and
 one that does not is refused by name, as is one that cannot be decoded. The decoded arrays are
 cached in a folder of ``.npy`` files named by a fingerprint of the files (their paths, sizes and
@@ -107,7 +108,10 @@ def _files(directory: Path, class_names: Sequence[str], *, test: bool) -> list[t
 
 
 def _fingerprint(folder: Path, files: Mapping[str, list[tuple[Path, int]]], color_mode: str, size: Any) -> str:
-    digest = hashlib.sha256(json.dumps({"color_mode": color_mode, "image_size": size}).encode())
+    options: dict[str, Any] = {"color_mode": color_mode, "image_size": size}
+    if color_mode == "grayscale":  # decoded as Keras decodes it, not by Pillow as arrays cached before were
+        options["decoder"] = "tensorflow"
+    digest = hashlib.sha256(json.dumps(options).encode())
     for split, listed in files.items():
         for path, label in listed:
             stat = path.stat()
@@ -150,10 +154,26 @@ def _decoded(
                 f"dataset.images: image {str(path)!r} is {height}x{width} (height x width), not {size[0]}x{size[1]} "
                 f"({where}); foldsweep does not resize images: make them one size first"
             )
-        pixels = np.asarray(image.convert(PILLOW_MODES[color_mode]), np.float32)
+        if color_mode == "grayscale":
+            pixels = _grayscale_as_keras_decodes(path)
+        else:
+            pixels = np.asarray(image.convert(PILLOW_MODES[color_mode]), np.float32)
         x[i] = pixels.reshape(size[0], size[1], channels)
         y[i] = label
     return x, y
+
+
+def _grayscale_as_keras_decodes(path: Path) -> np.ndarray:
+    """An image's pixels in one channel as image_dataset_from_directory decodes them: TensorFlow's
+    decoder, asked for one channel. Pillow's conversion of colour to grey rounds otherwise (one
+    level apart on about half the pixels of an RGB PNG)."""
+    from pipeline.base.quiet import import_tensorflow_and_keras
+
+    import_tensorflow_and_keras()
+    import tensorflow as tf
+
+    decoded = tf.io.decode_image(tf.io.read_file(str(path)), channels=1, expand_animations=False)
+    return np.asarray(decoded, np.float32)
 
 
 def _read_cached(cache: Path) -> dict[str, np.ndarray] | None:
