@@ -63,6 +63,7 @@ def check_inputs(
         raise DataError(f"--num-samples must be >= 1, got {num_samples}")
     experiment_path = spec.resolve_path(spec.experiment_path, key="experiment")
     dataset_spec = spec.resolved_dataset()
+    _refuse_a_file_named_as_a_builtin(spec)
     dataset = load_dataset(dataset_spec)
     source = dataset_spec.path or dataset.name  # what the messages name: the file, or the built-in
     _check_classes(dataset, source)
@@ -98,6 +99,29 @@ def make_checked_folds(spec: SweepSpec, inputs: CheckedInputs) -> tuple[FoldPlan
     _check_folds_have_classes(spec, dataset, folds, inputs.dataset_path or dataset.name)
     warning = class_balance_warning(folds, dataset.y)
     return folds, (warning,) if warning else ()
+
+
+def _refuse_a_file_named_as_a_builtin(spec: SweepSpec) -> None:
+    """A dataset written without its file's suffix (``my_data`` beside my_data.npz) is read as the
+    name of a built-in: where no built-in has it and a data file does, say which file.
+
+    Raises:
+        DataError: a file of that name and a data suffix is where the spec's paths are looked for.
+    """
+    from pipeline.inputs.datasets import BUILTINS
+
+    name = spec.dataset.name
+    if name is None or name in BUILTINS:
+        return
+    for directory in spec.search_directories():
+        for candidate in (directory / f"{name}.npz", directory / name):
+            if candidate.exists():
+                written = f"{candidate.name}/" if candidate.is_dir() else candidate.name
+                raise DataError(
+                    f"{spec.source_path}: dataset: {name!r} is the name of no built-in dataset "
+                    f"({', '.join(sorted(BUILTINS))}); a data file is named with its path: did you mean "
+                    f"{written!r} ({str(candidate)!r})?"
+                )
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,7 @@ FILES = {
     "plusminus.yaml": spec_text(dataset="plusminus.npz"),
     "bad_uri.yaml": spec_text(tracking={"uri": "mlflow.db"}),
     "two_slashes.yaml": spec_text(tracking={"uri": "sqlite://mlflow.db"}),
+    "no_suffix.yaml": spec_text(dataset="good"),
     "empty.yaml": spec_text(dataset="empty.npz"),
     "floaty.yaml": spec_text(dataset="floaty.npz"),
     "from1.yaml": spec_text(dataset="from1.npz"),
@@ -300,6 +301,11 @@ CASES = [
         "MLflow's file store, which the installed MLflow refuses",
         ["report", "--tracking-uri", "file:./mlruns"],
         ["--tracking-uri: the installed MLflow refuses its file store", "sqlite:///mlflow.db"],
+    ),
+    (
+        "a data file named without its suffix, as a built-in",
+        ["validate", "no_suffix.yaml"],
+        ["dataset: 'good' is the name of no built-in dataset", "did you mean 'good.npz'"],
     ),
     ("a spec that does not exist", ["trial", "absent.yaml"], ["spec file not found"]),
     # flags
