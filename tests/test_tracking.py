@@ -126,6 +126,10 @@ def test_a_sweep_is_found_by_its_name_its_run_id_or_as_the_latest(tracker):
         tracker.find_sweep("third")
     with pytest.raises(TrackingError, match=f"SWEEP: no run with id '{'0' * 32}'"):
         tracker.find_sweep("0" * 32)
+    assert tracker.find_sweep(second[:8]).run_id == second  # the short id run prints
+    # a sweep's own run given for a trial's: said what it is
+    with pytest.raises(TrackingError, match=f"no trial run with id '{second[:8]}' .*: it is the run of sweep"):
+        tracker.trial_run_id(second[:8])
 
 
 def test_a_trial_records_its_config_epochs_and_end_and_reads_back_typed(tracker):

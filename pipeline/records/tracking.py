@@ -360,6 +360,8 @@ class Tracker:
             return SweepRecord.from_run(run)
         if sweep is not None:
             experiment = self._client.get_experiment_by_name(sweep)
+            if experiment is None and re.fullmatch(r"[0-9a-f]{4,31}", sweep):
+                return self._sweep_by_run_id_start(sweep)
             if experiment is None:
                 raise TrackingError(f"SWEEP: no sweep named {sweep!r} in {self.uri}")
             experiment_ids = [experiment.experiment_id]
@@ -370,6 +372,22 @@ class Tracker:
             where = f"named {sweep!r} " if sweep else ""
             raise TrackingError(f"SWEEP: no sweep {where}in {self.uri}")
         return SweepRecord.from_run(runs[0])
+
+    def _sweep_by_run_id_start(self, start: str) -> SweepRecord:
+        """The sweep whose parent run id starts with ``start`` (the short id ``run`` prints).
+
+        Raises:
+            TrackingError: no sweep, or more than one, has such a run id.
+        """
+        experiment_ids = [e.experiment_id for e in self._client.search_experiments()]
+        runs = self._sweep_runs(experiment_ids) if experiment_ids else []
+        matching = [run for run in runs if run.info.run_id.startswith(start)]
+        if len(matching) == 1:
+            return SweepRecord.from_run(matching[0])
+        if not matching:
+            raise TrackingError(f"SWEEP: no sweep named {start!r}, nor with a run id starting so, in {self.uri}")
+        shown = ", ".join(run.info.run_id for run in matching[:5])
+        raise TrackingError(f"SWEEP: {start!r} starts the run ids of {len(matching)} sweeps: {shown}; give more of it")
 
     def sweep_records(self, name: str) -> list[SweepRecord]:
         """Every sweep recorded under the name ``name``, newest first; none while there is none."""
@@ -627,6 +645,25 @@ class Tracker:
         )
         return runs[0] if runs else None
 
+    def _not_a_trial(self, given: str) -> str:
+        """What the run ``given`` names is, where it is a run of this store but no trial's."""
+        from mlflow.exceptions import MlflowException
+
+        experiments = [experiment.experiment_id for experiment in self._client.search_experiments()]
+        try:
+            runs = self._client.search_runs(experiments, max_results=50000) if experiments and given.strip() else []
+        except MlflowException:
+            return ""
+        matching = [run for run in runs if run.info.run_id.startswith(given.lower())]
+        if len(matching) != 1:
+            return ""
+        role = matching[0].data.tags.get(Tag.ROLE)
+        if role == "sweep":
+            return f": it is the run of sweep {matching[0].info.run_name!r}, whose trials the leaderboard lists"
+        if matching[0].data.tags.get(Tag.RERUN_OF):
+            return f": it is a rerun of trial run {matching[0].data.tags[Tag.RERUN_OF]!r}"
+        return f": it is run {matching[0].info.run_name!r}, not a trial's"
+
     def trial_run_id(self, given: str) -> str:
         """The full run id of what a user gave for a trial: its run id, the start of it that the
         leaderboard shows, or Ray Tune's trial id (``11830_00000``).
@@ -650,8 +687,8 @@ class Tracker:
             return matching[0].info.run_id
         if not matching:
             raise TrackingError(
-                f"RUN_ID: no trial run with id {given!r} in {self.uri} (give an MLflow run id, the "
-                "start of one as the leaderboard shows it, or a Ray trial id)"
+                f"RUN_ID: no trial run with id {given!r} in {self.uri}{self._not_a_trial(given)} (give an MLflow run "
+                "id, the start of one as the leaderboard shows it, or a Ray trial id)"
             )
         shown = ", ".join(f"{run.info.run_id} ({run.info.run_name})" for run in matching[:5])
         raise TrackingError(
