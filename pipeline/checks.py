@@ -192,7 +192,10 @@ class PreparedSweep:
         if blocker:
             return f"stacked form: none ({blocker}); its folds are never stacked"
         frozen = f", {len(held)} frozen held once for every fold" if held else ""
-        return f"stacked form: yes ({len(trained)} weights trained per fold{frozen})"
+        return (
+            f"stacked form: yes ({len(trained)} weights trained per fold{frozen}), for the trials the plan stacks "
+            "(small batches on one compute thread or a GPU); each trial says how its folds train"
+        )
 
     def trial_settings(self) -> TrialSettings:
         """What every trial of the sweep is run with (in Ray's workers, and by the refit)."""
@@ -245,7 +248,7 @@ def prepare(
         tracking_uri=inputs.tracking_uri,
         num_samples=inputs.num_samples,
         address=inputs.address,
-        warnings=(*inputs.warnings, *_head_warnings(spec, head), *fold_warnings),
+        warnings=(*inputs.warnings, *_head_warnings(spec, head, dataset), *fold_warnings),
         head_notes=_head_notes(head, dataset),
     )
 
@@ -558,17 +561,29 @@ def _head_notes(head: Any, dataset: Dataset) -> tuple[str, ...]:
     )
 
 
-def _head_warnings(spec: SweepSpec, head: Any) -> tuple[str, ...]:
-    """What of the default model's head is scored as the researcher wrote it but may not be what
-    they meant: Keras' "accuracy" of a logit, thresholded at 0.5."""
-    if not head.loss.logits_thresholded_at_half:
-        return ()
-    return (
-        f"{spec.experiment} compiles metrics=['accuracy'] on one output unit that its loss "
-        f"{head.loss.describe()} reads as logits: Keras' accuracy counts an output above 0.5 as class 1 "
-        "(BinaryAccuracy's threshold) whatever the outputs are, and val_accuracy is scored as fit scores it. "
-        "For the share of logits on the side of 0 of their label, compile keras.metrics.BinaryAccuracy(threshold=0.0)",
-    )
+def _head_warnings(spec: SweepSpec, head: Any, dataset: Dataset) -> tuple[str, ...]:
+    """What of the default model's head trains and is scored as the researcher wrote it but may
+    not be what they meant: Keras' "accuracy" of a logit, thresholded at 0.5; more output units
+    than the labels have classes."""
+    warnings = []
+    if head.loss.logits_thresholded_at_half:
+        warnings.append(
+            f"{spec.experiment} compiles metrics=['accuracy'] on one output unit that its loss "
+            f"{head.loss.describe()} reads as logits: Keras' accuracy counts an output above 0.5 as class 1 "
+            "(BinaryAccuracy's threshold) whatever the outputs are, and val_accuracy is scored as fit scores it. "
+            "For the share of logits on the side of 0 of their label, compile "
+            "keras.metrics.BinaryAccuracy(threshold=0.0)"
+        )
+    loss = head.loss
+    if not (loss.regression or loss.per_position or loss.binary or dataset.one_hot):
+        classes = int(np.max(dataset.y)) + 1
+        if head.units > classes:
+            warnings.append(
+                f"the model of {spec.experiment} has {head.units} output units, and the labels of the dataset are "
+                f"0..{classes - 1} ({classes} classes): the {head.units - classes} units no label names only learn "
+                f"to say no; if that is not meant, end the model in Dense({classes}, ...)"
+            )
+    return tuple(warnings)
 
 
 def _check_xla_compiles(spec: SweepSpec, experiment: Any, dataset: Dataset) -> None:

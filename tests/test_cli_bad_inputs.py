@@ -644,6 +644,16 @@ def test_unbalanced_grouped_folds_are_warned_about_not_refused(workspace):
     assert "warning: cv.splitter group: fold" in output and "cv.splitter: stratified_group" in output
 
 
+def test_more_output_units_than_the_labels_have_classes_are_warned_about_not_refused(workspace):
+    (workspace / "wide.py").write_text(LOOP_MODEL.replace("Dense(2,", "Dense(10,"))
+    (workspace / "wide.yaml").write_text(spec_text(experiment="wide.py"))
+    result = CliRunner().invoke(app, ["validate", "wide.yaml"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "has 10 output units, and the labels of the dataset are 0..1 (2 classes)" in output, output
+    assert "end the model in Dense(2, ...)" in output
+
+
 ENVIRONMENT_CASES = [
     (
         "FOLDSWEEP_DATA_DIR",
