@@ -961,7 +961,11 @@ def epoch_line(report: Mapping[str, Any], metric: str) -> str:
     folds = " | ".join(
         f"fold {k} train_loss {number(scores.train_loss)} val_loss {number(scores.val_loss)}"
         + (f" val_accuracy {number(scores.val_accuracy)}" if scores.val_accuracy is not None else "")
-        + "".join(f" val_{name} {number(value)}" for name, value in scores.metrics.items())
+        + "".join(
+            f" val_{name} {number(value)}"
+            for name, value in scores.metrics.items()
+            if name != "accuracy" or scores.val_accuracy is None  # a compiled "accuracy" is the accuracy shown
+        )
         for k, scores in zip(result.fold_ids, result.folds)
     )
     objective = Objective(metric=metric)
