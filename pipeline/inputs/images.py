@@ -109,7 +109,7 @@ def _files(directory: Path, class_names: Sequence[str], *, test: bool) -> list[t
 
 def _fingerprint(folder: Path, files: Mapping[str, list[tuple[Path, int]]], color_mode: str, size: Any) -> str:
     options: dict[str, Any] = {"color_mode": color_mode, "image_size": size}
-    if color_mode == "grayscale":  # decoded as Keras decodes it, not by Pillow as arrays cached before were
+    if color_mode == "grayscale":  # the decoder makes the grey levels (``_grayscale_as_keras_decodes``)
         options["decoder"] = "tensorflow"
     digest = hashlib.sha256(json.dumps(options).encode())
     for split, listed in files.items():
