@@ -783,6 +783,7 @@ def _log_refit_model(
     registered as a new version where ``tracking.register_model`` names a model: the parent
     run's tags that say so, and what failed ("" if nothing). A failure here leaves the refit and
     its scores recorded; the tag says ``error: ...``."""
+    from pipeline.inputs.space import resolve_config
     from pipeline.records.provenance import TESTING
     from pipeline.refit import REFIT_MODEL_NAME, refit_scores
 
@@ -798,7 +799,7 @@ def _log_refit_model(
             parent_run_id,
             result.package_path,
             name=REFIT_MODEL_NAME,
-            params=target.config,
+            params=resolve_config(target.config, prepared.space.conditions),  # as the trial's params
             tags={**provenance.run_tags, Tag.REFIT_OF: target.run_id},
             scores=refit_scores(result),
             scored_on=next((item for item in provenance.data if item.context == TESTING), None),

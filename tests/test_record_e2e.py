@@ -266,6 +266,13 @@ def test_the_refit_is_a_logged_model_that_predicts_its_recorded_test_score(recor
     model = logged_model(recorded_sweep.uri, model_uri)
     assert (model.name, str(model.status), model.source_run_id) == ("refit_model", "READY", parent.run_id)
     assert model.tags[Tag.REFIT_OF] == parent.tags[Tag.REFIT_OF]
+    # Its params are the refit trial's: what it used, no value whose condition is off (a threshold
+    # without clipping).
+    trial_params = MlflowClient(recorded_sweep.uri).get_run(parent.tags[Tag.REFIT_OF]).data.params
+    assert model.params and all(trial_params.get(name) == value for name, value in model.params.items()), (
+        model.params,
+        trial_params,
+    )
     linked = {metric.key: (metric.value, metric.dataset_name) for metric in model.metrics}
     assert linked["test_accuracy"] == (parent.metrics["test_accuracy"], "data-test")
     assert (
