@@ -212,6 +212,42 @@ def load_recorded_trial(tracker: Tracker, run_id: str) -> RecordedTrial:
     )
 
 
+def _with_recorded_code(tracker: Tracker, recorded: RecordedTrial, out: TrialOutput) -> RecordedTrial:
+    """The trial with the experiment's files as its sweep recorded them (``experiment_code``),
+    where those beside the experiment changed since or are gone: a rerun trains the code the
+    trial trained. Trials recorded without their code rerun the files beside the experiment.
+
+    Raises:
+        TrackingError: the recorded code cannot be read from the store's artifacts.
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    from pipeline.records.experiment_code import changed_files
+
+    tag = recorded.sweep_tags.get(Tag.CODE)
+    if tag is None:
+        return recorded
+    changed = changed_files(tag, recorded.experiment_path.parent)
+    if not changed:
+        return recorded
+    destination = Path(tempfile.mkdtemp(prefix="foldsweep-code-"))
+    atexit.register(shutil.rmtree, destination, ignore_errors=True)
+    try:
+        directory = tracker.recorded_code(recorded.parent_run_id, destination)
+    except Exception as exc:
+        raise TrackingError(
+            f"RUN_ID: {', '.join(changed)} changed since sweep run {recorded.parent_run_id} (or is gone), and the code "
+            f"it recorded cannot be read from the store ({type(exc).__name__}: {exc})"
+        ) from None
+    out.tell(
+        f"{', '.join(changed)} changed since sweep run {recorded.parent_run_id} recorded it (or is gone): rerunning "
+        "the code it recorded"
+    )
+    return replace(recorded, experiment_path=directory / recorded.experiment_path.name)
+
+
 def spec_threads(spec: SweepSpec, *, n_folds: int, eager: bool = False, check_numerics: bool = False) -> ThreadPlan:
     """The thread pools a trial of ``spec`` over ``n_folds`` folds gets, as a sweep's worker sizes them."""
     choices = ExecutionChoices(fused=spec.train.fused, eager=eager, check_numerics=check_numerics)
@@ -525,7 +561,7 @@ def rerun_recorded(
     # What can be refused without TensorFlow is, first: a wrong id or option answers at once.
     require_existing_store(tracking_uri)
     tracker = Tracker(tracking_uri)
-    recorded = load_recorded_trial(tracker, run_id)
+    recorded = _with_recorded_code(tracker, load_recorded_trial(tracker, run_id), out)
     fold_ids = check_fold(options.fold, recorded.spec.cv)
     overrides = parse_assignments(options.set_values)
     planned = planned_epochs(recorded.spec, {**recorded.config, **overrides}, options.epochs)

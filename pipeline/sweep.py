@@ -440,6 +440,8 @@ def _open_sweep(
     """The sweep's parent run and Ray Tune experiment path: new, with the environment it runs in,
     where it came from and its data, or the resumed sweep's, which keeps the environment it
     started in (a change is reported)."""
+    from pipeline.records.experiment_code import experiment_files
+
     environment = Environment.current()
     if resumable is not None:
         changed = environment_change(resumable.tags, environment)
@@ -457,6 +459,7 @@ def _open_sweep(
         tags={**environment.tags(), **provenance.run_tags},
         data=provenance.data,
         ray_path_for=lambda run_id: str(ray_results_dir(prepared.tracking_uri) / f"{spec.name}-{run_id[:8]}"),
+        code=experiment_files(prepared.experiment_path),
     )
 
 

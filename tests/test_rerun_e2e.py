@@ -316,3 +316,14 @@ def test_a_spec_with_paths_relative_to_itself_sweeps_and_reruns_from_anywhere(
     (rerun_record,) = Tracker(store).reruns(trial.run_id)
     (trained_on,) = MlflowClient(store).get_run(rerun_record.run_id).inputs.dataset_inputs  # MLflow's own reading
     assert json.loads(trained_on.dataset.source) == {"uri": str(project / "data.npz")}
+
+    # The experiment edited since the sweep: the rerun trains the code the sweep recorded, and says so.
+    model = project / "model.py"
+    model.write_text(model.read_text().replace('activation="relu"', 'activation="tanh"'))
+    edited = CliRunner().invoke(
+        app, ["rerun", trial.run_id, "--tracking-uri", store, "--no-track"], env={"COLUMNS": "200"}
+    )
+    assert edited.exit_code == 0, edited.output
+    assert "model.py changed since sweep run" in " ".join(edited.output.split())
+    printed = [float(value) for value in re.findall(r"fold 0 train_loss \S+ val_loss (\S+)", edited.output)]
+    assert printed == pytest.approx(recorded, rel=1e-3)

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 
 from pipeline.base.environment import installed_version
 from pipeline.inputs.hypermodel import experiment_module_name
+from pipeline.records.experiment_code import neighbour_modules
 
 # What the model needs to load: Keras on TensorFlow, MLflow's flavor, and what experiment
 # modules import (KerasTuner's HyperParameters).
@@ -87,18 +87,6 @@ def requirements() -> list[str]:
     """``name==version`` of each of ``REQUIREMENTS`` installed here."""
     pinned = ((name, installed_version(name)) for name in REQUIREMENTS)
     return [f"{name}=={version}" for name, version in pinned if version is not None]
-
-
-def neighbour_modules(experiment_path: Path) -> list[Path]:
-    """The modules beside the experiment that are imported in this process (what it imported of
-    its own directory)."""
-    directory = experiment_path.resolve().parent
-    found = set()
-    for module in list(sys.modules.values()):
-        file = getattr(module, "__file__", None)
-        if file and file.endswith(".py") and Path(file).resolve().parent == directory:
-            found.add(Path(file).resolve())
-    return sorted(found - {experiment_path.resolve()})
 
 
 def write_model_package(model: Any, directory: Path, *, x_train: np.ndarray, experiment_path: Path) -> Path:

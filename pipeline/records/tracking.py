@@ -53,6 +53,7 @@ class Tag:
     ROLE = "foldsweep.role"
     STATUS = "foldsweep.status"
     SWEEP = "foldsweep.sweep"
+    CODE = "foldsweep.code"
     TRIAL_ID = "foldsweep.trial_id"
     ERROR = "foldsweep.error"
     RETRIES = "foldsweep.retries"
@@ -261,16 +262,26 @@ class Tracker:
         ray_path_for: Callable[[str], str],
         tags: Mapping[str, str] = {},
         data: Sequence[DataInput] = (),
+        code: Sequence[Path] = (),
     ) -> tuple[str, str]:
-        """Create the parent run of a sweep with its spec, fold manifest, ``tags`` and ``data``
-        (its splits as dataset inputs); returns its id and the Ray Tune experiment path
-        (``ray_path_for(run_id)``), recorded for a resume."""
+        """Create the parent run of a sweep with its spec, fold manifest, ``tags``, ``data`` (its
+        splits as dataset inputs) and ``code`` (the experiment's files, ``experiment_code``);
+        returns its id and the Ray Tune experiment path (``ray_path_for(run_id)``), recorded for a
+        resume."""
         from mlflow.entities import Param, RunTag
+
+        from pipeline.records.experiment_code import CODE_ARTIFACT, code_tag
 
         run = self._client.create_run(
             self.experiment_id(name),
             run_name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
-            tags={**tags, Tag.ROLE: "sweep", Tag.SWEEP: name, Tag.STATUS: SweepStatus.RUNNING.value},
+            tags={
+                **tags,
+                Tag.ROLE: "sweep",
+                Tag.SWEEP: name,
+                Tag.STATUS: SweepStatus.RUNNING.value,
+                **({Tag.CODE: code_tag(code)} if code else {}),
+            },
         )
         run_id = run.info.run_id
         ray_path = ray_path_for(run_id)
@@ -282,7 +293,16 @@ class Tracker:
         self.log_data(run_id, data)
         self._client.log_text(run_id, spec_text, SPEC_ARTIFACT)
         self._client.log_dict(run_id, dict(manifest), MANIFEST_ARTIFACT)
+        for file in code:
+            self._client.log_artifact(run_id, str(file), CODE_ARTIFACT)
         return run_id, ray_path
+
+    def recorded_code(self, parent_run_id: str, destination: Path) -> Path:
+        """The experiment's files as the sweep ``parent_run_id`` recorded them (``start_sweep``'s
+        ``code``), downloaded into ``destination``; returns their directory."""
+        from pipeline.records.experiment_code import CODE_ARTIFACT
+
+        return Path(self._client.download_artifacts(parent_run_id, CODE_ARTIFACT, str(destination)))
 
     def monitor_system(self, run_id: str) -> None:
         """MLflow's system metrics (``system/...``: CPU, memory, disk, network, and GPU where
