@@ -46,6 +46,7 @@ def test_the_tag_names_are_the_documented_ones():
         "ROLE": "foldsweep.role",
         "STATUS": "foldsweep.status",
         "SWEEP": "foldsweep.sweep",
+        "CODE": "foldsweep.code",
         "TRIAL_ID": "foldsweep.trial_id",
         "ERROR": "foldsweep.error",
         "RETRIES": "foldsweep.retries",
