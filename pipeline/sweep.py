@@ -449,7 +449,7 @@ def _open_sweep(
             notify(
                 f"warning: sweep run {resumable.run_id} resumes in another environment than it started in: {changed}"
             )
-        return tracker.reopen_sweep(resumable)
+        return tracker.reopen_sweep(resumable, _resumed_ray_path(resumable, prepared.tracking_uri))
     spec = prepared.spec
     return tracker.start_sweep(
         name=spec.name,
@@ -890,6 +890,23 @@ def _epochs(count: int) -> str:
 
 def _selection(spec: SweepSpec) -> EpochSelection:
     return EpochSelection(spec.objective, spec.train.select)
+
+
+def _resumed_ray_path(resumable: SweepRecord, tracking_uri: str) -> str:
+    """Where Ray Tune's state of an interrupted sweep is now: where the sweep recorded it, or
+    beside the store under the same name, where a moved project (an unpacked archive) has it.
+
+    Raises:
+        InputError: neither holds a state Ray Tune can restore (checked before the sweep's run is
+            reopened, so that a refused resume writes nothing).
+    """
+    from ray import tune
+
+    recorded = resumable.tags[Tag.RAY_PATH]
+    for path in (recorded, str(ray_results_dir(tracking_uri) / Path(recorded).name)):
+        if tune.Tuner.can_restore(path):
+            return path
+    raise InputError(f"--resume: Ray Tune has no saved state to resume at {recorded!r}")
 
 
 def _restored_tuner(ray_path: str, trainable: Any, param_space: dict[str, Any], callbacks: list[Any]) -> Any:

@@ -206,8 +206,9 @@ def test_a_sweep_resumes_only_when_unfinished_and_counts_its_resumes(tracker):
     tracker.end_sweep(parent, status=SweepStatus.INTERRUPTED, summary={"best_mean_val_loss": math.nan})
     resumable = tracker.resumable_sweep("tiny")
     assert resumable.run_id == parent and "best_mean_val_loss" not in resumable.metrics  # NaN is not logged
-    assert tracker.reopen_sweep(resumable) == (parent, f"/ray/tiny-{parent[:8]}")
+    assert tracker.reopen_sweep(resumable, f"/moved/tiny-{parent[:8]}") == (parent, f"/moved/tiny-{parent[:8]}")
     assert tracker.find_sweep("tiny").tags[Tag.RESUMES] == "1"
+    assert tracker.find_sweep("tiny").tags[Tag.RAY_PATH] == f"/moved/tiny-{parent[:8]}"  # where the next resume looks
     assert tracker.find_sweep("tiny").tags[Tag.STATUS] == SweepStatus.RUNNING.value
     tracker.end_sweep(parent, status=SweepStatus.OK, summary={"best_mean_val_loss": 0.4, Tag.BEST_RUN_ID: "abc"})
     finished = tracker.find_sweep("tiny")
@@ -417,3 +418,21 @@ def test_an_existing_store_is_never_replaced_by_the_empty_one(tmp_path, monkeypa
     Tracker(f"sqlite:///{database}")
     assert database.read_bytes() == before
     assert not (tmp_path / "cache").exists()  # no empty store was even made
+
+
+def test_a_moved_sweeps_ray_state_is_found_beside_its_store(tmp_path):
+    """A project moved (or an archive unpacked elsewhere) after its sweep was interrupted keeps Ray
+    Tune's state beside its store, under the name the sweep recorded elsewhere."""
+    from types import SimpleNamespace
+
+    from pipeline.base.errors import InputError
+    from pipeline.sweep import RAY_RESULTS_DIR, _resumed_ray_path
+
+    moved = tmp_path / "now" / RAY_RESULTS_DIR / "tiny-0123abcd"
+    moved.mkdir(parents=True)
+    resumable = SimpleNamespace(tags={Tag.RAY_PATH: str(tmp_path / "then" / RAY_RESULTS_DIR / "tiny-0123abcd")})
+    uri = f"sqlite:///{tmp_path / 'now' / 'mlflow.db'}"
+    with pytest.raises(InputError, match="--resume: Ray Tune has no saved state to resume at"):
+        _resumed_ray_path(resumable, uri)
+    (moved / "tuner.pkl").write_bytes(b"")  # what Ray Tune's can_restore looks for
+    assert _resumed_ray_path(resumable, uri) == str(moved)

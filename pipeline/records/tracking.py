@@ -353,12 +353,21 @@ class Tracker:
             raise TrackingError(f"--resume: sweep run {parent.run_id} has no Ray experiment path to resume from")
         return parent
 
-    def reopen_sweep(self, parent: SweepRecord) -> tuple[str, str]:
-        """Set a resumable sweep (``resumable_sweep``) running again: (run id, Ray path)."""
+    def reopen_sweep(self, parent: SweepRecord, ray_path: str) -> tuple[str, str]:
+        """Set a resumable sweep (``resumable_sweep``) running again from Ray Tune's state at
+        ``ray_path`` (recorded, for a later resume): (run id, Ray path)."""
         resumes = int(parent.tags.get(Tag.RESUMES, "0")) + 1
         self._client.update_run(parent.run_id, status="RUNNING")
-        self.tag_runs({parent.run_id: {Tag.STATUS: SweepStatus.RUNNING.value, Tag.RESUMES: str(resumes)}})
-        return parent.run_id, parent.tags[Tag.RAY_PATH]
+        self.tag_runs(
+            {
+                parent.run_id: {
+                    Tag.STATUS: SweepStatus.RUNNING.value,
+                    Tag.RESUMES: str(resumes),
+                    Tag.RAY_PATH: ray_path,
+                }
+            }
+        )
+        return parent.run_id, ray_path
 
     def find_sweep(self, sweep: str | None = None) -> SweepRecord:
         """A sweep's parent run: by run id, by sweep (experiment) name, or the latest of all.
