@@ -436,3 +436,22 @@ def test_a_moved_sweeps_ray_state_is_found_beside_its_store(tmp_path):
         _resumed_ray_path(resumable, uri)
     (moved / "tuner.pkl").write_bytes(b"")  # what Ray Tune's can_restore looks for
     assert _resumed_ray_path(resumable, uri) == str(moved)
+
+
+def test_a_store_moved_away_from_its_artifacts_says_so_and_writes_nothing_there(tmp_path, tracker):
+    """MLflow records a run's artifact folder absolute: a store moved without it cannot read the
+    trials' records, which a rerun and report say, and report writes nothing at the old place."""
+    import shutil
+
+    from pipeline.records.publish import report_sweep
+
+    parent = start(tracker)
+    recorder = trial(tracker, parent, "11830_00000")
+    assert tracker.missing_artifacts(parent) is None
+    shutil.move(tmp_path / "mlartifacts", tmp_path / "elsewhere")
+    assert "which does not exist" in (tracker.missing_artifacts(parent) or "")
+    with pytest.raises(TrackingError, match="RUN_ID: cannot read trial_config.json .* recorded at .* does not exist"):
+        tracker.recorded_trial_run(recorder.run_id)
+    with pytest.raises(TrackingError, match="SWEEP: the artifacts of run .* does not exist"):
+        report_sweep(tracker.uri, "tiny")
+    assert not (tmp_path / "mlartifacts").exists()

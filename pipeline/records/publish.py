@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.base.environment import recorded_environment
+from pipeline.base.errors import TrackingError
 from pipeline.contract.account import TimeAccount
 from pipeline.contract.results import recorded_sweep_account
 from pipeline.inputs.spec import Objective
@@ -75,6 +76,9 @@ def report_sweep(tracking_uri: str, sweep: str | None = None) -> SweepReport:
     require_hooks(["mlflow"])
     tracker = Tracker(tracking_uri)
     parent = tracker.find_sweep(sweep)
+    missing = tracker.missing_artifacts(parent.run_id)
+    if missing is not None:  # its tables and plots would be written there, the folder made anew
+        raise TrackingError(f"SWEEP: {missing}")
     records = tracker.trial_records(parent.run_id)
     return SweepReport(
         tracker,

@@ -608,6 +608,22 @@ class Tracker:
         """The paths of a run's artifacts in ``directory`` (None: the top)."""
         return [item.path for item in self._client.list_artifacts(run_id, directory)]
 
+    def missing_artifacts(self, run_id: str) -> str | None:
+        """Why the run's artifacts cannot be read or written: a local artifact folder, recorded
+        absolute, that is not there (a store moved without it, or away from where it was
+        recorded); None where it is, or is not local."""
+        from urllib.parse import urlparse
+
+        root = self._client.get_run(run_id).info.artifact_uri
+        parsed = urlparse(root)
+        if parsed.scheme not in ("", "file") or Path(parsed.path).is_dir():
+            return None
+        return (
+            f"the artifacts of run {run_id} are recorded at {root}, which does not exist: MLflow records their place "
+            "absolute, so a store moved from where it recorded them (its mlartifacts folder with it) no longer finds "
+            "them; put the store back where it was, or keep it there"
+        )
+
     def artifact_file(self, run_id: str, path: str, directory: Path) -> Path:
         """A run's artifact ``path``, downloaded into the local ``directory``."""
         return Path(self._client.download_artifacts(run_id, path, str(directory)))
@@ -747,7 +763,8 @@ class Tracker:
                 try:
                     return self.artifact_file(of_run, artifact, Path(directory)).read_text(encoding="utf-8")
                 except (OSError, UnicodeDecodeError, MlflowException) as exc:
-                    raise TrackingError(f"RUN_ID: cannot read {artifact} of run {of_run}: {exc}") from None
+                    why = self.missing_artifacts(of_run) or str(exc)
+                    raise TrackingError(f"RUN_ID: cannot read {artifact} of run {of_run}: {why}") from None
 
             def document(of_run: str, artifact: str) -> Any:
                 try:
