@@ -381,10 +381,21 @@ def compile_notes(spec: SweepSpec, experiment: Any) -> list[str]:
                 f"the spec's train.early_stopping {spec.train.early_stopping.describe()} replaces the "
                 f"EarlyStopping in {spec.experiment}'s fit()"
             )
-        if experiment.fit_restores_best_weights:
+        if experiment.fit_restores_best_weights and spec.train.select == "best_epoch":
+            differs = (
+                f", not at the epoch of the best val_{rule.monitor} that fit would restore"
+                if rule.monitor != spec.train.metric
+                else ""
+            )
             notes.append(
-                "restore_best_weights=True is what train.select: best_epoch already does: each trial is scored "
-                "at its best epoch, and the refit trains that many epochs"
+                "restore_best_weights=True is what train.select: best_epoch does: each trial is scored at its best "
+                f"epoch of {spec.objective.key}, as KerasTuner scores a trial by its objective, and the refit trains "
+                f"that many epochs{differs}"
+            )
+        elif experiment.fit_restores_best_weights:
+            notes.append(
+                f"restore_best_weights=True is not applied: train.select {spec.train.select} scores each trial at "
+                "its last epoch, and the refit trains as many"
             )
     return notes
 
