@@ -205,7 +205,7 @@ def test_a_refit_model_that_cannot_be_saved_logged_or_registered_leaves_the_refi
     provenance = Provenance({}, ())
 
     def logged(result: RefitResult, tracking=spec.tracking):
-        prepared = SimpleNamespace(spec=replace(spec, tracking=tracking))
+        prepared = SimpleNamespace(spec=replace(spec, tracking=tracking), space=SimpleNamespace(conditions={}))
         return _log_refit_model(prepared, tracker, parent, target, result, provenance)
 
     scores = {"test_loss": 0.5, "test_accuracy": 0.8, "epochs": 2, "model_path": tmp_path / "refit_model.keras"}
