@@ -83,6 +83,10 @@ def test_spec_entries_override_the_hypermodel_and_fill_training_defaults(write_s
     assert space["batch_size"] == {"grid_search": [8, 16]}
     assert space["learning_rate"] == 1e-3 and space["optimizer"] == "adam"
     assert space["dropout"].categories == [0.0, 0.1, 0.2, 0.3, 0.4]  # no 0.30000000000000004
+    # The hypermodel's order, the spec's entries in their place: a searcher draws a seed's configs
+    # in this order, so it is what makes a seed give the same configs.
+    declared = [hp.name for hp in experiment.hyperparameters.space]
+    assert [name for name in space if name in declared] == declared
 
 
 def test_spec_entry_the_hypermodel_never_asks_for_is_refused(write_spec):

@@ -245,11 +245,14 @@ def build_space(
         for name in OWN_OPTIMIZER_SETTINGS:
             domains.pop(name)
     domains["epochs"] = default_epochs if default_epochs is not None else spec.train.epochs
+    # In the hypermodel's order, a name the spec names in its place: the order is the searchers'
+    # (a seed draws the same configs only from the same order).
     domains.update(
         {
-            name: hp_domain(hp, declared_in=spec.experiment)
+            name: spec_domain(spec.search.space[name])
+            if name in spec.search.space
+            else hp_domain(hp, declared_in=spec.experiment)
             for name, hp in discovered.items()
-            if name not in spec.search.space
         }
     )
     domains.update({name: spec_domain(param) for name, param in spec.search.space.items()})
