@@ -579,6 +579,11 @@ def test_variables_left_out_of_weight_decay_are_recorded_and_a_plan_from_before_
             "kept it)",
         ),
         (
+            "validated_per_batch",
+            "validated batch by batch as evaluate runs a model whose layers add loss terms or change its state as "
+            "they are called (the recorded trial validated in chunks of many batches)",
+        ),
+        (
             "metric_rows",
             "the metrics given the labels' one-hot rows, as the loss is (the recorded trial gave them the labels)",
         ),

@@ -213,6 +213,10 @@ class TrialPlan:
     # regularization, its layers' activity regularization and ``add_loss``) to each batch's, as
     # evaluate does; plans recorded before left them out.
     validation_loss_terms: bool = False
+    # Whether each fold is validated in batches of the trial's size, one after another, as
+    # evaluate runs them, for a model whose layers add loss terms or change its state as they are
+    # called; plans recorded before validated every model in chunks of many batches.
+    validated_per_batch: bool = False
     # Whether the accuracy is a metric the model compiles under that name, as evaluate reports
     # it; plans recorded before scored foldsweep's own in its place.
     compiled_accuracy: bool = False
@@ -280,6 +284,7 @@ def plan_trial(
     decay_exclusions: bool = False,
     logits_thresholded_at_half: bool = False,
     validation_loss_terms: bool = False,
+    validated_per_batch: bool = False,
     compiled_accuracy: bool = False,
     compiled_clipping_cleared: bool = False,
     metric_rows: bool = False,
@@ -304,8 +309,8 @@ def plan_trial(
             (``padding_blocker``).
         loss_scale_factor, decay_exclusions, compiled_clipping_cleared: the optimizer's, recorded
             (``TrialPlan``'s).
-        logits_thresholded_at_half, validation_loss_terms, compiled_accuracy, metric_rows: how
-            the trial's validation is scored (``TrialPlan``'s), recorded.
+        logits_thresholded_at_half, validation_loss_terms, validated_per_batch, compiled_accuracy,
+            metric_rows: how the trial's validation is scored (``TrialPlan``'s), recorded.
         graph_vector_width: the vector width of the graph's kernels in this process
             (``pipeline.base.host_cpu``), against which stacked folds are weighed on CPU.
     """
@@ -427,6 +432,7 @@ def plan_trial(
         graph_optimizer=choices.graph_optimizer,
         logits_thresholded_at_half=logits_thresholded_at_half,
         validation_loss_terms=validation_loss_terms,
+        validated_per_batch=validated_per_batch,
         compiled_accuracy=compiled_accuracy,
         compiled_clipping_cleared=compiled_clipping_cleared,
         metric_rows=metric_rows,
@@ -566,6 +572,13 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
             "(the recorded trial left them out)"
             if now.validation_loss_terms
             else "the validation loss without the model's loss terms (the recorded trial added them)"
+        )
+    if now.validated_per_batch != recorded.validated_per_batch:
+        differences.append(
+            "validated batch by batch as evaluate runs a model whose layers add loss terms or change its state as "
+            "they are called (the recorded trial validated in chunks of many batches)"
+            if now.validated_per_batch
+            else "validated in chunks of many batches (the recorded trial batch by batch)"
         )
     if now.compiled_accuracy != recorded.compiled_accuracy:
         differences.append(

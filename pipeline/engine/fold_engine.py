@@ -481,17 +481,23 @@ class CallTimer:
         return max(0.0, self.first_s - self.first_samples / self.samples_per_s())
 
 
-def has_loss_terms(model: keras.Model, data: ResidentData, fold: Fold) -> bool:
-    """Whether the model has loss terms (``model.losses``) once called, as on a sample of ``fold``:
-    its weights' regularization shows without a call, what its layers add as they are called
-    only after one."""
+class ModelProbe(NamedTuple):
+    """What one look at a model (a call on a sample, its state given back) tells its validation."""
+
+    loss_terms: bool  # it has loss terms (``model.losses``), which evaluate adds to each batch's loss
+    per_batch: bool  # its layers add loss terms or change its state as they are called
+
+
+def probe_model(model: keras.Model, data: ResidentData, fold: Fold) -> ModelProbe:
+    """Call the model on a sample of ``fold`` as validation calls it, and give its state back: its
+    weights' regularization shows without a call, what its layers add or change as they are called
+    only in one. Where they do, evaluate computes it on each batch of the trial's size, one after
+    another (``TrialPlan.validated_per_batch``)."""
     import tensorflow as tf
 
-    if model.losses:
-        return True
-    with tf.device(data.device), state_kept(model):
+    with tf.device(data.device), state_kept(model) as changed:
         model(tf.gather(data.x, np.asarray(fold.val[:1], dtype=data.index_dtype)), training=False)
-    return bool(model.losses)
+    return ModelProbe(loss_terms=bool(model.losses), per_batch=adds_losses_when_called(model) or bool(changed))
 
 
 @contextlib.contextmanager
@@ -570,15 +576,14 @@ class FoldEngine:
         # The model's compiled metrics and the spec's, this fold's own objects, their variables
         # made before the evaluation is traced.
         self.metrics = ValidationMetrics(model, recipe.train.metrics, own_accuracy=loss.own_accuracy)
-        with tf.device(self.device), state_kept(model) as changed:
+        with tf.device(self.device), state_kept(model):
             first = self._val_indices[:1]
             predictions = model(tf.gather(data.x, first), training=False)
             self.metrics.build(loss.metric_targets(step_labels(tf.gather(data.y, first)), predictions), predictions)
         # Validation chunks hold whole batches of the trial's size (see ``batches_loss_sum``), one
-        # each where the model's layers add loss terms or change its state as they are called,
-        # which evaluate computes on each batch of that size, one after another.
-        per_batch = adds_losses_when_called(model) or bool(changed)
-        self._eval_chunk = self.batch_size * (1 if per_batch else max(1, EVAL_BATCH_SIZE // self.batch_size))
+        # each where the plan says so (``TrialPlan.validated_per_batch``).
+        per_launch = 1 if plan.validated_per_batch else max(1, EVAL_BATCH_SIZE // self.batch_size)
+        self._eval_chunk = self.batch_size * per_launch
         eager = recipe.choices.eager
         per_epoch = plan.stop_test == "per_epoch"
         train_steps, evaluate_batch, self.norm_variables, self.traced_step, self.step_choice = fold_steps(

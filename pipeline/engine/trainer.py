@@ -46,7 +46,7 @@ from pipeline.contract.results import (
     NanReport,
     Throughput,
 )
-from pipeline.engine.fold_engine import CallTimer, FoldEngine, FoldExecutor, StoppedCall, fold_seed, has_loss_terms
+from pipeline.engine.fold_engine import CallTimer, FoldEngine, FoldExecutor, StoppedCall, fold_seed, probe_model
 from pipeline.engine.profile import TRAIN_REGION, VALIDATION_REGION
 from pipeline.engine.recipe import OptimizerRecipe, TrainingParams, TrainingRecipe, TrialConfig
 from pipeline.engine.resident import ResidentData
@@ -384,6 +384,7 @@ def build_trainer(
             tf32=tf32,
         )
 
+    probe = probe_model(models[0], data, folds[0])
     plan = plan_trial(
         recipe.choices,
         models=models,
@@ -402,7 +403,8 @@ def build_trainer(
         decay_exclusions=bool(optimizer.decay_excluded),
         compiled_clipping_cleared=optimizer.clipping_cleared,
         logits_thresholded_at_half=loss.logits_thresholded_at_half,
-        validation_loss_terms=has_loss_terms(models[0], data, folds[0]),
+        validation_loss_terms=probe.loss_terms,
+        validated_per_batch=probe.per_batch,
         compiled_accuracy=loss.own_accuracy and compiles_named_accuracy(models[0]),
         metric_rows=loss.one_hot
         and not loss.labels_one_hot
