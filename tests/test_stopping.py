@@ -174,6 +174,26 @@ def test_callbacks_foldsweep_cannot_honour_are_refused_by_name(write_experiment,
     assert message in str(refused.value)
 
 
+def test_callbacks_added_to_kerastuners_own_list_in_place_are_read_as_those_added_to_a_copy(write_experiment):
+    """keras.io's examples extend the callbacks KerasTuner passes: the very list foldsweep gave."""
+    from pathlib import Path
+
+    from pipeline.inputs.hypermodel import load_experiment
+
+    in_place = 'kwargs.setdefault("callbacks", []).extend([{callback}])'
+    copied = 'kwargs["callbacks"] = kwargs.get("callbacks", []) + [{callback}]'
+    refused = write_experiment(
+        FIT_WITH.replace(copied, in_place).format(callback="keras.callbacks.ReduceLROnPlateau()"), "refused.py"
+    )
+    with pytest.raises(ExperimentError, match="the callback ReduceLROnPlateau"):
+        load_experiment(Path(refused), "Model")
+    stopping = "keras.callbacks.EarlyStopping(monitor='val_loss', patience=3)"
+    translated = write_experiment(FIT_WITH.replace(copied, in_place).format(callback=stopping), "translated.py")
+    assert load_experiment(Path(translated), "Model").fit_early_stopping == EarlyStoppingSpec(
+        patience=3, monitor="loss"
+    )
+
+
 def test_an_early_stopped_trial_counts_as_done_at_its_stopped_epoch():
     from pipeline.inputs.spec import Objective
     from pipeline.records.progress import SweepProgress

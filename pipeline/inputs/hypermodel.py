@@ -702,7 +702,8 @@ def _read_fit(
     recording = _RecordingFit()
     x, y = np.zeros((2, 1), np.float32), np.zeros((2,), np.int32)
     validation = (np.zeros((2, 1), np.float32), np.zeros((2,), np.int32))
-    callbacks: list[Any] = []
+    callbacks: list[Any] = []  # as KerasTuner passes its own: the fit's may add to this very list
+    own_callbacks = list(callbacks)
     model.fit = recording
     try:
         hypermodel.fit(hp, model, x, y, validation_data=validation, callbacks=callbacks)
@@ -743,8 +744,8 @@ def _read_fit(
             "data of its own): foldsweep feeds the folds itself, move preprocessing into build(hp) as "
             "layers or into the dataset"
         )
-    passed = kwargs.pop("callbacks", None)
-    added = [] if passed is callbacks or passed is None else [cb for cb in passed if cb not in callbacks]
+    passed = kwargs.pop("callbacks", None) or []
+    added = [callback for callback in passed if not any(callback is own for own in own_callbacks)]
     early_stopping, refused_callbacks = _early_stopping_of(added)
     problems += refused_callbacks
     class_weight, weight_problem = _fit_class_weight(
