@@ -359,9 +359,17 @@ def compile_notes(spec: SweepSpec, experiment: Any) -> list[str]:
                 f"the {optimizer} optimizer clips the gradients with its {clipping}; the trials' clipping param, none, "
                 "is the spec's (search.space.clipping would replace it)"
             )
+    from keras_tuner.src.engine.hyperparameters import hp_types
+
+    declared_by_name = {hp.name: hp for hp in experiment.hyperparameters.space}
     for name, source in experiment.fit_arguments.items():
-        notes.append(f"{name} comes from {spec.experiment}'s fit() (hyperparameter {source!r})")
-    declared = {hp.name for hp in experiment.hyperparameters.space}
+        constant = declared_by_name.get(source)  # a constant the fit passes is a fixed hyperparameter
+        if source == name and isinstance(constant, hp_types.Fixed):
+            replaced = f" (in place of train.epochs {spec.train.epochs})" if name == "epochs" else ""
+            notes.append(f"{name} is {constant.value!r}, as {spec.experiment}'s fit() passes it{replaced}")
+        else:
+            notes.append(f"{name} comes from {spec.experiment}'s fit() (hyperparameter {source!r})")
+    declared = set(declared_by_name)
     for name in ("batch_size", "epochs"):
         if name in declared and name not in experiment.fit_arguments and name not in spec.search.space:
             notes.append(

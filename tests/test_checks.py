@@ -197,3 +197,28 @@ def test_validate_says_a_batch_size_the_build_declares_is_the_trials(write_spec)
     )
     named = load_spec(write_spec({"search": {"space": {"batch_size": 16}}}))
     assert not [note for note in compile_notes(named, experiment) if "batch_size" in note]
+
+
+def test_validate_says_a_constant_the_fit_passes_replaces_the_specs(write_spec):
+    from types import SimpleNamespace
+
+    import keras_tuner
+
+    from pipeline.checks import compile_notes
+    from pipeline.inputs.spec import load_spec
+
+    hyperparameters = keras_tuner.HyperParameters()
+    hyperparameters.Fixed("epochs", 500)  # what the fit reader makes of fit(epochs=500)
+    hyperparameters.Choice("batch_size", [16, 32])
+    experiment = SimpleNamespace(
+        compiled_optimizer=None,
+        compiled_schedule=None,
+        compiled_clipping=None,
+        fit_arguments={"epochs": "epochs", "batch_size": "batch_size"},
+        fit_early_stopping=None,
+        hyperparameters=hyperparameters,
+    )
+    spec = load_spec(write_spec())
+    notes = compile_notes(spec, experiment)
+    assert f"epochs is 500, as {spec.experiment}'s fit() passes it (in place of train.epochs 2)" in notes
+    assert f"batch_size comes from {spec.experiment}'s fit() (hyperparameter 'batch_size')" in notes
