@@ -67,6 +67,27 @@ def test_a_reverse_log_range_no_ray_domain_draws_is_refused_unless_stepped():
     assert hp_domain(stepped).categories == [round(value, 10) for value in stepped.values]
 
 
+SHARED_HIDDEN = """
+import keras
+
+HIDDEN = keras.layers.Dense(4, activation="relu", name="hidden")
+
+
+def build(hp):
+    units = hp.Choice("units", [8, 16])
+    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(units), HIDDEN, keras.layers.Dense(2)])
+"""
+
+
+def test_a_layer_made_outside_build_is_found_by_the_builds_discovery_makes(write_experiment):
+    """Discovery's own builds (one per choice here) tell a shared layer from the default's: the
+    check costs no build of its own where the hypermodel has hyperparameters."""
+    with pytest.raises(ExperimentError, match=r"share the trainable layers \['hidden'\] between calls"):
+        load_experiment(write_experiment(SHARED_HIDDEN), "build")
+    frozen = SHARED_HIDDEN.replace('name="hidden")', 'name="hidden", trainable=False)')
+    assert load_experiment(write_experiment(frozen, "frozen.py"), "build").hyperparameters.get("units") == 8
+
+
 def test_a_hypermodel_that_declares_a_name_kept_for_the_spec_clipping_is_refused(write_spec):
     hyperparameters = keras_tuner.HyperParameters()
     hyperparameters.Float("clip_threshold", 0.001, 1.0, sampling="log")

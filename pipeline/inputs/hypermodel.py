@@ -333,15 +333,14 @@ def load_experiment(path: Path, attr: str, *, reference: str | None = None) -> E
     hp = keras_tuner.HyperParameters()
     model = _checked_build(build_fn, hp, reference, "default hyperparameters")
     _refuse_reduced_precision(model, reference)
-    _refuse_shared_layers(
-        model, _checked_build(build_fn, keras_tuner.HyperParameters(), reference, "them again"), reference
-    )
     input_shape = tuple(model.inputs[0].shape[1:]) if _declared_inputs(model) else None
     _refuse_own_training(model, reference)
     compiled, schedule = _compiled_optimizer(model, reference)
     clipping = _compiled_clipping(model)
     fit_arguments, (early_stopping, restores_best), class_weight = _read_fit(hypermodel, model, hp, reference)
-    _discover(build_fn, hp, reference)
+    if not _discover(build_fn, hp, reference, first=model):  # no build to tell shared layers by: one more
+        again = _checked_build(build_fn, keras_tuner.HyperParameters(), reference, "them again")
+        _refuse_shared_layers(model, again, reference)
     # Keras' names start afresh for the trials; no garbage collection, which takes seconds in a
     # large process for models this small.
     keras.backend.clear_session(free_memory=False)
@@ -568,8 +567,12 @@ def _trains_otherwise_built_in_the_step(cls: type[keras.optimizers.Optimizer], c
     return any(not np.array_equal(a, b, equal_nan=True) for a, b in zip(in_the_step, before))
 
 
-def _discover(build_fn: Callable[[Any], Any], space: keras_tuner.HyperParameters, reference: str) -> None:
-    """Grow ``space`` with the hyperparameters that builds with other values ask for.
+def _discover(
+    build_fn: Callable[[Any], Any], space: keras_tuner.HyperParameters, reference: str, *, first: keras.Model
+) -> int:
+    """Grow ``space`` with the hyperparameters that builds with other values ask for; returns how
+    many builds it made, each checked to share no trainable layer with ``first`` (the default
+    build, ``_refuse_shared_layers``).
 
     A build with defaults registers only the hyperparameters on the default path; those in a
     conditional scope of another value of a choice, or in a loop whose length is a number, appear
@@ -589,11 +592,11 @@ def _discover(build_fn: Callable[[Any], Any], space: keras_tuner.HyperParameters
             if (hp.name, value) not in tried
         ]
         if not untried:
-            return
+            break
         hp, value = untried[0]
         tried.add((hp.name, value))
         builds += 1
-        asked = _asked_for(build_fn, _activating(hp, value), reference)
+        asked = _asked_for(build_fn, _activating(hp, value), reference, first=first)
         known = {other.name for other in space.space}
         new = [found for name, found in asked.items() if name not in known]
         unconditioned = [found.name for found in new if not found.conditions]
@@ -608,6 +611,7 @@ def _discover(build_fn: Callable[[Any], Any], space: keras_tuner.HyperParameters
             if not found.conditions and active and len(active) < len(activity):
                 found.conditions = [conditions_module.Parent(hp.name, active)]
             space.merge([found])
+    return builds
 
 
 def _probe_values(hp: Any, *, bounds_only: bool) -> list[Any]:
@@ -637,11 +641,14 @@ def _activating(hp: Any, value: Any) -> dict[str, Any]:
     return {**values, hp.name: value}
 
 
-def _asked_for(build_fn: Callable[[Any], Any], values: Mapping[str, Any], reference: str) -> dict[str, Any]:
+def _asked_for(
+    build_fn: Callable[[Any], Any], values: Mapping[str, Any], reference: str, *, first: keras.Model | None = None
+) -> dict[str, Any]:
     """The hyperparameters one build with ``values`` asks for (empty if the build fails).
 
     Raises:
-        ExperimentError: the build trains in reduced precision (refused for the whole sweep).
+        ExperimentError: the build trains in reduced precision (refused for the whole sweep), or
+            shares a trainable layer with ``first``.
     """
     branch = keras_tuner.HyperParameters()
     branch.values = dict(values)
@@ -651,6 +658,8 @@ def _asked_for(build_fn: Callable[[Any], Any], values: Mapping[str, Any], refere
         return {}
     if isinstance(model, keras.Model):
         _refuse_reduced_precision(model, f"{reference} built with {dict(values)}")
+        if first is not None:
+            _refuse_shared_layers(first, model, reference)
     return {hp.name: hp for hp in branch.space}
 
 
