@@ -504,6 +504,40 @@ def replay_choices(recorded: TrialPlan, *, eager: bool = False, check_numerics: 
     )
 
 
+# What a rerun says where its plan and the recorded one part on how the trial is scored and its
+# optimizer made (``TrialPlan``'s fields of the same names): (now on, now off).
+SCORING_CHANGES: Mapping[str, tuple[str, str]] = {
+    "logits_thresholded_at_half": (
+        "the accuracy the model compiles scored on its logits as fit scores it, above 0.5 (the recorded trial "
+        "counted a logit above 0)",
+        "the accuracy of logits counted above 0 (the recorded trial counted them above 0.5)",
+    ),
+    "compiled_clipping_cleared": (
+        "the spec's clipping none clears the clipping of the optimizer the build compiles (the recorded trial kept it)",
+        "the clipping of the optimizer the build compiles kept (the recorded trial cleared it)",
+    ),
+    "validation_loss_terms": (
+        "the validation loss with the model's loss terms (its regularization, add_loss) as evaluate adds them "
+        "(the recorded trial left them out)",
+        "the validation loss without the model's loss terms (the recorded trial added them)",
+    ),
+    "validated_per_batch": (
+        "validated batch by batch as evaluate runs a model whose layers add loss terms or change its state as "
+        "they are called (the recorded trial validated in chunks of many batches)",
+        "validated in chunks of many batches (the recorded trial batch by batch)",
+    ),
+    "compiled_accuracy": (
+        "the accuracy scored by the metric the model compiles under that name, as evaluate reports it (the "
+        "recorded trial scored foldsweep's own)",
+        "the accuracy scored by foldsweep (the recorded trial by a metric the model compiles under that name)",
+    ),
+    "metric_rows": (
+        "the metrics given the labels' one-hot rows, as the loss is (the recorded trial gave them the labels)",
+        "the metrics given the labels (the recorded trial gave them one-hot rows)",
+    ),
+}
+
+
 def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
     """What of ``now`` may make a trial walk another trajectory than ``recorded`` did.
 
@@ -552,47 +586,9 @@ def plan_differences(recorded: TrialPlan, now: TrialPlan) -> list[str]:
             if now.decay_exclusions
             else "variables left out of weight decay on -> off"
         )
-    if now.logits_thresholded_at_half != recorded.logits_thresholded_at_half:
-        differences.append(
-            "the accuracy the model compiles scored on its logits as fit scores it, above 0.5 (the recorded trial "
-            "counted a logit above 0)"
-            if now.logits_thresholded_at_half
-            else "the accuracy of logits counted above 0 (the recorded trial counted them above 0.5)"
-        )
-    if now.compiled_clipping_cleared != recorded.compiled_clipping_cleared:
-        differences.append(
-            "the spec's clipping none clears the clipping of the optimizer the build compiles (the recorded trial "
-            "kept it)"
-            if now.compiled_clipping_cleared
-            else "the clipping of the optimizer the build compiles kept (the recorded trial cleared it)"
-        )
-    if now.validation_loss_terms != recorded.validation_loss_terms:
-        differences.append(
-            "the validation loss with the model's loss terms (its regularization, add_loss) as evaluate adds them "
-            "(the recorded trial left them out)"
-            if now.validation_loss_terms
-            else "the validation loss without the model's loss terms (the recorded trial added them)"
-        )
-    if now.validated_per_batch != recorded.validated_per_batch:
-        differences.append(
-            "validated batch by batch as evaluate runs a model whose layers add loss terms or change its state as "
-            "they are called (the recorded trial validated in chunks of many batches)"
-            if now.validated_per_batch
-            else "validated in chunks of many batches (the recorded trial batch by batch)"
-        )
-    if now.compiled_accuracy != recorded.compiled_accuracy:
-        differences.append(
-            "the accuracy scored by the metric the model compiles under that name, as evaluate reports it (the "
-            "recorded trial scored foldsweep's own)"
-            if now.compiled_accuracy
-            else "the accuracy scored by foldsweep (the recorded trial by a metric the model compiles under that name)"
-        )
-    if now.metric_rows != recorded.metric_rows:
-        differences.append(
-            "the metrics given the labels' one-hot rows, as the loss is (the recorded trial gave them the labels)"
-            if now.metric_rows
-            else "the metrics given the labels (the recorded trial gave them one-hot rows)"
-        )
+    for field, (turned_on, turned_off) in SCORING_CHANGES.items():
+        if getattr(now, field) != getattr(recorded, field):
+            differences.append(turned_on if getattr(now, field) else turned_off)
     if now.deterministic_ops != recorded.deterministic_ops:
         differences.append(
             f"deterministic ops {_on_off(recorded.deterministic_ops)} -> {_on_off(now.deterministic_ops)}"
