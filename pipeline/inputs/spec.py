@@ -1013,16 +1013,18 @@ def _gpu_share(section: _Section, *, default: float) -> float:
 
 def _misspelt_metric(metric: str) -> str:
     """A metric Keras knows whose name is one slip away from ``metric`` (``acuracy``), as a hint; a
-    name of the researcher's own (``my_score``) gets none."""
-    close = difflib.get_close_matches(metric, sorted({*OWN_SCORES, *KNOWN_DIRECTIONS}), n=1, cutoff=0.85)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    name of the researcher's own (``my_score``, or an abbreviation of a known one) gets none."""
+    return _suggest(metric, sorted({*OWN_SCORES, *KNOWN_DIRECTIONS}), cutoff=0.85, abbreviations=False)
 
 
-def _suggest(value: Any, choices: tuple[str, ...] | list[str]) -> str:
+def _suggest(
+    value: Any, choices: tuple[str, ...] | list[str], *, cutoff: float = 0.6, abbreviations: bool = True
+) -> str:
     text = str(value)
-    close = difflib.get_close_matches(text, list(choices), n=1)
+    close = difflib.get_close_matches(text, list(choices), n=1, cutoff=cutoff)
     # Abbreviations ("grace" for "grace_period") score low on similarity but are the usual typo.
-    close = close or [choice for choice in choices if len(text) >= 3 and choice.startswith(text)][:1]
+    if abbreviations:
+        close = close or [choice for choice in choices if len(text) >= 3 and choice.startswith(text)][:1]
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
