@@ -170,8 +170,7 @@ class TrainingLoss:
         import tensorflow as tf
 
         if self.binary:
-            threshold = 0.0 if self.from_logits and not self.logits_thresholded_at_half else 0.5
-            predicted = tf.cast(predictions[:, 0] > threshold, labels.dtype)
+            predicted = tf.cast(predictions[:, 0] > self.binary_threshold, labels.dtype)
         else:
             predicted = tf.argmax(predictions, -1, output_type=labels.dtype)
         return tf.cast(predicted == labels, tf.float32)
@@ -185,11 +184,17 @@ class TrainingLoss:
         logits = "" if self.from_logits is None else f" (from_logits={self.from_logits})"
         return f"{self.name}{logits}"
 
+    @property
+    def binary_threshold(self) -> float:
+        """Above what a one-unit head's output counts as class 1: 0.5 (Keras' BinaryAccuracy), or 0
+        for a logit, unless the model compiles Keras' "accuracy" (``logits_thresholded_at_half``)."""
+        return 0.0 if self.from_logits and not self.logits_thresholded_at_half else 0.5
+
     def accuracy_metric(self) -> Any:
         """What ``compile(metrics=...)`` is given for the accuracy foldsweep scores (``correct``):
-        Keras' "accuracy", or for a logit counted above 0, BinaryAccuracy at that threshold."""
-        if self.binary and self.from_logits and not self.logits_thresholded_at_half:
-            return keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)
+        Keras' "accuracy", or BinaryAccuracy at a one-unit head's other threshold."""
+        if self.binary and self.binary_threshold != 0.5:
+            return keras.metrics.BinaryAccuracy(name="accuracy", threshold=self.binary_threshold)
         return "accuracy"
 
 
